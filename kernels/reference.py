@@ -1,0 +1,117 @@
+"""Pure-torch reference ops. Each Triton kernel in `kernels.triton_ops` has the same signature.
+
+Shapes (T = tokens in the flattened batch, B = sequences):
+- K/V pages: ``[num_blocks, block_size, num_kv_heads, head_dim]``; a slot is ``page * block_size + offset``.
+- ``query_start_loc`` ``[B + 1]`` int32: sequence b owns query rows ``query_start_loc[b]:query_start_loc[b+1]``.
+- ``context_lens`` ``[B]`` int32: tokens of sequence b in pages after this step's store (cached prefix + new tokens).
+  The new tokens are the last ``q_len`` positions of that context, so query i of b sits at position
+  ``context_lens[b] - q_len + i`` and attends causally to positions ``<=`` it.
+- ``block_tables`` ``[B, max_blocks]`` int32, rows padded with any valid page id (never read past the context).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def store_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write ``key``/``value`` ``[T, Hkv, D]`` into the pages at ``slot_mapping`` ``[T]``; slots < 0 are padding."""
+    valid = slot_mapping >= 0
+    if not bool(valid.all()):
+        key, value, slot_mapping = key[valid], value[valid], slot_mapping[valid]
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
+
+
+def _gather_context(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+    """The first ``length`` tokens of one sequence's pages as ``[length, Hkv, D]``."""
+    block_size = cache.shape[1]
+    num_blocks = (length + block_size - 1) // block_size
+    pages = cache.index_select(0, block_table[:num_blocks].long())
+    return pages.reshape(-1, *cache.shape[2:])[:length]
+
+
+def paged_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of each sequence's new query rows ``[T, Hq, D]`` over its paged context (GQA aware)."""
+    out = torch.empty_like(query)
+    num_heads, num_kv_heads = query.shape[1], k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    starts = query_start_loc.tolist()
+    lens = context_lens.tolist()
+    for b, ctx_len in enumerate(lens):
+        q_start, q_end = starts[b], starts[b + 1]
+        q_len = q_end - q_start
+        if q_len == 0:
+            continue
+        k = _gather_context(k_cache, block_tables[b], ctx_len)
+        v = _gather_context(v_cache, block_tables[b], ctx_len)
+        q = query[q_start:q_end].transpose(0, 1)  # [Hq, q_len, D]
+        k = k.transpose(0, 1).repeat_interleave(group, dim=0).to(q.dtype)
+        v = v.transpose(0, 1).repeat_interleave(group, dim=0).to(q.dtype)
+        if q_len == 1:
+            mask = None  # a single query at the last position sees the whole context
+        else:
+            q_pos = torch.arange(ctx_len - q_len, ctx_len, device=q.device)
+            mask = q_pos[:, None] >= torch.arange(ctx_len, device=q.device)[None, :]
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        out[q_start:q_end] = o.transpose(0, 1)
+    return out
+
+
+def rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm over the last dim, in fp32. With ``residual``: returns ``(norm(x + residual), x + residual)``."""
+    if residual is not None:
+        x = x + residual
+        residual = x
+    xf = x.float()
+    out = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+    return out if residual is None else (out, residual)
+
+
+def rotary_embedding(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Neox-style RoPE on ``query`` ``[T, Hq, D]`` and ``key`` ``[T, Hkv, D]``.
+
+    ``cos_sin_cache`` is ``[max_positions, D]``: cos in the first half, sin in the second (see
+    ``engine.models.rope``), so every scaling variant is only a different cache.
+    """
+    cos_sin = cos_sin_cache.index_select(0, positions.long())
+    half = cos_sin.shape[-1] // 2
+    cos = cos_sin[:, None, :half]
+    sin = cos_sin[:, None, half:]
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        x1, x2 = xf[..., :half], xf[..., half:]
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+    return rotate(query), rotate(key)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """``silu(x[..., :I]) * x[..., I:]`` for ``x`` ``[..., 2I]``."""
+    half = x.shape[-1] // 2
+    return F.silu(x[..., :half]) * x[..., half:]
