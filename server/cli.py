@@ -1,0 +1,45 @@
+"""The `kvserve` command. Each subcommand lives in the module that owns its job and registers itself here."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# (module, description) for each subcommand module; a module exposes `register(subparsers)`, which adds its
+# parser(s) and sets `func` (called with the parsed args, returning an exit code).
+SUBCOMMAND_MODULES = [
+    "server.cli_models",  # models, generate
+    "server.cli_chat",  # render, parse
+    "server.cli_serve",  # serve
+    "benchmarks.cli",  # bench ...
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvserve",
+        description="Local LLM inference with a paged KV cache and a radix prefix cache, for coding agents.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SUBCOMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:  # a real missing dependency inside the module: surface it
+                raise
+            continue
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
