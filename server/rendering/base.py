@@ -1,0 +1,45 @@
+"""The renderer interface: OpenAI messages (+ tools) in, the exact prompt text out."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+from server.rendering.messages import MessagePolicy, normalize_messages, normalize_tools
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request after normalization: exactly what the family's official template would be given."""
+
+    messages: list[dict]
+    tools: list[dict] | None
+
+
+class Renderer(ABC):
+    """Renders a chat request into the prompt string one model family was trained on.
+
+    ``render`` = ``prepare`` (validate + normalize; shared with the golden generator, which feeds the prepared data
+    to the official Jinja template) followed by ``render_prepared`` (the family's native, Jinja-free formatting).
+    """
+
+    family: str
+    policy: MessagePolicy = MessagePolicy()
+    bos_token: str = ""
+    eos_token: str = ""
+
+    def prepare(self, messages: list[dict], tools: list[dict] | None = None) -> Prepared:
+        return Prepared(normalize_messages(messages, self.policy), normalize_tools(tools))
+
+    @abstractmethod
+    def render_prepared(self, prepared: Prepared, add_generation_prompt: bool, kwargs: dict[str, Any]) -> str:
+        """Format already-normalized data; ``kwargs`` are the template kwargs (``enable_thinking``, ``thinking``)."""
+
+    def render(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        add_generation_prompt: bool = True,
+        **template_kwargs: Any,
+    ) -> str:
+        return self.render_prepared(self.prepare(messages, tools), add_generation_prompt, template_kwargs)
