@@ -1,0 +1,17 @@
+"""The Triton op set returned by ``kernels.ops.get_ops("triton")``; one module per kernel."""
+from __future__ import annotations
+
+from kernels.ops import Ops
+from kernels.triton_activation import silu_and_mul
+from kernels.triton_attention import paged_attention
+from kernels.triton_rms_norm import rms_norm
+from kernels.triton_rotary import rotary_embedding
+from kernels.triton_store_kv import store_kv
+
+TRITON_OPS = Ops(
+    store_kv=store_kv,
+    paged_attention=paged_attention,
+    rms_norm=rms_norm,
+    rotary_embedding=rotary_embedding,
+    silu_and_mul=silu_and_mul,
+)

@@ -1,0 +1,57 @@
+"""Triton kernel writing the new tokens' K and V into their pages (``kernels.reference.store_kv``)."""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _store_kv_kernel(
+    key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
+    stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
+    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+):
+    token = tl.program_id(0)
+    slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
+    page = slot // PAGE_SIZE
+    slot_in_page = slot % PAGE_SIZE
+    heads = tl.arange(0, BLOCK_H)
+    dims = tl.arange(0, BLOCK_D)
+    # Padding tokens (slot < 0, e.g. CUDA-graph filler rows) write nothing: no head is in range for them.
+    # (Folding the scalar into the bound also sidesteps the interpreter rejecting `tensor & scalar` masks.)
+    num_heads = tl.where(slot >= 0, NUM_KV_HEADS, 0)
+    mask = (heads[:, None] < num_heads) & (dims[None, :] < HEAD_DIM)
+    src = token.to(tl.int64)
+    k = tl.load(key_ptr + src * stride_kt + heads[:, None] * stride_kh + dims[None, :], mask=mask)
+    v = tl.load(value_ptr + src * stride_vt + heads[:, None] * stride_vh + dims[None, :], mask=mask)
+    tl.store(k_cache_ptr + page * stride_kcb + slot_in_page * stride_kcs + heads[:, None] * stride_kch + dims[None, :],
+             k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_cache_ptr + page * stride_vcb + slot_in_page * stride_vcs + heads[:, None] * stride_vch + dims[None, :],
+             v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+def store_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write ``key``/``value`` ``[T, Hkv, D]`` into the pages at ``slot_mapping`` ``[T]``; slots < 0 are padding."""
+    num_tokens, num_kv_heads, head_dim = key.shape
+    page_size = k_cache.shape[1]
+    assert value.shape == key.shape and slot_mapping.shape == (num_tokens,)
+    assert key.stride(-1) == 1 and value.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
+    if num_tokens == 0:
+        return
+    _store_kv_kernel[(num_tokens,)](
+        key, value, k_cache, v_cache, slot_mapping,
+        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_H=triton.next_power_of_2(num_kv_heads),
+        BLOCK_D=triton.next_power_of_2(head_dim), PAGE_SIZE=page_size,
+    )
