@@ -1,0 +1,92 @@
+"""Regenerate the golden prompts in ``goldens/`` from the official chat templates, rendered exactly as transformers does.
+
+    python -m tests.rendering.make_goldens [--templates DIR]
+
+For every family and every corpus case: the request goes through the family renderer's ``prepare`` (the same
+validation and normalization the server applies), then the *official* Jinja template is rendered by
+``transformers.utils.chat_template_utils.render_jinja_template`` with the tokenizer's special tokens. A request that
+``prepare`` refuses, or that makes the official template raise, is recorded as an expected error. The templates used
+are copied to ``templates/`` so the test suite needs nothing outside the repository.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+from transformers.utils.chat_template_utils import render_jinja_template
+
+from server.rendering import get_renderer
+from tests.rendering.corpus import CASES
+
+HERE = Path(__file__).resolve().parent
+GOLDENS = HERE / "goldens"
+TEMPLATES = HERE / "templates"
+DEFAULT_SOURCE = Path("/work/shared/reference/chat_templates")
+
+_QWEN_TOKENS = {"bos_token": None, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
+_DEEPSEEK_TOKENS = {"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": "<｜end▁of▁sentence｜>",
+                    "pad_token": "<｜end▁of▁sentence｜>"}
+
+# family -> (official template file, the tokenizer's special_tokens_map)
+OFFICIAL: dict[str, tuple[str, dict]] = {
+    "qwen2.5": ("Qwen-Qwen2.5-7B-Instruct.jinja", _QWEN_TOKENS),
+    "qwen3": ("Qwen-Qwen3-0.6B.jinja", _QWEN_TOKENS),
+    "qwen3-coder": ("Qwen3-Coder.jinja", _QWEN_TOKENS),
+    "deepseek-v3": ("deepseek-ai-DeepSeek-V3.jinja", _DEEPSEEK_TOKENS),
+    "deepseek-v3-0324": ("deepseek-ai-DeepSeek-V3-0324.jinja", _DEEPSEEK_TOKENS),
+    "deepseek-v3.1": ("deepseek-ai-DeepSeek-V3.1.jinja", _DEEPSEEK_TOKENS),
+    "deepseek-r1": ("deepseek-ai-DeepSeek-R1.jinja", _DEEPSEEK_TOKENS),
+    "deepseek-r1-0528": ("deepseek-ai-DeepSeek-R1-0528.jinja", _DEEPSEEK_TOKENS),
+    "deepseek-r1-distill": ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", _DEEPSEEK_TOKENS),
+}
+
+
+def render_official(family: str, template: str, case) -> dict:
+    """``{"prompt": text}`` or ``{"error": "normalization: ..."/"template: ..."}`` for one case."""
+    renderer = get_renderer(family)
+    try:
+        prepared = renderer.prepare(case.messages, case.tools)
+    except ValueError as exc:
+        return {"error": f"normalization: {exc}"}
+    special_tokens = OFFICIAL[family][1]
+    try:
+        rendered, _ = render_jinja_template(
+            conversations=[prepared.messages],
+            tools=prepared.tools,
+            chat_template=template,
+            add_generation_prompt=case.add_generation_prompt,
+            **{**special_tokens, **case.kwargs},
+        )
+    except Exception as exc:  # noqa: BLE001 - any template failure is a recorded outcome, not a generator bug
+        return {"error": f"template: {type(exc).__name__}: {exc}"}
+    return {"prompt": rendered[0]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--templates", type=Path, default=DEFAULT_SOURCE, help="directory of the official .jinja files")
+    args = parser.parse_args(argv)
+    GOLDENS.mkdir(exist_ok=True)
+    TEMPLATES.mkdir(exist_ok=True)
+    for family, (filename, _) in OFFICIAL.items():
+        source = args.templates / filename
+        shutil.copyfile(source, TEMPLATES / filename)
+        template = source.read_text(encoding="utf-8")
+        golden = {
+            "family": family,
+            "template": filename,
+            "template_sha256": hashlib.sha256(template.encode("utf-8")).hexdigest(),
+            "cases": {case.name: render_official(family, template, case) for case in CASES},
+        }
+        text = json.dumps(golden, ensure_ascii=False, indent=1) + "\n"
+        (GOLDENS / f"{family}.json").write_text(text, encoding="utf-8")
+        errors = sum("error" in result for result in golden["cases"].values())
+        print(f"{family}: {len(CASES)} cases, {errors} expected errors")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
