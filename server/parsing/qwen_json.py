@@ -1,0 +1,39 @@
+"""Qwen / Hermes JSON tool calls: `<tool_call>⏎{"name": …, "arguments": {…}}⏎</tool_call>`, one block per call."""
+from __future__ import annotations
+
+import json
+
+from server.parsing.deltas import ParsedCall
+from server.parsing.jsonargs import is_json_object, object_members
+
+TOOL_CALL_OPEN = "<tool_call>"
+TOOL_CALL_CLOSE = "</tool_call>"
+
+
+class QwenJsonFormat:
+    call_open = TOOL_CALL_OPEN
+    call_close = TOOL_CALL_CLOSE
+    block_open = None
+    block_close = None
+    trims_around_calls = True
+
+    def parse_call(self, body: str) -> ParsedCall | None:
+        members = object_members(body)
+        if members is None or "name" not in members:
+            return None
+        name = members["name"][0]
+        if not isinstance(name, str) or not name:
+            return None
+        # "parameters" is what some fine-tunes write instead of "arguments".
+        value, raw = members.get("arguments") or members.get("parameters") or ({}, "{}")
+        if isinstance(value, dict):
+            return ParsedCall(name, raw)
+        if isinstance(value, str) and is_json_object(value):  # arguments double-encoded as a JSON string
+            return ParsedCall(name, value)
+        return None
+
+    def call_prefix(self, name: str | None) -> str:
+        if name is None:
+            return f"{TOOL_CALL_OPEN}\n"
+        # The header as the template's example writes it (tojson spacing), so the model continues with the object.
+        return f'{TOOL_CALL_OPEN}\n{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": '

@@ -1,0 +1,116 @@
+"""The combined output parser: end-of-turn stripping, then reasoning, then tool calls, as OpenAI deltas."""
+from __future__ import annotations
+
+from server.parsing.deltas import (
+    ParsedCall,
+    ParsedMessage,
+    content_delta,
+    reasoning_delta,
+    tool_call_arguments_delta,
+    tool_call_dict,
+    tool_call_id,
+    tool_call_start_delta,
+)
+from server.parsing.end_of_turn import EndOfTurnStripper
+from server.parsing.reasoning import ChannelText, ThinkReasoningParser
+from server.parsing.tool_stream import PlainContent, ToolCallStream, ToolFormat
+
+
+class OutputParser:
+    """Feed the detokenized output text in any pieces; get OpenAI chat-completion delta dicts back.
+
+    - `tool_format`: None means nothing is parsed as a tool call (no tools, or `tool_choice` "none").
+    - `reasoning`: None for no reasoning parser, else a `ThinkReasoningParser`.
+    - `prefix`: text the server appended to the prompt (a forced tool-call opening); it is parsed as if the model had
+      generated it, and whatever it yields comes out with the first `feed`.
+    The deltas concatenate to `result()`, and both are the same however the text is split.
+    """
+
+    def __init__(
+        self,
+        *,
+        tool_format: ToolFormat | None,
+        reasoning: ThinkReasoningParser | None,
+        id_prefix: str,
+        prefix: str = "",
+    ):
+        self._end_of_turn = EndOfTurnStripper()
+        self._reasoning = reasoning
+        self._tools: ToolCallStream | PlainContent = ToolCallStream(tool_format) if tool_format else PlainContent()
+        self._id_prefix = id_prefix
+        self._content: list[str] = []
+        self._reasoning_text: list[str] = []
+        self._calls: list[dict] = []
+        self._finished = False
+        self._primed = self._run(prefix, final=False) if prefix else []
+
+    def feed(self, delta: str) -> list[dict]:
+        if self._finished:
+            raise RuntimeError("OutputParser.feed after finish")
+        out, self._primed = self._primed + self._run(delta, final=False), []
+        return _merge(out)
+
+    def finish(self) -> list[dict]:
+        if self._finished:
+            return []
+        out, self._primed = self._primed + self._run("", final=True), []
+        self._finished = True
+        return _merge(out)
+
+    def result(self) -> ParsedMessage:
+        if not self._finished:
+            raise RuntimeError("OutputParser.result before finish")
+        content = "".join(self._content)
+        reasoning = "".join(self._reasoning_text)
+        return ParsedMessage(
+            content=content if content or not self._calls else None,
+            reasoning_content=reasoning or None,
+            tool_calls=list(self._calls),
+            finish_reason_override="tool_calls" if self._calls else None,
+        )
+
+    def _run(self, text: str, final: bool) -> list[dict]:
+        text = self._end_of_turn.feed(text)
+        if final:
+            text += self._end_of_turn.finish()
+        if self._reasoning is None:
+            channels: list[ChannelText] = [("content", text)] if text else []
+        else:
+            channels = self._reasoning.feed(text) + (self._reasoning.finish() if final else [])
+        deltas: list[dict] = []
+        for channel, piece in channels:
+            if channel == "reasoning":
+                self._reasoning_text.append(piece)
+                deltas.append(reasoning_delta(piece))
+            else:
+                deltas += self._tool_deltas(self._tools.feed(piece))
+        if final:
+            deltas += self._tool_deltas(self._tools.finish())
+        return deltas
+
+    def _tool_deltas(self, events: list[str | ParsedCall]) -> list[dict]:
+        deltas: list[dict] = []
+        for event in events:
+            if isinstance(event, str):
+                self._content.append(event)
+                deltas.append(content_delta(event))
+                continue
+            index = len(self._calls)
+            call_id = tool_call_id(self._id_prefix, index)
+            self._calls.append(tool_call_dict(call_id, event))
+            deltas.append(tool_call_start_delta(index, call_id, event.name))
+            if event.arguments:
+                deltas.append(tool_call_arguments_delta(index, event.arguments))
+        return deltas
+
+
+def _merge(deltas: list[dict]) -> list[dict]:
+    """Joins neighbouring content (or reasoning) deltas so one feed yields at most one per run."""
+    out: list[dict] = []
+    for delta in deltas:
+        key = next(iter(delta))
+        if out and key in ("content", "reasoning_content") and set(out[-1]) == {key}:
+            out[-1] = {key: out[-1][key] + delta[key]}
+        else:
+            out.append(delta)
+    return out
