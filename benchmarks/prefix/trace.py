@@ -1,0 +1,50 @@
+"""The unit every prefix-cache run consumes: one request as token ids plus how it relates to earlier requests."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class TokenRequest:
+    """One request as the KV manager sees it.
+
+    ``output`` is what the reply appends to the sequence (committed to the cache after the prompt, as the engine
+    caches blocks during decode). ``parent`` is the request whose context this one continues (the previous turn of
+    the session, or the request a worker was forked from); the simulator runs a request only after its parent.
+    ``change`` says what the caller changed at the message level since the parent (``None``: the messages are an
+    append-only extension of the parent's messages plus its reply).
+
+    Block-hash traces (Mooncake) put one id per 512-token block into ``prompt``: ``tokens_per_id`` scales matched
+    ids back to tokens, ``num_tokens`` is the true prompt length, and ``num_committed`` excludes the unique
+    sentinel that keeps the "recompute the last block" rule from cutting off the last real block.
+    """
+
+    request_id: str
+    session: str
+    prompt: list[int]
+    output: list[int] = field(default_factory=list)
+    salt: str | None = None
+    parent: str | None = None
+    turn: int = 0
+    change: str | None = None
+    tokens_per_id: int = 1
+    num_tokens: int | None = None
+    num_committed: int | None = None
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.num_tokens if self.num_tokens is not None else len(self.prompt)
+
+    def cached_tokens(self, matched_ids: int) -> int:
+        """Prompt tokens served by ``matched_ids`` cached ids."""
+        return min(matched_ids * self.tokens_per_id, self.prompt_tokens)
+
+    def committed_ids(self, include_output: bool) -> list[int]:
+        """The ids whose K/V exist after this request ran: the prompt (less a sentinel) and, optionally, the reply."""
+        prompt = self.prompt if self.num_committed is None else self.prompt[: self.num_committed]
+        return prompt + self.output if include_output else list(prompt)
+
+
+# Message-level changes between a request and its parent (see ``TokenRequest.change``).
+CHANGE_TOOLS = "tool_list"
+CHANGE_HISTORY = "compaction"
