@@ -94,15 +94,23 @@ def _template_view(message: dict) -> dict:
 
 
 class JinjaRenderer(Renderer):
-    """Renders with a model's own chat template. Errors raised by the template become ``ValueError``."""
+    """Renders with a model's own chat template. Errors raised by the template become ``ValueError``.
+
+    ``policy`` defaults to the transformers convention of tool-call arguments as objects (what vLLM passes); a
+    template that concatenates arguments as text (the official DeepSeek ones) needs ``MessagePolicy("string")``.
+    """
 
     family = "jinja"
-    # Hub templates follow the transformers convention of tool-call arguments as objects (as vLLM passes them).
-    policy = MessagePolicy(arguments="object", lenient_object_arguments=True)
 
     def __init__(
-        self, chat_template: str, bos_token: str = "", eos_token: str = "", special_tokens: dict[str, Any] | None = None
+        self,
+        chat_template: str,
+        bos_token: str = "",
+        eos_token: str = "",
+        special_tokens: dict[str, Any] | None = None,
+        policy: MessagePolicy = MessagePolicy(arguments="object", lenient_object_arguments=True),
     ) -> None:
+        self.policy = policy
         try:
             self.template = compile_template(chat_template)
         except jinja2.exceptions.TemplateSyntaxError as exc:
