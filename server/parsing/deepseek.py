@@ -39,6 +39,9 @@ class _DeepSeekTokens:
     block_close = CALLS_END
     trims_around_calls = False
 
+    def body_is_open(self, body: str) -> bool:
+        return False  # the markers are special tokens, which never occur inside argument text
+
 
 class DeepSeekV3Format(_DeepSeekTokens):
     def parse_call(self, body: str) -> ParsedCall | None:

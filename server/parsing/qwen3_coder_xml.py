@@ -48,6 +48,10 @@ class Qwen3CoderFormat:
             position = parameter.end()
         return ParsedCall(name, json.dumps(arguments, ensure_ascii=False))
 
+    def body_is_open(self, body: str) -> bool:
+        # Inside <function=…> until </function>: values are raw text (often code) and may mention </tool_call>.
+        return body.lstrip().startswith("<function=") and "</function>" not in body
+
     def call_prefix(self, name: str | None) -> str:
         if name is None:
             return f"{TOOL_CALL_OPEN}\n<function="

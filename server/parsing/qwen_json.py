@@ -32,8 +32,23 @@ class QwenJsonFormat:
             return ParsedCall(name, value)
         return None
 
+    def body_is_open(self, body: str) -> bool:
+        return _ends_inside_string(body)
+
     def call_prefix(self, name: str | None) -> str:
         if name is None:
             return f"{TOOL_CALL_OPEN}\n"
         # The header as the template's example writes it (tojson spacing), so the model continues with the object.
         return f'{TOOL_CALL_OPEN}\n{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": '
+
+
+def _ends_inside_string(text: str) -> bool:
+    inside = escaped = False
+    for char in text:
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = inside
+        elif char == '"':
+            inside = not inside
+    return inside

@@ -27,6 +27,10 @@ class ToolFormat(Protocol):
     def call_prefix(self, name: str | None) -> str:
         """Text that starts a call (of function `name`, when given) as the model would write it."""
 
+    def body_is_open(self, body: str) -> bool:
+        """True when the body is an unfinished call, so a closing tag here is part of a value (a string that
+        mentions `</tool_call>`), not the end of the call."""
+
 
 class PlainContent:
     """Used when nothing may be parsed as a call: everything is content."""
@@ -118,6 +122,9 @@ class ToolCallStream:
         fmt = self._fmt
         if piece == Tag(fmt.call_close):
             call = fmt.parse_call(self._body)
+            if call is None and fmt.body_is_open(self._body):
+                self._body += fmt.call_close
+                return
             if call is None:
                 out.append(self._text.push(self._raw + self._body + fmt.call_close))
                 self._raw = ""

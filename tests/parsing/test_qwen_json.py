@@ -1,0 +1,153 @@
+import json
+
+import pytest
+
+from server.parsing import get_output_parser
+
+from tests.parsing.fixtures import TOOLS
+from tests.parsing.streaming import parse_checked, run
+
+
+def qwen(text: str, family: str = "qwen2.5", tools=TOOLS, **kwargs):
+    factory = lambda: get_output_parser(family, tools, reasoning=False, id_prefix="t", **kwargs)  # noqa: E731
+    return parse_checked(factory, text)
+
+
+def call(name: str, arguments: str) -> str:
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>'
+
+
+def names_and_args(message):
+    return [(c["function"]["name"], c["function"]["arguments"]) for c in message.tool_calls]
+
+
+def test_plain_text():
+    message = qwen("Hello, **world**!\nA < b and c > d.<|im_end|>")
+    assert message.content == "Hello, **world**!\nA < b and c > d."
+    assert message.tool_calls == [] and message.finish_reason_override is None
+    assert message.reasoning_content is None
+
+
+def test_one_call_keeps_the_argument_bytes():
+    message = qwen(call("get_weather", '{"city": "Paris",  "unit":"c"}') + "<|im_end|>")
+    assert message.content is None
+    assert names_and_args(message) == [("get_weather", '{"city": "Paris",  "unit":"c"}')]
+    assert message.tool_calls[0]["id"] == "call_t0000" and message.tool_calls[0]["type"] == "function"
+    assert message.finish_reason_override == "tool_calls"
+
+
+def test_parallel_calls_with_content_before():
+    text = "Let me check both.\n" + call("get_weather", '{"city": "Paris"}') + "\n" + call("get_weather", '{"city": "Rome"}')
+    message = qwen(text)
+    assert message.content == "Let me check both."
+    assert names_and_args(message) == [("get_weather", '{"city": "Paris"}'), ("get_weather", '{"city": "Rome"}')]
+    assert [c["id"] for c in message.tool_calls] == ["call_t0000", "call_t0001"]
+
+
+def test_all_json_types_escapes_and_unicode():
+    arguments = (
+        '{"s": "quote \\" backslash \\\\ newline \\n tab \\t </tool_call> inside", "i": -3, "f": 1.5e3, '
+        '"t": true, "n": null, "l": [1, "two", {"x": []}], "o": {"nested": {"k": "v"}}, '
+        '"u": "Zürich 東京 🚀", "esc": "\\u00fc"}'
+    )
+    message = qwen(call("typed", arguments))
+    assert names_and_args(message) == [("typed", arguments)]
+    decoded = json.loads(message.tool_calls[0]["function"]["arguments"])
+    assert decoded["u"] == "Zürich 東京 🚀" and decoded["esc"] == "ü" and decoded["l"][2] == {"x": []}
+
+
+def test_empty_and_missing_arguments():
+    assert names_and_args(qwen(call("now", "{}"))) == [("now", "{}")]
+    assert names_and_args(qwen('<tool_call>\n{"name": "now"}\n</tool_call>')) == [("now", "{}")]
+
+
+def test_double_encoded_arguments_and_parameters_key():
+    message = qwen('<tool_call>\n{"name": "get_weather", "arguments": "{\\"city\\": \\"Oslo\\"}"}\n</tool_call>')
+    assert names_and_args(message) == [("get_weather", '{"city": "Oslo"}')]
+    message = qwen('<tool_call>{"name": "get_weather", "parameters": {"city": "Oslo"}}</tool_call>')
+    assert names_and_args(message) == [("get_weather", '{"city": "Oslo"}')]
+
+
+def test_text_after_calls_is_content_and_whitespace_around_calls_is_markup():
+    message = qwen("Intro\n\n" + call("now", "{}") + "\n\nDone.\n")
+    assert message.content == "IntroDone.\n"
+    assert names_and_args(message) == [("now", "{}")]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"name": "get_weather", "arguments": {"city": "Par',  # invalid JSON
+        '{"arguments": {}}',  # no name
+        '{"name": 3, "arguments": {}}',
+        '{"name": "x", "arguments": [1, 2]}',  # arguments not an object
+        '{"name": "x", "arguments": {}} trailing',
+        "not json at all",
+    ],
+)
+def test_malformed_call_is_content(body):
+    text = f"Before\n<tool_call>\n{body}\n</tool_call>\nafter"
+    message = qwen(text)
+    assert message.tool_calls == [] and message.finish_reason_override is None
+    assert message.content == text
+
+
+def test_malformed_call_next_to_a_good_one():
+    bad = "<tool_call>\n{oops}\n</tool_call>"
+    message = qwen(call("now", "{}") + "\n" + bad)
+    assert names_and_args(message) == [("now", "{}")]
+    assert message.content == bad
+
+
+@pytest.mark.parametrize(
+    "tail",
+    ["<tool_call>", "<tool_call>\n", '<tool_call>\n{"name": "get_weather", "argu', "<tool_ca", "<"],
+)
+def test_truncated_call_falls_back_to_content(tail):
+    message = qwen("Text " + tail)
+    assert message.tool_calls == []
+    assert message.content == "Text " + tail
+
+
+def test_unclosed_but_complete_call_at_the_end_is_a_call():
+    message = qwen('<tool_call>\n{"name": "now", "arguments": {}}\n<|im_end|>')
+    assert names_and_args(message) == [("now", "{}")]
+
+
+def test_missing_close_before_the_next_call():
+    message = qwen('<tool_call>\n{"name": "now", "arguments": {}}\n' + call("get_weather", '{"city": "A"}'))
+    assert names_and_args(message) == [("now", "{}"), ("get_weather", '{"city": "A"}')]
+
+
+def test_no_tools_or_tool_choice_none_parses_nothing():
+    text = call("now", "{}")
+    assert qwen(text, tools=None).content == text
+    message = qwen(text, tool_choice="none")
+    assert message.content == text and message.tool_calls == []
+
+
+def test_end_of_turn_tokens_are_stripped_and_end_the_reply():
+    assert qwen("Hi<|im_end|>\n<|im_start|>user").content == "Hi"
+    assert qwen("Hi<|endoftext|>").content == "Hi"
+
+
+def test_partial_tag_is_held_back_then_released():
+    parser = get_output_parser("qwen2.5", TOOLS, reasoning=False, id_prefix="t")
+    assert parser.feed("Hi <tool") == [{"content": "Hi"}]  # the space may be markup before a call
+    assert parser.feed("box>") == [{"content": " <toolbox>"}]
+    assert parser.feed("<|im_") == []
+    assert parser.finish() == [{"content": "<|im_"}]
+
+
+def test_call_deltas_shape():
+    deltas, _ = run(lambda: get_output_parser("qwen2.5", TOOLS, reasoning=False, id_prefix="ab"), [call("now", "{}")])
+    assert deltas == [
+        {"tool_calls": [{"index": 0, "id": "call_ab0000", "type": "function",
+                         "function": {"name": "now", "arguments": ""}}]},
+        {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]},
+    ]
+
+
+def test_generic_jinja_family_uses_the_json_format():
+    assert names_and_args(qwen(call("now", "{}"), family="jinja")) == [("now", "{}")]
+    assert qwen("plain", family="jinja").content == "plain"
