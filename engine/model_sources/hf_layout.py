@@ -1,0 +1,104 @@
+"""The files of a standard Hugging Face model directory, written the way real checkpoints write them.
+
+config.json is written as a plain dict in the classic layout of published checkpoints (top-level `rope_theta`,
+`rope_scaling: null`, ...) rather than through a transformers `PretrainedConfig`, whose serialised form changes between
+transformers versions: consumers of these directories must read real checkpoints anyway.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# model_type -> (architectures entry, keys that only this family's config.json carries)
+_FAMILY_KEYS: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama": ("LlamaForCausalLM", {"attention_bias": False, "mlp_bias": False, "pretraining_tp": 1}),
+    "qwen2": (
+        "Qwen2ForCausalLM",
+        {"use_sliding_window": False, "sliding_window": None, "max_window_layers": 0, "use_mrope": False},
+    ),
+    "qwen3": (
+        "Qwen3ForCausalLM",
+        {"attention_bias": False, "use_sliding_window": False, "sliding_window": None, "max_window_layers": 0},
+    ),
+}
+SUPPORTED_MODEL_TYPES = tuple(_FAMILY_KEYS)
+
+
+@dataclass(frozen=True)
+class DecoderDims:
+    """The numbers that define a Llama-family decoder."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rope_theta: float
+    rms_norm_eps: float
+    tie_word_embeddings: bool
+
+
+@dataclass(frozen=True)
+class TokenizerInfo:
+    """Token ids a model's config.json and generation_config.json must agree with."""
+
+    num_tokens: int  # highest token id + 1
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]  # the first is the tokenizer's eos_token
+    pad_token_id: int | None
+
+
+def decoder_config(model_type: str, dims: DecoderDims, tokens: TokenizerInfo) -> dict[str, Any]:
+    if model_type not in _FAMILY_KEYS:
+        raise ValueError(f"unsupported model_type {model_type!r}; supported: {SUPPORTED_MODEL_TYPES}")
+    if dims.vocab_size < tokens.num_tokens:
+        raise ValueError(f"vocab_size {dims.vocab_size} is smaller than the tokenizer's {tokens.num_tokens} tokens")
+    architecture, family_keys = _FAMILY_KEYS[model_type]
+    config: dict[str, Any] = {
+        "architectures": [architecture],
+        "model_type": model_type,
+        "attention_dropout": 0.0,
+        "bos_token_id": tokens.bos_token_id,
+        "eos_token_id": tokens.eos_token_ids[0],
+        "hidden_act": "silu",
+        "hidden_size": dims.hidden_size,
+        "head_dim": dims.head_dim,
+        "initializer_range": 0.02,
+        "intermediate_size": dims.intermediate_size,
+        "max_position_embeddings": dims.max_position_embeddings,
+        "num_attention_heads": dims.num_attention_heads,
+        "num_hidden_layers": dims.num_hidden_layers,
+        "num_key_value_heads": dims.num_key_value_heads,
+        "rms_norm_eps": dims.rms_norm_eps,
+        "rope_scaling": None,
+        "rope_theta": dims.rope_theta,
+        "tie_word_embeddings": dims.tie_word_embeddings,
+        "torch_dtype": "float32",
+        "use_cache": True,
+        "vocab_size": dims.vocab_size,
+    }
+    config.update(family_keys)
+    return dict(sorted(config.items()))
+
+
+def generation_config(tokens: TokenizerInfo) -> dict[str, Any]:
+    """Only the token ids: sampling defaults are recommendations for trained weights, not for converted or random ones."""
+    eos: int | list[int] = tokens.eos_token_ids[0] if len(tokens.eos_token_ids) == 1 else list(tokens.eos_token_ids)
+    config: dict[str, Any] = {"bos_token_id": tokens.bos_token_id, "eos_token_id": eos}
+    if tokens.pad_token_id is not None:
+        config["pad_token_id"] = tokens.pad_token_id
+    return config
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+
+
+def write_model_configs(out_dir: Path, model_type: str, dims: DecoderDims, tokens: TokenizerInfo) -> None:
+    write_json(out_dir / "config.json", decoder_config(model_type, dims, tokens))
+    write_json(out_dir / "generation_config.json", generation_config(tokens))

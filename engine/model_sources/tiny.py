@@ -1,0 +1,129 @@
+"""Deterministic tiny random models with real tokenizers, for tests that compare kvserve with HF transformers.
+
+Random weights at the usual init scale (normal, std 0.02) give nearly uniform logits: greedy decoding then repeats
+one token whatever the prompt, and output-equality tests prove nothing. The scales below make every layer matter:
+sharp attention, MLP and attention outputs comparable to the residual stream, and logits spread over several units,
+so greedy continuations are varied and depend on the whole context.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from tqdm import tqdm
+
+from .deepseek_tokenizer import write_deepseek_tokenizer
+from .hf_layout import DecoderDims, TokenizerInfo, write_model_configs
+from .qwen_tokenizer import write_qwen3_tokenizer
+
+TOKENIZERS = ("qwen3", "deepseek")
+VOCAB_ROUNDING = 128  # embedding rows are padded to a multiple of this, as real checkpoints do
+
+
+@dataclass(frozen=True)
+class InitScales:
+    """Standard deviations of the random weights (`linear` is multiplied by 1/sqrt(fan_in))."""
+
+    embedding: float = 1.0
+    lm_head: float = 0.5
+    linear: float = 1.0
+    attention_qk: float = 2.5  # larger q/k projections make attention peaked, so the context changes the output
+    bias: float = 0.5
+    norm: float = 0.2  # norm weights are 1 + N(0, norm): positive, but not all equal
+
+
+@dataclass(frozen=True)
+class TinyRecipe:
+    """Everything that determines a tiny model's files; models.yaml's `build:` mapping of a `source: tiny` entry."""
+
+    model_type: str
+    tokenizer: str
+    seed: int
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 16
+    max_position_embeddings: int = 32768
+    rope_theta: float = 1_000_000.0
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = True
+    vocab_size: int | None = None  # None: the tokenizer's token count rounded up to VOCAB_ROUNDING
+
+    @classmethod
+    def from_mapping(cls, data: dict[str, Any]) -> "TinyRecipe":
+        recipe = cls(**data)
+        if recipe.tokenizer not in TOKENIZERS:
+            raise ValueError(f"unknown tiny-model tokenizer {recipe.tokenizer!r}; known: {TOKENIZERS}")
+        if recipe.num_attention_heads % recipe.num_key_value_heads:
+            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+        return recipe
+
+    def dims(self, tokens: TokenizerInfo) -> DecoderDims:
+        vocab = self.vocab_size or -(-tokens.num_tokens // VOCAB_ROUNDING) * VOCAB_ROUNDING
+        return DecoderDims(
+            vocab_size=vocab,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_hidden_layers,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            max_position_embeddings=self.max_position_embeddings,
+            rope_theta=self.rope_theta,
+            rms_norm_eps=self.rms_norm_eps,
+            tie_word_embeddings=self.tie_word_embeddings,
+        )
+
+
+def _parameter_shapes(model_dir: Path) -> dict[str, tuple[int, ...]]:
+    """Names and shapes of the parameters transformers expects for the config.json in `model_dir`.
+
+    Instantiated on the meta device (no memory, no init); tied weights appear once, as in saved checkpoints.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_dir)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return {name: tuple(p.shape) for name, p in model.named_parameters()}
+
+
+def _generator(seed: int, name: str) -> torch.Generator:
+    # One stream per tensor, keyed by its name: a tensor's values do not depend on which others exist.
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little"))
+
+
+def random_tensor(name: str, shape: tuple[int, ...], seed: int, scales: InitScales) -> torch.Tensor:
+    values = torch.randn(shape, generator=_generator(seed, name), dtype=torch.float32)
+    if name.endswith("norm.weight"):
+        return 1.0 + scales.norm * values
+    if name.endswith(".bias"):
+        return scales.bias * values
+    if "embed_tokens" in name:
+        return scales.embedding * values
+    if name.startswith("lm_head"):
+        return scales.lm_head * values
+    gain = scales.attention_qk if name.endswith(("q_proj.weight", "k_proj.weight")) else scales.linear
+    return gain / shape[-1] ** 0.5 * values
+
+
+def build_tiny_model(recipe: TinyRecipe, template: str, out_dir: Path, scales: InitScales = InitScales()) -> None:
+    """Write a complete HF model directory (configs, tokenizer, fp32 model.safetensors) into `out_dir`."""
+    if recipe.tokenizer == "qwen3":
+        tokens = write_qwen3_tokenizer(out_dir, template)
+    else:
+        tokens = write_deepseek_tokenizer(out_dir, template)
+    write_model_configs(out_dir, recipe.model_type, recipe.dims(tokens), tokens)
+    shapes = _parameter_shapes(out_dir)
+    tensors = {
+        name: random_tensor(name, shape, recipe.seed, scales)
+        for name, shape in tqdm(sorted(shapes.items()), desc=f"random weights ({recipe.model_type})", disable=None)
+    }
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})

