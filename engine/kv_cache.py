@@ -128,12 +128,11 @@ class KVCacheManager:
 
     # ---- sequence lifecycle ----------------------------------------------------------------------------------
     def admit(
-        self, seq_id: Hashable, token_ids: Sequence[int], num_tokens: int, cache_salt: str | None = None
+        self, seq_id: Hashable, token_ids: Sequence[int], max_new_tokens: int, cache_salt: str | None = None
     ) -> int | None:
-        """Start ``seq_id``: take its cached prefix and pages for its first ``num_tokens`` tokens.
+        """Start ``seq_id``: take its cached prefix, and pages for up to ``max_new_tokens`` tokens after it.
 
         Returns the number of cached tokens, or None (and changes nothing) when the pages are not there.
-        ``num_tokens`` is counted from the start of the sequence and is raised to cover the cached prefix.
         """
         assert seq_id not in self.seqs, f"sequence {seq_id!r} is already admitted"
         matched = self.match_prefix(token_ids, cache_salt)
@@ -144,7 +143,7 @@ class KVCacheManager:
         seq.hashes = [node.block_hash for node in matched]
         self.seqs[seq_id] = seq
         num_cached = len(matched) * self.block_size
-        if not self.allocate(seq_id, max(num_tokens, num_cached)):
+        if not self.allocate(seq_id, num_cached + min(len(token_ids) - num_cached, max_new_tokens)):
             self.free(seq_id)
             return None
         self.stats.queries += len(token_ids)

@@ -20,6 +20,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # number of top alternatives to return with each sampled token's logprob
     n: int = 1
+    skip_special_tokens: bool = True  # for the text only; the server keeps them to parse tool-call tokens
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
