@@ -1,0 +1,292 @@
+"""Every Triton kernel against its pure-torch reference, run on CPU through the Triton interpreter.
+
+Tolerances (``torch.testing.assert_close`` atol = rtol): fp32 1e-5; fp16 2e-3 (elementwise) / 5e-3 (attention);
+bf16 2e-2 (elementwise) / 3e-2 (attention). bf16 is looser because the interpreter casts fp32 -> bf16 by truncation
+(the GPU rounds to nearest), so results may differ from the reference by one bf16 ulp (2^-8 relative) per cast.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # must precede the first triton import (kernels import triton)
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from kernels import reference
+from kernels.ops import get_ops
+from kernels.triton_attention import SPLIT_K_ENV, use_split_k
+
+TRITON = get_ops("triton")
+
+ELEMENTWISE_TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+ATTENTION_TOL = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 3e-2}
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, tol: float) -> None:
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    torch.testing.assert_close(actual, expected, atol=tol, rtol=tol)
+
+
+# ---------------------------------------------------------------------------------------------------------- paging
+
+
+@dataclass
+class PagedBatch:
+    query: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    block_tables: torch.Tensor
+    context_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    scale: float
+
+    def args(self) -> tuple:
+        return (self.query, self.k_cache, self.v_cache, self.block_tables, self.context_lens,
+                self.query_start_loc, self.scale)
+
+
+def make_batch(
+    context_lens: list[int],
+    query_lens: list[int],
+    num_kv_heads: int,
+    group: int,
+    head_dim: int,
+    block_size: int,
+    dtype: torch.dtype,
+    seed: int = 0,
+) -> PagedBatch:
+    """A flattened batch whose sequences own shuffled pages. Every cache slot outside a context holds NaN, and block
+    table padding points at an all-NaN page, so reading past a context poisons the output."""
+    gen = torch.Generator().manual_seed(seed)
+    pages_per_seq = [-(-c // block_size) for c in context_lens]
+    num_pages = sum(pages_per_seq) + 2  # + spare pages left NaN
+    shape = (num_pages, block_size, num_kv_heads, head_dim)
+    k_cache = torch.full(shape, float("nan"), dtype=dtype)
+    v_cache = torch.full(shape, float("nan"), dtype=dtype)
+    order = torch.randperm(num_pages, generator=gen).tolist()
+    nan_page = order.pop()
+    block_tables = torch.full((len(context_lens), max(max(pages_per_seq), 1) + 1), nan_page, dtype=torch.int32)
+    for b, (ctx, n_pages) in enumerate(zip(context_lens, pages_per_seq)):
+        pages = [order.pop() for _ in range(n_pages)]
+        block_tables[b, :n_pages] = torch.tensor(pages, dtype=torch.int32)
+        for pos in range(ctx):
+            page, off = pages[pos // block_size], pos % block_size
+            k_cache[page, off] = torch.randn(num_kv_heads, head_dim, generator=gen).to(dtype)
+            v_cache[page, off] = torch.randn(num_kv_heads, head_dim, generator=gen).to(dtype)
+    starts = [0]
+    for q_len, ctx in zip(query_lens, context_lens):
+        assert q_len <= ctx
+        starts.append(starts[-1] + q_len)
+    query = torch.randn(starts[-1], num_kv_heads * group, head_dim, generator=gen).to(dtype)
+    return PagedBatch(
+        query, k_cache, v_cache, block_tables,
+        torch.tensor(context_lens, dtype=torch.int32), torch.tensor(starts, dtype=torch.int32), head_dim ** -0.5,
+    )
+
+
+# A mixed step: a prefill chunk over a cached prefix, a whole prompt, decodes (one at context length 1, one just
+# past a block boundary), a sequence with no new rows this step, and a long single-row decode.
+MIXED_CONTEXT = [23, 13, 18, 1, 9, 17, 30]
+MIXED_QUERY = [9, 13, 1, 1, 0, 1, 4]
+
+
+# ------------------------------------------------------------------------------------------------------- store_kv
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_store_kv_matches_reference_and_skips_padding(dtype: torch.dtype, block_size: int) -> None:
+    num_tokens, num_kv_heads, head_dim = 9, 2, 64
+    # key/value as strided views of a fused qkv projection, the layout the model hands over
+    qkv = torch.randn(num_tokens, (4 + 2 * num_kv_heads) * head_dim).to(dtype)
+    key = qkv[:, 4 * head_dim:(4 + num_kv_heads) * head_dim].view(num_tokens, num_kv_heads, head_dim)
+    value = qkv[:, (4 + num_kv_heads) * head_dim:].view(num_tokens, num_kv_heads, head_dim)
+    num_slots = 5 * block_size
+    slots = torch.randperm(num_slots)[:num_tokens]
+    slots[[1, 6]] = -1  # padding rows
+    k_ref = torch.randn(5, block_size, num_kv_heads, head_dim).to(dtype)
+    v_ref = torch.randn_like(k_ref)
+    k_out, v_out = k_ref.clone(), v_ref.clone()
+    reference.store_kv(key, value, k_ref, v_ref, slots)
+    TRITON.store_kv(key, value, k_out, v_out, slots)
+    assert torch.equal(k_out, k_ref) and torch.equal(v_out, v_ref)
+    # the padding rows' data is nowhere in the cache
+    for row in (1, 6):
+        assert not (k_out.view(-1, num_kv_heads, head_dim) == key[row]).all(-1).all(-1).any()
+
+
+def test_store_kv_all_padding_and_empty_batch() -> None:
+    k_cache = torch.randn(3, 4, 2, 64)
+    v_cache = torch.randn(3, 4, 2, 64)
+    before = (k_cache.clone(), v_cache.clone())
+    key = torch.randn(3, 2, 64)
+    TRITON.store_kv(key, key, k_cache, v_cache, torch.full((3,), -1))
+    TRITON.store_kv(key[:0], key[:0], k_cache, v_cache, torch.empty(0, dtype=torch.int64))
+    assert torch.equal(k_cache, before[0]) and torch.equal(v_cache, before[1])
+
+
+# ------------------------------------------------------------------------------------------------ paged attention
+
+
+@pytest.mark.parametrize("block_size", [4, 16])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("group", [1, 2, 4])
+def test_paged_attention_mixed_batch_fp32(group: int, head_dim: int, block_size: int) -> None:
+    batch = make_batch(MIXED_CONTEXT, MIXED_QUERY, 2, group, head_dim, block_size, torch.float32, seed=group)
+    expected = reference.paged_attention(*batch.args())
+    assert_close(TRITON.paged_attention(*batch.args()), expected, ATTENTION_TOL[torch.float32])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("group", [1, 4])
+def test_paged_attention_mixed_batch_half(dtype: torch.dtype, group: int) -> None:
+    batch = make_batch(MIXED_CONTEXT, MIXED_QUERY, 2, group, 64, 4, dtype, seed=7)
+    expected = reference.paged_attention(*batch.args())
+    assert_close(TRITON.paged_attention(*batch.args()), expected, ATTENTION_TOL[dtype])
+
+
+def test_paged_attention_long_prefill_crosses_query_tiles() -> None:
+    # 70 new rows x group 2 spans three 64-row tiles; the prefix makes the causal diagonal start mid-block.
+    batch = make_batch([81, 5], [70, 5], 1, 2, 64, 16, torch.float32, seed=3)
+    assert_close(TRITON.paged_attention(*batch.args()), reference.paged_attention(*batch.args()), 1e-5)
+
+
+def test_paged_attention_strided_query_and_grid_upper_bounds() -> None:
+    """A query sliced out of a fused qkv tensor, and oversized grid bounds as a CUDA-graph capture would pass."""
+    batch = make_batch(MIXED_CONTEXT, MIXED_QUERY, 2, 2, 64, 4, torch.float32, seed=11)
+    tokens, heads, dim = batch.query.shape
+    qkv = torch.randn(tokens, heads * dim + 2 * 2 * dim)
+    qkv[:, : heads * dim] = batch.query.reshape(tokens, -1)
+    batch.query = qkv[:, : heads * dim].view(tokens, heads, dim)
+    assert not batch.query.is_contiguous()
+    expected = reference.paged_attention(*batch.args())
+    out = TRITON.paged_attention(*batch.args(), max_query_len=32, max_context_len=200)
+    assert_close(out, expected, 1e-5)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("group", [1, 2, 4])
+def test_paged_attention_split_k_decode(group: int, head_dim: int) -> None:
+    # partition_size 16 splits these contexts into up to 5 partitions; one sequence has no row this step.
+    context, query = [1, 5, 37, 70, 16, 12], [1, 1, 1, 1, 1, 0]
+    batch = make_batch(context, query, 2, group, head_dim, 4, torch.float32, seed=head_dim + group)
+    expected = reference.paged_attention(*batch.args())
+    split = TRITON.paged_attention(*batch.args(), split_k=True, partition_size=16)
+    direct = TRITON.paged_attention(*batch.args(), split_k=False)
+    assert_close(split, expected, 1e-5)
+    assert_close(direct, expected, 1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_paged_attention_split_k_half(dtype: torch.dtype) -> None:
+    batch = make_batch([3, 45, 64], [1, 1, 1], 2, 2, 64, 16, dtype, seed=5)
+    split = TRITON.paged_attention(*batch.args(), split_k=True, partition_size=16, max_context_len=100)
+    assert_close(split, reference.paged_attention(*batch.args()), ATTENTION_TOL[dtype])
+
+
+def test_split_k_env_override_and_heuristic(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu = torch.device("cpu")
+    monkeypatch.delenv(SPLIT_K_ENV, raising=False)
+    assert not use_split_k(1, 8, 1, 100, 512, cpu)  # one partition: nothing to split
+    assert use_split_k(1, 8, 1, 4096, 512, cpu) is False  # CPU counts as 1 compute unit: 8 programs already fill it
+    assert not use_split_k(1, 8, 5, 4096, 512, cpu)  # prefill rows never split
+    monkeypatch.setenv(SPLIT_K_ENV, "1")
+    assert use_split_k(256, 8, 1, 10, 512, cpu)
+    assert not use_split_k(1, 8, 2, 4096, 512, cpu)
+    monkeypatch.setenv(SPLIT_K_ENV, "0")
+    assert not use_split_k(1, 1, 1, 100_000, 512, cpu)
+
+    # the env switch reaches the op: forced split with tiny partitions still matches the reference
+    monkeypatch.setenv(SPLIT_K_ENV, "1")
+    batch = make_batch([40, 9], [1, 1], 1, 2, 64, 4, torch.float32, seed=2)
+    out = TRITON.paged_attention(*batch.args(), partition_size=16)
+    assert_close(out, reference.paged_attention(*batch.args()), 1e-5)
+
+
+def test_split_k_rejects_prefill_rows() -> None:
+    batch = make_batch([8], [3], 1, 1, 64, 4, torch.float32)
+    with pytest.raises(ValueError, match="decode-only"):
+        TRITON.paged_attention(*batch.args(), split_k=True)
+
+
+def test_paged_attention_empty_batch() -> None:
+    batch = make_batch([5, 3], [0, 0], 1, 2, 64, 4, torch.float32)
+    assert TRITON.paged_attention(*batch.args()).shape == (0, 2, 64)
+
+
+# ------------------------------------------------------------------------------------------------------- rms_norm
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("hidden", [64, 96])
+def test_rms_norm_matches_reference(dtype: torch.dtype, hidden: int) -> None:
+    x = torch.randn(2, 5, hidden).to(dtype)
+    weight = (1 + 0.5 * torch.randn(hidden)).to(dtype)
+    assert_close(TRITON.rms_norm(x, weight, 1e-6), reference.rms_norm(x, weight, 1e-6), ELEMENTWISE_TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_fused_residual(dtype: torch.dtype) -> None:
+    x = torch.randn(7, 96).to(dtype)
+    residual = torch.randn(7, 96).to(dtype)
+    weight = torch.randn(96).to(dtype)
+    inputs = (x.clone(), residual.clone())
+    out, res_out = TRITON.rms_norm(x, weight, 1e-5, residual)
+    ref_out, ref_res = reference.rms_norm(x, weight, 1e-5, residual)
+    assert_close(out, ref_out, ELEMENTWISE_TOL[dtype])
+    assert_close(res_out, ref_res, ELEMENTWISE_TOL[dtype])
+    assert torch.equal(x, inputs[0]) and torch.equal(residual, inputs[1])  # inputs untouched, like the reference
+
+
+def test_rms_norm_fp32_weight_promotes_like_reference() -> None:
+    x = torch.randn(3, 64).to(torch.bfloat16)
+    weight = torch.randn(64)
+    assert_close(TRITON.rms_norm(x, weight, 1e-6), reference.rms_norm(x, weight, 1e-6), 2e-2)
+
+
+# ---------------------------------------------------------------------------------------------------------- rotary
+
+
+def neox_cache(max_pos: int, dim: int, theta: float = 10000.0) -> torch.Tensor:
+    inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2).float() / dim)
+    angles = torch.arange(max_pos).float()[:, None] * inv_freq[None, :]
+    return torch.cat((angles.cos(), angles.sin()), dim=-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_rotary_embedding_matches_reference(dtype: torch.dtype, head_dim: int) -> None:
+    tokens, q_heads, kv_heads = 6, 4, 2
+    qkv = torch.randn(tokens, (q_heads + 2 * kv_heads) * head_dim).to(dtype)
+    query = qkv[:, : q_heads * head_dim].view(tokens, q_heads, head_dim)
+    key = qkv[:, q_heads * head_dim:(q_heads + kv_heads) * head_dim].view(tokens, kv_heads, head_dim)
+    positions = torch.tensor([0, 1, 63, 7, 7, 40])
+    cache = neox_cache(64, head_dim)
+    before = qkv.clone()
+    q_out, k_out = TRITON.rotary_embedding(positions, query, key, cache)
+    q_ref, k_ref = reference.rotary_embedding(positions, query, key, cache)
+    assert_close(q_out, q_ref, ELEMENTWISE_TOL[dtype])
+    assert_close(k_out, k_ref, ELEMENTWISE_TOL[dtype])
+    assert torch.equal(qkv, before)
+
+
+# ---------------------------------------------------------------------------------------------------- silu_and_mul
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(5, 2 * 96), (2, 3, 2 * 1100)])  # 1100 spans two 1024-wide column blocks
+def test_silu_and_mul_matches_reference(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    x = (2 * torch.randn(shape)).to(dtype)
+    assert_close(TRITON.silu_and_mul(x), reference.silu_and_mul(x), ELEMENTWISE_TOL[dtype])
+
+
+def test_elementwise_ops_accept_empty_batches() -> None:
+    x = torch.randn(0, 64)
+    assert TRITON.silu_and_mul(x).shape == (0, 32)
+    assert TRITON.rms_norm(x, torch.ones(64), 1e-6).shape == (0, 64)
+    q, k = TRITON.rotary_embedding(torch.zeros(0, dtype=torch.long), torch.randn(0, 2, 64), torch.randn(0, 1, 64),
+                                   neox_cache(4, 64))
+    assert q.shape == (0, 2, 64) and k.shape == (0, 1, 64)
