@@ -1,0 +1,127 @@
+import json
+
+import pytest
+
+from server.parsing import get_output_parser
+from server.parsing.deepseek import CALL_BEGIN, CALL_END, CALLS_BEGIN, CALLS_END, SEP
+
+from tests.parsing.fixtures import TOOLS
+from tests.parsing.streaming import parse_checked
+
+EOS = "<｜end▁of▁sentence｜>"
+V3_FAMILIES = ["deepseek-v3", "deepseek-v3-0324", "deepseek-r1-0528"]
+
+
+def parse(family: str, text: str, *, reasoning: bool = False, **kwargs):
+    factory = lambda: get_output_parser(family, TOOLS, reasoning=reasoning, id_prefix="d", **kwargs)  # noqa: E731
+    return parse_checked(factory, text)
+
+
+def v3_call(name: str, arguments: str) -> str:
+    return f"{CALL_BEGIN}function{SEP}{name}\n```json\n{arguments}\n```{CALL_END}"
+
+
+def v3_calls(*calls: str) -> str:
+    return CALLS_BEGIN + "\n".join(calls) + CALLS_END
+
+
+def v31_calls(*calls: tuple[str, str]) -> str:
+    return CALLS_BEGIN + "".join(f"{CALL_BEGIN}{n}{SEP}{a}{CALL_END}" for n, a in calls) + CALLS_END
+
+
+def calls_of(message) -> list[tuple[str, str]]:
+    return [(c["function"]["name"], c["function"]["arguments"]) for c in message.tool_calls]
+
+
+@pytest.mark.parametrize("family", ["deepseek-v3", "deepseek-v3-0324", "deepseek-v3.1"])
+def test_plain_text(family):
+    message = parse(family, "Hello ｜ world ▁" + EOS)
+    assert message.content == "Hello ｜ world ▁" and message.tool_calls == []
+
+
+@pytest.mark.parametrize("family", ["deepseek-v3", "deepseek-v3-0324"])
+def test_v3_one_call_keeps_arguments_verbatim(family):
+    arguments = '{"city":  "Zürich", "unit": "c"}'
+    message = parse(family, v3_calls(v3_call("get_weather", arguments)) + EOS)
+    assert message.content is None and calls_of(message) == [("get_weather", arguments)]
+    assert message.finish_reason_override == "tool_calls"
+
+
+@pytest.mark.parametrize("family", ["deepseek-v3", "deepseek-v3-0324"])
+def test_v3_parallel_calls_with_content_before(family):
+    text = "Checking both.\n\n" + v3_calls(v3_call("get_weather", '{"city": "A"}'), v3_call("now", "{}")) + EOS
+    message = parse(family, text)
+    # DeepSeek templates concatenate content and calls, so the content keeps its whitespace
+    assert message.content == "Checking both.\n\n"
+    assert calls_of(message) == [("get_weather", '{"city": "A"}'), ("now", "{}")]
+
+
+def test_v3_all_json_types_and_escapes():
+    arguments = '{"s": "a \\"q\\" \\\\ \\n ```", "n": null, "b": false, "i": 1, "f": -2.5, "l": [], "o": {"k": [{}]}}'
+    message = parse("deepseek-v3", v3_calls(v3_call("typed", arguments)))
+    assert calls_of(message) == [("typed", arguments)]
+    assert json.loads(message.tool_calls[0]["function"]["arguments"])["s"] == 'a "q" \\ \n ```'
+
+
+def test_v3_unfenced_or_loosely_fenced_arguments_are_accepted():
+    loose = f"{CALLS_BEGIN}{CALL_BEGIN}function{SEP}now\n```json\n{{}}```{CALL_END}{CALLS_END}"
+    bare = f"{CALLS_BEGIN}{CALL_BEGIN}function{SEP}now\n{{\"a\": 1}}{CALL_END}{CALLS_END}"
+    assert calls_of(parse("deepseek-v3", loose)) == [("now", "{}")]
+    assert calls_of(parse("deepseek-v3", bare)) == [("now", '{"a": 1}')]
+
+
+def test_v31_calls_chained_without_separator():
+    text = "Sure." + v31_calls(("get_weather", '{"city": "Paris"}'), ("now", "{}")) + EOS
+    message = parse("deepseek-v3.1", text)
+    assert message.content == "Sure."
+    assert calls_of(message) == [("get_weather", '{"city": "Paris"}'), ("now", "{}")]
+
+
+def test_v31_thinking_then_call():
+    text = "I should call it.</think>" + v31_calls(("now", "{}")) + EOS
+    message = parse("deepseek-v3.1", text, reasoning=True)
+    assert message.reasoning_content == "I should call it."
+    assert message.content is None and calls_of(message) == [("now", "{}")]
+
+
+def test_r1_0528_reasoning_then_calls():
+    text = "<think>\nNeed the weather.\n</think>\n\n" + v3_calls(v3_call("get_weather", '{"city": "B"}')) + EOS
+    message = parse("deepseek-r1-0528", text, reasoning=True)
+    assert message.reasoning_content == "Need the weather."
+    assert calls_of(message) == [("get_weather", '{"city": "B"}')]
+
+
+@pytest.mark.parametrize(
+    "family,text",
+    [
+        ("deepseek-v3", f"{CALLS_BEGIN}{CALL_BEGIN}function{SEP}now\n```json\n{{\"a\": "),  # truncated
+        ("deepseek-v3", f"{CALLS_BEGIN}{CALL_BEGIN}function{SEP}now\n```json\n{{oops}}\n```{CALL_END}{CALLS_END}"),
+        ("deepseek-v3", f"{CALLS_BEGIN}{CALL_BEGIN}function now {{}}{CALL_END}{CALLS_END}"),  # no separator
+        ("deepseek-v3", f"{CALLS_BEGIN}{CALLS_END}"),
+        ("deepseek-v3", CALLS_BEGIN),
+        ("deepseek-v3.1", f"{CALLS_BEGIN}{CALL_BEGIN}now{SEP}[1]{CALL_END}{CALLS_END}"),
+        ("deepseek-v3.1", f"{CALLS_BEGIN}{CALL_BEGIN}{SEP}{{}}{CALL_END}{CALLS_END}"),  # no name
+        ("deepseek-v3.1", f"{CALLS_BEGIN}{CALL_BEGIN}now{SEP}{{"),
+    ],
+)
+def test_malformed_or_truncated_falls_back_to_content(family, text):
+    message = parse(family, "Hi " + text)
+    assert message.tool_calls == [] and message.finish_reason_override is None
+    assert message.content == "Hi " + text
+
+
+def test_good_call_then_truncated_call_keeps_the_good_one():
+    text = CALLS_BEGIN + v3_call("now", "{}") + "\n" + CALL_BEGIN + "function" + SEP + "get_weather\n```json\n{"
+    message = parse("deepseek-v3", text)
+    assert calls_of(message) == [("now", "{}")]
+    assert message.content == "\n" + CALL_BEGIN + "function" + SEP + "get_weather\n```json\n{"
+
+
+def test_missing_calls_end_after_complete_calls():
+    message = parse("deepseek-v3.1", CALLS_BEGIN + f"{CALL_BEGIN}now{SEP}{{}}{CALL_END}" + EOS)
+    assert calls_of(message) == [("now", "{}")] and message.content is None
+
+
+def test_text_after_the_block_is_content():
+    message = parse("deepseek-v3-0324", v3_calls(v3_call("now", "{}")) + "Done.")
+    assert calls_of(message) == [("now", "{}")] and message.content == "Done."
