@@ -1,0 +1,51 @@
+"""Property tests: for any output built from the formats' own fragments (well-formed or not), parsing never raises,
+every split of the stream gives the same message, and the deltas rebuild it."""
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from server.parsing import FAMILIES, get_output_parser
+from server.parsing.deepseek import CALL_BEGIN, CALL_END, CALLS_BEGIN, CALLS_END, SEP
+
+from tests.parsing.fixtures import TOOLS
+from tests.parsing.streaming import assemble, run
+
+FRAGMENTS = [
+    "<think>", "</think>", "<tool_call>", "</tool_call>", "<function=get_weather>", "</function>",
+    "<parameter=city>", "</parameter>", "<parameter=count>", CALLS_BEGIN, CALLS_END, CALL_BEGIN, CALL_END, SEP,
+    "function", "get_weather", "\n```json\n", "\n```", '{"name": "now", "arguments": {}}', '{"city": "Zü\\"rich"}',
+    '{"name": "get_weather", "arguments": {"city": "Paris"}}', "{", "}", '"', "\\", "\n", "\n\n", " ", "text", "42",
+    "東京 🚀", "<", "</", "<|im_end|>", "<｜end▁of▁sentence｜>", "<｜", "▁",
+]
+
+outputs = st.lists(st.sampled_from(FRAGMENTS), max_size=24).map("".join)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    family=st.sampled_from(sorted(FAMILIES)),
+    reasoning=st.booleans(),
+    tool_choice=st.sampled_from([None, "none", "required", {"type": "function", "function": {"name": "get_weather"}}]),
+    text=outputs,
+    cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=10),
+)
+def test_any_split_gives_the_same_message(family, reasoning, tool_choice, text, cuts):
+    factory = lambda: get_output_parser(family, TOOLS, tool_choice, reasoning=reasoning, id_prefix="h")  # noqa: E731
+    bounds = sorted({c % (len(text) + 1) for c in cuts} | {0, len(text)})
+    whole_deltas, whole = run(factory, [text])
+    split_deltas, split = run(factory, [text[a:b] for a, b in zip(bounds, bounds[1:])])
+    chars_deltas, chars = run(factory, list(text))
+    assert whole == split == chars
+    assert assemble(whole_deltas) == assemble(split_deltas) == assemble(chars_deltas) == whole
+    assert (whole.finish_reason_override == "tool_calls") == bool(whole.tool_calls)
+    for call in whole.tool_calls:
+        assert isinstance(call["function"]["arguments"], str)
+
+
+@settings(max_examples=100, deadline=None)
+@given(text=st.text(max_size=60), family=st.sampled_from(sorted(FAMILIES)))
+def test_arbitrary_text_never_raises_and_loses_nothing_without_tags(text, family):
+    factory = lambda: get_output_parser(family, TOOLS, reasoning=False, id_prefix="h")  # noqa: E731
+    deltas, message = run(factory, list(text))
+    assert assemble(deltas) == message
+    if not any(tag in text for tag in ("<", "｜")) and (FAMILIES[family].thinking is None or FAMILIES[family].thinking.switchable):
+        assert message.content == text
