@@ -1,0 +1,37 @@
+"""The native renderer of each chat template family."""
+from __future__ import annotations
+
+from server.rendering.base import Renderer
+from server.rendering.deepseek import (
+    DeepSeekR1DistillRenderer,
+    DeepSeekR1Renderer,
+    DeepSeekR10528Renderer,
+    DeepSeekV3Renderer,
+    DeepSeekV30324Renderer,
+    DeepSeekV31Renderer,
+)
+from server.rendering.qwen import Qwen3CoderRenderer, Qwen3Renderer, Qwen25Renderer
+
+_RENDERERS: dict[str, type[Renderer]] = {
+    cls.family: cls
+    for cls in (
+        Qwen25Renderer,
+        Qwen3Renderer,
+        Qwen3CoderRenderer,
+        DeepSeekV3Renderer,
+        DeepSeekV30324Renderer,
+        DeepSeekV31Renderer,
+        DeepSeekR1Renderer,
+        DeepSeekR10528Renderer,
+        DeepSeekR1DistillRenderer,
+    )
+}
+FAMILIES: tuple[str, ...] = tuple(_RENDERERS)
+
+
+def get_renderer(family: str) -> Renderer:
+    """The native renderer of ``family`` (one of ``FAMILIES``); ``ValueError`` for an unknown name."""
+    try:
+        return _RENDERERS[family]()
+    except KeyError:
+        raise ValueError(f"unknown chat template family {family!r}; known: {', '.join(FAMILIES)}") from None
