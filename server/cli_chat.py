@@ -8,10 +8,70 @@ from pathlib import Path
 
 
 def register(subparsers) -> None:
-    render = globals().get("add_render_command")  # the rendering half of issue 3 adds it to this file
-    if render is not None:
-        render(subparsers)
+    add_render_command(subparsers)
     add_parse_command(subparsers)
+
+
+def add_render_command(subparsers) -> None:
+    """`kvserve render`: the exact prompt text (and with a model, its token ids) for an OpenAI chat request body."""
+    from server.rendering import FAMILIES
+
+    parser = subparsers.add_parser(
+        "render",
+        help="print the exact prompt a chat request renders to",
+        description="Renders an OpenAI chat-completions request body (messages, tools, chat_template_kwargs, "
+        "add_generation_prompt) into the exact prompt text the model sees, printed without an added newline.",
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--template", choices=FAMILIES, help="a native chat template family")
+    source.add_argument("--model", metavar="NAME", help="a model of models.yaml (or a local model directory)")
+    parser.add_argument("--request", required=True, help="JSON file with the request body ('-' reads stdin)")
+    parser.add_argument(
+        "--tokens",
+        action="store_true",
+        help="with --model: print one JSON object {prompt, num_tokens, token_ids} instead of the bare text",
+    )
+    parser.set_defaults(func=_run_render)
+
+
+def _run_render(args: argparse.Namespace) -> int:
+    from server.rendering import get_renderer, render_request
+
+    if args.tokens and not args.model:
+        print("kvserve render: --tokens needs --model (token ids come from the model's tokenizer)", file=sys.stderr)
+        return 2
+    try:
+        raw = sys.stdin.buffer.read() if args.request == "-" else Path(args.request).read_bytes()
+        body = json.loads(raw.decode("utf-8"))
+        tokenizer = None
+        if args.model:
+            renderer, tokenizer = _model_renderer(args.model)
+        else:
+            renderer = get_renderer(args.template)
+        prompt = render_request(renderer, body)
+    except (OSError, ValueError, RuntimeError) as exc:  # unreadable file, invalid JSON/request, unknown model
+        print(f"kvserve render: {exc}", file=sys.stderr)
+        return 2
+    sys.stdout.reconfigure(encoding="utf-8")  # the prompt's bytes must not depend on the terminal's locale
+    if tokenizer is None or not args.tokens:
+        sys.stdout.write(prompt)
+        return 0
+    # The templates emit BOS themselves: adding special tokens again would double it.
+    ids = tokenizer.encode(prompt, add_special_tokens=False)
+    sys.stdout.write(json.dumps({"prompt": prompt, "num_tokens": len(ids), "token_ids": ids}, ensure_ascii=False) + "\n")
+    return 0
+
+
+def _model_renderer(name: str):
+    """(renderer, HF tokenizer) for a registered model; the model directory is built or fetched on first use."""
+    from transformers import AutoTokenizer
+
+    from engine.registry import get_model_spec, resolve_model
+    from server.rendering import renderer_for_model
+
+    template = get_model_spec(name).template
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(name)))
+    return renderer_for_model(template, tokenizer), tokenizer
 
 
 def add_parse_command(subparsers) -> None:
@@ -66,5 +126,6 @@ def _run_parse(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"kvserve parse: {exc}", file=sys.stderr)
         return 2
-    sys.stdout.buffer.write((json.dumps(message.to_message(), ensure_ascii=False, indent=2) + "\n").encode("utf-8"))
+    text = json.dumps(message.to_message(), ensure_ascii=False, indent=2)
+    sys.stdout.buffer.write(f"{text}\n".encode("utf-8"))
     return 0

@@ -5,6 +5,7 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from server.parsing.deltas import ParsedMessage
 from server.parsing.deepseek import DeepSeekV3Format, DeepSeekV31Format
 from server.parsing.qwen3_coder_xml import Qwen3CoderFormat
 from server.parsing.qwen_json import QwenJsonFormat
@@ -68,8 +69,11 @@ def default_thinking(family: str) -> bool:
     return thinking is not None and thinking.default
 
 
-def _thinks(spec: FamilyParsing, reasoning: bool) -> bool:
-    return spec.thinking is not None and (reasoning or not spec.thinking.switchable)
+def _active_thinking(spec: FamilyParsing, reasoning: bool) -> Thinking | None:
+    """The family's thinking when this request thinks (asked for, or a family that always does)."""
+    if spec.thinking is not None and (reasoning or not spec.thinking.switchable):
+        return spec.thinking
+    return None
 
 
 def tool_call_prompt_suffix(
@@ -80,9 +84,8 @@ def tool_call_prompt_suffix(
     spec = family_parsing(family)
     choice = parse_tool_choice(tool_choice, tools)
     prefix = forced_call_prefix(spec.tool_format(tools), choice)
-    if prefix and _thinks(spec, reasoning):
-        prefix = spec.thinking.prompt_close + prefix  # type: ignore[union-attr]
-    return prefix
+    thinking = _active_thinking(spec, reasoning)
+    return thinking.prompt_close + prefix if prefix and thinking else prefix
 
 
 def get_output_parser(
@@ -99,10 +102,11 @@ def get_output_parser(
     choice: ToolChoice = parse_tool_choice(tool_choice, tools)
     fmt = spec.tool_format(tools) if choice.parses_calls else None
     prefix = forced_call_prefix(fmt, choice) if fmt else ""
+    thinking = _active_thinking(spec, reasoning)
     think = None
     # A forced call starts the output inside the call: the suffix already closed any reasoning.
-    if _thinks(spec, reasoning) and not prefix:
-        think = ThinkReasoningParser(starts_in_reasoning=spec.thinking.starts_inside)  # type: ignore[union-attr]
+    if thinking and not prefix:
+        think = ThinkReasoningParser(starts_in_reasoning=thinking.starts_inside)
     return OutputParser(tool_format=fmt, reasoning=think, id_prefix=id_prefix, prefix=prefix)
 
 
@@ -119,7 +123,7 @@ def parse_output(
     *,
     reasoning: bool,
     id_prefix: str,
-):
+) -> ParsedMessage:
     """Non-streaming convenience: the whole output at once, as a `ParsedMessage`."""
     parser = get_output_parser(family, tools, tool_choice, reasoning=reasoning, id_prefix=id_prefix)
     parser.feed(text)

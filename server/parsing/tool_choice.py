@@ -41,7 +41,9 @@ def parse_tool_choice(tool_choice: str | dict | None, tools: list[dict] | None) 
             )
         if tool_choice == "required" and not names:
             raise ValueError("tool_choice 'required' needs at least one tool in 'tools'")
-        return ToolChoice(tool_choice if names else "none")  # type: ignore[arg-type]
+        if not names or tool_choice == "none":
+            return ToolChoice("none")
+        return ToolChoice("required" if tool_choice == "required" else "auto")
     if isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
         name = (tool_choice.get("function") or {}).get("name")
         if not isinstance(name, str) or not name:

@@ -92,7 +92,10 @@ def test_no_parameters():
 
 
 def test_missing_parameter_close_before_the_next_parameter():
-    text = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n<parameter=unit>\nc\n</parameter>\n</function>\n</tool_call>"
+    text = (
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
+        "<parameter=unit>\nc\n</parameter>\n</function>\n</tool_call>"
+    )
     assert args_of(coder(text)) == [("get_weather", {"city": "Paris", "unit": "c"})]
 
 

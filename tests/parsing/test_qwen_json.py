@@ -37,7 +37,8 @@ def test_one_call_keeps_the_argument_bytes():
 
 
 def test_parallel_calls_with_content_before():
-    text = "Let me check both.\n" + call("get_weather", '{"city": "Paris"}') + "\n" + call("get_weather", '{"city": "Rome"}')
+    paris, rome = call("get_weather", '{"city": "Paris"}'), call("get_weather", '{"city": "Rome"}')
+    text = "Let me check both.\n" + paris + "\n" + rome
     message = qwen(text)
     assert message.content == "Let me check both."
     assert names_and_args(message) == [("get_weather", '{"city": "Paris"}'), ("get_weather", '{"city": "Rome"}')]

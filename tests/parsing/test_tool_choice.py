@@ -79,7 +79,10 @@ def test_parser_primed_with_the_forced_prefix_carries_the_call(family, reasoning
 
 
 def test_required_lets_the_model_pick_and_add_more_calls():
-    output = 'now", "arguments": {}}\n</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "X"}}\n</tool_call>'
+    output = (
+        'now", "arguments": {}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "X"}}\n</tool_call>'
+    )
     factory = lambda: get_output_parser("qwen3", TOOLS, "required", reasoning=True, id_prefix="p")  # noqa: E731
     message = parse_checked(factory, '{"name": "' + output)
     assert [c["function"]["name"] for c in message.tool_calls] == ["now", "get_weather"]
