@@ -1,7 +1,7 @@
 """Replays token requests against the engine's own ``KVCacheManager`` (no model) to measure prefix-cache hits.
 
 Time advances in steps. Each step the scheduler takes up to ``max_num_seqs`` ready requests (a request is ready once
-its parent has finished) in policy order, admits them all (so requests in the same step cannot hit each other's new
+it has arrived and its parent has finished) in policy order, admits them all (so requests in the same step cannot hit each other's new
 blocks, as in a real batch), commits their prompt and reply blocks, and frees them. After each step the cache is
 trimmed to ``capacity_blocks`` by the manager's own eviction (LRU leaves); the pool has extra pages for the live batch
 on top of that, so capacity means "blocks kept between requests", the quantity cache-size sweeps are about.
@@ -99,26 +99,39 @@ def _pool_size(requests: Sequence[TokenRequest], cfg: SimConfig) -> int:
 
 
 class _ReadyQueue:
-    """Ready requests in arrival order; a request becomes ready when its parent finishes."""
+    """Requests become ready when they have arrived and their parent has finished; ready ones wait in arrival order."""
 
     def __init__(self, requests: Sequence[TokenRequest]) -> None:
         ids = {r.request_id for r in requests}
         if len(ids) != len(requests):
             raise ValueError("request ids must be unique")
         self.order = {r.request_id: i for i, r in enumerate(requests)}
-        self.children: dict[str, list[TokenRequest]] = {}
-        self.heap: list[tuple[int, str]] = []
         self.reqs = {r.request_id: r for r in requests}
+        self.children: dict[str, list[TokenRequest]] = {}
+        self.pending: list[tuple[int, int, str]] = []  # (arrival, order, id) of requests whose parent has finished
+        self.heap: list[tuple[int, str]] = []  # (order, id) of ready requests
         for r in requests:
             if r.parent is not None and r.parent in ids:
                 if self.order[r.parent] > self.order[r.request_id]:
                     raise ValueError(f"request {r.request_id} comes before its parent {r.parent}")
                 self.children.setdefault(r.parent, []).append(r)
             else:
-                heapq.heappush(self.heap, (self.order[r.request_id], r.request_id))
+                self._release(r)
 
     def __bool__(self) -> bool:
-        return bool(self.heap)
+        return bool(self.heap or self.pending)
+
+    def _release(self, r: TokenRequest) -> None:
+        heapq.heappush(self.pending, (r.arrival, self.order[r.request_id], r.request_id))
+
+    def advance(self, step: int) -> int:
+        """Move arrived requests to the ready heap; if none is ready, jump ahead to the next arrival."""
+        if not self.heap and self.pending:
+            step = max(step, self.pending[0][0])
+        while self.pending and self.pending[0][0] <= step:
+            _, order, rid = heapq.heappop(self.pending)
+            heapq.heappush(self.heap, (order, rid))
+        return step
 
     def take(self, kv: KVCacheManager, cfg: SimConfig) -> list[TokenRequest]:
         if cfg.policy == "fcfs":
@@ -133,7 +146,7 @@ class _ReadyQueue:
 
     def finished(self, request: TokenRequest) -> None:
         for child in self.children.pop(request.request_id, []):
-            heapq.heappush(self.heap, (self.order[child.request_id], child.request_id))
+            self._release(child)
 
 
 def _salt(request: TokenRequest, cfg: SimConfig) -> str | None:
@@ -148,6 +161,7 @@ def simulate(requests: Sequence[TokenRequest], cfg: SimConfig, progress: bool = 
     step = 0
     with tqdm(total=len(requests), disable=not progress, desc="simulate", unit="req", leave=False) as bar:
         while queue:
+            step = queue.advance(step)
             batch = queue.take(kv, cfg)
             for r in batch:
                 matched = kv.admit(r.request_id, r.prompt, len(r.prompt), _salt(r, cfg))

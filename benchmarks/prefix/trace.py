@@ -11,8 +11,7 @@ class TokenRequest:
     ``output`` is what the reply appends to the sequence (committed to the cache after the prompt, as the engine
     caches blocks during decode). ``parent`` is the request whose context this one continues (the previous turn of
     the session, or the request a worker was forked from); the simulator runs a request only after its parent.
-    ``change`` says what the caller changed at the message level since the parent (``None``: the messages are an
-    append-only extension of the parent's messages plus its reply).
+    ``change`` says how the context differs from the parent's (``None``: it extends the parent's prompt and reply).
 
     Block-hash traces (Mooncake) put one id per 512-token block into ``prompt``: ``tokens_per_id`` scales matched
     ids back to tokens, ``num_tokens`` is the true prompt length, and ``num_committed`` excludes the unique
@@ -27,6 +26,7 @@ class TokenRequest:
     parent: str | None = None
     turn: int = 0
     change: str | None = None
+    arrival: int = 0  # earliest scheduler step at which it may start (its parent must also have finished)
     tokens_per_id: int = 1
     num_tokens: int | None = None
     num_committed: int | None = None
@@ -45,6 +45,9 @@ class TokenRequest:
         return prompt + self.output if include_output else list(prompt)
 
 
-# Message-level changes between a request and its parent (see ``TokenRequest.change``).
+# How a request's context differs from its parent's (see ``TokenRequest.change``): the caller changed the tool list
+# or rewrote the history, or the messages only grew but the template rendered earlier turns differently.
 CHANGE_TOOLS = "tool_list"
 CHANGE_HISTORY = "compaction"
+CHANGE_REASONING = "template_reasoning"  # the template dropped earlier turns' reasoning (Qwen3)
+CHANGE_TEMPLATE = "template"

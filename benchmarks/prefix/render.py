@@ -1,0 +1,109 @@
+"""Chat requests -> token requests, through the model's real chat template and tokenizer.
+
+The reply is tokenized as the model would have generated it: the text the rendered conversation gains when the
+reply is appended, up to the end-of-turn token. The next turn re-renders the whole history, so whatever the
+template does to earlier turns (Qwen3 drops their reasoning) shows up as changed tokens, as in production.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from server.rendering import Renderer, get_renderer
+
+from benchmarks.prefix.trace import CHANGE_HISTORY, CHANGE_REASONING, CHANGE_TEMPLATE, CHANGE_TOOLS, TokenRequest
+from benchmarks.prefix.workloads import ChatRequest, Workload
+
+REASONING_MARKERS = ("<think>",)  # where a dropped reasoning block starts in the rendered text
+# Which template kwarg switches thinking on, per template family (families without one ignore the setting).
+_THINKING_KWARG = {"qwen3": "enable_thinking", "deepseek-v3.1": "thinking"}
+
+
+@dataclass
+class ModelText:
+    """A model's chat template and tokenizer: everything needed to turn messages into prompt token ids."""
+
+    name: str
+    template: str
+    renderer: Renderer
+    tokenizer: Tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def template_kwargs(self, enable_thinking: bool) -> dict:
+        key = _THINKING_KWARG.get(self.template)
+        return {key: enable_thinking} if key else {}
+
+
+def load_model_text(model: str) -> ModelText:
+    from engine.registry import get_model_spec, resolve_model
+
+    spec = get_model_spec(model)
+    if spec.template == "jinja":
+        raise ValueError(f"{model}: the prefix benchmark needs a natively rendered template family, not 'jinja'")
+    model_dir = Path(resolve_model(model))
+    return ModelText(model, spec.template, get_renderer(spec.template), Tokenizer.from_file(str(model_dir / "tokenizer.json")))
+
+
+def render_texts(req: ChatRequest, mt: ModelText, enable_thinking: bool) -> tuple[str, str]:
+    """(prompt text, reply text as generated)."""
+    kwargs = mt.template_kwargs(enable_thinking)
+    prompt = mt.renderer.render(req.messages, req.tools, add_generation_prompt=True, **kwargs)
+    full = mt.renderer.render([*req.messages, req.reply], req.tools, add_generation_prompt=False, **kwargs)
+    if not full.startswith(prompt):
+        raise ValueError(f"{req.request_id}: the rendered reply does not extend the rendered prompt")
+    return prompt, full[len(prompt) :].rstrip("\n")  # the model stops at its end-of-turn token, before the newline
+
+
+def message_change(parent: ChatRequest | None, req: ChatRequest) -> str | None:
+    """What the caller changed since ``parent`` at the message level (None: append-only, tools unchanged)."""
+    if parent is None:
+        return None
+    if req.tools != parent.tools:
+        return CHANGE_TOOLS
+    history = [*parent.messages, parent.reply]
+    if req.messages[: len(history)] != history:
+        return CHANGE_HISTORY
+    return None
+
+
+def template_change(parent_context: str, prompt: str) -> str | None:
+    """For append-only messages: did re-rendering change the text the parent's context already had?"""
+    n = min(len(parent_context), len(prompt))
+    i = next((k for k in range(n) if parent_context[k] != prompt[k]), n)
+    if i == len(parent_context):
+        return None
+    # The texts may agree on a marker's first characters ("<t" of "<think>" vs "<tool_call>"): look back a little.
+    dropped_reasoning = any(
+        -1 < parent_context.find(marker, max(0, i - len(marker) + 1)) <= i for marker in REASONING_MARKERS
+    )
+    return CHANGE_REASONING if dropped_reasoning else CHANGE_TEMPLATE
+
+
+def tokenize_workload(workload: Workload, mt: ModelText) -> list[TokenRequest]:
+    by_id = {r.request_id: r for r in workload.requests}
+    texts: dict[str, tuple[str, str]] = {}
+    out = []
+    for req in workload.requests:
+        prompt, reply = texts[req.request_id] = render_texts(req, mt, workload.enable_thinking)
+        parent = by_id.get(req.parent) if req.parent else None
+        change = message_change(parent, req)
+        if parent is not None and change is None:
+            change = template_change("".join(texts[parent.request_id]), prompt)
+        out.append(
+            TokenRequest(
+                request_id=req.request_id,
+                session=req.session,
+                prompt=mt.encode(prompt),
+                output=mt.encode(reply),
+                salt=req.salt,
+                parent=req.parent,
+                turn=req.turn,
+                change=change,
+                arrival=req.arrival,
+            )
+        )
+    return out
