@@ -1,0 +1,136 @@
+"""Compile every Triton kernel ahead of time for a CUDA target, on a machine without a GPU.
+
+The interpreter checks what the kernels compute, not whether they compile: ``tl.dot`` shape rules, shared-memory
+limits and lowering errors only show up in the real compiler. This module runs each op's host wrapper on small CPU
+tensors with kernel launches intercepted; every launch is compiled (Triton's compiler + the bundled ptxas) to a
+cubin for the target instead of running. The launches are the wrapper's own, so the block sizes and constexprs
+checked are exactly the ones the GPU will see for those shapes.
+
+Usage (not under ``TRITON_INTERPRET=1``): ``python -m kernels.triton_aot [--arch 90]``
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import inspect
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction
+
+_TRITON_DTYPES = {
+    torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
+    torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8",
+}
+# Opt-in shared memory per block on sm_80+ (A100: 163 KiB, H100/H200: 227 KiB); the smaller bound is the check.
+SHARED_MEMORY_LIMIT = 163 * 1024
+
+
+@dataclass(frozen=True)
+class CompiledKernel:
+    name: str
+    constexprs: dict
+    shared_bytes: int
+    seconds: float
+
+
+def _arg_type(value: object) -> str:
+    if isinstance(value, torch.Tensor):
+        return "*" + _TRITON_DTYPES[value.dtype]
+    if isinstance(value, bool):
+        return "i1"
+    if isinstance(value, int):
+        return "i32" if -(2**31) <= value < 2**31 else "i64"
+    if isinstance(value, float):
+        return "fp32"
+    raise TypeError(f"unsupported kernel argument {value!r}")
+
+
+def compile_launch(kernel: JITFunction, args: tuple, kwargs: dict, target: GPUTarget) -> CompiledKernel:
+    """Compile one intercepted launch ``kernel[grid](*args, **kwargs)`` for ``target``."""
+    bound = inspect.signature(kernel.fn).bind(*args, **kwargs).arguments
+    signature, constexprs = {}, {}
+    for index, param in enumerate(kernel.params):
+        value = bound[param.name]
+        if param.is_constexpr:
+            signature[param.name] = "constexpr"
+            constexprs[(index,)] = value
+        else:
+            signature[param.name] = _arg_type(value)
+    start = time.perf_counter()
+    compiled = triton.compile(ASTSource(kernel, signature, constexprs=constexprs), target=target)
+    shared = compiled.metadata.shared
+    if shared > SHARED_MEMORY_LIMIT:
+        raise RuntimeError(f"{kernel.__name__} needs {shared} bytes of shared memory (limit {SHARED_MEMORY_LIMIT})")
+    named = {kernel.params[i[0]].name: v for i, v in constexprs.items()}
+    return CompiledKernel(kernel.__name__, named, shared, time.perf_counter() - start)
+
+
+@contextlib.contextmanager
+def compile_instead_of_launch(target: GPUTarget) -> Iterator[list[CompiledKernel]]:
+    """Within the block, ``kernel[grid](...)`` compiles for ``target`` and records the result instead of running."""
+    compiled: list[CompiledKernel] = []
+    original = JITFunction.run
+
+    def run(self: JITFunction, *args, grid, warmup, **kwargs):  # noqa: ANN001 - Triton's own signature
+        compiled.append(compile_launch(self, args, kwargs, target))
+
+    JITFunction.run = run
+    try:
+        yield compiled
+    finally:
+        JITFunction.run = original
+
+
+def _attention_inputs(
+    query_lens: list[int], context_lens: list[int], dtype: torch.dtype,
+    num_heads: int = 16, num_kv_heads: int = 8, head_dim: int = 128, block_size: int = 16,
+) -> tuple:
+    """Qwen3-0.6B-shaped attention inputs (values are never read: launches only compile)."""
+    pages = sum(-(-c // block_size) for c in context_lens)
+    k_cache = torch.empty(pages, block_size, num_kv_heads, head_dim, dtype=dtype)
+    starts = torch.tensor([0] + query_lens, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    block_tables = torch.zeros(len(context_lens), pages, dtype=torch.int32)
+    query = torch.empty(int(starts[-1]), num_heads, head_dim, dtype=dtype)
+    return (query, k_cache, torch.empty_like(k_cache), block_tables,
+            torch.tensor(context_lens, dtype=torch.int32), starts, head_dim ** -0.5)
+
+
+def compile_all(arch: int) -> list[CompiledKernel]:
+    """Compile the launches of every op at Qwen3-0.6B shapes (prefill, decode, split-K decode) for ``sm_<arch>``."""
+    from kernels import triton_ops as ops
+
+    with compile_instead_of_launch(GPUTarget("cuda", arch, 32)) as compiled:
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            ops.paged_attention(*_attention_inputs([100, 1], [300, 2000], dtype))  # prefill tiles
+            ops.paged_attention(*_attention_inputs([1, 1], [300, 2000], dtype), split_k=False)  # decode
+        ops.paged_attention(*_attention_inputs([1, 1], [300, 2000], torch.bfloat16), split_k=True)
+        ops.paged_attention(*_attention_inputs([1], [5000], torch.bfloat16, num_heads=32, num_kv_heads=4,
+                                               head_dim=64), split_k=True)
+        x = torch.empty(4, 1024, dtype=torch.bfloat16)
+        ops.rms_norm(x, torch.empty(1024, dtype=torch.bfloat16), 1e-6)
+        ops.rms_norm(x, torch.empty(1024, dtype=torch.bfloat16), 1e-6, torch.empty_like(x))
+        ops.silu_and_mul(torch.empty(4, 2 * 3072, dtype=torch.bfloat16))
+        q, k = torch.empty(4, 16, 128, dtype=torch.bfloat16), torch.empty(4, 8, 128, dtype=torch.bfloat16)
+        ops.rotary_embedding(torch.zeros(4, dtype=torch.int64), q, k, torch.empty(4096, 128))
+        ops.store_kv(k, k, torch.empty(8, 16, 8, 128, dtype=torch.bfloat16), torch.empty(8, 16, 8, 128,
+                     dtype=torch.bfloat16), torch.zeros(4, dtype=torch.int64))
+    return compiled
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability as an int (90 = H100/H200)")
+    args = parser.parse_args(argv)
+    for kernel in compile_all(args.arch):
+        consts = ", ".join(f"{k}={v}" for k, v in kernel.constexprs.items())
+        print(f"ok  {kernel.name:<28} shared={kernel.shared_bytes:>6}B  {kernel.seconds:5.2f}s  {consts}")
+
+
+if __name__ == "__main__":
+    main()
