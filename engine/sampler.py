@@ -77,7 +77,7 @@ def _sample_general(logits: torch.Tensor, rows: Sequence[SampleContext]) -> torc
     if random_rows:
         index = torch.tensor(random_rows, device=logits.device)
         sub_rows = [rows[i] for i in random_rows]
-        probs = _sampling_probs(logits.index_select(0, index), [row.params for row in sub_rows])
+        probs = _sampling_probs(_select_rows(logits, index), [row.params for row in sub_rows])
         token_ids[index] = _draw(probs, [row.generator for row in sub_rows])
     return token_ids
 
@@ -89,14 +89,16 @@ def apply_penalties(logits: torch.Tensor, rows: Sequence[SampleContext]) -> torc
     ones multiplied. Presence and frequency penalties (OpenAI semantics) over output tokens only:
     ``logit -= frequency * count + presence * (count > 0)``.
     """
-    batch, vocab = logits.shape
+    vocab = logits.shape[1]
     device = logits.device
     repetition = torch.tensor([row.params.repetition_penalty for row in rows], device=device).unsqueeze(1)
     presence = torch.tensor([row.params.presence_penalty for row in rows], device=device).unsqueeze(1)
     frequency = torch.tensor([row.params.frequency_penalty for row in rows], device=device).unsqueeze(1)
 
     output_counts = _token_counts([row.output_token_ids for row in rows], vocab, device)
-    seen = _token_counts([row.prompt_token_ids for row in rows], vocab, device) + output_counts > 0
+    # Only rows with a repetition penalty look at their prompt; skipping the rest keeps long prompts cheap.
+    prompts = [row.prompt_token_ids if row.params.repetition_penalty != 1.0 else [] for row in rows]
+    seen = _token_counts(prompts, vocab, device) + output_counts > 0
     penalized = torch.where(logits > 0, logits / repetition, logits * repetition)
     logits = torch.where(seen, penalized, logits)
     return logits - frequency * output_counts - presence * (output_counts > 0).float()
@@ -117,20 +119,37 @@ def _token_counts(token_lists: Sequence[Sequence[int]], vocab: int, device: torc
 
 def _sampling_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
     """Temperature, then top-k, top-p and min-p masks; returns the normalized distribution to draw from."""
-    device = logits.device
-    temperature = torch.tensor([p.temperature for p in params], device=device).unsqueeze(1)
+    temperature = torch.tensor([p.temperature for p in params], device=logits.device).unsqueeze(1)
     logits = logits / temperature
+    if all(0 < p.top_k < logits.shape[1] for p in params):
+        # Every row keeps at most max(top_k) tokens: filter those candidates only, so top-p sorts a few values
+        # instead of the whole vocabulary. (Ties at the largest k-th value beyond the candidates are cut here.)
+        values, candidates = logits.topk(max(p.top_k for p in params), dim=-1)
+        filtered = torch.full_like(logits, float("-inf"))
+        logits = filtered.scatter_(1, candidates, _apply_filters(values, params))
+    else:
+        logits = _apply_filters(logits, params)
+    return logits.softmax(dim=-1)
+
+
+def _apply_filters(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    device = logits.device
     if any(p.top_k > 0 for p in params):
         logits = _apply_top_k(logits, [p.top_k for p in params])
     if any(p.top_p < 1.0 for p in params):
         logits = _apply_top_p(logits, torch.tensor([p.top_p for p in params], device=device))
     if any(p.min_p > 0.0 for p in params):
         logits = _apply_min_p(logits, torch.tensor([p.min_p for p in params], device=device))
-    return logits.softmax(dim=-1)
+    return logits
+
+
+def _select_rows(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """t[index] along dim 0, without copying a [B, V] tensor when index is every row in order."""
+    return t if len(index) == t.shape[0] else t.index_select(0, index)
 
 
 def _apply_top_k(logits: torch.Tensor, top_k: list[int]) -> torch.Tensor:
-    """Keep tokens whose logit is >= the k-th largest (ties at the boundary are all kept, as in HF)."""
+    """Keep tokens whose logit is >= the k-th largest (ties at the boundary are kept, as in HF)."""
     vocab = logits.shape[1]
     ks = [min(k, vocab) if k > 0 else 0 for k in top_k]  # 0 marks "disabled" (top_k 0 or -1)
     top_values = logits.topk(max(ks), dim=-1).values
@@ -189,8 +208,8 @@ def _gather_logprobs(
     if not wanted:
         return result
     index = torch.tensor(wanted, device=logits.device)
-    logprobs = logits.index_select(0, index).log_softmax(dim=-1)
-    chosen = logprobs.gather(1, token_ids.index_select(0, index).unsqueeze(1)).squeeze(1).tolist()
+    logprobs = _select_rows(logits, index).log_softmax(dim=-1)
+    chosen = logprobs.gather(1, _select_rows(token_ids, index).unsqueeze(1)).squeeze(1).tolist()
     top_n = max(params[i].logprobs or 0 for i in wanted)
     top = logprobs.topk(top_n, dim=-1) if top_n else None
     top_values = top.values.tolist() if top is not None else [[] for _ in wanted]

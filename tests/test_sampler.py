@@ -61,10 +61,17 @@ def _run_seeded(logits_steps: list[torch.Tensor], target: SamplingParams, others
     return tokens
 
 
-def test_same_seed_same_tokens_across_runs_and_batch_compositions() -> None:
+@pytest.mark.parametrize(
+    "target",
+    [
+        SamplingParams(temperature=1.0, top_p=0.95, seed=1234),
+        # alone, every row has top-k (the candidate-only path); in the crowd, not: both paths must agree
+        SamplingParams(temperature=1.2, top_k=12, top_p=0.9, min_p=0.02, seed=77),
+    ],
+)
+def test_same_seed_same_tokens_across_runs_and_batch_compositions(target: SamplingParams) -> None:
     gen = torch.Generator().manual_seed(2)
     steps = [torch.randn(64, generator=gen) for _ in range(30)]
-    target = SamplingParams(temperature=1.0, top_p=0.95, seed=1234)
     alone = _run_seeded(steps, target, [], 0)
     assert alone == _run_seeded(steps, target, [], 0)
     crowd = [Row(SamplingParams(temperature=0.9)), Row(SamplingParams(temperature=0)),
