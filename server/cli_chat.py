@@ -58,7 +58,8 @@ def _run_render(args: argparse.Namespace) -> int:
         return 0
     # The templates emit BOS themselves: adding special tokens again would double it.
     ids = tokenizer.encode(prompt, add_special_tokens=False)
-    sys.stdout.write(json.dumps({"prompt": prompt, "num_tokens": len(ids), "token_ids": ids}, ensure_ascii=False) + "\n")
+    result = {"prompt": prompt, "num_tokens": len(ids), "token_ids": ids}
+    sys.stdout.write(json.dumps(result, ensure_ascii=False) + "\n")
     return 0
 
 

@@ -63,7 +63,8 @@ class _DeepSeekRenderer(Renderer):
         prepared = super().prepare(messages, tools)
         if not prepared.tools:
             return prepared
-        return Prepared(with_tool_system_prompt(prepared.messages, tool_block(prepared.tools, self.call_syntax)), prepared.tools)
+        block = tool_block(prepared.tools, self.call_syntax)
+        return Prepared(with_tool_system_prompt(prepared.messages, block), prepared.tools)
 
     def system_prompt(self, messages: list[dict]) -> str:
         return "\n\n".join(m["content"] for m in messages if m["role"] == "system")

@@ -25,7 +25,7 @@ from server.rendering.messages import MessagePolicy
 
 
 class _GenerationTag(jinja2.ext.Extension):
-    """``{% generation %}…{% endgeneration %}`` marks assistant text for training masks; for rendering it is a no-op."""
+    """``{% generation %}…{% endgeneration %}`` marks assistant text for training masks; rendering ignores it."""
 
     tags = {"generation"}
 
@@ -62,7 +62,9 @@ def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False) -> str:
+def _tojson(
+    value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False
+) -> str:
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 

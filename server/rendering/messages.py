@@ -129,7 +129,9 @@ def _normalize_message(message: Any, index: int, policy: MessagePolicy) -> dict:
             raise ValueError(f"{where}: tool_calls must be a list")
         # An empty list must not reach the DeepSeek templates (they drop the content and emit a stray calls-end).
         if calls:
-            out["tool_calls"] = [_normalize_tool_call(c, policy, f"{where}.tool_calls[{i}]") for i, c in enumerate(calls)]
+            out["tool_calls"] = [
+                _normalize_tool_call(c, policy, f"{where}.tool_calls[{i}]") for i, c in enumerate(calls)
+            ]
             if policy.null_content_with_calls:
                 out["content"] = None
         reasoning = next((message[k] for k in _REASONING_KEYS if message.get(k) is not None), None)

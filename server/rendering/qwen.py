@@ -175,8 +175,9 @@ class Qwen3Renderer(Renderer):
         calls = []
         for j, call in enumerate(message.get("tool_calls", [])):
             arguments = call["function"]["arguments"]
+            arguments = arguments if isinstance(arguments, str) else tojson(arguments)
             separator = "\n" if j > 0 or content else ""
-            calls.append(separator + json_tool_call(call["function"], arguments if isinstance(arguments, str) else tojson(arguments)))
+            calls.append(separator + json_tool_call(call["function"], arguments))
         return f"{IM_START}assistant\n{body}{''.join(calls)}{IM_END}\n"
 
 
