@@ -1,11 +1,11 @@
 """A renderer for any model's own Jinja ``chat_template``, with the semantics of transformers' ``apply_chat_template``.
 
 transformers compiles templates in an ``ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)`` with
-the ``loopcontrols`` extension and its ``{% generation %}`` tag, replaces ``tojson`` by
-``json.dumps(ensure_ascii=False)`` (Jinja's own escapes ``<>&'``), adds the globals ``raise_exception`` and
-``strftime_now`` and a ``namespace`` that refuses underscore attributes, drops ``None``-valued message keys, copies ``reasoning_content`` to ``thinking``,
-and passes the tokenizer's special tokens and any extra kwargs as template variables. The tests compare this class
-with transformers itself.
+the ``loopcontrols`` extension and its ``{% generation %}`` tag, and replaces ``tojson`` by
+``json.dumps(ensure_ascii=False)`` (Jinja's own escapes ``<>&'``). It adds the globals ``raise_exception`` and
+``strftime_now`` and a ``namespace`` that refuses underscore attributes, drops ``None``-valued message keys, copies
+``reasoning_content`` to ``thinking``, and passes the tokenizer's special tokens and any extra kwargs as template
+variables. The tests compare this class with transformers itself.
 """
 from __future__ import annotations
 
