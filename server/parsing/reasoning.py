@@ -37,7 +37,7 @@ class ThinkReasoningParser:
     def finish(self) -> list[ChannelText]:
         out = self._handle(self._splitter.finish())
         if self._state == "undecided" and self._pending:
-            out += self._decide(self._pending)
+            out += [(channel, text) for channel, text in self._decide(self._pending) if text]
         self._reasoning.take_held()  # trailing newlines of unterminated reasoning are dropped like terminated ones
         return out
 

@@ -106,16 +106,22 @@ class ToolCallStream:
 
     def _on_block(self, piece: str | Tag, out: list[ToolEvent]) -> None:
         fmt = self._fmt
-        if isinstance(piece, str) and piece.isspace():
-            self._raw += piece
+        if isinstance(piece, str):
+            # Stray text inside a block is answer text (the block may still hold calls); whitespace at its end stays
+            # markup until we see what follows, wherever the stream was split.
+            body = piece.rstrip(WHITESPACE)
+            if body:
+                out.append(self._text.push(self._raw + body))
+                self._raw = ""
+            self._raw += piece[len(body) :]
         elif piece == Tag(fmt.call_open):
             self._open_call(self._raw + fmt.call_open, in_block=True)
         elif piece == Tag(fmt.block_close):
             if not self._calls_in_block:
                 out.append(self._text.push(self._raw + fmt.block_close))
             self._leave_calls(after_call=self._calls_in_block > 0)
-        else:  # stray text inside a block is answer text; the block may still hold calls
-            out.append(self._text.push(self._raw + _text(piece)))
+        else:
+            out.append(self._text.push(self._raw + piece.text))
             self._raw = ""
 
     def _on_call(self, piece: str | Tag, out: list[ToolEvent]) -> None:

@@ -125,3 +125,10 @@ def test_missing_calls_end_after_complete_calls():
 def test_text_after_the_block_is_content():
     message = parse("deepseek-v3-0324", v3_calls(v3_call("now", "{}")) + "Done.")
     assert calls_of(message) == [("now", "{}")] and message.content == "Done."
+
+
+def test_stray_text_inside_a_block_is_content_and_the_calls_still_count():
+    text = CALLS_BEGIN + "x \n" + v3_call("now", "{}") + "\n y\n" + v3_call("get_weather", '{"city": "C"}') + CALLS_END
+    message = parse("deepseek-v3", text)
+    assert calls_of(message) == [("now", "{}"), ("get_weather", '{"city": "C"}')]
+    assert message.content == CALLS_BEGIN + "x\n y"

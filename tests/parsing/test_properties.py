@@ -1,5 +1,7 @@
 """Property tests: for any output built from the formats' own fragments (well-formed or not), parsing never raises,
 every split of the stream gives the same message, and the deltas rebuild it."""
+import os
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -15,12 +17,17 @@ FRAGMENTS = [
     "function", "get_weather", "\n```json\n", "\n```", '{"name": "now", "arguments": {}}', '{"city": "Zü\\"rich"}',
     '{"name": "get_weather", "arguments": {"city": "Paris"}}', "{", "}", '"', "\\", "\n", "\n\n", " ", "text", "42",
     "東京 🚀", "<", "</", "<|im_end|>", "<｜end▁of▁sentence｜>", "<｜", "▁",
+    # whole calls of each format, so that well-formed calls mix with the debris above
+    '<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>',
+    "<tool_call>\n<function=typed>\n<parameter=count>\n7\n</parameter>\n</function>\n</tool_call>",
+    f"{CALL_BEGIN}function{SEP}now\n```json\n{{}}\n```{CALL_END}",
+    f'{CALL_BEGIN}get_weather{SEP}{{"city": "x"}}{CALL_END}',
 ]
 
 outputs = st.lists(st.sampled_from(FRAGMENTS), max_size=24).map("".join)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=int(os.environ.get("PARSING_EXAMPLES", 150)), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     family=st.sampled_from(sorted(FAMILIES)),
     reasoning=st.booleans(),

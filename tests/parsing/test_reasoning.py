@@ -80,3 +80,8 @@ def test_reasoning_deltas_arrive_before_the_answer_is_known():
     assert parser.feed("c\n</th") == [{"reasoning_content": "c"}]  # trailing newline held until we know
     assert parser.feed("ink>\n\nHi") == [{"content": "Hi"}]
     assert parser.finish() == []
+
+
+def test_whitespace_only_output_inside_reasoning_is_empty():
+    message = parse("deepseek-r1", "\n", reasoning=False)
+    assert message.reasoning_content is None and message.content == ""
