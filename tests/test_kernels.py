@@ -1,5 +1,7 @@
 """Every Triton kernel against its pure-torch reference, run on CPU through the Triton interpreter.
 
+``KVSERVE_KERNEL_TEST_DEVICE=cuda`` runs the same tests natively on a GPU (``benchmarks/gpu_check.py`` does).
+
 Tolerances (``torch.testing.assert_close`` atol = rtol): fp32 1e-5; fp16 2e-3 (elementwise) / 5e-3 (attention);
 bf16 2e-2 (elementwise) / 3e-2 (attention). bf16 is looser because the interpreter casts fp32 -> bf16 by truncation
 (the GPU rounds to nearest), so results may differ from the reference by one bf16 ulp (2^-8 relative) per cast.
@@ -10,7 +12,9 @@ import os
 import subprocess
 import sys
 
-os.environ["TRITON_INTERPRET"] = "1"  # must precede the first triton import (kernels import triton)
+DEVICE = os.environ.get("KVSERVE_KERNEL_TEST_DEVICE", "cpu")
+if DEVICE == "cpu":
+    os.environ["TRITON_INTERPRET"] = "1"  # must precede the first triton import (kernels import triton)
 
 from dataclasses import dataclass
 
@@ -83,10 +87,9 @@ def make_batch(
         assert q_len <= ctx
         starts.append(starts[-1] + q_len)
     query = torch.randn(starts[-1], num_kv_heads * group, head_dim, generator=gen).to(dtype)
-    return PagedBatch(
-        query, k_cache, v_cache, block_tables,
-        torch.tensor(context_lens, dtype=torch.int32), torch.tensor(starts, dtype=torch.int32), head_dim ** -0.5,
-    )
+    tensors = (query, k_cache, v_cache, block_tables, torch.tensor(context_lens, dtype=torch.int32),
+               torch.tensor(starts, dtype=torch.int32))
+    return PagedBatch(*(t.to(DEVICE) for t in tensors), head_dim ** -0.5)
 
 
 # A mixed step: a prefill chunk over a cached prefix, a whole prompt, decodes (one at context length 1, one just
@@ -103,13 +106,13 @@ MIXED_QUERY = [9, 13, 1, 1, 0, 1, 4]
 def test_store_kv_matches_reference_and_skips_padding(dtype: torch.dtype, block_size: int) -> None:
     num_tokens, num_kv_heads, head_dim = 9, 2, 64
     # key/value as strided views of a fused qkv projection, the layout the model hands over
-    qkv = torch.randn(num_tokens, (4 + 2 * num_kv_heads) * head_dim).to(dtype)
+    qkv = torch.randn(num_tokens, (4 + 2 * num_kv_heads) * head_dim).to(DEVICE, dtype)
     key = qkv[:, 4 * head_dim:(4 + num_kv_heads) * head_dim].view(num_tokens, num_kv_heads, head_dim)
     value = qkv[:, (4 + num_kv_heads) * head_dim:].view(num_tokens, num_kv_heads, head_dim)
     num_slots = 5 * block_size
-    slots = torch.randperm(num_slots)[:num_tokens]
+    slots = torch.randperm(num_slots)[:num_tokens].to(DEVICE)
     slots[[1, 6]] = -1  # padding rows
-    k_ref = torch.randn(5, block_size, num_kv_heads, head_dim).to(dtype)
+    k_ref = torch.randn(5, block_size, num_kv_heads, head_dim).to(DEVICE, dtype)
     v_ref = torch.randn_like(k_ref)
     k_out, v_out = k_ref.clone(), v_ref.clone()
     reference.store_kv(key, value, k_ref, v_ref, slots)
@@ -121,12 +124,12 @@ def test_store_kv_matches_reference_and_skips_padding(dtype: torch.dtype, block_
 
 
 def test_store_kv_all_padding_and_empty_batch() -> None:
-    k_cache = torch.randn(3, 4, 2, 64)
-    v_cache = torch.randn(3, 4, 2, 64)
+    k_cache = torch.randn(3, 4, 2, 64, device=DEVICE)
+    v_cache = torch.randn(3, 4, 2, 64, device=DEVICE)
     before = (k_cache.clone(), v_cache.clone())
-    key = torch.randn(3, 2, 64)
-    TRITON.store_kv(key, key, k_cache, v_cache, torch.full((3,), -1))
-    TRITON.store_kv(key[:0], key[:0], k_cache, v_cache, torch.empty(0, dtype=torch.int64))
+    key = torch.randn(3, 2, 64, device=DEVICE)
+    TRITON.store_kv(key, key, k_cache, v_cache, torch.full((3,), -1, device=DEVICE))
+    TRITON.store_kv(key[:0], key[:0], k_cache, v_cache, torch.empty(0, dtype=torch.int64, device=DEVICE))
     assert torch.equal(k_cache, before[0]) and torch.equal(v_cache, before[1])
 
 
@@ -160,7 +163,7 @@ def test_paged_attention_strided_query_and_grid_upper_bounds() -> None:
     """A query sliced out of a fused qkv tensor, and oversized grid bounds as a CUDA-graph capture would pass."""
     batch = make_batch(MIXED_CONTEXT, MIXED_QUERY, 2, 2, 64, 4, torch.float32, seed=11)
     tokens, heads, dim = batch.query.shape
-    qkv = torch.randn(tokens, heads * dim + 2 * 2 * dim)
+    qkv = torch.randn(tokens, heads * dim + 2 * 2 * dim, device=DEVICE)
     qkv[:, : heads * dim] = batch.query.reshape(tokens, -1)
     batch.query = qkv[:, : heads * dim].view(tokens, heads, dim)
     assert not batch.query.is_contiguous()
@@ -225,16 +228,16 @@ def test_paged_attention_empty_batch() -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("hidden", [64, 96])
 def test_rms_norm_matches_reference(dtype: torch.dtype, hidden: int) -> None:
-    x = torch.randn(2, 5, hidden).to(dtype)
-    weight = (1 + 0.5 * torch.randn(hidden)).to(dtype)
+    x = torch.randn(2, 5, hidden).to(DEVICE, dtype)
+    weight = (1 + 0.5 * torch.randn(hidden)).to(DEVICE, dtype)
     assert_close(TRITON.rms_norm(x, weight, 1e-6), reference.rms_norm(x, weight, 1e-6), ELEMENTWISE_TOL[dtype])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rms_norm_fused_residual(dtype: torch.dtype) -> None:
-    x = torch.randn(7, 96).to(dtype)
-    residual = torch.randn(7, 96).to(dtype)
-    weight = torch.randn(96).to(dtype)
+    x = torch.randn(7, 96).to(DEVICE, dtype)
+    residual = torch.randn(7, 96).to(DEVICE, dtype)
+    weight = torch.randn(96).to(DEVICE, dtype)
     inputs = (x.clone(), residual.clone())
     out, res_out = TRITON.rms_norm(x, weight, 1e-5, residual)
     ref_out, ref_res = reference.rms_norm(x, weight, 1e-5, residual)
@@ -244,8 +247,8 @@ def test_rms_norm_fused_residual(dtype: torch.dtype) -> None:
 
 
 def test_rms_norm_fp32_weight_promotes_like_reference() -> None:
-    x = torch.randn(3, 64).to(torch.bfloat16)
-    weight = torch.randn(64)
+    x = torch.randn(3, 64).to(DEVICE, torch.bfloat16)
+    weight = torch.randn(64, device=DEVICE)
     assert_close(TRITON.rms_norm(x, weight, 1e-6), reference.rms_norm(x, weight, 1e-6), 2e-2)
 
 
@@ -255,17 +258,17 @@ def test_rms_norm_fp32_weight_promotes_like_reference() -> None:
 def neox_cache(max_pos: int, dim: int, theta: float = 10000.0) -> torch.Tensor:
     inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2).float() / dim)
     angles = torch.arange(max_pos).float()[:, None] * inv_freq[None, :]
-    return torch.cat((angles.cos(), angles.sin()), dim=-1)
+    return torch.cat((angles.cos(), angles.sin()), dim=-1).to(DEVICE)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_rotary_embedding_matches_reference(dtype: torch.dtype, head_dim: int) -> None:
     tokens, q_heads, kv_heads = 6, 4, 2
-    qkv = torch.randn(tokens, (q_heads + 2 * kv_heads) * head_dim).to(dtype)
+    qkv = torch.randn(tokens, (q_heads + 2 * kv_heads) * head_dim).to(DEVICE, dtype)
     query = qkv[:, : q_heads * head_dim].view(tokens, q_heads, head_dim)
     key = qkv[:, q_heads * head_dim:(q_heads + kv_heads) * head_dim].view(tokens, kv_heads, head_dim)
-    positions = torch.tensor([0, 1, 63, 7, 7, 40])
+    positions = torch.tensor([0, 1, 63, 7, 7, 40], device=DEVICE)
     cache = neox_cache(64, head_dim)
     before = qkv.clone()
     q_out, k_out = TRITON.rotary_embedding(positions, query, key, cache)
@@ -281,16 +284,16 @@ def test_rotary_embedding_matches_reference(dtype: torch.dtype, head_dim: int) -
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(5, 2 * 96), (2, 3, 2 * 1100)])  # 1100 spans two 1024-wide column blocks
 def test_silu_and_mul_matches_reference(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
-    x = (2 * torch.randn(shape)).to(dtype)
+    x = (2 * torch.randn(shape)).to(DEVICE, dtype)
     assert_close(TRITON.silu_and_mul(x), reference.silu_and_mul(x), ELEMENTWISE_TOL[dtype])
 
 
 def test_elementwise_ops_accept_empty_batches() -> None:
-    x = torch.randn(0, 64)
+    x = torch.randn(0, 64, device=DEVICE)
     assert TRITON.silu_and_mul(x).shape == (0, 32)
-    assert TRITON.rms_norm(x, torch.ones(64), 1e-6).shape == (0, 64)
-    q, k = TRITON.rotary_embedding(torch.zeros(0, dtype=torch.long), torch.randn(0, 2, 64), torch.randn(0, 1, 64),
-                                   neox_cache(4, 64))
+    assert TRITON.rms_norm(x, torch.ones(64, device=DEVICE), 1e-6).shape == (0, 64)
+    q, k = TRITON.rotary_embedding(torch.zeros(0, dtype=torch.long, device=DEVICE), torch.randn(0, 2, 64, device=DEVICE),
+                                   torch.randn(0, 1, 64, device=DEVICE), neox_cache(4, 64))
     assert q.shape == (0, 2, 64) and k.shape == (0, 1, 64)
 
 
