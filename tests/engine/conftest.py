@@ -1,0 +1,38 @@
+"""Shared engine fixtures: one LLM per model and configuration, and an HF transformers oracle on the same weights."""
+from __future__ import annotations
+
+import functools
+import random
+
+import pytest
+import torch
+
+from engine import LLM
+from engine.registry import resolve_model
+
+
+@functools.lru_cache(maxsize=None)
+def hf_model(name: str):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(resolve_model(name)), dtype=torch.float32).eval()
+
+
+def hf_greedy(name: str, prompt: list[int], max_new_tokens: int) -> list[int]:
+    model = hf_model(name)
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0,
+        )
+    return out[0, len(prompt):].tolist()
+
+
+def random_prompts(vocab: int, lengths: list[int], seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(100, min(vocab, 50_000)) for _ in range(n)] for n in lengths]
+
+
+@pytest.fixture(scope="session")
+def qwen3_llm() -> LLM:
+    return LLM("qwen3-tiny", block_size=4, num_kv_blocks=2048)
