@@ -62,6 +62,10 @@ class SimResult:
     def __post_init__(self) -> None:
         self.by_id = {r.request_id: r for r in self.results}
 
+    def results_in(self, items: Sequence) -> list[RequestResult]:
+        """This run's result for each item that has a ``request_id`` (e.g. requests in their original order)."""
+        return [self.by_id[item.request_id] for item in items]
+
     @property
     def prompt_tokens(self) -> int:
         return sum(r.prompt_tokens for r in self.results)
@@ -98,7 +102,7 @@ def _pool_size(requests: Sequence[TokenRequest], cfg: SimConfig) -> int:
     return capacity + batch + 1
 
 
-class _ReadyQueue:
+class ReadyQueue:
     """Requests become ready when they have arrived and their parent has finished; ready ones wait in arrival order."""
 
     def __init__(self, requests: Sequence[TokenRequest]) -> None:
@@ -133,8 +137,9 @@ class _ReadyQueue:
             heapq.heappush(self.heap, (order, rid))
         return step
 
-    def take(self, kv: KVCacheManager, cfg: SimConfig) -> list[TokenRequest]:
-        if cfg.policy == "fcfs":
+    def take(self, kv: KVCacheManager | None, cfg: SimConfig) -> list[TokenRequest]:
+        """The next batch; ``kv`` is only consulted by the longest-prefix policy."""
+        if cfg.policy == "fcfs" or kv is None:
             picked = [heapq.heappop(self.heap) for _ in range(min(cfg.max_num_seqs, len(self.heap)))]
         else:
             window = [heapq.heappop(self.heap) for _ in range(min(cfg.lookahead, len(self.heap)))]
@@ -155,7 +160,7 @@ def _salt(request: TokenRequest, cfg: SimConfig) -> str | None:
 
 def simulate(requests: Sequence[TokenRequest], cfg: SimConfig, progress: bool = False) -> SimResult:
     kv = KVCacheManager(_pool_size(requests, cfg), cfg.block_size, enable_prefix_caching=True, model_id=cfg.model_id)
-    queue = _ReadyQueue(requests)
+    queue = ReadyQueue(requests)
     results: list[RequestResult] = []
     peak = 0
     step = 0

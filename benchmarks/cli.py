@@ -1,0 +1,141 @@
+"""``kvserve bench …``: the benchmark command group.
+
+Adding a benchmark is one call in ``_register_all``: ``add_bench_command(name, help, configure, run)``, where
+``configure(parser)`` adds its options and ``run(args) -> dict`` returns its figures. Every bench command gets
+``--json FILE`` (the figures are written there) and ``--out-dir DIR`` (markdown and plots).
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Callable
+
+from benchmarks.prefix.report import write_json
+
+
+@dataclass(frozen=True)
+class BenchCommand:
+    name: str
+    help: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], dict]
+
+
+_COMMANDS: list[BenchCommand] = []
+
+
+def add_bench_command(
+    name: str, help: str, configure: Callable[[argparse.ArgumentParser], None], run: Callable[[argparse.Namespace], dict]
+) -> None:
+    if any(c.name == name for c in _COMMANDS):
+        raise ValueError(f"bench command {name!r} is already registered")
+    _COMMANDS.append(BenchCommand(name, help, configure, run))
+
+
+def _invoke(command: BenchCommand, args: argparse.Namespace) -> int:
+    figures = command.run(args)
+    if args.json:
+        write_json(args.json, figures)
+        print(f"figures written to {args.json}")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    bench = subparsers.add_parser("bench", help="benchmarks: prefix cache (workloads, simulator, trace replay), ...")
+    sub = bench.add_subparsers(dest="bench_command", metavar="BENCH")
+    bench.set_defaults(func=lambda _args: bench.print_help() or 2)
+    for command in _COMMANDS:
+        parser = sub.add_parser(command.name, help=command.help, description=command.help)
+        command.configure(parser)
+        parser.add_argument("--json", metavar="FILE", help="write the figures as JSON to FILE")
+        if not any(a.dest == "out_dir" for a in parser._actions):
+            parser.add_argument("--out-dir", default=f"bench_results/{command.name}", help="markdown and plots go here")
+        parser.set_defaults(func=lambda args, command=command: _invoke(command, args))
+
+
+# ---- the prefix-cache commands ------------------------------------------------------------------------------------
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _sim_options(parser: argparse.ArgumentParser, capacity: int | None, max_num_seqs: int) -> None:
+    parser.add_argument("--capacity-blocks", type=int, default=capacity,
+                        help=f"cache capacity in blocks kept between requests (default: {capacity or 'unbounded'})")
+    parser.add_argument("--max-num-seqs", type=int, default=max_num_seqs, help="requests admitted together per step")
+    parser.add_argument("--policy", choices=("fcfs", "longest_prefix"), default="fcfs", help="scheduling order")
+
+
+def _sim_config(args: argparse.Namespace, block_size: int) -> "SimConfig":
+    from benchmarks.prefix.simulator import SimConfig
+
+    return SimConfig(block_size=block_size, capacity_blocks=args.capacity_blocks, max_num_seqs=args.max_num_seqs,
+                     policy=args.policy)
+
+
+def _configure_prefix(p: argparse.ArgumentParser) -> None:
+    from benchmarks.prefix.workloads import WORKLOADS
+
+    p.add_argument("--model", default="qwen3-tiny", help="model whose chat template and tokenizer render the workloads")
+    p.add_argument("--workload", default="all", help=f"comma-separated: {', '.join(WORKLOADS)}, or all")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--block-size", type=int, default=16)
+    _sim_options(p, capacity=4096, max_num_seqs=8)
+    p.add_argument("--no-engine", action="store_true", help="simulator only (skip the engine-backed run)")
+    p.add_argument("--ttft-prompt-tokens", type=int, default=4096, help="prompt length of the cold/warm TTFT probe")
+
+
+def _run_prefix(args: argparse.Namespace) -> dict:
+    from benchmarks.prefix.bench import PrefixOptions, run_prefix
+
+    return run_prefix(PrefixOptions(
+        model=args.model, workloads=tuple(w.strip() for w in args.workload.split(",")), seed=args.seed,
+        sim=_sim_config(args, args.block_size), engine=not args.no_engine,
+        ttft_prompt_tokens=args.ttft_prompt_tokens, out_dir=args.out_dir,
+    ))
+
+
+def _configure_simulate(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trace", required=True, help="Mooncake block-hash trace or a `kvserve serve --record` file")
+    _sim_options(p, capacity=None, max_num_seqs=1)
+    p.add_argument("--sweep", type=_ints, default=[1000, 2000, 5000, 10000, 20000, 50000, 100000],
+                   help="capacities (blocks) for the hit-rate-vs-capacity curve, comma-separated")
+    p.add_argument("--block-size", type=int, default=None, help="for --record traces (default 16); Mooncake: 1 id/block")
+    p.add_argument("--limit", type=int, default=None, help="only the first N requests")
+
+
+def _run_simulate(args: argparse.Namespace) -> dict:
+    from benchmarks.prefix.bench import run_simulate
+    from benchmarks.prefix.report import pct
+
+    figures = run_simulate(args.trace, _sim_config(args, 1), args.sweep, args.out_dir, args.block_size, args.limit)
+    print(figures["markdown"])
+    cap = args.capacity_blocks if args.capacity_blocks is not None else "unbounded"
+    print(f"\n{figures['requests']} requests: hit rate {pct(figures['hit_rate'])} at capacity {cap}; "
+          f"unbounded {pct(figures['ideal_hit_rate'])} ({figures['ideal_hit_rate']:.4f})")
+    return figures
+
+
+def _configure_replay(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trace", required=True, help="a `kvserve serve --record` JSONL file")
+    p.add_argument("--block-size", type=int, default=16)
+    _sim_options(p, capacity=None, max_num_seqs=1)
+    p.add_argument("--engine-model", default=None, help="also replay the prompts through the engine with this model")
+
+
+def _run_replay(args: argparse.Namespace) -> dict:
+    from benchmarks.prefix.bench import run_replay
+
+    figures = run_replay(args.trace, _sim_config(args, args.block_size), args.out_dir, args.engine_model)
+    print(figures["markdown"])
+    return figures
+
+
+def _register_all() -> None:
+    add_bench_command("prefix", "prefix-cache hit rates of agent workloads (simulator + engine)", _configure_prefix,
+                      _run_prefix)
+    add_bench_command("simulate", "hit rate of a request trace for any cache capacity, without a model",
+                      _configure_simulate, _run_simulate)
+    add_bench_command("replay", "replay requests recorded by `kvserve serve --record`", _configure_replay, _run_replay)
+
+
+_register_all()

@@ -1,0 +1,79 @@
+"""Requests recorded by ``kvserve serve --record FILE.jsonl``: one JSON line per request with at least
+``{"body": <request json>, "prompt_token_ids": [...], "output_token_ids": [...], "cached_tokens": int}``.
+
+Recorded requests carry no session ids, so each request's parent is inferred: the earlier request whose context
+(prompt + output) shares the longest prefix with it, if that is at least one block.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.prefix.attribution import common_prefix
+from benchmarks.prefix.trace import CHANGE_HISTORY, CHANGE_TOOLS, TokenRequest
+
+
+@dataclass
+class RecordedRequest:
+    body: dict
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    cached_tokens: int
+    timings: dict
+
+
+def read_records(path: str | Path) -> list[RecordedRequest]:
+    records = []
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                records.append(RecordedRequest(
+                    body=dict(row.get("body") or {}),
+                    prompt_token_ids=[int(t) for t in row["prompt_token_ids"]],
+                    output_token_ids=[int(t) for t in row.get("output_token_ids") or []],
+                    cached_tokens=int(row.get("cached_tokens") or 0),
+                    timings=dict(row.get("timings") or {}),
+                ))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ValueError(f"{path}:{lineno}: not a recorded request ({exc})") from None
+    return records
+
+
+def _salt(body: dict) -> str | None:
+    return body.get("cache_salt") or (body.get("extra_body") or {}).get("cache_salt")
+
+
+def _change(parent: RecordedRequest, rec: RecordedRequest) -> str | None:
+    if rec.body.get("tools") != parent.body.get("tools"):
+        return CHANGE_TOOLS
+    old, new = parent.body.get("messages"), rec.body.get("messages")
+    if isinstance(old, list) and isinstance(new, list) and new[: len(old)] != old:
+        return CHANGE_HISTORY
+    return None
+
+
+def records_to_requests(records: list[RecordedRequest], block_size: int = 16) -> list[TokenRequest]:
+    requests: list[TokenRequest] = []
+    for i, rec in enumerate(records):
+        best, parent = block_size - 1, None
+        for j in range(i):
+            prev = records[j]
+            shared = common_prefix(rec.prompt_token_ids, prev.prompt_token_ids + prev.output_token_ids)
+            if shared > best:
+                best, parent = shared, j
+        requests.append(TokenRequest(
+            request_id=f"r{i}",
+            session=requests[parent].session if parent is not None else f"s{i}",
+            prompt=rec.prompt_token_ids,
+            output=rec.output_token_ids,
+            salt=_salt(rec.body),
+            parent=f"r{parent}" if parent is not None else None,
+            turn=requests[parent].turn + 1 if parent is not None else 0,
+            change=_change(records[parent], rec) if parent is not None else None,
+            arrival=i,  # one request per step, in recorded order
+        ))
+    return requests
