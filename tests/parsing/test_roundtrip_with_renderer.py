@@ -1,0 +1,43 @@
+"""The parser's messages keep the prefix cache warm: for the families whose templates allow it (NOTES.md §3),
+prompt N + the model's raw output is a byte prefix of prompt N+1 rendered from the message the parser returned."""
+import pytest
+
+from server.parsing import parse_output
+from server.parsing.deepseek import CALL_BEGIN, CALL_END, CALLS_BEGIN, CALLS_END, SEP
+from server.rendering import get_renderer
+
+from tests.parsing.fixtures import WEATHER
+
+QUESTION = {"role": "user", "content": "Weather in Paris?"}
+TOOL_RESULT = {"role": "tool", "tool_call_id": "call_r0000", "content": "18C"}
+FOLLOW_UP = {"role": "user", "content": "Thanks!"}
+QWEN_JSON_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>'
+DS_EOS = "<｜end▁of▁sentence｜>"
+
+# (family, template kwargs / thinking, raw output after prompt N, next message)
+CASES = [
+    ("qwen2.5", False, "Let me check.\n" + QWEN_JSON_CALL, TOOL_RESULT),
+    ("qwen2.5", False, "It is 18C.<|im_end|>", FOLLOW_UP),
+    ("qwen3", True, "<think>\nNeed a call.\n</think>\n\nLet me check.\n" + QWEN_JSON_CALL, TOOL_RESULT),
+    ("qwen3-coder", False, "Let me check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
+     "</parameter>\n</function>\n</tool_call><|im_end|>", TOOL_RESULT),
+    ("qwen3-coder", False, "It is 18C.<|im_end|>", FOLLOW_UP),
+    ("deepseek-v3-0324", False, f"Let me check.{CALLS_BEGIN}{CALL_BEGIN}function{SEP}get_weather\n```json\n"
+     f'{{"city": "Paris"}}\n```{CALL_END}{CALLS_END}{DS_EOS}', TOOL_RESULT),
+    ("deepseek-v3-0324", False, "It is 18C." + DS_EOS, FOLLOW_UP),
+    ("deepseek-v3.1", False, f'{CALLS_BEGIN}{CALL_BEGIN}get_weather{SEP}{{"city": "Paris"}}{CALL_END}{CALLS_END}{DS_EOS}',
+     TOOL_RESULT),
+    ("deepseek-v3.1", False, "It is 18C." + DS_EOS, FOLLOW_UP),
+]
+
+
+@pytest.mark.parametrize("family,thinking,raw,next_message", CASES)
+def test_parsed_message_re_renders_the_raw_output(family, thinking, raw, next_message):
+    kwargs = {"enable_thinking": thinking} if family == "qwen3" else {"thinking": thinking}
+    renderer = get_renderer(family)
+    prompt = renderer.render([QUESTION], [WEATHER], True, **kwargs)
+    parsed = parse_output(family, raw, [WEATHER], reasoning=thinking, id_prefix="r")
+    message = {k: v for k, v in parsed.to_message().items() if v is not None and v != []}
+    message.setdefault("content", "")
+    following = renderer.render([QUESTION, message, next_message], [WEATHER], True, **kwargs)
+    assert following.startswith(prompt + raw), (prompt + raw, following)
