@@ -284,15 +284,22 @@ def _single_turn(sid: str, system: str, question: str, gen: TextGen) -> ChatRequ
     return ChatRequest(f"{sid}/0", sid, messages, None, {"role": "assistant", "content": gen.sentence()})
 
 
+def _stream(reqs: list[ChatRequest], gen: TextGen) -> list[ChatRequest]:
+    """Shuffled, then one arrival per step: a steady stream rather than one burst."""
+    gen.rng.shuffle(reqs)
+    for i, r in enumerate(reqs):
+        r.arrival = i
+    return reqs
+
+
 def shared_prefix(p: WorkloadParams) -> Workload:
-    """SGLang-style generated shared prefix: G system prompts, each shared by Q questions, arriving shuffled."""
+    """SGLang-style generated shared prefix: G system prompts, each shared by Q questions, in shuffled order."""
     gen = TextGen(p.seed)
     systems = [gen.prose(p.shared_prefix_words) for _ in range(p.groups)]
     reqs = [_single_turn(f"g{g}.q{q}", systems[g], gen.prose(p.question_words), gen)
             for g in range(p.groups) for q in range(p.questions)]
-    gen.rng.shuffle(reqs)
     return Workload("shared_prefix", f"{p.groups} groups x {p.questions} questions sharing a system prompt",
-                    reqs, enable_thinking=False)
+                    _stream(reqs, gen), enable_thinking=False)
 
 
 def prefix_repetition(p: WorkloadParams) -> Workload:
@@ -301,9 +308,8 @@ def prefix_repetition(p: WorkloadParams) -> Workload:
     prefixes = [gen.prose(p.repeated_prefix_words) for _ in range(p.num_prefixes)]
     reqs = [_single_turn(f"p{i}.r{r}", "You are a helpful assistant.", prefixes[i] + "\n\n" + gen.prose(p.question_words), gen)
             for i in range(p.num_prefixes) for r in range(p.repetitions)]
-    gen.rng.shuffle(reqs)
     return Workload("prefix_repetition", f"{p.num_prefixes} prefixes x {p.repetitions} repetitions",
-                    reqs, enable_thinking=False)
+                    _stream(reqs, gen), enable_thinking=False)
 
 
 WORKLOADS: dict[str, Callable[[WorkloadParams], Workload]] = {
