@@ -226,9 +226,9 @@ def test_paged_attention_empty_batch() -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("hidden", [64, 96])
+@pytest.mark.parametrize("hidden", [64, 96, 1100])  # 38 rows: one, two and nineteen multi-row programs
 def test_rms_norm_matches_reference(dtype: torch.dtype, hidden: int) -> None:
-    x = torch.randn(2, 5, hidden).to(DEVICE, dtype)
+    x = torch.randn(2, 19, hidden).to(DEVICE, dtype)
     weight = (1 + 0.5 * torch.randn(hidden)).to(DEVICE, dtype)
     assert_close(TRITON.rms_norm(x, weight, 1e-6), reference.rms_norm(x, weight, 1e-6), ELEMENTWISE_TOL[dtype])
 
@@ -313,3 +313,49 @@ def test_every_kernel_compiles_for_sm90() -> None:
     compiled = [line.split()[1] for line in result.stdout.splitlines() if line.startswith("ok ")]
     assert {"_paged_attention_kernel", "_reduce_partitions_kernel", "_rms_norm_kernel", "_silu_and_mul_kernel",
             "_rotary_kernel", "_store_kv_kernel"} <= set(compiled)
+
+
+# ------------------------------------------------------------------------------- benchmarks/gpu_check, CPU pieces
+
+
+def test_gpu_check_end_to_end_triton_backend_matches_hf_on_cpu() -> None:
+    """The GPU check's correctness step, run here: the engine on the Triton backend (interpreted) gives HF
+    transformers' greedy tokens on a mixed batch whose second round hits the prefix cache."""
+    from benchmarks.gpu_check import check_engine_against_hf
+
+    result = check_engine_against_hf("qwen3-tiny", DEVICE, backend="triton", max_tokens=6, block_size=4)
+    assert result["cached_tokens_round2"] > 0
+    assert result["distinct_tokens"] > 6  # the outputs vary, so equality says something
+    assert result["match"], result
+
+
+def test_gpu_check_builds_a_loadable_random_qwen3_dir(tmp_path) -> None:
+    from benchmarks.gpu_check import build_random_model, weight_bytes
+    from engine import LLM, SamplingParams
+    from engine.config import ModelConfig
+
+    tiny = dict(vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                num_key_value_heads=1, head_dim=16)
+    model_dir = build_random_model(tmp_path / "m", "qwen3-tiny", overrides=tiny, dtype=torch.bfloat16)
+    config = ModelConfig.from_dir(model_dir)  # as the engine reads it
+    assert config.architecture == "qwen3" and config.num_kv_heads == 1 and config.hidden_size == 32
+    assert config.tie_word_embeddings and config.rope_theta == 1_000_000.0  # 0.6B's values kept
+    assert (model_dir / "tokenizer.json").is_file()
+    params = 151936 * 32 + 32 * (32 + 2 * 16 + 32) + 3 * 32 * 64 + 2 * 16 + 3 * 32  # embed, attn, mlp, norms
+    assert weight_bytes(model_dir) == pytest.approx(2 * params, rel=0.01)
+    llm = LLM(str(model_dir), attention_backend="torch", num_kv_blocks=16, block_size=4)
+    out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=3, ignore_eos=True, temperature=0))
+    assert len(out[0].token_ids) == 3
+
+
+def test_gpu_check_workload_and_bandwidth_math() -> None:
+    from benchmarks.gpu_check import QWEN3_0_6B, bandwidth_fraction, kv_bytes_per_token, nano_vllm_workload
+
+    prompts, output_lens = nano_vllm_workload(256)
+    assert len(prompts) == len(output_lens) == 256
+    lengths = [len(p) for p in prompts] + output_lens
+    assert min(lengths) >= 100 and max(lengths) <= 1024 and len(set(lengths)) > 100
+    assert all(0 <= t < 10_000 for p in prompts for t in p)
+    assert nano_vllm_workload(4, seed=1) == nano_vllm_workload(4, seed=1) != nano_vllm_workload(4, seed=2)
+    assert kv_bytes_per_token(QWEN3_0_6B, 2) == 2 * 28 * 8 * 128 * 2  # K and V, every layer, bf16
+    assert bandwidth_fraction(4.8e9, 1e-3, 4.8e12) == pytest.approx(1.0)
