@@ -8,7 +8,8 @@ import sys
 # (module, description) for each subcommand module; a module exposes `register(subparsers)`, which adds its
 # parser(s) and sets `func` (called with the parsed args, returning an exit code).
 SUBCOMMAND_MODULES = [
-    "server.cli_models",  # models, generate
+    "server.cli_models",  # models
+    "server.cli_generate",  # generate
     "server.cli_chat",  # render, parse
     "server.cli_serve",  # serve
     "benchmarks.cli",  # bench ...

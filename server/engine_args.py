@@ -1,0 +1,42 @@
+"""Engine flags shared by every command that starts an engine (`serve`, `generate`), mapped onto EngineConfig."""
+from __future__ import annotations
+
+import argparse
+
+from engine.config import EngineConfig
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("engine")
+    g.add_argument("--model", default=None, help="registry name (see `kvserve models`), HF repo id or model directory "
+                   "(default: the registry's default, smollm2-135m)")
+    g.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
+    g.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 on CPU, bfloat16 on CUDA)")
+    g.add_argument("--block-size", type=int, default=16, help="tokens per KV page (power of two; default 16)")
+    g.add_argument("--num-kv-blocks", type=int, default=None, help="KV pages to allocate (default: from the memory budget)")
+    g.add_argument("--kv-cache-memory-gb", type=float, default=1.0, help="KV cache budget on CPU in GiB (default 1)")
+    g.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="fraction of GPU memory for weights + activations + KV cache (default 0.9)")
+    g.add_argument("--max-num-seqs", type=int, default=64, help="sequences batched together at most (default 64)")
+    g.add_argument("--max-num-batched-tokens", type=int, default=2048, help="tokens per engine step (default 2048)")
+    g.add_argument("--max-model-len", type=int, default=None, help="context length cap (default: the model's)")
+    g.add_argument("--no-prefix-cache", action="store_true", help="disable prefix caching")
+    g.add_argument("--attention-backend", choices=("torch", "triton"), default=None,
+                   help="kernels: triton (default on CUDA) or torch (default on CPU)")
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+    return EngineConfig(
+        block_size=args.block_size,
+        num_kv_blocks=args.num_kv_blocks,
+        kv_cache_memory_gb=args.kv_cache_memory_gb,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        enable_prefix_caching=not args.no_prefix_cache,
+        device=args.device,
+        dtype=dtype,
+        attention_backend=args.attention_backend,
+    )
