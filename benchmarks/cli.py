@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from benchmarks.prefix.report import write_json
+
+if TYPE_CHECKING:
+    from benchmarks.prefix.simulator import SimConfig
 
 
 @dataclass(frozen=True)
@@ -48,8 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         parser = sub.add_parser(command.name, help=command.help, description=command.help)
         command.configure(parser)
         parser.add_argument("--json", metavar="FILE", help="write the figures as JSON to FILE")
-        if not any(a.dest == "out_dir" for a in parser._actions):
-            parser.add_argument("--out-dir", default=f"bench_results/{command.name}", help="markdown and plots go here")
+        parser.add_argument("--out-dir", default=f"bench_results/{command.name}", help="markdown and plots go here")
         parser.set_defaults(func=lambda args, command=command: _invoke(command, args))
 
 
@@ -65,7 +67,7 @@ def _sim_options(parser: argparse.ArgumentParser, capacity: int | None, max_num_
     parser.add_argument("--policy", choices=("fcfs", "longest_prefix"), default="fcfs", help="scheduling order")
 
 
-def _sim_config(args: argparse.Namespace, block_size: int) -> "SimConfig":
+def _sim_config(args: argparse.Namespace, block_size: int) -> SimConfig:
     from benchmarks.prefix.simulator import SimConfig
 
     return SimConfig(block_size=block_size, capacity_blocks=args.capacity_blocks, max_num_seqs=args.max_num_seqs,
