@@ -248,7 +248,8 @@ def paged_attention(
             query, k_cache, v_cache, out, block_tables, context_lens, query_start_loc,
             out, out, out,  # partial buffers: unused on the direct path
             qk_scale, *strides, 1,
-            BLOCK_M=block_m, BLOCK_N=block_n, PARTITION_SIZE=block_n, SPLIT=False, **common,
+            BLOCK_M=block_m, BLOCK_N=block_n, PARTITION_SIZE=block_n,  # PARTITION_SIZE: read only when SPLIT
+            SPLIT=False, **common,
         )
         return out
 

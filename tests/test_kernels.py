@@ -185,6 +185,15 @@ def test_paged_attention_split_k_decode(group: int, head_dim: int) -> None:
     assert_close(direct, expected, 1e-5)
 
 
+@pytest.mark.parametrize("group", [3, 7])  # e.g. Qwen2.5-7B: 28 query heads over 4 KV heads
+def test_paged_attention_non_power_of_two_group(group: int) -> None:
+    batch = make_batch([19, 6, 33], [5, 1, 1], 2, group, 64, 4, torch.float32, seed=group)
+    assert_close(TRITON.paged_attention(*batch.args()), reference.paged_attention(*batch.args()), 1e-5)
+    decode = make_batch([19, 6, 33], [1, 1, 1], 2, group, 64, 4, torch.float32, seed=group)
+    split = TRITON.paged_attention(*decode.args(), split_k=True, partition_size=16)
+    assert_close(split, reference.paged_attention(*decode.args()), 1e-5)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_paged_attention_split_k_half(dtype: torch.dtype) -> None:
     batch = make_batch([3, 45, 64], [1, 1, 1], 2, 2, 64, 16, dtype, seed=5)
@@ -292,7 +301,8 @@ def test_elementwise_ops_accept_empty_batches() -> None:
     x = torch.randn(0, 64, device=DEVICE)
     assert TRITON.silu_and_mul(x).shape == (0, 32)
     assert TRITON.rms_norm(x, torch.ones(64, device=DEVICE), 1e-6).shape == (0, 64)
-    q, k = TRITON.rotary_embedding(torch.zeros(0, dtype=torch.long, device=DEVICE), torch.randn(0, 2, 64, device=DEVICE),
+    positions = torch.zeros(0, dtype=torch.long, device=DEVICE)
+    q, k = TRITON.rotary_embedding(positions, torch.randn(0, 2, 64, device=DEVICE),
                                    torch.randn(0, 1, 64, device=DEVICE), neox_cache(4, 64))
     assert q.shape == (0, 2, 64) and k.shape == (0, 1, 64)
 
