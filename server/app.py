@@ -1,0 +1,198 @@
+"""The FastAPI app: OpenAI-compatible endpoints in front of one engine thread.
+
+Every error, including malformed bodies, unknown routes and engine rejections, is answered in the OpenAI shape
+`{"error": {"message", "type", "param", "code"}}`; bad input is always a 4xx, never a 500.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from server.cache_salt import effective_salt, tenant_salt
+from server.chat import complete_chat, plan_chat, stream_chat
+from server.completions import complete_text, plan_completion, stream_text
+from server.context import ServingContext
+from server.generation import submit
+from server.http_io import EngineStreamingResponse, parse_body, read_json, until_disconnect
+from server.protocol import (
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+
+log = logging.getLogger("kvserve.server")
+
+
+def _error_response(exc: APIError) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def api_error(_: Request, exc: APIError) -> JSONResponse:
+        return _error_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return _error_response(APIError(exc.status_code, str(exc.detail), type=kind))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        param = ".".join(str(p) for p in first["loc"]) or None
+        return _error_response(APIError(400, first["msg"], param=param))
+
+    @app.exception_handler(Exception)
+    async def server_error(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return _error_response(APIError(500, f"internal error: {exc!r}", type="server_error"))
+
+
+class _Auth:
+    """Bearer-token check; returns the caller's key (its tenant), or None when the server has no keys."""
+
+    def __init__(self, keys: tuple[str, ...]) -> None:
+        self._keys = [key.encode() for key in keys]
+
+    def __call__(self, request: Request) -> str | None:
+        if not self._keys:
+            return None
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        given = token.strip().encode()
+        # compare_digest on every key: the time taken does not tell which key (or how much of one) matched.
+        matched = [hmac.compare_digest(given, key) for key in self._keys]
+        if scheme.lower() != "bearer" or not any(matched):
+            raise APIError(401, "missing or invalid API key (send 'Authorization: Bearer <key>')",
+                           type="authentication_error", code="invalid_api_key")
+        return given.decode()
+
+
+def create_app(ctx: ServingContext) -> FastAPI:
+    """The app for one served model. The engine thread starts with the app and stops (aborting what still runs)
+    when uvicorn shuts it down, after in-flight responses drained."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        ctx.engine.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(ctx.engine.shutdown)
+            if ctx.recorder is not None:
+                ctx.recorder.close()
+
+    app = FastAPI(title="kvserve", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.ctx = ctx
+    _install_error_handlers(app)
+    auth = _Auth(ctx.settings.api_keys)
+
+    def authenticate(request: Request) -> None:
+        request.state.api_key = auth(request)
+
+    # Everything but the probes needs a key (when the server has keys).
+    api = APIRouter(dependencies=[Depends(authenticate)])
+
+    def salt_for(request: Request, requested: str | None) -> str | None:
+        tenant = tenant_salt(request.state.api_key)
+        return effective_salt(tenant, requested, ctx.settings.allow_request_cache_salt)
+
+    @api.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        body = await read_json(request, ctx.settings.max_body_bytes)
+        req = parse_body(ChatCompletionRequest, body)
+        plan = plan_chat(ctx, req, body, salt_for(request, req.cache_salt), int(time.time()))
+        stream = await submit(ctx, [plan.prompt])
+        if req.stream:
+            return EngineStreamingResponse(stream_chat(ctx, plan, stream), on_close=stream.abort)
+        try:
+            return JSONResponse(await until_disconnect(request, complete_chat(ctx, plan, stream)))
+        finally:
+            stream.abort()  # no-op once finished; covers a cancellation before the work started
+
+    @api.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        body = await read_json(request, ctx.settings.max_body_bytes)
+        req = parse_body(CompletionRequest, body)
+        plan = plan_completion(ctx, req, body, salt_for(request, req.cache_salt), int(time.time()))
+        stream = await submit(ctx, plan.prompts)
+        if req.stream:
+            return EngineStreamingResponse(stream_text(ctx, plan, stream), on_close=stream.abort)
+        try:
+            return JSONResponse(await until_disconnect(request, complete_text(ctx, plan, stream)))
+        finally:
+            stream.abort()
+
+    def model_card() -> dict[str, Any]:
+        return {"id": ctx.model_name, "object": "model", "created": ctx.created, "owned_by": "kvserve",
+                "max_model_len": ctx.max_model_len}
+
+    @api.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        return {"object": "list", "data": [model_card()]}
+
+    @api.get("/v1/models/{model:path}")
+    async def get_model(model: str) -> dict[str, Any]:
+        ctx.check_model(model)
+        return model_card()
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if not ctx.engine.alive:
+            return JSONResponse({"status": "error", "error": repr(ctx.engine.error)}, status_code=503)
+        return JSONResponse({"status": "ok", "model": ctx.model_name})
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(ctx.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @api.post("/tokenize")
+    async def tokenize(request: Request) -> dict[str, Any]:
+        """Token ids of a text prompt, or of a chat request's rendered prompt (shown too), and how many of them the
+        caller's prefix cache holds right now."""
+        body = await read_json(request, ctx.settings.max_body_bytes)
+        req = parse_body(TokenizeRequest, body)
+        ctx.check_model(req.model)
+        if (req.prompt is None) == (req.messages is None):
+            raise APIError(400, "send exactly one of 'prompt' and 'messages'")
+        text = req.prompt
+        if req.messages is not None:
+            try:
+                text = ctx.renderer.render(req.messages, req.tools, req.add_generation_prompt,
+                                           **(req.chat_template_kwargs or {}))
+            except ValueError as exc:
+                raise APIError(400, str(exc), param="messages") from None
+        ids = ctx.encode(text)
+        salt = salt_for(request, None)
+        cached = await asyncio.wrap_future(ctx.engine.call(lambda engine: engine.kv.num_cached_tokens(ids, salt)))
+        result: dict[str, Any] = {"tokens": ids, "count": len(ids), "max_model_len": ctx.max_model_len,
+                                  "cached_tokens": cached}
+        if req.messages is not None:
+            result["prompt"] = text
+        return result
+
+    @api.post("/detokenize")
+    async def detokenize(request: Request) -> dict[str, Any]:
+        req = parse_body(DetokenizeRequest, await read_json(request, ctx.settings.max_body_bytes))
+        ctx.check_model(req.model)
+        vocab = len(ctx.tokenizer)
+        bad = [t for t in req.tokens if not 0 <= t < vocab]
+        if bad:
+            raise APIError(400, f"token id {bad[0]} is outside the vocabulary [0, {vocab})", param="tokens")
+        return {"prompt": ctx.tokenizer.decode(req.tokens, skip_special_tokens=False)}
+
+    app.include_router(api)
+    return app

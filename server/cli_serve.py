@@ -1,0 +1,138 @@
+"""`kvserve serve`: the OpenAI-compatible HTTP server for one model."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+import time
+
+_EPILOG = """\
+examples:
+  kvserve serve                                   # smollm2-135m on http://127.0.0.1:8000/v1
+  kvserve serve --model qwen3-0.6b --port 8080 --api-key sk-team-a --api-key sk-team-b
+  curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
+       -d '{"messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 32}'
+
+Each --api-key is a tenant with its own prefix-cache salt (see server/cache_salt.py for the timing side channel this
+closes). KVSERVE_API_KEY adds a key from the environment, so it does not show in the process list.
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="serve a model over an OpenAI-compatible HTTP API",
+        description="Serve one model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, "
+        "/v1/models, /tokenize, /detokenize, /health, /metrics), with a paged KV cache and a prefix cache shared "
+        "across requests.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--model", metavar="NAME", help="a models.yaml name, HF repo id of one, or a local model "
+                        "directory (default: the registry default, smollm2-135m)")
+    net = parser.add_argument_group("network")
+    net.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    net.add_argument("--port", type=int, default=8000, help="port to listen on; 0 picks a free one "
+                     "(default: %(default)s)")
+    net.add_argument("--api-key", action="append", default=[], metavar="KEY",
+                     help="require 'Authorization: Bearer KEY'; repeat for several tenants")
+    net.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="S",
+                     help="on SIGTERM/SIGINT, seconds to let running requests finish (default: %(default)s)")
+    net.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+    api = parser.add_argument_group("API behaviour")
+    api.add_argument("--allow-request-cache-salt", action="store_true",
+                     help="honor a request's 'cache_salt' (scoped inside its tenant); refused with 400 otherwise")
+    api.add_argument("--strict-max-tokens", action="store_true",
+                     help="answer max_tokens beyond the context's room with 400 instead of clamping it")
+    api.add_argument("--max-n", type=int, default=16, help="largest n (choices per request) (default: %(default)s)")
+    api.add_argument("--max-request-bytes", type=int, default=32 * 1024 * 1024, metavar="BYTES",
+                     help="larger request bodies get 413 (default: %(default)s)")
+    api.add_argument("--record", metavar="FILE.jsonl",
+                     help="append every request (body, token ids, cached tokens, timings) for `kvserve bench replay`")
+
+    eng = parser.add_argument_group("engine")
+    eng.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when available)")
+    eng.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                     help="weights and KV dtype (default: bfloat16 on CUDA, float32 on CPU)")
+    eng.add_argument("--block-size", type=int, default=16, help="tokens per KV page (default: %(default)s)")
+    pages = eng.add_mutually_exclusive_group()
+    pages.add_argument("--num-kv-blocks", type=int, default=None, metavar="N", help="KV pages, explicitly")
+    pages.add_argument("--kv-cache-memory-gb", type=float, default=None, metavar="GB",
+                       help="KV memory budget on CPU (default: 1.0); on CUDA the budget is what is left of "
+                       "--gpu-memory-utilization")
+    eng.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="F",
+                     help="fraction of GPU memory for weights + activations + KV (default: %(default)s)")
+    eng.add_argument("--max-num-seqs", type=int, default=64, help="sequences per step (default: %(default)s)")
+    eng.add_argument("--max-num-batched-tokens", type=int, default=2048,
+                     help="tokens per step, prefill chunks included (default: %(default)s)")
+    eng.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    eng.add_argument("--no-prefix-cache", action="store_true", help="disable prefix caching")
+    eng.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "longest_prefix"],
+                     help="admission order of waiting requests (default: %(default)s)")
+    eng.add_argument("--attention-backend", default=None, choices=["torch", "triton"],
+                     help="default: triton on CUDA, torch elsewhere")
+    parser.set_defaults(func=run_serve)
+
+
+def engine_config(args: argparse.Namespace):
+    import torch
+
+    from engine.config import EngineConfig
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
+    options = {} if args.kv_cache_memory_gb is None else {"kv_cache_memory_gb": args.kv_cache_memory_gb}
+    return EngineConfig(
+        block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
+        gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
+        enable_prefix_caching=not args.no_prefix_cache, scheduling_policy=args.scheduling_policy,
+        device=device, dtype=dtype, attention_backend=args.attention_backend, **options,
+    )
+
+
+def _say(message: str) -> None:
+    print(f"kvserve: {message}", file=sys.stderr, flush=True)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from server.app import create_app
+    from server.context import ServerSettings, load_context
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    keys = tuple(args.api_key) + ((os.environ["KVSERVE_API_KEY"],) if os.environ.get("KVSERVE_API_KEY") else ())
+    settings = ServerSettings(
+        api_keys=keys, allow_request_cache_salt=args.allow_request_cache_salt,
+        strict_max_tokens=args.strict_max_tokens, max_n=args.max_n, max_body_bytes=args.max_request_bytes,
+    )
+    started = time.perf_counter()
+    try:
+        config = engine_config(args)
+        ctx = load_context(args.model, config, settings, args.record, progress=_say)
+    except (ValueError, RuntimeError, OSError) as exc:
+        _say(f"cannot serve: {exc}")
+        return 1
+    kv = ctx.engine.engine.kv
+    _say(f"loaded {ctx.model_name} in {time.perf_counter() - started:.1f}s: context {ctx.max_model_len} tokens, "
+         f"{kv.num_pages} KV pages of {kv.block_size} tokens, prefix cache "
+         f"{'on' if config.enable_prefix_caching else 'off'}")
+    try:
+        sock = socket.create_server((args.host, args.port))  # bound here, so the banner shows the real port
+    except OSError as exc:
+        _say(f"cannot listen on {args.host}:{args.port}: {exc}")
+        return 1
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    auth = f"{len(keys)} API key(s)" if keys else "no API key: anyone who can connect may use it"
+    _say(f"serving {ctx.model_name} at http://{shown}:{port}/v1 ({auth}). Ctrl-C or SIGTERM stops it")
+    server = uvicorn.Server(uvicorn.Config(
+        create_app(ctx), log_level=args.log_level, timeout_graceful_shutdown=args.shutdown_timeout,
+    ))
+    server.run(sockets=[sock])
+    _say("stopped")
+    return 0

@@ -1,0 +1,114 @@
+"""`POST /v1/completions`: raw text completion of a prompt given as text or token ids (or a batch of them; each is its
+own engine request, and its n choices are numbered `prompt_index * n + i`). No chat template, no parsing."""
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from server.async_engine import EngineRequest, RequestStream
+from server.context import ServingContext, new_request_id
+from server.generation import SSE_DONE, Choice, Prompt, outputs, record, sse, usage
+from server.logprobs import completion_logprobs
+from server.protocol import APIError, CompletionRequest
+
+
+@dataclass
+class CompletionPlan:
+    request_id: str
+    created: int
+    req: CompletionRequest
+    body: dict[str, Any]
+    prompts: list[Prompt]
+    echo_texts: list[str]  # per prompt: the text echoed before the completion ('' without echo)
+
+
+def _prompt_ids(ctx: ServingContext, prompt: str | list[int] | list[str] | list[list[int]]) -> list[list[int]]:
+    if isinstance(prompt, str):
+        return [ctx.encode(prompt)]
+    if prompt and isinstance(prompt[0], str):
+        return [ctx.encode(p) for p in prompt]
+    if prompt and isinstance(prompt[0], list):
+        return [list(p) for p in prompt]
+    return [list(prompt)]
+
+
+def plan_completion(
+    ctx: ServingContext, req: CompletionRequest, body: dict[str, Any], cache_salt: str | None, created: int
+) -> CompletionPlan:
+    ctx.check_model(req.model)
+    if req.echo and req.logprobs is not None:
+        raise APIError(400, "echo with logprobs is not supported (prompt logprobs are not computed)", param="echo")
+    token_lists = _prompt_ids(ctx, req.prompt)
+    request_id = new_request_id("cmpl")
+    prompts = []
+    for i, ids in enumerate(token_lists):
+        params = ctx.sampling_params(req, len(ids), skip_special_tokens=True, num_logprobs=req.logprobs)
+        engine_id = request_id if len(token_lists) == 1 else f"{request_id}-{i}"
+        prompts.append(Prompt(EngineRequest(engine_id, ids, params, cache_salt)))
+    echo = [ctx.tokenizer.decode(ids) if req.echo else "" for ids in token_lists]
+    return CompletionPlan(request_id, created, req, body, prompts, echo)
+
+
+def _logprobs(ctx: ServingContext, plan: CompletionPlan, entries: list, offset: int) -> dict[str, list] | None:
+    if plan.req.logprobs is None:
+        return None
+    return completion_logprobs(ctx.token_texts, entries, plan.req.logprobs, offset)
+
+
+def _response(ctx: ServingContext, plan: CompletionPlan, choices: list[dict[str, Any]], **extra: Any) -> dict:
+    return {
+        "id": plan.request_id, "object": "text_completion", "created": plan.created, "model": ctx.model_name,
+        "choices": choices, **extra,
+    }
+
+
+async def complete_text(ctx: ServingContext, plan: CompletionPlan, stream: RequestStream) -> dict[str, Any]:
+    n = plan.req.n
+    choices = [Choice() for _ in range(len(plan.prompts) * n)]
+    try:
+        async for i, out in outputs(stream, plan.prompts):
+            choices[i * n + out.index].add(out)
+    finally:
+        record(ctx, "completions", plan.body, plan.prompts)
+    body = [
+        {
+            "index": index,
+            "text": plan.echo_texts[index // n] + choice.text,
+            "logprobs": _logprobs(ctx, plan, choice.logprobs, len(plan.echo_texts[index // n])),
+            "finish_reason": choice.finish_reason,
+        }
+        for index, choice in enumerate(choices)
+    ]
+    return _response(ctx, plan, body, usage=usage(plan.prompts, sum(len(c.token_ids) for c in choices)))
+
+
+async def stream_text(ctx: ServingContext, plan: CompletionPlan, stream: RequestStream) -> AsyncIterator[str]:
+    n, include_usage = plan.req.n, plan.req.include_usage
+    choices = [Choice() for _ in range(len(plan.prompts) * n)]
+    offsets = [len(plan.echo_texts[i // n]) for i in range(len(choices))]  # text_offset of the next token
+
+    def chunk(choices_json: list[dict[str, Any]], usage_value: dict[str, Any] | None = None) -> str:
+        return sse(_response(ctx, plan, choices_json, **({"usage": usage_value} if include_usage else {})))
+
+    try:
+        if plan.req.echo:
+            for index in range(len(choices)):
+                yield chunk([{"index": index, "text": plan.echo_texts[index // n], "logprobs": None,
+                              "finish_reason": None}])
+        async for i, out in outputs(stream, plan.prompts):
+            index = i * n + out.index
+            choice = choices[index]
+            choice.add(out)
+            if not out.new_text and not out.finished and plan.req.logprobs is None:
+                continue  # a token whose text is held back (partial character, possible stop string)
+            logprobs = _logprobs(ctx, plan, out.new_logprobs, offsets[index])
+            if logprobs is not None:
+                offsets[index] += sum(len(t) for t in logprobs["tokens"])
+            yield chunk([{"index": index, "text": out.new_text, "logprobs": logprobs,
+                          "finish_reason": choice.finish_reason}])
+    finally:
+        record(ctx, "completions", plan.body, plan.prompts)
+    if include_usage:
+        yield chunk([], usage(plan.prompts, sum(len(c.token_ids) for c in choices)))
+    yield SSE_DONE

@@ -1,0 +1,136 @@
+"""What every handler needs: the served model, its engine thread, the operator's settings, and request-independent
+helpers (model-name check, sampling parameters with the max_tokens policy, request ids)."""
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.config import EngineConfig
+from engine.sampling_params import SamplingParams
+from server.async_engine import AsyncEngine
+from server.logprobs import TokenTexts
+from server.metrics import Metrics
+from server.protocol import APIError, ChatCompletionRequest, CompletionRequest
+from server.recorder import Recorder
+from server.rendering import Renderer
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    api_keys: tuple[str, ...] = ()  # empty: no authentication
+    allow_request_cache_salt: bool = False
+    strict_max_tokens: bool = False  # max_tokens beyond the context's room: 400 instead of clamping
+    max_n: int = 16
+    max_body_bytes: int = 32 * 1024 * 1024
+
+
+@dataclass
+class ServingContext:
+    model_name: str
+    family: str  # the chat template family: picks the tool-call and reasoning parsers
+    renderer: Renderer
+    tokenizer: Any
+    max_model_len: int
+    engine: AsyncEngine
+    metrics: Metrics
+    settings: ServerSettings = field(default_factory=ServerSettings)
+    recorder: Recorder | None = None
+    aliases: frozenset[str] = frozenset()  # other names clients may use for the model (its HF repo id)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def __post_init__(self) -> None:
+        self.token_texts = TokenTexts(self.tokenizer)
+
+    def check_model(self, requested: str | None) -> None:
+        if requested is not None and requested != self.model_name and requested not in self.aliases:
+            raise APIError(
+                404, f"The model '{requested}' does not exist; this server serves '{self.model_name}'.",
+                param="model", code="model_not_found",
+            )
+
+    def encode(self, text: str) -> list[int]:
+        # The chat templates write BOS and friends themselves; adding special tokens would double them.
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def sampling_params(
+        self, req: ChatCompletionRequest | CompletionRequest, prompt_len: int, *, skip_special_tokens: bool,
+        num_logprobs: int | None,
+    ) -> SamplingParams:
+        if req.n > self.settings.max_n:
+            raise APIError(400, f"n is {req.n}; this server allows at most {self.settings.max_n}", param="n")
+        try:
+            return SamplingParams(
+                max_tokens=self._max_tokens(req.requested_max_tokens, prompt_len),
+                temperature=1.0 if req.temperature is None else req.temperature,
+                top_k=req.top_k or 0,
+                top_p=1.0 if req.top_p is None else req.top_p,
+                min_p=req.min_p or 0.0,
+                seed=req.seed,
+                presence_penalty=req.presence_penalty or 0.0,
+                frequency_penalty=req.frequency_penalty or 0.0,
+                repetition_penalty=req.repetition_penalty or 1.0,
+                stop=[req.stop] if isinstance(req.stop, str) else list(req.stop or []),
+                ignore_eos=req.ignore_eos,
+                logprobs=num_logprobs,
+                n=req.n,
+                skip_special_tokens=skip_special_tokens,
+            )
+        except ValueError as exc:
+            raise APIError(400, str(exc)) from None
+
+    def _max_tokens(self, requested: int | None, prompt_len: int) -> int:
+        """Agents send large defaults (OpenCode: 32000), so by default a request asking for more than the context has
+        room for gets the room and ends with finish_reason "length"; `strict_max_tokens` refuses it instead."""
+        room = self.max_model_len - prompt_len
+        if room < 1:
+            return 1  # the engine rejects the prompt with how much too long it is
+        if requested is None:
+            return room
+        if requested > room and self.settings.strict_max_tokens:
+            raise APIError(
+                400,
+                f"max_tokens is {requested}, but the prompt has {prompt_len} tokens and the context holds "
+                f"{self.max_model_len}: at most {room} can be generated",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+        return min(requested, room)
+
+
+def new_request_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(12)}"
+
+
+def load_context(
+    model: str | None, engine_config: EngineConfig, settings: ServerSettings, record_path: str | None = None,
+    progress: Callable[[str], None] = lambda message: None,
+) -> ServingContext:
+    """Resolve the model (building, converting or downloading it on first use), load it into an engine and wrap it
+    for serving. `progress` receives one line per loading stage."""
+    from engine.llm_engine import LLMEngine
+    from engine.registry import default_model_name, get_model_spec, resolve_model
+    from server.rendering import renderer_for_model
+
+    spec = get_model_spec(model or default_model_name())
+    progress(f"resolving model {spec.name} ({spec.source}; first use builds or downloads it)")
+    model_dir = resolve_model(model or spec.name)
+    progress(f"loading {model_dir} onto {engine_config.device} ({engine_config.dtype})")
+    model_id = str(model_dir) if spec.source == "local" else spec.name  # what block 0's hash is salted with
+    engine = LLMEngine(model_dir, engine_config, model_id=model_id)
+    renderer = renderer_for_model(spec.template, engine.tokenizer)
+    metrics = Metrics(spec.name)
+    return ServingContext(
+        model_name=spec.name,
+        family=spec.template,
+        renderer=renderer,
+        tokenizer=engine.tokenizer,
+        max_model_len=engine.max_model_len,
+        engine=AsyncEngine(engine, metrics),
+        metrics=metrics,
+        settings=settings,
+        recorder=Recorder(record_path) if record_path else None,
+        aliases=frozenset(name for name in (spec.repo_id,) if name),
+    )

@@ -1,0 +1,110 @@
+"""What chat and text completions share: submitting engine requests, accumulating each choice's output, usage,
+SSE framing and recording."""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.llm_engine import SequenceOutput
+from engine.request import RequestTimings
+from engine.sampler import TokenLogprobs
+from server.async_engine import EngineDeadError, EngineRequest, RequestStream
+from server.context import ServingContext
+from server.protocol import APIError
+from server.recorder import RequestRecord, timing_fields
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+def sse(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+@dataclass
+class Choice:
+    """One sequence's output so far."""
+
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    logprobs: list[TokenLogprobs | None] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    def add(self, out: SequenceOutput) -> None:
+        self.token_ids += out.new_token_ids
+        self.text += out.new_text
+        self.logprobs += out.new_logprobs
+        if out.finished:
+            self.finish_reason = out.finish_reason
+
+
+@dataclass
+class Prompt:
+    """One engine request of an HTTP request, and what came back for it."""
+
+    request: EngineRequest
+    num_cached_tokens: int = 0
+    timings: RequestTimings | None = None
+    first_choice: Choice = field(default_factory=Choice)  # choice 0's tokens, for the record
+
+    def observe(self, out: SequenceOutput) -> None:
+        if out.index == 0:
+            self.num_cached_tokens = out.num_cached_tokens  # siblings (n > 1) share the leader's cached prompt
+            self.timings = out.timings
+            self.first_choice.add(out)
+
+
+def usage(prompts: list[Prompt], completion_tokens: int) -> dict[str, Any]:
+    prompt_tokens = sum(len(p.request.prompt_token_ids) for p in prompts)
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": sum(p.num_cached_tokens for p in prompts)},
+    }
+
+
+async def submit(ctx: ServingContext, prompts: list[Prompt]) -> RequestStream:
+    """Hand the prompts to the engine; its rejections (prompt too long for the context or the KV pool) are 400s."""
+    try:
+        return await ctx.engine.submit([p.request for p in prompts])
+    except ValueError as exc:
+        raise APIError(400, str(exc), code="context_length_exceeded" if "too long" in str(exc) else None) from None
+    except EngineDeadError as exc:
+        raise APIError(503, str(exc), type="server_error", code="engine_unavailable") from None
+
+
+async def outputs(stream: RequestStream, prompts: list[Prompt]) -> AsyncIterator[tuple[int, SequenceOutput]]:
+    """(prompt index, output) for every sequence output, in step order; aborts what is left if the consumer stops."""
+    index = {p.request.request_id: i for i, p in enumerate(prompts)}
+    try:
+        async for batch in stream:
+            for out in batch:
+                i = index[out.request_id]
+                prompts[i].observe(out)
+                yield i, out
+    except EngineDeadError as exc:
+        raise APIError(500, str(exc), type="server_error", code="engine_error") from None
+    finally:
+        stream.abort()
+
+
+def record(ctx: ServingContext, endpoint: str, body: dict[str, Any], prompts: list[Prompt]) -> None:
+    if ctx.recorder is None:
+        return
+    for p in prompts:
+        ctx.recorder.write(RequestRecord(
+            request_id=p.request.request_id,
+            endpoint=endpoint,
+            model=ctx.model_name,
+            body=body,
+            prompt_token_ids=p.request.prompt_token_ids,
+            output_token_ids=p.first_choice.token_ids,
+            cached_tokens=p.num_cached_tokens,
+            cache_salt=p.request.cache_salt,
+            finish_reason=p.first_choice.finish_reason or "abort",
+            timings=timing_fields(p.timings),
+            time=time.time(),
+        ))

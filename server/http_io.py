@@ -1,0 +1,117 @@
+"""HTTP plumbing: bounded, strict body reading, and responses that abort their engine requests the moment the client
+goes away (freeing the KV pages at once instead of generating into a closed socket)."""
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import anyio
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from server.generation import SSE_DONE, sse
+from server.protocol import APIError, validation_error
+
+M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
+
+
+async def read_json(request: Request, limit: int) -> Any:
+    """The body as JSON: 413 past `limit` bytes (checked before reading when Content-Length says so), 400 for bytes
+    that are not UTF-8 or not JSON."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise APIError(413, f"request body is {declared} bytes; the limit is {limit}", code="request_too_large")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise APIError(413, f"request body exceeds the limit of {limit} bytes", code="request_too_large")
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise APIError(400, f"request body is not valid UTF-8 (byte {exc.start})", code="invalid_encoding") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise APIError(400, f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
+                       code="invalid_json") from None
+
+
+def parse_body(model: type[M], body: Any) -> M:
+    if not isinstance(body, dict):
+        raise APIError(400, "request body must be a JSON object", code="invalid_json")
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+
+
+async def _wait_for_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Run `work` (a non-streaming completion) but cancel it if the client disconnects first; its cleanup aborts the
+    engine request. The body must have been read already, so the next ASGI message is the disconnect."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(request.receive))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    if task.cancelled():
+        raise APIError(499, "client disconnected", code="client_disconnected")
+    return task.result()
+
+
+async def _sse_errors(events: AsyncIterator[str]) -> AsyncIterator[str]:
+    """Once the 200 is sent an error can only be an event: OpenAI clients raise on `data: {"error": ...}`."""
+    try:
+        async for event in events:
+            yield event
+    except APIError as exc:
+        yield sse(exc.body())
+        yield SSE_DONE
+
+
+class EngineStreamingResponse(StreamingResponse):
+    """SSE that watches for the client's disconnect while generating (whatever the ASGI version) and calls
+    `on_close` however the stream ends, so an abandoned request never keeps running or holding pages."""
+
+    def __init__(self, events: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+        super().__init__(_sse_errors(events), media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._events = events
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            async with anyio.create_task_group() as group:
+
+                async def stream() -> None:
+                    try:
+                        await self.stream_response(send)
+                    except OSError:  # the client went away mid-write
+                        pass
+                    group.cancel_scope.cancel()
+
+                async def watch() -> None:
+                    await _wait_for_disconnect(receive)
+                    group.cancel_scope.cancel()
+
+                group.start_soon(stream)
+                group.start_soon(watch)
+        finally:
+            self._on_close()
+            await self.body_iterator.aclose()  # type: ignore[attr-defined]
+            await self._events.aclose()  # type: ignore[attr-defined]

@@ -1,0 +1,132 @@
+"""`GET /metrics`: the engine's state in the Prometheus text exposition format (version 0.0.4).
+
+The engine thread is the only writer: after every step it copies the engine's counters and gauges into an
+`EngineSnapshot` and records finished sequences' latencies; HTTP handlers only render. One lock makes each
+rendering a consistent cut.
+"""
+from __future__ import annotations
+
+import bisect
+import threading
+from dataclasses import dataclass, field, fields
+
+# Seconds; spans CPU test models (tens of ms per token) to long agent prefills on a GPU.
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+@dataclass
+class EngineSnapshot:
+    """Engine counters at one instant (cumulative totals and current gauges)."""
+
+    prefix_cache_queries_tokens: int = 0
+    prefix_cache_hits_tokens: int = 0
+    prefix_cache_evictions: int = 0
+    kv_pages_total: int = 0
+    kv_pages_free: int = 0  # an allocation can take them: never-used pages plus cached pages nobody holds
+    kv_pages_cached: int = 0
+    requests_running: int = 0
+    requests_waiting: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    preemptions: int = 0
+
+
+# name suffix, type, help; the snapshot field of the same name holds the value.
+_SNAPSHOT_METRICS: dict[str, tuple[str, str]] = {
+    "prefix_cache_queries_tokens": ("counter", "Prompt tokens looked up in the prefix cache at admission."),
+    "prefix_cache_hits_tokens": ("counter", "Prompt tokens served from cached KV pages."),
+    "prefix_cache_evictions": ("counter", "Cached KV pages evicted (LRU) to make room."),
+    "kv_pages_total": ("gauge", "KV cache pages in the pool."),
+    "kv_pages_free": ("gauge", "KV pages an allocation can take (free, or cached and held by no request)."),
+    "kv_pages_cached": ("gauge", "KV pages holding a cached prefix block (held or not)."),
+    "requests_running": ("gauge", "Sequences being computed."),
+    "requests_waiting": ("gauge", "Sequences queued for admission."),
+    "prompt_tokens": ("counter", "Prompt tokens prefilled (cache hits excluded)."),
+    "generation_tokens": ("counter", "Tokens generated."),
+    "preemptions": ("counter", "Sequences preempted for lack of KV pages (recomputed later)."),
+}
+assert set(_SNAPSHOT_METRICS) == {f.name for f in fields(EngineSnapshot)}
+
+
+@dataclass
+class Histogram:
+    buckets: tuple[float, ...] = LATENCY_BUCKETS
+    counts: list[int] = field(default_factory=list)  # per bucket, not cumulative; the last one is +Inf
+    total: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * (len(self.buckets) + 1)
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.total += value
+        self.count += 1
+
+    def lines(self, name: str, labels: str = "") -> list[str]:
+        sep = "," if labels else ""
+        out, cumulative = [], 0
+        for bound, n in zip([*map(_num, self.buckets), "+Inf"], self.counts):
+            cumulative += n
+            out.append(f'{name}_bucket{{{labels}{sep}le="{bound}"}} {cumulative}')
+        braces = f"{{{labels}}}" if labels else ""
+        out += [f"{name}_sum{braces} {_num(self.total)}", f"{name}_count{braces} {self.count}"]
+        return out
+
+
+def _num(value: float) -> str:
+    return repr(float(value)) if not float(value).is_integer() else str(int(value)) + ".0"
+
+
+class Metrics:
+    """What `/metrics` shows. Written by the engine thread, rendered by request handlers."""
+
+    def __init__(self, model_name: str, prefix: str = "kvserve") -> None:
+        self.model_name = model_name
+        self.prefix = prefix
+        self._lock = threading.Lock()
+        self._snapshot = EngineSnapshot()
+        self._ttft = Histogram()
+        self._e2e = Histogram()
+        self._finished: dict[str, int] = {}  # finish reason -> sequences
+
+    def update(self, snapshot: EngineSnapshot) -> None:
+        with self._lock:
+            self._snapshot = snapshot
+
+    def observe_finished(self, finish_reason: str, ttft_s: float | None, e2e_s: float | None) -> None:
+        with self._lock:
+            self._finished[finish_reason] = self._finished.get(finish_reason, 0) + 1
+            if ttft_s is not None:
+                self._ttft.observe(ttft_s)
+            if e2e_s is not None:
+                self._e2e.observe(e2e_s)
+
+    def snapshot(self) -> EngineSnapshot:
+        with self._lock:
+            return self._snapshot
+
+    def render(self) -> str:
+        p, model = self.prefix, _label_value(self.model_name)
+        label = f'model="{model}"'
+        lines: list[str] = []
+        with self._lock:
+            for key, (kind, help_text) in _SNAPSHOT_METRICS.items():
+                name = f"{p}_{key}_total" if kind == "counter" else f"{p}_{key}"
+                lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+                lines.append(f"{name}{{{label}}} {getattr(self._snapshot, key)}")
+            name = f"{p}_requests_finished_total"
+            lines += [f"# HELP {name} Sequences finished, by finish reason.", f"# TYPE {name} counter"]
+            for reason, n in sorted(self._finished.items()):
+                lines.append(f'{name}{{{label},finish_reason="{_label_value(reason)}"}} {n}')
+            for key, hist, help_text in (
+                ("time_to_first_token_seconds", self._ttft, "Arrival to first generated token, per sequence."),
+                ("e2e_request_latency_seconds", self._e2e, "Arrival to finish, per sequence."),
+            ):
+                name = f"{p}_{key}"
+                lines += [f"# HELP {name} {help_text}", f"# TYPE {name} histogram", *hist.lines(name, label)]
+        return "\n".join(lines) + "\n"
+
+
+def _label_value(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
