@@ -51,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         parser = sub.add_parser(command.name, help=command.help, description=command.help)
         command.configure(parser)
         parser.add_argument("--json", metavar="FILE", help="write the figures as JSON to FILE")
-        parser.add_argument("--out-dir", default=f"bench_results/{command.name}", help="markdown and plots go here")
+        parser.add_argument("--out-dir", default=f"results/{command.name}", help="markdown and plots go here")
         parser.set_defaults(func=lambda args, command=command: _invoke(command, args))
 
 

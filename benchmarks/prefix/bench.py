@@ -47,7 +47,7 @@ class PrefixOptions:
     engine: bool = True
     ttft_prompt_tokens: int = 4096
     cached_fraction: float = 0.9
-    out_dir: str = "bench_results/prefix"
+    out_dir: str = "results/prefix"
 
 
 def run_prefix(opts: PrefixOptions) -> dict:
