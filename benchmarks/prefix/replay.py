@@ -1,5 +1,6 @@
 """Requests recorded by ``kvserve serve --record FILE.jsonl``: one JSON line per request with at least
-``{"body": <request json>, "prompt_token_ids": [...], "output_token_ids": [...], "cached_tokens": int}``.
+``{"body": <request json>, "prompt_token_ids": [...], "output_token_ids": [...], "cached_tokens": int}`` and,
+from server/recorder.py, ``cache_salt`` (the effective salt, e.g. a tenant hash; else the body's ``cache_salt``).
 
 Recorded requests carry no session ids, so each request's parent is inferred: the earlier request whose context
 (prompt + output) shares the longest prefix with it, if that is at least one block.
@@ -21,6 +22,7 @@ class RecordedRequest:
     output_token_ids: list[int]
     cached_tokens: int
     timings: dict
+    cache_salt: str | None = None
 
 
 def read_records(path: str | Path) -> list[RecordedRequest]:
@@ -37,13 +39,14 @@ def read_records(path: str | Path) -> list[RecordedRequest]:
                     output_token_ids=[int(t) for t in row.get("output_token_ids") or []],
                     cached_tokens=int(row.get("cached_tokens") or 0),
                     timings=dict(row.get("timings") or {}),
+                    cache_salt=row.get("cache_salt") or _body_salt(dict(row.get("body") or {})),
                 ))
             except (KeyError, TypeError, ValueError) as exc:
                 raise ValueError(f"{path}:{lineno}: not a recorded request ({exc})") from None
     return records
 
 
-def _salt(body: dict) -> str | None:
+def _body_salt(body: dict) -> str | None:
     return body.get("cache_salt") or (body.get("extra_body") or {}).get("cache_salt")
 
 
@@ -70,7 +73,7 @@ def records_to_requests(records: list[RecordedRequest], block_size: int = 16) ->
             session=requests[parent].session if parent is not None else f"s{i}",
             prompt=rec.prompt_token_ids,
             output=rec.output_token_ids,
-            salt=_salt(rec.body),
+            salt=rec.cache_salt,
             parent=f"r{parent}" if parent is not None else None,
             turn=requests[parent].turn + 1 if parent is not None else 0,
             change=_change(records[parent], rec) if parent is not None else None,

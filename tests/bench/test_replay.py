@@ -21,6 +21,8 @@ ROWS = [
     {"body": {"messages": MSG0, "tools": [{"type": "function", "function": {"name": "f"}}]},
      "prompt_token_ids": [*range(1, 9), *range(50, 61)], "output_token_ids": [], "cached_tokens": 8},
 ]
+SALTED = {"body": {"messages": MSG0, "cache_salt": "body-salt"}, "prompt_token_ids": list(range(1, 21)),
+          "cached_tokens": 0, "cache_salt": "tenant-hash"}
 
 
 @pytest.fixture
@@ -35,6 +37,12 @@ def test_parents_and_changes(record_file: Path):
     assert [r.parent for r in reqs] == [None, "r0", "r0"]
     assert [r.change for r in reqs] == [None, None, CHANGE_TOOLS]
     assert reqs[1].session == reqs[0].session and reqs[1].turn == 1
+
+
+def test_effective_salt_wins_over_the_body(tmp_path: Path):
+    path = tmp_path / "salted.jsonl"
+    path.write_text(json.dumps(SALTED) + "\n" + json.dumps({**SALTED, "cache_salt": None}) + "\n")
+    assert [r.cache_salt for r in read_records(path)] == ["tenant-hash", "body-salt"]
 
 
 def test_simulated_hits_by_hand(record_file: Path):
