@@ -213,10 +213,13 @@ def paged_attention(
     out = torch.empty_like(query)
     if num_tokens == 0 or num_seqs == 0:
         return out
-    if max_query_len is None:
-        max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
-    if max_context_len is None:
-        max_context_len = int(context_lens.max())
+    if max_query_len is None or max_context_len is None:
+        # One device-to-host copy for both bounds (callers that know them on the host skip it entirely).
+        q_max, ctx_max = torch.stack(
+            [(query_start_loc[1:] - query_start_loc[:-1]).max().long(), context_lens.max().long()]
+        ).tolist()
+        max_query_len = q_max if max_query_len is None else max_query_len
+        max_context_len = ctx_max if max_context_len is None else max_context_len
     group = num_heads // num_kv_heads
     if split_k is None:
         split_k = use_split_k(num_seqs, num_kv_heads, max_query_len, max_context_len, partition_size, query.device)
