@@ -369,3 +369,23 @@ def test_gpu_check_workload_and_bandwidth_math() -> None:
     assert nano_vllm_workload(4, seed=1) == nano_vllm_workload(4, seed=1) != nano_vllm_workload(4, seed=2)
     assert kv_bytes_per_token(QWEN3_0_6B, 2) == 2 * 28 * 8 * 128 * 2  # K and V, every layer, bf16
     assert bandwidth_fraction(4.8e9, 1e-3, 4.8e12) == pytest.approx(1.0)
+
+
+def test_gpu_check_timing_steps_drive_the_engine() -> None:
+    """The decode-timing and throughput steps, on the tiny model (torch backend), so a GPU run does not discover
+    an API mismatch: full runs generate every requested token; a run past its deadline stops and leaves the engine
+    clean."""
+    from benchmarks.gpu_check import nano_vllm_workload, run_throughput, time_decode_step
+    from engine import LLM
+
+    llm = LLM("qwen3-tiny", attention_backend="torch", num_kv_blocks=128, block_size=4)
+    timing = time_decode_step(llm, batch=2, prompt_len=9, steps=3, bytes_weights=10**6, kv_per_token=100,
+                              peak_bytes_per_s=1e12, seed=0)
+    assert timing.step_ms > 0 and timing.tokens_per_s > 0
+    assert timing.bytes_per_step == pytest.approx(10**6 + 100 * (9 + 1 + 1.5) * 2)
+    prompts, output_lens = nano_vllm_workload(3, min_len=3, max_len=6)
+    full = run_throughput(llm, prompts, output_lens, deadline=float("inf"))
+    assert full["complete"] and full["finished"] == 3 and full["output_tokens"] == sum(output_lens)
+    cut = run_throughput(llm, prompts, output_lens, deadline=0.0)
+    assert not cut["complete"] and cut["output_tokens"] == 0
+    assert not llm.engine.has_unfinished_requests()
