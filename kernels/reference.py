@@ -46,30 +46,70 @@ def paged_attention(
     query_start_loc: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """Causal attention of each sequence's new query rows ``[T, Hq, D]`` over its paged context (GQA aware)."""
+    """Causal attention of each sequence's new query rows ``[T, Hq, D]`` over its paged context (GQA aware).
+
+    Decode rows (one query per sequence) are attended in one batched call over a padded gather of their contexts;
+    prefill chunks one sequence at a time.
+    """
     out = torch.empty_like(query)
-    num_heads, num_kv_heads = query.shape[1], k_cache.shape[2]
-    group = num_heads // num_kv_heads
     starts = query_start_loc.tolist()
     lens = context_lens.tolist()
+    q_lens = [starts[b + 1] - starts[b] for b in range(len(lens))]
+    decodes = [b for b, n in enumerate(q_lens) if n == 1]
+    if len(decodes) > 1:
+        _batched_decode(query, k_cache, v_cache, block_tables, lens, starts, decodes, scale, out)
+        decodes_done = set(decodes)
+    else:
+        decodes_done = set()
     for b, ctx_len in enumerate(lens):
-        q_start, q_end = starts[b], starts[b + 1]
-        q_len = q_end - q_start
-        if q_len == 0:
+        q_start, q_len = starts[b], q_lens[b]
+        if q_len == 0 or b in decodes_done:
             continue
-        k = _gather_context(k_cache, block_tables[b], ctx_len)
-        v = _gather_context(v_cache, block_tables[b], ctx_len)
-        q = query[q_start:q_end].transpose(0, 1)  # [Hq, q_len, D]
-        k = k.transpose(0, 1).repeat_interleave(group, dim=0).to(q.dtype)
-        v = v.transpose(0, 1).repeat_interleave(group, dim=0).to(q.dtype)
+        k = _gather_context(k_cache, block_tables[b], ctx_len).transpose(0, 1).to(query.dtype)
+        v = _gather_context(v_cache, block_tables[b], ctx_len).transpose(0, 1).to(query.dtype)
+        q = query[q_start : q_start + q_len].transpose(0, 1)  # [Hq, q_len, D]
         if q_len == 1:
             mask = None  # a single query at the last position sees the whole context
         else:
             q_pos = torch.arange(ctx_len - q_len, ctx_len, device=q.device)
             mask = q_pos[:, None] >= torch.arange(ctx_len, device=q.device)[None, :]
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-        out[q_start:q_end] = o.transpose(0, 1)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+        out[q_start : q_start + q_len] = o.transpose(0, 1)
     return out
+
+
+def _batched_decode(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    lens: list[int],
+    starts: list[int],
+    rows: list[int],
+    scale: float,
+    out: torch.Tensor,
+) -> None:
+    """One query per sequence in ``rows``: gather their pages into ``[B, L_max]`` and mask each past its length."""
+    block_size = k_cache.shape[1]
+    ctx = [lens[b] for b in rows]
+    width = -(-max(ctx) // block_size)
+    dev = query.device
+    tables = block_tables[torch.tensor(rows, device=dev), :width].long()  # [B, width]
+
+    positions = torch.arange(width * block_size, device=dev)
+    valid = positions[None, :] < torch.tensor(ctx, device=dev)[:, None]  # [B, L]
+
+    def gather(cache: torch.Tensor) -> torch.Tensor:  # -> [B, Hkv, L, D], zero past each length
+        pages = cache[tables].flatten(1, 2)  # [B, L, Hkv, D]
+        # Zero, not just mask: slots past a length may hold anything (even NaN), and NaN * 0 is still NaN.
+        pages = pages.masked_fill(~valid[:, :, None, None], 0)
+        return pages.transpose(1, 2).to(query.dtype)
+
+    q_rows = torch.tensor([starts[b] for b in rows], device=dev)
+    q = query[q_rows].unsqueeze(2)  # [B, Hq, 1, D]
+    mask = valid[:, None, None, :]
+    o = F.scaled_dot_product_attention(q, gather(k_cache), gather(v_cache), attn_mask=mask, scale=scale, enable_gqa=True)
+    out[q_rows] = o.squeeze(2)
 
 
 def rms_norm(
