@@ -10,6 +10,7 @@ import argparse
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
+from benchmarks import throughput
 from benchmarks.prefix.report import write_json
 
 if TYPE_CHECKING:
@@ -138,6 +139,8 @@ def _register_all() -> None:
     add_bench_command("simulate", "hit rate of a request trace for any cache capacity, without a model",
                       _configure_simulate, _run_simulate)
     add_bench_command("replay", "replay requests recorded by `kvserve serve --record`", _configure_replay, _run_replay)
+    add_bench_command("throughput", "offline throughput on the nano-vllm workload, side by side with HF transformers",
+                      throughput.configure, throughput.run)
 
 
 _register_all()

@@ -11,6 +11,7 @@ import argparse
 import random
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -119,15 +120,23 @@ def run(args: argparse.Namespace) -> dict:
         hf_tokens_per_s=None if hf_s is None else out / hf_s,
         ratio=None if hf_s is None else hf_s / kv_s,
     )
-    print_table(result)
+    table = markdown_table(result)
+    print("\n" + table)
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "throughput.md").write_text(table)
     return asdict(result)
 
 
-def print_table(r: ThroughputResult) -> None:
-    print(f"\n{r.model}: {r.num_seqs} sequences, {r.input_tokens} input / {r.output_tokens} output tokens\n")
-    print("| engine | time (s) | output tokens/s |")
-    print("|---|---:|---:|")
-    print(f"| kvserve | {r.kvserve_s:.1f} | {r.kvserve_tokens_per_s:.1f} |")
+def markdown_table(r: ThroughputResult) -> str:
+    lines = [
+        f"{r.model}: {r.num_seqs} sequences, {r.input_tokens} input / {r.output_tokens} output tokens",
+        "",
+        "| engine | time (s) | output tokens/s |",
+        "|---|---:|---:|",
+        f"| kvserve | {r.kvserve_s:.1f} | {r.kvserve_tokens_per_s:.1f} |",
+    ]
     if r.hf_s is not None:
-        print(f"| HF transformers generate | {r.hf_s:.1f} | {r.hf_tokens_per_s:.1f} |")
-        print(f"\nkvserve / HF: {r.ratio:.2f}x")
+        lines.append(f"| HF transformers generate | {r.hf_s:.1f} | {r.hf_tokens_per_s:.1f} |")
+        lines += ["", f"kvserve / HF: {r.ratio:.2f}x"]
+    return "\n".join(lines) + "\n"
