@@ -14,6 +14,7 @@ Usage: ``bash benchmarks/gpu_check.sh [--out results.json] [--peak-bandwidth-tbs
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -23,10 +24,11 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -238,8 +240,21 @@ def run_throughput(llm, prompts: list[list[int]], output_lens: list[int], deadli
             engine.abort_request(f"bench-{i}")
     return {
         "complete": complete, "sequences": len(prompts), "finished": finished, "output_tokens": generated,
-        "target_output_tokens": sum(output_lens), "seconds": elapsed, "output_tokens_per_s": generated / elapsed,
+        "target_output_tokens": sum(output_lens), "seconds": elapsed, "output_tokens_per_s": generated / max(elapsed, 1e-9),
     }
+
+
+def _bench_engine(model_dir: Path, args: argparse.Namespace):
+    """The benchmark engine (Triton backend, bf16, KV pages from the memory budget), its kernels compiled."""
+    from engine import LLM
+
+    llm = LLM(str(model_dir), attention_backend="triton", device="cuda", dtype="bfloat16", num_kv_blocks=None,
+              gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=max(256, args.num_seqs),
+              max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=4096)
+    # Compile the kernels' variants before timing: short/long prefill tiles, decode, and split-K decode (the
+    # 1100-token context spans several partitions).
+    llm.generate([list(range(n)) for n in (5, 12, 40, 300, 1100)], greedy(8))
+    return llm
 
 
 # ----------------------------------------------------------------------------------------------------------- main
@@ -285,49 +300,60 @@ def main(argv: Sequence[str] | None = None) -> int:
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
         "python": platform.python_version(), "peak_bandwidth_tbs": args.peak_bandwidth_tbs,
     }
-    ok = True
+    failures: list[str] = []
 
     def log(step: str, value: Any) -> None:
         report[step] = value
         print(f"[{time.perf_counter() - started:6.1f}s] {step}: {json.dumps(value, default=str)}", flush=True)
+        if args.out:  # rewritten after every step, so a crash later keeps what was measured
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(report, indent=2, default=str))
+
+    def attempt(
+        step: str, fn: Callable[[], Any], passed: Callable[[Any], bool] = lambda _: True,
+        summary: Callable[[Any], Any] = lambda value: value,
+    ) -> Any:
+        """Run one step; a failure is recorded (with its traceback) and the remaining steps still run."""
+        try:
+            value = fn()
+        except Exception:  # noqa: BLE001 - the report must say what broke, whatever it was
+            traceback.print_exc()
+            failures.append(step)
+            log(step, {"error": traceback.format_exc(limit=8)})
+            return None
+        if not passed(value):
+            failures.append(step)
+        log(step, summary(value))
+        return value
 
     if not args.skip_kernel_tests:
-        kernel = run_kernel_tests(timeout_s=240)
-        ok &= kernel["passed"]
-        log("kernel_tests", kernel)
+        attempt("kernel_tests", lambda: run_kernel_tests(timeout_s=240), lambda r: r["passed"])
     if not args.skip_correctness:
-        correctness = check_engine_against_hf(args.correctness_model, "cuda")
-        ok &= correctness["match"]
-        log("engine_vs_hf", correctness)
-
-    from engine import LLM
+        attempt("engine_vs_hf", lambda: check_engine_against_hf(args.correctness_model, "cuda"), lambda r: r["match"])
+        gc.collect()  # the small engine's pages go back before the big one sizes its KV cache from free memory
+        torch.cuda.empty_cache()
 
     with tempfile.TemporaryDirectory(prefix="kvserve-qwen3-0.6b-") as tmp:
-        model_dir = args.model_dir or build_random_model(Path(tmp), args.tokenizer_from, device="cuda")
-        log("model", {"dir": str(model_dir), "weight_bytes": weight_bytes(model_dir)})
-        llm = LLM(str(model_dir), attention_backend="triton", device="cuda", dtype="bfloat16", num_kv_blocks=None,
-                  gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=max(256, args.num_seqs),
-                  max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=4096)
-        # Compile the kernels' variants before timing: short/long prefill tiles, decode, and split-K decode (the
-        # 1100-token context spans several partitions).
-        llm.generate([list(range(n)) for n in (5, 12, 40, 300, 1100)], greedy(8))
-        peak = args.peak_bandwidth_tbs * 1e12
-        bytes_w = weight_bytes(model_dir)
-        kv_token = kv_bytes_per_token(QWEN3_0_6B, 2)
-        for batch in args.decode_batches:
-            timing = time_decode_step(llm, batch, args.decode_prompt_len, args.decode_steps, bytes_w, kv_token,
-                                      peak, seed=batch)
-            log(f"decode_batch_{batch}", asdict(timing))
-        prompts, output_lens = nano_vllm_workload(args.num_seqs, args.min_len, args.max_len)
-        log("throughput", run_throughput(llm, prompts, output_lens, deadline))
+        model_dir = args.model_dir or attempt(
+            "model", lambda: build_random_model(Path(tmp), args.tokenizer_from, device="cuda"),
+            summary=lambda path: {"dir": str(path), "weight_bytes": weight_bytes(path)})
+        llm = None
+        if model_dir is not None:
+            llm = attempt("engine", lambda: _bench_engine(model_dir, args), summary=lambda _: "ready (kernels warm)")
+        if llm is not None:
+            bytes_w = weight_bytes(model_dir)
+            kv_token = kv_bytes_per_token(QWEN3_0_6B, 2)
+            for batch in args.decode_batches:
+                attempt(f"decode_batch_{batch}", lambda: asdict(time_decode_step(
+                    llm, batch, args.decode_prompt_len, args.decode_steps, bytes_w, kv_token,
+                    args.peak_bandwidth_tbs * 1e12, seed=batch)))
+            prompts, output_lens = nano_vllm_workload(args.num_seqs, args.min_len, args.max_len)
+            attempt("throughput", lambda: run_throughput(llm, prompts, output_lens, deadline))
 
-    report["all_correct"] = bool(ok)
-    report["total_seconds"] = time.perf_counter() - started
-    print(f"done in {report['total_seconds']:.0f}s; correctness {'OK' if ok else 'FAILED'}")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=2, default=str))
-    return 0 if ok else 1
+    report["failed_steps"] = failures
+    log("total_seconds", time.perf_counter() - started)
+    print(f"done; {'all steps passed' if not failures else 'FAILED: ' + ', '.join(failures)}")
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

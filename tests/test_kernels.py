@@ -389,3 +389,41 @@ def test_gpu_check_timing_steps_drive_the_engine() -> None:
     cut = run_throughput(llm, prompts, output_lens, deadline=0.0)
     assert not cut["complete"] and cut["output_tokens"] == 0
     assert not llm.engine.has_unfinished_requests()
+
+
+def test_gpu_check_main_orchestration(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """main() with the GPU steps stubbed: every step lands in the JSON report, and a failing step is recorded
+    without stopping the ones after it."""
+    import json
+
+    from benchmarks import gpu_check
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "model.safetensors").write_bytes(b"\0" * 1000)
+    timing = gpu_check.DecodeTiming(1, 8, 1.0, 1000.0, 1e6, 0.2, 0.1)
+    monkeypatch.setattr(gpu_check.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_check.torch.cuda, "get_device_name", lambda: "stub")
+    monkeypatch.setattr(gpu_check.torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(gpu_check, "run_kernel_tests", lambda timeout_s: {"passed": True})
+    monkeypatch.setattr(gpu_check, "check_engine_against_hf", lambda model, device: {"match": True})
+    monkeypatch.setattr(gpu_check, "build_random_model", lambda out, tok, device: model_dir)
+    monkeypatch.setattr(gpu_check, "_bench_engine", lambda path, args: object())
+    monkeypatch.setattr(gpu_check, "time_decode_step", lambda llm, batch, *rest, seed: timing)
+    monkeypatch.setattr(gpu_check, "run_throughput", lambda llm, prompts, lens, deadline: {"sequences": len(prompts)})
+
+    out = tmp_path / "report.json"
+    assert gpu_check.main(["--out", str(out), "--num-seqs", "4", "--decode-batches", "1", "2"]) == 0
+    report = json.loads(out.read_text())
+    assert report["model"]["weight_bytes"] == 1000 and report["throughput"] == {"sequences": 4}
+    assert report["decode_batch_2"]["step_ms"] == 1.0 and report["failed_steps"] == []
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("decode blew up")
+
+    monkeypatch.setattr(gpu_check, "time_decode_step", broken)
+    monkeypatch.setattr(gpu_check, "check_engine_against_hf", lambda model, device: {"match": False})
+    assert gpu_check.main(["--out", str(out), "--num-seqs", "4", "--decode-batches", "1"]) == 1
+    report = json.loads(out.read_text())
+    assert report["failed_steps"] == ["engine_vs_hf", "decode_batch_1"]
+    assert "decode blew up" in report["decode_batch_1"]["error"] and report["throughput"] == {"sequences": 4}
