@@ -28,12 +28,14 @@ VOCAB_ROUNDING = 128  # embedding rows are padded to a multiple of this, as real
 class InitScales:
     """Standard deviations of the random weights (`linear` is multiplied by 1/sqrt(fan_in))."""
 
-    embedding: float = 1.0
+    embedding: float = 0.1  # small next to the layer outputs: with tied embeddings a large one makes every
+    # position predict its own input token (the residual stream is mostly that token's embedding)
     lm_head: float = 0.5
-    linear: float = 1.0
+    linear: float = 2.0  # layer outputs well above the (small) embeddings
     attention_qk: float = 2.5  # larger q/k projections make attention peaked, so the context changes the output
+    qk_norm: float = 2.0  # the same for Qwen3, whose q/k RMSNorm undoes any q/k projection scale
     bias: float = 0.5
-    norm: float = 0.2  # norm weights are 1 + N(0, norm): positive, but not all equal
+    norm: float = 0.2  # norm weights are gain * (1 + N(0, norm)): positive, but not all equal
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,8 @@ def _generator(seed: int, name: str) -> torch.Generator:
 
 def random_tensor(name: str, shape: tuple[int, ...], seed: int, scales: InitScales) -> torch.Tensor:
     values = torch.randn(shape, generator=_generator(seed, name), dtype=torch.float32)
+    if name.endswith(("q_norm.weight", "k_norm.weight")):
+        return scales.qk_norm * (1.0 + scales.norm * values)
     if name.endswith("norm.weight"):
         return 1.0 + scales.norm * values
     if name.endswith(".bias"):

@@ -1,0 +1,224 @@
+"""GGUF (llama.cpp) Llama checkpoint -> Hugging Face directory with fp32 safetensors and a tokenizer.json.
+
+Three things differ from a plain rename: quantized tensors are dequantized with the `gguf` package; llama.cpp's
+converter permutes the rows of q_proj/k_proj (it pairs rotary dimensions as (i, i+1), HF Llama as (i, i+d/2)), which
+must be undone; and the tokenizer lives in GGUF metadata (token strings, merges, token types) rather than in files.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+from tqdm import tqdm
+
+from .hf_layout import DecoderDims, TokenizerInfo, write_json, write_model_configs
+
+_LAYER_TENSORS = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_GLOBAL_TENSORS = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_NAME = re.compile(r"blk\.(\d+)\.(.+)")
+
+# tokenizer.ggml.pre -> the HF pre-tokenizer llama.cpp's pre-tokenizer type stands for.
+_GPT2_BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+_PRE_TOKENIZERS: dict[str, dict[str, Any]] = {
+    "gpt-2": _GPT2_BYTE_LEVEL,
+    # SmolLM: every digit on its own, then GPT-2's regex.
+    "smollm": {
+        "type": "Sequence",
+        "pretokenizers": [{"type": "Digits", "individual_digits": True}, _GPT2_BYTE_LEVEL],
+    },
+}
+_CONTROL, _USER_DEFINED = 3, 4  # gguf.TokenType values of added tokens
+
+
+@dataclass(frozen=True)
+class GGUFMetadata:
+    fields: dict[str, Any]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.fields.get(key, default)
+
+    def require(self, key: str) -> Any:
+        if key not in self.fields:
+            raise ValueError(f"GGUF metadata lacks {key!r}")
+        return self.fields[key]
+
+
+def read_metadata(reader: Any) -> GGUFMetadata:
+    return GGUFMetadata({name: field.contents() for name, field in reader.fields.items()})
+
+
+def hf_tensor_name(gguf_name: str) -> str:
+    if gguf_name in _GLOBAL_TENSORS:
+        return _GLOBAL_TENSORS[gguf_name]
+    match = _LAYER_NAME.fullmatch(gguf_name)
+    if match is None or match.group(2) not in _LAYER_TENSORS:
+        raise ValueError(f"unsupported GGUF tensor {gguf_name!r}")
+    return f"model.layers.{match.group(1)}.{_LAYER_TENSORS[match.group(2)]}"
+
+
+def unpermute_rotary_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Inverse of llama.cpp's q/k permutation: per head, rows (pair index, 2) -> (2, pair index)."""
+    rows = weight.shape[0]
+    return weight.reshape(num_heads, rows // num_heads // 2, 2, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)
+
+
+def _dequantize(tensor: Any) -> torch.Tensor:
+    from gguf.quants import dequantize
+
+    values = dequantize(tensor.data, tensor.tensor_type)
+    shape = tuple(int(n) for n in reversed(tensor.shape))  # GGUF lists dimensions innermost first
+    return torch.from_numpy(np.array(values, dtype=np.float32).reshape(shape))  # a copy: GGUF data is a read-only map
+
+
+def _decimal(value: float) -> float:
+    """A float32 metadata value as the decimal it was written from (1e-05, not 9.999999747378752e-06)."""
+    return float(str(np.float32(value)))
+
+
+def llama_dims(meta: GGUFMetadata, has_output_weight: bool, num_tokens: int) -> DecoderDims:
+    arch = meta.require("general.architecture")
+    if arch != "llama":
+        raise ValueError(f"only GGUF architecture 'llama' is supported, not {arch!r}")
+    if meta.get("llama.rope.scaling.type", "none") != "none":
+        raise ValueError("GGUF files with RoPE scaling are not supported")
+    hidden = int(meta.require("llama.embedding_length"))
+    heads = int(meta.require("llama.attention.head_count"))
+    return DecoderDims(
+        vocab_size=int(meta.get("llama.vocab_size", num_tokens)),
+        hidden_size=hidden,
+        intermediate_size=int(meta.require("llama.feed_forward_length")),
+        num_hidden_layers=int(meta.require("llama.block_count")),
+        num_attention_heads=heads,
+        num_key_value_heads=int(meta.get("llama.attention.head_count_kv", heads)),
+        head_dim=int(meta.get("llama.rope.dimension_count", hidden // heads)),
+        max_position_embeddings=int(meta.require("llama.context_length")),
+        rope_theta=_decimal(meta.get("llama.rope.freq_base", 10000.0)),
+        rms_norm_eps=_decimal(meta.require("llama.attention.layer_norm_rms_epsilon")),
+        tie_word_embeddings=not has_output_weight,
+    )
+
+
+def tokenizer_files(meta: GGUFMetadata) -> tuple[dict[str, Any], dict[str, Any], TokenizerInfo]:
+    """tokenizer.json, tokenizer_config.json and token ids from a GPT-2-style byte-level BPE in GGUF metadata."""
+    if meta.require("tokenizer.ggml.model") != "gpt2":
+        raise ValueError(f"only byte-level BPE ('gpt2') GGUF tokenizers are supported, not {meta.get('tokenizer.ggml.model')!r}")
+    pre = meta.get("tokenizer.ggml.pre", "gpt-2")
+    if pre not in _PRE_TOKENIZERS:
+        raise ValueError(f"unsupported GGUF pre-tokenizer {pre!r}; supported: {sorted(_PRE_TOKENIZERS)}")
+    tokens: list[str] = list(meta.require("tokenizer.ggml.tokens"))
+    types: list[int] = list(meta.require("tokenizer.ggml.token_type"))
+    added = [
+        {
+            "id": i,
+            "content": token,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": kind == _CONTROL,
+        }
+        for i, (token, kind) in enumerate(zip(tokens, types))
+        if kind in (_CONTROL, _USER_DEFINED)
+    ]
+    tokenizer = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": None,
+        "pre_tokenizer": _PRE_TOKENIZERS[pre],
+        "post_processor": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": {token: i for i, token in enumerate(tokens)},
+            "merges": [merge.split(" ") for merge in meta.require("tokenizer.ggml.merges")],
+        },
+    }
+
+    def optional_id(key: str) -> int | None:
+        return None if meta.get(key) is None else int(meta.get(key))
+
+    def token_at(key: str) -> str | None:
+        token_id = optional_id(key)
+        return None if token_id is None else tokens[token_id]
+
+    info = TokenizerInfo(
+        num_tokens=len(tokens),
+        bos_token_id=optional_id("tokenizer.ggml.bos_token_id"),
+        eos_token_ids=(int(meta.require("tokenizer.ggml.eos_token_id")),),
+        pad_token_id=optional_id("tokenizer.ggml.padding_token_id"),
+    )
+    config: dict[str, Any] = {
+        "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+        "add_eos_token": bool(meta.get("tokenizer.ggml.add_eos_token", False)),
+        "add_prefix_space": False,
+        "added_tokens_decoder": {
+            str(t["id"]): {k: t[k] for k in ("content", "lstrip", "normalized", "rstrip", "single_word", "special")}
+            for t in added
+        },
+        "additional_special_tokens": [t["content"] for t in added if t["special"]],
+        "bos_token": token_at("tokenizer.ggml.bos_token_id"),
+        "clean_up_tokenization_spaces": False,
+        "eos_token": token_at("tokenizer.ggml.eos_token_id"),
+        "model_max_length": int(meta.get("llama.context_length", 2048)),
+        "pad_token": token_at("tokenizer.ggml.padding_token_id"),
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "unk_token": token_at("tokenizer.ggml.unknown_token_id"),
+    }
+    template = meta.get("tokenizer.chat_template")
+    if template is not None:
+        config["chat_template"] = template
+    return tokenizer, config, info
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
+    """Write an HF Llama directory (configs, tokenizer, fp32 model.safetensors) for the GGUF file into `out_dir`."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(gguf_path))
+    meta = read_metadata(reader)
+    tokenizer, tokenizer_config, tokens = tokenizer_files(meta)
+    names = {t.name for t in reader.tensors}
+    dims = llama_dims(meta, has_output_weight="output.weight" in names, num_tokens=tokens.num_tokens)
+
+    tensors: dict[str, torch.Tensor] = {}
+    for tensor in tqdm(reader.tensors, desc=f"dequantizing {gguf_path.name}", disable=None):
+        weight = _dequantize(tensor)
+        if tensor.name.endswith("attn_q.weight"):
+            weight = unpermute_rotary_rows(weight, dims.num_attention_heads)
+        elif tensor.name.endswith("attn_k.weight"):
+            weight = unpermute_rotary_rows(weight, dims.num_key_value_heads)
+        tensors[hf_tensor_name(tensor.name)] = weight.contiguous()
+
+    write_model_configs(out_dir, "llama", dims, tokens)
+    (out_dir / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False), encoding="utf-8")
+    write_json(out_dir / "tokenizer_config.json", tokenizer_config)
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
