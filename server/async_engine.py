@@ -202,7 +202,8 @@ class AsyncEngine:
                     break
                 if self.engine.has_unfinished_requests():
                     self._step()
-                self._publish()
+                else:
+                    self._publish()
         except BaseException as exc:  # the engine state is unusable: fail everyone rather than hang them
             log.exception("engine loop died")
             self.error = exc
@@ -226,8 +227,12 @@ class AsyncEngine:
                 self._sinks[request.request_id] = command.sink
                 _resolve(command.accepted)
             elif isinstance(command, _Abort):
-                if self._sinks.pop(command.request_id, None) is not None:
+                sink = self._sinks.pop(command.request_id, None)
+                if sink is not None:
                     self.engine.abort_request(command.request_id)
+                    if self.metrics is not None:
+                        for _ in range(sink.n - sink.num_finished):
+                            self.metrics.observe_finished("abort", None, None)
             elif isinstance(command, _Call):
                 try:
                     command.result.set_result(command.fn(self.engine))
@@ -245,6 +250,7 @@ class AsyncEngine:
             self._fail_all(EngineDeadError(f"engine step failed: {exc!r}"))
             self._abort_all()
             return
+        self._publish()  # before the outputs leave: a client that saw its response sees it in /metrics too
         by_request: dict[str, list[SequenceOutput]] = {}
         for out in outputs:
             by_request.setdefault(out.request_id, []).append(out)

@@ -1,0 +1,120 @@
+"""Real uvicorn servers on 127.0.0.1 (one per model, for the whole session) and helpers to look inside them."""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from server.app import create_app
+from server.context import ServerSettings, ServingContext, load_context
+
+T = TypeVar("T")
+KEY_A, KEY_B = "sk-tenant-a", "sk-tenant-b"
+
+
+@dataclass
+class LiveServer:
+    ctx: ServingContext
+    base_url: str  # http://127.0.0.1:PORT
+    record_path: Path | None = None
+    api_key: str = "unused"
+
+    def client(self, api_key: str | None = None, **kwargs: Any) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.base_url}/v1", api_key=api_key or self.api_key, max_retries=0,
+                             timeout=120, **kwargs)
+
+    def chat(self, api_key: str | None = None, **kwargs: Any) -> Any:
+        """`chat.completions.create` with this server's model filled in."""
+        return self.client(api_key).chat.completions.create(model=self.ctx.model_name, **kwargs)
+
+    def async_client(self, api_key: str | None = None) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=f"{self.base_url}/v1", api_key=api_key or self.api_key, max_retries=0,
+                                  timeout=120)
+
+    def http(self) -> httpx.Client:
+        return httpx.Client(base_url=self.base_url, timeout=120,
+                            headers={"Authorization": f"Bearer {self.api_key}"})
+
+    def in_engine(self, fn: Callable[[LLMEngine], T]) -> T:
+        """Run `fn` on the engine thread between steps: a consistent view of the engine's state."""
+        return self.ctx.engine.call(fn).result(timeout=60)
+
+    def metrics(self) -> dict[str, float]:
+        """`/metrics` as {name{labels}: value}, comments dropped."""
+        text = httpx.get(f"{self.base_url}/metrics", timeout=30).text
+        out = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                out[name] = float(value)
+        return out
+
+    def metric(self, name: str) -> float:
+        label = f'model="{self.ctx.model_name}"'
+        return self.metrics()[f"{name}{{{label}}}"]
+
+    def wait_until_idle(self, timeout: float = 30.0) -> None:
+        """Aborts reach the engine through its command queue; wait until it holds no sequence at all."""
+        deadline = time.monotonic() + timeout
+        while self.in_engine(lambda e: e.has_unfinished_requests() or bool(e.kv.seqs)):
+            assert time.monotonic() < deadline, "the engine still holds sequences"
+            time.sleep(0.05)
+
+
+@contextmanager
+def serve(ctx: ServingContext) -> Iterator[str]:
+    sock = socket.create_server(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(create_app(ctx), log_level="warning", timeout_graceful_shutdown=5))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        assert not ctx.engine.alive, "the engine thread outlived the server"
+
+
+@pytest.fixture(scope="session")
+def qwen_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """qwen3-tiny (random weights, the real Qwen3 tokenizer and template): fast, so most tests use it. Two tenants
+    (API keys); a short context so that the max_tokens clamp is cheap to reach."""
+    record = tmp_path_factory.mktemp("record") / "requests.jsonl"
+    ctx = load_context(
+        "qwen3-tiny",
+        EngineConfig(block_size=4, num_kv_blocks=2048, max_num_seqs=64, max_model_len=512),
+        ServerSettings(api_keys=(KEY_A, KEY_B), max_n=4, max_body_bytes=256 * 1024),
+        record_path=str(record),
+    )
+    with serve(ctx) as url:
+        yield LiveServer(ctx, url, record, api_key=KEY_A)
+
+
+@pytest.fixture(scope="session")
+def smol_server() -> Iterator[LiveServer]:
+    """smollm2-135m: real weights and its own Jinja chat template; no API keys."""
+    ctx = load_context("smollm2-135m", EngineConfig(block_size=16, num_kv_blocks=256, max_model_len=2048),
+                       ServerSettings())
+    with serve(ctx) as url:
+        yield LiveServer(ctx, url)
+
+
+@pytest.fixture(params=["qwen", "smol"])
+def any_server(request: pytest.FixtureRequest) -> LiveServer:
+    return request.getfixturevalue(f"{request.param}_server")
