@@ -68,6 +68,8 @@ def _parse_spec(name: str, entry: dict[str, Any]) -> ModelSpec:
         raise ValueError(f"models.yaml: {name}: template must be one of {TEMPLATE_FAMILIES}, not {spec.template!r}")
     if (spec.source == "hf") != (spec.repo_id is not None):
         raise ValueError(f"models.yaml: {name}: repo_id is required for source hf and only allowed there")
+    if spec.source == "gguf" and not {"package", "file"} <= set(spec.build):
+        raise ValueError(f"models.yaml: {name}: a gguf model needs build: {{package: ..., file: ...}}")
     return spec
 
 

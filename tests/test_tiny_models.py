@@ -123,6 +123,13 @@ PROMPTS = [
 ]
 
 
+def _load_model(model_dir: Path):
+    """Load with transformers, failing on any weight it would have had to initialise or ignore."""
+    model, info = AutoModelForCausalLM.from_pretrained(model_dir, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    return model.eval()
+
+
 def _greedy(model, ids: list[int], steps: int = 20) -> list[int]:
     with torch.no_grad():
         out = model.generate(
@@ -135,7 +142,7 @@ def _greedy(model, ids: list[int], steps: int = 20) -> list[int]:
 def test_random_weights_give_varied_context_dependent_greedy_output(name: str) -> None:
     model_dir = resolve_model(name)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    model = _load_model(model_dir)
     prompts = [tokenizer(p, add_special_tokens=False).input_ids for p in PROMPTS]
     outputs = [_greedy(model, ids) for ids in prompts]
     assert len({tuple(o) for o in outputs}) == len(outputs), "different prompts must continue differently"
@@ -184,7 +191,8 @@ def test_smollm2_from_gguf_answers_paris() -> None:
     assert prompt.endswith("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n")
     ids = tokenizer(prompt, add_special_tokens=False).input_ids
     assert ids[0] == 1 and ids.count(2) == 2  # <|im_start|> / <|im_end|> are single tokens
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    assert tokenizer("in 2024", add_special_tokens=False).input_ids[-4:] == tokenizer("2 0 2 4").input_ids[::2]
+    model = _load_model(model_dir)
     with torch.no_grad():
         out = model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False)
     assert "Paris" in tokenizer.decode(out[0, len(ids):])

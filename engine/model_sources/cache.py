@@ -43,12 +43,10 @@ def _exclusive_lock(path: Path) -> Iterator[None]:
 
 
 def _make_readable(directory: Path) -> None:
-    # mkdtemp (and some writers) create private files; a model cache is shared like any other download.
-    umask = os.umask(0)
-    os.umask(umask)
-    directory.chmod(0o777 & ~umask)
+    # mkdtemp (and some writers) create private files; a model cache is readable like any other download.
+    directory.chmod(0o755)
     for path in directory.iterdir():
-        path.chmod(0o666 & ~umask)
+        path.chmod(0o644)
 
 
 def build_once(target: Path, fingerprint: str, build: Callable[[Path], None]) -> Path:

@@ -59,6 +59,9 @@ class TinyRecipe:
 
     @classmethod
     def from_mapping(cls, data: dict[str, Any]) -> "TinyRecipe":
+        unknown = set(data) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"unknown tiny-model recipe keys {sorted(unknown)}")
         recipe = cls(**data)
         if recipe.tokenizer not in TOKENIZERS:
             raise ValueError(f"unknown tiny-model tokenizer {recipe.tokenizer!r}; known: {TOKENIZERS}")
