@@ -255,6 +255,17 @@ def test_rms_norm_fused_residual(dtype: torch.dtype) -> None:
     assert torch.equal(x, inputs[0]) and torch.equal(residual, inputs[1])  # inputs untouched, like the reference
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_per_head_on_a_fused_qkv_view(dtype: torch.dtype) -> None:
+    """Qwen3's q/k norm: per-head rows of a strided [T, H, D] slice of the qkv projection."""
+    tokens, heads, dim = 5, 4, 128
+    qkv = torch.randn(tokens, (heads + 4) * dim).to(DEVICE, dtype)
+    q = qkv[:, : heads * dim].view(tokens, heads, dim)
+    weight = torch.randn(dim).to(DEVICE, dtype)
+    assert not q.is_contiguous()
+    assert_close(TRITON.rms_norm(q, weight, 1e-6), reference.rms_norm(q, weight, 1e-6), ELEMENTWISE_TOL[dtype])
+
+
 def test_rms_norm_fp32_weight_promotes_like_reference() -> None:
     x = torch.randn(3, 64).to(DEVICE, torch.bfloat16)
     weight = torch.randn(64, device=DEVICE)
@@ -328,8 +339,8 @@ def test_every_kernel_compiles_for_sm90() -> None:
 # ------------------------------------------------------------------------------- benchmarks/gpu_check, CPU pieces
 
 
-def test_gpu_check_end_to_end_triton_backend_matches_hf_on_cpu() -> None:
-    """The GPU check's correctness step, run here: the engine on the Triton backend (interpreted) gives HF
+def test_gpu_check_end_to_end_triton_backend_matches_hf() -> None:
+    """The GPU check's correctness step, run here (interpreted on CPU): the engine on the Triton backend gives HF
     transformers' greedy tokens on a mixed batch whose second round hits the prefix cache."""
     from benchmarks.gpu_check import check_engine_against_hf
 
