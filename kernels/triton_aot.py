@@ -117,6 +117,7 @@ def compile_all(arch: int) -> list[CompiledKernel]:
         ops.rms_norm(x, torch.empty(1024, dtype=torch.bfloat16), 1e-6, torch.empty_like(x))
         ops.silu_and_mul(torch.empty(4, 2 * 3072, dtype=torch.bfloat16))
         q, k = torch.empty(4, 16, 128, dtype=torch.bfloat16), torch.empty(4, 8, 128, dtype=torch.bfloat16)
+        ops.rms_norm(q, torch.empty(128, dtype=torch.bfloat16), 1e-6)  # Qwen3's per-head q/k norm
         ops.rotary_embedding(torch.zeros(4, dtype=torch.int64), q, k, torch.empty(4096, 128))
         ops.store_kv(k, k, torch.empty(8, 16, 8, 128, dtype=torch.bfloat16), torch.empty(8, 16, 8, 128,
                      dtype=torch.bfloat16), torch.zeros(4, dtype=torch.int64))
