@@ -1,0 +1,130 @@
+"""Tool calls end to end: forced calls parsed into `tool_calls` (streamed and not) exactly when the model's raw
+continuation forms a valid call, and conversations with tool calls and tool results render and run."""
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from server.chat import request_thinking
+from server.parsing import parse_output
+from tests.server.conftest import LiveServer
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def _call_text(city: str) -> str:
+    return f'<tool_call>\n{{"name": "get_weather", "arguments": {{"city": "{city}"}}}}\n</tool_call>'
+
+
+# SmolLM2's own template does not show tools, so two earlier turns show it the call format (plain assistant text,
+# as that template renders history) and their tool results.
+FEW_SHOT = [
+    {"role": "user", "content": "What is the weather in London?"},
+    {"role": "assistant", "content": _call_text("London")},
+    {"role": "tool", "content": "London: rain, 12 C"},
+    {"role": "assistant", "content": "It rains in London."},
+    {"role": "user", "content": "What is the weather in Berlin?"},
+    {"role": "assistant", "content": _call_text("Berlin")},
+    {"role": "tool", "content": "Berlin: sunny, 20 C"},
+    {"role": "assistant", "content": "It is sunny in Berlin."},
+    {"role": "user", "content": "What is the weather in Paris?"},
+]
+
+
+def _streamed_message(chunks: list) -> tuple[str | None, list[dict], str | None]:
+    """(content, tool calls, finish reason) assembled from stream deltas, the way an agent client does."""
+    content, calls, finish = None, {}, None
+    for chunk in chunks:
+        for choice in chunk.choices:
+            delta = choice.delta
+            if delta.content:
+                content = (content or "") + delta.content
+            for call in delta.tool_calls or []:
+                entry = calls.setdefault(call.index, {"id": None, "name": "", "arguments": ""})
+                entry["id"] = call.id or entry["id"]
+                entry["name"] += call.function.name or ""
+                entry["arguments"] += call.function.arguments or ""
+            finish = choice.finish_reason or finish
+    return content, [calls[i] for i in sorted(calls)], finish
+
+
+def _expected(server: LiveServer, messages: list[dict], tools: list[dict], tool_choice) -> tuple:
+    """What the parser makes of the raw continuation the engine produced (from the --record line)."""
+    record = json.loads(server.record_path.read_text().splitlines()[-1])
+    raw = server.ctx.tokenizer.decode(record["output_token_ids"], skip_special_tokens=False)
+    thinking = request_thinking(server.ctx.family, {})
+    return parse_output(server.ctx.family, raw, tools, tool_choice, reasoning=thinking, id_prefix="x")
+
+
+def test_named_tool_choice_yields_a_parsed_call_streamed_and_not(smol_server: LiveServer) -> None:
+    kwargs = dict(messages=FEW_SHOT, tools=[WEATHER], tool_choice=NAMED, max_tokens=20, temperature=0)
+    response = smol_server.chat(**kwargs)
+    choice = response.choices[0]
+    assert choice.finish_reason == "tool_calls", choice.message
+    [call] = choice.message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_") and call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    assert not choice.message.content
+
+    content, calls, finish = _streamed_message(list(smol_server.chat(**kwargs, stream=True)))
+    assert finish == "tool_calls" and not content
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [("get_weather", {"city": "Paris"})]
+    assert calls[0]["id"].startswith("call_")
+
+
+def test_forced_call_follows_the_raw_continuation_whatever_it_is(qwen_server: LiveServer) -> None:
+    """qwen3-tiny has random weights: its continuation of a forced call opening is rarely valid JSON. Whatever it
+    wrote, the response is exactly what the parser makes of it: a call when it is one, plain content when not."""
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    for seed in (1, 2):
+        response = qwen_server.chat(messages=messages, tools=[WEATHER], tool_choice=NAMED, max_tokens=6, seed=seed)
+        expected = _expected(qwen_server, messages, [WEATHER], NAMED)
+        message = response.choices[0].message
+        got_calls = [(c.function.name, c.function.arguments) for c in message.tool_calls or []]
+        assert got_calls == [(c["function"]["name"], c["function"]["arguments"]) for c in expected.tool_calls]
+        assert message.content == expected.content
+        if not expected.tool_calls:  # the fallback shows the opening the server wrote, then the model's text
+            assert message.content.startswith('<tool_call>\n{"name": "get_weather", "arguments": ')
+
+
+AGENT_HISTORY = [
+    {"role": "system", "content": "You are a coding agent."},
+    {"role": "user", "content": "What is in README.md?"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function",
+         "function": {"name": "read_file", "arguments": json.dumps({"path": "README.md"})}},
+    ]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "# kvserve\nLocal LLM inference."},
+    {"role": "assistant", "content": "It describes kvserve."},
+    {"role": "user", "content": "Thanks. Now list the files."},
+]
+READ_FILE = {"type": "function", "function": {
+    "name": "read_file", "description": "Read a file",
+    "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+}}
+
+
+def test_history_with_tool_calls_and_results_renders_and_runs(any_server: LiveServer) -> None:
+    response = any_server.chat(messages=AGENT_HISTORY, tools=[READ_FILE], tool_choice="auto", max_tokens=3)
+    assert response.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    with any_server.http() as http:
+        prompt = http.post("/tokenize", json={"messages": AGENT_HISTORY, "tools": [READ_FILE]}).json()["prompt"]
+    assert "# kvserve\nLocal LLM inference." in prompt and response.usage.prompt_tokens > 40
+
+
+def test_tool_choice_none_and_required_validate_against_tools(qwen_server: LiveServer) -> None:
+    plain = qwen_server.chat(messages=AGENT_HISTORY, tools=[READ_FILE], tool_choice="none", max_tokens=2)
+    assert not plain.choices[0].message.tool_calls
+    with pytest.raises(openai.BadRequestError) as err:
+        qwen_server.chat(messages=AGENT_HISTORY, tool_choice="required", max_tokens=2)
+    assert err.value.body["param"] == "tool_choice"
