@@ -155,7 +155,8 @@ def test_cli_path_builds_a_tiny_model_and_reports_it_on_disk(tmp_path: Path) -> 
     assert result.returncode == 0, result.stderr
     model_dir = Path(result.stdout.strip())
     assert model_dir == tmp_path / "models" / "qwen3-tiny"
-    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+    expected = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json")
+    for name in expected:
         assert (model_dir / name).is_file(), name
     listing = {line.split()[0]: line.split() for line in _cli(env=env).stdout.splitlines()[1:]}
     assert listing["qwen3-tiny"][3] == "yes"

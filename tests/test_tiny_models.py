@@ -77,7 +77,8 @@ def test_qwen3_added_tokens_are_at_their_real_ids(qwen3_dir: Path) -> None:
     decoder = hf.added_tokens_decoder
     assert [decoder[i].special for i in ids] == [True] * 14 + [False] * 12
     # special=false markers survive skip_special_tokens, as in the real tokenizer
-    text = hf.decode(hf("<|im_start|><think>x</think><tool_call>", add_special_tokens=False).input_ids, skip_special_tokens=True)
+    ids = hf("<|im_start|><think>x</think><tool_call>", add_special_tokens=False).input_ids
+    text = hf.decode(ids, skip_special_tokens=True)
     assert text == "<think>x</think><tool_call>"
     assert (hf.eos_token, hf.pad_token, hf.bos_token) == ("<|im_end|>", "<|endoftext|>", None)
     config = json.loads((qwen3_dir / "tokenizer_config.json").read_text())
@@ -106,10 +107,12 @@ def test_deepseek_tiny_uses_the_package_tokenizer_and_v31_tokens(deepseek_dir: P
     prompt = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, thinking=True)
     assert prompt == "<｜begin▁of▁sentence｜>Be brief.<｜User｜>Hi<｜Assistant｜><think>"
     ids = hf(prompt, add_special_tokens=False).input_ids
-    assert ids[0] == 0 and 128803 in ids and ids[-2:] == [128804, 128821]  # BOS ... <｜User｜> ... <｜Assistant｜><think>
+    # BOS ... <｜User｜> ... <｜Assistant｜><think>
+    assert ids[0] == 0 and 128803 in ids and ids[-2:] == [128804, 128821]
     # every marker the V3.1 template emits is one token of this tokenizer
-    for marker in ("<｜User｜>", "<｜Assistant｜>", "<think>", "</think>", "<｜tool▁calls▁begin｜>", "<｜tool▁sep｜>",
-                   "<｜tool▁call▁end｜>", "<｜tool▁output▁begin｜>", "<｜end▁of▁sentence｜>"):
+    markers = ["<｜User｜>", "<｜Assistant｜>", "<think>", "</think>", "<｜tool▁calls▁begin｜>", "<｜tool▁sep｜>"]
+    markers += ["<｜tool▁call▁end｜>", "<｜tool▁output▁begin｜>", "<｜end▁of▁sentence｜>"]
+    for marker in markers:
         assert len(hf(marker, add_special_tokens=False).input_ids) == 1, marker
 
 
@@ -164,7 +167,8 @@ def test_tiny_build_is_deterministic(name: str, tmp_path: Path) -> None:
         build_tiny_model(recipe, spec.template, out)
         digests.append({f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(out.iterdir())})
     assert digests[0] == digests[1]
-    assert (resolve_model(name) / "model.safetensors").read_bytes() == (tmp_path / "a" / "model.safetensors").read_bytes()
+    cached = resolve_model(name) / "model.safetensors"
+    assert cached.read_bytes() == (tmp_path / "a" / "model.safetensors").read_bytes()
 
 
 def test_unpermute_inverts_llama_cpp_rotary_permutation() -> None:

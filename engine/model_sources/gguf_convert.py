@@ -120,8 +120,9 @@ def llama_dims(meta: GGUFMetadata, has_output_weight: bool, num_tokens: int) -> 
 
 def tokenizer_files(meta: GGUFMetadata) -> tuple[dict[str, Any], dict[str, Any], TokenizerInfo]:
     """tokenizer.json, tokenizer_config.json and token ids from a GPT-2-style byte-level BPE in GGUF metadata."""
-    if meta.require("tokenizer.ggml.model") != "gpt2":
-        raise ValueError(f"only byte-level BPE ('gpt2') GGUF tokenizers are supported, not {meta.get('tokenizer.ggml.model')!r}")
+    kind = meta.require("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise ValueError(f"only byte-level BPE ('gpt2') GGUF tokenizers are supported, not {kind!r}")
     pre = meta.get("tokenizer.ggml.pre", "gpt-2")
     if pre not in _PRE_TOKENIZERS:
         raise ValueError(f"unsupported GGUF pre-tokenizer {pre!r}; supported: {sorted(_PRE_TOKENIZERS)}")

@@ -87,7 +87,8 @@ def decoder_config(model_type: str, dims: DecoderDims, tokens: TokenizerInfo) ->
 
 
 def generation_config(tokens: TokenizerInfo) -> dict[str, Any]:
-    """Only the token ids: sampling defaults are recommendations for trained weights, not for converted or random ones."""
+    """Only the token ids: sampling defaults are recommendations for trained weights, not for converted or random
+    ones."""
     eos: int | list[int] = tokens.eos_token_ids[0] if len(tokens.eos_token_ids) == 1 else list(tokens.eos_token_ids)
     config: dict[str, Any] = {"bos_token_id": tokens.bos_token_id, "eos_token_id": eos}
     if tokens.pad_token_id is not None:
