@@ -1,6 +1,6 @@
-"""Every Triton kernel against its pure-torch reference, run on CPU through the Triton interpreter.
+"""Every Triton kernel against its pure-torch reference: on CPU through the Triton interpreter, natively on a GPU.
 
-``KVSERVE_KERNEL_TEST_DEVICE=cuda`` runs the same tests natively on a GPU (``benchmarks/gpu_check.py`` does).
+The device is CUDA when one is present, else the CPU; ``KVSERVE_KERNEL_TEST_DEVICE=cpu|cuda`` picks it explicitly.
 
 Tolerances (``torch.testing.assert_close`` atol = rtol): fp32 1e-5; fp16 2e-3 (elementwise) / 5e-3 (attention);
 bf16 2e-2 (elementwise) / 3e-2 (attention). bf16 is looser because the interpreter casts fp32 -> bf16 by truncation
@@ -11,19 +11,18 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-
-DEVICE = os.environ.get("KVSERVE_KERNEL_TEST_DEVICE", "cpu")
-if DEVICE == "cpu":
-    os.environ["TRITON_INTERPRET"] = "1"  # must precede the first triton import (kernels import triton)
-
 from dataclasses import dataclass
 
 import pytest
 import torch
 
-from kernels import reference
-from kernels.ops import get_ops
-from kernels.triton_attention import SPLIT_K_ENV, use_split_k
+DEVICE = os.environ.get("KVSERVE_KERNEL_TEST_DEVICE", "cuda" if torch.cuda.is_available() else "cpu")
+if DEVICE == "cpu":
+    os.environ["TRITON_INTERPRET"] = "1"  # must precede the first triton import (kernels import triton)
+
+from kernels import reference  # noqa: E402 - after the interpreter switch
+from kernels.ops import get_ops  # noqa: E402
+from kernels.triton_attention import SPLIT_K_ENV, use_split_k  # noqa: E402
 
 TRITON = get_ops("triton")
 
