@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import socket
 import sys
 import time
@@ -133,6 +134,10 @@ def run_serve(args: argparse.Namespace) -> int:
     server = uvicorn.Server(uvicorn.Config(
         create_app(ctx), log_level=args.log_level, timeout_graceful_shutdown=args.shutdown_timeout,
     ))
+    # uvicorn handles SIGINT/SIGTERM itself (stop accepting, drain, shut down), then re-raises the signal to whatever
+    # handler was there before; with nothing left to interrupt by then, that handler just lets serve return (exit 0).
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: None)
     server.run(sockets=[sock])
     _say("stopped")
     return 0

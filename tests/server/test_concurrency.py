@@ -3,6 +3,7 @@ them, and afterwards no sequence is live and every KV page is free or cached."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 from tests.server.conftest import LiveServer
 
@@ -78,3 +79,10 @@ def test_concurrent_streams_with_disconnects_leak_no_pages(qwen_server: LiveServ
 
     # And the server keeps serving.
     assert qwen_server.chat(messages=[{"role": "user", "content": "still there?"}], max_tokens=2).choices
+
+
+def test_idle_engine_thread_blocks_instead_of_spinning(qwen_server: LiveServer) -> None:
+    qwen_server.wait_until_idle()
+    start = time.process_time()  # CPU time of every thread of this process, the server's included
+    time.sleep(1.0)
+    assert time.process_time() - start < 0.25, "an idle server burns CPU"
