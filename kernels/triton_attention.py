@@ -24,7 +24,8 @@ import triton.language as tl
 
 from kernels.triton_utils import num_compute_units, upcast_bf16_dot
 
-DEFAULT_PARTITION_SIZE = 512
+MIN_PARTITION_SIZE, MAX_PARTITION_SIZE = 64, 512  # context positions per split-K partition
+SPLIT_MIN_CONTEXT = 1024  # below this a decode's context is too short for splitting to beat one extra launch
 SPLIT_K_ENV = "KVSERVE_SPLIT_K"  # "1" forces the split path for every decode-only batch, "0" disables it
 _LOG2E = 1.0 / math.log(2.0)  # softmax runs in base 2: exp(x) == exp2(x * log2(e))
 
@@ -170,17 +171,25 @@ def _reduce_partitions_kernel(
 
 
 def use_split_k(
-    num_seqs: int, num_kv_heads: int, max_query_len: int, max_context_len: int, partition_size: int,
-    device: torch.device,
+    num_seqs: int, num_kv_heads: int, max_query_len: int, max_context_len: int, device: torch.device,
 ) -> bool:
-    """The split path pays off for decode-only batches whose contexts span several partitions while the direct
-    path would launch too few programs to fill the device. ``KVSERVE_SPLIT_K`` overrides the heuristic."""
+    """The split path pays off for decode-only batches with long contexts when the direct path (one program per
+    sequence and KV head) would launch too few programs to fill the device. ``KVSERVE_SPLIT_K`` overrides it."""
     if max_query_len != 1:
         return False
     forced = os.environ.get(SPLIT_K_ENV)
     if forced is not None:
         return forced == "1"
-    return max_context_len > 2 * partition_size and num_seqs * num_kv_heads < 4 * num_compute_units(device)
+    return max_context_len >= SPLIT_MIN_CONTEXT and num_seqs * num_kv_heads < 4 * num_compute_units(device)
+
+
+def choose_partition_size(num_seqs: int, num_kv_heads: int, max_context_len: int, device: torch.device) -> int:
+    """The smallest power-of-two partition (within [64, 512]) that still yields about two programs per SM: batch-1
+    decode needs many partitions to use the whole GPU, large batches need few to keep the reduce cheap."""
+    target_programs = 2 * num_compute_units(device)
+    partitions = -(-target_programs // (num_seqs * num_kv_heads))
+    size = triton.next_power_of_2(max(1, -(-max_context_len // partitions)))
+    return min(MAX_PARTITION_SIZE, max(MIN_PARTITION_SIZE, size))
 
 
 def paged_attention(
@@ -195,13 +204,15 @@ def paged_attention(
     max_query_len: int | None = None,
     max_context_len: int | None = None,
     split_k: bool | None = None,
-    partition_size: int = DEFAULT_PARTITION_SIZE,
+    partition_size: int | None = None,
 ) -> torch.Tensor:
     """Causal paged attention; same contract as ``kernels.reference.paged_attention``.
 
     ``max_query_len`` / ``max_context_len`` size the launch grid. Pass them from host-side values the caller already
     has to avoid a device sync; under CUDA-graph capture pass fixed upper bounds (extra programs exit at once).
     ``split_k``: None picks by :func:`use_split_k`; True requires a decode-only batch (at most one row per sequence).
+    ``partition_size``: context positions per split-K partition, a power of two; None picks by
+    :func:`choose_partition_size`.
     """
     num_tokens, num_heads, head_dim = query.shape
     num_pages, page_size, num_kv_heads, _ = k_cache.shape
@@ -222,7 +233,7 @@ def paged_attention(
         max_context_len = ctx_max if max_context_len is None else max_context_len
     group = num_heads // num_kv_heads
     if split_k is None:
-        split_k = use_split_k(num_seqs, num_kv_heads, max_query_len, max_context_len, partition_size, query.device)
+        split_k = use_split_k(num_seqs, num_kv_heads, max_query_len, max_context_len, query.device)
     elif split_k and max_query_len > 1:
         raise ValueError("the split-K path only serves decode-only batches (one query row per sequence)")
 
@@ -256,6 +267,8 @@ def paged_attention(
         )
         return out
 
+    if partition_size is None:
+        partition_size = choose_partition_size(num_seqs, num_kv_heads, max_context_len, query.device)
     block_n = min(64, partition_size)
     assert partition_size % block_n == 0, "partition_size must be a multiple of 64 (or a power of two below it)"
     num_partitions = max(1, triton.cdiv(max_context_len, partition_size))
@@ -278,4 +291,4 @@ def paged_attention(
     return out
 
 
-__all__ = ["paged_attention", "use_split_k", "DEFAULT_PARTITION_SIZE", "SPLIT_K_ENV"]
+__all__ = ["paged_attention", "use_split_k", "choose_partition_size", "SPLIT_K_ENV"]

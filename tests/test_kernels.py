@@ -22,7 +22,7 @@ if DEVICE == "cpu":
 
 from kernels import reference  # noqa: E402 - after the interpreter switch
 from kernels.ops import get_ops  # noqa: E402
-from kernels.triton_attention import SPLIT_K_ENV, use_split_k  # noqa: E402
+from kernels.triton_attention import SPLIT_K_ENV, choose_partition_size, use_split_k  # noqa: E402
 
 TRITON = get_ops("triton")
 
@@ -200,23 +200,31 @@ def test_paged_attention_split_k_half(dtype: torch.dtype) -> None:
     assert_close(split, reference.paged_attention(*batch.args()), ATTENTION_TOL[dtype])
 
 
-def test_split_k_env_override_and_heuristic(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_split_k_env_override_and_heuristics(monkeypatch: pytest.MonkeyPatch) -> None:
     cpu = torch.device("cpu")
     monkeypatch.delenv(SPLIT_K_ENV, raising=False)
-    assert not use_split_k(1, 8, 1, 100, 512, cpu)  # one partition: nothing to split
-    assert use_split_k(1, 8, 1, 4096, 512, cpu) is False  # CPU counts as 1 compute unit: 8 programs already fill it
-    assert not use_split_k(1, 8, 5, 4096, 512, cpu)  # prefill rows never split
+    assert not use_split_k(1, 8, 1, 500, cpu)  # short context: not worth a second launch
+    assert not use_split_k(1, 8, 1, 4096, cpu)  # CPU counts as 1 compute unit: 8 programs already fill it
+    assert not use_split_k(1, 8, 5, 4096, cpu)  # prefill rows never split
+    with monkeypatch.context() as patch:  # an H200-sized device: 132 SMs
+        patch.setattr("kernels.triton_attention.num_compute_units", lambda device: 132)
+        assert use_split_k(1, 8, 1, 4096, cpu) and use_split_k(32, 8, 1, 2048, cpu)
+        assert not use_split_k(256, 8, 1, 4096, cpu)  # 2048 programs fill the GPU already
+        assert choose_partition_size(1, 8, 4096, cpu) == 128  # 32 partitions x 8 heads = 2 programs per SM
+        assert choose_partition_size(1, 8, 1100, cpu) == 64  # the smallest partition
+        assert choose_partition_size(64, 8, 100_000, cpu) == 512  # the largest
     monkeypatch.setenv(SPLIT_K_ENV, "1")
-    assert use_split_k(256, 8, 1, 10, 512, cpu)
-    assert not use_split_k(1, 8, 2, 4096, 512, cpu)
+    assert use_split_k(256, 8, 1, 10, cpu)
+    assert not use_split_k(1, 8, 2, 4096, cpu)
     monkeypatch.setenv(SPLIT_K_ENV, "0")
-    assert not use_split_k(1, 1, 1, 100_000, 512, cpu)
+    assert not use_split_k(1, 1, 1, 100_000, cpu)
 
     # the env switch reaches the op: forced split with tiny partitions still matches the reference
     monkeypatch.setenv(SPLIT_K_ENV, "1")
     batch = make_batch([40, 9], [1, 1], 1, 2, 64, 4, torch.float32, seed=2)
-    out = TRITON.paged_attention(*batch.args(), partition_size=16)
-    assert_close(out, reference.paged_attention(*batch.args()), 1e-5)
+    expected = reference.paged_attention(*batch.args())
+    assert_close(TRITON.paged_attention(*batch.args(), partition_size=16), expected, 1e-5)
+    assert_close(TRITON.paged_attention(*batch.args()), expected, 1e-5)  # partition size chosen by the heuristic
 
 
 def test_split_k_rejects_prefill_rows() -> None:
