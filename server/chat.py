@@ -49,7 +49,7 @@ def plan_chat(
     try:
         text = ctx.renderer.render(req.messages, req.tools, req.add_generation_prompt, **kwargs)
     except ValueError as exc:
-        raise APIError(400, str(exc), param="messages" if str(exc).startswith("messages") else None) from None
+        raise APIError(400, str(exc), param="tools" if str(exc).startswith("tools") else "messages") from None
     thinking = request_thinking(ctx.family, kwargs)
     try:
         # `required` or a named function: the prompt ends inside the call's opening, so the model fills it in.

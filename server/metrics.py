@@ -66,7 +66,7 @@ class Histogram:
     def lines(self, name: str, labels: str = "") -> list[str]:
         sep = "," if labels else ""
         out, cumulative = [], 0
-        for bound, n in zip([*map(_num, self.buckets), "+Inf"], self.counts):
+        for bound, n in zip([*map(_num, self.buckets), "+Inf"], self.counts, strict=True):
             cumulative += n
             out.append(f'{name}_bucket{{{labels}{sep}le="{bound}"}} {cumulative}')
         braces = f"{{{labels}}}" if labels else ""

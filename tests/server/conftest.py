@@ -107,12 +107,13 @@ def qwen_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer
 
 
 @pytest.fixture(scope="session")
-def smol_server() -> Iterator[LiveServer]:
+def smol_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     """smollm2-135m: real weights and its own Jinja chat template; no API keys."""
+    record = tmp_path_factory.mktemp("record") / "requests.jsonl"
     ctx = load_context("smollm2-135m", EngineConfig(block_size=16, num_kv_blocks=256, max_model_len=2048),
-                       ServerSettings())
+                       ServerSettings(), record_path=str(record))
     with serve(ctx) as url:
-        yield LiveServer(ctx, url)
+        yield LiveServer(ctx, url, record)
 
 
 @pytest.fixture(params=["qwen", "smol"])

@@ -1,6 +1,7 @@
 """Text completions, models, health, tokenize/detokenize and the Prometheus metrics page."""
 from __future__ import annotations
 
+import json
 import re
 
 import httpx
@@ -44,7 +45,7 @@ def test_text_completion_of_token_ids_batch_n_echo_and_logprobs(qwen_server: Liv
     assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.top_logprobs) == 3
     assert logprobs.text_offset[0] == 0 and logprobs.text_offset[1] == len(logprobs.tokens[0])
     # Greedy: the chosen token is the most likely one.
-    assert all(max(top.values()) == lp for top, lp in zip(logprobs.top_logprobs, logprobs.token_logprobs))
+    assert all(max(top.values()) == lp for top, lp in zip(logprobs.top_logprobs, logprobs.token_logprobs, strict=True))
 
 
 def test_models_and_health(qwen_server: LiveServer) -> None:
@@ -89,3 +90,18 @@ def test_metrics_page_is_prometheus_text(qwen_server: LiveServer) -> None:
     assert count >= 1 and metrics['kvserve_time_to_first_token_seconds_bucket{model="qwen3-tiny",le="+Inf"}'] == count
     assert metrics['kvserve_kv_pages_total{model="qwen3-tiny"}'] == qwen_server.ctx.engine.engine.kv.num_pages
     assert metrics['kvserve_generation_tokens_total{model="qwen3-tiny"}'] >= 2
+
+
+def test_streamed_text_never_splits_a_character(smol_server: LiveServer) -> None:
+    """SmolLM2 writes each CJK character as three byte-level tokens. No chunk may carry a part of one (it would show
+    as U+FFFD), and the chunks join to exactly the decoded output."""
+    chunks = list(smol_server.client().completions.create(
+        model="smollm2-135m", prompt="Japanese words: 日本語, 東京, 日本語, 東京, 日本語, 東京,", max_tokens=8,
+        temperature=0, stream=True,
+    ))
+    ids = json.loads(smol_server.record_path.read_text().splitlines()[-1])["output_token_ids"]
+    tokenizer = smol_server.ctx.tokenizer
+    assert any("\ufffd" in tokenizer.decode([i]) for i in ids), "the output has tokens that split a character"
+    texts = [c.choices[0].text for c in chunks]
+    assert not any("\ufffd" in text for text in texts)
+    assert "".join(texts) == tokenizer.decode(ids) and "日本" in "".join(texts)
