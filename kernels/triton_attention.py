@@ -38,9 +38,9 @@ def _paged_attention_kernel(
     qk_scale,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-    stride_bt, num_partitions,
+    stride_bt, num_partitions, partition_size,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PARTITION_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     seq = tl.program_id(0)
@@ -72,8 +72,8 @@ def _paged_attention_kernel(
     last_row = tl.minimum((tile * BLOCK_M + BLOCK_M - 1) // GROUP, q_len - 1)
     kv_end = tl.where(tile * BLOCK_M < q_len * GROUP, ctx_len - q_len + last_row + 1, 0)
     if SPLIT:
-        kv_start = chunk * PARTITION_SIZE
-        kv_end = tl.minimum(kv_end, kv_start + PARTITION_SIZE)
+        kv_start = chunk * partition_size
+        kv_end = tl.minimum(kv_end, kv_start + partition_size)
     else:
         kv_start = 0
 
@@ -133,7 +133,7 @@ def _paged_attention_kernel(
 def _reduce_partitions_kernel(
     out_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr, query_start_loc_ptr,
     stride_ot, stride_oh, num_partitions,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MAX_PARTS: tl.constexpr, PART_TILE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PART_TILE: tl.constexpr,
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
@@ -141,10 +141,14 @@ def _reduce_partitions_kernel(
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
     base = (seq * tl.num_programs(1) + head).to(tl.int64) * num_partitions
 
-    # Partitions past the context hold max -inf and sum 0, so their weight exp2(-inf - max) is 0.
-    parts = tl.arange(0, MAX_PARTS)
-    part_max = tl.load(part_max_ptr + base + parts, mask=parts < num_partitions, other=float("-inf"))
-    global_max = tl.max(part_max, axis=0)
+    # Partitions past the context hold max -inf and sum 0, so their weight exp2(-inf - max) is 0. Both passes walk
+    # PART_TILE partitions at a time: the partition count is a runtime value, so one compiled kernel serves all.
+    running_max = tl.full([PART_TILE], float("-inf"), dtype=tl.float32)
+    for first in range(0, num_partitions, PART_TILE):
+        tile_parts = first + tl.arange(0, PART_TILE)
+        tile_max = tl.load(part_max_ptr + base + tile_parts, mask=tile_parts < num_partitions, other=float("-inf"))
+        running_max = tl.maximum(running_max, tile_max)
+    global_max = tl.max(running_max, axis=0)
     # A sequence without a query row has no keys at all; 0 keeps its (unstored) result free of inf - inf.
     global_max = tl.where(global_max == float("-inf"), 0.0, global_max)
 
@@ -152,7 +156,6 @@ def _reduce_partitions_kernel(
     dim_valid = dims < HEAD_DIM
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
     denom = tl.zeros([PART_TILE], dtype=tl.float32)
-    # The accumulators are merged PART_TILE partitions at a time so long contexts do not need a huge register tile.
     for first in range(0, num_partitions, PART_TILE):
         tile_parts = first + tl.arange(0, PART_TILE)
         tile_valid = tile_parts < num_partitions
@@ -261,9 +264,8 @@ def paged_attention(
         _paged_attention_kernel[grid](
             query, k_cache, v_cache, out, block_tables, context_lens, query_start_loc,
             out, out, out,  # partial buffers: unused on the direct path
-            qk_scale, *strides, 1,
-            BLOCK_M=block_m, BLOCK_N=block_n, PARTITION_SIZE=block_n,  # PARTITION_SIZE: read only when SPLIT
-            SPLIT=False, **common,
+            qk_scale, *strides, 1, 0,  # partition count and size: read only when SPLIT
+            BLOCK_M=block_m, BLOCK_N=block_n, SPLIT=False, **common,
         )
         return out
 
@@ -278,15 +280,13 @@ def paged_attention(
     _paged_attention_kernel[(num_seqs, num_kv_heads, num_partitions)](
         query, k_cache, v_cache, out, block_tables, context_lens, query_start_loc,
         part_acc, part_max, part_sum,
-        qk_scale, *strides, num_partitions,
-        BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, PARTITION_SIZE=partition_size,
-        SPLIT=True, **common,
+        qk_scale, *strides, num_partitions, partition_size,
+        BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, SPLIT=True, **common,
     )
     _reduce_partitions_kernel[(num_seqs, num_heads)](
         out, part_acc, part_max, part_sum, query_start_loc,
         out.stride(0), out.stride(1), num_partitions,
-        HEAD_DIM=head_dim, BLOCK_D=block_d, MAX_PARTS=triton.next_power_of_2(num_partitions),
-        PART_TILE=min(16, triton.next_power_of_2(num_partitions)),
+        HEAD_DIM=head_dim, BLOCK_D=block_d, PART_TILE=16,
     )
     return out
 

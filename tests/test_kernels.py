@@ -184,6 +184,17 @@ def test_paged_attention_split_k_decode(group: int, head_dim: int) -> None:
     assert_close(direct, expected, 1e-5)
 
 
+def test_paged_attention_split_k_reduce_spans_several_partition_tiles() -> None:
+    # partition_size 4 cuts a 70-token context into 18 partitions: the reduce walks two 16-partition tiles.
+    batch = make_batch([70, 3, 33], [1, 1, 1], 2, 2, 64, 4, torch.float32, seed=13)
+    # A dominant key in the last partition: its score (~230 in log2 units) overflows exp2 unless the reduce takes
+    # the maximum over every tile, not just the first.
+    page, offset = int(batch.block_tables[0, 69 // 4]), 69 % 4
+    batch.k_cache[page, offset, 0] = 20 * batch.query[0, 0]
+    split = TRITON.paged_attention(*batch.args(), split_k=True, partition_size=4)
+    assert_close(split, reference.paged_attention(*batch.args()), 1e-5)
+
+
 @pytest.mark.parametrize("group", [3, 7])  # e.g. Qwen2.5-7B: 28 query heads over 4 KV heads
 def test_paged_attention_non_power_of_two_group(group: int) -> None:
     batch = make_batch([19, 6, 33], [5, 1, 1], 2, group, 64, 4, torch.float32, seed=group)
