@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import time
 
+import httpx
+import pytest
+
 from tests.server.conftest import LiveServer
 
 CLIENTS = 32
@@ -54,9 +57,12 @@ async def _run_all(server: LiveServer) -> tuple[list[dict], int]:
     return results, await watcher
 
 
+ABORTED = 'kvserve_requests_finished_total{model="qwen3-tiny",finish_reason="abort"}'
+GENERATED = 'kvserve_generation_tokens_total{model="qwen3-tiny"}'
+
+
 def test_concurrent_streams_with_disconnects_leak_no_pages(qwen_server: LiveServer) -> None:
-    aborted_before = qwen_server.metrics().get(
-        'kvserve_requests_finished_total{model="qwen3-tiny",finish_reason="abort"}', 0.0)
+    before = qwen_server.metrics()
     results, most_running = asyncio.run(_run_all(qwen_server))
 
     completed = [r for r in results if not r["quit"]]
@@ -66,7 +72,6 @@ def test_concurrent_streams_with_disconnects_leak_no_pages(qwen_server: LiveServ
         assert result["usage"].completion_tokens == COMPLETE_TOKENS
     assert most_running > 1, "concurrent requests are batched into the same steps"
 
-    # Every quitter asked for 400 tokens; they are gone long before that many steps could have run.
     qwen_server.wait_until_idle(timeout=20)
     total, free, live = qwen_server.in_engine(lambda e: (e.kv.num_pages, e.kv.num_free_pages, len(e.kv.seqs)))
     assert live == 0 and free == total, "every page is free or cached-and-evictable"
@@ -74,8 +79,11 @@ def test_concurrent_streams_with_disconnects_leak_no_pages(qwen_server: LiveServ
     assert qwen_server.metric("kvserve_kv_pages_free") == total
     assert qwen_server.metric("kvserve_requests_running") == 0
     assert qwen_server.metric("kvserve_requests_waiting") == 0
-    aborted = qwen_server.metrics()['kvserve_requests_finished_total{model="qwen3-tiny",finish_reason="abort"}']
-    assert aborted - aborted_before == CLIENTS // 4
+    after = qwen_server.metrics()
+    assert after[ABORTED] - before.get(ABORTED, 0.0) == CLIENTS // 4
+    # The quitters were stopped early: nowhere near their 400 tokens each were generated.
+    quitters = CLIENTS // 4
+    assert after[GENERATED] - before[GENERATED] < len(completed) * COMPLETE_TOKENS + quitters * QUITTER_TOKENS / 2
 
     # And the server keeps serving.
     assert qwen_server.chat(messages=[{"role": "user", "content": "still there?"}], max_tokens=2).choices
@@ -86,3 +94,17 @@ def test_idle_engine_thread_blocks_instead_of_spinning(qwen_server: LiveServer) 
     start = time.process_time()  # CPU time of every thread of this process, the server's included
     time.sleep(1.0)
     assert time.process_time() - start < 0.25, "an idle server burns CPU"
+
+
+def test_non_streaming_client_that_gives_up_aborts_its_request(qwen_server: LiveServer) -> None:
+    body = {"model": "qwen3-tiny", "messages": [{"role": "user", "content": "a long answer please"}],
+            "max_tokens": 400, "ignore_eos": True}
+    before = qwen_server.metrics()
+    with pytest.raises(httpx.ReadTimeout), qwen_server.http() as http:
+        http.post("/v1/chat/completions", json=body, timeout=httpx.Timeout(60, read=0.5))
+    # Hanging up closes the connection; the server notices and aborts the request, freeing its pages.
+    qwen_server.wait_until_idle(timeout=20)
+    assert qwen_server.in_engine(lambda e: e.kv.num_free_pages == e.kv.num_pages)
+    after = qwen_server.metrics()
+    assert after[ABORTED] - before.get(ABORTED, 0.0) == 1
+    assert after[GENERATED] - before[GENERATED] < 400
