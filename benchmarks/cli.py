@@ -66,13 +66,15 @@ def _sim_options(parser: argparse.ArgumentParser, capacity: int | None, max_num_
                         help=f"cache capacity in blocks kept between requests (default: {capacity or 'unbounded'})")
     parser.add_argument("--max-num-seqs", type=int, default=max_num_seqs, help="requests admitted together per step")
     parser.add_argument("--policy", choices=("fcfs", "longest_prefix"), default="fcfs", help="scheduling order")
+    parser.add_argument("--eviction", choices=("lru", "fifo"), default="lru",
+                        help="which unreferenced cached block goes first when the cache is full")
 
 
 def _sim_config(args: argparse.Namespace, block_size: int) -> SimConfig:
     from benchmarks.prefix.simulator import SimConfig
 
     return SimConfig(block_size=block_size, capacity_blocks=args.capacity_blocks, max_num_seqs=args.max_num_seqs,
-                     policy=args.policy)
+                     policy=args.policy, eviction_policy=args.eviction)
 
 
 def _configure_prefix(p: argparse.ArgumentParser) -> None:

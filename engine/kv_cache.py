@@ -46,6 +46,7 @@ class CachedBlock:
     children: dict[BlockHash, "CachedBlock"] = field(default_factory=dict)
     ref_count: int = 0
     last_used: int = 0
+    created: int = 0
 
 
 @dataclass
@@ -73,7 +74,19 @@ class CacheStats:
 class KVCacheManager:
     """Allocates pages to sequences and shares full blocks between them through the prefix tree."""
 
-    def __init__(self, num_pages: int, block_size: int, enable_prefix_caching: bool = True, model_id: str = "") -> None:
+    EVICTION_POLICIES = ("lru", "fifo")  # among unreferenced leaves: least recently used, or oldest cached first
+
+    def __init__(
+        self,
+        num_pages: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        model_id: str = "",
+        eviction_policy: str = "lru",
+    ) -> None:
+        if eviction_policy not in self.EVICTION_POLICIES:
+            raise ValueError(f"eviction_policy must be one of {self.EVICTION_POLICIES}, got {eviction_policy!r}")
+        self.eviction_policy = eviction_policy
         self.num_pages = num_pages
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -84,7 +97,7 @@ class KVCacheManager:
         self.seqs: dict[Hashable, SequenceBlocks] = {}
         self.stats = CacheStats()
         self._num_unreferenced = 0  # tree nodes with ref_count 0: all of them can be evicted, leaves first
-        self._evict_heap: list[tuple[int, int, CachedBlock]] = []  # (last_used, tiebreak, node), lazily validated
+        self._evict_heap: list[tuple[int, int, CachedBlock]] = []  # (priority, tiebreak, node), lazily validated
         self._clock = itertools.count(1)
         self._tiebreak = itertools.count()
 
@@ -180,7 +193,7 @@ class KVCacheManager:
                 siblings[block_hash] = node
                 self.by_hash[block_hash] = node
                 node.ref_count = 1
-                node.last_used = next(self._clock)
+                node.last_used = node.created = next(self._clock)
             elif node.token_ids == block:
                 # Another sequence cached the same block first: share its page, return ours to the pool.
                 self._ref(node)
@@ -247,14 +260,20 @@ class KVCacheManager:
             if not node.children:
                 self._push_evictable(node)
 
+    def _priority(self, node: CachedBlock) -> int:
+        return node.last_used if self.eviction_policy == "lru" else node.created
+
     def _push_evictable(self, node: CachedBlock) -> None:
-        heapq.heappush(self._evict_heap, (node.last_used, next(self._tiebreak), node))
+        heapq.heappush(self._evict_heap, (self._priority(node), next(self._tiebreak), node))
 
     def _evict_one(self) -> int:
         while True:
-            last_used, _, node = heapq.heappop(self._evict_heap)
+            priority, _, node = heapq.heappop(self._evict_heap)
             stale = (
-                node.ref_count or node.children or last_used != node.last_used or self.by_hash.get(node.block_hash) is not node
+                node.ref_count
+                or node.children
+                or priority != self._priority(node)
+                or self.by_hash.get(node.block_hash) is not node
             )
             if not stale:
                 break

@@ -62,6 +62,23 @@ def test_lru_evicts_least_recent_leaf_and_never_in_use_pages():
     kv.check_invariants()
 
 
+def test_fifo_evicts_the_oldest_cached_block_even_if_recently_used():
+    for policy, survivor in (("lru", "a"), ("fifo", "b")):
+        kv = KVCacheManager(num_pages=4, block_size=2, eviction_policy=policy)
+        a, b = [1, 2, 9], [3, 4, 9]
+        for name, toks in (("a", a), ("b", b)):  # a is cached first
+            kv.admit(name, toks, 3)
+            kv.commit(name, toks, 3)
+            kv.free(name)
+        kv.admit("a2", a, 3)  # touch a again: most recently used, but still the oldest cached
+        kv.free("a2")
+        kv.admit("c", [5, 6, 7, 8, 9], 5)  # 3 pages: 2 free + one eviction
+        assert kv.stats.evictions == 1
+        assert kv.num_cached_tokens(a if survivor == "a" else b) == 2, policy
+        assert kv.num_cached_tokens(b if survivor == "a" else a) == 0, policy
+        kv.check_invariants()
+
+
 def test_admit_without_pages_changes_nothing():
     kv = KVCacheManager(num_pages=3, block_size=4)
     assert kv.admit("a", list(range(20)), 20) is None
@@ -96,7 +113,7 @@ class KVMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.kv = KVCacheManager(num_pages=24, block_size=4, model_id="m")
+        self.kv = KVCacheManager(num_pages=24, block_size=4, model_id="m", eviction_policy=self.policy)
         self.tokens: dict[int, list[int]] = {}
         self.computed: dict[int, int] = {}
         self.next_id = 0
@@ -158,8 +175,18 @@ class KVMachine(RuleBasedStateMachine):
             assert len(self.kv.block_table(sid)) >= self.kv.pages_needed(len(toks))
 
 
-TestKVMachine = KVMachine.TestCase
-TestKVMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+class LRUMachine(KVMachine):
+    policy = "lru"
+
+
+class FIFOMachine(KVMachine):
+    policy = "fifo"
+
+
+TestLRUMachine = LRUMachine.TestCase
+TestLRUMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestFIFOMachine = FIFOMachine.TestCase
+TestFIFOMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
 
 
 @pytest.mark.parametrize("seed", range(3))

@@ -13,6 +13,7 @@ from benchmarks.prefix.report import markdown_table, pct, sweep_markdown, worklo
 from benchmarks.prefix.simulator import SimConfig, SimResult, simulate, sweep
 from benchmarks.prefix.trace import TokenRequest
 from benchmarks.prefix.workloads import WorkloadParams
+from engine.kv_cache import KVCacheManager
 
 # Workload sizes for the engine-backed run: a tiny model prefills a few hundred tokens per second on a CPU.
 ENGINE_WORKLOAD_PARAMS = WorkloadParams(
@@ -63,10 +64,15 @@ def run_prefix(opts: PrefixOptions) -> dict:
         caps = sweep(requests, sim, "capacity_blocks", capacity_points(ideal), progress=False)
         sizes = sweep(requests, replace(sim, capacity_blocks=None), "block_size", opts.block_sizes, progress=False)
         policies = sweep(requests, sim, "policy", ("fcfs", "longest_prefix"), progress=False)
+        tight = capacity_points(ideal)[len(capacity_points(ideal)) // 2]  # a capacity where eviction order matters
+        evictions = sweep(requests, replace(sim, capacity_blocks=tight), "eviction_policy",
+                          KVCacheManager.EVICTION_POLICIES, progress=False)
         rep["sweeps"] = {
             "capacity_blocks": [{"capacity_blocks": r.config.capacity_blocks, "hit_rate": r.hit_rate} for r in caps],
             "block_size_unbounded": [{"block_size": r.config.block_size, "hit_rate": r.hit_rate} for r in sizes],
             "policy": [{"policy": r.config.policy, "hit_rate": r.hit_rate} for r in policies],
+            "eviction_policy": [{"eviction_policy": r.config.eviction_policy, "capacity_blocks": tight,
+                                 "hit_rate": r.hit_rate} for r in evictions],
         }
         curves[wl.name] = [(r.config.capacity_blocks, r.hit_rate) for r in caps]
         reports.append(rep)
@@ -87,9 +93,12 @@ def run_prefix(opts: PrefixOptions) -> dict:
           f"capacity {sim.capacity_blocks} blocks, {sim.max_num_seqs} seqs/step, {sim.policy})\n",
           workloads_markdown(reports)]
     md.append(markdown_table(
-        ["workload"] + [f"block {b} (unbounded)" for b in opts.block_sizes] + ["fcfs", "longest_prefix"],
+        ["workload"] + [f"block {b} (unbounded)" for b in opts.block_sizes] + ["fcfs", "longest_prefix"]
+        + ["tight capacity (blocks)"] + [f"evict {p}" for p in KVCacheManager.EVICTION_POLICIES],
         [[r["name"], *(pct(s["hit_rate"]) for s in r["sweeps"]["block_size_unbounded"]),
-          *(pct(s["hit_rate"]) for s in r["sweeps"]["policy"])] for r in reports]))
+          *(pct(s["hit_rate"]) for s in r["sweeps"]["policy"]),
+          str(r["sweeps"]["eviction_policy"][0]["capacity_blocks"]),
+          *(pct(s["hit_rate"]) for s in r["sweeps"]["eviction_policy"])] for r in reports]))
     if opts.engine:
         figures["engine"] = _engine_part(opts, mt, out)
         md.append(_engine_markdown(figures["engine"]))
@@ -167,6 +176,7 @@ def run_simulate(
     ideal = simulate(requests, replace(sim, capacity_blocks=None), progress=True)
     achieved = simulate(requests, sim, progress=True) if sim.capacity_blocks is not None else ideal
     curve = sweep(requests, sim, "capacity_blocks", sorted(set(capacities)))
+    by_eviction = sweep(requests, sim, "eviction_policy", KVCacheManager.EVICTION_POLICIES) if sim.capacity_blocks else []
     name = Path(trace).stem
     plot = plots.plot_hit_rate_vs_capacity(
         {name: [(r.config.capacity_blocks, r.hit_rate) for r in curve]},
@@ -174,6 +184,9 @@ def run_simulate(
         unit="512-token blocks" if kind == "mooncake" else f"{block_size}-token blocks",
     )
     md = sweep_markdown("capacity_blocks", [*curve, ideal], f"Hit rate vs capacity, {name} ({kind} trace)")
+    if by_eviction:
+        md += "\n\n" + sweep_markdown("eviction_policy", by_eviction,
+                                      f"Eviction policy at {sim.capacity_blocks} blocks, {name}")
     Path(out_dir, f"simulate_{name}.md").write_text(md + "\n")
     return {
         "trace": trace, "kind": kind, "requests": len(requests),
@@ -181,6 +194,8 @@ def run_simulate(
         "achieved": achieved.summary(), "ideal": ideal.summary(),
         "capacity_curve": [{"capacity_blocks": r.config.capacity_blocks, "hit_rate": r.hit_rate,
                             "evictions": r.evictions} for r in curve],
+        "eviction_policy": [{"eviction_policy": r.config.eviction_policy, "capacity_blocks": sim.capacity_blocks,
+                             "hit_rate": r.hit_rate} for r in by_eviction],
         "plot": str(plot), "markdown": md,
     }
 

@@ -27,6 +27,7 @@ class SimConfig:
     capacity_blocks: int | None = None  # None: unbounded (nothing is ever evicted)
     max_num_seqs: int = 8  # requests admitted together in one step
     policy: str = "fcfs"  # or "longest_prefix": the ready request with the longest cached prefix first
+    eviction_policy: str = "lru"  # or "fifo" (see KVCacheManager.EVICTION_POLICIES)
     lookahead: int = 64  # how many ready requests "longest_prefix" compares (bounds the cost on big traces)
     commit_outputs: bool = True  # cache the reply's blocks too (the engine caches blocks during decode)
     ignore_salts: bool = False  # treat every request as unsalted (attribution: what salts cost)
@@ -159,7 +160,8 @@ def _salt(request: TokenRequest, cfg: SimConfig) -> str | None:
 
 
 def simulate(requests: Sequence[TokenRequest], cfg: SimConfig, progress: bool = False) -> SimResult:
-    kv = KVCacheManager(_pool_size(requests, cfg), cfg.block_size, enable_prefix_caching=True, model_id=cfg.model_id)
+    kv = KVCacheManager(_pool_size(requests, cfg), cfg.block_size, enable_prefix_caching=True, model_id=cfg.model_id,
+                        eviction_policy=cfg.eviction_policy)
     queue = ReadyQueue(requests)
     results: list[RequestResult] = []
     peak = 0
@@ -196,7 +198,8 @@ def simulate(requests: Sequence[TokenRequest], cfg: SimConfig, progress: bool = 
 def sweep(
     requests: Sequence[TokenRequest], base: SimConfig, field_name: str, values: Iterable, progress: bool = True
 ) -> list[SimResult]:
-    """Run the simulator once per value of one config field (capacity_blocks, block_size, policy, max_num_seqs)."""
+    """Run the simulator once per value of one config field (capacity_blocks, block_size, policy, eviction_policy,
+    max_num_seqs)."""
     values = list(values)
     return [
         simulate(requests, replace(base, **{field_name: v}))
