@@ -9,6 +9,8 @@ import socket
 import sys
 import time
 
+from server.engine_args import add_engine_args, engine_config_from_args
+
 _EPILOG = """\
 examples:
   kvserve serve                                   # smollm2-135m on http://127.0.0.1:8000/v1
@@ -31,8 +33,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--model", metavar="NAME", help="a models.yaml name, HF repo id of one, or a local model "
-                        "directory (default: the registry default, smollm2-135m)")
     net = parser.add_argument_group("network")
     net.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     net.add_argument("--port", type=int, default=8000, help="port to listen on; 0 picks a free one "
@@ -54,45 +54,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     api.add_argument("--record", metavar="FILE.jsonl",
                      help="append every request (body, token ids, cached tokens, timings) for `kvserve bench replay`")
 
-    eng = parser.add_argument_group("engine")
-    eng.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when available)")
-    eng.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                     help="weights and KV dtype (default: bfloat16 on CUDA, float32 on CPU)")
-    eng.add_argument("--block-size", type=int, default=16, help="tokens per KV page (default: %(default)s)")
-    pages = eng.add_mutually_exclusive_group()
-    pages.add_argument("--num-kv-blocks", type=int, default=None, metavar="N", help="KV pages, explicitly")
-    pages.add_argument("--kv-cache-memory-gb", type=float, default=None, metavar="GB",
-                       help="KV memory budget on CPU (default: 1.0); on CUDA the budget is what is left of "
-                       "--gpu-memory-utilization")
-    eng.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="F",
-                     help="fraction of GPU memory for weights + activations + KV (default: %(default)s)")
-    eng.add_argument("--max-num-seqs", type=int, default=64, help="sequences per step (default: %(default)s)")
-    eng.add_argument("--max-num-batched-tokens", type=int, default=2048,
-                     help="tokens per step, prefill chunks included (default: %(default)s)")
-    eng.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
-    eng.add_argument("--no-prefix-cache", action="store_true", help="disable prefix caching")
-    eng.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "longest_prefix"],
-                     help="admission order of waiting requests (default: %(default)s)")
-    eng.add_argument("--attention-backend", default=None, choices=["torch", "triton"],
-                     help="default: triton on CUDA, torch elsewhere")
+    add_engine_args(parser)  # --model and the engine flags, shared with `kvserve generate`
     parser.set_defaults(func=run_serve)
-
-
-def engine_config(args: argparse.Namespace):
-    import torch
-
-    from engine.config import EngineConfig
-
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
-    options = {} if args.kv_cache_memory_gb is None else {"kv_cache_memory_gb": args.kv_cache_memory_gb}
-    return EngineConfig(
-        block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
-        gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
-        enable_prefix_caching=not args.no_prefix_cache, scheduling_policy=args.scheduling_policy,
-        device=device, dtype=dtype, attention_backend=args.attention_backend, **options,
-    )
 
 
 def _say(message: str) -> None:
@@ -113,7 +76,7 @@ def run_serve(args: argparse.Namespace) -> int:
     )
     started = time.perf_counter()
     try:
-        config = engine_config(args)
+        config = engine_config_from_args(args)
         ctx = load_context(args.model, config, settings, args.record, progress=_say)
     except (ValueError, RuntimeError, OSError) as exc:
         _say(f"cannot serve: {exc}")

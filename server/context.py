@@ -40,6 +40,7 @@ class ServingContext:
     recorder: Recorder | None = None
     aliases: frozenset[str] = frozenset()  # other names clients may use for the model (its HF repo id)
     created: int = field(default_factory=lambda: int(time.time()))
+    token_texts: TokenTexts = field(init=False)  # token id -> text and bytes, for logprobs
 
     def __post_init__(self) -> None:
         self.token_texts = TokenTexts(self.tokenizer)
@@ -110,6 +111,8 @@ def load_context(
 ) -> ServingContext:
     """Resolve the model (building, converting or downloading it on first use), load it into an engine and wrap it
     for serving. `progress` receives one line per loading stage."""
+    from transformers import AutoTokenizer
+
     from engine.llm_engine import LLMEngine
     from engine.registry import default_model_name, get_model_spec, resolve_model
     from server.rendering import renderer_for_model
@@ -120,13 +123,16 @@ def load_context(
     progress(f"loading {model_dir} onto {engine_config.device} ({engine_config.dtype})")
     model_id = str(model_dir) if spec.source == "local" else spec.name  # what block 0's hash is salted with
     engine = LLMEngine(model_dir, engine_config, model_id=model_id)
-    renderer = renderer_for_model(spec.template, engine.tokenizer)
+    # The handlers get their own tokenizer: the engine thread decodes with the engine's, and a Rust tokenizer
+    # shared across threads can fail with "Already borrowed" when one thread encodes while another decodes.
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    renderer = renderer_for_model(spec.template, tokenizer)
     metrics = Metrics(spec.name)
     return ServingContext(
         model_name=spec.name,
         family=spec.template,
         renderer=renderer,
-        tokenizer=engine.tokenizer,
+        tokenizer=tokenizer,
         max_model_len=engine.max_model_len,
         engine=AsyncEngine(engine, metrics),
         metrics=metrics,

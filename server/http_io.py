@@ -68,7 +68,8 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
     finally:
         watcher.cancel()
         if not task.done():
-            task.cancel()
+            task.cancel()  # its cleanup (the abort) runs inside it: wait for that
+            await asyncio.wait({task})
     if task.cancelled():
         raise APIError(499, "client disconnected", code="client_disconnected")
     return task.result()
