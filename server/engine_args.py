@@ -10,7 +10,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("engine")
     g.add_argument("--model", default=None, help="registry name (see `kvserve models`), HF repo id or model directory "
                    "(default: the registry's default, smollm2-135m)")
-    g.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
+    g.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda when a GPU is visible, else cpu)")
     g.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 on CPU, bfloat16 on CUDA)")
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV page (power of two; default 16)")
     g.add_argument("--num-kv-blocks", type=int, default=None, help="KV pages to allocate (default: from the memory budget)")
@@ -21,12 +21,17 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-batched-tokens", type=int, default=2048, help="tokens per engine step (default 2048)")
     g.add_argument("--max-model-len", type=int, default=None, help="context length cap (default: the model's)")
     g.add_argument("--no-prefix-cache", action="store_true", help="disable prefix caching")
+    g.add_argument("--scheduling-policy", choices=("fcfs", "longest_prefix"), default="fcfs",
+                   help="order of admitting waiting requests: arrival (default) or longest cached prefix first")
     g.add_argument("--attention-backend", choices=("torch", "triton"), default=None,
                    help="kernels: triton (default on CUDA) or torch (default on CPU)")
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
-    dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+    import torch
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
     return EngineConfig(
         block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks,
@@ -36,7 +41,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
         enable_prefix_caching=not args.no_prefix_cache,
-        device=args.device,
+        scheduling_policy=args.scheduling_policy,
+        device=device,
         dtype=dtype,
         attention_backend=args.attention_backend,
     )
