@@ -25,6 +25,7 @@ class EngineConfig:
     device: str = "cpu"
     dtype: str = "float32"
     attention_backend: str | None = None  # "torch" | "triton"; default: triton on CUDA, torch elsewhere
+    enforce_eager: bool = False  # on CUDA with Triton, True skips CUDA-graph capture: decode batches run eagerly
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -45,11 +45,17 @@ def paged_attention(
     context_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
     scale: float,
+    *,
+    max_query_len: int | None = None,
+    max_context_len: int | None = None,
+    split_k: bool | None = None,
+    partition_size: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new query rows ``[T, Hq, D]`` over its paged context (GQA aware).
 
     Decode rows (one query per sequence) are attended in one batched call over a padded gather of their contexts;
-    prefill chunks one sequence at a time.
+    prefill chunks one sequence at a time. The keyword-only arguments are the Triton kernel's launch hints, accepted
+    so that both backends share one call site; the reference has no launch to size and reads exact lengths anyway.
     """
     out = torch.empty_like(query)
     starts = query_start_loc.tolist()

@@ -17,12 +17,19 @@ from kernels.ops import Ops
 
 @dataclass
 class AttentionMetadata:
-    """Where this step's tokens live in the pages; shapes as in `kernels.reference`."""
+    """Where this step's tokens live in the pages; shapes as in `kernels.reference`.
+
+    ``max_query_len`` / ``max_context_len`` are host-side upper bounds (the runner knows them from its Python lists)
+    so the attention kernel sizes its launch without a device-to-host copy per layer; under CUDA-graph capture they
+    are the fixed bounds every replay stays within.
+    """
 
     slot_mapping: torch.Tensor
     block_tables: torch.Tensor
     context_lens: torch.Tensor
     query_start_loc: torch.Tensor
+    max_query_len: int
+    max_context_len: int
 
 
 class RMSNorm(nn.Module):
@@ -64,7 +71,8 @@ class Attention(nn.Module):
         k_cache, v_cache = kv_cache
         ops.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         out = ops.paged_attention(
-            q, k_cache, v_cache, meta.block_tables, meta.context_lens, meta.query_start_loc, self.scale
+            q, k_cache, v_cache, meta.block_tables, meta.context_lens, meta.query_start_loc, self.scale,
+            max_query_len=meta.max_query_len, max_context_len=meta.max_context_len,
         )
         return self.o_proj(out.reshape(-1, self.q_size))
 

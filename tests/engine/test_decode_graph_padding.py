@@ -1,0 +1,117 @@
+"""The CUDA-graph decode path, run eagerly on CPU: decode batches padded to a capture size give the unpadded path's
+greedy tokens on both backends, and padding rows never write a KV page."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.cuda_graphs import capture_sizes
+from tests.engine.conftest import random_prompts
+
+BLOCK_SIZE = 4
+# max_num_seqs 8 gives the sizes 1, 2, 4, 8: decode batches of 3, 5, 6 and 7 sequences are padded.
+ENGINE = dict(block_size=BLOCK_SIZE, num_kv_blocks=256, max_num_seqs=8)
+
+
+def make_llm(backend: str, padded: bool, max_model_len: int = 64) -> tuple[LLM, list[int]]:
+    """An engine whose decode batches take the padded static-shape path when ``padded``; the returned list records
+    the batch size of every call into that path."""
+    llm = LLM("qwen3-tiny", attention_backend=backend, max_model_len=max_model_len, **ENGINE)
+    sizes: list[int] = []
+    if padded:
+        runner = llm.engine.runner
+        graphs = runner.make_decode_graphs(runner.kv_caches, use_graphs=False)
+        forward = graphs.forward
+
+        def recording_forward(batch):
+            sizes.append(batch.num_seqs)
+            return forward(batch)
+
+        graphs.forward = recording_forward
+        runner.decode_graphs = graphs
+    return llm, sizes
+
+
+def test_capture_sizes_and_padding_targets():
+    assert capture_sizes(1) == [1]
+    assert capture_sizes(8) == [1, 2, 4, 8]
+    assert capture_sizes(20) == [1, 2, 4, 8, 16, 20]
+    assert capture_sizes(64)[-3:] == [48, 56, 64]
+    llm, _ = make_llm("torch", padded=True)
+    assert [llm.engine.runner.decode_graphs.padded_size(n) for n in range(1, 9)] == [1, 2, 4, 4, 8, 8, 8, 8]
+
+
+@pytest.mark.parametrize(
+    "backend, split_k, num_seqs, prompt_len, max_model_len",
+    [
+        ("torch", None, 7, 6, 64),
+        ("triton", None, 7, 6, 64),
+        # Forced split-K with contexts over one 64-position partition: the padded path's fixed max_context_len
+        # (max_model_len) launches partitions past every context, which must contribute nothing.
+        ("triton", "1", 3, 70, 160),
+    ],
+)
+def test_padded_decode_matches_unpadded_greedy_tokens(
+    backend, split_k, num_seqs, prompt_len, max_model_len, monkeypatch
+):
+    if split_k is not None:
+        monkeypatch.setenv("KVSERVE_SPLIT_K", split_k)
+    prompts = random_prompts(50_000, [prompt_len + i for i in range(num_seqs)], seed=7)
+    # Requests finish one step apart, so the decode batches shrink through num_seqs, ..., 1 sequences.
+    max_tokens = list(range(2, num_seqs + 2))
+    params = [SamplingParams(max_tokens=m, temperature=0, ignore_eos=True) for m in max_tokens]
+    tokens = {}
+    for padded in (False, True):
+        llm, sizes = make_llm(backend, padded, max_model_len)
+        tokens[padded] = [o.token_ids for o in llm.generate(prompts, params)]
+    assert sorted(set(sizes)) == list(range(1, num_seqs + 1))
+    assert tokens[True] == tokens[False]
+    assert [len(t) for t in tokens[True]] == max_tokens
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_padding_rows_write_no_kv_page(backend):
+    llm, sizes = make_llm(backend, padded=True)
+    engine, runner = llm.engine, llm.engine.runner
+    for i, prompt in enumerate(random_prompts(50_000, [5, 9, 3], seed=11)):
+        engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    engine.step()  # prefill (eager): every request samples its first token
+    assert sizes == []
+    requests = [engine.sequence(f"r{i}") for i in range(3)]
+    expected = set()
+    for req in requests:
+        pos = req.num_computed_tokens  # where this decode step's token goes
+        expected.add(engine.kv.block_table(req.request_id)[pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE)
+    before = [(k.clone(), v.clone()) for k, v in runner.kv_caches]
+
+    engine.step()  # one decode step: 3 sequences padded to 4
+
+    assert sizes == [3]
+    changed = set()
+    for (k, v), (k0, v0) in zip(runner.kv_caches, before):
+        for new, old in ((k, k0), (v, v0)):
+            slot_changed = (new != old).flatten(2).any(-1).flatten()  # [num_blocks * block_size]
+            changed |= set(slot_changed.nonzero().flatten().tolist())
+    assert changed == expected
+
+
+def test_memory_profile_step_fits_contexts_shorter_than_the_token_budget():
+    # The profiled step splits its token budget into sequences no longer than max_model_len: RoPE covers only
+    # max_model_len positions (one 40-token sequence would index past the 16-row table).
+    llm = LLM("qwen3-tiny", block_size=BLOCK_SIZE, num_kv_blocks=8, max_model_len=16, max_num_batched_tokens=40)
+    llm.engine.runner._profile_run()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_graph_decode_matches_eager():
+    prompts = random_prompts(50_000, [5 + 3 * i for i in range(7)], seed=5)
+    params = [SamplingParams(max_tokens=m, temperature=0, ignore_eos=True) for m in range(2, 9)]
+    tokens = {}
+    for eager in (True, False):
+        llm = LLM("qwen3-tiny", device="cuda", attention_backend="triton", enforce_eager=eager, max_model_len=2048,
+                  **ENGINE)
+        assert (llm.engine.runner.decode_graphs is None) == eager
+        tokens[eager] = [o.token_ids for o in llm.generate(prompts, params)]
+    assert tokens[False] == tokens[True]
