@@ -11,7 +11,7 @@ from tests.engine.conftest import random_prompts
 
 BLOCK_SIZE = 4
 # max_num_seqs 8 gives the sizes 1, 2, 4, 8: decode batches of 3, 5, 6 and 7 sequences are padded.
-ENGINE = dict(block_size=BLOCK_SIZE, num_kv_blocks=256, max_num_seqs=8)
+ENGINE = {"block_size": BLOCK_SIZE, "num_kv_blocks": 256, "max_num_seqs": 8}
 
 
 def make_llm(backend: str, padded: bool, max_model_len: int = 64) -> tuple[LLM, list[int]]:
