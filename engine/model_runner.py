@@ -140,10 +140,10 @@ class ModelRunner:
 
     def _new_caches(self, num_blocks: int) -> KVCaches:
         shape = (num_blocks, self.cfg.block_size, self.model_cfg.num_kv_heads, self.model_cfg.head_dim)
-        return [
-            (torch.zeros(shape, dtype=self.dtype, device=self.device), torch.zeros(shape, dtype=self.dtype, device=self.device))
-            for _ in range(self.model_cfg.num_layers)
-        ]
+        def page_tensor() -> torch.Tensor:
+            return torch.zeros(shape, dtype=self.dtype, device=self.device)
+
+        return [(page_tensor(), page_tensor()) for _ in range(self.model_cfg.num_layers)]
 
     def make_decode_graphs(self, kv_caches: KVCaches, use_graphs: bool) -> DecodeGraphRunner:
         """The padded decode path over ``kv_caches``; ``use_graphs=False`` runs it eagerly (CPU tests, profiling)."""
@@ -153,6 +153,7 @@ class ModelRunner:
 
     def _capture_decode_graphs(self) -> DecodeGraphRunner:
         start = time.perf_counter()
+        torch.cuda.empty_cache()  # capture empties the cache too; release it first so the free-memory delta is real
         free_before = torch.cuda.mem_get_info(self.device)[0]
         graphs = self.make_decode_graphs(self.kv_caches, use_graphs=True)
         graphs.capture()
