@@ -23,6 +23,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--no-prefix-cache", action="store_true", help="disable prefix caching")
     g.add_argument("--scheduling-policy", choices=("fcfs", "longest_prefix"), default="fcfs",
                    help="order of admitting waiting requests: arrival (default) or longest cached prefix first")
+    g.add_argument("--enforce-eager", action="store_true", help="CUDA: run decode batches eagerly, without CUDA graphs")
     g.add_argument("--attention-backend", choices=("torch", "triton"), default=None,
                    help="kernels: triton (default on CUDA) or torch (default on CPU)")
 
@@ -45,4 +46,5 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         device=device,
         dtype=dtype,
         attention_backend=args.attention_backend,
+        enforce_eager=args.enforce_eager,
     )
