@@ -74,12 +74,12 @@ def paged_attention(
         k = _gather_context(k_cache, block_tables[b], ctx_len).transpose(0, 1).to(query.dtype)
         v = _gather_context(v_cache, block_tables[b], ctx_len).transpose(0, 1).to(query.dtype)
         q = query[q_start : q_start + q_len].transpose(0, 1)  # [Hq, q_len, D]
-        if q_len == 1:
-            mask = None  # a single query at the last position sees the whole context
-        else:
+        mask = None  # q_len == 1: a single query at the last position sees the whole context
+        if 1 < q_len < ctx_len:  # a chunk after a cached prefix: causal, offset by the prefix
             q_pos = torch.arange(ctx_len - q_len, ctx_len, device=q.device)
             mask = q_pos[:, None] >= torch.arange(ctx_len, device=q.device)[None, :]
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+        causal = 1 < q_len == ctx_len  # a whole prompt: plain causal, SDPA's fast path
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True)
         out[q_start : q_start + q_len] = o.transpose(0, 1)
     return out
 
@@ -95,27 +95,34 @@ def _batched_decode(
     scale: float,
     out: torch.Tensor,
 ) -> None:
-    """One query per sequence in ``rows``: gather their pages into ``[B, L_max]`` and mask each past its length."""
+    """One query per sequence in ``rows``: gather their contexts into ``[B, L_max]`` in one pass and mask the rest.
+
+    Positions past a sequence's length read that sequence's first slot instead of whatever the pages hold there:
+    real data of the same sequence (never a NaN from an unwritten slot), which the mask then removes.
+    """
     block_size = k_cache.shape[1]
-    ctx = [lens[b] for b in rows]
-    width = -(-max(ctx) // block_size)
     dev = query.device
+    ctx = torch.tensor([lens[b] for b in rows], device=dev)
+    length = max(lens[b] for b in rows)
+    width = -(-length // block_size)
     tables = block_tables[torch.tensor(rows, device=dev), :width].long()  # [B, width]
+    positions = torch.arange(length, device=dev)
+    valid = positions[None, :] < ctx[:, None]  # [B, L]
+    slots = tables[:, positions // block_size] * block_size + positions % block_size
+    slots = torch.where(valid, slots, slots[:, :1]).flatten()
 
-    positions = torch.arange(width * block_size, device=dev)
-    valid = positions[None, :] < torch.tensor(ctx, device=dev)[:, None]  # [B, L]
-
-    def gather(cache: torch.Tensor) -> torch.Tensor:  # -> [B, Hkv, L, D], zero past each length
-        pages = cache[tables].flatten(1, 2)  # [B, L, Hkv, D]
-        # Zero, not just mask: slots past a length may hold anything (even NaN), and NaN * 0 is still NaN.
-        pages = pages.masked_fill(~valid[:, :, None, None], 0)
-        return pages.transpose(1, 2).to(query.dtype)
+    def gather(cache: torch.Tensor) -> torch.Tensor:  # -> [B, Hkv, L, D]
+        flat = cache.view(-1, *cache.shape[2:])
+        return flat.index_select(0, slots).view(len(rows), length, *cache.shape[2:]).transpose(1, 2).to(query.dtype)
 
     q_rows = torch.tensor([starts[b] for b in rows], device=dev)
-    q = query[q_rows].unsqueeze(2)  # [B, Hq, 1, D]
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    # The query heads of one KV group all sit at the same position: fold them into the query-length dimension,
+    # so each KV head is read once instead of being repeated per query head.
+    q = query[q_rows].view(len(rows), num_kv_heads, -1, head_dim)  # [B, Hkv, group, D]
     mask = valid[:, None, None, :]
-    o = F.scaled_dot_product_attention(q, gather(k_cache), gather(v_cache), attn_mask=mask, scale=scale, enable_gqa=True)
-    out[q_rows] = o.squeeze(2)
+    o = F.scaled_dot_product_attention(q, gather(k_cache), gather(v_cache), attn_mask=mask, scale=scale)
+    out[q_rows] = o.reshape(len(rows), -1, head_dim)
 
 
 def rms_norm(
