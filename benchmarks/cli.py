@@ -45,7 +45,7 @@ def _invoke(command: BenchCommand, args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    bench = subparsers.add_parser("bench", help="benchmarks: prefix cache (workloads, simulator, trace replay), ...")
+    bench = subparsers.add_parser("bench", help="benchmarks: prefix cache (workloads, simulator, trace replay) and throughput")
     sub = bench.add_subparsers(dest="bench_command", metavar="BENCH")
     bench.set_defaults(func=lambda _args: bench.print_help() or 2)
     for command in _COMMANDS:

@@ -5,8 +5,8 @@ import argparse
 import importlib
 import sys
 
-# (module, description) for each subcommand module; a module exposes `register(subparsers)`, which adds its
-# parser(s) and sets `func` (called with the parsed args, returning an exit code).
+# Each subcommand module exposes `register(subparsers)`, which adds its parser(s) and sets `func` (called with the
+# parsed args, returning an exit code).
 SUBCOMMAND_MODULES = [
     "server.cli_models",  # models
     "server.cli_generate",  # generate
@@ -23,13 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:  # a real missing dependency inside the module: surface it
-                raise
-            continue
-        module.register(subparsers)
+        importlib.import_module(name).register(subparsers)
     return parser
 
 
