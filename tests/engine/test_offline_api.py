@@ -63,3 +63,22 @@ def test_smollm2_answers_paris():
     ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
     out = llm.generate([list(ids)], SamplingParams(max_tokens=24, temperature=0))[0]
     assert "Paris" in out.text, out.text
+
+
+def test_generate_cli_prints_the_greedy_completion(qwen3_llm: LLM):
+    import subprocess
+    import sys
+
+    expected = qwen3_llm.generate("Hello there", SamplingParams(max_tokens=6, temperature=0))[0].text
+    run = subprocess.run(
+        [sys.executable, "-m", "server.cli", "generate", "--model", "qwen3-tiny", "--max-tokens", "6",
+         "--num-kv-blocks", "64", "Hello there"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == expected + "\n"
+    bad = subprocess.run(
+        [sys.executable, "-m", "server.cli", "generate", "--model", "qwen3-tiny", "--top-p", "2", "x"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert bad.returncode == 2 and "top_p" in bad.stderr
