@@ -1,12 +1,12 @@
 """Mooncake block-hash traces: ``{timestamp, input_length, output_length, hash_ids}`` per line, 512-token blocks."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Iterable
 
-from benchmarks.prefix.trace import TokenRequest
+from benchmarks.prefix.trace import TokenRequest, read_jsonl
 
 MOONCAKE_BLOCK_TOKENS = 512
 
@@ -19,26 +19,18 @@ class MooncakeRecord:
     hash_ids: tuple[int, ...]
 
 
+def _parse_record(row: dict) -> MooncakeRecord:
+    record = MooncakeRecord(
+        float(row["timestamp"]), int(row["input_length"]), int(row["output_length"]),
+        tuple(int(h) for h in row["hash_ids"]),
+    )
+    if record.input_length <= 0 or any(h < 0 for h in record.hash_ids):
+        raise ValueError("input_length must be positive and hash ids non-negative")
+    return record
+
+
 def read_mooncake(path: str | Path, limit: int | None = None) -> list[MooncakeRecord]:
-    records: list[MooncakeRecord] = []
-    with open(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                record = MooncakeRecord(
-                    float(row["timestamp"]), int(row["input_length"]), int(row["output_length"]),
-                    tuple(int(h) for h in row["hash_ids"]),
-                )
-            except (KeyError, TypeError, ValueError) as exc:
-                raise ValueError(f"{path}:{lineno}: not a Mooncake record ({exc})") from None
-            if record.input_length <= 0 or any(h < 0 for h in record.hash_ids):
-                raise ValueError(f"{path}:{lineno}: input_length must be positive and hash ids non-negative")
-            records.append(record)
-            if limit is not None and len(records) >= limit:
-                break
-    return records
+    return list(islice(read_jsonl(path, _parse_record, "a Mooncake record"), limit))
 
 
 def mooncake_requests(records: Iterable[MooncakeRecord], block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> list[TokenRequest]:

@@ -7,12 +7,11 @@ Recorded requests carry no session ids, so each request's parent is inferred: th
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.prefix.attribution import common_prefix
-from benchmarks.prefix.trace import CHANGE_HISTORY, CHANGE_TOOLS, TokenRequest
+from benchmarks.prefix.trace import CHANGE_HISTORY, CHANGE_TOOLS, TokenRequest, read_jsonl
 
 
 @dataclass
@@ -25,25 +24,20 @@ class RecordedRequest:
     cache_salt: str | None = None
 
 
+def _parse_record(row: dict) -> RecordedRequest:
+    body = dict(row.get("body") or {})
+    return RecordedRequest(
+        body=body,
+        prompt_token_ids=[int(t) for t in row["prompt_token_ids"]],
+        output_token_ids=[int(t) for t in row.get("output_token_ids") or []],
+        cached_tokens=int(row.get("cached_tokens") or 0),
+        timings=dict(row.get("timings") or {}),
+        cache_salt=row.get("cache_salt") or _body_salt(body),
+    )
+
+
 def read_records(path: str | Path) -> list[RecordedRequest]:
-    records = []
-    with open(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                records.append(RecordedRequest(
-                    body=dict(row.get("body") or {}),
-                    prompt_token_ids=[int(t) for t in row["prompt_token_ids"]],
-                    output_token_ids=[int(t) for t in row.get("output_token_ids") or []],
-                    cached_tokens=int(row.get("cached_tokens") or 0),
-                    timings=dict(row.get("timings") or {}),
-                    cache_salt=row.get("cache_salt") or _body_salt(dict(row.get("body") or {})),
-                ))
-            except (KeyError, TypeError, ValueError) as exc:
-                raise ValueError(f"{path}:{lineno}: not a recorded request ({exc})") from None
-    return records
+    return list(read_jsonl(path, _parse_record, "a recorded request"))
 
 
 def _body_salt(body: dict) -> str | None:

@@ -1,7 +1,13 @@
 """The unit every prefix-cache run consumes: one request as token ids plus how it relates to earlier requests."""
 from __future__ import annotations
 
+import json
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -51,3 +57,15 @@ CHANGE_TOOLS = "tool_list"
 CHANGE_HISTORY = "compaction"
 CHANGE_REASONING = "template_reasoning"  # the template dropped earlier turns' reasoning (Qwen3)
 CHANGE_TEMPLATE = "template"
+
+
+def read_jsonl(path: str | Path, parse: Callable[[dict], T], what: str) -> Iterator[T]:
+    """``parse(row)`` for each non-empty line; a line that does not parse raises ValueError naming file and line."""
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield parse(json.loads(line))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ValueError(f"{path}:{lineno}: not {what} ({exc})") from None
