@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from .hf_layout import DecoderDims, TokenizerInfo, write_json, write_model_configs
+from .hf_layout import DecoderDims, TokenizerInfo, added_token, byte_level_bpe_tokenizer, write_json, write_model_configs
 
 _LAYER_TENSORS = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -129,40 +129,20 @@ def tokenizer_files(meta: GGUFMetadata) -> tuple[dict[str, Any], dict[str, Any],
     tokens: list[str] = list(meta.require("tokenizer.ggml.tokens"))
     types: list[int] = list(meta.require("tokenizer.ggml.token_type"))
     added = [
-        {
-            "id": i,
-            "content": token,
-            "single_word": False,
-            "lstrip": False,
-            "rstrip": False,
-            "normalized": False,
-            "special": kind == _CONTROL,
-        }
+        added_token(i, token, special=kind == _CONTROL)
         for i, (token, kind) in enumerate(zip(tokens, types))
         if kind in (_CONTROL, _USER_DEFINED)
     ]
-    tokenizer = {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": added,
-        "normalizer": None,
-        "pre_tokenizer": _PRE_TOKENIZERS[pre],
-        "post_processor": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
-        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
-        "model": {
-            "type": "BPE",
-            "dropout": None,
-            "unk_token": None,
-            "continuing_subword_prefix": None,
-            "end_of_word_suffix": None,
-            "fuse_unk": False,
-            "byte_fallback": False,
-            "ignore_merges": False,
-            "vocab": {token: i for i, token in enumerate(tokens)},
-            "merges": [merge.split(" ") for merge in meta.require("tokenizer.ggml.merges")],
-        },
-    }
+    tokenizer = byte_level_bpe_tokenizer(
+        added,
+        normalizer=None,
+        pre_tokenizer=_PRE_TOKENIZERS[pre],
+        post_processor={"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
+        decoder={"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        vocab={token: i for i, token in enumerate(tokens)},
+        merges=[merge.split(" ") for merge in meta.require("tokenizer.ggml.merges")],
+        ignore_merges=False,
+    )
 
     def optional_id(key: str) -> int | None:
         return None if meta.get(key) is None else int(meta.get(key))

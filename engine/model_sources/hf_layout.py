@@ -96,6 +96,47 @@ def generation_config(tokens: TokenizerInfo) -> dict[str, Any]:
     return config
 
 
+def added_token(token_id: int, content: str, special: bool) -> dict[str, Any]:
+    """One ``added_tokens`` entry of a tokenizer.json: matched whole, never normalized or split."""
+    return {"id": token_id, "content": content, "single_word": False, "lstrip": False, "rstrip": False,
+            "normalized": False, "special": special}
+
+
+def byte_level_bpe_tokenizer(
+    added: list[dict[str, Any]],
+    normalizer: dict[str, Any] | None,
+    pre_tokenizer: dict[str, Any],
+    post_processor: dict[str, Any],
+    decoder: dict[str, Any],
+    vocab: dict[str, int],
+    merges: list[list[str]],
+    ignore_merges: bool,
+) -> dict[str, Any]:
+    """A `tokenizers` tokenizer.json for a GPT-2-style byte-level BPE."""
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": normalizer,
+        "pre_tokenizer": pre_tokenizer,
+        "post_processor": post_processor,
+        "decoder": decoder,
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": ignore_merges,
+            "vocab": vocab,
+            "merges": merges,
+        },
+    }
+
+
 def write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
 

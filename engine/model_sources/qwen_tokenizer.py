@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .hf_layout import TokenizerInfo, write_json
+from .hf_layout import TokenizerInfo, added_token, byte_level_bpe_tokenizer, write_json
 from .templates import load_template
 
 QWEN_PRETOKENIZE_REGEX = (
@@ -117,51 +117,22 @@ def build_tokenizer_json(ranks: dict[bytes, int]) -> dict[str, Any]:
         raise ValueError(f"expected {NUM_BPE_RANKS} dense BPE ranks, got {len(ranks)}")
     vocab, merges = bpe_vocab_and_merges(ranks)
     added = [
-        {
-            "id": NUM_BPE_RANKS + i,
-            "content": content,
-            "single_word": False,
-            "lstrip": False,
-            "rstrip": False,
-            "normalized": False,
-            "special": i < NUM_SPECIAL_ADDED,
-        }
+        added_token(NUM_BPE_RANKS + i, content, special=i < NUM_SPECIAL_ADDED)
         for i, content in enumerate(QWEN3_ADDED_TOKENS)
     ]
-    return {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": added,
-        "normalizer": {"type": "NFC"},
-        "pre_tokenizer": {
-            "type": "Sequence",
-            "pretokenizers": [
-                {
-                    "type": "Split",
-                    "pattern": {"Regex": QWEN_PRETOKENIZE_REGEX},
-                    "behavior": "Isolated",
-                    "invert": False,
-                },
-                {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
-            ],
-        },
-        "post_processor": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
-        "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
-        "model": {
-            "type": "BPE",
-            "dropout": None,
-            "unk_token": None,
-            "continuing_subword_prefix": None,
-            "end_of_word_suffix": None,
-            "fuse_unk": False,
-            "byte_fallback": False,
-            # tiktoken returns a pre-token that is itself in the vocabulary as one token, before any merging.
-            "ignore_merges": True,
-            "vocab": vocab,
-            "merges": merges,
-        },
-    }
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+    split = {"type": "Split", "pattern": {"Regex": QWEN_PRETOKENIZE_REGEX}, "behavior": "Isolated", "invert": False}
+    return byte_level_bpe_tokenizer(
+        added,
+        normalizer={"type": "NFC"},
+        pre_tokenizer={"type": "Sequence", "pretokenizers": [split, byte_level]},
+        post_processor=byte_level,
+        decoder=byte_level,
+        vocab=vocab,
+        merges=merges,
+        # tiktoken returns a pre-token that is itself in the vocabulary as one token, before any merging.
+        ignore_merges=True,
+    )
 
 
 def build_tokenizer_config(chat_template: str) -> dict[str, Any]:
