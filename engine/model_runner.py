@@ -29,14 +29,9 @@ class ScheduledBatch:
     requests: list[Request]
     num_new_tokens: list[int]
 
-    @property
-    def num_tokens(self) -> int:
-        return sum(self.num_new_tokens)
-
     def sampling_mask(self) -> list[bool]:
         """A request samples when this step's chunk reaches its last token (a chunked prefill mid-way does not)."""
         return [r.num_computed_tokens + n == r.num_tokens for r, n in zip(self.requests, self.num_new_tokens)]
-
 
 
 class SeqChunk(NamedTuple):
