@@ -7,8 +7,10 @@ V3.1: `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep
 from __future__ import annotations
 
 import re
+from abc import ABC, abstractmethod
 
 from server.parsing.deltas import ParsedCall
+from server.parsing.json_call import JsonCallParser
 from server.parsing.jsonargs import is_json_object
 
 CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
@@ -17,6 +19,7 @@ CALL_BEGIN = "<｜tool▁call▁begin｜>"
 CALL_END = "<｜tool▁call▁end｜>"
 SEP = "<｜tool▁sep｜>"
 
+FENCE_OPEN = "```json\n"
 _FENCED = re.compile(r"```json\n(.*)\n```", re.DOTALL)
 
 
@@ -32,7 +35,7 @@ def _arguments(text: str) -> str | None:
     return stripped if is_json_object(stripped) else None
 
 
-class _DeepSeekTokens:
+class _DeepSeekTokens(ABC):
     call_open = CALL_BEGIN
     call_close = CALL_END
     block_open = CALLS_BEGIN
@@ -42,30 +45,46 @@ class _DeepSeekTokens:
     def body_is_open(self, body: str) -> bool:
         return False  # the markers are special tokens, which never occur inside argument text
 
+    def new_call(self) -> JsonCallParser:
+        return JsonCallParser(self._header, self._parse_whole)
+
+    @abstractmethod
+    def _head(self, body: str) -> tuple[str, int] | None:
+        """The function name and where the arguments text starts, once the body has come that far."""
+
+    def _header(self, body: str) -> tuple[str, int] | None:
+        """Streamable once the arguments object begins, directly or inside the template's fence."""
+        head = self._head(body)
+        if head is None:
+            return None
+        name, at = head
+        if body.startswith(FENCE_OPEN, at):
+            at += len(FENCE_OPEN)
+        return (name, at) if body.startswith("{", at) else None
+
+    def _parse_whole(self, body: str) -> ParsedCall | None:
+        head = self._head(body)
+        arguments = _arguments(body[head[1] :]) if head else None
+        return ParsedCall(head[0], arguments) if head and arguments is not None else None
+
 
 class DeepSeekV3Format(_DeepSeekTokens):
-    def parse_call(self, body: str) -> ParsedCall | None:
+    def _head(self, body: str) -> tuple[str, int] | None:
         _kind, sep, rest = body.partition(SEP)
-        name, newline, fenced = rest.partition("\n")
+        name, newline, arguments = rest.partition("\n")
         name = name.strip()
-        if not sep or not newline or not name:
-            return None
-        arguments = _arguments(fenced)
-        return ParsedCall(name, arguments) if arguments is not None else None
+        return (name, len(body) - len(arguments)) if sep and newline and name else None
 
     def call_prefix(self, name: str | None) -> str:
         head = f"{CALLS_BEGIN}{CALL_BEGIN}function{SEP}"
-        return head if name is None else f"{head}{name}\n```json\n"
+        return head if name is None else f"{head}{name}\n{FENCE_OPEN}"
 
 
 class DeepSeekV31Format(_DeepSeekTokens):
-    def parse_call(self, body: str) -> ParsedCall | None:
+    def _head(self, body: str) -> tuple[str, int] | None:
         name, sep, rest = body.partition(SEP)
         name = name.strip()
-        if not sep or not name:
-            return None
-        arguments = _arguments(rest)
-        return ParsedCall(name, arguments) if arguments is not None else None
+        return (name, len(body) - len(rest)) if sep and name else None
 
     def call_prefix(self, name: str | None) -> str:
         head = f"{CALLS_BEGIN}{CALL_BEGIN}"

@@ -36,8 +36,9 @@ def tool_call_id(id_prefix: str, index: int) -> str:
     return f"call_{id_prefix}{index:04x}"
 
 
-def tool_call_dict(call_id: str, call: ParsedCall) -> dict:
-    return {"id": call_id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+def tool_call_dict(call_id: str, name: str) -> dict:
+    """A call as the final message holds it; its arguments are appended as they stream."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}
 
 
 def content_delta(text: str) -> dict:

@@ -2,12 +2,19 @@
 from __future__ import annotations
 
 import json
+import re
 
 from server.parsing.deltas import ParsedCall
+from server.parsing.json_call import JsonCallParser
 from server.parsing.jsonargs import is_json_object, object_members
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
+
+# The streamable start of a call: the name first, then the arguments (or "parameters") object's opening brace.
+_HEADER = re.compile(
+    r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)', re.DOTALL
+)
 
 
 class QwenJsonFormat:
@@ -16,6 +23,9 @@ class QwenJsonFormat:
     block_open = None
     block_close = None
     trims_around_calls = True
+
+    def new_call(self) -> JsonCallParser:
+        return JsonCallParser(_header, self.parse_call)
 
     def parse_call(self, body: str) -> ParsedCall | None:
         members = object_members(body)
@@ -40,6 +50,17 @@ class QwenJsonFormat:
             return f"{TOOL_CALL_OPEN}\n"
         # The header as the template's example writes it (tojson spacing), so the model continues with the object.
         return f'{TOOL_CALL_OPEN}\n{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": '
+
+
+def _header(body: str) -> tuple[str, int] | None:
+    match = _HEADER.match(body)
+    if match is None:
+        return None
+    try:
+        name = json.loads(match.group(1))
+    except ValueError:
+        return None
+    return (name, match.end()) if name else None
 
 
 def _ends_inside_string(text: str) -> bool:

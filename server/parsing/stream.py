@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from server.parsing.deltas import (
-    ParsedCall,
     ParsedMessage,
     content_delta,
     reasoning_delta,
@@ -13,7 +12,7 @@ from server.parsing.deltas import (
 )
 from server.parsing.end_of_turn import EndOfTurnStripper
 from server.parsing.reasoning import ChannelText, ThinkReasoningParser
-from server.parsing.tool_stream import PlainContent, ToolCallStream, ToolFormat
+from server.parsing.tool_stream import CallStart, PlainContent, ToolCallStream, ToolEvent, ToolFormat
 
 
 class OutputParser:
@@ -88,29 +87,43 @@ class OutputParser:
             deltas += self._tool_deltas(self._tools.finish())
         return deltas
 
-    def _tool_deltas(self, events: list[str | ParsedCall]) -> list[dict]:
+    def _tool_deltas(self, events: list[ToolEvent]) -> list[dict]:
         deltas: list[dict] = []
         for event in events:
             if isinstance(event, str):
                 self._content.append(event)
                 deltas.append(content_delta(event))
-                continue
-            index = len(self._calls)
-            call_id = tool_call_id(self._id_prefix, index)
-            self._calls.append(tool_call_dict(call_id, event))
-            deltas.append(tool_call_start_delta(index, call_id, event.name))
-            if event.arguments:
-                deltas.append(tool_call_arguments_delta(index, event.arguments))
+            elif isinstance(event, CallStart):
+                call_id = tool_call_id(self._id_prefix, len(self._calls))
+                deltas.append(tool_call_start_delta(len(self._calls), call_id, event.name))
+                self._calls.append(tool_call_dict(call_id, event.name))
+            else:
+                self._calls[-1]["function"]["arguments"] += event.text
+                deltas.append(tool_call_arguments_delta(len(self._calls) - 1, event.text))
         return deltas
 
 
 def _merge(deltas: list[dict]) -> list[dict]:
-    """Joins neighbouring content (or reasoning) deltas so one feed yields at most one per run."""
+    """Joins neighbouring content (or reasoning, or one call's argument) deltas so one feed yields one per run."""
     out: list[dict] = []
     for delta in deltas:
         key = next(iter(delta))
         if out and key in ("content", "reasoning_content") and set(out[-1]) == {key}:
             out[-1] = {key: out[-1][key] + delta[key]}
+        elif out and _is_arguments(delta) and _is_arguments(out[-1]) and _index(delta) == _index(out[-1]):
+            out[-1] = tool_call_arguments_delta(_index(delta), _arguments(out[-1]) + _arguments(delta))
         else:
             out.append(delta)
     return out
+
+
+def _is_arguments(delta: dict) -> bool:
+    return "tool_calls" in delta and "id" not in delta["tool_calls"][0]
+
+
+def _index(delta: dict) -> int:
+    return delta["tool_calls"][0]["index"]
+
+
+def _arguments(delta: dict) -> str:
+    return delta["tool_calls"][0]["function"]["arguments"]

@@ -1,13 +1,57 @@
-"""The tool-call state machine shared by every format: text, optional call blocks, calls buffered until they close."""
+"""The tool-call state machine shared by every format: text, optional call blocks, and calls that stream.
+
+A call is announced (`CallStart`) as soon as its format's `CallParser` has read the function name and the start of
+the arguments, and its argument text follows (`CallArguments`) as the model writes it. Until then the call is held
+back, because a call that turns out malformed must become content again: its markup (and the whitespace trimmed
+before it) is kept in `_raw`, and when it closes the parser may still accept it whole (one arguments fragment).
+
+Late-malformed calls: OpenAI clients cannot retract a delta, so a call that has started streaming stays a call
+whatever follows. It ends at its closing tag, at the next call's opening (once its arguments are complete), or at
+the end of the stream; its arguments are exactly the text streamed so far (which, for output cut off mid-call, may
+be an unfinished JSON object, as OpenAI itself returns on a length cut-off), and any text in the call after its
+arguments is markup, not content. Everything here depends only on the text, never on how it was split.
+"""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from server.parsing.deltas import ParsedCall
 from server.parsing.segments import WHITESPACE, TrimmedText
 from server.parsing.tags import Tag, TagSplitter
 
-ToolEvent = str | ParsedCall  # text is answer content
+
+@dataclass(frozen=True)
+class CallStart:
+    name: str
+
+
+@dataclass(frozen=True)
+class CallArguments:
+    """More argument text of the call started last."""
+
+    text: str
+
+
+ToolEvent = str | CallStart | CallArguments  # text is answer content
+
+
+class CallParser(Protocol):
+    """Reads one call's body (the text between the call tags) as it grows."""
+
+    @property
+    def name(self) -> str | None:
+        """The function name once the call streams; None while it is held back."""
+
+    def update(self, body: str) -> str:
+        """`body` is the whole body so far (it only grows); returns the argument text it adds, '' while held."""
+
+    def complete(self, body: str) -> bool:
+        """True when the call's arguments are finished, so a call tag here ends the call rather than being text."""
+
+    def close(self, body: str) -> ParsedCall | None:
+        """The call ends here. Streaming: the name and the argument text not yet returned. Held back: the whole
+        call, or None when the body is not a call."""
 
 
 class ToolFormat(Protocol):
@@ -21,8 +65,8 @@ class ToolFormat(Protocol):
     # Qwen templates put their own whitespace around calls, so the model's is not content; DeepSeek's concatenate.
     trims_around_calls: bool
 
-    def parse_call(self, body: str) -> ParsedCall | None:
-        """The call in the text between the call tags, or None when it is malformed."""
+    def new_call(self) -> CallParser:
+        """A parser for the body of one call."""
 
     def call_prefix(self, name: str | None) -> str:
         """Text that starts a call (of function `name`, when given) as the model would write it."""
@@ -43,12 +87,7 @@ class PlainContent:
 
 
 class ToolCallStream:
-    """Feeds answer text, yields content text and complete calls.
-
-    A call is held back until it closes and parses, because a call that turns out malformed must become content
-    again: its markup (and the whitespace trimmed before it) is kept in `_raw` until then. At the end of the stream a
-    call that never closed is accepted only when its body already parses as a whole call.
-    """
+    """Feeds answer text, yields content text, call starts and argument fragments."""
 
     def __init__(self, fmt: ToolFormat):
         self._fmt = fmt
@@ -61,6 +100,7 @@ class ToolCallStream:
         self._calls_in_block = 0
         self._raw = ""
         self._body = ""
+        self._call = fmt.new_call()
         self._text = self._new_segment(after_call=False)
 
     def feed(self, text: str) -> list[ToolEvent]:
@@ -68,12 +108,8 @@ class ToolCallStream:
 
     def finish(self) -> list[ToolEvent]:
         out = self._handle(self._splitter.finish())
-        if self._state == "call":
-            call = self._fmt.parse_call(self._body)
-            if call is not None:
-                out.append(call)
-            else:
-                out.append(self._text.push(self._raw + self._body))
+        if self._state == "call" and not self._end_call(out):
+            out.append(self._text.push(self._raw + self._body))
         elif self._state == "block" and not self._calls_in_block:
             out.append(self._text.push(self._raw))
         out.append(self._text.take_held())
@@ -126,38 +162,50 @@ class ToolCallStream:
 
     def _on_call(self, piece: str | Tag, out: list[ToolEvent]) -> None:
         fmt = self._fmt
-        if piece == Tag(fmt.call_close):
-            call = fmt.parse_call(self._body)
-            if call is None and fmt.body_is_open(self._body):
-                self._body += fmt.call_close
-                return
-            if call is None:
+        complete = isinstance(piece, Tag) and self._call.complete(self._body)
+        if piece == Tag(fmt.call_close) and (complete or not fmt.body_is_open(self._body)):
+            if not self._end_call(out):
                 out.append(self._text.push(self._raw + self._body + fmt.call_close))
                 self._raw = ""
                 self._state = "block" if self._in_block else "text"
-                return
-            self._emit(call, out)
-            if self._in_block:
+            elif self._in_block:
                 self._state = "block"
             else:
                 self._leave_calls(after_call=True)
-        elif piece == Tag(fmt.call_open) and (call := fmt.parse_call(self._body)) is not None:
-            self._emit(call, out)  # the model forgot the closing tag before starting the next call
+        elif complete and piece == Tag(fmt.call_open):
+            self._end_call(out)  # the model forgot the closing tag before starting the next call
             self._open_call(fmt.call_open, in_block=self._in_block)
-        elif self._in_block and piece == Tag(fmt.block_close) and (call := fmt.parse_call(self._body)) is not None:
-            self._emit(call, out)
+        elif complete and self._in_block and piece == Tag(fmt.block_close):
+            self._end_call(out)
             self._leave_calls(after_call=True)
         else:
             self._body += _text(piece)
+            streaming = self._call.name is not None
+            fragment = self._call.update(self._body)
+            if not streaming and self._call.name is not None:
+                self._start_call(self._call.name, out)
+            out.append(CallArguments(fragment) if fragment else "")
 
     def _open_call(self, raw: str, in_block: bool) -> None:
-        self._raw, self._body = raw, ""
+        self._raw, self._body, self._call = raw, "", self._fmt.new_call()
         self._state, self._in_block = "call", in_block
 
-    def _emit(self, call: ParsedCall, out: list[ToolEvent]) -> None:
-        out.append(call)
-        self._raw = ""
+    def _start_call(self, name: str, out: list[ToolEvent]) -> None:
+        out.append(CallStart(name))
+        self._raw = ""  # a started call never becomes content again
         self._calls_in_block += 1
+
+    def _end_call(self, out: list[ToolEvent]) -> bool:
+        """Emits what is left of the call in `_body`; False when it is not a call (nothing was emitted)."""
+        streaming = self._call.name is not None
+        call = self._call.close(self._body)
+        if call is None:
+            return False
+        if not streaming:
+            self._start_call(call.name, out)
+        if call.arguments:
+            out.append(CallArguments(call.arguments))
+        return True
 
     def _leave_calls(self, after_call: bool) -> None:
         self._raw = ""

@@ -71,3 +71,16 @@ def parse_checked(factory: ParserFactory, text: str, seed: int = 0) -> ParsedMes
         assert result == expected, f"split {chunks!r} changed the result"
         assert assemble(deltas) == result, f"deltas of split {chunks!r} do not rebuild the result"
     return expected
+
+
+def argument_fragments(factory: ParserFactory, text: str) -> list[list[str]]:
+    """Per call, the argument fragments a client gets when the text arrives one character at a time."""
+    parser = factory()
+    fragments: list[list[str]] = []
+    for delta in [d for char in text for d in parser.feed(char)] + parser.finish():
+        for entry in delta.get("tool_calls", []):
+            if "id" in entry:
+                fragments.append([])
+            else:
+                fragments[entry["index"]].append(entry["function"]["arguments"])
+    return fragments

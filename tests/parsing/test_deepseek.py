@@ -6,7 +6,7 @@ from server.parsing import get_output_parser
 from server.parsing.deepseek import CALL_BEGIN, CALL_END, CALLS_BEGIN, CALLS_END, SEP
 
 from tests.parsing.fixtures import TOOLS
-from tests.parsing.streaming import parse_checked
+from tests.parsing.streaming import argument_fragments, parse_checked
 
 EOS = "<｜end▁of▁sentence｜>"
 V3_FAMILIES = ["deepseek-v3", "deepseek-v3-0324", "deepseek-r1-0528"]
@@ -94,14 +94,14 @@ def test_r1_0528_reasoning_then_calls():
 @pytest.mark.parametrize(
     "family,text",
     [
-        ("deepseek-v3", f"{CALLS_BEGIN}{CALL_BEGIN}function{SEP}now\n```json\n{{\"a\": "),  # truncated
-        ("deepseek-v3", f"{CALLS_BEGIN}{CALL_BEGIN}function{SEP}now\n```json\n{{oops}}\n```{CALL_END}{CALLS_END}"),
+        ("deepseek-v3", f"{CALLS_BEGIN}{CALL_BEGIN}function{SEP}now\n```json\n"),  # truncated before the arguments
+        ("deepseek-v3", f"{CALLS_BEGIN}{CALL_BEGIN}function{SEP}now\n```json\n[]\n```{CALL_END}{CALLS_END}"),
         ("deepseek-v3", f"{CALLS_BEGIN}{CALL_BEGIN}function now {{}}{CALL_END}{CALLS_END}"),  # no separator
         ("deepseek-v3", f"{CALLS_BEGIN}{CALLS_END}"),
         ("deepseek-v3", CALLS_BEGIN),
         ("deepseek-v3.1", f"{CALLS_BEGIN}{CALL_BEGIN}now{SEP}[1]{CALL_END}{CALLS_END}"),
         ("deepseek-v3.1", f"{CALLS_BEGIN}{CALL_BEGIN}{SEP}{{}}{CALL_END}{CALLS_END}"),  # no name
-        ("deepseek-v3.1", f"{CALLS_BEGIN}{CALL_BEGIN}now{SEP}{{"),
+        ("deepseek-v3.1", f"{CALLS_BEGIN}{CALL_BEGIN}now{SEP}"),
     ],
 )
 def test_malformed_or_truncated_falls_back_to_content(family, text):
@@ -110,11 +110,33 @@ def test_malformed_or_truncated_falls_back_to_content(family, text):
     assert message.content == "Hi " + text
 
 
-def test_good_call_then_truncated_call_keeps_the_good_one():
-    text = CALLS_BEGIN + v3_call("now", "{}") + "\n" + CALL_BEGIN + "function" + SEP + "get_weather\n```json\n{"
+def test_good_call_then_call_cut_off_before_its_arguments_keeps_the_good_one():
+    text = CALLS_BEGIN + v3_call("now", "{}") + "\n" + CALL_BEGIN + "function" + SEP + "get_weather\n```js"
     message = parse("deepseek-v3", text)
     assert calls_of(message) == [("now", "{}")]
-    assert message.content == "\n" + CALL_BEGIN + "function" + SEP + "get_weather\n```json\n{"
+    assert message.content == "\n" + CALL_BEGIN + "function" + SEP + "get_weather\n```js"
+
+
+@pytest.mark.parametrize(
+    "family,text,expected",
+    [
+        ("deepseek-v3", f"{CALL_BEGIN}function{SEP}now\n```json\n{{\"a\": ", ("now", '{"a": ')),  # cut off
+        ("deepseek-v3", f"{CALL_BEGIN}function{SEP}now\n```json\n{{oops}}\n```{CALL_END}", ("now", "{oops}")),
+        ("deepseek-v3.1", f"{CALL_BEGIN}now{SEP}{{\"a\": 1}} junk{CALL_END}", ("now", '{"a": 1}')),
+        ("deepseek-v3.1", f"{CALL_BEGIN}now{SEP}{{", ("now", "{")),
+    ],
+)
+def test_a_call_whose_arguments_began_stays_a_call_with_the_streamed_text(family, text, expected):
+    message = parse(family, "Hi " + CALLS_BEGIN + text)
+    assert message.content == "Hi " and calls_of(message) == [expected]
+
+
+@pytest.mark.parametrize("family", ["deepseek-v3", "deepseek-v3.1"])
+def test_arguments_stream_character_by_character_without_the_fence(family):
+    arguments = '{"s": "```}\\"", "o": {"k": []}}'
+    text = v3_calls(v3_call("typed", arguments)) if family == "deepseek-v3" else v31_calls(("typed", arguments))
+    factory = lambda: get_output_parser(family, TOOLS, reasoning=False, id_prefix="d")  # noqa: E731
+    assert argument_fragments(factory, text + EOS) == [list(arguments)]
 
 
 def test_missing_calls_end_after_complete_calls():

@@ -6,7 +6,7 @@ from server.parsing import get_output_parser
 from server.parsing.param_types import coerce_parameter, schema_types
 
 from tests.parsing.fixtures import TOOLS
-from tests.parsing.streaming import parse_checked
+from tests.parsing.streaming import argument_fragments, parse_checked
 
 
 def coder(text: str, tools=TOOLS, **kwargs):
@@ -106,18 +106,45 @@ def test_unknown_function_is_still_a_call_with_string_values():
 @pytest.mark.parametrize(
     "text",
     [
-        "<tool_call>\n<function=get_weather>\n<parameter=city>\nPar",  # truncated
-        "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n",  # no </function>
-        "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>"[:-3],
+        "<tool_call>\n<function=get_wea",  # truncated before the name is known
         "<tool_call>\nget_weather(city='Paris')\n</tool_call>",  # not the format
-        "<tool_call>\n<function=get_weather>\nstray text\n</function>\n</tool_call>",
         "<tool_call>\n<function=>\n</function>\n</tool_call>",
+        "<tool_call>\n<function=get\nweather>\n</function>\n</tool_call>",
     ],
 )
 def test_malformed_or_truncated_falls_back_to_content(text):
     message = coder("Hi\n" + text)
     assert message.tool_calls == [] and message.finish_reason_override is None
     assert message.content == "Hi\n" + text
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("<function=get_weather>\n<parameter=city>\nPar", {}),  # cut off inside a value: the value is dropped
+        ("<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n", {"city": "Paris"}),  # no </function>
+        ("<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_ca", {"city": "Paris"}),
+        ("<function=get_weather>\n<parameter=city>\nA\n</parameter>\nstray\n<parameter=unit>\nc\n</parameter>\n"
+         "</function>\n</tool_call>", {"city": "A"}),  # text that breaks the format ends the parameters
+        ("<function=get_weather>\n<parameter=city>\nA\n</parameter>\n<parameter=city>\nB\n</parameter>\n"
+         "</function>\n</tool_call>", {"city": "A"}),  # a repeated parameter keeps its first value
+    ],
+)
+def test_a_call_whose_function_tag_parsed_stays_a_call(text, expected):
+    message = coder("Hi\n<tool_call>\n" + text)
+    assert message.content == "Hi" and args_of(message) == [("get_weather", expected)]
+
+
+def test_arguments_stream_one_completed_parameter_at_a_time():
+    factory = lambda: get_output_parser("qwen3-coder", TOOLS, reasoning=False, id_prefix="c")  # noqa: E731
+    text = xml_call("typed", {"count": "7", "text": "a </parameter"}) + "\n" + xml_call("now", {})
+    assert argument_fragments(factory, text) == [['{"count": 7', ', "text": "a </parameter"', "}"], ["{}"]]
+    parser = factory()
+    assert parser.feed("<tool_call>\n<function=typed>\n<parameter=count>\n7\n</param") == [
+        {"tool_calls": [{"index": 0, "id": "call_c0000", "type": "function",
+                         "function": {"name": "typed", "arguments": ""}}]},
+    ]
+    assert parser.feed("eter>\n") == [{"tool_calls": [{"index": 0, "function": {"arguments": '{"count": 7'}}]}]
 
 
 def test_schema_types_and_coercion_helpers():

@@ -5,7 +5,7 @@ import pytest
 from server.parsing import get_output_parser
 
 from tests.parsing.fixtures import TOOLS
-from tests.parsing.streaming import parse_checked, run
+from tests.parsing.streaming import argument_fragments, parse_checked, run
 
 
 def qwen(text: str, family: str = "qwen2.5", tools=TOOLS, **kwargs):
@@ -78,11 +78,9 @@ def test_text_after_calls_is_content_and_whitespace_around_calls_is_markup():
 @pytest.mark.parametrize(
     "body",
     [
-        '{"name": "get_weather", "arguments": {"city": "Par',  # invalid JSON
         '{"arguments": {}}',  # no name
         '{"name": 3, "arguments": {}}',
         '{"name": "x", "arguments": [1, 2]}',  # arguments not an object
-        '{"name": "x", "arguments": {}} trailing',
         "not json at all",
     ],
 )
@@ -91,6 +89,47 @@ def test_malformed_call_is_content(body):
     message = qwen(text)
     assert message.tool_calls == [] and message.finish_reason_override is None
     assert message.content == text
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ('<tool_call>\n{"name": "x", "arguments": {"a": 1}} trailing\n</tool_call>', ("x", '{"a": 1}')),
+        ('<tool_call>\n{"name": "x", "arguments": {"a": 1\n</tool_call>', ("x", '{"a": 1\n')),  # unclosed object
+        ('<tool_call>\n{"name": "now", "arguments": {"city": "Par', ("now", '{"city": "Par')),  # cut off
+    ],
+)
+def test_a_call_whose_arguments_began_stays_a_call_with_the_streamed_text(text, expected):
+    message = qwen("Before " + text)
+    assert message.content == "Before" and names_and_args(message) == [expected]
+    assert message.finish_reason_override == "tool_calls"
+
+
+def test_arguments_stream_as_they_arrive_without_the_closing_markup():
+    parser = get_output_parser("qwen2.5", TOOLS, reasoning=False, id_prefix="s")
+    assert parser.feed('<tool_call>\n{"name": "get_weather", "argu') == []  # the arguments have not begun
+    assert parser.feed('ments": {"ci') == [
+        {"tool_calls": [{"index": 0, "id": "call_s0000", "type": "function",
+                         "function": {"name": "get_weather", "arguments": ""}}]},
+        {"tool_calls": [{"index": 0, "function": {"arguments": '{"ci'}}]},
+    ]
+    fragment = 'ty": "{P}a\\\\"}'  # braces and an escaped backslash inside a string do not end the arguments
+    assert parser.feed(fragment) == [{"tool_calls": [{"index": 0, "function": {"arguments": fragment}}]}]
+    assert parser.feed('}\n</tool_call>') == [] and parser.finish() == []
+    assert parser.result().tool_calls[0]["function"]["arguments"] == '{"city": "{P}a\\\\"}'
+
+
+def test_every_argument_character_goes_out_when_it_arrives():
+    factory = lambda: get_output_parser("qwen2.5", TOOLS, reasoning=False, id_prefix="s")  # noqa: E731
+    arguments = '{"city": "A}\\"", "n": {"x": [1]}}'
+    assert argument_fragments(factory, call("typed", arguments)) == [list(arguments)]
+
+
+def test_a_name_after_the_arguments_is_held_back_and_sent_whole():
+    factory = lambda: get_output_parser("qwen2.5", TOOLS, reasoning=False, id_prefix="s")  # noqa: E731
+    text = '<tool_call>\n{"arguments": {"city": "Oslo"}, "name": "get_weather"}\n</tool_call>'
+    assert argument_fragments(factory, text) == [['{"city": "Oslo"}']]
+    assert names_and_args(qwen(text)) == [("get_weather", '{"city": "Oslo"}')]
 
 
 def test_malformed_call_next_to_a_good_one():
