@@ -82,3 +82,19 @@ def test_generate_cli_prints_the_greedy_completion(qwen3_llm: LLM):
         capture_output=True, text=True, timeout=300,
     )
     assert bad.returncode == 2 and "top_p" in bad.stderr
+
+
+def test_local_model_directory_runs_like_the_registry_entry(qwen3_llm: LLM, tmp_path):
+    """What users with their own checkpoints do: point at an HF-format directory."""
+    import shutil
+
+    from engine.registry import get_model_spec, resolve_model
+
+    local = tmp_path / "my-qwen3"
+    shutil.copytree(resolve_model("qwen3-tiny"), local)
+    spec = get_model_spec(str(local))
+    assert (spec.source, spec.template) == ("local", "qwen3")
+    prompt = random_prompts(50_000, [11], seed=51)[0]
+    greedy = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    from_dir = LLM(str(local), block_size=4, num_kv_blocks=64).generate([prompt], greedy)[0].token_ids
+    assert from_dir == qwen3_llm.generate([prompt], greedy)[0].token_ids
