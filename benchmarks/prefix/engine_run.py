@@ -10,7 +10,7 @@ from typing import Sequence
 from tqdm import tqdm
 
 from benchmarks.prefix.simulator import ReadyQueue, SimConfig
-from benchmarks.prefix.trace import TokenRequest
+from benchmarks.prefix.trace import PromptTotals, TokenRequest
 
 
 @dataclass(frozen=True)
@@ -44,19 +44,11 @@ class EngineRequestResult:
 
 
 @dataclass
-class EngineRunResult:
+class EngineRunResult(PromptTotals):
     workload: str
     results: list[EngineRequestResult]
     wall_s: float
     generated_tokens: int
-
-    @property
-    def prompt_tokens(self) -> int:
-        return sum(r.prompt_tokens for r in self.results)
-
-    @property
-    def cached_tokens(self) -> int:
-        return sum(r.cached_tokens for r in self.results)
 
     def summary(self) -> dict:
         ttfts = [r.ttft_s for r in self.results]
@@ -66,7 +58,7 @@ class EngineRunResult:
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
             "prefill_tokens_computed": self.prompt_tokens - self.cached_tokens,
-            "hit_rate": self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
+            "hit_rate": self.hit_rate,
             "ttft_p50_s": statistics.median(ttfts) if ttfts else None,
             "wall_s": self.wall_s,
             "prompt_tokens_per_s": self.prompt_tokens / self.wall_s if self.wall_s else None,

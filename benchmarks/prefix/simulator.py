@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from engine.kv_cache import KVCacheManager
 
-from benchmarks.prefix.trace import TokenRequest
+from benchmarks.prefix.trace import PromptTotals, TokenRequest
 
 POLICIES = ("fcfs", "longest_prefix")
 
@@ -53,7 +53,7 @@ class RequestResult:
 
 
 @dataclass
-class SimResult:
+class SimResult(PromptTotals):
     config: SimConfig
     results: list[RequestResult]
     evictions: int = 0
@@ -67,17 +67,6 @@ class SimResult:
         """This run's result for each item that has a ``request_id`` (e.g. requests in their original order)."""
         return [self.by_id[item.request_id] for item in items]
 
-    @property
-    def prompt_tokens(self) -> int:
-        return sum(r.prompt_tokens for r in self.results)
-
-    @property
-    def cached_tokens(self) -> int:
-        return sum(r.cached_tokens for r in self.results)
-
-    @property
-    def hit_rate(self) -> float:
-        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
     def summary(self) -> dict:
         return {

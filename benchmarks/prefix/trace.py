@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -69,3 +69,22 @@ def read_jsonl(path: str | Path, parse: Callable[[dict], T], what: str) -> Itera
                 yield parse(json.loads(line))
             except (KeyError, TypeError, ValueError) as exc:
                 raise ValueError(f"{path}:{lineno}: not {what} ({exc})") from None
+
+
+class PromptTotals:
+    """Totals over ``self.results`` (each with ``prompt_tokens`` and ``cached_tokens``): one run's hit rate."""
+
+    results: Sequence
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(r.prompt_tokens for r in self.results)
+
+    @property
+    def cached_tokens(self) -> int:
+        return sum(r.cached_tokens for r in self.results)
+
+    @property
+    def hit_rate(self) -> float:
+        """Cached prompt tokens over prompt tokens."""
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
