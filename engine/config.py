@@ -1,32 +1,71 @@
-"""Configuration: the engine's knobs (`EngineConfig`) and the model shape read from an HF `config.json` (`ModelConfig`)."""
+"""Configuration: the engine's knobs (`EngineConfig`) and the model shape read from an HF `config.json` (`ModelConfig`).
+
+This module imports no torch at load time, so the scheduler (which reads `EngineConfig`) stays free of it.
+Every `EngineConfig` field carries its command-line help in `metadata["help"]`: the CLI builds its engine flags
+from these fields (server/engine_args.py), so a default lives in exactly one place.
+"""
 from __future__ import annotations
 
+import enum
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
 
 
+class SchedulingPolicy(enum.StrEnum):
+    """Order in which waiting requests are admitted."""
+
+    FCFS = "fcfs"  # arrival order
+    LONGEST_PREFIX = "longest_prefix"  # the waiting request with the longest cached prefix first
+
+
+class EvictionPolicy(enum.StrEnum):
+    """Which unreferenced cached leaf block is evicted first."""
+
+    LRU = "lru"  # least recently used
+    FIFO = "fifo"  # oldest cached
+
+
+def _help(text: str, **extra: Any) -> dict[str, Any]:
+    return {"help": text, **extra}
+
+
 @dataclass
 class EngineConfig:
-    block_size: int = 16
-    num_kv_blocks: int | None = None  # explicit page count; else derived from kv_cache_memory_gb / GPU memory
-    kv_cache_memory_gb: float = 1.0  # KV budget on CPU when num_kv_blocks is not given
-    gpu_memory_utilization: float = 0.9  # fraction of GPU memory the engine may use (weights + activations + KV)
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    max_model_len: int | None = None  # defaults to the model's context length
-    enable_prefix_caching: bool = True
-    scheduling_policy: str = "fcfs"  # or "longest_prefix": admit the waiting request with the longest cached prefix
-    device: str = "cpu"
-    dtype: str = "float32"
-    attention_backend: str | None = None  # "torch" | "triton"; default: triton on CUDA, torch elsewhere
-    enforce_eager: bool = False  # on CUDA with Triton, True skips CUDA-graph capture: decode batches run eagerly
-    seed: int = 0
+    block_size: int = field(default=16, metadata=_help("tokens per KV block (power of two)"))
+    num_kv_blocks: int | None = field(
+        default=None, metadata=_help("KV blocks in the pool (default: from the memory budget)"))
+    kv_cache_memory_gb: float = field(
+        default=1.0, metadata=_help("KV cache budget on CPU in GiB, when --num-kv-blocks is not given"))
+    gpu_memory_utilization: float = field(
+        default=0.9, metadata=_help("fraction of GPU memory for weights + activations + KV cache"))
+    max_num_seqs: int = field(default=64, metadata=_help("sequences batched together at most"))
+    max_num_batched_tokens: int = field(default=2048, metadata=_help("tokens computed per engine step at most"))
+    max_model_len: int | None = field(default=None, metadata=_help("context length cap (default: the model's)"))
+    enable_prefix_caching: bool = field(
+        default=True, metadata=_help("share KV blocks of common prefixes between requests", flag="no-prefix-cache"))
+    scheduling_policy: SchedulingPolicy = field(
+        default=SchedulingPolicy.FCFS, metadata=_help("order of admitting waiting requests"))
+    eviction_policy: EvictionPolicy = field(
+        default=EvictionPolicy.LRU, metadata=_help("which unreferenced cached block is evicted first"))
+    device: str | None = field(default=None, metadata=_help("cpu or cuda[:N] (default: cuda when a GPU is visible)"))
+    dtype: str | None = field(
+        default=None, metadata=_help("float32, bfloat16 or float16 (default: float32 on CPU, bfloat16 on CUDA)"))
+    attention_backend: str | None = field(
+        default=None, metadata=_help("kernels: torch or triton (default: triton on CUDA, torch elsewhere)",
+                                     choices=("torch", "triton")))
+    enforce_eager: bool = field(default=False, metadata=_help("CUDA: run decode batches eagerly, without CUDA graphs"))
+    async_scheduling: bool | None = field(
+        default=None, metadata=_help("prepare step N+1 on the host while step N runs on the device "
+                                     "(default: on for CUDA, off for CPU)"))
+    seed: int = field(default=0, metadata=_help("seed of the default random generator (requests without a seed)",
+                                                flag="engine-seed", dest="engine_seed"))
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -35,19 +74,38 @@ class EngineConfig:
             raise ValueError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
-        if self.scheduling_policy not in ("fcfs", "longest_prefix"):
-            raise ValueError(f"scheduling_policy must be 'fcfs' or 'longest_prefix', got {self.scheduling_policy!r}")
+        self.scheduling_policy = _enum_value(SchedulingPolicy, self.scheduling_policy, "scheduling_policy")
+        self.eviction_policy = _enum_value(EvictionPolicy, self.eviction_policy, "eviction_policy")
+        if self.device is None:
+            import torch
+
+            self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        on_cuda = self.device.startswith("cuda")
+        if self.dtype is None:
+            self.dtype = "bfloat16" if on_cuda else "float32"
         if self.attention_backend is None:
-            self.attention_backend = "triton" if self.device.startswith("cuda") else "torch"
+            self.attention_backend = "triton" if on_cuda else "torch"
         if self.attention_backend not in ("torch", "triton"):
             raise ValueError(f"attention_backend must be 'torch' or 'triton', got {self.attention_backend!r}")
+        if self.async_scheduling is None:
+            self.async_scheduling = on_cuda
 
     @property
-    def torch_dtype(self) -> torch.dtype:
-        dtype = getattr(torch, self.dtype, None)
+    def torch_dtype(self) -> "torch.dtype":
+        import torch
+
+        dtype = getattr(torch, self.dtype or "", None)
         if not isinstance(dtype, torch.dtype):
             raise ValueError(f"unknown dtype {self.dtype!r}; use float32, bfloat16 or float16")
         return dtype
+
+
+def _enum_value(kind: type[enum.Enum], value: Any, name: str) -> Any:
+    try:
+        return kind(value)
+    except ValueError:
+        valid = ", ".join(repr(m.value) for m in kind)
+        raise ValueError(f"{name} must be one of {valid}, got {value!r}") from None
 
 
 @dataclass

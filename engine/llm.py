@@ -1,29 +1,26 @@
-"""The offline API: ``LLM(model, **engine_config).generate(prompts, params)``."""
+"""The offline API: ``LLM(model, **engine_config).generate(prompts, params)``.
+
+The engine runs in its own thread (`EngineLoop`, as under the server); the calling thread turns its token outputs
+into text with an `OutputProcessor`, so detokenization and stop strings never hold up a step.
+"""
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field, fields
+import queue
+from dataclasses import dataclass, fields, replace
 from typing import Sequence
 
 from tqdm import tqdm
 
 from engine.config import EngineConfig
+from engine.engine_loop import EngineDeadError, EngineLoop, EngineRequest
 from engine.kv_cache import CacheStats
 from engine.llm_engine import LLMEngine
-from engine.request import RequestTimings
-from engine.sampler import TokenLogprobs
+from engine.output_processor import CompletionOutput, OutputProcessor
+from engine.outputs import RequestTimings, SchedulerStats, SequenceOutput
 from engine.sampling_params import SamplingParams
 
 Prompt = str | list[int]
-
-
-@dataclass
-class CompletionOutput:
-    index: int
-    token_ids: list[int] = field(default_factory=list)
-    text: str = ""
-    finish_reason: str | None = None
-    logprobs: list[TokenLogprobs | None] = field(default_factory=list)
 
 
 @dataclass
@@ -47,12 +44,27 @@ class RequestOutput:
     def finish_reason(self) -> str | None:
         return self.outputs[0].finish_reason
 
+    def add(self, out: SequenceOutput) -> None:
+        self.outputs[out.index].add(out)
+        if out.index == 0:  # siblings (n > 1) report their own admission; the prompt's is the leader's
+            self.num_cached_tokens = out.num_cached_tokens
+        if out.finished and self.metrics is None:
+            self.metrics = out.timings
+
+
+class _QueueSink:
+    def __init__(self, outputs: queue.SimpleQueue) -> None:
+        self.outputs = outputs
+
+    def put(self, item: list[SequenceOutput] | BaseException) -> None:
+        self.outputs.put(item)
+
 
 class LLM:
     """An engine plus its tokenizer, for batch generation in-process."""
 
     def __init__(self, model: str | None = None, **engine_config) -> None:
-        from engine.registry import default_model_name, get_model_spec, resolve_model
+        from engine.registry import default_model_name, get_model_spec, model_identity, resolve_model
 
         known = {f.name for f in fields(EngineConfig)}
         unknown = set(engine_config) - known
@@ -62,8 +74,8 @@ class LLM:
         spec = get_model_spec(name)
         self.model_name = spec.name
         model_dir = resolve_model(name)
-        model_id = str(model_dir) if spec.source == "local" else spec.name  # what block 0's hash is salted with
-        self.engine = LLMEngine(model_dir, EngineConfig(**engine_config), model_id=model_id)
+        self.engine = LLMEngine(model_dir, EngineConfig(**engine_config), model_id=model_identity(spec, model_dir))
+        self._loop = EngineLoop(self.engine)
         self._ids = itertools.count()
 
     @property
@@ -72,10 +84,20 @@ class LLM:
 
     @property
     def cache_stats(self) -> CacheStats:
-        return self.engine.kv.stats
+        """Prefix-cache counters: queries and hits in tokens (preempted re-admissions apart), evictions."""
+        return self._in_engine(lambda engine: replace(engine.scheduler.kv.stats))
+
+    @property
+    def stats(self) -> SchedulerStats:
+        """Every engine counter and gauge (the numbers /metrics shows)."""
+        return self._in_engine(lambda engine: engine.stats())
 
     def reset_prefix_cache(self) -> None:
-        self.engine.kv.reset_prefix_cache()
+        self._in_engine(lambda engine: engine.scheduler.reset_prefix_cache())
+
+    def _in_engine(self, fn):
+        self._loop.start()
+        return self._loop.call(fn).result()
 
     def encode(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
@@ -91,7 +113,8 @@ class LLM:
     ) -> list[RequestOutput]:
         """Run the prompts to completion, batched by the scheduler; results come back in prompt order.
 
-        Every prompt is validated before any is queued, so a bad one raises ValueError and leaves the engine clean.
+        Every prompt is validated before any is queued, so a bad one raises `RequestRejected` (a ValueError) and
+        leaves the engine clean.
         """
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
@@ -100,26 +123,45 @@ class LLM:
         salts = _broadcast(cache_salt, len(token_lists), "cache_salt")
         for ids, p in zip(token_lists, params_list):
             self.engine.validate(ids, p)
+        self._loop.start()
+        outputs: queue.SimpleQueue = queue.SimpleQueue()
+        processor = OutputProcessor(self.tokenizer)
         results: dict[str, RequestOutput] = {}
+        requests = []
         for ids, p, salt in zip(token_lists, params_list, salts):
             rid = f"gen-{next(self._ids)}"
-            self.engine.add_request(rid, ids, p, salt)
             results[rid] = RequestOutput(rid, ids, [CompletionOutput(i) for i in range(p.n)])
-        total = sum(p.n for p in params_list)
-        with tqdm(total=total, desc="Generating", unit="seq", disable=not use_tqdm) as bar:
-            while self.engine.has_unfinished_requests():
-                for out in self.engine.step():
-                    result = results[out.request_id]
-                    completion = result.outputs[out.index]
-                    completion.token_ids.extend(out.new_token_ids)
-                    completion.text += out.new_text
-                    completion.logprobs.extend(out.new_logprobs)
-                    result.num_cached_tokens = out.num_cached_tokens if out.index == 0 else result.num_cached_tokens
-                    if out.finished:
-                        completion.finish_reason = out.finish_reason
-                        result.metrics = result.metrics or out.timings
-                        bar.update(1)
+            processor.add_request(rid, ids, p)
+            requests.append(EngineRequest(rid, ids, p, salt))
+        try:
+            self._loop.submit(requests, _QueueSink(outputs)).result()
+            self._collect(outputs, processor, results, sum(p.n for p in params_list), use_tqdm)
+        except BaseException:
+            for rid in results:  # interrupted (or the engine died): leave nothing running
+                self._loop.abort(rid)
+            raise
         return list(results.values())
+
+    def _collect(self, outputs: queue.SimpleQueue, processor: OutputProcessor, results: dict[str, RequestOutput],
+                 total: int, use_tqdm: bool) -> None:
+        with tqdm(total=total, desc="Generating", unit="seq", disable=not use_tqdm) as bar:
+            remaining = total
+            while remaining:
+                item = outputs.get()
+                if isinstance(item, BaseException):
+                    raise EngineDeadError(str(item)) from item
+                delivered, stopped = processor.process(item)
+                for request_id, index in stopped:
+                    self._loop.abort(request_id, index)
+                for out in delivered:
+                    results[out.request_id].add(out)
+                    if out.finished:
+                        remaining -= 1
+                        bar.update(1)
+
+    def close(self) -> None:
+        """Stop the engine thread (it is a daemon thread: exiting the process stops it too)."""
+        self._loop.shutdown()
 
 
 def _broadcast(value, n: int, name: str) -> list:

@@ -1,113 +1,78 @@
-"""Owns the model weights and the K/V page tensors; turns a scheduled batch into one flattened forward pass."""
+"""Owns the model weights, the K/V block tensors and the runner's view of the sequences; turns each
+`SchedulerOutput` into one flattened forward pass plus sampling.
+
+`execute()` applies the step's deltas to the persistent `InputBatch`, flattens the scheduled rows with numpy, ships
+them with one host-to-device copy, launches the forward and the sampler, and starts copying the sampled ids back;
+it returns a `StepHandle` at once. `StepHandle.result()` waits for that copy (the step's one sync) and returns the
+`ModelRunnerOutput`. On a GPU the engine schedules and prepares the next step in between (async scheduling): the
+next step's decode inputs read the sampled ids straight from the device.
+"""
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from engine.config import EngineConfig, ModelConfig
 from engine.cuda_graphs import DecodeGraphRunner, KVCaches
+from engine.input_batch import InputBatch, RunnerRequest
 from engine.models.llama import AttentionMetadata, LlamaForCausalLM
-from engine.request import Request
-from engine.sampler import sample
+from engine.outputs import ModelRunnerOutput, NewRequestData, SchedulerOutput
+from engine.sampler import Penalties, SamplerOutput, SamplingBatch, has_penalties, make_generator, penalty_parameters, sample
 from engine.sampling_params import SamplingParams
+from engine.step_inputs import DeviceInputs, HostInputs, flatten
 from engine.weights import load_weights
 from kernels.ops import get_ops
 
 log = logging.getLogger(__name__)
 
-
-@dataclass
-class ScheduledBatch:
-    """What one step computes: ``num_new_tokens[i]`` tokens of ``requests[i]``, from its ``num_computed_tokens``."""
-
-    requests: list[Request]
-    num_new_tokens: list[int]
-
-    def sampling_mask(self) -> list[bool]:
-        """A request samples when this step's chunk reaches its last token (a chunked prefill mid-way does not)."""
-        return [r.num_computed_tokens + n == r.num_tokens for r, n in zip(self.requests, self.num_new_tokens)]
-
-
-class SeqChunk(NamedTuple):
-    """The part of one sequence a step computes: tokens ``[start, start + num_new)`` of ``token_ids``."""
-
-    token_ids: Sequence[int]
-    start: int
-    num_new: int
-    block_table: list[int]
-    samples: bool
-
-
-@dataclass
-class FlatBatch:
-    """One step's flattened inputs as host lists: the model's input tensors and `AttentionMetadata` come from here,
-    and the bounds the attention kernel needs are read off the lists instead of synced back from the device."""
-
-    input_ids: list[int]
-    positions: list[int]
-    slots: list[int]
-    query_start: list[int]
-    context_lens: list[int]
-    block_tables: list[list[int]]  # padded to one width with page 0 (never read: past every context)
-    sample_rows: list[int]
-
-    @classmethod
-    def build(cls, chunks: Sequence[SeqChunk], block_size: int) -> FlatBatch:
-        flat = cls([], [], [], [0], [], [], [])
-        for chunk in chunks:
-            span = range(chunk.start, chunk.start + chunk.num_new)
-            flat.input_ids.extend(chunk.token_ids[chunk.start : chunk.start + chunk.num_new])
-            flat.positions.extend(span)
-            flat.slots.extend(chunk.block_table[p // block_size] * block_size + p % block_size for p in span)
-            flat.query_start.append(flat.query_start[-1] + chunk.num_new)
-            flat.context_lens.append(span.stop)
-            if chunk.samples:
-                flat.sample_rows.append(flat.query_start[-1] - 1)
-        width = max(len(c.block_table) for c in chunks)
-        flat.block_tables = [c.block_table + [0] * (width - len(c.block_table)) for c in chunks]
-        return flat
-
-    @property
-    def num_seqs(self) -> int:
-        return len(self.context_lens)
-
-    @property
-    def max_query_len(self) -> int:
-        return max(b - a for a, b in zip(self.query_start, self.query_start[1:]))
-
-    def metadata(self, device: torch.device) -> AttentionMetadata:
-        return AttentionMetadata(
-            slot_mapping=torch.tensor(self.slots, dtype=torch.long, device=device),
-            block_tables=torch.tensor(self.block_tables, dtype=torch.int32, device=device),
-            context_lens=torch.tensor(self.context_lens, dtype=torch.int32, device=device),
-            query_start_loc=torch.tensor(self.query_start, dtype=torch.int32, device=device),
-            max_query_len=self.max_query_len,
-            max_context_len=max(self.context_lens),
-        )
-
-
-@dataclass
-class _ProfileRow:
-    """A sampler row with every transform on (penalties, top-p over the full vocabulary, min-p, logprobs): the
-    memory profile samples with the most expensive path."""
-
-    params: SamplingParams = field(default_factory=lambda: SamplingParams(
-        temperature=1.0, top_p=0.9, min_p=0.05, repetition_penalty=1.1, presence_penalty=0.5,
-        frequency_penalty=0.5, logprobs=20,
-    ))
-    prompt_token_ids: list[int] = field(default_factory=lambda: [0])
-    output_token_ids: list[int] = field(default_factory=lambda: [0])
-    generator: torch.Generator | None = None
+# The sampler's most expensive path (penalties, top-p over the full vocabulary, min-p, logprobs): what the memory
+# profile samples with.
+_PROFILE_PARAMS = SamplingParams(temperature=1.0, top_p=0.9, min_p=0.05, repetition_penalty=1.1, presence_penalty=0.5,
+                                 frequency_penalty=0.5, logprobs=20)
 
 
 def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize
+
+
+@dataclass
+class StepProfile:
+    """Where one step's time went, in seconds (for `kvserve bench step`)."""
+
+    prepare_s: float = 0.0  # deltas, flattening, upload
+    launch_s: float = 0.0  # forward and sampling: compute time on CPU, kernel launches on CUDA
+    wait_s: float = 0.0  # blocked on the device in `result()`
+
+
+@dataclass
+class StepHandle:
+    """A launched step; `result()` waits for its sampled ids (the step's one sync) and returns them."""
+
+    runner: "ModelRunner"
+    req_ids: list[str] = field(default_factory=list)
+    params: list[SamplingParams] = field(default_factory=list)
+    sampled: SamplerOutput | None = None  # on the host (pinned) on CUDA
+    done: torch.cuda.Event | None = None
+    _output: ModelRunnerOutput | None = None
+
+    def result(self) -> ModelRunnerOutput:
+        if self._output is None:
+            start = time.perf_counter()
+            if self.done is not None:
+                self.done.synchronize()
+            self.runner.profile.wait_s += time.perf_counter() - start
+            if self.sampled is None:
+                self._output = ModelRunnerOutput([], [])
+            else:
+                token_ids, logprobs = self.sampled.host_lists(self.params)
+                self.runner.record_sampled(self.req_ids, token_ids)
+                self._output = ModelRunnerOutput(self.req_ids, token_ids, logprobs)
+        return self._output
 
 
 class ModelRunner:
@@ -125,6 +90,14 @@ class ModelRunner:
         model.init_rope(max_model_len, self.device)
         load_weights(model, model_dir)
         self.model = model.eval()
+        rows = cfg.max_num_seqs
+        self.max_blocks_per_row = -(-max_model_len // cfg.block_size)
+        self.inputs = DeviceInputs(max(cfg.max_num_batched_tokens, rows), rows, self.max_blocks_per_row, self.device)
+        self.batch = InputBatch(rows, max_model_len, self.max_blocks_per_row)
+        self.requests: dict[str, RunnerRequest] = {}
+        self.profile = StepProfile()
+        self._prev_sampled: torch.Tensor | None = None  # the last launched step's sampled ids, on the device
+        self._sampling_batch: tuple[tuple[str, ...], SamplingBatch] | None = None
         # Graphs need kernels without host syncs: the Triton ops (the torch reference reads lengths on the host).
         use_graphs = self.device.type == "cuda" and cfg.attention_backend == "triton" and not cfg.enforce_eager
         self.num_blocks = cfg.num_kv_blocks or self._blocks_from_memory_budget(use_graphs)
@@ -135,17 +108,131 @@ class ModelRunner:
 
     def _new_caches(self, num_blocks: int) -> KVCaches:
         shape = (num_blocks, self.cfg.block_size, self.model_cfg.num_kv_heads, self.model_cfg.head_dim)
-        def page_tensor() -> torch.Tensor:
+
+        def block_tensor() -> torch.Tensor:
             return torch.zeros(shape, dtype=self.dtype, device=self.device)
 
-        return [(page_tensor(), page_tensor()) for _ in range(self.model_cfg.num_layers)]
+        return [(block_tensor(), block_tensor()) for _ in range(self.model_cfg.num_layers)]
 
     def make_decode_graphs(self, kv_caches: KVCaches, use_graphs: bool) -> DecodeGraphRunner:
         """The padded decode path over ``kv_caches``; ``use_graphs=False`` runs it eagerly (CPU tests, profiling)."""
-        return DecodeGraphRunner(
-            self.model, kv_caches, self.cfg.max_num_seqs, self.max_model_len, self.cfg.block_size, use_graphs
-        )
+        return DecodeGraphRunner(self.model, kv_caches, self.inputs, self.cfg.max_num_seqs, self.max_model_len,
+                                 use_graphs)
 
+    # ---- the step ----------------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput) -> StepHandle:
+        start = time.perf_counter()
+        self._apply_deltas(sched)
+        if not sched.scheduled:
+            return StepHandle(self)
+        graphs = self.decode_graphs
+        batch = self.batch
+        pad_to = None
+        if graphs is not None and graphs.fits(batch.num_rows, int(batch.num_new[: batch.num_rows].max())):
+            pad_to = graphs.padded_size(batch.num_rows)
+        host = flatten(batch, self.cfg.block_size, pad_to)
+        input_ids, positions = self.inputs.upload(host, self._prev_sampled)
+        launched = time.perf_counter()
+        self.profile.prepare_s += launched - start
+        if pad_to is not None:
+            hidden = graphs.run(pad_to)
+        else:
+            hidden = self.model(input_ids, positions, self.kv_caches, self.inputs.metadata(host))
+        handle = self._sample(hidden, host)
+        self.profile.launch_s += time.perf_counter() - launched
+        return handle
+
+    def _apply_deltas(self, sched: SchedulerOutput) -> None:
+        """Bring the runner's request states and batch rows in line with the scheduler's view."""
+        for req_id in sched.finished_req_ids:
+            self.requests.pop(req_id, None)
+        for new in sched.new_requests:
+            self.requests[new.req_id] = self._new_request(new)
+        batch = self.batch
+        batch.remove_all_but({s.req_id for s in sched.scheduled})
+        for s in sched.scheduled:
+            req = self.requests[s.req_id]
+            if s.resumed:
+                req.block_ids = list(s.new_block_ids)
+            else:
+                req.block_ids.extend(s.new_block_ids)
+            row = batch.row_of.get(s.req_id)
+            assert row is None or not s.resumed, "a preempted sequence still has a row"
+            if row is None:
+                row = batch.add(req)
+            elif s.new_block_ids:
+                batch.append_blocks(row, s.new_block_ids)
+            batch.num_computed[row] = s.num_computed_tokens
+            batch.num_new[row] = s.num_new_tokens
+            batch.samples[row] = s.samples
+
+    def _new_request(self, new: NewRequestData) -> RunnerRequest:
+        req = RunnerRequest(new.req_id, list(new.prompt_token_ids), new.params,
+                            None if new.seed is None else make_generator(new.seed, self.device))
+        if has_penalties(new.params):
+            vocab = self.model_cfg.vocab_size
+            req.output_counts = torch.zeros(vocab, device=self.device)
+            req.prompt_seen = torch.zeros(vocab, dtype=torch.bool, device=self.device)
+            if new.params.repetition_penalty != 1.0:
+                req.prompt_seen[torch.tensor(new.prompt_token_ids, device=self.device)] = True
+        return req
+
+    def _sample(self, hidden: torch.Tensor, host: HostInputs) -> StepHandle:
+        batch = self.batch
+        req_ids = [batch.req_ids[r] for r in host.sample_rows]
+        if not req_ids:
+            return StepHandle(self)
+        index = torch.from_numpy(host.sample_index).to(self.device, non_blocking=True).long()
+        logits = self.model.compute_logits(hidden.index_select(0, index))
+        sampling = self._sampling_batch_for(req_ids)
+        penalties = self._penalties(req_ids, sampling.params) if sampling.penalized_rows else None
+        out = sample(logits, sampling, penalties)
+        for i in sampling.penalized_rows:  # count the new token in the request's history, on the device
+            counts = self.requests[req_ids[i]].output_counts
+            counts.index_add_(0, out.token_ids[i : i + 1], torch.ones(1, device=self.device))
+        self._prev_sampled = out.token_ids
+        batch.pending_src[host.sample_rows] = np.arange(len(req_ids), dtype=np.int32)
+        handle = StepHandle(self, req_ids, sampling.params)
+        if self.device.type == "cuda":
+            handle.sampled = _to_pinned(out)
+            handle.done = torch.cuda.Event()
+            handle.done.record()
+        else:
+            handle.sampled = out
+        return handle
+
+    def _sampling_batch_for(self, req_ids: list[str]) -> SamplingBatch:
+        """The sampler's per-row tensors, rebuilt only when the set of sampling sequences changes."""
+        key = tuple(req_ids)
+        if self._sampling_batch is None or self._sampling_batch[0] != key:
+            reqs = [self.requests[r] for r in req_ids]
+            batch = SamplingBatch([r.params for r in reqs], [r.generator for r in reqs], self.device)
+            self._sampling_batch = (key, batch)
+        return self._sampling_batch[1]
+
+    def _penalties(self, req_ids: list[str], params: list[SamplingParams]) -> Penalties:
+        vocab = self.model_cfg.vocab_size
+        zeros = torch.zeros(vocab, device=self.device)
+        unseen = torch.zeros(vocab, dtype=torch.bool, device=self.device)
+        reqs = [self.requests[r] for r in req_ids]
+        counts = torch.stack([r.output_counts if r.output_counts is not None else zeros for r in reqs])
+        seen = torch.stack([r.prompt_seen if r.prompt_seen is not None else unseen for r in reqs])
+        return Penalties(*penalty_parameters(params, self.device), counts, seen)
+
+    def record_sampled(self, req_ids: list[str], token_ids: list[int]) -> None:
+        """A step's sampled ids reached the host: append them to each sequence's tokens (and its row)."""
+        batch = self.batch
+        for req_id, token in zip(req_ids, token_ids):
+            req = self.requests.get(req_id)
+            if req is None:  # finished while the step ran
+                continue
+            req.token_ids.append(token)
+            row = batch.row_of.get(req_id)
+            if row is not None:
+                batch.append_token(row, token)
+
+    # ---- memory budget -----------------------------------------------------------------------------------------
     def _capture_decode_graphs(self) -> DecodeGraphRunner:
         start = time.perf_counter()
         torch.cuda.empty_cache()  # capture empties the cache too; release it first so the free-memory delta is real
@@ -158,7 +245,7 @@ class ModelRunner:
         return graphs
 
     def _blocks_from_memory_budget(self, use_graphs: bool) -> int:
-        """KV pages that fit the budget. On CUDA: ``total * gpu_memory_utilization`` minus the peak of tensors
+        """KV blocks that fit the budget. On CUDA: ``total * gpu_memory_utilization`` minus the peak of tensors
         (weights plus a profiled full-size step), minus memory outside torch's allocator (CUDA context, other
         processes), minus the decode graphs' pool.
 
@@ -192,21 +279,29 @@ class ModelRunner:
         ``max_model_len``, the positions RoPE covers), then logits and sampling for ``max_num_seqs`` rows on the
         sampler's most expensive path.
 
-        Every block table points at page 0 of a one-page scratch cache: what the pages hold does not change the
+        Every token goes to block 0 of a one-block scratch cache: what the blocks hold does not change the
         activations, and a real-size scratch cache would count KV memory as activation peak.
         """
-        n, longest, bs = self.cfg.max_num_batched_tokens, self.max_model_len, self.cfg.block_size
-        chunks = [
-            SeqChunk([0] * length, 0, length, [0] * -(-length // bs), True)
-            for length in (min(longest, n - first) for first in range(0, n, longest))
-        ]
-        hidden = self._forward_eager(FlatBatch.build(chunks, bs), self._new_caches(1))
+        n, longest, bs, dev = self.cfg.max_num_batched_tokens, self.max_model_len, self.cfg.block_size, self.device
+        lengths = [min(longest, n - first) for first in range(0, n, longest)]
+        positions = torch.cat([torch.arange(length) for length in lengths]).to(dev)
+        ends = torch.tensor(lengths).cumsum(0)
+        meta = AttentionMetadata(
+            slot_mapping=positions % bs,
+            block_tables=torch.zeros(len(lengths), -(-longest // bs), dtype=torch.int32, device=dev),
+            context_lens=torch.tensor(lengths, dtype=torch.int32, device=dev),
+            query_start_loc=torch.cat([torch.zeros(1, dtype=torch.long), ends]).to(dev, torch.int32),
+            max_query_len=max(lengths), max_context_len=max(lengths),
+        )
+        hidden = self.model(torch.zeros(n, dtype=torch.long, device=dev), positions, self._new_caches(1), meta)
         rows = min(self.cfg.max_num_seqs, n)
-        sample(self.model.compute_logits(hidden[-rows:]), [_ProfileRow()] * rows)
+        params = [_PROFILE_PARAMS] * rows
+        penalties = Penalties.from_histories(params, [[0]] * rows, [[0]] * rows, self.model_cfg.vocab_size, dev)
+        sample(self.model.compute_logits(hidden[-rows:]), SamplingBatch(params, [None] * rows, dev), penalties)
 
     def _profile_decode_graphs(self) -> int:
         """Bytes the decode graphs' pool will hold: the allocation peak of the largest padded decode forward (with
-        its static buffers), measured eagerly over a one-page scratch cache (padding rows read page 0 only)."""
+        its static buffers), measured eagerly over a one-block scratch cache (padding rows read block 0 only)."""
         caches = self._new_caches(1)
         torch.cuda.reset_peak_memory_stats(self.device)
         baseline = torch.cuda.memory_allocated(self.device)
@@ -215,33 +310,15 @@ class ModelRunner:
         torch.cuda.synchronize(self.device)
         return torch.cuda.max_memory_allocated(self.device) - baseline
 
-    def copy_pages(self, pairs: list[tuple[int, int]]) -> None:
-        """Copy whole pages (src -> dst) in every layer: a forked sequence's private partial block."""
-        if not pairs:
-            return
-        src = torch.tensor([s for s, _ in pairs], device=self.device)
-        dst = torch.tensor([d for _, d in pairs], device=self.device)
-        for k_cache, v_cache in self.kv_caches:
-            k_cache[dst] = k_cache[src]
-            v_cache[dst] = v_cache[src]
 
-    @torch.inference_mode()
-    def execute(self, batch: ScheduledBatch, block_tables: list[list[int]]) -> torch.Tensor:
-        """Run the batch; returns float32 logits ``[num_sampling_requests, vocab]`` in batch order."""
-        chunks = [
-            SeqChunk(req.token_ids, req.num_computed_tokens, n, table, samples)
-            for req, n, table, samples in zip(batch.requests, batch.num_new_tokens, block_tables, batch.sampling_mask())
-        ]
-        flat = FlatBatch.build(chunks, self.cfg.block_size)
-        graphs = self.decode_graphs
-        if graphs is not None and graphs.fits(flat):
-            hidden = graphs.forward(flat)
-        else:
-            hidden = self._forward_eager(flat, self.kv_caches)
-        return self.model.compute_logits(hidden[torch.tensor(flat.sample_rows, dtype=torch.long, device=self.device)])
+def _to_pinned(out: SamplerOutput) -> SamplerOutput:
+    """Start copying the sampled ids (and logprobs) into pinned host memory without blocking the host."""
 
-    def _forward_eager(self, flat: FlatBatch, kv_caches: KVCaches) -> torch.Tensor:
-        dev = self.device
-        input_ids = torch.tensor(flat.input_ids, dtype=torch.long, device=dev)
-        positions = torch.tensor(flat.positions, dtype=torch.long, device=dev)
-        return self.model(input_ids, positions, kv_caches, flat.metadata(dev))
+    def copy(t: torch.Tensor | None) -> torch.Tensor | None:
+        if t is None:
+            return None
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        return host.copy_(t, non_blocking=True)
+
+    return SamplerOutput(copy(out.token_ids), out.logprob_rows, copy(out.chosen_logprobs), copy(out.top_ids),
+                         copy(out.top_logprobs))

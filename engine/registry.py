@@ -199,3 +199,9 @@ def resolve_model(name_or_path: str) -> Path:
         assert spec.repo_id is not None
         return hub.hub_snapshot(spec.repo_id, spec.revision)
     return cache.build_once(cache.cache_root() / spec.name, _fingerprint(spec), lambda out: _build(spec, out))
+
+
+def model_identity(spec: ModelSpec, model_dir: Path) -> str:
+    """What block 0's hash is salted with: the registry name, or the directory of an unregistered local model (two
+    different directories may share a name)."""
+    return str(model_dir) if spec.source == "local" else spec.name

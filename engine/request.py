@@ -1,61 +1,47 @@
-"""A request's state as it moves through the engine: waiting -> running (-> preempted -> running) -> finished."""
+"""A sequence's state as it moves through the scheduler: waiting -> running (-> preempted -> running) -> finished.
+
+Owned by the scheduler alone. With async scheduling a step is scheduled before the previous step's sampled tokens
+are known: ``num_output_placeholders`` counts tokens that are sampled on the device but not yet appended here.
+"""
 from __future__ import annotations
 
 import enum
-import time
 from dataclasses import dataclass, field
 
-import torch
-
-from engine.sampler import TokenLogprobs
+from engine.block_hashing import BlockHash
+from engine.outputs import FinishReason, RequestTimings
 from engine.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
-    PREEMPTED = "preempted"  # pages released; waits at the front of the queue to recompute
+    PREEMPTED = "preempted"  # blocks released; waits at the front of the queue to recompute
     FINISHED = "finished"
-
-
-@dataclass
-class RequestTimings:
-    arrival: float = field(default_factory=time.perf_counter)
-    scheduled: float | None = None  # first admission
-    first_token: float | None = None
-    finished: float | None = None
-
-    @property
-    def queue_s(self) -> float | None:
-        return None if self.scheduled is None else self.scheduled - self.arrival
-
-    @property
-    def ttft_s(self) -> float | None:
-        return None if self.first_token is None else self.first_token - self.arrival
-
-    @property
-    def e2e_s(self) -> float | None:
-        return None if self.finished is None else self.finished - self.arrival
 
 
 @dataclass(eq=False)
 class Request:
-    request_id: str
+    request_id: str  # this sequence's id (n > 1 siblings: "<group_id>#<index>")
     token_ids: list[int]  # prompt then output: one list, so the hot path never concatenates
     num_prompt_tokens: int
     params: SamplingParams
     cache_salt: str | None = None
-    generator: torch.Generator | None = None
-    logprobs: list[TokenLogprobs | None] = field(default_factory=list)
+    group_id: str = ""  # the caller's request id: n > 1 sequences share it
+    index: int = 0  # which of the n sequences
+    block_hashes: list[BlockHash] = field(default_factory=list)  # of every full block of token_ids, grown as they fill
     status: RequestStatus = RequestStatus.WAITING
-    finish_reason: str | None = None  # "stop" | "length" | "abort"
-    num_computed_tokens: int = 0  # tokens whose K/V are in pages
+    finish_reason: FinishReason | None = None
+    num_computed_tokens: int = 0  # tokens whose K/V are in blocks (or will be, once the scheduled step ran)
+    num_output_placeholders: int = 0  # sampled in a step whose output is not back yet
     num_cached_tokens: int = 0  # of the prompt, served by the prefix cache at first admission
     num_preemptions: int = 0
-    group_id: str = ""  # the client's request id: n > 1 sequences share it
-    index: int = 0  # which of the n sequences
-    pending_siblings: int = 0  # n > 1: siblings to fork from this sequence once its prompt is computed
+    pending_siblings: int = 0  # n > 1: siblings to queue once this sequence's prompt is scheduled
     timings: RequestTimings = field(default_factory=RequestTimings)
+
+    @property
+    def seed(self) -> int | None:
+        return None if self.params.seed is None else self.params.seed + self.index
 
     @property
     def prompt_token_ids(self) -> list[int]:
@@ -67,19 +53,17 @@ class Request:
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self.token_ids) - self.num_prompt_tokens
+        """Generated so far, counting tokens still on their way back from the device."""
+        return len(self.token_ids) - self.num_prompt_tokens + self.num_output_placeholders
 
     @property
     def num_tokens(self) -> int:
-        return len(self.token_ids)
+        """Known tokens plus placeholders: the sequence's length once the steps in flight are back."""
+        return len(self.token_ids) + self.num_output_placeholders
 
     @property
     def num_uncomputed_tokens(self) -> int:
         return self.num_tokens - self.num_computed_tokens
-
-    @property
-    def is_prefilling(self) -> bool:
-        return self.num_uncomputed_tokens > 1
 
     @property
     def finished(self) -> bool:

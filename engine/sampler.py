@@ -1,44 +1,24 @@
-"""Token sampling for one batch of logits.
+"""Token sampling for one batch of logits, entirely on the logits' device: no host sync until the caller copies the
+result back (once per step).
 
 Order of operations (the vLLM / OpenAI order): repetition penalty, presence and frequency penalties, then for
 non-greedy rows temperature, top-k, top-p, min-p and the random draw. Greedy rows take the argmax of the penalized
-logits. Everything is vectorized over the batch with per-row parameter tensors; the only per-row Python work is one
-noise draw per seeded row (each seeded row owns a generator, which is what makes a seed reproducible whatever else
-shares the batch).
+logits. Everything is vectorized over the batch with per-row parameter tensors, built once per batch composition
+(`SamplingBatch`); the only per-row work is one noise draw per seeded row (each seeded row owns a generator, which is
+what makes a seed reproducible whatever else shares the batch).
 
 Logprobs are taken from the model's raw distribution, ``log_softmax(logits)`` *before* penalties and temperature,
 so they describe what the model predicted rather than the sampling transform applied to it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol, Sequence
+from dataclasses import dataclass, field
+from typing import Sequence
 
 import torch
 
+from engine.outputs import TokenLogprobs
 from engine.sampling_params import SamplingParams
-
-
-class SampleContext(Protocol):
-    """What the sampler needs from each row; the engine's request objects satisfy it."""
-
-    params: SamplingParams
-    prompt_token_ids: list[int]
-    output_token_ids: list[int]
-    generator: torch.Generator | None
-
-
-@dataclass
-class TokenLogprobs:
-    token_id: int
-    logprob: float
-    top: list[tuple[int, float]]  # the top-N alternatives (token id, logprob), best first
-
-
-@dataclass
-class SamplerOutput:
-    token_ids: list[int]
-    logprobs: list[TokenLogprobs | None]  # None for rows that did not ask for logprobs
 
 
 def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
@@ -48,104 +28,161 @@ def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
     return generator
 
 
-def sample(logits: torch.Tensor, rows: Sequence[SampleContext]) -> SamplerOutput:
-    """Pick one token per row of ``logits`` ([B, V]) with each row's sampling parameters."""
-    if logits.dim() != 2 or logits.shape[0] != len(rows):
-        raise ValueError(f"logits must be [len(rows), vocab], got {tuple(logits.shape)} for {len(rows)} rows")
-    logits = logits.float()
-    params = [row.params for row in rows]
-
-    if all(p.greedy and not _has_penalties(p) for p in params):
-        token_ids = logits.argmax(dim=-1)  # fast path: one argmax for the whole batch
-    else:
-        token_ids = _sample_general(logits, rows)
-
-    token_list = token_ids.tolist()
-    return SamplerOutput(token_ids=token_list, logprobs=_gather_logprobs(logits, token_ids, token_list, params))
-
-
-def _has_penalties(p: SamplingParams) -> bool:
+def has_penalties(p: SamplingParams) -> bool:
     return p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
 
 
-def _sample_general(logits: torch.Tensor, rows: Sequence[SampleContext]) -> torch.Tensor:
-    params = [row.params for row in rows]
-    if any(_has_penalties(p) for p in params):
-        logits = apply_penalties(logits, rows)
-    token_ids = logits.argmax(dim=-1)
-    random_rows = [i for i, p in enumerate(params) if not p.greedy]
-    if random_rows:
-        index = torch.tensor(random_rows, device=logits.device)
-        sub_rows = [rows[i] for i in random_rows]
-        probs = _sampling_probs(_select_rows(logits, index), [row.params for row in sub_rows])
-        token_ids[index] = _draw(probs, [row.generator for row in sub_rows])
-    return token_ids
+@dataclass
+class Penalties:
+    """Per-row penalty parameters ``[B, 1]`` and token histories ``[B, V]`` (rows without penalties are neutral)."""
+
+    repetition: torch.Tensor
+    presence: torch.Tensor
+    frequency: torch.Tensor
+    output_counts: torch.Tensor  # float counts of each token in the row's output so far
+    prompt_seen: torch.Tensor  # bool: token occurs in the prompt (only filled for rows with a repetition penalty)
+
+    @classmethod
+    def from_histories(
+        cls, params: Sequence[SamplingParams], prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]],
+        vocab: int, device: torch.device | str,
+    ) -> "Penalties":
+        """From token lists (tests and one-off calls; the runner keeps the histories on the device instead)."""
+        counts = torch.zeros(len(params), vocab, device=device)
+        seen = torch.zeros(len(params), vocab, dtype=torch.bool, device=device)
+        for i, (p, prompt, output) in enumerate(zip(params, prompts, outputs)):
+            if output:
+                counts[i].index_add_(0, torch.as_tensor(output, device=device), torch.ones(len(output), device=device))
+            if prompt and p.repetition_penalty != 1.0:
+                seen[i, torch.as_tensor(prompt, device=device)] = True
+        return cls(*penalty_parameters(params, device), counts, seen)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """Penalized logits (a new tensor). Repetition penalty (HF semantics) over prompt + output tokens: positive
+        logits are divided by it, negative ones multiplied. Presence and frequency penalties (OpenAI semantics) over
+        output tokens only: ``logit -= frequency * count + presence * (count > 0)``."""
+        counts = self.output_counts
+        seen = self.prompt_seen | (counts > 0)
+        penalized = torch.where(logits > 0, logits / self.repetition, logits * self.repetition)
+        logits = torch.where(seen, penalized, logits)
+        return logits - self.frequency * counts - self.presence * (counts > 0).float()
 
 
-def apply_penalties(logits: torch.Tensor, rows: Sequence[SampleContext]) -> torch.Tensor:
-    """Return penalized logits (a new tensor).
-
-    Repetition penalty (HF semantics) over prompt + output tokens: positive logits are divided by it, negative
-    ones multiplied. Presence and frequency penalties (OpenAI semantics) over output tokens only:
-    ``logit -= frequency * count + presence * (count > 0)``.
-    """
-    vocab = logits.shape[1]
-    device = logits.device
-    repetition = torch.tensor([row.params.repetition_penalty for row in rows], device=device).unsqueeze(1)
-    presence = torch.tensor([row.params.presence_penalty for row in rows], device=device).unsqueeze(1)
-    frequency = torch.tensor([row.params.frequency_penalty for row in rows], device=device).unsqueeze(1)
-
-    output_counts = _token_counts([row.output_token_ids for row in rows], vocab, device)
-    # Only rows with a repetition penalty look at their prompt; skipping the rest keeps long prompts cheap.
-    prompts = [row.prompt_token_ids if row.params.repetition_penalty != 1.0 else [] for row in rows]
-    seen = _token_counts(prompts, vocab, device) + output_counts > 0
-    penalized = torch.where(logits > 0, logits / repetition, logits * repetition)
-    logits = torch.where(seen, penalized, logits)
-    return logits - frequency * output_counts - presence * (output_counts > 0).float()
+def penalty_parameters(params: Sequence[SamplingParams], device: torch.device | str) -> tuple[torch.Tensor, ...]:
+    """(repetition, presence, frequency), each ``[B, 1]``."""
+    values = torch.tensor(
+        [[p.repetition_penalty, p.presence_penalty, p.frequency_penalty] for p in params], dtype=torch.float32
+    ).to(device)
+    return values[:, 0:1], values[:, 1:2], values[:, 2:3]
 
 
-def _token_counts(token_lists: Sequence[Sequence[int]], vocab: int, device: torch.device) -> torch.Tensor:
-    """[B, V] float counts of each token id per row, built with one scatter over a padded id matrix."""
-    width = max((len(ids) for ids in token_lists), default=0)
-    # Padding points at an extra sink column that is dropped afterwards.
-    padded = torch.full((len(token_lists), width), vocab, dtype=torch.long)
-    for i, ids in enumerate(token_lists):
-        padded[i, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
-    padded = padded.to(device)
-    counts = torch.zeros(len(token_lists), vocab + 1, device=device)
-    counts.scatter_add_(1, padded, torch.ones_like(padded, dtype=counts.dtype))
-    return counts[:, :vocab]
+@dataclass
+class SamplingBatch:
+    """The sampler's view of its rows, derived once per batch composition (host work O(rows))."""
+
+    params: list[SamplingParams]
+    generators: list[torch.Generator | None]
+    device: torch.device
+    greedy_only: bool = field(init=False)  # every row greedy and unpenalized: one argmax
+    penalized_rows: list[int] = field(init=False)
+    random_rows: torch.Tensor | None = field(init=False)  # rows that draw (temperature > 0)
+    random_params: list[SamplingParams] = field(init=False)
+    random_generators: list[torch.Generator | None] = field(init=False)
+    temperature: torch.Tensor | None = field(init=False)  # [R, 1], of the random rows
+    top_k: list[int] = field(init=False)
+    top_p: torch.Tensor | None = field(init=False)
+    min_p: torch.Tensor | None = field(init=False)
+    logprob_rows: list[int] = field(init=False)
+    num_top_logprobs: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        params, dev = self.params, self.device
+        self.penalized_rows = [i for i, p in enumerate(params) if has_penalties(p)]
+        self.greedy_only = not self.penalized_rows and all(p.greedy for p in params)
+        rows = [i for i, p in enumerate(params) if not p.greedy]
+        sub = [params[i] for i in rows]
+        self.random_params = sub
+        self.random_generators = [self.generators[i] for i in rows]
+        self.random_rows = torch.tensor(rows, device=dev) if rows and len(rows) < len(params) else None
+        self.temperature = torch.tensor([p.temperature for p in sub], device=dev).unsqueeze(1) if sub else None
+        self.top_k = [p.top_k for p in sub]
+        self.top_p = torch.tensor([p.top_p for p in sub], device=dev) if any(p.top_p < 1 for p in sub) else None
+        self.min_p = torch.tensor([p.min_p for p in sub], device=dev) if any(p.min_p > 0 for p in sub) else None
+        self.logprob_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
+        self.num_top_logprobs = max((params[i].logprobs or 0 for i in self.logprob_rows), default=0)
 
 
-def _sampling_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+@dataclass
+class SamplerOutput:
+    """Sampled ids ``[B]`` and, for the rows that asked, raw logprobs; all on the logits' device."""
+
+    token_ids: torch.Tensor
+    logprob_rows: list[int]
+    chosen_logprobs: torch.Tensor | None = None  # [L]
+    top_ids: torch.Tensor | None = None  # [L, N]
+    top_logprobs: torch.Tensor | None = None  # [L, N]
+
+    def host_lists(self, params: Sequence[SamplingParams]) -> tuple[list[int], list[TokenLogprobs | None] | None]:
+        """Python lists (call on host tensors): the ids, and per row its `TokenLogprobs` (None if not asked)."""
+        token_list = self.token_ids.tolist()
+        if not self.logprob_rows:
+            return token_list, None
+        result: list[TokenLogprobs | None] = [None] * len(token_list)
+        chosen = self.chosen_logprobs.tolist()
+        top_ids = self.top_ids.tolist() if self.top_ids is not None else [[] for _ in chosen]
+        top_values = self.top_logprobs.tolist() if self.top_logprobs is not None else [[] for _ in chosen]
+        for j, i in enumerate(self.logprob_rows):
+            n = params[i].logprobs or 0
+            result[i] = TokenLogprobs(token_list[i], chosen[j], list(zip(top_ids[j][:n], top_values[j][:n])))
+        return token_list, result
+
+
+def sample(logits: torch.Tensor, batch: SamplingBatch, penalties: Penalties | None = None) -> SamplerOutput:
+    """Pick one token per row of ``logits`` ([B, V]) with each row's sampling parameters."""
+    if logits.dim() != 2 or logits.shape[0] != len(batch.params):
+        raise ValueError(f"logits must be [rows, vocab], got {tuple(logits.shape)} for {len(batch.params)} rows")
+    logits = logits.float()
+    raw = logits
+    if batch.greedy_only:
+        token_ids = logits.argmax(dim=-1)  # fast path: one argmax for the whole batch
+    else:
+        if penalties is not None:
+            logits = penalties.apply(logits)
+        token_ids = logits.argmax(dim=-1)
+        if batch.random_params:
+            index = batch.random_rows
+            sub = logits if index is None else logits.index_select(0, index)
+            drawn = _draw(_sampling_probs(sub, batch), batch.random_generators)
+            if index is None:
+                token_ids = drawn
+            else:
+                token_ids[index] = drawn
+    return _with_logprobs(raw, token_ids, batch)
+
+
+def _sampling_probs(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """Temperature, then top-k, top-p and min-p masks; returns the normalized distribution to draw from."""
-    temperature = torch.tensor([p.temperature for p in params], device=logits.device).unsqueeze(1)
-    logits = logits / temperature
-    if all(0 < p.top_k < logits.shape[1] for p in params):
+    logits = logits / batch.temperature
+    vocab = logits.shape[1]
+    if all(0 < k < vocab for k in batch.top_k):
         # Every row keeps at most max(top_k) tokens: filter those candidates only, so top-p sorts a few values
         # instead of the whole vocabulary. (Ties at the largest k-th value beyond the candidates are cut here.)
-        values, candidates = logits.topk(max(p.top_k for p in params), dim=-1)
+        values, candidates = logits.topk(max(batch.top_k), dim=-1)
         filtered = torch.full_like(logits, float("-inf"))
-        logits = filtered.scatter_(1, candidates, _apply_filters(values, params))
+        logits = filtered.scatter_(1, candidates, _apply_filters(values, batch))
     else:
-        logits = _apply_filters(logits, params)
+        logits = _apply_filters(logits, batch)
     return logits.softmax(dim=-1)
 
 
-def _apply_filters(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
-    device = logits.device
-    if any(p.top_k > 0 for p in params):
-        logits = _apply_top_k(logits, [p.top_k for p in params])
-    if any(p.top_p < 1.0 for p in params):
-        logits = _apply_top_p(logits, torch.tensor([p.top_p for p in params], device=device))
-    if any(p.min_p > 0.0 for p in params):
-        logits = _apply_min_p(logits, torch.tensor([p.min_p for p in params], device=device))
+def _apply_filters(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    if any(k > 0 for k in batch.top_k):
+        logits = _apply_top_k(logits, batch.top_k)
+    if batch.top_p is not None:
+        logits = _apply_top_p(logits, batch.top_p)
+    if batch.min_p is not None:
+        logits = _apply_min_p(logits, batch.min_p)
     return logits
-
-
-def _select_rows(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """t[index] along dim 0, without copying a [B, V] tensor when index is every row in order."""
-    return t if len(index) == t.shape[0] else t.index_select(0, index)
 
 
 def _apply_top_k(logits: torch.Tensor, top_k: list[int]) -> torch.Tensor:
@@ -189,7 +226,9 @@ def _draw(probs: torch.Tensor, generators: Sequence[torch.Generator | None]) -> 
     """
     noise = torch.empty_like(probs)
     unseeded = [i for i, g in enumerate(generators) if g is None]
-    if unseeded:
+    if len(unseeded) == len(generators):
+        noise.exponential_()
+    elif unseeded:
         index = torch.tensor(unseeded, device=probs.device)
         noise[index] = torch.empty(len(unseeded), probs.shape[1], device=probs.device).exponential_()
     for i, generator in enumerate(generators):
@@ -200,25 +239,14 @@ def _draw(probs: torch.Tensor, generators: Sequence[torch.Generator | None]) -> 
     return (probs / noise).argmax(dim=-1)
 
 
-def _gather_logprobs(
-    logits: torch.Tensor, token_ids: torch.Tensor, token_list: list[int], params: Sequence[SamplingParams]
-) -> list[TokenLogprobs | None]:
-    wanted = [i for i, p in enumerate(params) if p.logprobs is not None]
-    result: list[TokenLogprobs | None] = [None] * len(params)
-    if not wanted:
-        return result
-    index = torch.tensor(wanted, device=logits.device)
-    logprobs = _select_rows(logits, index).log_softmax(dim=-1)
-    chosen = logprobs.gather(1, _select_rows(token_ids, index).unsqueeze(1)).squeeze(1).tolist()
-    top_n = max(params[i].logprobs or 0 for i in wanted)
-    top = logprobs.topk(top_n, dim=-1) if top_n else None
-    top_values = top.values.tolist() if top is not None else [[] for _ in wanted]
-    top_ids = top.indices.tolist() if top is not None else [[] for _ in wanted]
-    for j, i in enumerate(wanted):
-        n = params[i].logprobs or 0
-        result[i] = TokenLogprobs(
-            token_id=token_list[i],
-            logprob=chosen[j],
-            top=list(zip(top_ids[j][:n], top_values[j][:n])),
-        )
-    return result
+def _with_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+    rows = batch.logprob_rows
+    if not rows:
+        return SamplerOutput(token_ids, rows)
+    index = torch.tensor(rows, device=logits.device)
+    logprobs = logits.index_select(0, index).log_softmax(dim=-1)
+    chosen = logprobs.gather(1, token_ids.index_select(0, index).unsqueeze(1)).squeeze(1)
+    if not batch.num_top_logprobs:
+        return SamplerOutput(token_ids, rows, chosen)
+    top = logprobs.topk(batch.num_top_logprobs, dim=-1)
+    return SamplerOutput(token_ids, rows, chosen, top.indices, top.values)

@@ -1,83 +1,158 @@
-"""Continuous batching: each step, running decodes first, then prefill chunks, within a token budget."""
+"""Continuous batching, and the only owner of the KV manager and the request queues.
+
+Each step, `schedule()` takes running decodes first (one token each), then continuing chunked prefills, then new
+requests in policy order, within a token budget, and returns a `SchedulerOutput` of deltas for the model runner.
+`update()` takes the sampled tokens back. Blocks are committed to the prefix cache as soon as the step that fills
+them is scheduled (a later step that reads them runs after it), and again when a sampled token completes a block.
+
+With async scheduling, step N+1 is scheduled before step N's tokens are back: a sequence that will sample in a step
+gets a placeholder (``Request.num_output_placeholders``), which `update()` replaces with the real token.
+"""
 from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
-from engine.config import EngineConfig
+from engine.block_hashing import BlockHasher
+from engine.config import EngineConfig, SchedulingPolicy
 from engine.kv_cache import KVCacheManager
-from engine.model_runner import ScheduledBatch
+from engine.outputs import (
+    FinishReason,
+    ModelRunnerOutput,
+    NewRequestData,
+    ScheduledRequest,
+    SchedulerOutput,
+    SchedulerStats,
+    SequenceOutput,
+    TokenLogprobs,
+)
 from engine.request import Request, RequestStatus
+from engine.sampling_params import SamplingParams
+
+T = TypeVar("T")
 
 
-@dataclass
-class SchedulerOutput:
-    batch: ScheduledBatch
-    preempted: list[Request] = field(default_factory=list)
-    # Requests that cannot continue even with the whole page pool to themselves (finished with "length").
-    out_of_pages: list[Request] = field(default_factory=list)
+def admission_order(policy: SchedulingPolicy, candidates: Sequence[T], num_cached_tokens: Callable[[T], int]) -> list[T]:
+    """The one meaning of each policy, shared by the scheduler and the prefix-cache simulator: FCFS keeps arrival
+    order; LONGEST_PREFIX puts the candidates with the most cached tokens first (ties in arrival order)."""
+    if policy is SchedulingPolicy.FCFS:
+        return list(candidates)
+    return sorted(candidates, key=lambda c: -num_cached_tokens(c))
 
 
 class Scheduler:
-    def __init__(self, cfg: EngineConfig, kv: KVCacheManager) -> None:
+    def __init__(
+        self, cfg: EngineConfig, num_blocks: int, model_id: str, max_model_len: int, eos_token_ids: set[int]
+    ) -> None:
         self.cfg = cfg
-        self.kv = kv
+        self.max_model_len = max_model_len
+        self.eos_token_ids = eos_token_ids
+        self.kv = KVCacheManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching, cfg.eviction_policy)
+        self.hasher = BlockHasher(cfg.block_size, model_id)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # in admission order: the last one is preempted first
+        self.requests: dict[str, Request] = {}  # every live sequence
+        self.groups: dict[str, list[Request]] = {}  # caller request id -> its live sequences
+        self._finished_ids: list[str] = []  # for the next SchedulerOutput: the runner forgets them
+        self._outputs: list[SequenceOutput] = []
         self.num_preemptions = 0
+        self.num_prompt_tokens = 0  # computed prompt tokens (cache hits excluded)
+        self.num_generation_tokens = 0
 
-    def add(self, req: Request) -> None:
-        self.waiting.append(req)
+    # ---- requests ------------------------------------------------------------------------------------------------
+    def add_request(self, group_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    cache_salt: str | None = None) -> None:
+        """Queue a request; its n - 1 siblings are queued once its prompt is scheduled (they then hit its blocks)."""
+        leader = self._new_sequence(group_id, 0, list(prompt_token_ids), params, cache_salt)
+        leader.pending_siblings = params.n - 1
+        self.groups[group_id] = []
+        self._enqueue(leader)
 
-    def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+    def _new_sequence(self, group_id: str, index: int, prompt: list[int], params: SamplingParams,
+                      cache_salt: str | None) -> Request:
+        req = Request(f"{group_id}#{index}" if index else group_id, prompt, len(prompt), params, cache_salt,
+                      group_id=group_id, index=index)
+        if self.cfg.enable_prefix_caching:
+            self.hasher.extend(req.block_hashes, req.token_ids, cache_salt)
+        return req
 
-    def finish(self, req: Request) -> None:
-        """Release a request's pages (its full blocks stay cached) and forget it."""
-        if req in self.running:
-            self.running.remove(req)
-            self.kv.free(req.request_id)
-        elif req in self.waiting:
-            self.waiting.remove(req)
+    def _enqueue(self, req: Request, front: bool = False) -> None:
+        self.requests[req.request_id] = req
+        self.groups[req.group_id].append(req)
+        if front:
+            self.waiting.appendleft(req)
+        else:
+            self.waiting.append(req)
 
+    def abort(self, group_id: str, index: int | None = None) -> None:
+        """Finish the request's sequences (or only sequence ``index``) now and free their blocks: the caller went
+        away, or a stop string ended the sequence."""
+        for req in list(self.groups.get(group_id, ())):
+            if index is None or req.index == index:
+                self._finish(req, FinishReason.ABORT)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.groups)
+
+    def num_cached_tokens(self, token_ids: Sequence[int], cache_salt: str | None) -> int:
+        """How many tokens of ``token_ids`` the prefix cache would serve now (/tokenize)."""
+        return self.kv.num_cached_tokens(self.hasher.hashes(token_ids, cache_salt), len(token_ids))
+
+    def reset_prefix_cache(self) -> None:
+        """Drop every cached block no sequence holds (between benchmark runs)."""
+        self.kv.reset_prefix_cache()
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return self.kv.blocks_needed(num_tokens)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.kv.num_blocks
+
+    # ---- the step ------------------------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput(ScheduledBatch([], []))
+        out = SchedulerOutput(finished_req_ids=self._finished_ids)
+        self._finished_ids = []
         budget = self.cfg.max_num_batched_tokens
+        scheduled: set[str] = set()
         # Decodes first (one token each, latency-critical), then continuing chunked prefills.
-        for req in sorted(self.running, key=lambda r: r.is_prefilling):
+        for req in sorted(self.running, key=lambda r: r.num_uncomputed_tokens > 1):
             if budget == 0:
                 break
-            if req.status is not RequestStatus.RUNNING:  # preempted earlier in this loop
+            if req.status is not RequestStatus.RUNNING or self._at_limit(req):  # preempted in this loop / done
                 continue
             n = min(req.num_uncomputed_tokens, budget)
-            if not self._make_room(req, n, out):
+            new_block_ids = self._make_room(req, n, scheduled, out)
+            if new_block_ids is None:
                 continue
-            out.batch.requests.append(req)
-            out.batch.num_new_tokens.append(n)
+            self._schedule(req, n, new_block_ids, out, scheduled)
             budget -= n
-        if not out.preempted:  # pages just ran short: admitting new work would only thrash
-            budget = self._admit_waiting(budget, out.batch)
+        if not out.preempted_req_ids:  # blocks just ran short: admitting new work would only thrash
+            self._admit_waiting(budget, out, scheduled)
         return out
 
-    def _make_room(self, req: Request, n: int, out: SchedulerOutput) -> bool:
-        """Allocate pages for ``n`` more tokens of ``req``, preempting the newest other requests if needed."""
-        while not self.kv.allocate(req.request_id, req.num_computed_tokens + n):
-            victims = [r for r in self.running if r is not req and r not in out.batch.requests]
+    def _at_limit(self, req: Request) -> bool:
+        """Nothing left to compute: the tokens in flight already reach max_tokens or the context length."""
+        return req.num_output_tokens >= req.params.max_tokens or req.num_tokens >= self.max_model_len
+
+    def _make_room(self, req: Request, n: int, scheduled: set[str], out: SchedulerOutput) -> list[int] | None:
+        """Blocks for ``n`` more tokens of ``req``, preempting the newest other unscheduled requests if needed."""
+        while (new_block_ids := self.kv.allocate(req.request_id, req.num_computed_tokens + n)) is None:
+            victims = [r for r in self.running if r is not req and r.request_id not in scheduled]
             if victims:
                 self._preempt(victims[-1], out)
-                continue
-            if len(self.running) == 1:  # alone and still no room: the pool is too small for this sequence
-                self.running.remove(req)
-                self.kv.free(req.request_id)
-                out.out_of_pages.append(req)
+            elif len(self.running) == 1:  # alone and still no room: the pool is too small for this sequence
+                self._finish(req, FinishReason.LENGTH, error="out of KV blocks")
+                return None
             else:
                 self._preempt(req, out)
-            return False
-        return True
+                return None
+        return new_block_ids
 
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
-        """Recompute later: release the pages now; its full blocks stay cached, so re-admission mostly hits."""
+        """Recompute later: release the blocks now; its full blocks stay cached, so re-admission mostly hits."""
         self.running.remove(req)
         self.kv.free(req.request_id)
         req.status = RequestStatus.PREEMPTED
@@ -85,28 +160,147 @@ class Scheduler:
         req.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(req)
-        out.preempted.append(req)
+        out.preempted_req_ids.append(req.request_id)
 
-    def _next_waiting(self) -> Request:
-        if self.cfg.scheduling_policy == "longest_prefix" and self.waiting[0].status is not RequestStatus.PREEMPTED:
-            return max(self.waiting, key=lambda r: self.kv.num_cached_tokens(r.token_ids, r.cache_salt))
-        return self.waiting[0]
+    def _schedule(self, req: Request, n: int, new_block_ids: list[int], out: SchedulerOutput, scheduled: set[str],
+                  resumed: bool = False) -> None:
+        start = req.num_computed_tokens
+        samples = start + n == req.num_tokens  # the chunk reaches the last token: this step samples the next
+        out.scheduled.append(ScheduledRequest(req.request_id, n, start, new_block_ids, samples, resumed))
+        scheduled.add(req.request_id)
+        req.num_computed_tokens = start + n
+        self.num_prompt_tokens += max(0, min(req.num_prompt_tokens, start + n) - start)
+        self._commit(req)
+        if samples:
+            req.num_output_placeholders += 1
+            if req.pending_siblings:
+                self._queue_siblings(req)
 
-    def _admit_waiting(self, budget: int, batch: ScheduledBatch) -> int:
+    def _commit(self, req: Request) -> None:
+        """Cache the blocks whose tokens are known and computed (or being computed by a scheduled step)."""
+        self.kv.commit(req.request_id, req.block_hashes, req.token_ids,
+                       min(req.num_computed_tokens, len(req.token_ids)))
+
+    def _queue_siblings(self, leader: Request) -> None:
+        """n > 1: the leader's prompt is scheduled, so its blocks are cached; the siblings queue first and share
+        them, recomputing only the last partial block."""
+        siblings = [
+            self._new_sequence(leader.group_id, i, leader.prompt_token_ids, leader.params, leader.cache_salt)
+            for i in range(1, leader.pending_siblings + 1)
+        ]
+        leader.pending_siblings = 0
+        for sib in reversed(siblings):
+            self._enqueue(sib, front=True)
+
+    def _admit_waiting(self, budget: int, out: SchedulerOutput, scheduled: set[str]) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
             req = self._next_waiting()
-            cached = self.kv.admit(req.request_id, req.token_ids, budget, req.cache_salt)
+            if req.num_output_placeholders:  # preempted with a token still in flight: wait for it
+                break
+            resumed = req.status is RequestStatus.PREEMPTED
+            cached = self.kv.admit(req.request_id, req.block_hashes, req.token_ids, budget, resumed)
             if cached is None:
                 break
             self.waiting.remove(req)
-            if req.status is RequestStatus.WAITING:  # first admission (not a preempted request coming back)
+            if not resumed:
                 req.num_cached_tokens = min(cached, req.num_prompt_tokens)
                 req.timings.scheduled = time.perf_counter()
+                out.new_requests.append(NewRequestData(req.request_id, req.prompt_token_ids, req.params, req.seed))
             req.status = RequestStatus.RUNNING
             req.num_computed_tokens = cached
             n = min(req.num_uncomputed_tokens, budget)
             self.running.append(req)
-            batch.requests.append(req)
-            batch.num_new_tokens.append(n)
+            self._schedule(req, n, list(self.kv.block_table(req.request_id)), out, scheduled, resumed)
             budget -= n
-        return budget
+
+    def _next_waiting(self) -> Request:
+        head = self.waiting[0]
+        if head.status is RequestStatus.PREEMPTED or self.cfg.scheduling_policy is SchedulingPolicy.FCFS:
+            return head  # preempted sequences come back first, whatever the policy
+        kv = self.kv
+        return admission_order(self.cfg.scheduling_policy, self.waiting,
+                               lambda r: kv.num_cached_tokens(r.block_hashes, len(r.token_ids)))[0]
+
+    # ---- sampled tokens back -------------------------------------------------------------------------------------
+    def update(self, runner_output: ModelRunnerOutput) -> None:
+        """Append each sequence's sampled token and finish those that stop; outputs are collected by `take_outputs`."""
+        now = time.perf_counter()
+        logprobs = runner_output.logprobs or [None] * len(runner_output.req_ids)
+        for req_id, token, logprob in zip(runner_output.req_ids, runner_output.sampled_token_ids, logprobs):
+            req = self.requests.get(req_id)
+            if req is None:  # finished (stop, abort) after this step was scheduled: its token is moot
+                continue
+            req.num_output_placeholders -= 1
+            req.token_ids.append(token)
+            self.num_generation_tokens += 1
+            if req.timings.first_token is None:
+                req.timings.first_token = now
+            if self.cfg.enable_prefix_caching:
+                self.hasher.extend(req.block_hashes, req.token_ids, req.cache_salt)
+                if req.status is RequestStatus.RUNNING:
+                    self._commit(req)
+            reason = self._stop_reason(req, token)
+            out = self._output(req, [token], [logprob], reason)
+            if reason is not None:
+                self._finish(req, reason)
+            self._outputs.append(out)
+
+    def _stop_reason(self, req: Request, token: int) -> FinishReason | None:
+        params = req.params
+        if (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
+            return FinishReason.STOP
+        if len(req.token_ids) - req.num_prompt_tokens >= params.max_tokens or len(req.token_ids) >= self.max_model_len:
+            return FinishReason.LENGTH
+        return None
+
+    def take_outputs(self) -> list[SequenceOutput]:
+        outputs, self._outputs = self._outputs, []
+        return outputs
+
+    def _finish(self, req: Request, reason: FinishReason, error: str | None = None) -> None:
+        if req.status is RequestStatus.RUNNING:
+            self.running.remove(req)
+            self.kv.free(req.request_id)
+        elif req.status is not RequestStatus.FINISHED:
+            self.waiting.remove(req)
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = reason
+        req.timings.finished = time.perf_counter()
+        del self.requests[req.request_id]
+        self._finished_ids.append(req.request_id)
+        group = self.groups[req.group_id]
+        group.remove(req)
+        if not group:
+            del self.groups[req.group_id]
+        if error is not None:
+            # Siblings that were never queued end the same way, so the caller hears of all n sequences.
+            for index in [req.index, *range(1, req.pending_siblings + 1)]:
+                out = self._output(req, [], [], reason)
+                out.index, out.error = index, error
+                self._outputs.append(out)
+        req.pending_siblings = 0
+
+    @staticmethod
+    def _output(req: Request, tokens: list[int], logprobs: list[TokenLogprobs | None],
+                reason: FinishReason | None) -> SequenceOutput:
+        return SequenceOutput(req.group_id, req.index, tokens, logprobs, reason, req.num_prompt_tokens,
+                              req.num_cached_tokens, req.timings)
+
+    # ---- observation -----------------------------------------------------------------------------------------------
+    def stats(self) -> SchedulerStats:
+        kv, cache = self.kv, self.kv.stats
+        return SchedulerStats(
+            prefix_cache_queries_tokens=cache.queries,
+            prefix_cache_hits_tokens=cache.hits,
+            prefix_cache_preempted_queries_tokens=cache.preempted_queries,
+            prefix_cache_preempted_hits_tokens=cache.preempted_hits,
+            prefix_cache_evictions=cache.evictions,
+            kv_blocks_total=kv.num_blocks,
+            kv_blocks_free=kv.num_free_blocks,
+            kv_blocks_cached=kv.num_cached_blocks,
+            requests_running=len(self.running),
+            requests_waiting=len(self.waiting),
+            prompt_tokens=self.num_prompt_tokens,
+            generation_tokens=self.num_generation_tokens,
+            preemptions=self.num_preemptions,
+        )

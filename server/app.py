@@ -14,7 +14,6 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -49,12 +48,6 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return _error_response(APIError(exc.status_code, str(exc.detail), type=kind))
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-        param = ".".join(str(p) for p in first["loc"]) or None
-        return _error_response(APIError(400, first["msg"], param=param))
 
     @app.exception_handler(Exception)
     async def server_error(_: Request, exc: Exception) -> JSONResponse:
@@ -114,7 +107,7 @@ def create_app(ctx: ServingContext) -> FastAPI:
     async def chat_completions(request: Request) -> Response:
         body = await read_json(request, ctx.settings.max_body_bytes)
         req = parse_body(ChatCompletionRequest, body)
-        plan = plan_chat(ctx, req, body, salt_for(request, req.cache_salt), int(time.time()))
+        plan = await ctx.prepare(plan_chat, ctx, req, body, salt_for(request, req.cache_salt), int(time.time()))
         stream = await submit(ctx, [plan.prompt])
         if req.stream:
             return EngineStreamingResponse(stream_chat(ctx, plan, stream), on_close=stream.abort)
@@ -127,7 +120,7 @@ def create_app(ctx: ServingContext) -> FastAPI:
     async def completions(request: Request) -> Response:
         body = await read_json(request, ctx.settings.max_body_bytes)
         req = parse_body(CompletionRequest, body)
-        plan = plan_completion(ctx, req, body, salt_for(request, req.cache_salt), int(time.time()))
+        plan = await ctx.prepare(plan_completion, ctx, req, body, salt_for(request, req.cache_salt), int(time.time()))
         stream = await submit(ctx, plan.prompts)
         if req.stream:
             return EngineStreamingResponse(stream_text(ctx, plan, stream), on_close=stream.abort)
@@ -168,16 +161,20 @@ def create_app(ctx: ServingContext) -> FastAPI:
         ctx.check_model(req.model)
         if (req.prompt is None) == (req.messages is None):
             raise APIError(400, "send exactly one of 'prompt' and 'messages'")
-        text = req.prompt
-        if req.messages is not None:
-            try:
-                text = ctx.renderer.render(req.messages, req.tools, req.add_generation_prompt,
-                                           **(req.chat_template_kwargs or {}))
-            except ValueError as exc:
-                raise APIError(400, str(exc), param="messages") from None
-        ids = ctx.encode(text)
+
+        def render_and_encode() -> tuple[str | None, list[int]]:
+            text = req.prompt
+            if req.messages is not None:
+                try:
+                    text = ctx.renderer.render(req.messages, req.tools, req.add_generation_prompt,
+                                               **(req.chat_template_kwargs or {}))
+                except ValueError as exc:
+                    raise APIError(400, str(exc), param="messages") from None
+            return text, ctx.encode(text)
+
+        text, ids = await ctx.prepare(render_and_encode)
         salt = salt_for(request, None)
-        cached = await asyncio.wrap_future(ctx.engine.call(lambda engine: engine.kv.num_cached_tokens(ids, salt)))
+        cached = await asyncio.wrap_future(ctx.engine.call(lambda engine: engine.num_cached_tokens(ids, salt)))
         result: dict[str, Any] = {"tokens": ids, "count": len(ids), "max_model_len": ctx.max_model_len,
                                   "cached_tokens": cached}
         if req.messages is not None:
@@ -188,11 +185,15 @@ def create_app(ctx: ServingContext) -> FastAPI:
     async def detokenize(request: Request) -> dict[str, Any]:
         req = parse_body(DetokenizeRequest, await read_json(request, ctx.settings.max_body_bytes))
         ctx.check_model(req.model)
-        vocab = len(ctx.tokenizer)
-        bad = [t for t in req.tokens if not 0 <= t < vocab]
-        if bad:
-            raise APIError(400, f"token id {bad[0]} is outside the vocabulary [0, {vocab})", param="tokens")
-        return {"prompt": ctx.tokenizer.decode(req.tokens, skip_special_tokens=False)}
+
+        def decode() -> str:
+            vocab = len(ctx.tokenizer)
+            bad = [t for t in req.tokens if not 0 <= t < vocab]
+            if bad:
+                raise APIError(400, f"token id {bad[0]} is outside the vocabulary [0, {vocab})", param="tokens")
+            return ctx.tokenizer.decode(req.tokens, skip_special_tokens=False)
+
+        return {"prompt": await ctx.prepare(decode)}
 
     app.include_router(api)
     return app

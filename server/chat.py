@@ -10,9 +10,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.output_processor import CompletionOutput
 from server.async_engine import EngineRequest, RequestStream
 from server.context import ServingContext, new_request_id
-from server.generation import SSE_DONE, Choice, Prompt, outputs, record, sse, usage
+from server.generation import SSE_DONE, Prompt, outputs, record, sse, usage
 from server.logprobs import chat_logprobs
 from server.parsing import OutputParser, default_thinking, get_output_parser, new_id_prefix, tool_call_prompt_suffix
 from server.protocol import APIError, ChatCompletionRequest
@@ -71,7 +72,7 @@ def plan_chat(
 @dataclass
 class _ChoiceState:
     parser: OutputParser
-    choice: Choice = field(default_factory=Choice)
+    choice: CompletionOutput = field(default_factory=CompletionOutput)
     unsent_logprobs: list = field(default_factory=list)  # logprobs of tokens whose text the parser still holds
 
 

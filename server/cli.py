@@ -1,8 +1,12 @@
-"""The `kvserve` command. Each subcommand lives in the module that owns its job and registers itself here."""
+"""The `kvserve` command. Each subcommand lives in the module that owns its job and registers itself here.
+
+Subcommands from outside the product (the benchmarks' `bench`) plug in through the `kvserve.commands` entry-point
+group declared in pyproject.toml, so the product never imports them."""
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import sys
 
 # Each subcommand module exposes `register(subparsers)`, which adds its parser(s) and sets `func` (called with the
@@ -12,8 +16,8 @@ SUBCOMMAND_MODULES = [
     "server.cli_generate",  # generate
     "server.cli_chat",  # render, parse
     "server.cli_serve",  # serve
-    "benchmarks.cli",  # bench ...
 ]
+ENTRY_POINT_GROUP = "kvserve.commands"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,6 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMAND_MODULES:
         importlib.import_module(name).register(subparsers)
+    for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        entry_point.load()(subparsers)
     return parser
 
 

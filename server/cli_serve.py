@@ -81,9 +81,9 @@ def run_serve(args: argparse.Namespace) -> int:
     except (ValueError, RuntimeError, OSError) as exc:
         _say(f"cannot serve: {exc}")
         return 1
-    kv = ctx.engine.engine.kv
+    stats = ctx.engine.engine.stats()
     _say(f"loaded {ctx.model_name} in {time.perf_counter() - started:.1f}s: context {ctx.max_model_len} tokens, "
-         f"{kv.num_pages} KV pages of {kv.block_size} tokens, prefix cache "
+         f"{stats.kv_blocks_total} KV blocks of {config.block_size} tokens, prefix cache "
          f"{'on' if config.enable_prefix_caching else 'off'}")
     try:
         sock = socket.create_server((args.host, args.port))  # bound here, so the banner shows the real port

@@ -6,9 +6,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from engine.output_processor import CompletionOutput
 from server.async_engine import EngineRequest, RequestStream
 from server.context import ServingContext, new_request_id
-from server.generation import SSE_DONE, Choice, Prompt, outputs, record, sse, usage
+from server.generation import SSE_DONE, Prompt, outputs, record, sse, usage
 from server.logprobs import completion_logprobs
 from server.protocol import APIError, CompletionRequest
 
@@ -65,7 +66,7 @@ def _response(ctx: ServingContext, plan: CompletionPlan, choices: list[dict[str,
 
 async def complete_text(ctx: ServingContext, plan: CompletionPlan, stream: RequestStream) -> dict[str, Any]:
     n = plan.req.n
-    choices = [Choice() for _ in range(len(plan.prompts) * n)]
+    choices = [CompletionOutput() for _ in range(len(plan.prompts) * n)]
     try:
         async for i, out in outputs(stream, plan.prompts):
             choices[i * n + out.index].add(out)
@@ -85,7 +86,7 @@ async def complete_text(ctx: ServingContext, plan: CompletionPlan, stream: Reque
 
 async def stream_text(ctx: ServingContext, plan: CompletionPlan, stream: RequestStream) -> AsyncIterator[str]:
     n, include_usage = plan.req.n, plan.req.include_usage
-    choices = [Choice() for _ in range(len(plan.prompts) * n)]
+    choices = [CompletionOutput() for _ in range(len(plan.prompts) * n)]
     offsets = [len(plan.echo_texts[i // n]) for i in range(len(choices))]  # text_offset of the next token
 
     def chunk(choices_json: list[dict[str, Any]], usage_value: dict[str, Any] | None = None) -> str:

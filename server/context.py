@@ -1,12 +1,15 @@
 """What every handler needs: the served model, its engine thread, the operator's settings, and request-independent
-helpers (model-name check, sampling parameters with the max_tokens policy, request ids)."""
+helpers (model-name check, sampling parameters with the max_tokens policy, request ids, and the thread that renders
+and tokenizes prompts off the event loop)."""
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from engine.config import EngineConfig
 from engine.sampling_params import SamplingParams
@@ -16,6 +19,9 @@ from server.metrics import Metrics
 from server.protocol import APIError, ChatCompletionRequest, CompletionRequest
 from server.recorder import Recorder
 from server.rendering import Renderer
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -29,6 +35,9 @@ class ServerSettings:
 
 @dataclass
 class ServingContext:
+    """``tokenizer`` and ``renderer`` run on the prepare thread only (`prepare`); the event loop detokenizes with
+    the engine client's own tokenizer: a Rust tokenizer used from two threads at once can fail."""
+
     model_name: str
     family: str  # the chat template family: picks the tool-call and reasoning parsers
     renderer: Renderer
@@ -40,10 +49,17 @@ class ServingContext:
     recorder: Recorder | None = None
     aliases: frozenset[str] = frozenset()  # other names clients may use for the model (its HF repo id)
     created: int = field(default_factory=lambda: int(time.time()))
-    token_texts: TokenTexts = field(init=False)  # token id -> text and bytes, for logprobs
+    token_texts: TokenTexts = field(init=False)  # token id -> text and bytes, for logprobs (event loop)
+    _prepare_thread: ThreadPoolExecutor = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.token_texts = TokenTexts(self.tokenizer)
+        self.token_texts = TokenTexts(self.engine.tokenizer)
+        self._prepare_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvserve-prepare")
+
+    async def prepare(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run ``fn`` (rendering, tokenizing: a 40k-token agent prompt takes a while) on the prepare thread, so the
+        event loop keeps streaming other requests meanwhile."""
+        return await asyncio.get_running_loop().run_in_executor(self._prepare_thread, lambda: fn(*args, **kwargs))
 
     def check_model(self, requested: str | None) -> None:
         if requested is not None and requested != self.model_name and requested not in self.aliases:
@@ -114,17 +130,17 @@ def load_context(
     from transformers import AutoTokenizer
 
     from engine.llm_engine import LLMEngine
-    from engine.registry import default_model_name, get_model_spec, resolve_model
+    from engine.registry import default_model_name, get_model_spec, model_identity, resolve_model
     from server.rendering import renderer_for_model
 
     spec = get_model_spec(model or default_model_name())
     progress(f"resolving model {spec.name} ({spec.source}; first use builds or downloads it)")
     model_dir = resolve_model(model or spec.name)
     progress(f"loading {model_dir} onto {engine_config.device} ({engine_config.dtype})")
-    model_id = str(model_dir) if spec.source == "local" else spec.name  # what block 0's hash is salted with
-    engine = LLMEngine(model_dir, engine_config, model_id=model_id)
-    # The handlers get their own tokenizer: the engine thread decodes with the engine's, and a Rust tokenizer
-    # shared across threads can fail with "Already borrowed" when one thread encodes while another decodes.
+    engine = LLMEngine(model_dir, engine_config, model_id=model_identity(spec, model_dir))
+    # The prepare thread renders and encodes with its own tokenizer; the event loop detokenizes with the engine's
+    # (the engine thread works on token ids only). A Rust tokenizer shared across threads can fail with "Already
+    # borrowed" when one thread encodes while another decodes.
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     renderer = renderer_for_model(spec.template, tokenizer)
     metrics = Metrics(spec.name)
@@ -134,7 +150,7 @@ def load_context(
         renderer=renderer,
         tokenizer=tokenizer,
         max_model_len=engine.max_model_len,
-        engine=AsyncEngine(engine, metrics),
+        engine=AsyncEngine(engine, engine.tokenizer, metrics),
         metrics=metrics,
         settings=settings,
         recorder=Recorder(record_path) if record_path else None,

@@ -1,50 +1,54 @@
-"""Engine flags shared by every command that starts an engine (`serve`, `generate`), mapped onto EngineConfig."""
+"""Engine flags shared by every command that starts an engine (`serve`, `generate`), generated from the fields of
+`EngineConfig` (their types, defaults and ``metadata["help"]``), so a default lives in exactly one place."""
 from __future__ import annotations
 
 import argparse
+import enum
+import typing
+from dataclasses import MISSING, Field, fields
 
 from engine.config import EngineConfig
 
 
+def _flag(f: Field) -> str:
+    return "--" + f.metadata.get("flag", f.name.replace("_", "-"))
+
+
+def _dest(f: Field) -> str:
+    return f.metadata.get("dest", f.name)  # a field whose name a command uses for something else names its own
+
+
+def _add_field(group: argparse._ArgumentGroup, f: Field, annotation: typing.Any) -> None:
+    help_text = f.metadata.get("help", "")
+    kinds = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
+    kind = kinds[0]
+    if kind is bool:
+        if f.default is None:  # tri-state: unset means "the config decides"
+            group.add_argument(_flag(f), dest=_dest(f), action=argparse.BooleanOptionalAction, default=None,
+                               help=help_text)
+        elif f.default:  # on by default: the flag turns it off (e.g. --no-prefix-cache)
+            group.add_argument(_flag(f), dest=_dest(f), action="store_false", help=f"do not {help_text}")
+        else:
+            group.add_argument(_flag(f), dest=_dest(f), action="store_true", help=help_text)
+        return
+    default = f.default if f.default is not MISSING else None
+    choices = f.metadata.get("choices")
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):
+        choices = [m.value for m in kind]
+        default = default.value if isinstance(default, enum.Enum) else default
+        kind = str
+    shown = f" (default: {default})" if default is not None and "default" not in help_text else ""
+    group.add_argument(_flag(f), dest=_dest(f), type=kind, default=default, choices=choices, help=help_text + shown)
+
+
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("engine")
-    g.add_argument("--model", default=None, help="registry name (see `kvserve models`), HF repo id or model directory "
-                   "(default: the registry's default, smollm2-135m)")
-    g.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda when a GPU is visible, else cpu)")
-    g.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 on CPU, bfloat16 on CUDA)")
-    g.add_argument("--block-size", type=int, default=16, help="tokens per KV page (power of two; default 16)")
-    g.add_argument("--num-kv-blocks", type=int, default=None, help="KV pages to allocate (default: from the memory budget)")
-    g.add_argument("--kv-cache-memory-gb", type=float, default=1.0, help="KV cache budget on CPU in GiB (default 1)")
-    g.add_argument("--gpu-memory-utilization", type=float, default=0.9,
-                   help="fraction of GPU memory for weights + activations + KV cache (default 0.9)")
-    g.add_argument("--max-num-seqs", type=int, default=64, help="sequences batched together at most (default 64)")
-    g.add_argument("--max-num-batched-tokens", type=int, default=2048, help="tokens per engine step (default 2048)")
-    g.add_argument("--max-model-len", type=int, default=None, help="context length cap (default: the model's)")
-    g.add_argument("--no-prefix-cache", action="store_true", help="disable prefix caching")
-    g.add_argument("--scheduling-policy", choices=("fcfs", "longest_prefix"), default="fcfs",
-                   help="order of admitting waiting requests: arrival (default) or longest cached prefix first")
-    g.add_argument("--enforce-eager", action="store_true", help="CUDA: run decode batches eagerly, without CUDA graphs")
-    g.add_argument("--attention-backend", choices=("torch", "triton"), default=None,
-                   help="kernels: triton (default on CUDA) or torch (default on CPU)")
+    group = parser.add_argument_group("engine")
+    group.add_argument("--model", default=None, help="registry name (see `kvserve models`), HF repo id or model "
+                       "directory (default: the registry's default, smollm2-135m)")
+    hints = typing.get_type_hints(EngineConfig)
+    for f in fields(EngineConfig):
+        _add_field(group, f, hints[f.name])
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
-    import torch
-
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
-    return EngineConfig(
-        block_size=args.block_size,
-        num_kv_blocks=args.num_kv_blocks,
-        kv_cache_memory_gb=args.kv_cache_memory_gb,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len,
-        enable_prefix_caching=not args.no_prefix_cache,
-        scheduling_policy=args.scheduling_policy,
-        device=device,
-        dtype=dtype,
-        attention_backend=args.attention_backend,
-        enforce_eager=args.enforce_eager,
-    )
+    return EngineConfig(**{f.name: getattr(args, _dest(f)) for f in fields(EngineConfig)})

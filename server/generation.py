@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.llm_engine import SequenceOutput
-from engine.request import RequestTimings
-from engine.sampler import TokenLogprobs
+from engine.errors import RequestRejected
+from engine.output_processor import CompletionOutput
+from engine.outputs import RequestTimings, SequenceOutput
 from server.async_engine import EngineDeadError, EngineRequest, RequestStream
 from server.context import ServingContext
 from server.protocol import APIError
@@ -24,30 +24,13 @@ def sse(payload: dict[str, Any]) -> str:
 
 
 @dataclass
-class Choice:
-    """One sequence's output so far."""
-
-    token_ids: list[int] = field(default_factory=list)
-    text: str = ""
-    logprobs: list[TokenLogprobs | None] = field(default_factory=list)
-    finish_reason: str | None = None
-
-    def add(self, out: SequenceOutput) -> None:
-        self.token_ids += out.new_token_ids
-        self.text += out.new_text
-        self.logprobs += out.new_logprobs
-        if out.finished:
-            self.finish_reason = out.finish_reason
-
-
-@dataclass
 class Prompt:
     """One engine request of an HTTP request, and what came back for it."""
 
     request: EngineRequest
     num_cached_tokens: int = 0
     timings: RequestTimings | None = None
-    first_choice: Choice = field(default_factory=Choice)  # choice 0's tokens, for the record
+    first_choice: CompletionOutput = field(default_factory=CompletionOutput)  # choice 0's tokens, for the record
 
     def observe(self, out: SequenceOutput) -> None:
         if out.index == 0:
@@ -70,8 +53,8 @@ async def submit(ctx: ServingContext, prompts: list[Prompt]) -> RequestStream:
     """Hand the prompts to the engine; its rejections (prompt too long for the context or the KV pool) are 400s."""
     try:
         return await ctx.engine.submit([p.request for p in prompts])
-    except ValueError as exc:
-        raise APIError(400, str(exc), code="context_length_exceeded" if "too long" in str(exc) else None) from None
+    except RequestRejected as exc:
+        raise APIError(400, str(exc), code=exc.code) from None
     except EngineDeadError as exc:
         raise APIError(503, str(exc), type="server_error", code="engine_unavailable") from None
 

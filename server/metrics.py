@@ -1,8 +1,8 @@
 """`GET /metrics`: the engine's state in the Prometheus text exposition format (version 0.0.4).
 
-The engine thread is the only writer: after every step it copies the engine's counters and gauges into an
-`EngineSnapshot` and records finished sequences' latencies; HTTP handlers only render. One lock makes each
-rendering a consistent cut.
+The engine thread writes the engine's counters and gauges (a `SchedulerStats` snapshot) after every step; request
+streams record finished sequences' latencies; HTTP handlers only render. One lock makes each rendering a
+consistent cut.
 """
 from __future__ import annotations
 
@@ -10,42 +10,30 @@ import bisect
 import threading
 from dataclasses import dataclass, field, fields
 
+from engine.outputs import SchedulerStats
+
 # Seconds; spans CPU test models (tens of ms per token) to long agent prefills on a GPU.
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 
-@dataclass
-class EngineSnapshot:
-    """Engine counters at one instant (cumulative totals and current gauges)."""
-
-    prefix_cache_queries_tokens: int = 0
-    prefix_cache_hits_tokens: int = 0
-    prefix_cache_evictions: int = 0
-    kv_pages_total: int = 0
-    kv_pages_free: int = 0  # an allocation can take them: never-used pages plus cached pages nobody holds
-    kv_pages_cached: int = 0
-    requests_running: int = 0
-    requests_waiting: int = 0
-    prompt_tokens: int = 0
-    generation_tokens: int = 0
-    preemptions: int = 0
-
-
-# name suffix, type, help; the snapshot field of the same name holds the value.
+# name suffix, type, help; the `SchedulerStats` field of the same name holds the value.
 _SNAPSHOT_METRICS: dict[str, tuple[str, str]] = {
-    "prefix_cache_queries_tokens": ("counter", "Prompt tokens looked up in the prefix cache at admission."),
-    "prefix_cache_hits_tokens": ("counter", "Prompt tokens served from cached KV pages."),
-    "prefix_cache_evictions": ("counter", "Cached KV pages evicted (LRU) to make room."),
-    "kv_pages_total": ("gauge", "KV cache pages in the pool."),
-    "kv_pages_free": ("gauge", "KV pages an allocation can take (free, or cached and held by no request)."),
-    "kv_pages_cached": ("gauge", "KV pages holding a cached prefix block (held or not)."),
+    "prefix_cache_queries_tokens": ("counter", "Prompt tokens looked up in the prefix cache at first admission."),
+    "prefix_cache_hits_tokens": ("counter", "Of those, tokens served from cached KV blocks."),
+    "prefix_cache_preempted_queries_tokens": (
+        "counter", "Tokens looked up when a preempted sequence was re-admitted (not counted as queries)."),
+    "prefix_cache_preempted_hits_tokens": ("counter", "Of those, tokens served from cached KV blocks."),
+    "prefix_cache_evictions": ("counter", "Cached KV blocks evicted to make room."),
+    "kv_blocks_total": ("gauge", "KV cache blocks in the pool."),
+    "kv_blocks_free": ("gauge", "KV blocks an allocation can take (free, or cached and held by no request)."),
+    "kv_blocks_cached": ("gauge", "KV blocks holding a cached prefix block (held or not)."),
     "requests_running": ("gauge", "Sequences being computed."),
     "requests_waiting": ("gauge", "Sequences queued for admission."),
     "prompt_tokens": ("counter", "Prompt tokens prefilled (cache hits excluded)."),
     "generation_tokens": ("counter", "Tokens generated."),
-    "preemptions": ("counter", "Sequences preempted for lack of KV pages (recomputed later)."),
+    "preemptions": ("counter", "Sequences preempted for lack of KV blocks (recomputed later)."),
 }
-assert set(_SNAPSHOT_METRICS) == {f.name for f in fields(EngineSnapshot)}
+assert set(_SNAPSHOT_METRICS) == {f.name for f in fields(SchedulerStats)}
 
 
 @dataclass
@@ -85,12 +73,12 @@ class Metrics:
         self.model_name = model_name
         self.prefix = prefix
         self._lock = threading.Lock()
-        self._snapshot = EngineSnapshot()
+        self._snapshot = SchedulerStats()
         self._ttft = Histogram()
         self._e2e = Histogram()
         self._finished: dict[str, int] = {}  # finish reason -> sequences
 
-    def update(self, snapshot: EngineSnapshot) -> None:
+    def update(self, snapshot: SchedulerStats) -> None:
         with self._lock:
             self._snapshot = snapshot
 
@@ -101,10 +89,6 @@ class Metrics:
                 self._ttft.observe(ttft_s)
             if e2e_s is not None:
                 self._e2e.observe(e2e_s)
-
-    def snapshot(self) -> EngineSnapshot:
-        with self._lock:
-            return self._snapshot
 
     def render(self) -> str:
         p, model = self.prefix, _label_value(self.model_name)

@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import sampler
-from engine.sampler import apply_penalties, make_generator, sample
+from engine.outputs import TokenLogprobs
+from engine.sampler import Penalties, SamplingBatch, has_penalties, make_generator
 from engine.sampling_params import SamplingParams
 
 
@@ -21,6 +22,31 @@ class Row:
     generator: torch.Generator | None = None
 
 
+@dataclass
+class Sampled:
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs | None]
+
+
+def penalties(logits: torch.Tensor, rows: list[Row]) -> Penalties:
+    return Penalties.from_histories([r.params for r in rows], [r.prompt_token_ids for r in rows],
+                                    [r.output_token_ids for r in rows], logits.shape[1], logits.device)
+
+
+def sample(logits: torch.Tensor, rows: list[Row]) -> Sampled:
+    """The sampler as the runner drives it: a batch built from the rows, penalties from their histories."""
+    params = [r.params for r in rows]
+    batch = SamplingBatch(params, [r.generator for r in rows], logits.device)
+    penalized = any(has_penalties(p) for p in params) and len(rows) == logits.shape[0]
+    out = sampler.sample(logits, batch, penalties(logits, rows) if penalized else None)
+    token_ids, logprobs = out.host_lists(params)
+    return Sampled(token_ids, logprobs or [None] * len(rows))
+
+
+def apply_penalties(logits: torch.Tensor, rows: list[Row]) -> torch.Tensor:
+    return penalties(logits, rows).apply(logits)
+
+
 def seeded(params: SamplingParams, prompt: list[int] | None = None) -> Row:
     assert params.seed is not None
     return Row(params, prompt or [], [], make_generator(params.seed, "cpu"))
@@ -29,10 +55,11 @@ def seeded(params: SamplingParams, prompt: list[int] | None = None) -> Row:
 def test_greedy_is_argmax_on_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
     logits = torch.randn(6, 100, generator=torch.Generator().manual_seed(0))
 
-    def no_general_path(*args: object) -> None:
-        raise AssertionError("an all-greedy batch without penalties must not take the general path")
+    def no_draw(*args: object) -> None:
+        raise AssertionError("an all-greedy batch without penalties must not draw")
 
-    monkeypatch.setattr(sampler, "_sample_general", no_general_path)
+    monkeypatch.setattr(sampler, "_draw", no_draw)
+    assert SamplingBatch([SamplingParams(temperature=0)] * 6, [None] * 6, logits.device).greedy_only
     out = sample(logits, [Row(SamplingParams(temperature=0)) for _ in range(6)])
     assert out.token_ids == logits.argmax(-1).tolist()
     assert out.logprobs == [None] * 6

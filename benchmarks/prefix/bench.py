@@ -13,7 +13,7 @@ from benchmarks.prefix.report import markdown_table, pct, sweep_markdown, worklo
 from benchmarks.prefix.simulator import SimConfig, SimResult, simulate, sweep
 from benchmarks.prefix.trace import TokenRequest
 from benchmarks.prefix.workloads import WorkloadParams
-from engine.kv_cache import KVCacheManager
+from engine.config import EvictionPolicy, SchedulingPolicy
 
 # Workload sizes for the engine-backed run: a tiny model prefills a few hundred tokens per second on a CPU.
 ENGINE_WORKLOAD_PARAMS = WorkloadParams(
@@ -63,10 +63,10 @@ def run_prefix(opts: PrefixOptions) -> dict:
         rep, ideal = analyze(wl.name, wl.description, requests, sim)
         caps = sweep(requests, sim, "capacity_blocks", capacity_points(ideal), progress=False)
         sizes = sweep(requests, replace(sim, capacity_blocks=None), "block_size", opts.block_sizes, progress=False)
-        policies = sweep(requests, sim, "policy", ("fcfs", "longest_prefix"), progress=False)
+        policies = sweep(requests, sim, "policy", list(SchedulingPolicy), progress=False)
         tight = capacity_points(ideal)[len(capacity_points(ideal)) // 2]  # a capacity where eviction order matters
         evictions = sweep(requests, replace(sim, capacity_blocks=tight), "eviction_policy",
-                          KVCacheManager.EVICTION_POLICIES, progress=False)
+                          list(EvictionPolicy), progress=False)
         rep["sweeps"] = {
             "capacity_blocks": [{"capacity_blocks": r.config.capacity_blocks, "hit_rate": r.hit_rate} for r in caps],
             "block_size_unbounded": [{"block_size": r.config.block_size, "hit_rate": r.hit_rate} for r in sizes],
@@ -94,7 +94,7 @@ def run_prefix(opts: PrefixOptions) -> dict:
           workloads_markdown(reports)]
     md.append(markdown_table(
         ["workload"] + [f"block {b} (unbounded)" for b in opts.block_sizes] + ["fcfs", "longest_prefix"]
-        + ["tight capacity (blocks)"] + [f"evict {p}" for p in KVCacheManager.EVICTION_POLICIES],
+        + ["tight capacity (blocks)"] + [f"evict {p}" for p in list(EvictionPolicy)],
         [[r["name"], *(pct(s["hit_rate"]) for s in r["sweeps"]["block_size_unbounded"]),
           *(pct(s["hit_rate"]) for s in r["sweeps"]["policy"]),
           str(r["sweeps"]["eviction_policy"][0]["capacity_blocks"]),
@@ -176,7 +176,7 @@ def run_simulate(
     ideal = simulate(requests, replace(sim, capacity_blocks=None), progress=True)
     achieved = simulate(requests, sim, progress=True) if sim.capacity_blocks is not None else ideal
     curve = sweep(requests, sim, "capacity_blocks", sorted(set(capacities)))
-    by_eviction = sweep(requests, sim, "eviction_policy", KVCacheManager.EVICTION_POLICIES) if sim.capacity_blocks else []
+    by_eviction = sweep(requests, sim, "eviction_policy", list(EvictionPolicy)) if sim.capacity_blocks else []
     name = Path(trace).stem
     plot = plots.plot_hit_rate_vs_capacity(
         {name: [(r.config.capacity_blocks, r.hit_rate) for r in curve]},

@@ -82,7 +82,7 @@ def run_workload(llm, name: str, requests: Sequence[TokenRequest], settings: Eng
     with tqdm(total=len(requests), desc=f"engine {name}", unit="req", leave=False) as bar:
         while queue:
             step = queue.advance(step)
-            batch = queue.take(None, cfg)
+            batch = queue.take(cfg)
             outs = llm.generate([r.prompt for r in batch], params, cache_salt=[r.salt for r in batch])
             for r, out in zip(batch, outs):
                 results.append(EngineRequestResult(r.request_id, r.turn, len(r.prompt), out.num_cached_tokens,

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import asdict, dataclass, field, replace
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from tqdm import tqdm
 
+from engine.block_hashing import BlockHash, BlockHasher
+from engine.config import EvictionPolicy, SchedulingPolicy
 from engine.kv_cache import KVCacheManager
+from engine.scheduler import admission_order
 
 from benchmarks.prefix.trace import PromptTotals, TokenRequest
-
-POLICIES = ("fcfs", "longest_prefix")
 
 
 @dataclass(frozen=True)
@@ -26,16 +27,16 @@ class SimConfig:
     block_size: int = 16
     capacity_blocks: int | None = None  # None: unbounded (nothing is ever evicted)
     max_num_seqs: int = 8  # requests admitted together in one step
-    policy: str = "fcfs"  # or "longest_prefix": the ready request with the longest cached prefix first
-    eviction_policy: str = "lru"  # or "fifo" (see KVCacheManager.EVICTION_POLICIES)
+    policy: SchedulingPolicy = SchedulingPolicy.FCFS  # the engine's admission order (engine.scheduler)
+    eviction_policy: EvictionPolicy = EvictionPolicy.LRU
     lookahead: int = 64  # how many ready requests "longest_prefix" compares (bounds the cost on big traces)
     commit_outputs: bool = True  # cache the reply's blocks too (the engine caches blocks during decode)
     ignore_salts: bool = False  # treat every request as unsalted (attribution: what salts cost)
     model_id: str = "sim"
 
     def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        object.__setattr__(self, "policy", SchedulingPolicy(self.policy))  # accept the plain strings too
+        object.__setattr__(self, "eviction_policy", EvictionPolicy(self.eviction_policy))
         if self.capacity_blocks is not None and self.capacity_blocks < 0:
             raise ValueError("capacity_blocks must be >= 0")
         if self.max_num_seqs < 1 or self.block_size < 1 or self.lookahead < 1:
@@ -127,13 +128,14 @@ class ReadyQueue:
             heapq.heappush(self.heap, (order, rid))
         return step
 
-    def take(self, kv: KVCacheManager | None, cfg: SimConfig) -> list[TokenRequest]:
-        """The next batch; ``kv`` is only consulted by the longest-prefix policy."""
-        if cfg.policy == "fcfs" or kv is None:
+    def take(self, cfg: SimConfig, num_cached_tokens: Callable[[TokenRequest], int] | None = None) -> list[TokenRequest]:
+        """The next batch, in the engine's admission order (``num_cached_tokens`` is only asked by policies that
+        rank by cached prefix)."""
+        if cfg.policy is SchedulingPolicy.FCFS or num_cached_tokens is None:
             picked = [heapq.heappop(self.heap) for _ in range(min(cfg.max_num_seqs, len(self.heap)))]
         else:
             window = [heapq.heappop(self.heap) for _ in range(min(cfg.lookahead, len(self.heap)))]
-            window.sort(key=lambda e: (-kv.num_cached_tokens(self.reqs[e[1]].prompt, _salt(self.reqs[e[1]], cfg)), e[0]))
+            window = admission_order(cfg.policy, window, lambda e: num_cached_tokens(self.reqs[e[1]]))
             picked, rest = window[: cfg.max_num_seqs], window[cfg.max_num_seqs :]
             for entry in rest:
                 heapq.heappush(self.heap, entry)
@@ -149,8 +151,19 @@ def _salt(request: TokenRequest, cfg: SimConfig) -> str | None:
 
 
 def simulate(requests: Sequence[TokenRequest], cfg: SimConfig, progress: bool = False) -> SimResult:
-    kv = KVCacheManager(_pool_size(requests, cfg), cfg.block_size, enable_prefix_caching=True, model_id=cfg.model_id,
+    kv = KVCacheManager(_pool_size(requests, cfg), cfg.block_size, enable_prefix_caching=True,
                         eviction_policy=cfg.eviction_policy)
+    hasher = BlockHasher(cfg.block_size, cfg.model_id)
+    hashes: dict[str, list[BlockHash]] = {}  # of each request's committed ids, computed once (as the engine does)
+
+    def block_hashes(r: TokenRequest) -> list[BlockHash]:
+        if r.request_id not in hashes:
+            hashes[r.request_id] = hasher.hashes(r.committed_ids(cfg.commit_outputs), _salt(r, cfg))
+        return hashes[r.request_id]
+
+    def num_cached_tokens(r: TokenRequest) -> int:
+        return kv.num_cached_tokens(block_hashes(r), len(r.prompt))
+
     queue = ReadyQueue(requests)
     results: list[RequestResult] = []
     peak = 0
@@ -158,9 +171,9 @@ def simulate(requests: Sequence[TokenRequest], cfg: SimConfig, progress: bool = 
     with tqdm(total=len(requests), disable=not progress, desc="simulate", unit="req", leave=False) as bar:
         while queue:
             step = queue.advance(step)
-            batch = queue.take(kv, cfg)
+            batch = queue.take(cfg, num_cached_tokens)
             for r in batch:
-                matched = kv.admit(r.request_id, r.prompt, len(r.prompt), _salt(r, cfg))
+                matched = kv.admit(r.request_id, block_hashes(r), r.prompt, len(r.prompt))
                 if matched is None:  # cannot happen: the pool has room for any batch on top of the capacity
                     raise RuntimeError(f"simulator pool too small for request {r.request_id}")
                 results.append(
@@ -168,15 +181,15 @@ def simulate(requests: Sequence[TokenRequest], cfg: SimConfig, progress: bool = 
                 )
             for r in batch:
                 ids = r.committed_ids(cfg.commit_outputs)
-                if not kv.allocate(r.request_id, max(len(ids), len(r.prompt))):
+                if kv.allocate(r.request_id, max(len(ids), len(r.prompt))) is None:
                     raise RuntimeError(f"simulator pool too small for request {r.request_id}")
-                kv.commit(r.request_id, ids, len(ids))
-            peak = max(peak, kv.num_cached_pages)
+                kv.commit(r.request_id, block_hashes(r), ids, len(ids))
+            peak = max(peak, kv.num_cached_blocks)
             for r in batch:
                 kv.free(r.request_id)
                 queue.finished(r)
-            if cfg.capacity_blocks is not None and kv.num_cached_pages > cfg.capacity_blocks:
-                kv.evict(kv.num_cached_pages - cfg.capacity_blocks)
+            if cfg.capacity_blocks is not None and kv.num_cached_blocks > cfg.capacity_blocks:
+                kv.evict(kv.num_cached_blocks - cfg.capacity_blocks)
             step += 1
             bar.update(len(batch))
     if len(results) != len(requests):

@@ -22,13 +22,13 @@ def make_llm(backend: str, padded: bool, max_model_len: int = 64) -> tuple[LLM, 
     if padded:
         runner = llm.engine.runner
         graphs = runner.make_decode_graphs(runner.kv_caches, use_graphs=False)
-        forward = graphs.forward
+        run = graphs.run
 
-        def recording_forward(batch):
-            sizes.append(batch.num_seqs)
-            return forward(batch)
+        def recording_run(size):
+            sizes.append(runner.batch.num_rows)
+            return run(size)
 
-        graphs.forward = recording_forward
+        graphs.run = recording_run
         runner.decode_graphs = graphs
     return llm, sizes
 
@@ -78,11 +78,12 @@ def test_padding_rows_write_no_kv_page(backend):
         engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
     engine.step()  # prefill (eager): every request samples its first token
     assert sizes == []
-    requests = [engine.sequence(f"r{i}") for i in range(3)]
+    requests = [engine.scheduler.requests[f"r{i}"] for i in range(3)]
     expected = set()
     for req in requests:
         pos = req.num_computed_tokens  # where this decode step's token goes
-        expected.add(engine.kv.block_table(req.request_id)[pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE)
+        table = engine.scheduler.kv.block_table(req.request_id)
+        expected.add(table[pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE)
     before = [(k.clone(), v.clone()) for k, v in runner.kv_caches]
 
     engine.step()  # one decode step: 3 sequences padded to 4

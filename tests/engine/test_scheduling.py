@@ -1,4 +1,4 @@
-"""Chunked prefill, preemption under a tiny page pool, and n > 1 sharing the prompt's pages."""
+"""Chunked prefill, preemption under a tiny block pool, and n > 1 sharing the prompt's blocks."""
 from __future__ import annotations
 
 import pytest
@@ -24,35 +24,42 @@ def test_chunked_prefill_with_tiny_token_budgets(reference, budget):
     assert [o.token_ids for o in llm.generate(prompts, params)] == expected
 
 
-def test_preemption_with_tiny_page_pool(reference):
+def test_preemption_with_tiny_block_pool(reference):
     prompts, params, expected = reference
-    # 24 pages of 4 tokens: the longest request alone needs 14 pages, so running all together must preempt.
+    # 24 blocks of 4 tokens: the longest request alone needs 14 blocks, so running all together must preempt.
     llm = LLM("qwen3-tiny", block_size=4, num_kv_blocks=24, max_num_batched_tokens=64)
     outs = llm.generate(prompts, params)
     assert [o.token_ids for o in outs] == expected
     assert llm.engine.scheduler.num_preemptions > 0
-    llm.engine.kv.check_invariants()
-    assert not llm.engine.kv.seqs  # every page is back: free or cached
+    kv = llm.engine.scheduler.kv
+    kv.check_invariants()
+    assert not kv.seqs  # every block is back: free or cached
 
 
 def test_request_that_can_never_fit_is_rejected():
     llm = LLM("qwen3-tiny", block_size=4, num_kv_blocks=4)
-    with pytest.raises(ValueError, match="KV pages"):
+    with pytest.raises(ValueError, match="KV blocks"):
         llm.generate([list(range(100, 130))], SamplingParams(max_tokens=2))
 
 
-def test_n_siblings_share_the_prompt_pages(qwen3_llm: LLM):
+def test_n_siblings_share_the_prompt_blocks(qwen3_llm: LLM):
     llm = qwen3_llm
     llm.reset_prefix_cache()
     engine = llm.engine
     (prompt,) = random_prompts(50_000, [22], seed=22)
     engine.add_request("n4", prompt, SamplingParams(max_tokens=5, n=4, temperature=1.0, seed=7, ignore_eos=True))
-    engine.step()  # prefill; the siblings fork off the leader's pages
-    tables = [engine.kv.block_table(engine.sequence("n4", i).request_id) for i in range(4)]
+    computed_before = engine.stats().prompt_tokens
+    engine.step()  # the leader's prompt is scheduled, so the siblings queue behind it and hit its blocks at once
+    scheduler = engine.scheduler
+    siblings = [scheduler.requests["n4" if i == 0 else f"n4#{i}"] for i in range(4)]
+    tables = [scheduler.kv.block_table(s.request_id) for s in siblings]
     full_blocks = len(prompt) // 4
     assert all(t[:full_blocks] == tables[0][:full_blocks] for t in tables)
-    assert len({t[full_blocks] for t in tables}) == 4  # the partial last block is each sibling's own copy
-    engine.kv.check_invariants()
+    assert len({t[full_blocks] for t in tables}) == 4  # the partial last block is each sibling's own
+    assert [s.num_cached_tokens for s in siblings] == [0] + [full_blocks * 4] * 3
+    # The prompt is computed once; each sibling only recomputes its partial last block.
+    assert engine.stats().prompt_tokens - computed_before == len(prompt) + 3 * (len(prompt) - full_blocks * 4)
+    scheduler.kv.check_invariants()
     while engine.has_unfinished_requests():
         engine.step()
     out = llm.generate([prompt], SamplingParams(max_tokens=5, n=4, temperature=1.0, seed=7, ignore_eos=True))[0]

@@ -73,10 +73,10 @@ def test_concurrent_streams_with_disconnects_leak_no_pages(qwen_server: LiveServ
     assert most_running > 1, "concurrent requests are batched into the same steps"
 
     qwen_server.wait_until_idle(timeout=20)
-    total, free, live = qwen_server.in_engine(lambda e: (e.kv.num_pages, e.kv.num_free_pages, len(e.kv.seqs)))
+    total, free, live = qwen_server.in_engine(lambda e: (e.scheduler.kv.num_blocks, e.scheduler.kv.num_free_blocks, len(e.scheduler.kv.seqs)))
     assert live == 0 and free == total, "every page is free or cached-and-evictable"
-    qwen_server.in_engine(lambda e: e.kv.check_invariants())
-    assert qwen_server.metric("kvserve_kv_pages_free") == total
+    qwen_server.in_engine(lambda e: e.scheduler.kv.check_invariants())
+    assert qwen_server.metric("kvserve_kv_blocks_free") == total
     assert qwen_server.metric("kvserve_requests_running") == 0
     assert qwen_server.metric("kvserve_requests_waiting") == 0
     after = qwen_server.metrics()
@@ -104,7 +104,7 @@ def test_non_streaming_client_that_gives_up_aborts_its_request(qwen_server: Live
         http.post("/v1/chat/completions", json=body, timeout=httpx.Timeout(60, read=0.5))
     # Hanging up closes the connection; the server notices and aborts the request, freeing its pages.
     qwen_server.wait_until_idle(timeout=20)
-    assert qwen_server.in_engine(lambda e: e.kv.num_free_pages == e.kv.num_pages)
+    assert qwen_server.in_engine(lambda e: e.scheduler.kv.num_free_blocks == e.scheduler.kv.num_blocks)
     after = qwen_server.metrics()
     assert after[ABORTED] - before.get(ABORTED, 0.0) == 1
     assert after[GENERATED] - before[GENERATED] < 400

@@ -77,7 +77,7 @@ def test_metrics_page_is_prometheus_text(qwen_server: LiveServer) -> None:
     text = response.text
     for name, kind in [
         ("kvserve_prefix_cache_queries_tokens_total", "counter"), ("kvserve_prefix_cache_hits_tokens_total", "counter"),
-        ("kvserve_kv_pages_total", "gauge"), ("kvserve_kv_pages_free", "gauge"), ("kvserve_kv_pages_cached", "gauge"),
+        ("kvserve_kv_blocks_total", "gauge"), ("kvserve_kv_blocks_free", "gauge"), ("kvserve_kv_blocks_cached", "gauge"),
         ("kvserve_requests_running", "gauge"), ("kvserve_requests_waiting", "gauge"),
         ("kvserve_prompt_tokens_total", "counter"), ("kvserve_generation_tokens_total", "counter"),
         ("kvserve_time_to_first_token_seconds", "histogram"), ("kvserve_e2e_request_latency_seconds", "histogram"),
@@ -88,7 +88,7 @@ def test_metrics_page_is_prometheus_text(qwen_server: LiveServer) -> None:
     metrics = qwen_server.metrics()
     count = metrics['kvserve_time_to_first_token_seconds_count{model="qwen3-tiny"}']
     assert count >= 1 and metrics['kvserve_time_to_first_token_seconds_bucket{model="qwen3-tiny",le="+Inf"}'] == count
-    assert metrics['kvserve_kv_pages_total{model="qwen3-tiny"}'] == qwen_server.ctx.engine.engine.kv.num_pages
+    assert metrics['kvserve_kv_blocks_total{model="qwen3-tiny"}'] == qwen_server.ctx.engine.engine.stats().kv_blocks_total
     assert metrics['kvserve_generation_tokens_total{model="qwen3-tiny"}'] >= 2
 
 

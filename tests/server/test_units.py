@@ -6,7 +6,8 @@ import pytest
 from server.cache_salt import effective_salt, tenant_salt
 from server.chat import request_thinking
 from server.http_io import parse_body
-from server.metrics import EngineSnapshot, Histogram, Metrics
+from engine.outputs import SchedulerStats
+from server.metrics import Histogram, Metrics
 from server.protocol import APIError, ChatCompletionRequest
 
 
@@ -39,11 +40,11 @@ def test_histogram_buckets_are_cumulative_with_inf() -> None:
 
 def test_metrics_render_snapshot_and_finish_reasons() -> None:
     metrics = Metrics('m"x')
-    metrics.update(EngineSnapshot(kv_pages_total=8, kv_pages_free=5, prefix_cache_hits_tokens=12))
+    metrics.update(SchedulerStats(kv_blocks_total=8, kv_blocks_free=5, prefix_cache_hits_tokens=12))
     metrics.observe_finished("stop", 0.2, 1.5)
     metrics.observe_finished("abort", None, None)
     text = metrics.render()
-    assert 'kvserve_kv_pages_total{model="m\\"x"} 8' in text
+    assert 'kvserve_kv_blocks_total{model="m\\"x"} 8' in text
     assert 'kvserve_prefix_cache_hits_tokens_total{model="m\\"x"} 12' in text
     assert 'kvserve_requests_finished_total{model="m\\"x",finish_reason="abort"} 1' in text
     assert 'kvserve_time_to_first_token_seconds_count{model="m\\"x"} 1' in text

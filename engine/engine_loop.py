@@ -1,0 +1,238 @@
+"""The engine thread: one background thread owns the (not thread-safe) `LLMEngine`; other threads talk to it only
+through a command queue one way and per-request output sinks the other way.
+
+The loop blocks on the command queue while the engine is idle (no spinning), and drains every queued command
+before each step, so requests that arrive together are admitted together and batched by the scheduler. It hands
+out token-level outputs only: text is made by an `OutputProcessor` on the receiving side.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+from engine.errors import RequestRejected
+from engine.llm_engine import LLMEngine
+from engine.outputs import SequenceOutput
+from engine.sampling_params import SamplingParams
+
+log = logging.getLogger("kvserve.engine")
+T = TypeVar("T")
+
+
+class EngineDeadError(RuntimeError):
+    """The engine failed (or stopped) while a request needed it; the request cannot finish."""
+
+
+@dataclass
+class EngineRequest:
+    """One engine request: a prompt with its sampling parameters and cache salt."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    cache_salt: str | None = None
+
+
+class OutputSink(Protocol):
+    """Where one request's outputs go, from the engine thread: lists of outputs in step order, or the error that
+    ended the engine. Must not block."""
+
+    def put(self, item: list[SequenceOutput] | BaseException) -> None: ...
+
+
+class StepListener(Protocol):
+    """Observes the engine from its thread after each step (e.g. to copy its counters into /metrics)."""
+
+    def on_step(self, engine: LLMEngine) -> None: ...
+
+
+@dataclass
+class _Add:
+    requests: list[EngineRequest]
+    sink: OutputSink
+    accepted: concurrent.futures.Future
+
+
+@dataclass
+class _Abort:
+    request_id: str
+    index: int | None = None
+
+
+@dataclass
+class _Call:
+    fn: Callable[[LLMEngine], Any]
+    result: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+
+
+class _Stop:
+    pass
+
+
+class EngineLoop:
+    def __init__(self, engine: LLMEngine, listener: StepListener | None = None) -> None:
+        self.engine = engine
+        self.listener = listener
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._sinks: dict[str, OutputSink] = {}
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None  # set when the loop died; /health reports it
+
+    # ---- any thread ------------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="kvserve-engine", daemon=True)
+            self._thread.start()
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Abort whatever still runs and stop the thread."""
+        if self._thread is not None and self._thread.is_alive():
+            self._commands.put(_Stop())
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def submit(self, requests: list[EngineRequest], sink: OutputSink) -> concurrent.futures.Future:
+        """Queue requests, admitted together (one command, so no step runs between them); the future resolves once
+        the engine accepted all of them, or fails with `RequestRejected` (bad input: then none of them runs) or
+        `EngineDeadError`."""
+        accepted: concurrent.futures.Future = concurrent.futures.Future()
+        if not self.alive:
+            accepted.set_exception(EngineDeadError("the engine is not running"))
+        else:
+            self._commands.put(_Add(list(requests), sink, accepted))
+        return accepted
+
+    def abort(self, request_id: str, index: int | None = None) -> None:
+        """Finish the request (or one of its sequences) and free its blocks before the next step."""
+        self._commands.put(_Abort(request_id, index))
+
+    def call(self, fn: Callable[[LLMEngine], T]) -> concurrent.futures.Future:
+        """Run `fn(engine)` on the engine thread between steps (consistent reads; tests, diagnostics)."""
+        command = _Call(fn)
+        if not self.alive:
+            command.result.set_exception(EngineDeadError("the engine is not running"))
+        else:
+            self._commands.put(command)
+        return command.result
+
+    # ---- engine thread -------------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while True:
+                idle = not self.engine.has_unfinished_requests()
+                commands = [self._commands.get()] if idle else []  # block while there is nothing to compute
+                while True:
+                    try:
+                        commands.append(self._commands.get_nowait())
+                    except queue.Empty:
+                        break
+                if not self._handle(commands):
+                    break
+                self._step()
+        except BaseException as exc:  # the engine state is unusable: fail everyone rather than hang them
+            log.exception("engine loop died")
+            self.error = exc
+            self._fail_all(EngineDeadError(f"engine failure: {exc!r}"))
+        finally:
+            self._abort_all()
+            self._reject_pending()
+
+    def _handle(self, commands: list) -> bool:
+        """Apply queued commands in order; False on stop."""
+        for command in commands:
+            if isinstance(command, _Add):
+                if command.accepted.set_running_or_notify_cancel():  # else the submitter gave up already
+                    self._add(command)
+            elif isinstance(command, _Abort):
+                self._abort(command.request_id, command.index)
+            elif isinstance(command, _Call):
+                if not command.result.set_running_or_notify_cancel():
+                    continue
+                try:
+                    command.result.set_result(command.fn(self.engine))
+                except Exception as exc:  # noqa: BLE001 - handed to the caller
+                    command.result.set_exception(exc)
+            elif isinstance(command, _Stop):
+                return False
+        return True
+
+    def _add(self, command: _Add) -> None:
+        try:
+            for request in command.requests:
+                self.engine.validate(request.prompt_token_ids, request.params)
+            for request in command.requests:
+                self.engine.add_request(request.request_id, request.prompt_token_ids, request.params,
+                                        request.cache_salt)
+                self._sinks[request.request_id] = command.sink
+        except RequestRejected as exc:  # validated first, so only a duplicate id can get here after an add
+            for request in command.requests:
+                self._abort(request.request_id, None)
+            command.accepted.set_exception(exc)
+            return
+        command.accepted.set_result(None)
+
+    def _abort(self, request_id: str, index: int | None) -> None:
+        if request_id not in self._sinks:
+            return
+        self.engine.abort_request(request_id, index)
+        if request_id not in self.engine.scheduler.groups:
+            del self._sinks[request_id]
+
+    def _step(self) -> None:
+        if not self.engine.has_unfinished_requests():
+            if self.listener is not None:
+                self.listener.on_step(self.engine)
+            return
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:  # noqa: BLE001 - one bad batch must not take the server down
+            log.exception("engine step failed; aborting the running requests")
+            self._fail_all(EngineDeadError(f"engine step failed: {exc!r}"))
+            self._abort_all()
+            return
+        if self.listener is not None:  # before the outputs leave: a client that saw its response sees it counted
+            self.listener.on_step(self.engine)
+        by_request: dict[str, list[SequenceOutput]] = {}
+        for out in outputs:
+            by_request.setdefault(out.request_id, []).append(out)
+            if out.error:
+                log.warning("request %s: %s", out.request_id, out.error)
+        groups = self.engine.scheduler.groups
+        for request_id, outs in by_request.items():
+            sink = self._sinks.get(request_id)
+            if sink is None:
+                continue
+            sink.put(outs)
+            if request_id not in groups:  # every sequence of it finished
+                del self._sinks[request_id]
+
+    def _fail_all(self, error: BaseException) -> None:
+        for sink in self._sinks.values():
+            sink.put(error)
+
+    def _abort_all(self) -> None:
+        for request_id in list(self._sinks):
+            self._sinks.pop(request_id)
+            try:
+                self.engine.abort_request(request_id)
+            except Exception:  # noqa: BLE001 - best effort on a broken engine
+                log.exception("abort of %s failed", request_id)
+
+    def _reject_pending(self) -> None:
+        """Commands that raced the stop: nobody will run them."""
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            future = command.accepted if isinstance(command, _Add) else getattr(command, "result", None)
+            if future is not None and future.set_running_or_notify_cancel():
+                future.set_exception(EngineDeadError("the engine stopped"))

@@ -1,0 +1,120 @@
+"""The model runner's persistent view of the sequences it computes, updated from `SchedulerOutput` deltas.
+
+Each sequence the runner knows has a `RunnerRequest` (its tokens as far as the host knows them, sampling state,
+block table), kept from its first step until it finishes, across preemptions. The sequences scheduled in a step
+occupy the rows ``0..num_rows-1`` of `InputBatch`, whose numpy arrays hold, per row, its token ids and its block
+table. A row keeps its place while its sequence keeps being scheduled, so a steady decode batch changes nothing
+but one token and, every ``block_size`` steps, one block id per row: per-step host work grows with the tokens
+scheduled, not with context length.
+
+Every change to a row's block table is also recorded as a (row, column, block id) triple; the runner ships the
+triples to the device copy of the table once per step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from engine.sampling_params import SamplingParams
+
+
+@dataclass
+class RunnerRequest:
+    req_id: str
+    token_ids: list[int]  # prompt + the outputs whose sampled ids reached the host
+    params: SamplingParams
+    generator: torch.Generator | None
+    block_ids: list[int] = field(default_factory=list)
+    output_counts: torch.Tensor | None = None  # [V] on the device: penalties only
+    prompt_seen: torch.Tensor | None = None  # [V] bool: repetition penalty only
+
+
+class InputBatch:
+    def __init__(self, max_rows: int, max_model_len: int, max_blocks_per_row: int) -> None:
+        self.max_rows = max_rows
+        self.req_ids: list[str] = []  # the request in each row
+        self.row_of: dict[str, int] = {}
+        self.token_ids = np.zeros((max_rows, max_model_len), dtype=np.int32)
+        self.num_known = np.zeros(max_rows, dtype=np.int32)  # token ids of the row present in token_ids
+        self.block_table = np.zeros((max_rows, max_blocks_per_row), dtype=np.int32)
+        self.num_blocks = np.zeros(max_rows, dtype=np.int32)
+        self.num_computed = np.zeros(max_rows, dtype=np.int32)
+        self.num_new = np.zeros(max_rows, dtype=np.int32)  # tokens scheduled this step
+        self.samples = np.zeros(max_rows, dtype=bool)  # the row's chunk this step ends at its last token
+        # Where the row's last sampled token sits in the previous step's device output: with async scheduling its
+        # id is not on the host yet when the next step is prepared, so the device copies it into the inputs.
+        self.pending_src = np.zeros(max_rows, dtype=np.int32)
+        self.version = 0  # changes whenever rows are added, removed or moved
+        self._deltas: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (rows, cols, block ids)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.req_ids)
+
+    def add(self, req: RunnerRequest) -> int:
+        row = len(self.req_ids)
+        self.req_ids.append(req.req_id)
+        self.row_of[req.req_id] = row
+        self._fill(row, req)
+        self.version += 1
+        return row
+
+    def _fill(self, row: int, req: RunnerRequest) -> None:
+        n = len(req.token_ids)
+        self.token_ids[row, :n] = req.token_ids
+        self.num_known[row] = n
+        self.num_blocks[row] = 0
+        self.append_blocks(row, req.block_ids)
+
+    def remove_all_but(self, keep: set[str]) -> None:
+        """Drop the rows of sequences not scheduled this step; move the last rows into the holes."""
+        if len(keep) == len(self.req_ids) and all(r in keep for r in self.req_ids):
+            return
+        self.version += 1
+        kept = [r for r in self.req_ids if r in keep]
+        holes = [i for i, r in enumerate(self.req_ids[: len(kept)]) if r not in keep]
+        movers = [i for i in range(len(kept), len(self.req_ids)) if self.req_ids[i] in keep]
+        for dst, src in zip(holes, movers):
+            self._move(src, dst)
+        for req_id in self.req_ids[len(kept):]:
+            if self.row_of.get(req_id, -1) >= len(kept):
+                del self.row_of[req_id]
+        del self.req_ids[len(kept):]
+
+    def _move(self, src: int, dst: int) -> None:
+        req_id = self.req_ids[src]
+        dropped = self.req_ids[dst]
+        if self.row_of.get(dropped) == dst:
+            del self.row_of[dropped]
+        self.req_ids[dst] = req_id
+        self.row_of[req_id] = dst
+        n, b = self.num_known[src], self.num_blocks[src]
+        self.token_ids[dst, :n] = self.token_ids[src, :n]
+        self.num_known[dst] = n
+        self.pending_src[dst] = self.pending_src[src]
+        self.num_blocks[dst] = 0
+        self.append_blocks(dst, self.block_table[src, :b].tolist())
+
+    def append_blocks(self, row: int, block_ids: list[int]) -> None:
+        if not block_ids:
+            return
+        start = int(self.num_blocks[row])
+        end = start + len(block_ids)
+        self.block_table[row, start:end] = block_ids
+        self.num_blocks[row] = end
+        cols = np.arange(start, end, dtype=np.int32)
+        self._deltas.append((np.full(len(block_ids), row, dtype=np.int32), cols, self.block_table[row, start:end].copy()))
+
+    def append_token(self, row: int, token: int) -> None:
+        n = self.num_known[row]
+        self.token_ids[row, n] = token
+        self.num_known[row] = n + 1
+
+    def take_block_table_deltas(self) -> np.ndarray:
+        """``[3, D]`` int32 (rows, columns, block ids) of every table change since the last call."""
+        deltas, self._deltas = self._deltas, []
+        if not deltas:
+            return np.zeros((3, 0), dtype=np.int32)
+        return np.concatenate([np.stack(d) for d in deltas], axis=1)

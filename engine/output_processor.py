@@ -1,0 +1,112 @@
+"""Text for the engine's token outputs, made outside the engine thread: incremental detokenization (never half a
+character) and stop strings. A stop string ends the sequence here, at once, and the caller aborts it in the engine;
+outputs the engine produced for it meanwhile are dropped.
+
+`CompletionOutput` accumulates one sequence's deltas into its whole output (the offline API and the server both
+use it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.detokenizer import IncrementalDetokenizer, StopStringMatcher, SupportsDecode
+from engine.outputs import FinishReason, SequenceOutput, TokenLogprobs
+from engine.sampling_params import SamplingParams
+
+
+@dataclass
+class CompletionOutput:
+    """One sequence's output so far."""
+
+    index: int = 0
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    logprobs: list[TokenLogprobs | None] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+
+    def add(self, out: SequenceOutput) -> None:
+        self.token_ids += out.new_token_ids
+        self.text += out.new_text
+        self.logprobs += out.new_logprobs
+        if out.finished:
+            self.finish_reason = out.finish_reason
+
+
+@dataclass
+class _SequenceText:
+    detok: IncrementalDetokenizer
+    stops: StopStringMatcher | None
+    done: bool = False
+
+
+@dataclass
+class _Request:
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    sequences: dict[int, _SequenceText] = field(default_factory=dict)  # by index (n > 1)
+
+
+class OutputProcessor:
+    """Turns token outputs into text outputs for the requests registered with it. Not thread-safe: one thread (the
+    caller's, or the event loop) uses one processor."""
+
+    def __init__(self, tokenizer: SupportsDecode) -> None:
+        self.tokenizer = tokenizer
+        self._requests: dict[str, _Request] = {}
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        self._requests[request_id] = _Request(prompt_token_ids, params)
+
+    def remove_request(self, request_id: str) -> None:
+        self._requests.pop(request_id, None)
+
+    def process(self, outputs: list[SequenceOutput]) -> tuple[list[SequenceOutput], list[tuple[str, int]]]:
+        """Fill in each output's text; returns the outputs to deliver and the (request id, index) of the sequences
+        a stop string ended, which the caller must stop in the engine."""
+        delivered: list[SequenceOutput] = []
+        stopped: list[tuple[str, int]] = []
+        for out in outputs:
+            request = self._requests.get(out.request_id)
+            if request is None:
+                continue
+            seq = self._sequence(request, out.index)
+            if seq.done:  # ended by a stop string; the engine had already produced more
+                continue
+            if self._fill_text(seq, out):
+                stopped.append((out.request_id, out.index))
+            seq.done = out.finished
+            delivered.append(out)
+            if len(request.sequences) == request.params.n and all(s.done for s in request.sequences.values()):
+                del self._requests[out.request_id]
+        return delivered, stopped
+
+    def _sequence(self, request: _Request, index: int) -> _SequenceText:
+        seq = request.sequences.get(index)
+        if seq is None:
+            params = request.params
+            detok = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, params.skip_special_tokens)
+            seq = _SequenceText(detok, StopStringMatcher(params.stop) if params.stop else None)
+            request.sequences[index] = seq
+        return seq
+
+    @staticmethod
+    def _fill_text(seq: _SequenceText, out: SequenceOutput) -> bool:
+        """Set ``out.new_text``; True when a stop string ended the sequence (its finish reason becomes STOP)."""
+        stop_token = out.finish_reason is FinishReason.STOP  # the engine stops on tokens only: no text for it
+        text = ""
+        if out.new_token_ids and not stop_token:
+            text = seq.detok.add(out.new_token_ids[-1])
+            if seq.stops is not None:
+                text, hit = seq.stops.feed(text)
+                if hit:
+                    out.new_text, out.finish_reason = text, FinishReason.STOP
+                    return True
+        if out.finished:  # release text held back for a possible stop string or a partial character
+            tail = seq.detok.flush()
+            if seq.stops is not None:
+                held, hit = seq.stops.feed(tail)
+                text += held + ("" if hit else seq.stops.flush())
+            else:
+                text += tail
+        out.new_text = text
+        return False

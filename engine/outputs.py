@@ -1,0 +1,137 @@
+"""What crosses the engine's internal boundaries, as plain data (no torch): scheduler -> runner
+(`SchedulerOutput`), runner -> scheduler (`ModelRunnerOutput`), engine -> callers (`SequenceOutput`), and the
+scheduler's `SchedulerStats` snapshot. Keeping them here lets the scheduler depend on nothing below it.
+"""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from engine.sampling_params import SamplingParams
+
+
+class FinishReason(enum.StrEnum):
+    STOP = "stop"  # a stop token or stop string
+    LENGTH = "length"  # max_tokens, the context length, or (with an error) the KV pool
+    ABORT = "abort"  # the caller went away
+
+
+@dataclass
+class TokenLogprobs:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]  # the top-N alternatives (token id, logprob), best first
+
+
+@dataclass
+class RequestTimings:
+    arrival: float = field(default_factory=time.perf_counter)
+    scheduled: float | None = None  # first admission
+    first_token: float | None = None
+    finished: float | None = None
+
+    @property
+    def queue_s(self) -> float | None:
+        return None if self.scheduled is None else self.scheduled - self.arrival
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.arrival
+
+    @property
+    def e2e_s(self) -> float | None:
+        return None if self.finished is None else self.finished - self.arrival
+
+
+# ---- scheduler -> model runner -------------------------------------------------------------------------------------
+@dataclass
+class NewRequestData:
+    """A sequence the runner has not seen: everything it needs to keep its own state for it."""
+
+    req_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seed: int | None  # this sequence's sampling seed (n > 1 siblings get seed + index)
+
+
+@dataclass
+class ScheduledRequest:
+    """One sequence's share of a step: compute ``num_new_tokens`` tokens from ``num_computed_tokens`` on.
+
+    ``new_block_ids`` are appended to the runner's copy of its block table; when ``resumed`` (re-admitted after a
+    preemption) they replace it."""
+
+    req_id: str
+    num_new_tokens: int
+    num_computed_tokens: int
+    new_block_ids: list[int]
+    samples: bool  # the chunk ends at the sequence's last token: this step samples its next one
+    resumed: bool = False
+
+
+@dataclass
+class SchedulerOutput:
+    """One step's work as deltas against what the runner already holds."""
+
+    new_requests: list[NewRequestData] = field(default_factory=list)
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    finished_req_ids: list[str] = field(default_factory=list)  # finished or aborted since the last step: forget them
+    # Blocks released, state kept for resumption. (The runner needs no action: a sequence not scheduled leaves
+    # the batch anyway; the list is there for observers.)
+    preempted_req_ids: list[str] = field(default_factory=list)
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+
+# ---- model runner -> scheduler -------------------------------------------------------------------------------------
+@dataclass
+class ModelRunnerOutput:
+    """The tokens one step sampled, per sequence whose scheduled chunk reached its last known token."""
+
+    req_ids: list[str]
+    sampled_token_ids: list[int]
+    logprobs: list[TokenLogprobs | None] | None = None  # None when no sequence asked for logprobs
+
+
+# ---- engine -> callers --------------------------------------------------------------------------------------------
+@dataclass
+class SequenceOutput:
+    """One sequence's progress in one step (deltas). The engine fills the token fields; an output processor, off
+    the engine thread, fills ``new_text`` (and may finish the sequence early on a stop string)."""
+
+    request_id: str  # the caller's request id; n > 1 siblings share it
+    index: int  # which of the n sequences
+    new_token_ids: list[int]
+    new_logprobs: list[TokenLogprobs | None]
+    finish_reason: FinishReason | None
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    timings: RequestTimings
+    new_text: str = ""
+    error: str | None = None  # why a sequence ended abnormally (e.g. out of KV blocks)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class SchedulerStats:
+    """The engine's counters and gauges at one instant (for /metrics, benchmarks and tests)."""
+
+    prefix_cache_queries_tokens: int = 0
+    prefix_cache_hits_tokens: int = 0
+    prefix_cache_preempted_queries_tokens: int = 0
+    prefix_cache_preempted_hits_tokens: int = 0
+    prefix_cache_evictions: int = 0
+    kv_blocks_total: int = 0
+    kv_blocks_free: int = 0  # an allocation can take them: never-used blocks plus cached blocks nobody holds
+    kv_blocks_cached: int = 0
+    requests_running: int = 0
+    requests_waiting: int = 0
+    prompt_tokens: int = 0  # prompt tokens computed (cache hits excluded)
+    generation_tokens: int = 0
+    preemptions: int = 0

@@ -1,0 +1,141 @@
+"""One step's model inputs: flattened on the host with numpy from the `InputBatch` rows, shipped to persistent device
+buffers with one host-to-device copy, and read by the model (and by the CUDA graphs, which capture views of the
+same buffers).
+
+The flattened batch puts the rows' new tokens one after another: row r owns token rows
+``query_start_loc[r]:query_start_loc[r+1]``, at positions ``num_computed[r] ...``; ``slot_mapping`` says where each
+token's K/V goes (``block_id * block_size + offset``); ``context_lens[r]`` is the row's length after this step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from engine.input_batch import InputBatch
+from engine.models.llama import AttentionMetadata
+
+
+@dataclass
+class HostInputs:
+    """The host side of one step (numpy int32), padded to ``num_rows`` rows when a CUDA graph will run it."""
+
+    input_ids: np.ndarray
+    positions: np.ndarray
+    slot_mapping: np.ndarray
+    query_start_loc: np.ndarray
+    context_lens: np.ndarray
+    sample_index: np.ndarray  # token rows whose hidden state is sampled, in row order
+    sample_rows: np.ndarray  # the batch rows they belong to
+    pending_dst: np.ndarray  # token rows whose id is still on the device (async scheduling) ...
+    pending_src: np.ndarray  # ... and where it is in the previous step's sampled ids
+    block_table_deltas: np.ndarray  # [3, D]
+    num_real_rows: int
+    max_query_len: int
+    max_context_len: int
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.context_lens)
+
+
+def flatten(batch: InputBatch, block_size: int, pad_rows_to: int | None = None) -> HostInputs:
+    """Vectorized over the scheduled rows: O(tokens scheduled), whatever the rows' context lengths."""
+    rows = batch.num_rows
+    n = batch.num_new[:rows]
+    start = batch.num_computed[:rows]
+    ends = np.cumsum(n, dtype=np.int32)
+    total = int(ends[-1]) if rows else 0
+    row_of_token = np.repeat(np.arange(rows, dtype=np.int32), n)
+    positions = np.arange(total, dtype=np.int32) - np.repeat(ends - n, n) + start[row_of_token]
+    input_ids = batch.token_ids[row_of_token, positions]
+    slots = batch.block_table[row_of_token, positions // block_size] * block_size + positions % block_size
+    pending_dst = np.nonzero(positions >= batch.num_known[row_of_token])[0].astype(np.int32)
+    pending_src = batch.pending_src[row_of_token[pending_dst]]
+    sample_rows = np.nonzero(batch.samples[:rows])[0].astype(np.int32)
+    context_lens = start + n
+    host = HostInputs(
+        input_ids=input_ids, positions=positions, slot_mapping=slots,
+        query_start_loc=np.concatenate([np.zeros(1, dtype=np.int32), ends]), context_lens=context_lens,
+        sample_index=ends[sample_rows] - 1, sample_rows=sample_rows, pending_dst=pending_dst, pending_src=pending_src,
+        block_table_deltas=batch.take_block_table_deltas(), num_real_rows=rows,
+        max_query_len=int(n.max()) if rows else 0, max_context_len=int(context_lens.max()) if rows else 0,
+    )
+    if pad_rows_to is not None and pad_rows_to > rows:
+        _pad_decode(host, pad_rows_to)
+    return host
+
+
+def _pad_decode(host: HostInputs, size: int) -> None:
+    """Padding rows for a decode graph: slot -1 (no block is written), context 1 (one finite value is read)."""
+    pad = size - host.num_rows
+    host.input_ids = np.concatenate([host.input_ids, np.zeros(pad, dtype=np.int32)])
+    host.positions = np.concatenate([host.positions, np.zeros(pad, dtype=np.int32)])
+    host.slot_mapping = np.concatenate([host.slot_mapping, np.full(pad, -1, dtype=np.int32)])
+    host.query_start_loc = np.arange(size + 1, dtype=np.int32)
+    host.context_lens = np.concatenate([host.context_lens, np.ones(pad, dtype=np.int32)])
+
+
+class DeviceInputs:
+    """Persistent device buffers for the model's inputs, and the staging that fills them with one copy per step."""
+
+    def __init__(self, max_tokens: int, max_rows: int, max_blocks_per_row: int, device: torch.device) -> None:
+        self.device = device
+        self.input_ids = torch.zeros(max_tokens, dtype=torch.long, device=device)
+        self.positions = torch.zeros(max_tokens, dtype=torch.long, device=device)
+        self.slot_mapping = torch.full((max_tokens,), -1, dtype=torch.long, device=device)
+        self.query_start_loc = torch.arange(max_rows + 1, dtype=torch.int32, device=device)
+        self.context_lens = torch.ones(max_rows, dtype=torch.int32, device=device)
+        self.block_tables = torch.zeros(max_rows, max_blocks_per_row, dtype=torch.int32, device=device)
+        self._pinned = device.type == "cuda"
+        self._staging: list[torch.Tensor] = [torch.empty(0, dtype=torch.int32)] * 2  # alternate: one may be in flight
+        self._turn = 0
+
+    def upload(self, host: HostInputs, prev_sampled: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Ship the step's inputs; returns (input_ids, positions) views. Block tables are updated in place."""
+        parts = [host.input_ids, host.positions, host.slot_mapping, host.query_start_loc, host.context_lens,
+                 host.pending_dst, host.pending_src, host.block_table_deltas.reshape(-1)]
+        sizes = [len(p) for p in parts]
+        staged = self._stage(np.concatenate(parts))
+        ids, pos, slots, qsl, ctx, pdst, psrc, deltas = staged.split(sizes)
+        t, b = host.num_tokens, host.num_rows
+        self.input_ids[:t].copy_(ids)
+        self.positions[:t].copy_(pos)
+        self.slot_mapping[:t].copy_(slots)
+        self.query_start_loc[: b + 1].copy_(qsl)
+        self.context_lens[:b].copy_(ctx)
+        if len(pdst):
+            assert prev_sampled is not None, "a token is pending but no step is in flight"
+            self.input_ids[pdst.long()] = prev_sampled[psrc.long()]
+        if deltas.numel():
+            rows, cols, values = deltas.view(3, -1)
+            self.block_tables[rows.long(), cols.long()] = values
+        return self.input_ids[:t], self.positions[:t]
+
+    def _stage(self, values: np.ndarray) -> torch.Tensor:
+        """``values`` on the device, through a pinned host buffer on CUDA (copied without blocking the host)."""
+        if not self._pinned:
+            return torch.from_numpy(values).to(self.device)
+        self._turn ^= 1
+        buf = self._staging[self._turn]
+        if buf.numel() < len(values):
+            buf = torch.empty(max(len(values), 2 * buf.numel()), dtype=torch.int32, pin_memory=True)
+            self._staging[self._turn] = buf
+        buf[: len(values)].numpy()[:] = values
+        return buf[: len(values)].to(self.device, non_blocking=True)
+
+    def metadata(self, host: HostInputs, max_context_len: int | None = None) -> AttentionMetadata:
+        t, b = host.num_tokens, host.num_rows
+        return AttentionMetadata(
+            slot_mapping=self.slot_mapping[:t],
+            block_tables=self.block_tables[:b],
+            context_lens=self.context_lens[:b],
+            query_start_loc=self.query_start_loc[: b + 1],
+            max_query_len=host.max_query_len,
+            max_context_len=max_context_len or host.max_context_len,
+        )
