@@ -10,7 +10,7 @@ import argparse
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from benchmarks import throughput
+from benchmarks import step_bench, throughput
 from benchmarks.prefix.report import write_json
 
 if TYPE_CHECKING:
@@ -143,6 +143,8 @@ def _register_all() -> None:
     add_bench_command("replay", "replay requests recorded by `kvserve serve --record`", _configure_replay, _run_replay)
     add_bench_command("throughput", "offline throughput on the nano-vllm workload, side by side with HF transformers",
                       throughput.configure, throughput.run)
+    add_bench_command("step", "host and device time of one engine decode step vs a bare PyTorch loop, by batch and "
+                      "context", step_bench.configure, step_bench.run)
 
 
 _register_all()

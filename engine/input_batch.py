@@ -107,10 +107,10 @@ class InputBatch:
         cols = np.arange(start, end, dtype=np.int32)
         self._deltas.append((np.full(len(block_ids), row, dtype=np.int32), cols, self.block_table[row, start:end].copy()))
 
-    def append_token(self, row: int, token: int) -> None:
-        n = self.num_known[row]
-        self.token_ids[row, n] = token
-        self.num_known[row] = n + 1
+    def append_tokens(self, rows: list[int], tokens: list[int]) -> None:
+        """One token each at the end of the rows' known tokens (rows distinct)."""
+        self.token_ids[rows, self.num_known[rows]] = tokens
+        self.num_known[rows] += 1
 
     def take_block_table_deltas(self) -> np.ndarray:
         """``[3, D]`` int32 (rows, columns, block ids) of every table change since the last call."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,11 +43,29 @@ def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) ->
 
 @dataclass
 class StepProfile:
-    """Where one step's time went, in seconds (for `kvserve bench step`)."""
+    """Where the steps' time went, in seconds, summed (for `kvserve bench step`)."""
 
-    prepare_s: float = 0.0  # deltas, flattening, upload
-    launch_s: float = 0.0  # forward and sampling: compute time on CPU, kernel launches on CUDA
-    wait_s: float = 0.0  # blocked on the device in `result()`
+    prepare_s: float = 0.0  # host: deltas, flattening, sampling parameters
+    launch_s: float = 0.0  # the device part (upload, forward, sampling): compute on CPU, kernel launches on CUDA
+    wait_s: float = 0.0  # host blocked in `result()` until the step's sampled ids are there
+    device_s: float = 0.0  # CUDA only, with `ModelRunner.time_device`: the device part's GPU time (events)
+
+
+@dataclass
+class _DeviceWork:
+    """The device part of one step, prepared on the host."""
+
+    host: HostInputs
+    pad_to: int | None  # run the decode graph of this size
+    sampling: SamplingBatch | None  # None: nothing samples this step
+    histories: list[tuple[torch.Tensor | None, torch.Tensor | None]] | None  # penalties: per row (counts, seen)
+
+
+@dataclass
+class _Launched:
+    sampled: SamplerOutput | None  # on the host (pinned) on CUDA
+    done: torch.cuda.Event | None = None
+    started: torch.cuda.Event | None = None
 
 
 @dataclass
@@ -56,22 +75,26 @@ class StepHandle:
     runner: "ModelRunner"
     req_ids: list[str] = field(default_factory=list)
     params: list[SamplingParams] = field(default_factory=list)
-    sampled: SamplerOutput | None = None  # on the host (pinned) on CUDA
-    done: torch.cuda.Event | None = None
+    launched: _Launched | Future | None = None
     _output: ModelRunnerOutput | None = None
 
     def result(self) -> ModelRunnerOutput:
-        if self._output is None:
-            start = time.perf_counter()
-            if self.done is not None:
-                self.done.synchronize()
-            self.runner.profile.wait_s += time.perf_counter() - start
-            if self.sampled is None:
-                self._output = ModelRunnerOutput([], [])
-            else:
-                token_ids, logprobs = self.sampled.host_lists(self.params)
-                self.runner.record_sampled(self.req_ids, token_ids)
-                self._output = ModelRunnerOutput(self.req_ids, token_ids, logprobs)
+        if self._output is not None:
+            return self._output
+        start = time.perf_counter()
+        launched = self.launched.result() if isinstance(self.launched, Future) else self.launched
+        if launched is not None and launched.done is not None:
+            launched.done.synchronize()
+        profile = self.runner.profile
+        profile.wait_s += time.perf_counter() - start
+        if launched is None or launched.sampled is None:
+            self._output = ModelRunnerOutput([], [])
+            return self._output
+        if launched.started is not None:
+            profile.device_s += launched.started.elapsed_time(launched.done) / 1e3
+        token_ids, logprobs = launched.sampled.host_lists(self.params)
+        self.runner.record_sampled(self.req_ids, token_ids)
+        self._output = ModelRunnerOutput(self.req_ids, token_ids, logprobs)
         return self._output
 
 
@@ -96,8 +119,14 @@ class ModelRunner:
         self.batch = InputBatch(rows, max_model_len, self.max_blocks_per_row)
         self.requests: dict[str, RunnerRequest] = {}
         self.profile = StepProfile()
+        self.time_device = False  # CUDA: time each step's kernels with events (benchmarks)
         self._prev_sampled: torch.Tensor | None = None  # the last launched step's sampled ids, on the device
         self._sampling_batch: tuple[tuple[str, ...], SamplingBatch] | None = None
+        # Async scheduling on CPU: the device part of each step runs in order on this thread (as kernels run in
+        # order on a CUDA stream), so the host prepares the next step meanwhile; torch releases the GIL while it
+        # computes. On CUDA the kernels are asynchronous already.
+        self._device_thread = (ThreadPoolExecutor(1, thread_name_prefix="kvserve-device")
+                               if cfg.async_scheduling and self.device.type != "cuda" else None)
         # Graphs need kernels without host syncs: the Triton ops (the torch reference reads lengths on the host).
         use_graphs = self.device.type == "cuda" and cfg.attention_backend == "triton" and not cfg.enforce_eager
         self.num_blocks = cfg.num_kv_blocks or self._blocks_from_memory_budget(use_graphs)
@@ -120,28 +149,54 @@ class ModelRunner:
                                  use_graphs)
 
     # ---- the step ----------------------------------------------------------------------------------------------
-    @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> StepHandle:
         start = time.perf_counter()
         self._apply_deltas(sched)
         if not sched.scheduled:
             return StepHandle(self)
-        graphs = self.decode_graphs
-        batch = self.batch
+        graphs, batch = self.decode_graphs, self.batch
         pad_to = None
         if graphs is not None and graphs.fits(batch.num_rows, int(batch.num_new[: batch.num_rows].max())):
             pad_to = graphs.padded_size(batch.num_rows)
         host = flatten(batch, self.cfg.block_size, pad_to)
+        all_ids = batch.req_ids
+        req_ids = [all_ids[r] for r in host.sample_rows.tolist()]
+        work = _DeviceWork(host, pad_to, None, None)
+        handle = StepHandle(self, req_ids)
+        if req_ids:
+            work.sampling = self._sampling_batch_for(req_ids)
+            handle.params = work.sampling.params
+            if work.sampling.penalized_rows:
+                requests = self.requests
+                work.histories = [(requests[r].output_counts, requests[r].prompt_seen) for r in req_ids]
+            batch.pending_src[host.sample_rows] = np.arange(len(req_ids), dtype=np.int32)
+        self.profile.prepare_s += time.perf_counter() - start
+        if self._device_thread is not None:
+            handle.launched = self._device_thread.submit(self._run_on_device, work)
+        else:
+            handle.launched = self._run_on_device(work)
+        return handle
+
+    @torch.inference_mode()
+    def _run_on_device(self, work: _DeviceWork) -> _Launched:
+        """Upload, forward, sample; on CUDA also start copying the sampled ids back. Steps run here in order."""
+        start = time.perf_counter()
+        host = work.host
         input_ids, positions = self.inputs.upload(host, self._prev_sampled)
-        launched = time.perf_counter()
-        self.profile.prepare_s += launched - start
-        if pad_to is not None:
-            hidden = graphs.run(pad_to)
+        started = None
+        if self.time_device and self.device.type == "cuda":
+            started = torch.cuda.Event(enable_timing=True)
+            started.record()
+        if work.pad_to is not None:
+            hidden = self.decode_graphs.run(work.pad_to)
         else:
             hidden = self.model(input_ids, positions, self.kv_caches, self.inputs.metadata(host))
-        handle = self._sample(hidden, host)
-        self.profile.launch_s += time.perf_counter() - launched
-        return handle
+        launched = _Launched(None)
+        if work.sampling is not None:
+            launched = self._sample(hidden, host, work, timed=started is not None)
+            launched.started = started
+        self.profile.launch_s += time.perf_counter() - start
+        return launched
 
     def _apply_deltas(self, sched: SchedulerOutput) -> None:
         """Bring the runner's request states and batch rows in line with the scheduler's view."""
@@ -150,8 +205,11 @@ class ModelRunner:
         for new in sched.new_requests:
             self.requests[new.req_id] = self._new_request(new)
         batch = self.batch
-        batch.remove_all_but({s.req_id for s in sched.scheduled})
-        for s in sched.scheduled:
+        scheduled = sched.scheduled
+        batch.remove_all_but({s.req_id for s in scheduled})
+        for s in scheduled:
+            if not (s.new_block_ids or s.resumed) and s.req_id in batch.row_of:
+                continue  # the steady decode case: nothing changes but the counts below
             req = self.requests[s.req_id]
             if s.resumed:
                 req.block_ids = list(s.new_block_ids)
@@ -160,12 +218,13 @@ class ModelRunner:
             row = batch.row_of.get(s.req_id)
             assert row is None or not s.resumed, "a preempted sequence still has a row"
             if row is None:
-                row = batch.add(req)
-            elif s.new_block_ids:
+                batch.add(req)
+            else:
                 batch.append_blocks(row, s.new_block_ids)
-            batch.num_computed[row] = s.num_computed_tokens
-            batch.num_new[row] = s.num_new_tokens
-            batch.samples[row] = s.samples
+        rows = [batch.row_of[s.req_id] for s in scheduled]
+        batch.num_computed[rows] = [s.num_computed_tokens for s in scheduled]
+        batch.num_new[rows] = [s.num_new_tokens for s in scheduled]
+        batch.samples[rows] = [s.samples for s in scheduled]
 
     def _new_request(self, new: NewRequestData) -> RunnerRequest:
         req = RunnerRequest(new.req_id, list(new.prompt_token_ids), new.params,
@@ -178,29 +237,21 @@ class ModelRunner:
                 req.prompt_seen[torch.tensor(new.prompt_token_ids, device=self.device)] = True
         return req
 
-    def _sample(self, hidden: torch.Tensor, host: HostInputs) -> StepHandle:
-        batch = self.batch
-        req_ids = [batch.req_ids[r] for r in host.sample_rows]
-        if not req_ids:
-            return StepHandle(self)
+    def _sample(self, hidden: torch.Tensor, host: HostInputs, work: _DeviceWork, timed: bool) -> _Launched:
         index = torch.from_numpy(host.sample_index).to(self.device, non_blocking=True).long()
         logits = self.model.compute_logits(hidden.index_select(0, index))
-        sampling = self._sampling_batch_for(req_ids)
-        penalties = self._penalties(req_ids, sampling.params) if sampling.penalized_rows else None
+        sampling = work.sampling
+        penalties = self._penalties(work.histories, sampling.params) if work.histories else None
         out = sample(logits, sampling, penalties)
-        for i in sampling.penalized_rows:  # count the new token in the request's history, on the device
-            counts = self.requests[req_ids[i]].output_counts
-            counts.index_add_(0, out.token_ids[i : i + 1], torch.ones(1, device=self.device))
+        for i in sampling.penalized_rows:  # count the new token in the sequence's history, on the device
+            work.histories[i][0].index_add_(0, out.token_ids[i : i + 1], torch.ones(1, device=self.device))
         self._prev_sampled = out.token_ids
-        batch.pending_src[host.sample_rows] = np.arange(len(req_ids), dtype=np.int32)
-        handle = StepHandle(self, req_ids, sampling.params)
-        if self.device.type == "cuda":
-            handle.sampled = _to_pinned(out)
-            handle.done = torch.cuda.Event()
-            handle.done.record()
-        else:
-            handle.sampled = out
-        return handle
+        if self.device.type != "cuda":
+            return _Launched(out)
+        done = torch.cuda.Event(enable_timing=timed)
+        launched = _Launched(_to_pinned(out), done)
+        done.record()
+        return launched
 
     def _sampling_batch_for(self, req_ids: list[str]) -> SamplingBatch:
         """The sampler's per-row tensors, rebuilt only when the set of sampling sequences changes."""
@@ -211,26 +262,29 @@ class ModelRunner:
             self._sampling_batch = (key, batch)
         return self._sampling_batch[1]
 
-    def _penalties(self, req_ids: list[str], params: list[SamplingParams]) -> Penalties:
+    def _penalties(self, histories: list[tuple[torch.Tensor | None, torch.Tensor | None]],
+                   params: list[SamplingParams]) -> Penalties:
         vocab = self.model_cfg.vocab_size
         zeros = torch.zeros(vocab, device=self.device)
         unseen = torch.zeros(vocab, dtype=torch.bool, device=self.device)
-        reqs = [self.requests[r] for r in req_ids]
-        counts = torch.stack([r.output_counts if r.output_counts is not None else zeros for r in reqs])
-        seen = torch.stack([r.prompt_seen if r.prompt_seen is not None else unseen for r in reqs])
+        counts = torch.stack([c if c is not None else zeros for c, _ in histories])
+        seen = torch.stack([s if s is not None else unseen for _, s in histories])
         return Penalties(*penalty_parameters(params, self.device), counts, seen)
 
     def record_sampled(self, req_ids: list[str], token_ids: list[int]) -> None:
         """A step's sampled ids reached the host: append them to each sequence's tokens (and its row)."""
-        batch = self.batch
+        requests, row_of = self.requests, self.batch.row_of
+        rows, row_tokens = [], []
         for req_id, token in zip(req_ids, token_ids):
-            req = self.requests.get(req_id)
+            req = requests.get(req_id)
             if req is None:  # finished while the step ran
                 continue
             req.token_ids.append(token)
-            row = batch.row_of.get(req_id)
+            row = row_of.get(req_id)
             if row is not None:
-                batch.append_token(row, token)
+                rows.append(row)
+                row_tokens.append(token)
+        self.batch.append_tokens(rows, row_tokens)
 
     # ---- memory budget -----------------------------------------------------------------------------------------
     def _capture_decode_graphs(self) -> DecodeGraphRunner:

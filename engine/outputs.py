@@ -17,7 +17,7 @@ class FinishReason(enum.StrEnum):
     ABORT = "abort"  # the caller went away
 
 
-@dataclass
+@dataclass(slots=True)
 class TokenLogprobs:
     token_id: int
     logprob: float
@@ -55,7 +55,7 @@ class NewRequestData:
     seed: int | None  # this sequence's sampling seed (n > 1 siblings get seed + index)
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledRequest:
     """One sequence's share of a step: compute ``num_new_tokens`` tokens from ``num_computed_tokens`` on.
 
@@ -97,7 +97,7 @@ class ModelRunnerOutput:
 
 
 # ---- engine -> callers --------------------------------------------------------------------------------------------
-@dataclass
+@dataclass(slots=True)
 class SequenceOutput:
     """One sequence's progress in one step (deltas). The engine fills the token fields; an output processor, off
     the engine thread, fills ``new_text`` (and may finish the sequence early on a stop string)."""

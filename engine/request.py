@@ -20,7 +20,7 @@ class RequestStatus(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Request:
     request_id: str  # this sequence's id (n > 1 siblings: "<group_id>#<index>")
     token_ids: list[int]  # prompt then output: one list, so the hot path never concatenates
@@ -38,6 +38,7 @@ class Request:
     num_preemptions: int = 0
     pending_siblings: int = 0  # n > 1: siblings to queue once this sequence's prompt is scheduled
     timings: RequestTimings = field(default_factory=RequestTimings)
+    max_num_tokens: int = 0  # prompt + max_tokens, capped by the context length (set by the scheduler)
 
     @property
     def seed(self) -> int | None:

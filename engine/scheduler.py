@@ -34,6 +34,10 @@ from engine.sampling_params import SamplingParams
 T = TypeVar("T")
 
 
+def _is_prefilling(req: Request) -> bool:
+    return len(req.token_ids) + req.num_output_placeholders - req.num_computed_tokens > 1
+
+
 def admission_order(policy: SchedulingPolicy, candidates: Sequence[T], num_cached_tokens: Callable[[T], int]) -> list[T]:
     """The one meaning of each policy, shared by the scheduler and the prefix-cache simulator: FCFS keeps arrival
     order; LONGEST_PREFIX puts the candidates with the most cached tokens first (ties in arrival order)."""
@@ -73,7 +77,8 @@ class Scheduler:
     def _new_sequence(self, group_id: str, index: int, prompt: list[int], params: SamplingParams,
                       cache_salt: str | None) -> Request:
         req = Request(f"{group_id}#{index}" if index else group_id, prompt, len(prompt), params, cache_salt,
-                      group_id=group_id, index=index)
+                      group_id=group_id, index=index,
+                      max_num_tokens=min(len(prompt) + params.max_tokens, self.max_model_len))
         if self.cfg.enable_prefix_caching:
             self.hasher.extend(req.block_hashes, req.token_ids, cache_salt)
         return req
@@ -118,12 +123,14 @@ class Scheduler:
         budget = self.cfg.max_num_batched_tokens
         scheduled: set[str] = set()
         # Decodes first (one token each, latency-critical), then continuing chunked prefills.
-        for req in sorted(self.running, key=lambda r: r.num_uncomputed_tokens > 1):
+        for req in sorted(self.running, key=_is_prefilling):
             if budget == 0:
                 break
-            if req.status is not RequestStatus.RUNNING or self._at_limit(req):  # preempted in this loop / done
+            num_tokens = len(req.token_ids) + req.num_output_placeholders
+            # Preempted earlier in this loop, or done: the tokens in flight reach max_tokens or the context length.
+            if req.status is not RequestStatus.RUNNING or num_tokens >= req.max_num_tokens:
                 continue
-            n = min(req.num_uncomputed_tokens, budget)
+            n = min(num_tokens - req.num_computed_tokens, budget)
             new_block_ids = self._make_room(req, n, scheduled, out)
             if new_block_ids is None:
                 continue
@@ -132,10 +139,6 @@ class Scheduler:
         if not out.preempted_req_ids:  # blocks just ran short: admitting new work would only thrash
             self._admit_waiting(budget, out, scheduled)
         return out
-
-    def _at_limit(self, req: Request) -> bool:
-        """Nothing left to compute: the tokens in flight already reach max_tokens or the context length."""
-        return req.num_output_tokens >= req.params.max_tokens or req.num_tokens >= self.max_model_len
 
     def _make_room(self, req: Request, n: int, scheduled: set[str], out: SchedulerOutput) -> list[int] | None:
         """Blocks for ``n`` more tokens of ``req``, preempting the newest other unscheduled requests if needed."""
@@ -165,12 +168,15 @@ class Scheduler:
     def _schedule(self, req: Request, n: int, new_block_ids: list[int], out: SchedulerOutput, scheduled: set[str],
                   resumed: bool = False) -> None:
         start = req.num_computed_tokens
-        samples = start + n == req.num_tokens  # the chunk reaches the last token: this step samples the next
+        end = start + n
+        samples = end == len(req.token_ids) + req.num_output_placeholders  # reaches the last token: samples the next
         out.scheduled.append(ScheduledRequest(req.request_id, n, start, new_block_ids, samples, resumed))
         scheduled.add(req.request_id)
-        req.num_computed_tokens = start + n
-        self.num_prompt_tokens += max(0, min(req.num_prompt_tokens, start + n) - start)
-        self._commit(req)
+        req.num_computed_tokens = end
+        if start < req.num_prompt_tokens:
+            self.num_prompt_tokens += min(req.num_prompt_tokens, end) - start
+        if end // self.cfg.block_size > start // self.cfg.block_size:  # this step fills a block
+            self._commit(req)
         if samples:
             req.num_output_placeholders += 1
             if req.pending_siblings:
@@ -235,7 +241,7 @@ class Scheduler:
             self.num_generation_tokens += 1
             if req.timings.first_token is None:
                 req.timings.first_token = now
-            if self.cfg.enable_prefix_caching:
+            if self.cfg.enable_prefix_caching and len(req.token_ids) % self.cfg.block_size == 0:  # a block is full
                 self.hasher.extend(req.block_hashes, req.token_ids, req.cache_salt)
                 if req.status is RequestStatus.RUNNING:
                     self._commit(req)
@@ -249,7 +255,7 @@ class Scheduler:
         params = req.params
         if (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
             return FinishReason.STOP
-        if len(req.token_ids) - req.num_prompt_tokens >= params.max_tokens or len(req.token_ids) >= self.max_model_len:
+        if len(req.token_ids) >= req.max_num_tokens:  # max_tokens, or the context length
             return FinishReason.LENGTH
         return None
 

@@ -92,6 +92,7 @@ class DeviceInputs:
         self.query_start_loc = torch.arange(max_rows + 1, dtype=torch.int32, device=device)
         self.context_lens = torch.ones(max_rows, dtype=torch.int32, device=device)
         self.block_tables = torch.zeros(max_rows, max_blocks_per_row, dtype=torch.int32, device=device)
+        self.tokens_from_device = 0  # input ids taken from the previous step's device output (async scheduling)
         self._pinned = device.type == "cuda"
         self._staging: list[torch.Tensor] = [torch.empty(0, dtype=torch.int32)] * 2  # alternate: one may be in flight
         self._turn = 0
@@ -112,6 +113,7 @@ class DeviceInputs:
         if len(pdst):
             assert prev_sampled is not None, "a token is pending but no step is in flight"
             self.input_ids[pdst.long()] = prev_sampled[psrc.long()]
+            self.tokens_from_device += len(pdst)
         if deltas.numel():
             rows, cols, values = deltas.view(3, -1)
             self.block_tables[rows.long(), cols.long()] = values

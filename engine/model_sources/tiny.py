@@ -128,9 +128,14 @@ def build_tiny_model(recipe: TinyRecipe, template: str, out_dir: Path, scales: I
     else:
         tokens = write_deepseek_tokenizer(out_dir, template)
     write_model_configs(out_dir, recipe.model_type, recipe.dims(tokens), tokens)
+    write_random_weights(out_dir, recipe.seed, scales)
+
+
+def write_random_weights(out_dir: Path, seed: int, scales: InitScales = InitScales()) -> None:
+    """model.safetensors (fp32) for the config.json in ``out_dir``, every tensor drawn from ``seed``."""
     shapes = _parameter_shapes(out_dir)
     tensors = {
-        name: random_tensor(name, shape, recipe.seed, scales)
-        for name, shape in tqdm(sorted(shapes.items()), desc=f"random weights ({recipe.model_type})", disable=None)
+        name: random_tensor(name, shape, seed, scales)
+        for name, shape in tqdm(sorted(shapes.items()), desc="random weights", disable=None)
     }
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})

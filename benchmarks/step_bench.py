@@ -1,0 +1,229 @@
+"""``kvserve bench step``: what one engine decode step costs on top of the model, side by side with a bare PyTorch
+decode loop of the same model in the same run.
+
+The model is Qwen3-shaped but negligible (2 layers, hidden 64, vocab 2048), so the step's host work shows. For each
+batch size and context length, every sequence shares one prompt prefix (admitted once, then hit by the others, so
+setup is quick), and the engine decodes a few timed steps. The bare loop runs the same weights and ops with a
+contiguous per-sequence cache, no scheduler, no paging, argmax sampling.
+
+Per point: ``engine_ms`` (wall time per engine step), ``bare_ms``, ``host_ms`` (the engine's own host time per step:
+scheduling, input preparation, launches and bookkeeping; on CPU the step minus its compute, on CUDA the step minus
+the time blocked on the device), ``device_ms`` (compute on CPU; kernel time by CUDA events on a GPU).
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+VOCAB = 2048
+RECIPE = {"model_type": "qwen3", "tokenizer": "qwen3", "seed": 11, "hidden_size": 64, "intermediate_size": 128,
+          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+          "max_position_embeddings": 40960}
+
+
+@dataclass
+class StepPoint:
+    batch: int
+    context: int
+    engine_ms: float
+    bare_ms: float
+    host_ms: float
+    device_ms: float
+
+    @property
+    def ratio(self) -> float:
+        return self.engine_ms / self.bare_ms
+
+
+def _build_bench_model(out: Path) -> None:
+    """A qwen3-tiny-shaped model whose vocabulary is only the first VOCAB token ids (so the LM head is negligible
+    too); the Qwen3 tokenizer files are there for loading, the benchmark feeds token ids."""
+    from dataclasses import replace
+
+    from engine.model_sources.hf_layout import write_model_configs
+    from engine.model_sources.qwen_tokenizer import write_qwen3_tokenizer
+    from engine.model_sources.tiny import TinyRecipe, write_random_weights
+
+    recipe = TinyRecipe.from_mapping(RECIPE)
+    tokens = replace(write_qwen3_tokenizer(out, "qwen3"), num_tokens=VOCAB, bos_token_id=None,
+                     eos_token_ids=(VOCAB - 1,), pad_token_id=None)
+    write_model_configs(out, recipe.model_type, replace(recipe.dims(tokens), vocab_size=VOCAB), tokens)
+    write_random_weights(out, recipe.seed)
+
+
+def bench_model_dir() -> Path:
+    """The negligible Qwen3-shaped model, built once into the model cache."""
+    import hashlib
+    import json
+
+    from engine.model_sources.cache import build_once, cache_root
+
+    fingerprint = hashlib.sha256(json.dumps([RECIPE, VOCAB], sort_keys=True).encode()).hexdigest()
+    return build_once(cache_root() / "bench-step-qwen3", fingerprint, _build_bench_model)
+
+
+def _engine(model_dir: Path, device: str, max_batch: int, max_context: int, async_scheduling: bool | None):
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+
+    block_size = 16
+    blocks = max_context // block_size + max_batch * 4 + 64  # the shared prefix once, a few private blocks each
+    cfg = EngineConfig(block_size=block_size, num_kv_blocks=blocks, max_num_seqs=max_batch,
+                       max_num_batched_tokens=max(2048, max_batch), max_model_len=max_context + 256, device=device,
+                       dtype="float32" if device == "cpu" else "bfloat16", async_scheduling=async_scheduling)
+    engine = LLMEngine(model_dir, cfg, model_id="bench-step")
+    engine.runner.time_device = True
+    return engine
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def engine_point(engine, batch: int, context: int, steps: int, warmup: int) -> tuple[float, float, float]:
+    """(engine_ms, host_ms, device_ms) per decode step of ``batch`` sequences at ``context`` tokens."""
+    from engine.sampling_params import SamplingParams
+
+    gen = torch.Generator().manual_seed(context)
+    prefix = torch.randint(1, VOCAB, (context - 1,), generator=gen).tolist()
+    params = SamplingParams(max_tokens=steps + warmup + 2, temperature=0, ignore_eos=True)
+    engine.scheduler.reset_prefix_cache()
+    engine.add_request("prefix", prefix + [0], SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
+    while engine.has_unfinished_requests():  # the shared prefix, computed once
+        engine.step()
+    for i in range(batch):
+        engine.add_request(f"s{i}", prefix + [1 + i % (VOCAB - 1)], params)
+    while any(r.num_output_tokens == 0 for r in engine.scheduler.requests.values()):  # admit all, first tokens
+        engine.step()
+    for _ in range(warmup):
+        engine.step()
+    device = engine.cfg.device
+    profile = engine.runner.profile
+    _sync(device)
+    before = asdict(profile)
+    start = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    _sync(device)
+    wall = (time.perf_counter() - start) / steps
+    spent = {k: (v - before[k]) / steps for k, v in asdict(profile).items()}
+    for i in range(batch):
+        engine.abort_request(f"s{i}")
+    while engine.has_unfinished_requests():
+        engine.step()
+    if device.startswith("cuda"):
+        return wall * 1e3, (wall - spent["wait_s"]) * 1e3, spent["device_s"] * 1e3
+    return wall * 1e3, (wall - spent["launch_s"]) * 1e3, spent["launch_s"] * 1e3
+
+
+@torch.inference_mode()
+def bare_point(model, batch: int, context: int, steps: int, warmup: int) -> float:
+    """ms per decode step of the same weights and ops, with a contiguous cache and no scheduler."""
+    from kernels import reference as ops
+
+    cfg = model.cfg
+    device = model.embed_tokens.weight.device
+    dtype = model.embed_tokens.weight.dtype
+    total = context + steps + warmup
+    # Every sequence shares the prefix, so one copy of its K/V is expanded over the batch (no memory per row);
+    # each row's own tokens go into a small per-row tail.
+    shape = (cfg.num_kv_heads, context, cfg.head_dim)
+    prefix = [(torch.randn(shape, device=device, dtype=dtype), torch.randn(shape, device=device, dtype=dtype))
+              for _ in model.layers]
+    tail_shape = (batch, cfg.num_kv_heads, total - context, cfg.head_dim)
+    tails = [(torch.zeros(tail_shape, device=device, dtype=dtype), torch.zeros(tail_shape, device=device, dtype=dtype))
+             for _ in model.layers]
+    tokens = torch.ones(batch, dtype=torch.long, device=device)
+    scale = cfg.head_dim ** -0.5
+
+    def step(pos: int) -> torch.Tensor:
+        positions = torch.full((batch,), pos, dtype=torch.long, device=device)
+        x = model.embed_tokens(tokens)
+        residual = None
+        for layer, (pk, pv), (tk, tv) in zip(model.layers, prefix, tails):
+            norm = layer.input_layernorm
+            if residual is None:
+                residual, h = x, ops.rms_norm(x, norm.weight, norm.eps)
+            else:
+                h, residual = ops.rms_norm(x, norm.weight, norm.eps, residual)
+            attn = layer.self_attn
+            q, k, v = attn.qkv_proj(h).split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
+            q, k, v = (t.view(batch, -1, cfg.head_dim) for t in (q, k, v))
+            if attn.q_norm is not None:
+                q = ops.rms_norm(q, attn.q_norm.weight, attn.q_norm.eps)
+                k = ops.rms_norm(k, attn.k_norm.weight, attn.k_norm.eps)
+            q, k = ops.rotary_embedding(positions, q, k, model.cos_sin_cache)
+            n = pos - context + 1
+            tk[:, :, n - 1], tv[:, :, n - 1] = k, v
+            keys = torch.cat([pk.expand(batch, -1, -1, -1), tk[:, :, :n]], dim=2)
+            values = torch.cat([pv.expand(batch, -1, -1, -1), tv[:, :, :n]], dim=2)
+            o = torch.nn.functional.scaled_dot_product_attention(
+                q.view(batch, cfg.num_kv_heads, -1, cfg.head_dim), keys, values, scale=scale)
+            h = attn.o_proj(o.reshape(batch, attn.q_size))
+            h, residual = ops.rms_norm(h, layer.post_attention_layernorm.weight,
+                                       layer.post_attention_layernorm.eps, residual)
+            x = layer.mlp(ops, h)
+        out, _ = ops.rms_norm(x, model.norm.weight, model.norm.eps, residual)
+        return model.compute_logits(out).argmax(-1)
+
+    for i in range(warmup):
+        tokens = step(context + i)
+    _sync(str(device))
+    start = time.perf_counter()
+    for i in range(steps):
+        tokens = step(context + warmup + i)
+        tokens.tolist()  # the sampled ids reach the host every step, as any serving loop needs them
+    return (time.perf_counter() - start) / steps * 1e3
+
+
+def run_step_bench(device: str, batches: list[int], contexts: list[int], steps: int, warmup: int,
+                   async_scheduling: bool | None) -> list[StepPoint]:
+    model_dir = bench_model_dir()
+    engine = _engine(model_dir, device, max(batches), max(contexts), async_scheduling)
+    points = []
+    grid = [(b, c) for c in contexts for b in batches]
+    for batch, context in tqdm(grid, desc="bench step", unit="point"):
+        engine_ms, host_ms, device_ms = engine_point(engine, batch, context, steps, warmup)
+        bare_ms = bare_point(engine.runner.model, batch, context, steps, warmup)
+        points.append(StepPoint(batch, context, engine_ms, bare_ms, host_ms, device_ms))
+    return points
+
+
+def markdown(points: list[StepPoint]) -> str:
+    rows = ["| batch | context | engine ms | bare ms | engine / bare | host ms | device ms |",
+            "|---:|---:|---:|---:|---:|---:|---:|"]
+    rows += [f"| {p.batch} | {p.context} | {p.engine_ms:.2f} | {p.bare_ms:.2f} | {p.ratio:.2f} | {p.host_ms:.2f} | "
+             f"{p.device_ms:.2f} |" for p in points]
+    return "\n".join(rows)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--batches", default="1,64,256", help="batch sizes, comma-separated")
+    parser.add_argument("--contexts", default="128,8192,32768", help="context lengths, comma-separated")
+    parser.add_argument("--steps", type=int, default=10, help="timed decode steps per point")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed decode steps per point")
+    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                        help="overlap host and device (default: the engine's: on for CUDA, off for CPU)")
+
+
+def run(args: argparse.Namespace) -> dict:
+    ints = [int(x) for x in args.batches.split(",")]
+    contexts = [int(x) for x in args.contexts.split(",")]
+    points = run_step_bench(args.device, ints, contexts, args.steps, args.warmup, args.async_scheduling)
+    table = markdown(points)
+    print(table)
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "step.md").write_text(table + "\n")
+    by_context = {c: [p for p in points if p.context == c] for c in contexts}
+    host_spread = {b: max(p.host_ms for p in points if p.batch == b) / min(p.host_ms for p in points if p.batch == b)
+                   for b in ints}
+    return {"device": args.device, "points": [{**asdict(p), "ratio": p.ratio} for p in points],
+            "host_ms_max_over_min_by_batch": host_spread, "contexts": list(by_context)}
