@@ -10,6 +10,8 @@ import argparse
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
+from engine.config import EvictionPolicy, SchedulingPolicy
+
 from benchmarks import step_bench, throughput
 from benchmarks.prefix.report import write_json
 
@@ -65,8 +67,9 @@ def _sim_options(parser: argparse.ArgumentParser, capacity: int | None, max_num_
     parser.add_argument("--capacity-blocks", type=int, default=capacity,
                         help=f"cache capacity in blocks kept between requests (default: {capacity or 'unbounded'})")
     parser.add_argument("--max-num-seqs", type=int, default=max_num_seqs, help="requests admitted together per step")
-    parser.add_argument("--policy", choices=("fcfs", "longest_prefix"), default="fcfs", help="scheduling order")
-    parser.add_argument("--eviction", choices=("lru", "fifo"), default="lru",
+    parser.add_argument("--policy", choices=[p.value for p in SchedulingPolicy], default=SchedulingPolicy.FCFS.value,
+                        help="scheduling order")
+    parser.add_argument("--eviction", choices=[p.value for p in EvictionPolicy], default=EvictionPolicy.LRU.value,
                         help="which unreferenced cached block goes first when the cache is full")
 
 

@@ -93,7 +93,7 @@ def run_prefix(opts: PrefixOptions) -> dict:
           f"capacity {sim.capacity_blocks} blocks, {sim.max_num_seqs} seqs/step, {sim.policy})\n",
           workloads_markdown(reports)]
     md.append(markdown_table(
-        ["workload"] + [f"block {b} (unbounded)" for b in opts.block_sizes] + ["fcfs", "longest_prefix"]
+        ["workload"] + [f"block {b} (unbounded)" for b in opts.block_sizes] + [p.value for p in SchedulingPolicy]
         + ["tight capacity (blocks)"] + [f"evict {p}" for p in list(EvictionPolicy)],
         [[r["name"], *(pct(s["hit_rate"]) for s in r["sweeps"]["block_size_unbounded"]),
           *(pct(s["hit_rate"]) for s in r["sweeps"]["policy"]),

@@ -9,6 +9,8 @@ from typing import Sequence
 
 from tqdm import tqdm
 
+from engine.config import SchedulingPolicy
+
 from benchmarks.prefix.simulator import ReadyQueue, SimConfig
 from benchmarks.prefix.trace import PromptTotals, TokenRequest
 
@@ -20,7 +22,7 @@ class EngineSettings:
     num_kv_blocks: int = 4096
     max_num_batched_tokens: int = 4096
     max_num_seqs: int = 8
-    scheduling_policy: str = "fcfs"
+    scheduling_policy: SchedulingPolicy = SchedulingPolicy.FCFS
     max_tokens: int = 4  # generated tokens per request: prefill is what this benchmark measures
 
 
