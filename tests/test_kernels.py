@@ -339,6 +339,8 @@ def test_elementwise_ops_accept_empty_batches() -> None:
 # ------------------------------------------------------------------------------------------- GPU compilation (AOT)
 
 
+@pytest.mark.skipif(DEVICE == "cuda", reason="on a GPU the tests above compile every kernel for real; this stand-in "
+                    "intercepts launches through Triton internals that differ between Triton versions")
 def test_every_kernel_compiles_for_sm90() -> None:
     """The real compiler (not the interpreter) accepts every launch the wrappers make at Qwen3-0.6B shapes."""
     from triton.backends import backends
@@ -352,107 +354,3 @@ def test_every_kernel_compiles_for_sm90() -> None:
     compiled = [line.split()[1] for line in result.stdout.splitlines() if line.startswith("ok ")]
     assert {"_paged_attention_kernel", "_reduce_partitions_kernel", "_rms_norm_kernel", "_silu_and_mul_kernel",
             "_rotary_kernel", "_store_kv_kernel"} <= set(compiled)
-
-
-# ------------------------------------------------------------------------------- benchmarks/gpu_check, CPU pieces
-
-
-def test_gpu_check_end_to_end_triton_backend_matches_hf() -> None:
-    """The GPU check's correctness step, run here (interpreted on CPU): the engine on the Triton backend gives HF
-    transformers' greedy tokens on a mixed batch whose second round hits the prefix cache."""
-    from benchmarks.gpu_check import check_engine_against_hf
-
-    result = check_engine_against_hf("qwen3-tiny", DEVICE, backend="triton", max_tokens=6, block_size=4)
-    assert result["cached_tokens_round2"] > 0
-    assert result["distinct_tokens"] > 6  # the outputs vary, so equality says something
-    assert result["match"], result
-
-
-def test_gpu_check_builds_a_loadable_random_qwen3_dir(tmp_path) -> None:
-    from benchmarks.gpu_check import build_random_model, weight_bytes
-    from engine import LLM, SamplingParams
-    from engine.config import ModelConfig
-
-    tiny = dict(vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                num_key_value_heads=1, head_dim=16)
-    model_dir = build_random_model(tmp_path / "m", "qwen3-tiny", overrides=tiny, dtype=torch.bfloat16)
-    config = ModelConfig.from_dir(model_dir)  # as the engine reads it
-    assert config.architecture == "qwen3" and config.num_kv_heads == 1 and config.hidden_size == 32
-    assert config.tie_word_embeddings and config.rope_theta == 1_000_000.0  # 0.6B's values kept
-    assert (model_dir / "tokenizer.json").is_file()
-    params = 151936 * 32 + 32 * (32 + 2 * 16 + 32) + 3 * 32 * 64 + 2 * 16 + 3 * 32  # embed, attn, mlp, norms
-    assert weight_bytes(model_dir) == pytest.approx(2 * params, rel=0.01)
-    llm = LLM(str(model_dir), attention_backend="torch", num_kv_blocks=16, block_size=4)
-    out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=3, ignore_eos=True, temperature=0))
-    assert len(out[0].token_ids) == 3
-
-
-def test_gpu_check_workload_and_bandwidth_math() -> None:
-    from benchmarks.gpu_check import QWEN3_0_6B, bandwidth_fraction, kv_bytes_per_token, nano_vllm_workload
-
-    prompts, output_lens = nano_vllm_workload(256)
-    assert len(prompts) == len(output_lens) == 256
-    lengths = [len(p) for p in prompts] + output_lens
-    assert min(lengths) >= 100 and max(lengths) <= 1024 and len(set(lengths)) > 100
-    assert all(0 <= t < 10_000 for p in prompts for t in p)
-    assert nano_vllm_workload(4, seed=1) == nano_vllm_workload(4, seed=1) != nano_vllm_workload(4, seed=2)
-    assert kv_bytes_per_token(QWEN3_0_6B, 2) == 2 * 28 * 8 * 128 * 2  # K and V, every layer, bf16
-    assert bandwidth_fraction(4.8e9, 1e-3, 4.8e12) == pytest.approx(1.0)
-
-
-def test_gpu_check_timing_steps_drive_the_engine() -> None:
-    """The decode-timing and throughput steps, on the tiny model (torch backend), so a GPU run does not discover
-    an API mismatch: full runs generate every requested token; a run past its deadline stops and leaves the engine
-    clean."""
-    from benchmarks.gpu_check import nano_vllm_workload, run_throughput, time_decode_step
-    from engine import LLM
-
-    llm = LLM("qwen3-tiny", attention_backend="torch", num_kv_blocks=128, block_size=4)
-    timing = time_decode_step(llm, batch=2, prompt_len=9, steps=3, bytes_weights=10**6, kv_per_token=100,
-                              peak_bytes_per_s=1e12, seed=0)
-    assert timing.step_ms > 0 and timing.tokens_per_s > 0
-    assert timing.bytes_per_step == pytest.approx(10**6 + 100 * (9 + 1 + 1.5) * 2)
-    prompts, output_lens = nano_vllm_workload(3, min_len=3, max_len=6)
-    full = run_throughput(llm, prompts, output_lens, deadline=float("inf"))
-    assert full["complete"] and full["finished"] == 3 and full["output_tokens"] == sum(output_lens)
-    cut = run_throughput(llm, prompts, output_lens, deadline=0.0)
-    assert not cut["complete"] and cut["output_tokens"] == 0
-    assert not llm.engine.has_unfinished_requests()
-
-
-def test_gpu_check_main_orchestration(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    """main() with the GPU steps stubbed: every step lands in the JSON report, and a failing step is recorded
-    without stopping the ones after it."""
-    import json
-
-    from benchmarks import gpu_check
-
-    model_dir = tmp_path / "model"
-    model_dir.mkdir()
-    (model_dir / "model.safetensors").write_bytes(b"\0" * 1000)
-    timing = gpu_check.DecodeTiming(1, 8, 1.0, 1000.0, 1e6, 0.2, 0.1)
-    monkeypatch.setattr(gpu_check.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(gpu_check.torch.cuda, "get_device_name", lambda: "stub")
-    monkeypatch.setattr(gpu_check.torch.cuda, "empty_cache", lambda: None)
-    monkeypatch.setattr(gpu_check, "run_kernel_tests", lambda timeout_s: {"passed": True})
-    monkeypatch.setattr(gpu_check, "check_engine_against_hf", lambda model, device: {"match": True})
-    monkeypatch.setattr(gpu_check, "build_random_model", lambda out, tok, device: model_dir)
-    monkeypatch.setattr(gpu_check, "_bench_engine", lambda path, args: object())
-    monkeypatch.setattr(gpu_check, "time_decode_step", lambda llm, batch, *rest, seed: timing)
-    monkeypatch.setattr(gpu_check, "run_throughput", lambda llm, prompts, lens, deadline: {"sequences": len(prompts)})
-
-    out = tmp_path / "report.json"
-    assert gpu_check.main(["--out", str(out), "--num-seqs", "4", "--decode-batches", "1", "2"]) == 0
-    report = json.loads(out.read_text())
-    assert report["model"]["weight_bytes"] == 1000 and report["throughput"] == {"sequences": 4}
-    assert report["decode_batch_2"]["step_ms"] == 1.0 and report["failed_steps"] == []
-
-    def broken(*args, **kwargs):
-        raise RuntimeError("decode blew up")
-
-    monkeypatch.setattr(gpu_check, "time_decode_step", broken)
-    monkeypatch.setattr(gpu_check, "check_engine_against_hf", lambda model, device: {"match": False})
-    assert gpu_check.main(["--out", str(out), "--num-seqs", "4", "--decode-batches", "1"]) == 1
-    report = json.loads(out.read_text())
-    assert report["failed_steps"] == ["engine_vs_hf", "decode_batch_1"]
-    assert "decode blew up" in report["decode_batch_1"]["error"] and report["throughput"] == {"sequences": 4}

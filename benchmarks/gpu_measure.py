@@ -1,0 +1,172 @@
+"""What the GPU check measures, device-agnostic so the CPU tests drive the same code: engine vs HF transformers,
+decode-step time against the memory-bandwidth bound, deadline-bounded throughput, the memory footprint, and the
+device's copy bandwidth (the achievable ceiling next to the datasheet's)."""
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from benchmarks.throughput import Workload
+
+GIB = 2**30
+
+
+def sync() -> None:
+    """Wait for queued GPU work so wall-clock timings cover it (no-op on CPU, where the timing code is tested)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def greedy(max_tokens: int):
+    from engine import SamplingParams
+
+    return SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0)
+
+
+def hf_greedy(model_dir: Path, prompts: Sequence[list[int]], max_tokens: int, device: str) -> list[list[int]]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
+    outputs = []
+    with torch.inference_mode():
+        for prompt in prompts:  # one at a time: no padding, so nothing but the prompt is attended
+            ids = torch.tensor([prompt], device=device)
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
+                                 min_new_tokens=max_tokens, do_sample=False)
+            outputs.append(out[0, len(prompt):].tolist())
+    return outputs
+
+
+def check_engine_against_hf(
+    model: str, device: str, backend: str = "triton", max_tokens: int = 16, block_size: int = 16, seed: int = 0,
+) -> dict[str, Any]:
+    """Greedy tokens of the engine vs HF transformers (fp32) on a mixed batch; round 2 extends round 1's prompts,
+    so it runs prefill chunks over cached prefixes next to fresh prompts, a one-token prompt and decodes."""
+    from engine import LLM
+    from engine.registry import resolve_model
+
+    rng = random.Random(seed)
+    ids = lambda n: [rng.randrange(5000) for _ in range(n)]  # noqa: E731 - a local shorthand
+    shared = ids(3 * block_size + 5)
+    round1 = [shared + ids(7), ids(2 * block_size + 1), shared[: block_size + 2]]
+    round2 = [round1[0] + ids(9), round1[1] + ids(block_size), shared + ids(3), ids(1), ids(block_size - 1)]
+    llm = LLM(model, attention_backend=backend, device=device, dtype="float32", num_kv_blocks=256,
+              block_size=block_size, max_num_seqs=16)
+    engine_out = [o.token_ids for o in llm.generate(round1, greedy(max_tokens))]
+    results = llm.generate(round2, greedy(max_tokens))
+    engine_out += [o.token_ids for o in results]
+    expected = hf_greedy(resolve_model(model), round1 + round2, max_tokens, device)
+    mismatches = [i for i, (a, b) in enumerate(zip(engine_out, expected)) if a != b]
+    return {
+        "passed": not mismatches, "mismatched_prompts": mismatches, "prompts": len(expected),
+        "cached_tokens_round2": sum(r.num_cached_tokens for r in results),
+        "distinct_tokens": len({t for out in engine_out for t in out}),
+    }
+
+
+def bandwidth_fraction(bytes_per_step: float, step_seconds: float, peak_bytes_per_s: float) -> float:
+    """How close a step is to the memory-bandwidth bound: 1.0 means every byte moved at peak speed."""
+    return bytes_per_step / step_seconds / peak_bytes_per_s
+
+
+@dataclass
+class DecodeTiming:
+    batch: int
+    context_len: int
+    step_ms: float
+    tokens_per_s: float
+    bytes_per_step: float
+    bound_ms: float  # bytes_per_step at the peak bandwidth
+    bandwidth_fraction: float
+
+
+def time_decode_step(
+    llm, batch: int, prompt_len: int, steps: int, bytes_weights: int, kv_per_token: int, peak_bytes_per_s: float,
+    seed: int,
+) -> DecodeTiming:
+    """Decode-step time = (time of prefill + ``steps`` + 1 tokens - time of the same prefill + 1 token) / steps, on
+    fresh random prompts each time with the prefix cache reset, so both runs prefill the same amount."""
+    rng = random.Random(seed)
+
+    def run(max_tokens: int) -> float:
+        prompts = [[rng.randrange(10_000) for _ in range(prompt_len)] for _ in range(batch)]
+        llm.reset_prefix_cache()
+        sync()
+        start = time.perf_counter()
+        llm.generate(prompts, greedy(max_tokens))
+        sync()
+        return time.perf_counter() - start
+
+    prefill_only = run(1)
+    step_s = max(run(steps + 1) - prefill_only, 1e-9) / steps
+    step_bytes = bytes_weights + kv_per_token * (prompt_len + 1 + steps / 2) * batch  # the mean context
+    return DecodeTiming(
+        batch=batch, context_len=prompt_len, step_ms=step_s * 1e3, tokens_per_s=batch / step_s,
+        bytes_per_step=step_bytes, bound_ms=step_bytes / peak_bytes_per_s * 1e3,
+        bandwidth_fraction=bandwidth_fraction(step_bytes, step_s, peak_bytes_per_s),
+    )
+
+
+def run_throughput(llm, work: Workload, deadline: float) -> dict[str, Any]:
+    """The workload through the engine's step loop, stopped at ``deadline`` (then the figures are partial)."""
+    from engine import SamplingParams
+
+    engine = llm.engine
+    llm.reset_prefix_cache()
+    for i, (prompt, n) in enumerate(zip(work.prompts, work.output_lens)):
+        engine.add_request(f"bench-{i}", prompt, SamplingParams(max_tokens=n, ignore_eos=True, temperature=0), None)
+    generated, finished = 0, 0
+    sync()
+    start = time.perf_counter()
+    while engine.has_unfinished_requests() and time.perf_counter() < deadline:
+        for out in engine.step():
+            generated += len(out.new_token_ids)
+            finished += bool(out.finished)
+    sync()
+    elapsed = time.perf_counter() - start
+    complete = not engine.has_unfinished_requests()
+    if not complete:  # leave the engine clean for whatever runs next
+        for i in range(len(work.prompts)):
+            engine.abort_request(f"bench-{i}")
+    return {
+        "complete": complete, "sequences": len(work.prompts), "finished": finished,
+        "input_tokens": sum(len(p) for p in work.prompts), "output_tokens": generated,
+        "target_output_tokens": work.num_output_tokens, "seconds": elapsed,
+        "output_tokens_per_s": generated / max(elapsed, 1e-9),
+    }
+
+
+def memory_snapshot(llm, utilization: float, kv_bytes_per_block: int) -> dict[str, Any]:
+    """The device's memory now (CUDA context, weights, KV blocks, graph pools, allocator cache: everything this
+    process holds) against the engine's budget, ``total * gpu_memory_utilization``."""
+    free, total = torch.cuda.mem_get_info()
+    used, budget = total - free, total * utilization
+    blocks = llm.engine.scheduler.num_blocks
+    return {
+        "total_gib": total / GIB, "budget_gib": budget / GIB, "used_gib": used / GIB, "within_budget": used <= budget,
+        "torch_peak_allocated_gib": torch.cuda.max_memory_allocated() / GIB,
+        "torch_reserved_gib": torch.cuda.memory_reserved() / GIB,
+        "kv_blocks": blocks, "kv_gib": blocks * kv_bytes_per_block / GIB,
+    }
+
+
+def copy_bandwidth_tbs(gib: int = 4, repeats: int = 10) -> float:
+    """Device-to-device copy rate in TB/s, counting bytes read and written: the achievable HBM ceiling."""
+    src = torch.empty(gib * GIB, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        dst.copy_(src)
+    end.record()
+    end.synchronize()
+    seconds = start.elapsed_time(end) / 1e3
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * gib * GIB * repeats / seconds / 1e12

@@ -1,0 +1,250 @@
+"""The GPU check's steps, in the order their numbers matter. Each step has ``run`` (on the GPU) and ``resolve``
+(``--dry-run``: every input it would use, checked here without touching CUDA); both return a JSON-able dict.
+
+A dict with ``"passed": False`` marks the step failed, one with ``"unavailable"`` says why it could not run on this
+checkout (a feature another branch adds); anything raised is recorded with its traceback and the next step runs.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from benchmarks import gpu_env
+from benchmarks.gpu_context import DENSE, MOE, Context, nano_vllm_workload
+from benchmarks.gpu_measure import check_engine_against_hf, copy_bandwidth_tbs, run_throughput, time_decode_step
+from benchmarks.gpu_models import QWEN3_30B_A3B, kv_bytes_per_token, param_count, weight_bytes
+from benchmarks.gpu_wheels import wheel_status
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+# Triton vs the torch reference for every kernel, natively, and CUDA-graph decode vs eager. Only the GPU-marked
+# test of the padding file: its other cases build CPU engines, which need the interpreter (off with CUDA visible).
+KERNEL_TESTS = ("tests/test_kernels.py",
+                "tests/engine/test_decode_graph_padding.py::test_cuda_graph_decode_matches_eager")
+STEP_BENCH = ("server.cli", "bench", "step", "--device", "cuda")  # `kvserve bench step` (issue 9)
+
+
+def _model_summary(config: dict[str, Any]) -> dict[str, Any]:
+    from engine.config import ModelConfig
+
+    try:
+        ModelConfig.from_dict(config)
+        supported = None
+    except ValueError as error:  # the engine names what it runs
+        supported = str(error)
+    params = param_count(config)
+    return {"model_type": config["model_type"], "layers": config["num_hidden_layers"], "params": params,
+            "active_params": param_count(config, active_only=True), "weight_gib": 2 * params / 2**30,
+            "kv_bytes_per_token": kv_bytes_per_token(config, 2), "unsupported": supported}
+
+
+# ----------------------------------------------------------------------------------------------------------- steps
+
+
+def environment(ctx: Context) -> dict[str, Any]:
+    if not torch.cuda.is_available():
+        raise FatalStepError("no CUDA device is visible to torch "
+                             f"(torch {torch.__version__}, built for CUDA {torch.version.cuda})")
+    versions, problems = gpu_env.package_versions()
+    facts, gpu_problems = gpu_env.gpu_facts()
+    wheels, wheel_problems = wheel_status(require_carried=False)
+    ctx.copy_tbs = copy_bandwidth_tbs()
+    problems += gpu_problems + wheel_problems
+    return {**versions, **facts, "copy_tbs": ctx.copy_tbs, "datasheet_tbs": ctx.peak_bandwidth_tbs,
+            "pytest_xdist": gpu_env.has_module("xdist"), "wheels": wheels, "problems": problems,
+            "passed": not problems}
+
+
+def resolve_environment(ctx: Context) -> dict[str, Any]:
+    versions, problems = gpu_env.package_versions()
+    wheels, wheel_problems = wheel_status(require_carried=True)
+    return {"here": versions, "pins": {name: str(req) for name, req in gpu_env.pinned_requirements().items()},
+            "run_checks": "these pins, torch.version.cuda, the driver, capability >= 8.0, Triton's NVIDIA backend",
+            "wheels": wheels, "problems": problems + wheel_problems, "passed": not (problems or wheel_problems)}
+
+
+def _pytest(*extra: str, timeout: float) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["KVSERVE_KERNEL_TEST_DEVICE"] = "cuda"
+    return subprocess.run([sys.executable, "-m", "pytest", *KERNEL_TESTS, "-q", "-p", "no:cacheprovider", *extra],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def kernels(ctx: Context) -> dict[str, Any]:
+    parallel = ("-n", "8") if gpu_env.has_module("xdist") else ()  # compiling the variants is the slow part
+    start = time.perf_counter()
+    result = _pytest(*parallel, timeout=max(30.0, min(240.0, ctx.remaining() - 30)))
+    lines = result.stdout.strip().splitlines() or [""]
+    return {"passed": result.returncode == 0, "summary": lines[-1], "seconds": time.perf_counter() - start,
+            "parallel_workers": parallel[1] if parallel else 1,
+            "output_tail": None if result.returncode == 0 else (result.stdout[-4000:] + result.stderr[-2000:])}
+
+
+def resolve_kernels(ctx: Context) -> dict[str, Any]:
+    result = _pytest("--collect-only", timeout=120)
+    lines = result.stdout.strip().splitlines() or [""]
+    return {"tests": list(KERNEL_TESTS), "collected": lines[-1], "passed": result.returncode == 0}
+
+
+def tiny_vs_hf(ctx: Context) -> dict[str, Any]:
+    results = {name: check_engine_against_hf(name, ctx.device) for name in ctx.plan.tiny_models}
+    gc.collect()
+    torch.cuda.empty_cache()  # the small engines' pages go back before a big engine sizes its KV cache
+    return {**results, "passed": all(r["passed"] for r in results.values())}
+
+
+def resolve_tiny_vs_hf(ctx: Context) -> dict[str, Any]:
+    """Build each tiny model as the device will: from scratch, with the tokenizer packages this run imports."""
+    from engine.registry import resolve_model
+
+    built = {}
+    for name in ctx.plan.tiny_models:
+        model_dir = resolve_model(name)
+        vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+        built[name] = {"dir": str(model_dir), "vocab": vocab}
+    return {**built, "passed": True}
+
+
+def _throughput(ctx: Context, kind: str) -> dict[str, Any]:
+    llm = ctx.engine(kind)
+    budget = min(ctx.plan.throughput_budget_s, ctx.remaining() - 20)
+    result = run_throughput(llm, nano_vllm_workload(ctx.plan.num_seqs), time.perf_counter() + budget)
+    return {"engine": kind, "options": ctx.engines[kind].options, "engine_build_s": ctx.engine_builds[kind], **result}
+
+
+def throughput(ctx: Context) -> dict[str, Any]:
+    return _throughput(ctx, "default")
+
+
+def throughput_eager(ctx: Context) -> dict[str, Any]:
+    return _throughput(ctx, "eager")
+
+
+def resolve_throughput(ctx: Context) -> dict[str, Any]:
+    work = nano_vllm_workload(ctx.plan.num_seqs)
+    model = _model_summary(ctx.models[DENSE])
+    return {"model": model, "engines": {k: ctx.engines[k].options for k in ("default", "eager")},
+            "sequences": len(work.prompts), "input_tokens": sum(len(p) for p in work.prompts),
+            "output_tokens": work.num_output_tokens, "budget_s": ctx.plan.throughput_budget_s,
+            "passed": model["unsupported"] is None}
+
+
+def decode_batch1(ctx: Context) -> dict[str, Any]:
+    llm = ctx.engine("default")
+    timing = time_decode_step(llm, 1, 1024, ctx.plan.decode_steps, weight_bytes(ctx.model_dir(DENSE)),
+                              kv_bytes_per_token(ctx.models[DENSE], 2), ctx.peak_bandwidth_tbs * 1e12, seed=1)
+    measured = {"bound_ms_at_copy_rate": timing.bytes_per_step / (ctx.copy_tbs * 1e12) * 1e3} if ctx.copy_tbs else {}
+    return {**asdict(timing), "peak_tbs": ctx.peak_bandwidth_tbs, **measured}
+
+
+def resolve_decode_batch1(ctx: Context) -> dict[str, Any]:
+    weights = 2 * param_count(ctx.models[DENSE])
+    return {"batch": 1, "context_len": 1024, "steps": ctx.plan.decode_steps, "weight_bytes": weights,
+            "weight_bound_ms": weights / (ctx.peak_bandwidth_tbs * 1e12) * 1e3, "passed": True}
+
+
+def _step_bench_available() -> bool:
+    return subprocess.run([sys.executable, "-m", *STEP_BENCH, "--help"], cwd=REPO_ROOT,
+                          capture_output=True, timeout=120).returncode == 0
+
+
+STEP_BENCH_MISSING = "this checkout has no `kvserve bench step` (benchmarks/step_bench.py, issue 9)"
+
+
+def host_vs_device(ctx: Context) -> dict[str, Any]:
+    ctx.release_engine()  # the benchmark's own engine sizes its KV cache from free memory
+    if not _step_bench_available():
+        return {"unavailable": STEP_BENCH_MISSING}
+    out = ctx.work_dir / "step_bench.json"
+    command = [sys.executable, "-m", *STEP_BENCH, "--json", str(out)]
+    result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True,
+                            timeout=max(10.0, min(ctx.plan.step_bench_timeout_s, ctx.remaining() - 10)))
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(command[1:])} exited {result.returncode}:\n{result.stderr[-3000:]}")
+    return {"command": " ".join(command[1:]), "points": json.loads(out.read_text())}
+
+
+def resolve_host_vs_device(ctx: Context) -> dict[str, Any]:
+    available = _step_bench_available()
+    return {"command": " ".join(["python3 -m", *STEP_BENCH, "--json", "FILE"]), "available": available,
+            **({} if available else {"unavailable": STEP_BENCH_MISSING}), "passed": True}
+
+
+def ttft_32k(ctx: Context) -> dict[str, Any]:
+    from benchmarks.prefix.engine_run import ttft_cold_vs_warm
+
+    llm = ctx.engine("long_context")
+    rng = random.Random(2)
+    prompt = [rng.randrange(10_000) for _ in range(ctx.plan.ttft_prompt_tokens)]
+    ttft_cold_vs_warm(llm, prompt[:2048])  # compiles the long-prefill kernel variants off the clock
+    runs = [ttft_cold_vs_warm(llm, prompt, cached_fraction=0.9).summary() for _ in range(2)]
+    for run in runs:
+        run.pop("output_token_ids")
+    cold, warm = min(r["cold_ttft_s"] for r in runs), min(r["warm_ttft_s"] for r in runs)
+    return {"prompt_tokens": len(prompt), "cold_ttft_s": cold, "warm_ttft_s": warm, "speedup": cold / warm,
+            "runs": runs, "passed": all(r["outputs_identical"] for r in runs)}
+
+
+def resolve_ttft_32k(ctx: Context) -> dict[str, Any]:
+    max_len = ctx.models[DENSE]["max_position_embeddings"]
+    fits = ctx.plan.ttft_prompt_tokens + 16 <= max_len
+    return {"prompt_tokens": ctx.plan.ttft_prompt_tokens, "cached_fraction": 0.9, "max_model_len": max_len,
+            "engine": ctx.engines["long_context"].options, "passed": fits}
+
+
+def memory(ctx: Context) -> dict[str, Any]:
+    ctx.snapshot_engine()  # the live engine, after its heaviest step; released ones were measured at release
+    return {**ctx.engine_memory, "engine_build_s": ctx.engine_builds,
+            "passed": all(m["within_budget"] for m in ctx.engine_memory.values())}
+
+
+def resolve_memory(ctx: Context) -> dict[str, Any]:
+    return {"gpu_memory_utilization": ctx.gpu_memory_utilization, "engines": sorted(ctx.engines), "passed": True}
+
+
+def moe_throughput(ctx: Context) -> dict[str, Any]:
+    model = _model_summary(ctx.models[MOE])
+    if model["unsupported"]:
+        return {"unavailable": f"the engine does not run qwen3_moe yet (issue 11): {model['unsupported']}"}
+    return {"model": model, **_throughput(ctx, "moe")}
+
+
+def resolve_moe_throughput(ctx: Context) -> dict[str, Any]:
+    model = _model_summary(ctx.models[MOE])
+    return {"model": model, "of_layers": QWEN3_30B_A3B["num_hidden_layers"],
+            **({"unavailable": model["unsupported"]} if model["unsupported"] else {}), "passed": True}
+
+
+class FatalStepError(RuntimeError):
+    """Nothing after this step can run (no GPU)."""
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    run: Callable[[Context], dict[str, Any]]
+    resolve: Callable[[Context], dict[str, Any]]
+    min_seconds: float  # skipped, with a note, when less time than this is left
+
+
+STEPS = (
+    Step("environment", environment, resolve_environment, 5),
+    Step("kernels", kernels, resolve_kernels, 60),
+    Step("tiny_vs_hf", tiny_vs_hf, resolve_tiny_vs_hf, 20),
+    Step("throughput", throughput, resolve_throughput, 45),
+    Step("throughput_eager", throughput_eager, resolve_throughput, 45),
+    Step("decode_batch1", decode_batch1, resolve_decode_batch1, 20),
+    Step("host_vs_device", host_vs_device, resolve_host_vs_device, 20),
+    Step("ttft_32k", ttft_32k, resolve_ttft_32k, 30),
+    Step("memory", memory, resolve_memory, 1),
+    Step("moe_throughput", moe_throughput, resolve_moe_throughput, 120),
+)
