@@ -41,6 +41,9 @@ from server.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from server.responses import complete_response, plan_response, stream_response
+from server.responses_input import ResponseStore
+from server.responses_protocol import ResponsesRequest, responses_error_event
 from server.session import prompt_cache_key_session
 
 log = logging.getLogger("kvserve.server")
@@ -159,6 +162,23 @@ def create_app(ctx: ServingContext) -> FastAPI:
         finally:
             stream.abort()
 
+    responses_store = ResponseStore()
+
+    @api.post("/v1/responses", openapi_extra=request_body(ResponsesRequest))
+    async def responses(request: Request) -> Response:
+        """OpenAI Responses, stateless unless `store` (then `previous_response_id` can continue it)."""
+        body = await read_json(request, ctx.settings.max_body_bytes)
+        req = parse_body(ResponsesRequest, body)
+        plan = plan_response(ctx, req, body, salt_for(request, None), responses_store)
+        stream = await submit(ctx, [plan.chat.prompt])
+        if req.stream:
+            return EngineStreamingResponse(stream_response(ctx, plan, stream, responses_store), on_close=stream.abort,
+                                           error_event=responses_error_event)
+        try:
+            return JSONResponse(await until_disconnect(request, complete_response(ctx, plan, stream, responses_store)))
+        finally:
+            stream.abort()
+
     @api.post("/v1/messages/count_tokens", openapi_extra=request_body(CountTokensRequest))
     async def messages_count_tokens(request: Request) -> dict[str, int]:
         body = await read_json(request, ctx.settings.max_body_bytes)
@@ -240,5 +260,5 @@ def create_app(ctx: ServingContext) -> FastAPI:
 
     app.include_router(api)
     declare_request_bodies(app, [ChatCompletionRequest, CompletionRequest, MessagesRequest, CountTokensRequest,
-                                 TokenizeRequest, DetokenizeRequest])
+                                 ResponsesRequest, TokenizeRequest, DetokenizeRequest])
     return app

@@ -81,6 +81,12 @@ class ChoiceState:
             message["tool_calls"] = calls
         return message
 
+    def reached_own_limit(self, requested: int | None) -> bool:
+        """The output stopped at the request's own token limit, not at one of the server's (the context's room,
+        `--max-output-tokens`). Agents treat a cut reply as a failed turn (Claude Code asks the model to resume,
+        Codex retries), so the agent APIs report a server-side cut as a finished turn."""
+        return self.finish_reason() == "length" and requested is not None and len(self.choice.token_ids) >= requested
+
     def finish_reason(self) -> str | None:
         if self.cut or (self.choice.finish_reason == "stop" and self.parser.result().finish_reason_override):
             return "tool_calls"

@@ -100,11 +100,12 @@ def _json_object(text: str) -> dict[str, Any]:
 
 
 def stop_reason(ctx: ServingContext, plan: ChatPlan, state: ChoiceState) -> tuple[str, str | None]:
-    """(stop_reason, stop_sequence): which stop sequence ended the output is read from the raw generated text."""
+    """(stop_reason, stop_sequence): which stop sequence ended the output is read from the raw generated text.
+    Only the request's own max_tokens is `max_tokens` (see `ChoiceState.reached_own_limit`)."""
     reason = state.finish_reason()
     if reason == "tool_calls":
         return "tool_use", None
-    if reason == "length":
+    if state.reached_own_limit(plan.req.max_tokens):
         return "max_tokens", None
     stops = plan.req.stop or []
     if stops:
