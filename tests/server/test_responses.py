@@ -37,8 +37,7 @@ def test_text_streamed_in_official_order_equals_not_streamed(qwen_server: LiveSe
     with client.responses.stream(**kwargs) as stream:
         types = [event.type for event in stream]
     assert _dedup(types) == [*TEXT_EVENTS[:-1], "response.incomplete"]
-    with client.responses.stream(**{**kwargs, "max_output_tokens": None}) as stream:  # the server's cap only
-        [stream.get_final_response() for _ in stream]
+    with client.responses.stream(**{**kwargs, "max_output_tokens": None}) as stream:  # the context's room only
         final = stream.get_final_response()
     assert final.status == "completed" and final.output_text.startswith(full.output_text)
     assert final.usage.input_tokens_details.cached_tokens > 0
@@ -72,9 +71,10 @@ def test_reasoning_item_streams_and_round_trips_as_encrypted_content(deepseek_se
     kwargs = dict(model="deepseek-tiny", input="Hello", max_output_tokens=8, temperature=0,
                   reasoning={"effort": "high"}, include=["reasoning.encrypted_content"], store=False)
     with client.responses.stream(**kwargs) as stream:
-        types = [event.type for event in stream]
-        final = stream.get_final_response()
-    reasoning = final.output[0]
+        events = list(stream)
+    types = [event.type for event in events]
+    assert types[-1] == "response.incomplete"  # cut at its own max_output_tokens, inside the reasoning
+    reasoning = events[-1].response.output[0]
     assert reasoning.type == "reasoning" and reasoning.content[0].text and "response.reasoning_text.delta" in types
     assert reasoning.encrypted_content == reasoning.content[0].text
     # Sent back, the reasoning item is the assistant turn's reasoning again.
@@ -89,22 +89,22 @@ def test_reasoning_item_streams_and_round_trips_as_encrypted_content(deepseek_se
 
 def test_each_turn_extends_the_last_so_the_cache_covers_it(qwen_server: LiveServer) -> None:
     """Codex resends the whole history (store: false); with previous_response_id the server keeps it. Either way
-    turn 2's prompt starts with turn 1's prompt, which the cache holds."""
+    turn 2's prompt starts with turn 1's prompt, which the cache holds. (Thinking stays on: Qwen3's template does
+    not re-render the empty think block of a non-thinking turn, a template-made miss the benchmark reports.)"""
     client = qwen_server.client()
     first_input = [{"role": "developer", "content": "You are a coding agent."},
                    {"role": "user", "content": [{"type": "input_text", "text": "List the files."}]}]
     first = client.responses.create(model="qwen3-tiny", input=first_input, max_output_tokens=6, store=True,
-                                    prompt_cache_key="thread-7", reasoning={"effort": "none"})
+                                    prompt_cache_key="thread-7")
     assert qwen_server.last_record()["session"] == "thread-7"
     bs = qwen_server.ctx.engine.engine.kv.block_size
     covered = (first.usage.input_tokens - 1) // bs * bs
     resent = [*first_input, *[o.model_dump(exclude_none=True) for o in first.output],
               {"role": "user", "content": "Thanks."}]
-    again = client.responses.create(model="qwen3-tiny", input=resent, max_output_tokens=2, store=False,
-                                    reasoning={"effort": "none"})
+    again = client.responses.create(model="qwen3-tiny", input=resent, max_output_tokens=2, store=False)
     assert again.usage.input_tokens_details.cached_tokens >= covered
     chained = client.responses.create(model="qwen3-tiny", input="Thanks.", previous_response_id=first.id,
-                                      max_output_tokens=2, reasoning={"effort": "none"})
+                                      max_output_tokens=2)
     assert chained.usage.input_tokens == again.usage.input_tokens
     assert chained.usage.input_tokens_details.cached_tokens >= covered
 
