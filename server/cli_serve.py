@@ -75,7 +75,8 @@ def run_serve(args: argparse.Namespace) -> int:
     keys = tuple(args.api_key) + ((os.environ["KVSERVE_API_KEY"],) if os.environ.get("KVSERVE_API_KEY") else ())
     settings = ServerSettings(
         api_keys=keys, allow_request_cache_salt=args.allow_request_cache_salt,
-        strict_max_tokens=args.strict_max_tokens, max_output_tokens=args.max_output_tokens, max_n=args.max_n, max_body_bytes=args.max_request_bytes,
+        strict_max_tokens=args.strict_max_tokens, max_output_tokens=args.max_output_tokens, max_n=args.max_n,
+        max_body_bytes=args.max_request_bytes,
     )
     started = time.perf_counter()
     try:

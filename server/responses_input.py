@@ -110,7 +110,8 @@ def chat_tools(tools: list[dict] | None) -> tuple[list[dict] | None, dict[tuple[
         kind = tool.get("type")
         inner = [(None, tool)] if kind == "function" else []
         if kind == "namespace" and isinstance(tool.get("tools"), list):
-            inner = [(tool.get("name"), t) for t in tool["tools"] if isinstance(t, dict) and t.get("type") == "function"]
+            inner = [(tool.get("name"), t) for t in tool["tools"]
+                     if isinstance(t, dict) and t.get("type") == "function"]
         for namespace, function in inner:
             name = function.get("name")
             if not isinstance(name, str) or not name or (namespace is not None and not isinstance(namespace, str)):

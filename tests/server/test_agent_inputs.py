@@ -18,7 +18,7 @@ HEADER = "x-anthropic-billing-header: cc_version=2.1.328.661; cc_entrypoint=sdk-
 
 def test_billing_nonce_is_stripped_and_the_rest_of_the_header_kept() -> None:
     assert strip_billing_nonce(HEADER + " cch=a1b2c;") == HEADER
-    assert strip_billing_nonce(f"x-anthropic-billing-header: cch=00f; cc_version=1;\nrest") == \
+    assert strip_billing_nonce("x-anthropic-billing-header: cch=00f; cc_version=1;\nrest") == \
         "x-anthropic-billing-header: cc_version=1;\nrest"
     assert strip_billing_nonce("cch=1; not a header") == "cch=1; not a header"
     two_turns = [normalize_for_cache([{"role": "system", "content": [{"type": "text", "text": f"{HEADER} cch={n};"}]},
