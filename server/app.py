@@ -1,7 +1,8 @@
-"""The FastAPI app: OpenAI-compatible endpoints in front of one engine thread.
+"""The FastAPI app: OpenAI-compatible and Anthropic endpoints in front of one engine thread.
 
-Every error, including malformed bodies, unknown routes and engine rejections, is answered in the OpenAI shape
-`{"error": {"message", "type", "param", "code"}}`; bad input is always a 4xx, never a 500.
+Every error, including malformed bodies, unknown routes and engine rejections, is answered in the shape of the API
+that was called: Anthropic's `{"type": "error", "error": {"type", "message"}}` under `/v1/messages`, the OpenAI
+shape `{"error": {"message", "type", "param", "code"}}` everywhere else; bad input is always a 4xx, never a 500.
 """
 from __future__ import annotations
 
@@ -11,18 +12,27 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import datetime, timezone
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from server.anthropic_protocol import (
+    CountTokensRequest,
+    MessagesRequest,
+    anthropic_error_body,
+    anthropic_error_event,
+)
 from server.cache_salt import effective_salt, tenant_salt
-from server.chat import complete_chat, plan_chat, stream_chat
+from server.chat import complete_chat, plan_chat, render_chat, stream_chat
 from server.completions import complete_text, plan_completion, stream_text
 from server.context import ServingContext
 from server.generation import submit
 from server.http_io import EngineStreamingResponse, parse_body, read_json, until_disconnect
+from server.messages import complete_messages, count_tokens, plan_messages, stream_messages
+from server.openapi import declare_request_bodies, request_body
 from server.protocol import (
     APIError,
     ChatCompletionRequest,
@@ -30,33 +40,46 @@ from server.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from server.responses import complete_response, plan_response, stream_response
+from server.responses_input import ResponseStore
+from server.responses_protocol import ResponsesRequest, responses_error_event
+from server.session import prompt_cache_key_session
 
 log = logging.getLogger("kvserve.server")
 
 
-def _error_response(exc: APIError) -> JSONResponse:
+ANTHROPIC_PREFIX = "/v1/messages"
+
+
+def _is_anthropic(request: Request) -> bool:
+    return request.url.path.startswith(ANTHROPIC_PREFIX)
+
+
+def _error_response(request: Request, exc: APIError) -> JSONResponse:
     headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+    body = anthropic_error_body(exc) if _is_anthropic(request) else exc.body()
+    return JSONResponse(body, status_code=exc.status, headers=headers)
 
 
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
-    async def api_error(_: Request, exc: APIError) -> JSONResponse:
-        return _error_response(exc)
+    async def api_error(request: Request, exc: APIError) -> JSONResponse:
+        return _error_response(request, exc)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return _error_response(APIError(exc.status_code, str(exc.detail), type=kind))
+        return _error_response(request, APIError(exc.status_code, str(exc.detail), type=kind))
 
     @app.exception_handler(Exception)
-    async def server_error(_: Request, exc: Exception) -> JSONResponse:
+    async def server_error(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error")
-        return _error_response(APIError(500, f"internal error: {exc!r}", type="server_error"))
+        return _error_response(request, APIError(500, f"internal error: {exc!r}", type="server_error"))
 
 
 class _Auth:
-    """Bearer-token check; returns the caller's key (its tenant), or None when the server has no keys."""
+    """API-key check, as `Authorization: Bearer <key>` (OpenAI clients) or `x-api-key: <key>` (Anthropic clients);
+    returns the caller's key (its tenant), or None when the server has no keys."""
 
     def __init__(self, keys: tuple[str, ...]) -> None:
         self._keys = [key.encode() for key in keys]
@@ -65,11 +88,11 @@ class _Auth:
         if not self._keys:
             return None
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        given = token.strip().encode()
+        given = (token if scheme.lower() == "bearer" else request.headers.get("x-api-key", "")).strip().encode()
         # compare_digest on every key: the time taken does not tell which key (or how much of one) matched.
         matched = [hmac.compare_digest(given, key) for key in self._keys]
-        if scheme.lower() != "bearer" or not any(matched):
-            raise APIError(401, "missing or invalid API key (send 'Authorization: Bearer <key>')",
+        if not any(matched):
+            raise APIError(401, "missing or invalid API key (send 'Authorization: Bearer <key>' or 'x-api-key: <key>')",
                            type="authentication_error", code="invalid_api_key")
         return given.decode()
 
@@ -103,11 +126,12 @@ def create_app(ctx: ServingContext) -> FastAPI:
         tenant = tenant_salt(request.state.api_key)
         return effective_salt(tenant, requested, ctx.settings.allow_request_cache_salt)
 
-    @api.post("/v1/chat/completions")
+    @api.post("/v1/chat/completions", openapi_extra=request_body(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
         body = await read_json(request, ctx.settings.max_body_bytes)
         req = parse_body(ChatCompletionRequest, body)
-        plan = await ctx.prepare(plan_chat, ctx, req, body, salt_for(request, req.cache_salt), int(time.time()))
+        plan = await ctx.prepare(plan_chat, ctx, req, body, salt_for(request, req.cache_salt), int(time.time()),
+                                 session=prompt_cache_key_session(req.prompt_cache_key))
         stream = await submit(ctx, [plan.prompt])
         if req.stream:
             return EngineStreamingResponse(stream_chat(ctx, plan, stream), on_close=stream.abort)
@@ -116,7 +140,44 @@ def create_app(ctx: ServingContext) -> FastAPI:
         finally:
             stream.abort()  # no-op once finished; covers a cancellation before the work started
 
-    @api.post("/v1/completions")
+    @api.post("/v1/messages", openapi_extra=request_body(MessagesRequest))
+    async def messages(request: Request) -> Response:
+        """Anthropic Messages (Claude Code also sends `?beta=true`, which changes nothing here)."""
+        body = await read_json(request, ctx.settings.max_body_bytes)
+        req = parse_body(MessagesRequest, body)
+        plan = await ctx.prepare(plan_messages, ctx, req, body, salt_for(request, None), request.headers)
+        stream = await submit(ctx, [plan.prompt])
+        if req.stream:
+            return EngineStreamingResponse(stream_messages(ctx, plan, stream), on_close=stream.abort,
+                                           error_event=anthropic_error_event)
+        try:
+            return JSONResponse(await until_disconnect(request, complete_messages(ctx, plan, stream)))
+        finally:
+            stream.abort()
+
+    responses_store = ResponseStore()
+
+    @api.post("/v1/responses", openapi_extra=request_body(ResponsesRequest))
+    async def responses(request: Request) -> Response:
+        """OpenAI Responses, stateless unless `store` (then `previous_response_id` can continue it)."""
+        body = await read_json(request, ctx.settings.max_body_bytes)
+        req = parse_body(ResponsesRequest, body)
+        plan = await ctx.prepare(plan_response, ctx, req, body, salt_for(request, None), responses_store)
+        stream = await submit(ctx, [plan.chat.prompt])
+        if req.stream:
+            return EngineStreamingResponse(stream_response(ctx, plan, stream, responses_store), on_close=stream.abort,
+                                           error_event=responses_error_event)
+        try:
+            return JSONResponse(await until_disconnect(request, complete_response(ctx, plan, stream, responses_store)))
+        finally:
+            stream.abort()
+
+    @api.post("/v1/messages/count_tokens", openapi_extra=request_body(CountTokensRequest))
+    async def messages_count_tokens(request: Request) -> dict[str, int]:
+        body = await read_json(request, ctx.settings.max_body_bytes)
+        return await ctx.prepare(count_tokens, ctx, parse_body(CountTokensRequest, body))
+
+    @api.post("/v1/completions", openapi_extra=request_body(CompletionRequest))
     async def completions(request: Request) -> Response:
         body = await read_json(request, ctx.settings.max_body_bytes)
         req = parse_body(CompletionRequest, body)
@@ -129,18 +190,25 @@ def create_app(ctx: ServingContext) -> FastAPI:
         finally:
             stream.abort()
 
-    def model_card() -> dict[str, Any]:
+    def model_card(request: Request) -> dict[str, Any]:
+        """OpenAI's model object, or Anthropic's for clients that send `anthropic-version`."""
+        if "anthropic-version" in request.headers:
+            created = datetime.fromtimestamp(ctx.created, timezone.utc).isoformat().replace("+00:00", "Z")
+            return {"type": "model", "id": ctx.model_name, "display_name": ctx.model_name, "created_at": created}
         return {"id": ctx.model_name, "object": "model", "created": ctx.created, "owned_by": "kvserve",
                 "max_model_len": ctx.max_model_len}
 
     @api.get("/v1/models")
-    async def list_models() -> dict[str, Any]:
-        return {"object": "list", "data": [model_card()]}
+    async def list_models(request: Request) -> dict[str, Any]:
+        if "anthropic-version" in request.headers:
+            return {"data": [model_card(request)], "has_more": False, "first_id": ctx.model_name,
+                    "last_id": ctx.model_name}
+        return {"object": "list", "data": [model_card(request)]}
 
     @api.get("/v1/models/{model:path}")
-    async def get_model(model: str) -> dict[str, Any]:
+    async def get_model(request: Request, model: str) -> dict[str, Any]:
         ctx.check_model(model)
-        return model_card()
+        return model_card(request)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -152,7 +220,7 @@ def create_app(ctx: ServingContext) -> FastAPI:
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(ctx.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @api.post("/tokenize")
+    @api.post("/tokenize", openapi_extra=request_body(TokenizeRequest))
     async def tokenize(request: Request) -> dict[str, Any]:
         """Token ids of a text prompt, or of a chat request's rendered prompt (shown too), and how many of them the
         caller's prefix cache holds right now."""
@@ -163,13 +231,7 @@ def create_app(ctx: ServingContext) -> FastAPI:
             raise APIError(400, "send exactly one of 'prompt' and 'messages'")
 
         def render_and_encode() -> tuple[str | None, list[int]]:
-            text = req.prompt
-            if req.messages is not None:
-                try:
-                    text = ctx.renderer.render(req.messages, req.tools, req.add_generation_prompt,
-                                               **(req.chat_template_kwargs or {}))
-                except ValueError as exc:
-                    raise APIError(400, str(exc), param="messages") from None
+            text = req.prompt if req.messages is None else render_chat(ctx, req)
             return text, ctx.encode(text)
 
         text, ids = await ctx.prepare(render_and_encode)
@@ -181,7 +243,7 @@ def create_app(ctx: ServingContext) -> FastAPI:
             result["prompt"] = text
         return result
 
-    @api.post("/detokenize")
+    @api.post("/detokenize", openapi_extra=request_body(DetokenizeRequest))
     async def detokenize(request: Request) -> dict[str, Any]:
         req = parse_body(DetokenizeRequest, await read_json(request, ctx.settings.max_body_bytes))
         ctx.check_model(req.model)
@@ -196,4 +258,6 @@ def create_app(ctx: ServingContext) -> FastAPI:
         return {"prompt": await ctx.prepare(decode)}
 
     app.include_router(api)
+    declare_request_bodies(app, [ChatCompletionRequest, CompletionRequest, MessagesRequest, CountTokensRequest,
+                                 ResponsesRequest, TokenizeRequest, DetokenizeRequest])
     return app

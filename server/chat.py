@@ -1,22 +1,28 @@
 """`POST /v1/chat/completions`: request -> prompt token ids (renderer + forced tool-call prefix), engine output ->
 assistant message (reasoning and tool-call parsers), as one JSON response or as SSE chunks.
 
+`plan_chat` is also how `/v1/messages` and `/v1/responses` reach the engine: they convert their requests into a
+`ChatCompletionRequest` (the internal chat form) and format `server.chat_stream.parsed_updates` their own way.
 The engine detokenizes with special tokens kept, so tool-call and thinking markers reach the parsers; the parsers
 are split-independent, so the streamed deltas concatenate to exactly the non-streamed message.
 """
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from engine.output_processor import CompletionOutput
 from server.async_engine import EngineRequest, RequestStream
+from server.chat_stream import ChoiceState, choice_states, parsed_updates
 from server.context import ServingContext, new_request_id
-from server.generation import SSE_DONE, Prompt, outputs, record, sse, usage
+from server.generation import SSE_DONE, Prompt, record, sse, usage
 from server.logprobs import chat_logprobs
-from server.parsing import OutputParser, default_thinking, get_output_parser, new_id_prefix, tool_call_prompt_suffix
-from server.protocol import APIError, ChatCompletionRequest
+from server.normalize import normalize_for_cache
+from server.parsing import default_thinking, tool_call_prompt_suffix
+from server.protocol import APIError, ChatCompletionRequest, TokenizeRequest
+
+# The template kwarg that switches thinking, per family with a switch.
+_THINKING_SWITCH = {"qwen3": "enable_thinking", "deepseek-v3.1": "thinking"}
 
 
 @dataclass
@@ -30,6 +36,8 @@ class ChatPlan:
     prompt: Prompt
     thinking: bool  # this request's output starts with / may contain reasoning
     num_top_logprobs: int | None  # None: no logprobs
+    session: str | None = None  # the agent session, as the client named it (recorded)
+    endpoint: str = "chat"  # which API it came from, for the record
 
 
 def request_thinking(family: str, template_kwargs: dict[str, Any]) -> bool:
@@ -42,15 +50,28 @@ def request_thinking(family: str, template_kwargs: dict[str, Any]) -> bool:
     return default_thinking(family)
 
 
+def thinking_kwargs(family: str, thinking: bool | None) -> dict[str, Any]:
+    """The template kwargs that turn thinking on or off (None: the family's default); {} without a switch."""
+    key = _THINKING_SWITCH.get(family)
+    return {key: thinking} if key and thinking is not None else {}
+
+
+def render_chat(ctx: ServingContext, req: ChatCompletionRequest | TokenizeRequest) -> str:
+    """The prompt text of a chat request, after the cache-stability rules (server/normalize.py)."""
+    messages = normalize_for_cache(req.messages, ctx.renderer)
+    try:
+        return ctx.renderer.render(messages, req.tools, req.add_generation_prompt, **(req.chat_template_kwargs or {}))
+    except ValueError as exc:
+        raise APIError(400, str(exc), param="tools" if str(exc).startswith("tools") else "messages") from None
+
+
 def plan_chat(
-    ctx: ServingContext, req: ChatCompletionRequest, body: dict[str, Any], cache_salt: str | None, created: int
+    ctx: ServingContext, req: ChatCompletionRequest, body: dict[str, Any], cache_salt: str | None, created: int,
+    *, session: str | None = None, endpoint: str = "chat", id_prefix: str = "chatcmpl",
 ) -> ChatPlan:
     ctx.check_model(req.model)
     kwargs = req.chat_template_kwargs or {}
-    try:
-        text = ctx.renderer.render(req.messages, req.tools, req.add_generation_prompt, **kwargs)
-    except ValueError as exc:
-        raise APIError(400, str(exc), param="tools" if str(exc).startswith("tools") else "messages") from None
+    text = render_chat(ctx, req)
     thinking = request_thinking(ctx.family, kwargs)
     try:
         # `required` or a named function: the prompt ends inside the call's opening, so the model fills it in.
@@ -62,61 +83,31 @@ def plan_chat(
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     num_top = (req.top_logprobs or 0) if req.logprobs else None
     params = ctx.sampling_params(req, len(prompt_ids), skip_special_tokens=False, num_logprobs=num_top)
-    request_id = new_request_id("chatcmpl")
+    request_id = new_request_id(id_prefix)
     return ChatPlan(
         request_id, created, req, body, Prompt(EngineRequest(request_id, prompt_ids, params, cache_salt)), thinking,
-        num_top,
+        num_top, session, endpoint,
     )
 
 
-@dataclass
-class _ChoiceState:
-    parser: OutputParser
-    choice: CompletionOutput = field(default_factory=CompletionOutput)
-    unsent_logprobs: list = field(default_factory=list)  # logprobs of tokens whose text the parser still holds
-
-
-def _choice_states(ctx: ServingContext, plan: ChatPlan) -> list[_ChoiceState]:
-    # The parser validated tool_choice when the prompt was planned; one id prefix per choice keeps call ids unique.
-    return [
-        _ChoiceState(get_output_parser(
-            ctx.family, plan.req.tools, plan.req.tool_choice, reasoning=plan.thinking, id_prefix=new_id_prefix()
-        ))
-        for _ in range(plan.req.n)
-    ]
-
-
-def _finish_reason(engine_reason: str | None, parser: OutputParser) -> str | None:
-    if engine_reason == "stop" and parser.result().finish_reason_override:
-        return parser.result().finish_reason_override
-    return engine_reason
+def record_plan(ctx: ServingContext, plan: ChatPlan) -> None:
+    record(ctx, plan.endpoint, plan.body, [plan.prompt], session=plan.session)
 
 
 async def complete_chat(ctx: ServingContext, plan: ChatPlan, stream: RequestStream) -> dict[str, Any]:
-    states = _choice_states(ctx, plan)
+    states = choice_states(ctx, plan)
     try:
-        async for _, out in outputs(stream, [plan.prompt]):
-            states[out.index].choice.add(out)
+        async for _ in parsed_updates(ctx, plan, stream, states):
+            pass
     finally:
-        record(ctx, "chat", plan.body, [plan.prompt])
+        record_plan(ctx, plan)
     choices = []
     for index, state in enumerate(states):
-        state.parser.feed(state.choice.text)
-        state.parser.finish()
-        parsed = state.parser.result()
-        message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
-        if parsed.reasoning_content is not None:
-            message["reasoning_content"] = parsed.reasoning_content
-        if parsed.tool_calls:
-            message["tool_calls"] = parsed.tool_calls
         logprobs = None
         if plan.num_top_logprobs is not None:
             logprobs = chat_logprobs(ctx.token_texts, state.choice.logprobs, plan.num_top_logprobs)
         choices.append({
-            "index": index,
-            "message": message,
-            "logprobs": logprobs,
-            "finish_reason": _finish_reason(state.choice.finish_reason, state.parser),
+            "index": index, "message": state.message(), "logprobs": logprobs, "finish_reason": state.finish_reason(),
         })
     return {
         "id": plan.request_id,
@@ -142,31 +133,24 @@ async def stream_chat(ctx: ServingContext, plan: ChatPlan, stream: RequestStream
             payload["usage"] = usage_value
         return sse(payload)
 
-    def choice_chunk(index: int, delta: dict[str, Any], state: _ChoiceState, finish_reason: str | None = None):
+    def choice_chunk(index: int, delta: dict[str, Any], state: ChoiceState, finish_reason: str | None = None):
         logprobs = None
         if plan.num_top_logprobs is not None and state.unsent_logprobs:
             logprobs = chat_logprobs(ctx.token_texts, state.unsent_logprobs, plan.num_top_logprobs)
             state.unsent_logprobs = []
         return chunk([{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}])
 
-    states = _choice_states(ctx, plan)
+    states = choice_states(ctx, plan)
     try:
         for index, state in enumerate(states):
             yield choice_chunk(index, {"role": "assistant", "content": ""}, state)
-        async for _, out in outputs(stream, [plan.prompt]):
-            state = states[out.index]
-            state.choice.add(out)
-            state.unsent_logprobs += out.new_logprobs
-            deltas = state.parser.feed(out.new_text) if out.new_text else []
-            if out.finished:
-                deltas += state.parser.finish()
-            for delta in deltas:
-                yield choice_chunk(out.index, delta, state)
-            if out.finished:
-                reason = _finish_reason(state.choice.finish_reason, state.parser)
-                yield choice_chunk(out.index, {}, state, reason)
+        async for update in parsed_updates(ctx, plan, stream, states):
+            for delta in update.deltas:
+                yield choice_chunk(update.index, delta, update.state)
+            if update.finish_reason is not None:
+                yield choice_chunk(update.index, {}, update.state, update.finish_reason)
     finally:
-        record(ctx, "chat", plan.body, [plan.prompt])
+        record_plan(ctx, plan)
     if include_usage:
         yield chunk([], usage([plan.prompt], sum(len(s.choice.token_ids) for s in states)))
     yield SSE_DONE

@@ -28,8 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "serve",
         help="serve a model over an OpenAI-compatible HTTP API",
         description="Serve one model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, "
-        "/v1/models, /tokenize, /detokenize, /health, /metrics), with a paged KV cache and a prefix cache shared "
-        "across requests.",
+        "/v1/responses, /v1/models, /tokenize, /detokenize, /health, /metrics) and Anthropic's Messages API "
+        "(/v1/messages, /v1/messages/count_tokens), with a paged KV cache and a prefix cache shared across requests.",
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -38,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     net.add_argument("--port", type=int, default=8000, help="port to listen on; 0 picks a free one "
                      "(default: %(default)s)")
     net.add_argument("--api-key", action="append", default=[], metavar="KEY",
-                     help="require 'Authorization: Bearer KEY'; repeat for several tenants")
+                     help="require 'Authorization: Bearer KEY' (or 'x-api-key: KEY'); repeat for several tenants")
     net.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="S",
                      help="on SIGTERM/SIGINT, seconds to let running requests finish (default: %(default)s)")
     net.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -48,6 +48,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="honor a request's 'cache_salt' (scoped inside its tenant); refused with 400 otherwise")
     api.add_argument("--strict-max-tokens", action="store_true",
                      help="answer max_tokens beyond the context's room with 400 instead of clamping it")
+    api.add_argument("--max-output-tokens", type=int, metavar="N",
+                     help="the most tokens one request may generate: larger requests and agents' large defaults "
+                     "are clamped to it (default: the room left in the context)")
     api.add_argument("--max-n", type=int, default=16, help="largest n (choices per request) (default: %(default)s)")
     api.add_argument("--max-request-bytes", type=int, default=32 * 1024 * 1024, metavar="BYTES",
                      help="larger request bodies get 413 (default: %(default)s)")
@@ -72,7 +75,8 @@ def run_serve(args: argparse.Namespace) -> int:
     keys = tuple(args.api_key) + ((os.environ["KVSERVE_API_KEY"],) if os.environ.get("KVSERVE_API_KEY") else ())
     settings = ServerSettings(
         api_keys=keys, allow_request_cache_salt=args.allow_request_cache_salt,
-        strict_max_tokens=args.strict_max_tokens, max_n=args.max_n, max_body_bytes=args.max_request_bytes,
+        strict_max_tokens=args.strict_max_tokens, max_output_tokens=args.max_output_tokens, max_n=args.max_n,
+        max_body_bytes=args.max_request_bytes,
     )
     started = time.perf_counter()
     try:

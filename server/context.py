@@ -29,6 +29,7 @@ class ServerSettings:
     api_keys: tuple[str, ...] = ()  # empty: no authentication
     allow_request_cache_salt: bool = False
     strict_max_tokens: bool = False  # max_tokens beyond the context's room: 400 instead of clamping
+    max_output_tokens: int | None = None  # the operator's cap on one request's output (None: the context's room)
     max_n: int = 16
     max_body_bytes: int = 32 * 1024 * 1024
 
@@ -104,8 +105,9 @@ class ServingContext:
         room = self.max_model_len - prompt_len
         if room < 1:
             return 1  # the engine rejects the prompt with how much too long it is
+        cap = min(room, self.settings.max_output_tokens or room)
         if requested is None:
-            return room
+            return cap
         if requested > room and self.settings.strict_max_tokens:
             raise APIError(
                 400,
@@ -114,7 +116,7 @@ class ServingContext:
                 param="max_tokens",
                 code="context_length_exceeded",
             )
-        return min(requested, room)
+        return min(requested, cap)
 
 
 def new_request_id(prefix: str) -> str:

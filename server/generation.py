@@ -74,7 +74,9 @@ async def outputs(stream: RequestStream, prompts: list[Prompt]) -> AsyncIterator
         stream.abort()
 
 
-def record(ctx: ServingContext, endpoint: str, body: dict[str, Any], prompts: list[Prompt]) -> None:
+def record(
+    ctx: ServingContext, endpoint: str, body: dict[str, Any], prompts: list[Prompt], session: str | None = None
+) -> None:
     if ctx.recorder is None:
         return
     for p in prompts:
@@ -87,6 +89,7 @@ def record(ctx: ServingContext, endpoint: str, body: dict[str, Any], prompts: li
             output_token_ids=p.first_choice.token_ids,
             cached_tokens=p.num_cached_tokens,
             cache_salt=p.request.cache_salt,
+            session=session,
             finish_reason=p.first_choice.finish_reason or "abort",
             timings=timing_fields(p.timings),
             time=time.time(),

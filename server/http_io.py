@@ -75,22 +75,29 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
     return task.result()
 
 
-async def _sse_errors(events: AsyncIterator[str]) -> AsyncIterator[str]:
-    """Once the 200 is sent an error can only be an event: OpenAI clients raise on `data: {"error": ...}`."""
+def openai_error_event(exc: APIError) -> str:
+    """OpenAI clients raise on `data: {"error": ...}`."""
+    return sse(exc.body()) + SSE_DONE
+
+
+async def _sse_errors(events: AsyncIterator[str], error_event: Callable[[APIError], str]) -> AsyncIterator[str]:
+    """Once the 200 is sent an error can only be an event, in the API's own shape."""
     try:
         async for event in events:
             yield event
     except APIError as exc:
-        yield sse(exc.body())
-        yield SSE_DONE
+        yield error_event(exc)
 
 
 class EngineStreamingResponse(StreamingResponse):
     """SSE that watches for the client's disconnect while generating (whatever the ASGI version) and calls
     `on_close` however the stream ends, so an abandoned request never keeps running or holding pages."""
 
-    def __init__(self, events: AsyncIterator[str], on_close: Callable[[], None]) -> None:
-        super().__init__(_sse_errors(events), media_type="text/event-stream",
+    def __init__(
+        self, events: AsyncIterator[str], on_close: Callable[[], None],
+        error_event: Callable[[APIError], str] = openai_error_event,
+    ) -> None:
+        super().__init__(_sse_errors(events, error_event), media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self._events = events
         self._on_close = on_close

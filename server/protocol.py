@@ -1,8 +1,8 @@
 """The OpenAI wire format: request bodies (pydantic, validated before anything reaches the engine) and error bodies.
 
-Unknown fields are ignored (agents send many OpenAI options we have no use for, such as `user` or
-`parallel_tool_calls`), but a known field of the wrong type or out of range is a 400 naming the field.
-Responses are plain dicts built in `server/responses.py`: their optional keys must be absent rather than null.
+Unknown fields are ignored (agents send many OpenAI options we have no use for, such as `user` or `store`), but a
+known field of the wrong type or out of range is a 400 naming the field. Responses are plain dicts built by the
+handlers: their optional keys must be absent rather than null.
 """
 from __future__ import annotations
 
@@ -75,6 +75,8 @@ class ChatCompletionRequest(_SamplingFields):
     messages: list[dict[str, Any]] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None  # validated against `tools` by server.parsing
+    parallel_tool_calls: bool | None = None  # false: the output ends at its first tool call
+    prompt_cache_key: str | None = Field(None, max_length=1024)  # the client's session id (recorded, not a salt)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)

@@ -3,6 +3,7 @@
 
 Each line: `body` (the request as the client sent it), `prompt_token_ids` (exactly what the engine prefilled),
 `output_token_ids` (choice 0), `cached_tokens`, `cache_salt` (the effective salt: a tenant hash, never an API key),
+`session` (the agent session the client named: `prompt_cache_key`, Claude Code's session id; see server/session.py),
 `timings` (seconds), plus `request_id`, `endpoint`, `model`, `finish_reason` and `time` (unix seconds). A batched
 text completion writes one line per prompt.
 """
@@ -27,6 +28,7 @@ class RequestRecord:
     output_token_ids: list[int]
     cached_tokens: int
     cache_salt: str | None
+    session: str | None
     finish_reason: str | None
     timings: dict[str, float | None]
     time: float

@@ -26,6 +26,9 @@ CAUSES: dict[str, str] = {
     "compaction": "prefix changed by compaction (history replaced by a summary)",
     "template_reasoning": "prefix changed by the chat template: earlier turns' reasoning dropped (Qwen3 <think>)",
     "template": "prefix changed by the chat template (earlier turns re-rendered differently)",
+    "billing_nonce": "prefix changed by Claude Code's per-request billing nonce (removed by server/normalize.py)",
+    "system_hoisted": "prefix changed by a new mid-conversation system message hoisted into the head (DeepSeek "
+                      "templates; rendered in place by server/normalize.py)",
 }
 
 

@@ -6,14 +6,23 @@ template does to earlier turns (Qwen3 drops their reasoning) shows up as changed
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from server.normalize import normalize_for_cache, strip_billing_nonces
 from server.rendering import Renderer, get_renderer
 
-from benchmarks.prefix.trace import CHANGE_HISTORY, CHANGE_REASONING, CHANGE_TEMPLATE, CHANGE_TOOLS, TokenRequest
+from benchmarks.prefix.trace import (
+    CHANGE_BILLING_NONCE,
+    CHANGE_HISTORY,
+    CHANGE_REASONING,
+    CHANGE_SYSTEM_HOISTED,
+    CHANGE_TEMPLATE,
+    CHANGE_TOOLS,
+    TokenRequest,
+)
 from benchmarks.prefix.workloads import ChatRequest, Workload
 
 REASONING_MARKERS = ("<think>",)  # where a dropped reasoning block starts in the rendered text
@@ -70,6 +79,18 @@ def message_change(parent: ChatRequest | None, req: ChatRequest) -> str | None:
     return None
 
 
+def normalization_change(parent: ChatRequest, req: ChatRequest, renderer: Renderer) -> str | None:
+    """With the cache-stability rules off: the rule that would have kept this turn's prefix (None: no rule)."""
+    history = [*parent.messages, parent.reply]
+    head = req.messages[: len(history)]
+    if head != history and strip_billing_nonces(head) == strip_billing_nonces(history):
+        return CHANGE_BILLING_NONCE
+    new = req.messages[len(history) :]
+    if renderer.hoists_system_messages and any(m.get("role") == "system" for m in new):
+        return CHANGE_SYSTEM_HOISTED
+    return None
+
+
 def template_change(parent_context: str, prompt: str) -> str | None:
     """For append-only messages: did re-rendering change the text the parent's context already had?"""
     n = min(len(parent_context), len(prompt))
@@ -83,14 +104,21 @@ def template_change(parent_context: str, prompt: str) -> str | None:
     return CHANGE_REASONING if dropped_reasoning else CHANGE_TEMPLATE
 
 
+def normalized(req: ChatRequest, renderer: Renderer) -> ChatRequest:
+    """The request as the server renders it: with the cache-stability rules applied, unless they are off."""
+    return replace(req, messages=normalize_for_cache(req.messages, renderer)) if req.normalize else req
+
+
 def tokenize_workload(workload: Workload, mt: ModelText) -> list[TokenRequest]:
-    by_id = {r.request_id: r for r in workload.requests}
+    by_id = {r.request_id: normalized(r, mt.renderer) for r in workload.requests}
     texts: dict[str, tuple[str, str]] = {}
     out = []
-    for req in workload.requests:
+    for req in by_id.values():
         prompt, reply = texts[req.request_id] = render_texts(req, mt, workload.enable_thinking)
         parent = by_id.get(req.parent) if req.parent else None
         change = message_change(parent, req)
+        if parent is not None and not req.normalize:
+            change = normalization_change(parent, req, mt.renderer) or change
         if parent is not None and change is None:
             change = template_change("".join(texts[parent.request_id]), prompt)
         out.append(

@@ -57,6 +57,8 @@ CHANGE_TOOLS = "tool_list"
 CHANGE_HISTORY = "compaction"
 CHANGE_REASONING = "template_reasoning"  # the template dropped earlier turns' reasoning (Qwen3)
 CHANGE_TEMPLATE = "template"
+CHANGE_BILLING_NONCE = "billing_nonce"  # Claude Code's per-request billing nonce (server/normalize.py removes it)
+CHANGE_SYSTEM_HOISTED = "system_hoisted"  # a new mid-conversation system message hoisted into the head (DeepSeek)
 
 
 def read_jsonl(path: str | Path, parse: Callable[[dict], T], what: str) -> Iterator[T]:

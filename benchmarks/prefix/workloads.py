@@ -25,6 +25,7 @@ class ChatRequest:
     salt: str | None = None
     turn: int = 0
     arrival: int = 0  # earliest scheduler step at which the session's first request may start
+    normalize: bool = True  # apply the server's cache-stability rules (server/normalize.py) when rendering
 
 
 @dataclass
@@ -312,6 +313,16 @@ def prefix_repetition(p: WorkloadParams) -> Workload:
                     _stream(reqs, gen), enable_thinking=False)
 
 
+def _agent_shaped(name: str) -> Callable[[WorkloadParams], Workload]:
+    def build(p: WorkloadParams) -> Workload:
+        from benchmarks.prefix import agent_workloads  # it builds on this module
+
+        if name == "claude_code_raw":
+            return agent_workloads.claude_code(p, normalize=False)
+        return getattr(agent_workloads, name)(p)
+    return build
+
+
 WORKLOADS: dict[str, Callable[[WorkloadParams], Workload]] = {
     "tool_loop": tool_loop,
     "tool_loop_nothink": lambda p: tool_loop(replace(p, thinking=False)),
@@ -323,6 +334,9 @@ WORKLOADS: dict[str, Callable[[WorkloadParams], Workload]] = {
     "tenants_salted": tenants_salted,
     "shared_prefix": shared_prefix,
     "prefix_repetition": prefix_repetition,
+    "claude_code": _agent_shaped("claude_code"),
+    "claude_code_raw": _agent_shaped("claude_code_raw"),
+    "codex": _agent_shaped("codex"),
 }
 
 

@@ -27,6 +27,8 @@ class Renderer(ABC):
     policy: MessagePolicy = MessagePolicy()
     bos_token: str = ""
     eos_token: str = ""
+    # The template moves every system message to the top (DeepSeek): one in mid-conversation changes the head.
+    hoists_system_messages: bool = False
 
     def prepare(self, messages: list[dict], tools: list[dict] | None = None) -> Prepared:
         return Prepared(normalize_messages(messages, self.policy), normalize_tools(tools))

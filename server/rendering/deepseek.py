@@ -58,6 +58,7 @@ class _DeepSeekRenderer(Renderer):
     bos_token = BOS
     eos_token = EOS
     call_syntax: CallSyntax = "fenced"
+    hoists_system_messages = True
 
     def prepare(self, messages: list[dict], tools: list[dict] | None = None) -> Prepared:
         prepared = super().prepare(messages, tools)

@@ -1,6 +1,7 @@
 """Real uvicorn servers on 127.0.0.1 (one per model, for the whole session) and helpers to look inside them."""
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -38,6 +40,15 @@ class LiveServer:
     def chat(self, api_key: str | None = None, **kwargs: Any) -> Any:
         """`chat.completions.create` with this server's model filled in."""
         return self.client(api_key).chat.completions.create(model=self.ctx.model_name, **kwargs)
+
+    def anthropic(self, api_key: str | None = None, **kwargs: Any) -> anthropic.Anthropic:
+        """The official Anthropic client; it sends the key as `x-api-key`."""
+        return anthropic.Anthropic(base_url=self.base_url, api_key=api_key or self.api_key, max_retries=0,
+                                   timeout=120, **kwargs)
+
+    def last_record(self) -> dict[str, Any]:
+        """The `--record` line of the last finished request."""
+        return json.loads(self.record_path.read_text().splitlines()[-1])
 
     def async_client(self, api_key: str | None = None) -> openai.AsyncOpenAI:
         return openai.AsyncOpenAI(base_url=f"{self.base_url}/v1", api_key=api_key or self.api_key, max_retries=0,
@@ -111,6 +122,16 @@ def smol_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer
     """smollm2-135m: real weights and its own Jinja chat template; no API keys."""
     record = tmp_path_factory.mktemp("record") / "requests.jsonl"
     ctx = load_context("smollm2-135m", EngineConfig(block_size=16, num_kv_blocks=256, max_model_len=2048),
+                       ServerSettings(), record_path=str(record))
+    with serve(ctx) as url:
+        yield LiveServer(ctx, url, record)
+
+
+@pytest.fixture(scope="session")
+def deepseek_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """deepseek-tiny (the DeepSeek-V3.1 template: with thinking on, the output starts inside reasoning)."""
+    record = tmp_path_factory.mktemp("record") / "requests.jsonl"
+    ctx = load_context("deepseek-tiny", EngineConfig(block_size=4, num_kv_blocks=1024, max_model_len=512),
                        ServerSettings(), record_path=str(record))
     with serve(ctx) as url:
         yield LiveServer(ctx, url, record)

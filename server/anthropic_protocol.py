@@ -1,0 +1,75 @@
+"""The Anthropic Messages wire format: request bodies (pydantic, for validation and the OpenAPI schema), the error
+shape, and the SSE event framing.
+
+As for the OpenAI routes, unknown fields are accepted and ignored (Claude Code sends `context_management`,
+`output_config`, ...). Content blocks stay dicts: `server/messages_input.py` validates each one and names the block
+that is wrong, so a malformed block is a 400, never a 500.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from server.protocol import APIError
+
+# The Anthropic error type of each status this server answers with.
+_ERROR_TYPES = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+    413: "request_too_large", 429: "rate_limit_error", 500: "api_error", 503: "overloaded_error",
+}
+
+
+def anthropic_error_body(exc: APIError) -> dict[str, Any]:
+    """`{"type": "error", "error": {"type", "message"}}`, the type picked by status as Anthropic does."""
+    kind = _ERROR_TYPES.get(exc.status, "api_error" if exc.status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": exc.message}}
+
+
+def anthropic_sse(event: str, payload: dict[str, Any]) -> str:
+    """One SSE event: Anthropic names every event (`event:` line) and repeats the name as `type` in the data."""
+    return f"event: {event}\ndata: {json.dumps({'type': event, **payload}, ensure_ascii=False)}\n\n"
+
+
+def anthropic_error_event(exc: APIError) -> str:
+    body = anthropic_error_body(exc)
+    return anthropic_sse("error", {"error": body["error"]})
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+ContentBlocks = list[dict[str, Any]]
+
+
+class AnthropicMessage(_Request):
+    # "system" is not in Anthropic's API, but Claude Code sends mid-conversation system messages.
+    role: Literal["user", "assistant", "system"]
+    content: str | ContentBlocks
+
+
+class Conversation(_Request):
+    """What a prompt is made of: shared by messages and count_tokens."""
+
+    model: str
+    messages: list[AnthropicMessage] = Field(min_length=1)
+    system: str | ContentBlocks | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
+
+
+class MessagesRequest(Conversation):
+    max_tokens: int | None = Field(None, ge=1)  # required by Anthropic; here it defaults to the room left
+    stop_sequences: list[str] | None = None
+    temperature: float | None = Field(None, ge=0.0, le=1.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)
+    stream: bool = False
+    metadata: dict[str, Any] | None = None
+
+
+class CountTokensRequest(Conversation):
+    pass

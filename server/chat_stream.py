@@ -1,0 +1,138 @@
+"""The chat pipeline's shared core: engine outputs -> parsed deltas per choice (answer text, reasoning, tool-call
+starts and argument fragments) and each choice's finish reason. Chat completions, Anthropic messages and OpenAI
+responses all consume `parsed_updates` and only format what it yields in their own wire shape.
+"""
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from engine.output_processor import CompletionOutput
+from server.async_engine import RequestStream
+from server.context import ServingContext
+from server.generation import outputs
+from server.parsing import OutputParser, get_output_parser, new_id_prefix
+
+if TYPE_CHECKING:
+    from server.chat import ChatPlan
+
+DeltaKind = Literal["text", "reasoning", "call", "arguments"]
+
+
+@dataclass(frozen=True)
+class Delta:
+    """One parsed piece of output, API-neutral. `text` is the answer text, the reasoning text, the called function's
+    name (kind "call", which starts call `call_index` with id `call_id`) or an arguments fragment of that call."""
+
+    kind: DeltaKind
+    text: str
+    call_index: int = -1
+    call_id: str = ""
+
+    @classmethod
+    def of(cls, delta: dict) -> Delta:
+        """From the parser's OpenAI chat delta dict."""
+        if "content" in delta:
+            return cls("text", delta["content"])
+        if "reasoning_content" in delta:
+            return cls("reasoning", delta["reasoning_content"])
+        call = delta["tool_calls"][0]
+        if "id" in call:
+            return cls("call", call["function"]["name"], call["index"], call["id"])
+        return cls("arguments", call["function"]["arguments"], call["index"])
+
+
+@dataclass
+class ChoiceState:
+    parser: OutputParser
+    max_calls: int | None  # None: any number of tool calls; 1 when parallel calls are off
+    choice: CompletionOutput = field(default_factory=CompletionOutput)
+    unsent_logprobs: list = field(default_factory=list)  # logprobs of tokens whose text the parser still holds
+    content: str = ""  # the answer text and reasoning streamed so far (what the deltas concatenate to)
+    reasoning: str = ""
+    calls: int = 0
+    cut: bool = False  # stopped early at the call limit
+
+    def take(self, deltas: list[dict]) -> list[dict]:
+        """The deltas up to the call limit; a call beyond it ends the choice (the rest of the output is dropped)."""
+        kept = []
+        for delta in deltas:
+            if "tool_calls" in delta and "id" in delta["tool_calls"][0]:
+                if self.max_calls is not None and self.calls >= self.max_calls:
+                    self.cut = True
+                    break
+                self.calls += 1
+            self.content += delta.get("content", "")
+            self.reasoning += delta.get("reasoning_content", "")
+            kept.append(delta)
+        return kept
+
+    def tool_calls(self) -> list[dict]:
+        calls = self.parser.result().tool_calls
+        return calls if self.max_calls is None else calls[: self.max_calls]
+
+    def message(self) -> dict:
+        """The assistant message in the chat-completions shape (content null when only calls were made)."""
+        calls = self.tool_calls()
+        message: dict = {"role": "assistant", "content": self.content if self.content or not calls else None}
+        if self.reasoning:
+            message["reasoning_content"] = self.reasoning
+        if calls:
+            message["tool_calls"] = calls
+        return message
+
+    def reached_own_limit(self, requested: int | None) -> bool:
+        """The output stopped at the request's own token limit, not at one of the server's (the context's room,
+        `--max-output-tokens`). Agents treat a cut reply as a failed turn (Claude Code asks the model to resume,
+        Codex retries), so the agent APIs report a server-side cut as a finished turn."""
+        return self.finish_reason() == "length" and requested is not None and len(self.choice.token_ids) >= requested
+
+    def finish_reason(self) -> str | None:
+        if self.cut or (self.choice.finish_reason == "stop" and self.parser.result().finish_reason_override):
+            return "tool_calls"
+        return self.choice.finish_reason
+
+
+@dataclass
+class ChoiceUpdate:
+    index: int
+    state: ChoiceState
+    deltas: list[dict]  # the parser's OpenAI chat delta dicts (`Delta.of` gives the neutral view)
+    finish_reason: str | None = None  # set on the choice's last update only
+
+
+def choice_states(ctx: ServingContext, plan: ChatPlan) -> list[ChoiceState]:
+    # The parser validated tool_choice when the prompt was planned; one id prefix per choice keeps call ids unique.
+    req = plan.req
+    max_calls = 1 if req.parallel_tool_calls is False else None
+    return [
+        ChoiceState(get_output_parser(ctx.family, req.tools, req.tool_choice, reasoning=plan.thinking,
+                                      id_prefix=new_id_prefix()), max_calls)
+        for _ in range(req.n)
+    ]
+
+
+async def parsed_updates(
+    ctx: ServingContext, plan: ChatPlan, stream: RequestStream, states: list[ChoiceState]
+) -> AsyncIterator[ChoiceUpdate]:
+    """Parsed deltas for every engine output, in step order; each choice's last update carries its finish reason.
+    A choice cut at its call limit ends there; once every choice has ended the engine request is aborted."""
+    open_choices = len(states)
+    async for _, out in outputs(stream, [plan.prompt]):
+        state = states[out.index]
+        if state.cut:
+            continue
+        state.choice.add(out)
+        state.unsent_logprobs += out.new_logprobs
+        deltas = state.parser.feed(out.new_text) if out.new_text else []
+        if out.finished:
+            deltas += state.parser.finish()
+        deltas = state.take(deltas)
+        if state.cut and not out.finished:
+            state.parser.finish()
+        ended = out.finished or state.cut
+        yield ChoiceUpdate(out.index, state, deltas, state.finish_reason() if ended else None)
+        open_choices -= ended
+        if not open_choices:
+            return  # leaving `outputs` aborts what still runs

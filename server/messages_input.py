@@ -1,0 +1,176 @@
+"""An Anthropic Messages request -> the internal chat form (`ChatCompletionRequest`): messages, tools, tool_choice,
+sampling and the thinking switch, so that it renders through the same templates as a chat request.
+
+- `system` (a string or text blocks) becomes the first system message; mid-conversation `system` messages stay
+  where they are (server/normalize.py decides how a template that hoists them gets them).
+- User turns: text blocks become a user message, each `tool_result` a tool message, in block order; assistant
+  turns: text, `thinking` (as reasoning) and `tool_use` (as tool calls, `input` serialized the way the model writes
+  JSON). `redacted_thinking` is dropped. Images and documents are a 400: the served models read text only.
+- Tools with `input_schema` become functions; server tools (`web_search_...`, `bash_...`) are left out.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import ValidationError
+
+from server.anthropic_protocol import AnthropicMessage, Conversation, MessagesRequest
+from server.chat import thinking_kwargs
+from server.protocol import APIError, ChatCompletionRequest, validation_error
+
+_MEDIA_BLOCKS = ("image", "document")
+
+
+def _bad(message: str, param: str) -> APIError:
+    return APIError(400, message, param=param)
+
+
+def _text_of(block: dict, where: str) -> str:
+    text = block.get("text")
+    if not isinstance(text, str):
+        raise _bad(f"{where}: a text block needs a string 'text'", where)
+    return text
+
+
+def _check_block(block: Any, where: str) -> str:
+    """The block's type, once it is known to be a block the model can read."""
+    if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+        raise _bad(f"{where}: a content block must be an object with a 'type'", where)
+    if block["type"] in _MEDIA_BLOCKS:
+        raise _bad(f"{where}: {block['type']} blocks are not supported; this model takes text only", where)
+    return block["type"]
+
+
+def _blocks_text(content: str | list, where: str) -> str:
+    """Text blocks (or a string) joined with newlines, as chat content parts are."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise _bad(f"{where}: content must be a string or a list of blocks", where)
+    texts = []
+    for i, block in enumerate(content):
+        if _check_block(block, f"{where}.{i}") == "text":
+            texts.append(_text_of(block, f"{where}.{i}"))
+    return "\n".join(texts)
+
+
+def system_content(system: str | list | None) -> str | list[dict]:
+    """The system prompt as chat content (text parts keep their boundaries for the normalizations)."""
+    if isinstance(system, str):
+        return system
+    return [{"type": "text", "text": _text_of(b, f"system.{i}")} for i, b in enumerate(system or [])
+            if _check_block(b, f"system.{i}") == "text"]
+
+
+def _user_side(message: AnthropicMessage, where: str) -> list[dict]:
+    if isinstance(message.content, str):
+        return [{"role": message.role, "content": message.content}]
+    out: list[dict] = []
+    parts: list[dict] = []
+    for i, block in enumerate(message.content):
+        kind = _check_block(block, f"{where}.content.{i}")
+        if kind == "text":
+            parts.append({"type": "text", "text": _text_of(block, f"{where}.content.{i}")})
+        elif kind == "tool_result":
+            if parts:
+                out.append({"role": message.role, "content": parts})
+                parts = []
+            text = _blocks_text(block.get("content") or "", f"{where}.content.{i}.content")
+            out.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id") or ""),
+                        "content": f"Error: {text}" if block.get("is_error") else text})
+    if parts or not out:
+        out.append({"role": message.role, "content": parts})
+    return out
+
+
+def _assistant(message: AnthropicMessage, where: str) -> dict:
+    if isinstance(message.content, str):
+        return {"role": "assistant", "content": message.content}
+    texts, reasoning, calls = [], [], []
+    for i, block in enumerate(message.content):
+        at = f"{where}.content.{i}"
+        kind = _check_block(block, at)
+        if kind == "text":
+            texts.append(_text_of(block, at))
+        elif kind == "thinking" and isinstance(block.get("thinking"), str):
+            reasoning.append(block["thinking"])
+        elif kind == "tool_use":
+            name, arguments = block.get("name"), block.get("input", {})
+            if not isinstance(name, str) or not name or not isinstance(arguments, dict):
+                raise _bad(f"{at}: a tool_use block needs a 'name' and an object 'input'", at)
+            # The model writes JSON with the default separators: the re-rendered call matches what it generated.
+            calls.append({"id": str(block.get("id") or f"toolu_{i}"), "type": "function",
+                          "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}})
+    out: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts)}
+    if reasoning:
+        out["reasoning_content"] = "\n".join(reasoning)
+    if calls:
+        out["tool_calls"] = calls
+    return out
+
+
+def chat_messages(req: Conversation) -> list[dict]:
+    messages: list[dict] = []
+    if req.system:
+        messages.append({"role": "system", "content": system_content(req.system)})
+    for i, message in enumerate(req.messages):
+        where = f"messages.{i}"
+        messages += [_assistant(message, where)] if message.role == "assistant" else _user_side(message, where)
+    return messages
+
+
+def chat_tools(tools: list[dict] | None) -> list[dict] | None:
+    out = []
+    for i, tool in enumerate(tools or []):
+        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str) or not tool["name"]:
+            raise _bad(f"tools.{i}: a tool needs a 'name'", f"tools.{i}")
+        if "input_schema" not in tool:
+            continue  # a server tool (web search, code execution...): nothing the model can call here
+        function: dict[str, Any] = {"name": tool["name"]}
+        if isinstance(tool.get("description"), str):
+            function["description"] = tool["description"]
+        function["parameters"] = tool["input_schema"]
+        out.append({"type": "function", "function": function})
+    return out or None
+
+
+def chat_tool_choice(choice: dict | None) -> tuple[str | dict | None, bool | None]:
+    """(chat `tool_choice`, `parallel_tool_calls`) for an Anthropic `tool_choice`."""
+    if choice is None:
+        return None, None
+    kind = choice.get("type")
+    parallel = False if choice.get("disable_parallel_tool_use") else None
+    if kind in ("auto", "none"):
+        return kind, parallel
+    if kind == "any":
+        return "required", parallel
+    if kind == "tool":
+        return {"type": "function", "function": {"name": choice.get("name")}}, parallel
+    raise _bad("tool_choice.type must be 'auto', 'any', 'tool' or 'none'", "tool_choice")
+
+
+def thinking_on(thinking: dict | None) -> bool:
+    """`enabled` and `adaptive` think, `disabled` or nothing does not (Anthropic's default)."""
+    return isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive")
+
+
+def to_chat_request(req: Conversation, family: str) -> ChatCompletionRequest:
+    tool_choice, parallel = chat_tool_choice(req.tool_choice)
+    fields: dict[str, Any] = {
+        "model": req.model,
+        "messages": chat_messages(req),
+        "tools": chat_tools(req.tools),
+        "tool_choice": tool_choice,
+        "parallel_tool_calls": parallel,
+        "chat_template_kwargs": thinking_kwargs(family, thinking_on(req.thinking)),
+    }
+    if isinstance(req, MessagesRequest):
+        fields.update(max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
+                      stop=req.stop_sequences)
+    if fields["tools"] is None and tool_choice not in (None, "none", "auto"):
+        raise _bad("tool_choice needs at least one tool with an input_schema in 'tools'", "tool_choice")
+    try:
+        return ChatCompletionRequest.model_validate(fields)
+    except ValidationError as exc:
+        raise validation_error(exc) from None

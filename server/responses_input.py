@@ -1,0 +1,182 @@
+"""An OpenAI Responses request -> the internal chat form (`ChatCompletionRequest`), and the bounded store that makes
+`previous_response_id` work.
+
+- `input`: a string (one user message) or items. `message` items (`developer` and `system` become system messages,
+  in place), `reasoning` items (the next assistant message's reasoning: their `content` text, else the
+  `encrypted_content` this server wrote, else the summary), `function_call` items (tool calls of the assistant
+  message they follow) and `function_call_output` items (tool messages). Other item types are skipped.
+- `tools`: `function` tools; the functions of a `namespace` tool are flattened to `<namespace>__<name>` (mapped back
+  on output); hosted tools (`web_search`, `custom`, `local_shell`, ...) are accepted and left out of the prompt.
+- `reasoning.effort`: `none` / `minimal` turn thinking off, any other effort on; absent, the model's default.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from server.chat import thinking_kwargs
+from server.protocol import APIError, ChatCompletionRequest, validation_error
+from server.rendering.messages import flatten_content
+from server.responses_protocol import ResponsesRequest
+
+NAMESPACE_SEPARATOR = "__"
+_OFF_EFFORTS = ("none", "minimal")
+
+
+def _bad(message: str, param: str) -> APIError:
+    return APIError(400, message, param=param)
+
+
+def _text(content: Any, where: str) -> str:
+    try:
+        return flatten_content(content, where)
+    except ValueError as exc:
+        raise _bad(str(exc), where) from None
+
+
+def _parts_text(parts: Any) -> str | None:
+    if not isinstance(parts, list) or not parts:
+        return None
+    return "\n".join(p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str))
+
+
+def _reasoning_text(item: dict) -> str:
+    text = _parts_text(item.get("content"))
+    if text is None and isinstance(item.get("encrypted_content"), str):
+        text = item["encrypted_content"]  # this server's reasoning, echoed back by a client that stores nothing
+    return text if text is not None else _parts_text(item.get("summary")) or ""
+
+
+def _open_assistant(messages: list[dict]) -> dict:
+    """The assistant message the next output item belongs to: the last one while nothing else followed it."""
+    if messages and messages[-1]["role"] == "assistant":
+        return messages[-1]
+    messages.append({"role": "assistant", "content": ""})
+    return messages[-1]
+
+
+def chat_messages(items: str | list[dict], tool_names: dict[tuple[str | None, str], str]) -> list[dict]:
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    messages: list[dict] = []
+    for i, item in enumerate(items):
+        where = f"input.{i}"
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = {"developer": "system"}.get(item.get("role"), item.get("role"))
+            if role not in ("system", "user", "assistant"):
+                raise _bad(f"{where}: role must be 'user', 'assistant', 'system' or 'developer'", where)
+            text = _text(item.get("content"), where)
+            last = messages[-1] if messages else None
+            if role == "assistant" and last and last["role"] == "assistant" and not last["content"] \
+                    and "tool_calls" not in last:
+                last["content"] = text  # after its reasoning item
+            else:
+                messages.append({"role": role, "content": text})
+        elif kind == "reasoning":
+            messages.append({"role": "assistant", "content": "", "reasoning_content": _reasoning_text(item)})
+        elif kind == "function_call":
+            name = item.get("name")
+            if not isinstance(name, str) or not name or not isinstance(item.get("arguments", ""), str):
+                raise _bad(f"{where}: a function_call needs a 'name' and string 'arguments'", where)
+            flat = tool_names.get((item.get("namespace"), name), name)
+            _open_assistant(messages).setdefault("tool_calls", []).append({
+                "id": str(item.get("call_id") or ""), "type": "function",
+                "function": {"name": flat, "arguments": item.get("arguments") or "{}"},
+            })
+        elif kind == "function_call_output":
+            output = item.get("output")
+            text = output if isinstance(output, str) else _text(output, f"{where}.output")
+            messages.append({"role": "tool", "tool_call_id": str(item.get("call_id") or ""), "content": text})
+    return messages
+
+
+def _function(tool: dict, name: str) -> dict:
+    function: dict[str, Any] = {"name": name}
+    if isinstance(tool.get("description"), str):
+        function["description"] = tool["description"]
+    if tool.get("parameters") is not None:
+        function["parameters"] = tool["parameters"]
+    return {"type": "function", "function": function}
+
+
+def chat_tools(tools: list[dict] | None) -> tuple[list[dict] | None, dict[tuple[str | None, str], str]]:
+    """(chat tools, {(namespace, name): flat name}) for Responses `tools`."""
+    out, names = [], {}
+    for i, tool in enumerate(tools or []):
+        kind = tool.get("type")
+        inner = [(None, tool)] if kind == "function" else []
+        if kind == "namespace" and isinstance(tool.get("tools"), list):
+            inner = [(tool.get("name"), t) for t in tool["tools"]
+                     if isinstance(t, dict) and t.get("type") == "function"]
+        for namespace, function in inner:
+            name = function.get("name")
+            if not isinstance(name, str) or not name or (namespace is not None and not isinstance(namespace, str)):
+                raise _bad(f"tools.{i}: a function tool needs a 'name'", f"tools.{i}")
+            flat = f"{namespace}{NAMESPACE_SEPARATOR}{name}" if namespace else name
+            names[(namespace, name)] = flat
+            out.append(_function(function, flat))
+    return out or None, names
+
+
+def chat_tool_choice(choice: str | dict | None, names: dict[tuple[str | None, str], str]) -> str | dict | None:
+    if not isinstance(choice, dict):
+        return choice
+    if choice.get("type") == "function":
+        name = choice.get("name")
+        return {"type": "function", "function": {"name": names.get((choice.get("namespace"), name), name)}}
+    return "auto"  # a hosted tool or an allowed-tools list: the model chooses among what it has
+
+
+def thinking(reasoning: dict | None) -> bool | None:
+    effort = reasoning.get("effort") if isinstance(reasoning, dict) else None
+    return None if effort is None else effort not in _OFF_EFFORTS
+
+
+@dataclass
+class ResponseStore:
+    """`store: true` responses, as the conversation they end (chat messages, without `instructions`), bounded:
+    the oldest are forgotten first. Read on the prepare thread, written on the event loop: one lock."""
+
+    capacity: int = 1024
+    _items: OrderedDict = field(default_factory=OrderedDict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def put(self, response_id: str, messages: list[dict]) -> None:
+        with self._lock:
+            self._items[response_id] = messages
+            while len(self._items) > self.capacity:
+                self._items.popitem(last=False)
+
+    def history(self, response_id: str) -> list[dict]:
+        with self._lock:
+            messages = self._items.get(response_id)
+        if messages is None:
+            raise _bad(f"previous response {response_id!r} is unknown or was evicted (this server keeps the last "
+                       f"{self.capacity} stored responses in memory); resend the conversation instead",
+                       "previous_response_id")
+        return list(messages)
+
+
+def to_chat_request(req: ResponsesRequest, family: str, history: list[dict]) -> tuple[ChatCompletionRequest, dict]:
+    """(the chat request, {flat tool name: (namespace, name)} to map calls back)."""
+    tools, names = chat_tools(req.tools)
+    messages = [*history, *chat_messages(req.input, names)]
+    if req.instructions:
+        messages.insert(0, {"role": "system", "content": req.instructions})
+    fields = {
+        "model": req.model, "messages": messages or [{"role": "user", "content": ""}], "tools": tools,
+        "tool_choice": chat_tool_choice(req.tool_choice, names), "parallel_tool_calls": req.parallel_tool_calls,
+        "max_tokens": req.max_output_tokens, "temperature": req.temperature, "top_p": req.top_p,
+        "chat_template_kwargs": thinking_kwargs(family, thinking(req.reasoning)),
+        "prompt_cache_key": req.prompt_cache_key,
+    }
+    try:
+        chat = ChatCompletionRequest.model_validate(fields)
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+    return chat, {flat: key for key, flat in names.items()}
