@@ -1,7 +1,8 @@
 """The offline API: ``LLM(model, **engine_config).generate(prompts, params)``.
 
-The engine runs in its own thread (`EngineLoop`, as under the server); the calling thread turns its token outputs
-into text with an `OutputProcessor`, so detokenization and stop strings never hold up a step.
+During `generate` the engine runs in its own thread (`EngineLoop`, as under the server); the calling thread turns
+its token outputs into text with an `OutputProcessor`, so detokenization and stop strings never hold up a step.
+Between calls no thread runs, and the engine can be inspected directly.
 """
 from __future__ import annotations
 
@@ -75,7 +76,6 @@ class LLM:
         self.model_name = spec.name
         model_dir = resolve_model(name)
         self.engine = LLMEngine(model_dir, EngineConfig(**engine_config), model_id=model_identity(spec, model_dir))
-        self._loop = EngineLoop(self.engine)
         self._ids = itertools.count()
 
     @property
@@ -85,19 +85,15 @@ class LLM:
     @property
     def cache_stats(self) -> CacheStats:
         """Prefix-cache counters: queries and hits in tokens (preempted re-admissions apart), evictions."""
-        return self._in_engine(lambda engine: replace(engine.scheduler.kv.stats))
+        return replace(self.engine.scheduler.kv.stats)
 
     @property
     def stats(self) -> SchedulerStats:
         """Every engine counter and gauge (the numbers /metrics shows)."""
-        return self._in_engine(lambda engine: engine.stats())
+        return self.engine.stats()
 
     def reset_prefix_cache(self) -> None:
-        self._in_engine(lambda engine: engine.scheduler.reset_prefix_cache())
-
-    def _in_engine(self, fn):
-        self._loop.start()
-        return self._loop.call(fn).result()
+        self.engine.scheduler.reset_prefix_cache()
 
     def encode(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
@@ -123,7 +119,6 @@ class LLM:
         salts = _broadcast(cache_salt, len(token_lists), "cache_salt")
         for ids, p in zip(token_lists, params_list):
             self.engine.validate(ids, p)
-        self._loop.start()
         outputs: queue.SimpleQueue = queue.SimpleQueue()
         processor = OutputProcessor(self.tokenizer)
         results: dict[str, RequestOutput] = {}
@@ -133,17 +128,18 @@ class LLM:
             results[rid] = RequestOutput(rid, ids, [CompletionOutput(i) for i in range(p.n)])
             processor.add_request(rid, ids, p)
             requests.append(EngineRequest(rid, ids, p, salt))
+        loop = EngineLoop(self.engine)
+        loop.start()
         try:
-            self._loop.submit(requests, _QueueSink(outputs)).result()
-            self._collect(outputs, processor, results, sum(p.n for p in params_list), use_tqdm)
-        except BaseException:
-            for rid in results:  # interrupted (or the engine died): leave nothing running
-                self._loop.abort(rid)
-            raise
+            loop.submit(requests, _QueueSink(outputs)).result()
+            self._collect(loop, outputs, processor, results, sum(p.n for p in params_list), use_tqdm)
+        finally:
+            loop.shutdown()  # an interrupted call (or a dead engine) leaves nothing running: the loop aborts it
         return list(results.values())
 
-    def _collect(self, outputs: queue.SimpleQueue, processor: OutputProcessor, results: dict[str, RequestOutput],
-                 total: int, use_tqdm: bool) -> None:
+    @staticmethod
+    def _collect(loop: EngineLoop, outputs: queue.SimpleQueue, processor: OutputProcessor,
+                 results: dict[str, RequestOutput], total: int, use_tqdm: bool) -> None:
         with tqdm(total=total, desc="Generating", unit="seq", disable=not use_tqdm) as bar:
             remaining = total
             while remaining:
@@ -152,16 +148,12 @@ class LLM:
                     raise EngineDeadError(str(item)) from item
                 delivered, stopped = processor.process(item)
                 for request_id, index in stopped:
-                    self._loop.abort(request_id, index)
+                    loop.abort(request_id, index)
                 for out in delivered:
                     results[out.request_id].add(out)
                     if out.finished:
                         remaining -= 1
                         bar.update(1)
-
-    def close(self) -> None:
-        """Stop the engine thread (it is a daemon thread: exiting the process stops it too)."""
-        self._loop.shutdown()
 
 
 def _broadcast(value, n: int, name: str) -> list:
