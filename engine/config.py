@@ -24,6 +24,7 @@ class EngineConfig:
     scheduling_policy: str = "fcfs"  # or "longest_prefix": admit the waiting request with the longest cached prefix
     device: str = "cpu"
     dtype: str = "float32"
+    kv_cache_dtype: str = "auto"  # "auto": the model dtype; "fp8": float8_e4m3fn pages (scale 1.0), half of bf16's bytes
     attention_backend: str | None = None  # "torch" | "triton"; default: triton on CUDA, torch elsewhere
     enforce_eager: bool = False  # on CUDA with Triton, True skips CUDA-graph capture: decode batches run eagerly
     seed: int = 0
@@ -39,6 +40,8 @@ class EngineConfig:
             raise ValueError(f"scheduling_policy must be 'fcfs' or 'longest_prefix', got {self.scheduling_policy!r}")
         if self.attention_backend is None:
             self.attention_backend = "triton" if self.device.startswith("cuda") else "torch"
+        if self.kv_cache_dtype not in ("auto", "fp8"):
+            raise ValueError(f"kv_cache_dtype must be 'auto' or 'fp8', got {self.kv_cache_dtype!r}")
         if self.attention_backend not in ("torch", "triton"):
             raise ValueError(f"attention_backend must be 'torch' or 'triton', got {self.attention_backend!r}")
 
@@ -48,6 +51,10 @@ class EngineConfig:
         if not isinstance(dtype, torch.dtype):
             raise ValueError(f"unknown dtype {self.dtype!r}; use float32, bfloat16 or float16")
         return dtype
+
+    @property
+    def kv_cache_torch_dtype(self) -> torch.dtype:
+        return torch.float8_e4m3fn if self.kv_cache_dtype == "fp8" else self.torch_dtype
 
 
 @dataclass

@@ -17,7 +17,7 @@ from engine.request import Request
 from engine.sampler import sample
 from engine.sampling_params import SamplingParams
 from engine.weights import load_weights
-from kernels.ops import get_ops
+from kernels.ops import fp8_gemm_supported, get_ops
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ class ModelRunner:
         model = model.to_empty(device=self.device).to(self.dtype)
         model.tie_weights()
         model.init_rope(max_model_len, self.device)
-        load_weights(model, model_dir)
+        load_weights(model, model_dir, keep_fp8=fp8_gemm_supported(cfg.attention_backend, self.device))
         self.model = model.eval()
         # Graphs need kernels without host syncs: the Triton ops (the torch reference reads lengths on the host).
         use_graphs = self.device.type == "cuda" and cfg.attention_backend == "triton" and not cfg.enforce_eager
@@ -136,7 +136,7 @@ class ModelRunner:
     def _new_caches(self, num_blocks: int) -> KVCaches:
         shape = (num_blocks, self.cfg.block_size, self.model_cfg.num_kv_heads, self.model_cfg.head_dim)
         def page_tensor() -> torch.Tensor:
-            return torch.zeros(shape, dtype=self.dtype, device=self.device)
+            return torch.zeros(shape, dtype=self.cfg.kv_cache_torch_dtype, device=self.device)
 
         return [(page_tensor(), page_tensor()) for _ in range(self.model_cfg.num_layers)]
 
@@ -167,7 +167,7 @@ class ModelRunner:
         pool holds exactly that forward's intermediates, which smaller graphs reuse, plus the small outputs). What
         the graph executables themselves take is left to the utilization headroom; the capture logs its real cost.
         """
-        per_block = kv_bytes_per_block(self.model_cfg, self.cfg.block_size, self.dtype)
+        per_block = kv_bytes_per_block(self.model_cfg, self.cfg.block_size, self.cfg.kv_cache_torch_dtype)
         if self.device.type != "cuda":
             return max(1, int(self.cfg.kv_cache_memory_gb * 2**30) // per_block)
         torch.cuda.empty_cache()
