@@ -16,7 +16,7 @@ from engine.models.llama import AttentionMetadata, LlamaForCausalLM
 from engine.request import Request
 from engine.sampler import sample
 from engine.sampling_params import SamplingParams
-from engine.weights import load_weights
+from engine.weights import load_weights, use_fp8_layers
 from kernels.ops import fp8_gemm_supported, get_ops
 
 log = logging.getLogger(__name__)
@@ -119,11 +119,13 @@ class ModelRunner:
         self.dtype = cfg.torch_dtype
         torch.manual_seed(cfg.seed)
         with torch.device("meta"):
-            model = LlamaForCausalLM(model_cfg, get_ops(cfg.attention_backend))
-        model = model.to_empty(device=self.device).to(self.dtype)
+            model = LlamaForCausalLM(model_cfg, get_ops(cfg.attention_backend)).to(self.dtype)
+        if fp8_gemm_supported(cfg.attention_backend, self.device):
+            use_fp8_layers(model, model_dir)  # still on meta: FP8 layers are never allocated at full precision
+        model = model.to_empty(device=self.device)
         model.tie_weights()
         model.init_rope(max_model_len, self.device)
-        load_weights(model, model_dir, keep_fp8=fp8_gemm_supported(cfg.attention_backend, self.device))
+        load_weights(model, model_dir)
         self.model = model.eval()
         # Graphs need kernels without host syncs: the Triton ops (the torch reference reads lengths on the host).
         use_graphs = self.device.type == "cuda" and cfg.attention_backend == "triton" and not cfg.enforce_eager

@@ -1,7 +1,7 @@
 """Load HF-format safetensors checkpoints into `LlamaForCausalLM`, fusing q/k/v and gate/up as they stream in.
 
-FP8 block-scaled checkpoints (``engine.models.quant``) load either way: with ``keep_fp8`` their quantized linears
-become `Fp8Linear` and take the FP8 bytes and scales as stored; otherwise each weight is dequantized with its
+FP8 block-scaled checkpoints (``engine.models.quant``) load either way: after `use_fp8_layers` their quantized
+linears are `Fp8Linear` and take the FP8 bytes and scales as stored; otherwise each weight is dequantized with its
 ``weight_scale_inv`` into the engine dtype as it is read.
 """
 from __future__ import annotations
@@ -103,15 +103,22 @@ def _target(model: nn.Module, name: str) -> _Target | None:
     return _Target(path, module, attr, rows)
 
 
-def _swap_fp8_layers(model: nn.Module, ckpt: _Checkpoint, fmt: Fp8Format) -> None:
-    """Turn every linear the checkpoint quantizes into an `Fp8Linear` before any tensor is copied."""
+def use_fp8_layers(model: nn.Module, model_dir: Path) -> int:
+    """For an FP8 checkpoint, turn every linear it quantizes into an `Fp8Linear` (best on the meta device, before
+    memory is allocated); returns how many. `load_weights` then fills them with the FP8 bytes and scales as stored
+    instead of dequantizing them. The op set's ``fp8_linear`` must run on the model's device."""
+    model_dir = Path(model_dir)
+    fmt = Fp8Format.from_model_dir(model_dir)
+    if fmt is None:
+        return 0
     layers = {}
-    for names in ckpt.names.values():
+    for names in _Checkpoint(checkpoint_files(model_dir)).names.values():
         for name in names:
             if name.endswith(SCALE_SUFFIX) and (target := _target(model, name.removesuffix(SCALE_SUFFIX) + ".weight")):
                 layers[target.path] = _shard_sizes(model, target.path)
     swapped = swap_in_fp8_linears(model, layers, fmt, model.ops.fp8_linear)
     log.info("FP8 checkpoint: %d linear layers keep e4m3 weights with %s block scales", swapped, list(fmt.block))
+    return swapped
 
 
 def _read(ckpt: _Checkpoint, name: str, target: _Target, fmt: Fp8Format | None) -> torch.Tensor:
@@ -119,6 +126,8 @@ def _read(ckpt: _Checkpoint, name: str, target: _Target, fmt: Fp8Format | None) 
     here too), else dequantized when the checkpoint quantized it."""
     tensor = ckpt.get(name)
     if tensor.dtype != torch.float8_e4m3fn:
+        if isinstance(target.module, Fp8Linear) and target.attr == "weight":
+            raise ValueError(f"{name} has a {SCALE_SUFFIX.lstrip('.')} but is {tensor.dtype}, not float8_e4m3fn")
         return tensor
     scale_name = name.removesuffix(".weight") + SCALE_SUFFIX
     if fmt is None or scale_name not in ckpt:
@@ -132,18 +141,13 @@ def _read(ckpt: _Checkpoint, name: str, target: _Target, fmt: Fp8Format | None) 
 
 
 @torch.no_grad()
-def load_weights(model: nn.Module, model_dir: Path, progress: bool = True, keep_fp8: bool = False) -> None:
-    """Copy every checkpoint tensor into the model; raise if a model parameter was left unfilled.
-
-    ``keep_fp8``: for FP8 checkpoints, keep quantized linears in FP8 (the op set's ``fp8_linear`` must run on the
-    model's device) instead of dequantizing them.
-    """
+def load_weights(model: nn.Module, model_dir: Path, progress: bool = True) -> None:
+    """Copy every checkpoint tensor into the model; raise if a model parameter was left unfilled. Quantized FP8
+    weights are dequantized into the parameter's dtype, unless `use_fp8_layers` made their layer an `Fp8Linear`."""
     model_dir = Path(model_dir)
     fmt = Fp8Format.from_model_dir(model_dir)
     files = checkpoint_files(model_dir)
     ckpt = _Checkpoint(files)
-    if fmt is not None and keep_fp8:
-        _swap_fp8_layers(model, ckpt, fmt)
     expected = {name for name, _ in model.named_parameters()}
     if model.cfg.tie_word_embeddings:
         expected.discard("lm_head.weight")  # shares embed_tokens.weight; named_parameters lists it once anyway

@@ -24,7 +24,7 @@ from torch import nn
 from engine import LLM, SamplingParams
 from engine.models.quant import Fp8Format, Fp8Linear
 from engine.registry import resolve_model
-from kernels.reference import dequantize_fp8_blocks
+from kernels.reference import dequantize_fp8_blocks, quantize_fp8_blocks
 from tests.engine.conftest import hf_greedy, hf_model, random_prompts
 from tests.engine.fp8_checkpoint import write_fp8_checkpoint
 from tests.engine.logprob_drift import logprob_drift
@@ -134,6 +134,15 @@ def test_unsupported_quantization_configs_are_refused_clearly(quant, message):
     assert Fp8Format.from_config({}) is None
     assert Fp8Format.from_config({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 64]}}) \
         == Fp8Format(128, 64)
+
+
+def test_power_of_two_scales_stored_as_e8m0_read_like_float32():
+    """DeepSeek-V3.1 (scale_fmt ue8m0) keeps power-of-two weight scales; some checkpoints store them as e8m0."""
+    values, scale_inv = quantize_fp8_blocks(torch.randn(40, 24), (16, 16))
+    pow2 = 2.0 ** scale_inv.log2().ceil()
+    fmt = Fp8Format(16, 16)
+    as_e8m0 = fmt.dequantize("w_scale_inv", values, pow2.to(torch.float8_e8m0fnu), torch.float32)
+    assert torch.equal(as_e8m0, fmt.dequantize("w_scale_inv", values, pow2, torch.float32))
 
 
 def test_broken_fp8_checkpoints_fail_with_the_tensor_named(tmp_path):
