@@ -14,7 +14,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32 on CPU, bfloat16 on CUDA)")
     g.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto",
                    help="KV page dtype: auto (the model dtype) or fp8 (e4m3, scale 1.0): twice the tokens of bf16 pages "
-                   "in the same memory, with a small logprob drift (docs/fp8.md)")
+                   "in the same memory, with a small logprob drift (docs/FP8.md)")
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV page (power of two; default 16)")
     g.add_argument("--num-kv-blocks", type=int, default=None, help="KV pages to allocate (default: from the memory budget)")
     g.add_argument("--kv-cache-memory-gb", type=float, default=1.0, help="KV cache budget on CPU in GiB (default 1)")
