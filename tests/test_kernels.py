@@ -431,6 +431,9 @@ def test_gpu_check_main_orchestration(monkeypatch: pytest.MonkeyPatch, tmp_path)
     model_dir.mkdir()
     (model_dir / "model.safetensors").write_bytes(b"\0" * 1000)
     timing = gpu_check.DecodeTiming(1, 8, 1.0, 1000.0, 1e6, 0.2, 0.1)
+    # main() drops TRITON_INTERPRET for its GPU steps; restore it afterwards, or the Triton kernels of later tests,
+    # interpreted since import, would see host-side checks (interpreting()) that say they are not.
+    monkeypatch.setenv("TRITON_INTERPRET", os.environ.get("TRITON_INTERPRET", "0"))
     monkeypatch.setattr(gpu_check.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(gpu_check.torch.cuda, "get_device_name", lambda: "stub")
     monkeypatch.setattr(gpu_check.torch.cuda, "empty_cache", lambda: None)
