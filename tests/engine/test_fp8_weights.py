@@ -87,11 +87,12 @@ def test_fp8_checkpoint_matches_transformers_loading_the_same_directory(fp8_case
         torch.testing.assert_close(got, ref[ids], atol=2e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("block", [BLOCK, (48, 48)])
-def test_triton_backend_keeps_fp8_weights_and_runs_the_fp8_gemm(block, tmp_path):
+@pytest.mark.parametrize("block, generate", [(BLOCK, True), ((48, 48), False)])
+def test_triton_backend_keeps_fp8_weights_and_runs_the_fp8_gemm(block, generate, tmp_path):
     """With the Triton kernels (the interpreter here, a GPU in production) quantized projections stay e4m3 and
     hold exactly the values the dequantizing loader produces. 48 x 48 blocks leave partial edge blocks and put block
-    edges inside the fused q/k/v and gate/up shards, so those keep one scale row per output row."""
+    edges inside the fused q/k/v and gate/up shards, so those keep one scale row per output row (the kernel tests
+    run the GEMM that way; one interpreted generation here is enough)."""
     fp8_dir = tmp_path / "fp8"
     write_fp8_checkpoint(resolve_model("qwen3-tiny"), fp8_dir, block)
     dequantized = _linears(LLM(str(fp8_dir), block_size=4, num_kv_blocks=64))
@@ -104,10 +105,10 @@ def test_triton_backend_keeps_fp8_weights_and_runs_the_fp8_gemm(block, tmp_path)
         assert (module.scale_rows, module.block_k) == ((1 if fused and block == (48, 48) else block[0]), block[1])
         values = dequantize_fp8_blocks(module.weight, module.weight_scale_inv, (module.scale_rows, module.block_k))
         assert torch.equal(values, dequantized[name].weight), name
-    # The GEMM quantizes activations too; greedy decoding runs end to end and depends on the prompt.
-    prompts = random_prompts(50_000, [3, 17], seed=2)
-    outs = llm.generate(prompts, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
-    assert all(len(o.token_ids) == 4 for o in outs) and outs[0].token_ids != outs[1].token_ids
+    if generate:  # the GEMM quantizes activations too; greedy decoding runs end to end, prompt-dependent
+        prompts = random_prompts(50_000, [3, 17], seed=2)
+        outs = llm.generate(prompts, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+        assert all(len(o.token_ids) == 4 for o in outs) and outs[0].token_ids != outs[1].token_ids
 
 
 def test_transformers_rejects_partial_edge_blocks_that_kvserve_loads(tmp_path):
