@@ -188,8 +188,9 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 def quantize_fp8_blocks(x: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
     """``x`` ``[R, C]`` -> (e4m3 values ``[R, C]``, float32 ``scale_inv`` ``[ceil(R/br), ceil(C/bc)]``).
 
-    Each block's scale maps its largest magnitude onto 448 (``scale_inv = amax / 448``); values are divided by it,
-    clamped to the e4m3 range and rounded to nearest even.
+    Each block's scale maps its largest magnitude onto 448 (``scale_inv = amax / 448``); values are multiplied by
+    its reciprocal (one IEEE multiply per value, which the Triton GEMM repeats bit for bit), clamped to the e4m3
+    range and rounded to nearest even.
     """
     rows, cols = x.shape
     block_rows, block_cols = block
@@ -197,7 +198,7 @@ def quantize_fp8_blocks(x: torch.Tensor, block: tuple[int, int]) -> tuple[torch.
     padded = F.pad(x.float(), (0, grid_cols * block_cols - cols, 0, grid_rows * block_rows - rows))
     tiles = padded.view(grid_rows, block_rows, grid_cols, block_cols)
     scale_inv = tiles.abs().amax(dim=(1, 3)).clamp(min=_MIN_AMAX) / E4M3_MAX
-    scaled = (tiles / scale_inv[:, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX)
+    scaled = (tiles * (1.0 / scale_inv)[:, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX)
     values = scaled.to(torch.float8_e4m3fn).view(grid_rows * block_rows, grid_cols * block_cols)
     return values[:rows, :cols].contiguous(), scale_inv
 

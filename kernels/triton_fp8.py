@@ -17,7 +17,6 @@ from kernels.triton_fp8_cast import software_fp8_rounding, to_e4m3
 from kernels.triton_utils import row_view
 
 
-
 @triton.jit
 def _fp8_block_gemm_kernel(
     x_ptr, w_ptr, w_scale_ptr, bias_ptr, out_ptr,
@@ -43,8 +42,10 @@ def _fp8_block_gemm_kernel(
         k = group * GROUP_K + lanes
         k_valid = (lanes < GROUP_K) & (k < K)
         x = tl.load(x_rows + k[None, :], mask=row_valid[:, None] & k_valid[None, :], other=0.0).to(tl.float32)
-        x_scale = tl.maximum(tl.max(tl.abs(x), axis=1), 1e-12) / 448.0  # as kernels.reference: amax / 448
-        x_fp8 = to_e4m3(x / x_scale[:, None], SOFTWARE_ROUNDING)
+        # As kernels.reference, in IEEE arithmetic on both sides: Triton's plain `/` is an approximate division on
+        # NVIDIA GPUs, so the two per-row divisions are div_rn and each element gets one (exact-rounding) multiply.
+        x_scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), axis=1), 1e-12), 448.0)
+        x_fp8 = to_e4m3(x * tl.math.div_rn(1.0, x_scale)[:, None], SOFTWARE_ROUNDING)
         w = tl.load(w_cols + k[:, None], mask=k_valid[:, None] & col_valid[None, :], other=0.0)  # [BLOCK_K, BLOCK_N]
         w_scale = tl.load(w_scale_cols + group, mask=col_valid, other=0.0)
         acc += tl.dot(x_fp8, w) * (x_scale[:, None] * w_scale[None, :])
