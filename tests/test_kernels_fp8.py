@@ -2,7 +2,8 @@
 
 On CPU the Triton kernels run under the interpreter (see tests/test_kernels.py for the device choice). Tolerances:
 the GEMM quantizes activations exactly as the reference does (bit for bit), so only fp32 summation order differs:
-fp32 outputs within 1e-5 relative; bf16/fp16 outputs within one output ulp (the interpreter truncates to bf16).
+fp32 outputs within 1e-5 of the output's largest magnitude; bf16 within 1e-2 and fp16 within 2e-3 of it, about two
+ulps of the output dtype (the interpreter truncates fp32 -> bf16 where the reference rounds).
 """
 from __future__ import annotations
 
@@ -76,7 +77,7 @@ def test_fp8_gemm_matches_reference(rows: int, num_out: int, width: int, block: 
         expected = reference.fp8_block_linear(*args, b)
         got = TRITON.fp8_linear(*args, b)
         assert got.dtype == dtype and got.shape == (rows, num_out)
-        scale = expected.float().abs().max().item()  # one ulp of the output's dtype, relative to its magnitude
+        scale = expected.float().abs().max().item()
         torch.testing.assert_close(got.float(), expected.float(), atol=OUTPUT_TOL[dtype] * scale, rtol=0)
 
 
