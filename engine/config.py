@@ -57,6 +57,10 @@ class EngineConfig:
     device: str | None = field(default=None, metadata=_help("cpu or cuda[:N] (default: cuda when a GPU is visible)"))
     dtype: str | None = field(
         default=None, metadata=_help("float32, bfloat16 or float16 (default: float32 on CPU, bfloat16 on CUDA)"))
+    kv_cache_dtype: str = field(
+        default="auto", metadata=_help("KV pages: auto (the model dtype) or fp8 (e4m3, scale 1.0): twice the tokens "
+                                       "of bf16 pages in the same memory, with a small logprob drift (docs/FP8.md)",
+                                       choices=("auto", "fp8")))
     attention_backend: str | None = field(
         default=None, metadata=_help("kernels: torch or triton (default: triton on CUDA, torch elsewhere)",
                                      choices=("torch", "triton")))
@@ -85,6 +89,8 @@ class EngineConfig:
             self.dtype = "bfloat16" if on_cuda else "float32"
         if self.attention_backend is None:
             self.attention_backend = "triton" if on_cuda else "torch"
+        if self.kv_cache_dtype not in ("auto", "fp8"):
+            raise ValueError(f"kv_cache_dtype must be 'auto' or 'fp8', got {self.kv_cache_dtype!r}")
         if self.attention_backend not in ("torch", "triton"):
             raise ValueError(f"attention_backend must be 'torch' or 'triton', got {self.attention_backend!r}")
         if self.async_scheduling is None:
@@ -98,6 +104,12 @@ class EngineConfig:
         if not isinstance(dtype, torch.dtype):
             raise ValueError(f"unknown dtype {self.dtype!r}; use float32, bfloat16 or float16")
         return dtype
+
+    @property
+    def kv_cache_torch_dtype(self) -> "torch.dtype":
+        import torch
+
+        return torch.float8_e4m3fn if self.kv_cache_dtype == "fp8" else self.torch_dtype
 
 
 def _enum_value(kind: type[enum.Enum], value: Any, name: str) -> Any:

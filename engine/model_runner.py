@@ -26,8 +26,8 @@ from engine.outputs import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from engine.sampler import Penalties, SamplerOutput, SamplingBatch, has_penalties, make_generator, penalty_parameters, sample
 from engine.sampling_params import SamplingParams
 from engine.step_inputs import DeviceInputs, HostInputs, flatten
-from engine.weights import load_weights
-from kernels.ops import get_ops
+from engine.weights import load_weights, use_fp8_layers
+from kernels.ops import fp8_gemm_supported, get_ops
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +107,10 @@ class ModelRunner:
         self.dtype = cfg.torch_dtype
         torch.manual_seed(cfg.seed)
         with torch.device("meta"):
-            model = LlamaForCausalLM(model_cfg, get_ops(cfg.attention_backend))
-        model = model.to_empty(device=self.device).to(self.dtype)
+            model = LlamaForCausalLM(model_cfg, get_ops(cfg.attention_backend)).to(self.dtype)
+        if fp8_gemm_supported(cfg.attention_backend, self.device):
+            use_fp8_layers(model, model_dir)  # still on meta: FP8 layers are never allocated at full precision
+        model = model.to_empty(device=self.device)
         model.tie_weights()
         model.init_rope(max_model_len, self.device)
         load_weights(model, model_dir)
@@ -139,7 +141,7 @@ class ModelRunner:
         shape = (num_blocks, self.cfg.block_size, self.model_cfg.num_kv_heads, self.model_cfg.head_dim)
 
         def block_tensor() -> torch.Tensor:
-            return torch.zeros(shape, dtype=self.dtype, device=self.device)
+            return torch.zeros(shape, dtype=self.cfg.kv_cache_torch_dtype, device=self.device)
 
         return [(block_tensor(), block_tensor()) for _ in range(self.model_cfg.num_layers)]
 
@@ -308,7 +310,7 @@ class ModelRunner:
         pool holds exactly that forward's intermediates, which smaller graphs reuse, plus the small outputs). What
         the graph executables themselves take is left to the utilization headroom; the capture logs its real cost.
         """
-        per_block = kv_bytes_per_block(self.model_cfg, self.cfg.block_size, self.dtype)
+        per_block = kv_bytes_per_block(self.model_cfg, self.cfg.block_size, self.cfg.kv_cache_torch_dtype)
         if self.device.type != "cuda":
             return max(1, int(self.cfg.kv_cache_memory_gb * 2**30) // per_block)
         torch.cuda.empty_cache()

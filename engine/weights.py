@@ -1,13 +1,24 @@
-"""Load HF-format safetensors checkpoints into `LlamaForCausalLM`, fusing q/k/v and gate/up as they stream in."""
+"""Load HF-format safetensors checkpoints into `LlamaForCausalLM`, fusing q/k/v and gate/up as they stream in.
+
+FP8 block-scaled checkpoints (``engine.models.quant``) load either way: after `use_fp8_layers` their quantized
+linears are `Fp8Linear` and take the FP8 bytes and scales as stored; otherwise each weight is dequantized with its
+``weight_scale_inv`` into the engine dtype as it is read.
+"""
 from __future__ import annotations
 
 import json
+import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from torch import nn
 from tqdm import tqdm
+
+from engine.models.quant import SCALE_SUFFIX, Fp8Format, Fp8Linear, swap_in_fp8_linears
+
+log = logging.getLogger(__name__)
 
 # checkpoint projection name -> (fused parameter, index of the shard within it)
 _FUSED = {
@@ -29,53 +40,135 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def _target(model: nn.Module, name: str) -> tuple[torch.Tensor, slice | None] | None:
-    """The parameter (and the rows of it) that checkpoint tensor ``name`` fills; None for tensors we do not use."""
+class _Checkpoint:
+    """The tensors of a (possibly sharded) checkpoint by name; a weight and its scale may sit in different files."""
+
+    def __init__(self, files: list[Path]) -> None:
+        self._handles = {path: safe_open(str(path), framework="pt") for path in files}
+        self.names = {path: list(handle.keys()) for path, handle in self._handles.items()}
+        self._file_of = {name: path for path, names in self.names.items() for name in names}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._file_of
+
+    def get(self, name: str) -> torch.Tensor:
+        return self._handles[self._file_of[name]].get_tensor(name)
+
+
+@dataclass(frozen=True)
+class _Target:
+    """Where checkpoint tensor ``module_path.attr`` goes: ``rows`` of the output dim of a fused projection, or all."""
+
+    path: str
+    module: nn.Module
+    attr: str
+    rows: slice | None
+
+    def destination(self) -> torch.Tensor:
+        param = getattr(self.module, self.attr)
+        return param if self.rows is None else param[self.rows]
+
+
+def _shard_sizes(model: nn.Module, path: str) -> list[int]:
+    """Output rows of each checkpoint projection fused into the layer at ``path`` (one entry if not fused)."""
+    module = model.get_submodule(path)
+    if path.endswith("qkv_proj"):
+        attn = model.get_submodule(path.rpartition(".")[0])
+        return [attn.q_size, attn.kv_size, attn.kv_size]
+    if path.endswith("gate_up_proj"):
+        return [module.weight.shape[0] // 2] * 2
+    return [module.weight.shape[0]]
+
+
+def _target(model: nn.Module, name: str) -> _Target | None:
+    """Where checkpoint tensor ``name`` goes; None for tensors we do not use."""
     if name.startswith("model."):
         name = name[len("model.") :]
     if "rotary_emb" in name:
         return None
     parts = name.split(".")
+    path, attr, rows = ".".join(parts[:-1]), parts[-1], None
     if len(parts) >= 4 and parts[-2] in _FUSED:
         fused, shard = _FUSED[parts[-2]]
-        module = model.get_submodule(".".join(parts[:-2] + [fused]))
-        param = getattr(module, parts[-1])
-        if fused == "qkv_proj":
-            attn = model.get_submodule(".".join(parts[:-2]))
-            sizes = [attn.q_size, attn.kv_size, attn.kv_size]
-        else:
-            sizes = [param.shape[0] // 2] * 2
+        path = ".".join(parts[:-2] + [fused])
+        sizes = _shard_sizes(model, path)
         start = sum(sizes[:shard])
-        return param, slice(start, start + sizes[shard])
+        rows = slice(start, start + sizes[shard])
     try:
-        return model.get_parameter(name), None
+        module = model.get_submodule(path)
     except AttributeError:
         return None
+    if not isinstance(getattr(module, attr, None), nn.Parameter):
+        return None
+    return _Target(path, module, attr, rows)
+
+
+def use_fp8_layers(model: nn.Module, model_dir: Path) -> int:
+    """For an FP8 checkpoint, turn every linear it quantizes into an `Fp8Linear` (best on the meta device, before
+    memory is allocated); returns how many. `load_weights` then fills them with the FP8 bytes and scales as stored
+    instead of dequantizing them. The op set's ``fp8_linear`` must run on the model's device."""
+    model_dir = Path(model_dir)
+    fmt = Fp8Format.from_model_dir(model_dir)
+    if fmt is None:
+        return 0
+    layers = {}
+    for names in _Checkpoint(checkpoint_files(model_dir)).names.values():
+        for name in names:
+            if name.endswith(SCALE_SUFFIX) and (target := _target(model, name.removesuffix(SCALE_SUFFIX) + ".weight")):
+                layers[target.path] = _shard_sizes(model, target.path)
+    swapped = swap_in_fp8_linears(model, layers, fmt, model.ops.fp8_linear)
+    log.info("FP8 checkpoint: %d linear layers keep e4m3 weights with %s block scales", swapped, list(fmt.block))
+    return swapped
+
+
+def _read(ckpt: _Checkpoint, name: str, target: _Target, fmt: Fp8Format | None) -> torch.Tensor:
+    """Checkpoint tensor ``name`` as ``target`` stores it: FP8 bytes for an `Fp8Linear` (whose scales are loaded
+    here too), else dequantized when the checkpoint quantized it."""
+    tensor = ckpt.get(name)
+    if tensor.dtype != torch.float8_e4m3fn:
+        if isinstance(target.module, Fp8Linear) and target.attr == "weight":
+            raise ValueError(f"{name} has a {SCALE_SUFFIX.lstrip('.')} but is {tensor.dtype}, not float8_e4m3fn")
+        return tensor
+    scale_name = name.removesuffix(".weight") + SCALE_SUFFIX
+    if fmt is None or scale_name not in ckpt:
+        raise ValueError(f"{name} is float8_e4m3fn but the checkpoint has no {scale_name} and no FP8 "
+                         "quantization_config in config.json to read it with")
+    scale_inv = ckpt.get(scale_name)
+    if isinstance(target.module, Fp8Linear):
+        target.module.load_scales(scale_name, scale_inv, target.rows)
+        return tensor
+    return fmt.dequantize(scale_name, tensor, scale_inv, target.destination().dtype)
 
 
 @torch.no_grad()
 def load_weights(model: nn.Module, model_dir: Path, progress: bool = True) -> None:
-    """Copy every checkpoint tensor into the model; raise if a model parameter was left unfilled."""
+    """Copy every checkpoint tensor into the model; raise if a model parameter was left unfilled. Quantized FP8
+    weights are dequantized into the parameter's dtype, unless `use_fp8_layers` made their layer an `Fp8Linear`."""
+    model_dir = Path(model_dir)
+    fmt = Fp8Format.from_model_dir(model_dir)
+    files = checkpoint_files(model_dir)
+    ckpt = _Checkpoint(files)
     expected = {name for name, _ in model.named_parameters()}
     if model.cfg.tie_word_embeddings:
         expected.discard("lm_head.weight")  # shares embed_tokens.weight; named_parameters lists it once anyway
     filled: set[int] = set()
-    files = checkpoint_files(Path(model_dir))
     for path in tqdm(files, desc="Loading weights", unit="file", disable=not progress or len(files) < 2):
-        with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():
-                if name == "lm_head.weight" and model.cfg.tie_word_embeddings:
-                    continue
-                target = _target(model, name)
-                if target is None:
-                    continue
-                param, rows = target
-                tensor = f.get_tensor(name)
-                dst = param if rows is None else param[rows]
-                if dst.shape != tensor.shape:
-                    raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(dst.shape)}")
-                dst.copy_(tensor)
-                filled.add(id(param))
+        for name in ckpt.names[path]:
+            if name == "lm_head.weight" and model.cfg.tie_word_embeddings:
+                continue
+            if name.endswith(SCALE_SUFFIX):  # read with its weight
+                continue
+            target = _target(model, name)
+            if target is None:
+                continue
+            tensor = _read(ckpt, name, target, fmt)
+            dst = target.destination()
+            if dst.shape != tensor.shape:
+                raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(dst.shape)}")
+            dst.copy_(tensor)
+            filled.add(id(getattr(target.module, target.attr)))
+            if isinstance(target.module, Fp8Linear) and target.attr == "weight":
+                filled.add(id(target.module.weight_scale_inv))
     missing = [n for n, p in model.named_parameters() if id(p) not in filled and n in expected]
     if missing:
         raise ValueError(f"checkpoint in {model_dir} lacks {len(missing)} tensors, e.g. {missing[:3]}")

@@ -4,7 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import torch
+
 from kernels import reference
+from kernels.triton_utils import interpreting
 
 
 @dataclass(frozen=True)
@@ -14,6 +17,7 @@ class Ops:
     rms_norm: Callable
     rotary_embedding: Callable
     silu_and_mul: Callable
+    fp8_linear: Callable  # x @ W.T + b for a block-scaled e4m3 weight
 
 
 TORCH_OPS = Ops(
@@ -22,6 +26,7 @@ TORCH_OPS = Ops(
     rms_norm=reference.rms_norm,
     rotary_embedding=reference.rotary_embedding,
     silu_and_mul=reference.silu_and_mul,
+    fp8_linear=reference.fp8_block_linear,
 )
 
 
@@ -33,3 +38,14 @@ def get_ops(backend: str) -> Ops:
 
         return triton_ops.TRITON_OPS
     raise ValueError(f"unknown attention backend {backend!r}; choose 'torch' or 'triton'")
+
+
+def fp8_gemm_supported(backend: str, device: torch.device) -> bool:
+    """Whether ``backend`` runs FP8 weights natively on ``device``: the Triton GEMM needs fp8 tensor cores (CUDA
+    compute capability 8.9+: Ada, Hopper, Blackwell) or, on a CPU, the Triton interpreter (tests). Elsewhere FP8
+    checkpoints are dequantized on load."""
+    if backend != "triton":
+        return False
+    if device.type == "cuda":
+        return torch.cuda.get_device_capability(device) >= (8, 9)
+    return interpreting()

@@ -1,7 +1,8 @@
 """Pure-torch reference ops. Each Triton kernel in `kernels.triton_ops` has the same signature.
 
 Shapes (T = tokens in the flattened batch, B = sequences):
-- K/V pages: ``[num_blocks, block_size, num_kv_heads, head_dim]``; a slot is ``page * block_size + offset``.
+- K/V pages: ``[num_blocks, block_size, num_kv_heads, head_dim]``; a slot is ``page * block_size + offset``. Pages are
+  in the model's dtype or in float8_e4m3fn (``--kv-cache-dtype fp8``: stored saturated, read back with scale 1.0).
 - ``query_start_loc`` ``[B + 1]`` int32: sequence b owns query rows ``query_start_loc[b]:query_start_loc[b+1]``.
 - ``context_lens`` ``[B]`` int32: tokens of sequence b in pages after this step's store (cached prefix + new tokens).
   The new tokens are the last ``q_len`` positions of that context, so query i of b sits at position
@@ -12,6 +13,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+E4M3_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max: FP8 values (weights, activations, KV pages) saturate here
+_MIN_AMAX = 1e-12  # an all-zero FP8 block gets a tiny scale instead of 0 (no 0/0); its values stay 0
 
 
 def store_kv(
@@ -25,8 +29,13 @@ def store_kv(
     valid = slot_mapping >= 0
     if not bool(valid.all()):
         key, value, slot_mapping = key[valid], value[valid], slot_mapping[valid]
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
+    for new, cache in ((key, k_cache), (value, v_cache)):
+        if cache.dtype == torch.float8_e4m3fn:
+            # FP8 pages (scale 1.0): saturate rather than rely on the cast's overflow rule, and copy the bytes
+            # (index_copy_ has no fp8 kernel on CPU).
+            new = new.float().clamp(-E4M3_MAX, E4M3_MAX).to(cache.dtype).view(torch.uint8)
+            cache = cache.view(torch.uint8)
+        cache.view(-1, *cache.shape[2:]).index_copy_(0, slot_mapping, new.to(cache.dtype))
 
 
 def _gather_context(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
@@ -168,3 +177,54 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """``silu(x[..., :I]) * x[..., I:]`` for ``x`` ``[..., 2I]``."""
     half = x.shape[-1] // 2
     return F.silu(x[..., :half]) * x[..., half:]
+
+
+# ------------------------------------------------------------------------------------------- FP8 (e4m3) block scaling
+# The DeepSeek-V3 format: a weight ``[N, K]`` is stored as e4m3 with one float32 ``scale_inv`` per block of
+# ``block_n x block_k`` values (``[ceil(N / block_n), ceil(K / block_k)]``, edge blocks may be partial), and its value
+# is ``fp8 * scale_inv``. Activations are quantized the same way on the fly, per token and group of ``block_k``.
+
+
+def quantize_fp8_blocks(x: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` ``[R, C]`` -> (e4m3 values ``[R, C]``, float32 ``scale_inv`` ``[ceil(R/br), ceil(C/bc)]``).
+
+    Each block's scale maps its largest magnitude onto 448 (``scale_inv = amax / 448``); values are multiplied by
+    its reciprocal (one IEEE multiply per value, which the Triton GEMM repeats bit for bit), clamped to the e4m3
+    range and rounded to nearest even.
+    """
+    rows, cols = x.shape
+    block_rows, block_cols = block
+    grid_rows, grid_cols = -(-rows // block_rows), -(-cols // block_cols)
+    padded = F.pad(x.float(), (0, grid_cols * block_cols - cols, 0, grid_rows * block_rows - rows))
+    tiles = padded.view(grid_rows, block_rows, grid_cols, block_cols)
+    scale_inv = tiles.abs().amax(dim=(1, 3)).clamp(min=_MIN_AMAX) / E4M3_MAX
+    scaled = (tiles * (1.0 / scale_inv)[:, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX)
+    values = scaled.to(torch.float8_e4m3fn).view(grid_rows * block_rows, grid_cols * block_cols)
+    return values[:rows, :cols].contiguous(), scale_inv
+
+
+def dequantize_fp8_blocks(values: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """float32 ``values * scale_inv`` with each scale spread over its ``block`` (partial edge blocks cropped)."""
+    rows, cols = values.shape
+    scale = scale_inv.float().repeat_interleave(block[0], dim=0)[:rows].repeat_interleave(block[1], dim=1)[:, :cols]
+    return values.float() * scale
+
+
+def fp8_block_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale_inv: torch.Tensor,
+    block_size: tuple[int, int],
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``x @ W.T + bias`` in ``x``'s dtype for an e4m3 weight ``[N, K]`` with block scales over ``block_size``
+    (rows, columns). ``x`` ``[..., K]`` is quantized per token and group of ``block_size[1]`` columns first, as the
+    Triton kernel does, and the product of the dequantized operands is accumulated in fp32."""
+    num_out, width = weight.shape
+    rows = x.reshape(-1, width)
+    x_values, x_scale_inv = quantize_fp8_blocks(rows, (1, block_size[1]))
+    x_deq = dequantize_fp8_blocks(x_values, x_scale_inv, (1, block_size[1]))
+    out = x_deq @ dequantize_fp8_blocks(weight, weight_scale_inv, block_size).T
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(x.dtype).view(*x.shape[:-1], num_out)

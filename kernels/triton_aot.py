@@ -25,7 +25,7 @@ from triton.runtime.jit import JITFunction
 
 _TRITON_DTYPES = {
     torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
-    torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8",
+    torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8", torch.float8_e4m3fn: "fp8e4nv",
 }
 # Opt-in shared memory per block on sm_80+ (A100: 163 KiB, H100/H200: 227 KiB); the smaller bound is the check.
 SHARED_MEMORY_LIMIT = 163 * 1024
@@ -121,7 +121,25 @@ def compile_all(arch: int) -> list[CompiledKernel]:
         ops.rotary_embedding(torch.zeros(4, dtype=torch.int64), q, k, torch.empty(4096, 128))
         ops.store_kv(k, k, torch.empty(8, 16, 8, 128, dtype=torch.bfloat16), torch.empty(8, 16, 8, 128,
                      dtype=torch.bfloat16), torch.zeros(4, dtype=torch.int64))
+        _compile_fp8(ops)
     return compiled
+
+
+def _compile_fp8(ops) -> None:  # noqa: ANN001 - the Triton op set
+    """FP8 KV pages (store and attention) and the block-scaled FP8 GEMM at Qwen3-8B-FP8 shapes (128 x 128 blocks)."""
+    fp8 = torch.float8_e4m3fn
+    pages = torch.empty(8, 16, 8, 128, dtype=fp8)
+    k = torch.empty(4, 8, 128, dtype=torch.bfloat16)
+    ops.store_kv(k, k, pages, torch.empty_like(pages), torch.zeros(4, dtype=torch.int64))
+    query, _, _, *rest = _attention_inputs([100, 1], [300, 2000], torch.bfloat16)
+    ops.paged_attention(query, pages, torch.empty_like(pages), *rest)
+    query, _, _, *rest = _attention_inputs([1, 1], [300, 2000], torch.bfloat16)
+    ops.paged_attention(query, pages, torch.empty_like(pages), *rest, split_k=True)
+    weight = torch.empty(6144, 4096, dtype=fp8)  # a fused qkv projection
+    for rows in (1, 24, 512):  # decode, a small batch, a prefill chunk
+        ops.fp8_block_linear(torch.empty(rows, 4096, dtype=torch.bfloat16), weight, torch.empty(48, 32), (128, 128))
+    ops.fp8_block_linear(torch.empty(512, 4096, dtype=torch.bfloat16), weight, torch.empty(6144, 32), (1, 128),
+                   torch.empty(6144, dtype=torch.bfloat16))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from kernels.ops import Ops
 from kernels.triton_activation import silu_and_mul
 from kernels.triton_attention import paged_attention
+from kernels.triton_fp8 import fp8_block_linear
 from kernels.triton_rms_norm import rms_norm
 from kernels.triton_rotary import rotary_embedding
 from kernels.triton_store_kv import store_kv
@@ -14,4 +15,5 @@ TRITON_OPS = Ops(
     rms_norm=rms_norm,
     rotary_embedding=rotary_embedding,
     silu_and_mul=silu_and_mul,
+    fp8_linear=fp8_block_linear,
 )

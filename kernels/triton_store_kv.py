@@ -5,6 +5,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.triton_fp8_cast import software_fp8_rounding, to_e4m3
+
 
 @triton.jit
 def _store_kv_kernel(
@@ -12,7 +14,7 @@ def _store_kv_kernel(
     stride_kt, stride_kh, stride_vt, stride_vh,
     stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, FP8_PAGES: tl.constexpr, SOFTWARE_ROUNDING: tl.constexpr,
 ):
     token = tl.program_id(0)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
@@ -27,6 +29,9 @@ def _store_kv_kernel(
     src = token.to(tl.int64)
     k = tl.load(key_ptr + src * stride_kt + heads[:, None] * stride_kh + dims[None, :], mask=mask)
     v = tl.load(value_ptr + src * stride_vt + heads[:, None] * stride_vh + dims[None, :], mask=mask)
+    if FP8_PAGES:
+        k = to_e4m3(k.to(tl.float32), SOFTWARE_ROUNDING)
+        v = to_e4m3(v.to(tl.float32), SOFTWARE_ROUNDING)
     tl.store(k_cache_ptr + page * stride_kcb + slot_in_page * stride_kcs + heads[:, None] * stride_kch + dims[None, :],
              k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(v_cache_ptr + page * stride_vcb + slot_in_page * stride_vcs + heads[:, None] * stride_vch + dims[None, :],
@@ -40,7 +45,9 @@ def store_kv(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Write ``key``/``value`` ``[T, Hkv, D]`` into the pages at ``slot_mapping`` ``[T]``; slots < 0 are padding."""
+    """Write ``key``/``value`` ``[T, Hkv, D]`` into the pages at ``slot_mapping`` ``[T]``; slots < 0 are padding.
+    FP8 pages get saturated, nearest-even e4m3 values (scale 1.0), as in the reference."""
+    assert k_cache.dtype == v_cache.dtype
     num_tokens, num_kv_heads, head_dim = key.shape
     page_size = k_cache.shape[1]
     assert value.shape == key.shape and slot_mapping.shape == (num_tokens,)
@@ -54,4 +61,5 @@ def store_kv(
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_H=triton.next_power_of_2(num_kv_heads),
         BLOCK_D=triton.next_power_of_2(head_dim), PAGE_SIZE=page_size,
+        FP8_PAGES=k_cache.dtype == torch.float8_e4m3fn, SOFTWARE_ROUNDING=software_fp8_rounding(),
     )
