@@ -14,6 +14,8 @@ class Ops:
     rms_norm: Callable
     rotary_embedding: Callable
     silu_and_mul: Callable
+    fused_moe: Callable
+    mla_decode: Callable
 
 
 TORCH_OPS = Ops(
@@ -22,6 +24,8 @@ TORCH_OPS = Ops(
     rms_norm=reference.rms_norm,
     rotary_embedding=reference.rotary_embedding,
     silu_and_mul=reference.silu_and_mul,
+    fused_moe=reference.fused_moe,
+    mla_decode=reference.mla_decode,
 )
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 from kernels.ops import Ops
 from kernels.triton_activation import silu_and_mul
 from kernels.triton_attention import paged_attention
+from kernels.triton_mla import mla_decode
+from kernels.triton_moe import fused_moe
 from kernels.triton_rms_norm import rms_norm
 from kernels.triton_rotary import rotary_embedding
 from kernels.triton_store_kv import store_kv
@@ -14,4 +16,6 @@ TRITON_OPS = Ops(
     rms_norm=rms_norm,
     rotary_embedding=rotary_embedding,
     silu_and_mul=silu_and_mul,
+    fused_moe=fused_moe,
+    mla_decode=mla_decode,
 )
