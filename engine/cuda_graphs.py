@@ -22,12 +22,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from engine.kv_cache_spec import KVCaches
 from engine.models.llama import AttentionMetadata, LlamaForCausalLM
 
 if TYPE_CHECKING:  # the runner imports this module
     from engine.model_runner import FlatBatch
-
-KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:

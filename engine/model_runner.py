@@ -12,7 +12,8 @@ import torch
 
 from engine.config import EngineConfig, ModelConfig
 from engine.cuda_graphs import DecodeGraphRunner, KVCaches
-from engine.models.llama import AttentionMetadata, LlamaForCausalLM
+from engine.models.architectures import build_model
+from engine.models.llama import AttentionMetadata
 from engine.request import Request
 from engine.sampler import sample
 from engine.sampling_params import SamplingParams
@@ -106,10 +107,6 @@ class _ProfileRow:
     generator: torch.Generator | None = None
 
 
-def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize
-
-
 class ModelRunner:
     def __init__(self, model_dir: Path, model_cfg: ModelConfig, cfg: EngineConfig, max_model_len: int) -> None:
         self.cfg = cfg
@@ -118,13 +115,10 @@ class ModelRunner:
         self.device = torch.device(cfg.device)
         self.dtype = cfg.torch_dtype
         torch.manual_seed(cfg.seed)
-        with torch.device("meta"):
-            model = LlamaForCausalLM(model_cfg, get_ops(cfg.attention_backend))
-        model = model.to_empty(device=self.device).to(self.dtype)
-        model.tie_weights()
-        model.init_rope(max_model_len, self.device)
+        model = build_model(model_cfg, get_ops(cfg.attention_backend), self.device, self.dtype, max_model_len)
         load_weights(model, model_dir)
         self.model = model.eval()
+        self.kv_spec = model.kv_cache_spec()
         # Graphs need kernels without host syncs: the Triton ops (the torch reference reads lengths on the host).
         use_graphs = self.device.type == "cuda" and cfg.attention_backend == "triton" and not cfg.enforce_eager
         self.num_blocks = cfg.num_kv_blocks or self._blocks_from_memory_budget(use_graphs)
@@ -134,11 +128,7 @@ class ModelRunner:
             self.decode_graphs = self._capture_decode_graphs()
 
     def _new_caches(self, num_blocks: int) -> KVCaches:
-        shape = (num_blocks, self.cfg.block_size, self.model_cfg.num_kv_heads, self.model_cfg.head_dim)
-        def page_tensor() -> torch.Tensor:
-            return torch.zeros(shape, dtype=self.dtype, device=self.device)
-
-        return [(page_tensor(), page_tensor()) for _ in range(self.model_cfg.num_layers)]
+        return self.kv_spec.allocate(num_blocks, self.cfg.block_size, self.dtype, self.device)
 
     def make_decode_graphs(self, kv_caches: KVCaches, use_graphs: bool) -> DecodeGraphRunner:
         """The padded decode path over ``kv_caches``; ``use_graphs=False`` runs it eagerly (CPU tests, profiling)."""
@@ -167,7 +157,7 @@ class ModelRunner:
         pool holds exactly that forward's intermediates, which smaller graphs reuse, plus the small outputs). What
         the graph executables themselves take is left to the utilization headroom; the capture logs its real cost.
         """
-        per_block = kv_bytes_per_block(self.model_cfg, self.cfg.block_size, self.dtype)
+        per_block = self.kv_spec.bytes_per_block(self.cfg.block_size, self.dtype)
         if self.device.type != "cuda":
             return max(1, int(self.cfg.kv_cache_memory_gb * 2**30) // per_block)
         torch.cuda.empty_cache()
@@ -221,9 +211,9 @@ class ModelRunner:
             return
         src = torch.tensor([s for s, _ in pairs], device=self.device)
         dst = torch.tensor([d for _, d in pairs], device=self.device)
-        for k_cache, v_cache in self.kv_caches:
-            k_cache[dst] = k_cache[src]
-            v_cache[dst] = v_cache[src]
+        for layer in self.kv_caches:
+            for pages in layer:
+                pages[dst] = pages[src]
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch, block_tables: list[list[int]]) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""Load HF-format safetensors checkpoints into `LlamaForCausalLM`, fusing q/k/v and gate/up as they stream in."""
+"""Load HF-format safetensors checkpoints into the models, fusing q/k/v and gate/up and stacking per-expert MoE
+weights as they stream in."""
 from __future__ import annotations
 
 import json
@@ -29,27 +30,48 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def _target(model: nn.Module, name: str) -> tuple[torch.Tensor, slice | None] | None:
-    """The parameter (and the rows of it) that checkpoint tensor ``name`` fills; None for tensors we do not use."""
+def _expert_target(model: nn.Module, parts: list[str]) -> tuple[torch.Tensor, tuple] | None:
+    """``...mlp.experts.<e>.{gate,up,down}_proj.weight`` -> its slice of the stacked expert parameters."""
+    if len(parts) < 5 or parts[-4] != "experts" or not parts[-3].isdigit() or parts[-1] != "weight":
+        return None
+    experts, expert = model.get_submodule(".".join(parts[:-3])), int(parts[-3])
+    if parts[-2] == "down_proj":
+        return experts.down_proj, (expert,)
+    inter = experts.gate_up_proj.shape[1] // 2
+    half = {"gate_proj": slice(0, inter), "up_proj": slice(inter, 2 * inter)}[parts[-2]]
+    return experts.gate_up_proj, (expert, half)
+
+
+def _fused_target(model: nn.Module, parts: list[str]) -> tuple[torch.Tensor, slice] | None:
+    """``...{q,k,v}_proj.*`` / ``...{gate,up}_proj.*`` -> its rows of the fused ``qkv_proj`` / ``gate_up_proj``."""
+    if len(parts) < 4 or parts[-2] not in _FUSED:
+        return None
+    fused, shard = _FUSED[parts[-2]]
+    module = model.get_submodule(".".join(parts[:-2] + [fused]))
+    param = getattr(module, parts[-1])
+    if fused == "qkv_proj":
+        attn = model.get_submodule(".".join(parts[:-2]))
+        sizes = [attn.q_size, attn.kv_size, attn.kv_size]
+    else:
+        sizes = [param.shape[0] // 2] * 2
+    start = sum(sizes[:shard])
+    return param, slice(start, start + sizes[shard])
+
+
+def _target(model: nn.Module, name: str) -> tuple[torch.Tensor, slice | tuple | None] | None:
+    """The parameter (and the part of it) that checkpoint tensor ``name`` fills; None for tensors we do not use."""
     if name.startswith("model."):
         name = name[len("model.") :]
     if "rotary_emb" in name:
         return None
-    parts = name.split(".")
-    if len(parts) >= 4 and parts[-2] in _FUSED:
-        fused, shard = _FUSED[parts[-2]]
-        module = model.get_submodule(".".join(parts[:-2] + [fused]))
-        param = getattr(module, parts[-1])
-        if fused == "qkv_proj":
-            attn = model.get_submodule(".".join(parts[:-2]))
-            sizes = [attn.q_size, attn.kv_size, attn.kv_size]
-        else:
-            sizes = [param.shape[0] // 2] * 2
-        start = sum(sizes[:shard])
-        return param, slice(start, start + sizes[shard])
     try:
         return model.get_parameter(name), None
     except AttributeError:
+        pass
+    parts = name.split(".")
+    try:
+        return _expert_target(model, parts) or _fused_target(model, parts)
+    except (AttributeError, KeyError):  # a module this model does not have, e.g. DeepSeek-V3's extra MTP layer
         return None
 
 

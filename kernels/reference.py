@@ -31,7 +31,7 @@ def store_kv(
     v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
 
 
-def _gather_context(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+def gather_context(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
     """The first ``length`` tokens of one sequence's pages as ``[length, Hkv, D]``."""
     block_size = cache.shape[1]
     num_blocks = (length + block_size - 1) // block_size
@@ -73,8 +73,8 @@ def paged_attention(
         q_start, q_len = starts[b], q_lens[b]
         if q_len == 0 or b in decodes_done:
             continue
-        k = _gather_context(k_cache, block_tables[b], ctx_len).transpose(0, 1).to(query.dtype)
-        v = _gather_context(v_cache, block_tables[b], ctx_len).transpose(0, 1).to(query.dtype)
+        k = gather_context(k_cache, block_tables[b], ctx_len).transpose(0, 1).to(query.dtype)
+        v = gather_context(v_cache, block_tables[b], ctx_len).transpose(0, 1).to(query.dtype)
         q = query[q_start : q_start + q_len].transpose(0, 1)  # [Hq, q_len, D]
         mask = None  # q_len == 1: a single query at the last position sees the whole context
         if 1 < q_len < ctx_len:  # a chunk after a cached prefix: causal, offset by the prefix
