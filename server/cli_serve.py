@@ -81,10 +81,11 @@ def run_serve(args: argparse.Namespace) -> int:
     except (ValueError, RuntimeError, OSError) as exc:
         _say(f"cannot serve: {exc}")
         return 1
-    kv = ctx.engine.engine.kv
+    kv, runner = ctx.engine.engine.kv, ctx.engine.engine.runner
     _say(f"loaded {ctx.model_name} in {time.perf_counter() - started:.1f}s: context {ctx.max_model_len} tokens, "
-         f"{kv.num_pages} KV pages of {kv.block_size} tokens, prefix cache "
-         f"{'on' if config.enable_prefix_caching else 'off'}")
+         f"{kv.num_pages} KV pages of {kv.block_size} tokens = {kv.num_pages * kv.block_size:,} tokens fit "
+         f"({runner.kv_spec.kind} cache, {runner.kv_spec.bytes_per_token(runner.dtype):,} KV bytes per token), "
+         f"prefix cache {'on' if config.enable_prefix_caching else 'off'}")
     try:
         sock = socket.create_server((args.host, args.port))  # bound here, so the banner shows the real port
     except OSError as exc:
