@@ -4,9 +4,10 @@ Steps, in order (the last one is cut short, not the run, when the time budget ru
 1. the kernel tests, natively on the GPU (``tests/test_kernels.py`` without the interpreter);
 2. engine correctness: greedy tokens of ``LLM(..., attention_backend="triton")`` equal HF transformers' on a mixed
    batch whose second round hits the prefix cache (the small registered model, fp32);
-3. decode-step timing at batch 1 and 256 with Qwen3-0.6B-shaped random weights (bf16), as tokens/s and as the
+3. MoE decode throughput of a Qwen3-30B-A3B-shaped model with random bf16 weights (``benchmarks.moe_check``);
+4. decode-step timing at batch 1 and 256 with Qwen3-0.6B-shaped random weights (bf16), as tokens/s and as the
    fraction of the HBM-bandwidth bound (weight bytes + KV bytes read per step / step time / peak bandwidth);
-4. offline throughput on the nano-vllm workload (256 sequences, input and output lengths uniform in [100, 1024],
+5. offline throughput on the nano-vllm workload (256 sequences, input and output lengths uniform in [100, 1024],
    random token ids, ``ignore_eos``).
 
 Usage: ``bash benchmarks/gpu_check.sh [--out results.json] [--peak-bandwidth-tbs 4.8] ...`` (``--help`` for all).
@@ -31,6 +32,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
+
+from benchmarks.moe_check import run_qwen3_moe_step
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -284,6 +287,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="the throughput step stops (reporting partial numbers) when this much time has passed")
     parser.add_argument("--skip-kernel-tests", action="store_true")
     parser.add_argument("--skip-correctness", action="store_true")
+    parser.add_argument("--skip-moe", action="store_true", help="skip the Qwen3-30B-A3B-shaped MoE decode step")
     parser.add_argument("--model-dir", type=Path, help="reuse this random model dir instead of building one")
     parser.add_argument("--out", type=Path, help="write all results here as JSON")
     return parser.parse_args(argv)
@@ -335,6 +339,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.skip_correctness:
         attempt("engine_vs_hf", lambda: check_engine_against_hf(args.correctness_model, "cuda"), lambda r: r["match"])
         gc.collect()  # the small engine's pages go back before the big one sizes its KV cache from free memory
+        torch.cuda.empty_cache()
+    if not args.skip_moe:
+        attempt("qwen3_30b_a3b_decode", lambda: run_qwen3_moe_step(peak_bandwidth_tbs=args.peak_bandwidth_tbs))
+        gc.collect()
         torch.cuda.empty_cache()
 
     with tempfile.TemporaryDirectory(prefix="kvserve-qwen3-0.6b-") as tmp:

@@ -27,6 +27,7 @@ class EngineConfig:
     attention_backend: str | None = None  # "torch" | "triton"; default: triton on CUDA, torch elsewhere
     enforce_eager: bool = False  # on CUDA with Triton, True skips CUDA-graph capture: decode batches run eagerly
     seed: int = 0
+    load_format: str = "auto"  # "dummy": random weights of the config's shapes, no checkpoint read (benchmarks)
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -41,6 +42,8 @@ class EngineConfig:
             self.attention_backend = "triton" if self.device.startswith("cuda") else "torch"
         if self.attention_backend not in ("torch", "triton"):
             raise ValueError(f"attention_backend must be 'torch' or 'triton', got {self.attention_backend!r}")
+        if self.load_format not in ("auto", "dummy"):
+            raise ValueError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}")
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -12,7 +12,7 @@ import torch
 
 from engine.config import EngineConfig, ModelConfig
 from engine.cuda_graphs import DecodeGraphRunner, KVCaches
-from engine.models.architectures import build_model
+from engine.models.architectures import build_model, random_weights_
 from engine.models.llama import AttentionMetadata
 from engine.request import Request
 from engine.sampler import sample
@@ -116,7 +116,10 @@ class ModelRunner:
         self.dtype = cfg.torch_dtype
         torch.manual_seed(cfg.seed)
         model = build_model(model_cfg, get_ops(cfg.attention_backend), self.device, self.dtype, max_model_len)
-        load_weights(model, model_dir)
+        if cfg.load_format == "dummy":
+            random_weights_(model, cfg.seed)
+        else:
+            load_weights(model, model_dir)
         self.model = model.eval()
         self.kv_spec = model.kv_cache_spec()
         # Graphs need kernels without host syncs: the Triton ops (the torch reference reads lengths on the host).

@@ -420,6 +420,23 @@ def test_gpu_check_timing_steps_drive_the_engine() -> None:
     assert not llm.engine.has_unfinished_requests()
 
 
+def test_gpu_check_moe_step_drives_a_dummy_weight_engine() -> None:
+    """The MoE step end to end on a shrunken Qwen3-30B-A3B config (CPU, torch backend): random weights from
+    ``load_format="dummy"``, pure decode steps timed at each batch size, the engine left empty."""
+    from benchmarks.moe_check import QWEN3_30B_A3B, active_weight_bytes, run_qwen3_moe_step
+
+    small = {**QWEN3_30B_A3B, "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32,
+             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+             "num_experts": 8, "num_experts_per_tok": 2}
+    result = run_qwen3_moe_step(batches=(1, 3), prompt_len=9, steps=2, device="cpu", config=small,
+                                attention_backend="torch", block_size=4, num_kv_blocks=64)
+    assert result["kv_bytes_per_token"] == 2 * 2 * 2 * 16 * 2  # bf16 K and V, 2 layers x 2 KV heads x 16
+    assert result["batch_3"]["tokens_per_s"] > 0 and result["batch_1"]["step_ms"] > 0
+    # one token touches its top-8 experts of 128; 256 tokens touch nearly all of them
+    full = active_weight_bytes(QWEN3_30B_A3B, 256)
+    assert active_weight_bytes(QWEN3_30B_A3B, 1) == pytest.approx(2 * 3.35e9, rel=0.02) and full > 25e9 * 2
+
+
 def test_gpu_check_main_orchestration(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     """main() with the GPU steps stubbed: every step lands in the JSON report, and a failing step is recorded
     without stopping the ones after it."""
@@ -436,6 +453,7 @@ def test_gpu_check_main_orchestration(monkeypatch: pytest.MonkeyPatch, tmp_path)
     monkeypatch.setattr(gpu_check.torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(gpu_check, "run_kernel_tests", lambda timeout_s: {"passed": True})
     monkeypatch.setattr(gpu_check, "check_engine_against_hf", lambda model, device: {"match": True})
+    monkeypatch.setattr(gpu_check, "run_qwen3_moe_step", lambda peak_bandwidth_tbs: {"batch_1": {"step_ms": 9.0}})
     monkeypatch.setattr(gpu_check, "build_random_model", lambda out, tok, device: model_dir)
     monkeypatch.setattr(gpu_check, "_bench_engine", lambda path, args: object())
     monkeypatch.setattr(gpu_check, "time_decode_step", lambda llm, batch, *rest, seed: timing)
@@ -446,6 +464,7 @@ def test_gpu_check_main_orchestration(monkeypatch: pytest.MonkeyPatch, tmp_path)
     report = json.loads(out.read_text())
     assert report["model"]["weight_bytes"] == 1000 and report["throughput"] == {"sequences": 4}
     assert report["decode_batch_2"]["step_ms"] == 1.0 and report["failed_steps"] == []
+    assert report["qwen3_30b_a3b_decode"] == {"batch_1": {"step_ms": 9.0}}
 
     def broken(*args, **kwargs):
         raise RuntimeError("decode blew up")

@@ -37,9 +37,9 @@ def build_model(
     return model
 
 
-def random_init_(model: nn.Module, seed: int = 0, std: float = 0.02) -> None:
-    """Random weights of the model's real shapes (norm weights 1): for benchmarks of a model without its
-    checkpoint. Generated on the model's device, so a 30B model takes seconds on a GPU."""
+def random_weights_(model: nn.Module, seed: int = 0, std: float = 0.02) -> None:
+    """Random weights of the model's real shapes (norm weights 1), for ``load_format="dummy"``: benchmarks of a
+    model without its checkpoint. Generated on the model's device, so a 30B model takes seconds on a GPU."""
     gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
