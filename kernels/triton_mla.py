@@ -20,7 +20,15 @@ from kernels.triton_attention import choose_partition_size, reduce_partitions, u
 from kernels.triton_utils import upcast_bf16_dot
 
 BLOCK_H = 16  # heads per program: the smallest tile tl.dot takes
+MAX_PARTITIONS = 32  # split-K partials are [B, H, partitions, 512] fp32: bounded even at 160K-token contexts
 _LOG2E = 1.0 / math.log(2.0)
+
+
+def mla_partition_size(num_seqs: int, head_tiles: int, max_context_len: int, device: torch.device) -> int:
+    """``paged_attention``'s choice, made coarser where it would cut ``max_context_len`` into more than
+    ``MAX_PARTITIONS`` partitions (a CUDA graph sizes them for the whole model length)."""
+    size = choose_partition_size(num_seqs, head_tiles, max_context_len, device)
+    return max(size, triton.next_power_of_2(triton.cdiv(max_context_len, MAX_PARTITIONS)))
 
 
 @triton.jit
@@ -140,7 +148,7 @@ def mla_decode(
         )
         return out
     if partition_size is None:
-        partition_size = choose_partition_size(num_seqs, head_tiles, max_context_len, query.device)
+        partition_size = mla_partition_size(num_seqs, head_tiles, max_context_len, query.device)
     assert partition_size % block_n == 0, f"partition_size must be a multiple of {block_n}"
     num_partitions = max(1, triton.cdiv(max_context_len, partition_size))
     part_acc = torch.empty(num_seqs, num_heads, num_partitions, kv_lora_rank, dtype=torch.float32,

@@ -448,6 +448,7 @@ def test_gpu_check_main_orchestration(monkeypatch: pytest.MonkeyPatch, tmp_path)
     model_dir.mkdir()
     (model_dir / "model.safetensors").write_bytes(b"\0" * 1000)
     timing = gpu_check.DecodeTiming(1, 8, 1.0, 1000.0, 1e6, 0.2, 0.1)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # main() unsets it; monkeypatch restores it afterwards
     monkeypatch.setattr(gpu_check.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(gpu_check.torch.cuda, "get_device_name", lambda: "stub")
     monkeypatch.setattr(gpu_check.torch.cuda, "empty_cache", lambda: None)

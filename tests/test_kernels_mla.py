@@ -66,6 +66,20 @@ def test_mla_decode_matches_reference_half(dtype: torch.dtype) -> None:
                  ATTENTION_TOL[dtype])
 
 
+def test_mla_split_k_partitions_stay_bounded_at_long_contexts(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernels.triton_mla import MAX_PARTITIONS, mla_partition_size
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr("kernels.triton_attention.num_compute_units", lambda device: 132)  # an H200's SMs
+    assert mla_partition_size(1, 8, 1100, cpu) == 64  # short contexts: the attention kernel's choice
+    assert mla_partition_size(1, 8, 4096, cpu) == 128
+    for context in (65536, 163840):  # where the attention kernel's 512 would make 128 and 320 partitions
+        size = mla_partition_size(1, 8, context, cpu)
+        assert -(-context // size) <= MAX_PARTITIONS and size & (size - 1) == 0
+    batch = latent_batch([70, 9], 4, 32, 16, 4, torch.float32, seed=5)  # the heuristic's own choice, run
+    assert_close(TRITON.mla_decode(*batch, split_k=True), reference.mla_decode(*batch), 1e-5)
+
+
 def test_mla_decode_real_latent_width() -> None:
     """DeepSeek-V3's row: a 512-value latent and a 64-value rotary key (one 576-value head per token)."""
     batch = latent_batch([2, 19], 16, 512, 64, 16, torch.float32, seed=3)

@@ -58,10 +58,13 @@ def _yarn_inv_freq(inv_freq: torch.Tensor, head_dim: int, theta: float, s: dict[
     return inv, attention_factor
 
 
+def _rope_type(scaling: dict[str, Any]) -> str:
+    return scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
+
+
 def yarn_softmax_scale(scaling: dict[str, Any]) -> float:
     """The factor on MLA's softmax scale under YaRN with ``mscale_all_dim`` (DeepSeek-V2/V3); 1 otherwise."""
-    rope_type = scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
-    if rope_type == "default" or not scaling.get("mscale_all_dim"):
+    if _rope_type(scaling) == "default" or not scaling.get("mscale_all_dim"):
         return 1.0
     return yarn_mscale(scaling["factor"], scaling["mscale_all_dim"]) ** 2
 
@@ -69,7 +72,7 @@ def yarn_softmax_scale(scaling: dict[str, Any]) -> float:
 def build_cos_sin_cache(head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any]) -> torch.Tensor:
     inv_freq = _inv_freq(head_dim, theta)
     mscale = 1.0
-    rope_type = scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
+    rope_type = _rope_type(scaling)
     if rope_type == "linear":
         inv_freq = inv_freq / scaling["factor"]
     elif rope_type == "llama3":
