@@ -32,6 +32,7 @@ from benchmarks.gpu_context import FULL, QUICK, Context, Plan
 from benchmarks.gpu_steps import STEPS, FatalStepError, Step
 from benchmarks.gpu_wheels import prepare
 
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 

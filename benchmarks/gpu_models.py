@@ -147,13 +147,15 @@ def write_random_checkpoint(out_dir: Path, config: dict[str, Any], device: str =
 
 
 def build_bench_model(out_dir: Path, config: dict[str, Any], tokenizer_from: str = "qwen3-tiny",
-                      device: str = "cpu", seed: int = 0) -> Path:
-    """An HF-format directory for ``config`` (bf16 random weights) with the registered ``tokenizer_from``'s
-    tokenizer; built with the registry (which builds that tiny model first if needed)."""
+                      device: str = "cpu", seed: int = 0, weights: bool = True) -> Path:
+    """An HF-format directory for ``config`` (bf16 random weights, or none: for an engine with
+    ``load_format="dummy"``, which draws them on the device) with the registered ``tokenizer_from``'s tokenizer;
+    built with the registry (which builds that tiny model first if needed)."""
     from engine.registry import resolve_model
 
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.json").write_text(json.dumps({**_COMMON_CONFIG, **config}, indent=2))
-    write_random_checkpoint(out_dir, config, device=device, seed=seed)
+    if weights:
+        write_random_checkpoint(out_dir, config, device=device, seed=seed)
     copy_tokenizer(resolve_model(tokenizer_from), out_dir)
     return out_dir

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "qwen3_moe", "deepseek_v2", "deepseek_v3")
 
 
 class SchedulingPolicy(enum.StrEnum):
@@ -70,6 +70,9 @@ class EngineConfig:
                                      "(default: on for CUDA, off for CPU)"))
     seed: int = field(default=0, metadata=_help("seed of the default random generator (requests without a seed)",
                                                 flag="engine-seed", dest="engine_seed"))
+    load_format: str = field(
+        default="auto", metadata=_help("weights: auto (read the checkpoint) or dummy (random weights of the config's "
+                                       "shapes, nothing read: benchmarks)", choices=("auto", "dummy")))
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -91,6 +94,8 @@ class EngineConfig:
             self.attention_backend = "triton" if on_cuda else "torch"
         if self.kv_cache_dtype not in ("auto", "fp8"):
             raise ValueError(f"kv_cache_dtype must be 'auto' or 'fp8', got {self.kv_cache_dtype!r}")
+        if self.load_format not in ("auto", "dummy"):
+            raise ValueError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}")
         if self.attention_backend not in ("torch", "triton"):
             raise ValueError(f"attention_backend must be 'torch' or 'triton', got {self.attention_backend!r}")
         if self.async_scheduling is None:
@@ -120,14 +125,100 @@ def _enum_value(kind: type[enum.Enum], value: Any, name: str) -> Any:
         raise ValueError(f"{name} must be one of {valid}, got {value!r}") from None
 
 
+@dataclass(frozen=True)
+class MoEConfig:
+    """A mixture-of-experts MLP: which layers have one, how the router picks experts, and their sizes.
+
+    Qwen3-MoE: softmax over all experts, top-k, optionally renormalized. DeepSeek-V3: sigmoid scores, a per-expert
+    correction bias that only steers the choice, top-k within the best ``topk_group`` of ``n_group`` groups, the
+    chosen scores renormalized and scaled. DeepSeek-V2: softmax, greedy or group-limited (by group maximum) top-k.
+    """
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int  # per expert
+    moe_layers: tuple[int, ...]  # indices of the layers whose MLP is the MoE (the others are dense)
+    norm_topk_prob: bool
+    scoring: str = "softmax"  # or "sigmoid"
+    num_shared_experts: int = 0  # always-on experts added to the routed ones (DeepSeek)
+    n_group: int = 1
+    topk_group: int = 1
+    group_score: str = "top2_sum"  # how a group is ranked: "top2_sum" (V3) or "max" (V2 group_limited_greedy)
+    correction_bias: bool = False  # DeepSeek-V3's e_score_correction_bias
+    routed_scaling_factor: float = 1.0
+
+    @classmethod
+    def from_dict(cls, arch: str, cfg: dict[str, Any]) -> "MoEConfig | None":
+        num_layers = cfg["num_hidden_layers"]
+        # transformers 5 writes the expert count as num_local_experts; checkpoints have num_experts / n_routed_experts
+        num_experts = cfg.get("num_experts") or cfg.get("n_routed_experts") or cfg.get("num_local_experts")
+        if arch == "qwen3_moe":
+            step, dense = cfg.get("decoder_sparse_step", 1), set(cfg.get("mlp_only_layers") or [])
+            layers = [i for i in range(num_layers) if i not in dense and (i + 1) % step == 0]
+            if not num_experts or not layers:
+                return None
+            return cls(
+                num_experts=num_experts, top_k=cfg["num_experts_per_tok"],
+                intermediate_size=cfg["moe_intermediate_size"], moe_layers=tuple(layers),
+                norm_topk_prob=cfg.get("norm_topk_prob", False),
+            )
+        if arch not in ("deepseek_v2", "deepseek_v3"):
+            return None
+        first, freq = cfg.get("first_k_dense_replace", 0), cfg.get("moe_layer_freq", 1)
+        layers = [i for i in range(first, num_layers) if i % freq == 0]
+        if not num_experts or not layers:
+            return None
+        v3 = arch == "deepseek_v3"
+        method = cfg.get("topk_method", "noaux_tc" if v3 else "greedy")
+        grouped = method in ("noaux_tc", "group_limited_greedy")
+        scoring = cfg.get("scoring_func", "sigmoid" if v3 else "softmax")
+        if scoring not in ("softmax", "sigmoid") or method not in ("greedy", "group_limited_greedy", "noaux_tc"):
+            raise ValueError(f"MoE routing {scoring!r} / {method!r} is not supported")
+        return cls(
+            num_experts=num_experts, top_k=cfg["num_experts_per_tok"],
+            intermediate_size=cfg["moe_intermediate_size"], moe_layers=tuple(layers),
+            norm_topk_prob=bool(cfg.get("norm_topk_prob", v3)), scoring=scoring,
+            num_shared_experts=cfg.get("n_shared_experts") or 0,
+            n_group=(cfg.get("n_group") or 1) if grouped else 1,
+            topk_group=(cfg.get("topk_group") or 1) if grouped else 1,
+            group_score="top2_sum" if method == "noaux_tc" else "max",
+            correction_bias=method == "noaux_tc",
+            routed_scaling_factor=float(cfg.get("routed_scaling_factor", 1.0)),
+        )
+
+
+@dataclass(frozen=True)
+class MLAConfig:
+    """Multi-head latent attention (DeepSeek-V2/V3): keys and values are decompressed per head from one latent of
+    ``kv_lora_rank`` values per token, next to a rotary key of ``qk_rope_head_dim`` shared by all heads."""
+
+    q_lora_rank: int | None  # None: queries come from one projection (q_proj), else q_a_proj -> norm -> q_b_proj
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    rope_interleave: bool  # the rotary dims are (x0, x1), (x2, x3), ... pairs as in DeepSeek's checkpoints
+
+    @classmethod
+    def from_dict(cls, cfg: dict[str, Any]) -> "MLAConfig":
+        return cls(
+            q_lora_rank=cfg.get("q_lora_rank"),
+            kv_lora_rank=cfg["kv_lora_rank"],
+            qk_nope_head_dim=cfg["qk_nope_head_dim"],
+            qk_rope_head_dim=cfg["qk_rope_head_dim"],
+            v_head_dim=cfg["v_head_dim"],
+            rope_interleave=cfg.get("rope_interleave", True),
+        )
+
+
 @dataclass
 class ModelConfig:
-    """The decoder's shape, from an HF config.json of a Llama / Qwen2 / Qwen3 model."""
+    """The decoder's shape, from an HF config.json: Llama / Qwen2 / Qwen3 (dense), Qwen3-MoE, DeepSeek-V2/V3."""
 
     architecture: str
     vocab_size: int
     hidden_size: int
-    intermediate_size: int
+    intermediate_size: int  # of the dense MLPs
     num_layers: int
     num_heads: int
     num_kv_heads: int
@@ -140,6 +231,8 @@ class ModelConfig:
     rope_theta: float
     rope_scaling: dict[str, Any] = field(default_factory=dict)
     eos_token_ids: list[int] = field(default_factory=list)
+    moe: MoEConfig | None = None
+    mla: MLAConfig | None = None
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> "ModelConfig":
@@ -153,6 +246,8 @@ class ModelConfig:
         rope_theta = float(rope.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
         if rope.get("rope_type", rope.get("type", "default")) == "default":
             rope = {}
+        elif "original_max_position_embeddings" not in rope:  # as transformers: the trained length
+            rope["original_max_position_embeddings"] = cfg.get("max_position_embeddings", 2048)
         eos = cfg.get("eos_token_id")
         return cls(
             architecture=arch,
@@ -167,10 +262,12 @@ class ModelConfig:
             max_position_embeddings=cfg.get("max_position_embeddings", 2048),
             tie_word_embeddings=cfg.get("tie_word_embeddings", False),
             attention_bias=cfg.get("attention_bias", arch == "qwen2"),
-            qk_norm=arch == "qwen3",
+            qk_norm=arch in ("qwen3", "qwen3_moe"),
             rope_theta=rope_theta,
             rope_scaling=rope,
             eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
+            moe=MoEConfig.from_dict(arch, cfg),
+            mla=MLAConfig.from_dict(cfg) if arch.startswith("deepseek") else None,
         )
 
     @classmethod

@@ -22,10 +22,9 @@ import bisect
 
 import torch
 
+from engine.kv_cache_spec import KVCaches
 from engine.models.llama import AttentionMetadata, LlamaForCausalLM
 from engine.step_inputs import DeviceInputs
-
-KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:

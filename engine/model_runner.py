@@ -21,7 +21,8 @@ import torch
 from engine.config import EngineConfig, ModelConfig
 from engine.cuda_graphs import DecodeGraphRunner, KVCaches
 from engine.input_batch import InputBatch, RunnerRequest
-from engine.models.llama import AttentionMetadata, LlamaForCausalLM
+from engine.models.architectures import build_model, random_weights_
+from engine.models.llama import AttentionMetadata
 from engine.outputs import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from engine.sampler import Penalties, SamplerOutput, SamplingBatch, has_penalties, make_generator, penalty_parameters, sample
 from engine.sampling_params import SamplingParams
@@ -35,10 +36,6 @@ log = logging.getLogger(__name__)
 # profile samples with.
 _PROFILE_PARAMS = SamplingParams(temperature=1.0, top_p=0.9, min_p=0.05, repetition_penalty=1.1, presence_penalty=0.5,
                                  frequency_penalty=0.5, logprobs=20)
-
-
-def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize
 
 
 @dataclass
@@ -106,15 +103,15 @@ class ModelRunner:
         self.device = torch.device(cfg.device)
         self.dtype = cfg.torch_dtype
         torch.manual_seed(cfg.seed)
-        with torch.device("meta"):
-            model = LlamaForCausalLM(model_cfg, get_ops(cfg.attention_backend)).to(self.dtype)
-        if fp8_gemm_supported(cfg.attention_backend, self.device):
-            use_fp8_layers(model, model_dir)  # still on meta: FP8 layers are never allocated at full precision
-        model = model.to_empty(device=self.device)
-        model.tie_weights()
-        model.init_rope(max_model_len, self.device)
-        load_weights(model, model_dir)
+        fp8_layers = fp8_gemm_supported(cfg.attention_backend, self.device) and cfg.load_format != "dummy"
+        model = build_model(model_cfg, get_ops(cfg.attention_backend), self.device, self.dtype, max_model_len,
+                            on_meta=(lambda m: use_fp8_layers(m, model_dir)) if fp8_layers else None)
+        if cfg.load_format == "dummy":
+            random_weights_(model, cfg.seed)
+        else:
+            load_weights(model, model_dir)
         self.model = model.eval()
+        self.kv_spec = model.kv_cache_spec()
         rows = cfg.max_num_seqs
         self.max_blocks_per_row = -(-max_model_len // cfg.block_size)
         self.inputs = DeviceInputs(max(cfg.max_num_batched_tokens, rows), rows, self.max_blocks_per_row, self.device)
@@ -138,12 +135,7 @@ class ModelRunner:
             self.decode_graphs = self._capture_decode_graphs()
 
     def _new_caches(self, num_blocks: int) -> KVCaches:
-        shape = (num_blocks, self.cfg.block_size, self.model_cfg.num_kv_heads, self.model_cfg.head_dim)
-
-        def block_tensor() -> torch.Tensor:
-            return torch.zeros(shape, dtype=self.cfg.kv_cache_torch_dtype, device=self.device)
-
-        return [(block_tensor(), block_tensor()) for _ in range(self.model_cfg.num_layers)]
+        return self.kv_spec.allocate(num_blocks, self.cfg.block_size, self.cfg.kv_cache_torch_dtype, self.device)
 
     def make_decode_graphs(self, kv_caches: KVCaches, use_graphs: bool) -> DecodeGraphRunner:
         """The padded decode path over ``kv_caches``; ``use_graphs=False`` runs it eagerly (CPU tests, profiling)."""
@@ -310,7 +302,7 @@ class ModelRunner:
         pool holds exactly that forward's intermediates, which smaller graphs reuse, plus the small outputs). What
         the graph executables themselves take is left to the utilization headroom; the capture logs its real cost.
         """
-        per_block = kv_bytes_per_block(self.model_cfg, self.cfg.block_size, self.cfg.kv_cache_torch_dtype)
+        per_block = self.kv_spec.bytes_per_block(self.cfg.block_size, self.cfg.kv_cache_torch_dtype)
         if self.device.type != "cuda":
             return max(1, int(self.cfg.kv_cache_memory_gb * 2**30) // per_block)
         torch.cuda.empty_cache()

@@ -1,4 +1,5 @@
-"""Load HF-format safetensors checkpoints into `LlamaForCausalLM`, fusing q/k/v and gate/up as they stream in.
+"""Load HF-format safetensors checkpoints into the models, fusing q/k/v and gate/up and stacking per-expert MoE
+weights as they stream in.
 
 FP8 block-scaled checkpoints (``engine.models.quant``) load either way: after `use_fp8_layers` their quantized
 linears are `Fp8Linear` and take the FP8 bytes and scales as stored; otherwise each weight is dequantized with its
@@ -57,12 +58,13 @@ class _Checkpoint:
 
 @dataclass(frozen=True)
 class _Target:
-    """Where checkpoint tensor ``module_path.attr`` goes: ``rows`` of the output dim of a fused projection, or all."""
+    """Where checkpoint tensor ``module_path.attr`` goes: ``rows`` of the output dim of a fused projection, an
+    expert's part of stacked expert weights (``(expert,)`` or ``(expert, rows)``), or all of it (None)."""
 
     path: str
     module: nn.Module
     attr: str
-    rows: slice | None
+    rows: slice | tuple | None
 
     def destination(self) -> torch.Tensor:
         param = getattr(self.module, self.attr)
@@ -87,17 +89,42 @@ def _target(model: nn.Module, name: str) -> _Target | None:
     if "rotary_emb" in name:
         return None
     parts = name.split(".")
-    path, attr, rows = ".".join(parts[:-1]), parts[-1], None
-    if len(parts) >= 4 and parts[-2] in _FUSED:
-        fused, shard = _FUSED[parts[-2]]
-        path = ".".join(parts[:-2] + [fused])
-        sizes = _shard_sizes(model, path)
-        start = sum(sizes[:shard])
-        rows = slice(start, start + sizes[shard])
+    try:
+        return _expert_target(model, parts) or _layer_target(model, parts)
+    except (AttributeError, KeyError):  # a module this model does not have, e.g. DeepSeek-V3's extra MTP layer
+        return None
+
+
+def _expert_target(model: nn.Module, parts: list[str]) -> _Target | None:
+    """``...mlp.experts.<e>.{gate,up,down}_proj.weight`` -> its part of the stacked expert parameters."""
+    if len(parts) < 5 or parts[-4] != "experts" or not parts[-3].isdigit() or parts[-1] != "weight":
+        return None
+    path = ".".join(parts[:-3])
+    experts, expert = model.get_submodule(path), int(parts[-3])
+    if parts[-2] == "down_proj":
+        return _Target(path, experts, "down_proj", (expert,))
+    inter = experts.gate_up_proj.shape[1] // 2
+    half = {"gate_proj": slice(0, inter), "up_proj": slice(inter, 2 * inter)}[parts[-2]]
+    return _Target(path, experts, "gate_up_proj", (expert, half))
+
+
+def _layer_target(model: nn.Module, parts: list[str]) -> _Target | None:
+    """A parameter the model has under the same name, or ``...{q,k,v}_proj.*`` / ``...{gate,up}_proj.*`` -> its
+    rows of the fused ``qkv_proj`` / ``gate_up_proj``."""
+    path, attr = ".".join(parts[:-1]), parts[-1]
     try:
         module = model.get_submodule(path)
     except AttributeError:
-        return None
+        if len(parts) < 4 or parts[-2] not in _FUSED:
+            raise
+        fused, shard = _FUSED[parts[-2]]
+        path = ".".join(parts[:-2] + [fused])
+        module = model.get_submodule(path)
+        sizes = _shard_sizes(model, path)
+        start = sum(sizes[:shard])
+        rows = slice(start, start + sizes[shard])
+    else:
+        rows = None
     if not isinstance(getattr(module, attr, None), nn.Parameter):
         return None
     return _Target(path, module, attr, rows)
@@ -114,7 +141,8 @@ def use_fp8_layers(model: nn.Module, model_dir: Path) -> int:
     layers = {}
     for names in _Checkpoint(checkpoint_files(model_dir)).names.values():
         for name in names:
-            if name.endswith(SCALE_SUFFIX) and (target := _target(model, name.removesuffix(SCALE_SUFFIX) + ".weight")):
+            target = _target(model, name.removesuffix(SCALE_SUFFIX) + ".weight") if name.endswith(SCALE_SUFFIX) else None
+            if target is not None and isinstance(target.module, nn.Linear):  # MoE experts are dequantized on load
                 layers[target.path] = _shard_sizes(model, target.path)
     swapped = swap_in_fp8_linears(model, layers, fmt, model.ops.fp8_linear)
     log.info("FP8 checkpoint: %d linear layers keep e4m3 weights with %s block scales", swapped, list(fmt.block))

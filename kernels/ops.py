@@ -18,6 +18,8 @@ class Ops:
     rotary_embedding: Callable
     silu_and_mul: Callable
     fp8_linear: Callable  # x @ W.T + b for a block-scaled e4m3 weight
+    fused_moe: Callable
+    mla_decode: Callable
 
 
 TORCH_OPS = Ops(
@@ -27,6 +29,8 @@ TORCH_OPS = Ops(
     rotary_embedding=reference.rotary_embedding,
     silu_and_mul=reference.silu_and_mul,
     fp8_linear=reference.fp8_block_linear,
+    fused_moe=reference.fused_moe,
+    mla_decode=reference.mla_decode,
 )
 
 

@@ -3,6 +3,7 @@
 Shapes (T = tokens in the flattened batch, B = sequences):
 - K/V pages: ``[num_blocks, block_size, num_kv_heads, head_dim]``; a slot is ``page * block_size + offset``. Pages are
   in the model's dtype or in float8_e4m3fn (``--kv-cache-dtype fp8``: stored saturated, read back with scale 1.0).
+  MLA pages are ``[num_blocks, block_size, 1, kv_lora_rank + qk_rope_head_dim]`` (see `mla_decode`).
 - ``query_start_loc`` ``[B + 1]`` int32: sequence b owns query rows ``query_start_loc[b]:query_start_loc[b+1]``.
 - ``context_lens`` ``[B]`` int32: tokens of sequence b in pages after this step's store (cached prefix + new tokens).
   The new tokens are the last ``q_len`` positions of that context, so query i of b sits at position
@@ -25,7 +26,8 @@ def store_kv(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Write ``key``/``value`` ``[T, Hkv, D]`` into the pages at ``slot_mapping`` ``[T]``; slots < 0 are padding."""
+    """Write ``key`` ``[T, Hkv, Dk]`` / ``value`` ``[T, Hkv, Dv]`` into the pages at ``slot_mapping`` ``[T]``; slots
+    < 0 are padding. ``Dk`` may differ from ``Dv``: MLA stores its latent and rotary key in two views of one page."""
     valid = slot_mapping >= 0
     if not bool(valid.all()):
         key, value, slot_mapping = key[valid], value[valid], slot_mapping[valid]
@@ -38,7 +40,7 @@ def store_kv(
         cache.view(-1, *cache.shape[2:]).index_copy_(0, slot_mapping, new.to(cache.dtype))
 
 
-def _gather_context(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+def gather_context(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
     """The first ``length`` tokens of one sequence's pages as ``[length, Hkv, D]``."""
     block_size = cache.shape[1]
     num_blocks = (length + block_size - 1) // block_size
@@ -80,8 +82,8 @@ def paged_attention(
         q_start, q_len = starts[b], q_lens[b]
         if q_len == 0 or b in decodes_done:
             continue
-        k = _gather_context(k_cache, block_tables[b], ctx_len).transpose(0, 1).to(query.dtype)
-        v = _gather_context(v_cache, block_tables[b], ctx_len).transpose(0, 1).to(query.dtype)
+        k = gather_context(k_cache, block_tables[b], ctx_len).transpose(0, 1).to(query.dtype)
+        v = gather_context(v_cache, block_tables[b], ctx_len).transpose(0, 1).to(query.dtype)
         q = query[q_start : q_start + q_len].transpose(0, 1)  # [Hq, q_len, D]
         mask = None  # q_len == 1: a single query at the last position sees the whole context
         if 1 < q_len < ctx_len:  # a chunk after a cached prefix: causal, offset by the prefix
@@ -91,6 +93,25 @@ def paged_attention(
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True)
         out[q_start : q_start + q_len] = o.transpose(0, 1)
     return out
+
+
+def _padded_context_slots(
+    block_tables: torch.Tensor, lens: list[int], rows: list[int], block_size: int
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The cache slots of sequences ``rows``' contexts padded to the longest: ``(slots [B * L], valid [B, L], L)``.
+
+    Positions past a sequence's length read that sequence's first slot instead of whatever the pages hold there:
+    real data of the same sequence (never a NaN from an unwritten slot), which the caller's mask then removes.
+    """
+    dev = block_tables.device
+    ctx = torch.tensor([lens[b] for b in rows], device=dev)
+    length = max(lens[b] for b in rows)
+    width = -(-length // block_size)
+    tables = block_tables[torch.tensor(rows, device=dev), :width].long()  # [B, width]
+    positions = torch.arange(length, device=dev)
+    valid = positions[None, :] < ctx[:, None]  # [B, L]
+    slots = tables[:, positions // block_size] * block_size + positions % block_size
+    return torch.where(valid, slots, slots[:, :1]).flatten(), valid, length
 
 
 def _batched_decode(
@@ -104,27 +125,14 @@ def _batched_decode(
     scale: float,
     out: torch.Tensor,
 ) -> None:
-    """One query per sequence in ``rows``: gather their contexts into ``[B, L_max]`` in one pass and mask the rest.
-
-    Positions past a sequence's length read that sequence's first slot instead of whatever the pages hold there:
-    real data of the same sequence (never a NaN from an unwritten slot), which the mask then removes.
-    """
-    block_size = k_cache.shape[1]
-    dev = query.device
-    ctx = torch.tensor([lens[b] for b in rows], device=dev)
-    length = max(lens[b] for b in rows)
-    width = -(-length // block_size)
-    tables = block_tables[torch.tensor(rows, device=dev), :width].long()  # [B, width]
-    positions = torch.arange(length, device=dev)
-    valid = positions[None, :] < ctx[:, None]  # [B, L]
-    slots = tables[:, positions // block_size] * block_size + positions % block_size
-    slots = torch.where(valid, slots, slots[:, :1]).flatten()
+    """One query per sequence in ``rows``: gather their contexts into ``[B, L_max]`` in one pass and mask the rest."""
+    slots, valid, length = _padded_context_slots(block_tables, lens, rows, k_cache.shape[1])
 
     def gather(cache: torch.Tensor) -> torch.Tensor:  # -> [B, Hkv, L, D]
         flat = cache.view(-1, *cache.shape[2:])
         return flat.index_select(0, slots).view(len(rows), length, *cache.shape[2:]).transpose(1, 2).to(query.dtype)
 
-    q_rows = torch.tensor([starts[b] for b in rows], device=dev)
+    q_rows = torch.tensor([starts[b] for b in rows], device=query.device)
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     # The query heads of one KV group all sit at the same position: fold them into the query-length dimension,
     # so each KV head is read once instead of being repeated per query head.
@@ -132,6 +140,71 @@ def _batched_decode(
     mask = valid[:, None, None, :]
     o = F.scaled_dot_product_attention(q, gather(k_cache), gather(v_cache), attn_mask=mask, scale=scale)
     out[q_rows] = o.reshape(len(rows), -1, head_dim)
+
+
+def mla_decode(
+    query: torch.Tensor,
+    latent_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    kv_lora_rank: int,
+    *,
+    max_context_len: int | None = None,
+    split_k: bool | None = None,
+    partition_size: int | None = None,
+) -> torch.Tensor:
+    """Multi-head latent attention of one query per sequence, in the absorbed form.
+
+    ``query`` ``[B, H, L + R]`` is each head's query already multiplied into the latent space (``L`` =
+    ``kv_lora_rank``) followed by its rotary part (``R``); ``latent_cache`` ``[num_blocks, block_size, 1, L + R]``
+    holds per token the normalized latent then the rotary key. Every head attends to the same keys (the whole
+    cached row) and reads the latent part as its value: returns ``[B, H, L]``, still in the latent space. The
+    keyword-only arguments are the Triton kernel's launch hints, unused here.
+    """
+    num_seqs = context_lens.shape[0]
+    out = query.new_empty(num_seqs, query.shape[1], kv_lora_rank)
+    if num_seqs == 0:
+        return out
+    slots, valid, length = _padded_context_slots(block_tables, context_lens.tolist(), list(range(num_seqs)),
+                                                 latent_cache.shape[1])
+    rows = latent_cache.view(-1, latent_cache.shape[-1]).index_select(0, slots).to(query.dtype)
+    keys = rows.view(num_seqs, 1, length, -1)  # one KV head: the heads fold into the query-length dimension
+    o = F.scaled_dot_product_attention(query[:, None], keys, keys[..., :kv_lora_rank],
+                                       attn_mask=valid[:, None, None, :], scale=scale)
+    out.copy_(o[:, 0])
+    return out
+
+
+def fused_moe(
+    hidden: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+) -> torch.Tensor:
+    """The routed experts' weighted sum: ``sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(hidden[t])``.
+
+    ``hidden`` ``[T, H]``; ``gate_up_proj`` ``[E, 2I, H]`` (gate rows, then up rows); ``down_proj`` ``[E, H, I]``;
+    ``topk_weights`` ``[T, K]`` (float32) and ``topk_ids`` ``[T, K]``. An expert is
+    ``down @ silu_and_mul(gate_up @ x)``, computed in the activation dtype; the weighted sum accumulates in fp32.
+    """
+    num_tokens, top_k = topk_ids.shape
+    out = torch.zeros(num_tokens, hidden.shape[1], dtype=torch.float32, device=hidden.device)
+    flat_ids = topk_ids.flatten()
+    order = flat_ids.argsort(stable=True)  # (token, k) pairs grouped by expert
+    counts = torch.bincount(flat_ids, minlength=gate_up_proj.shape[0]).tolist()
+    weights = topk_weights.flatten().float()
+    start = 0
+    for expert, count in enumerate(counts):
+        if count == 0:
+            continue
+        pairs = order[start : start + count]
+        start += count
+        tokens = pairs // top_k
+        y = F.linear(silu_and_mul(F.linear(hidden[tokens], gate_up_proj[expert])), down_proj[expert])
+        out.index_add_(0, tokens, y.float() * weights[pairs, None])
+    return out.to(hidden.dtype)
 
 
 def rms_norm(

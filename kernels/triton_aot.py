@@ -122,6 +122,7 @@ def compile_all(arch: int) -> list[CompiledKernel]:
         ops.store_kv(k, k, torch.empty(8, 16, 8, 128, dtype=torch.bfloat16), torch.empty(8, 16, 8, 128,
                      dtype=torch.bfloat16), torch.zeros(4, dtype=torch.int64))
         _compile_fp8(ops)
+        _compile_moe_and_mla(ops)
     return compiled
 
 
@@ -140,6 +141,23 @@ def _compile_fp8(ops) -> None:  # noqa: ANN001 - the Triton op set
         ops.fp8_block_linear(torch.empty(rows, 4096, dtype=torch.bfloat16), weight, torch.empty(48, 32), (128, 128))
     ops.fp8_block_linear(torch.empty(512, 4096, dtype=torch.bfloat16), weight, torch.empty(6144, 32), (1, 128),
                    torch.empty(6144, dtype=torch.bfloat16))
+
+
+def _compile_moe_and_mla(ops) -> None:  # noqa: ANN001 - the triton_ops module
+    """Qwen3-30B-A3B's experts (128 of 768, top-8, hidden 2048) and DeepSeek-V3's MLA (512 + 64 latent row)."""
+    for dtype, tokens in ((torch.bfloat16, 4), (torch.bfloat16, 512), (torch.float32, 4)):
+        ids = torch.zeros(tokens, 8, dtype=torch.int64)  # values unused, but the alignment runs on the CPU
+        ops.fused_moe(torch.empty(tokens, 2048, dtype=dtype), torch.empty(128, 2 * 768, 2048, dtype=dtype),
+                      torch.empty(128, 2048, 768, dtype=dtype), torch.rand(tokens, 8), ids)
+    cache = torch.empty(64, 16, 1, 576, dtype=torch.bfloat16)
+    tables, lens = torch.zeros(2, 64, dtype=torch.int32), torch.full((2,), 1000, dtype=torch.int32)
+    for heads in (16, 128):
+        query = torch.empty(2, heads, 576, dtype=torch.bfloat16)
+        for split in (False, True):
+            ops.mla_decode(query, cache, tables, lens, 0.1, 512, max_context_len=1000, split_k=split)
+    latent = torch.empty(4, 1, 576, dtype=torch.bfloat16)
+    ops.store_kv(latent[..., :512], latent[..., 512:], cache[..., :512], cache[..., 512:],
+                 torch.zeros(4, dtype=torch.int64))
 
 
 def main(argv: list[str] | None = None) -> None:

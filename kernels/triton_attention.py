@@ -283,12 +283,22 @@ def paged_attention(
         qk_scale, *strides, num_partitions, partition_size,
         BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, SPLIT=True, **common,
     )
-    _reduce_partitions_kernel[(num_seqs, num_heads)](
-        out, part_acc, part_max, part_sum, query_start_loc,
-        out.stride(0), out.stride(1), num_partitions,
-        HEAD_DIM=head_dim, BLOCK_D=block_d, PART_TILE=16,
-    )
+    reduce_partitions(out, part_acc, part_max, part_sum, query_start_loc)
     return out
 
 
-__all__ = ["paged_attention", "use_split_k", "choose_partition_size", "SPLIT_K_ENV"]
+def reduce_partitions(
+    out: torch.Tensor, part_acc: torch.Tensor, part_max: torch.Tensor, part_sum: torch.Tensor,
+    query_start_loc: torch.Tensor,
+) -> None:
+    """Merge split-K partials ``part_acc`` ``[B, H, P, D]`` (unnormalized, fp32) with their running max and sum
+    ``[B, H, P]`` into ``out[query_start_loc[b], h]``; sequences without a query row are skipped."""
+    num_seqs, num_heads, num_partitions, head_dim = part_acc.shape
+    _reduce_partitions_kernel[(num_seqs, num_heads)](
+        out, part_acc, part_max, part_sum, query_start_loc,
+        out.stride(0), out.stride(1), num_partitions,
+        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), PART_TILE=16,
+    )
+
+
+__all__ = ["paged_attention", "reduce_partitions", "use_split_k", "choose_partition_size", "SPLIT_K_ENV"]

@@ -5,6 +5,8 @@ from kernels.ops import Ops
 from kernels.triton_activation import silu_and_mul
 from kernels.triton_attention import paged_attention
 from kernels.triton_fp8 import fp8_block_linear
+from kernels.triton_mla import mla_decode
+from kernels.triton_moe import fused_moe
 from kernels.triton_rms_norm import rms_norm
 from kernels.triton_rotary import rotary_embedding
 from kernels.triton_store_kv import store_kv
@@ -16,4 +18,6 @@ TRITON_OPS = Ops(
     rotary_embedding=rotary_embedding,
     silu_and_mul=silu_and_mul,
     fp8_linear=fp8_block_linear,
+    fused_moe=fused_moe,
+    mla_decode=mla_decode,
 )

@@ -85,10 +85,12 @@ def run_serve(args: argparse.Namespace) -> int:
     except (ValueError, RuntimeError, OSError) as exc:
         _say(f"cannot serve: {exc}")
         return 1
-    stats = ctx.engine.engine.stats()
+    blocks, runner = ctx.engine.engine.stats().kv_blocks_total, ctx.engine.engine.runner
+    kv_bytes = runner.kv_spec.bytes_per_token(config.kv_cache_torch_dtype)
     _say(f"loaded {ctx.model_name} in {time.perf_counter() - started:.1f}s: context {ctx.max_model_len} tokens, "
-         f"{stats.kv_blocks_total} KV blocks of {config.block_size} tokens, prefix cache "
-         f"{'on' if config.enable_prefix_caching else 'off'}")
+         f"{blocks} KV blocks of {config.block_size} tokens = {blocks * config.block_size:,} tokens fit "
+         f"({runner.kv_spec.kind} cache, {kv_bytes:,} KV bytes per token), "
+         f"prefix cache {'on' if config.enable_prefix_caching else 'off'}")
     try:
         sock = socket.create_server((args.host, args.port))  # bound here, so the banner shows the real port
     except OSError as exc:

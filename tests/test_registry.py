@@ -37,6 +37,15 @@ def test_registry_lists_the_required_models() -> None:
     assert by_repo["Qwen/Qwen2.5-7B-Instruct"].template == "qwen2.5"
     assert by_repo["deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"].template == "deepseek-r1-distill"
     assert all(spec.template in TEMPLATE_FAMILIES for spec in specs.values())
+    # the agents' own architectures: Qwen3-MoE and DeepSeek-V2/V3
+    assert (specs["qwen3-moe-tiny"].source, specs["qwen3-moe-tiny"].template) == ("tiny", "qwen3-coder")
+    assert (specs["deepseek-v3-tiny"].source, specs["deepseek-v3-tiny"].template) == ("tiny", "deepseek-v3.1")
+    assert specs["qwen3-coder-30b-a3b"].repo_id == "Qwen/Qwen3-Coder-30B-A3B-Instruct"
+    assert specs["qwen3-coder-30b-a3b"].template == "qwen3-coder"
+    assert (specs["qwen3-30b-a3b"].repo_id, specs["qwen3-30b-a3b"].template) == ("Qwen/Qwen3-30B-A3B", "qwen3")
+    assert specs["deepseek-v2-lite-chat"].repo_id == "deepseek-ai/DeepSeek-V2-Lite-Chat"
+    assert (specs["deepseek-v3.1"].repo_id, specs["deepseek-v3.1"].template) == ("deepseek-ai/DeepSeek-V3.1",
+                                                                                "deepseek-v3.1")
 
 
 def test_a_registered_model_is_found_by_its_repo_id() -> None:

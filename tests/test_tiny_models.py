@@ -1,5 +1,6 @@
-"""The models that kvserve builds itself: qwen3-tiny, deepseek-tiny (random weights, real tokenizers) and
-smollm2-135m (converted from GGUF). Checked with HF transformers and the tokenizer packages' own implementations."""
+"""The models that kvserve builds itself: qwen3-tiny, deepseek-tiny, qwen3-moe-tiny, deepseek-v3-tiny (random
+weights, real tokenizers) and smollm2-135m (converted from GGUF). Checked with HF transformers and the tokenizer
+packages' own implementations."""
 from __future__ import annotations
 
 import hashlib
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 from tokenizers import Tokenizer
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -116,6 +118,36 @@ def test_deepseek_tiny_uses_the_package_tokenizer_and_v31_tokens(deepseek_dir: P
         assert len(hf(marker, add_special_tokens=False).input_ids) == 1, marker
 
 
+def test_qwen3_moe_tiny_is_qwen3_coder_shaped() -> None:
+    model_dir = resolve_model("qwen3-moe-tiny")
+    config = AutoConfig.from_pretrained(model_dir)
+    assert config.model_type == "qwen3_moe" and config.max_position_embeddings == 40960
+    assert (config.num_local_experts, config.num_experts_per_tok, config.mlp_only_layers) == (8, 2, [1])
+    tokenizer_config = json.loads((model_dir / "tokenizer_config.json").read_text())
+    assert tokenizer_config["chat_template"] == load_template("qwen3-coder")
+    official = Path(__file__).parent / "rendering" / "templates" / "Qwen3-Coder.jinja"
+    assert load_template("qwen3-coder") == official.read_text(encoding="utf-8")  # the stored copy is verbatim
+    with safe_open(str(model_dir / "model.safetensors"), "pt") as f:  # experts one by one, as real checkpoints
+        names = set(f.keys())
+    assert "model.layers.0.mlp.experts.7.up_proj.weight" in names and "model.layers.1.mlp.gate_proj.weight" in names
+    hf = AutoTokenizer.from_pretrained(model_dir)
+    assert hf("<tool_call>\n<function=read_file>", add_special_tokens=False).input_ids[0] == 151657
+
+
+def test_deepseek_v3_tiny_has_mla_grouped_routing_with_bias_and_yarn() -> None:
+    model_dir = resolve_model("deepseek-v3-tiny")
+    config = AutoConfig.from_pretrained(model_dir)
+    assert config.model_type == "deepseek_v3" and config.vocab_size == 129280
+    assert (config.q_lora_rank, config.kv_lora_rank, config.qk_rope_head_dim) == (48, 32, 16)
+    assert (config.n_routed_experts, config.n_shared_experts, config.n_group, config.topk_group) == (16, 1, 4, 2)
+    assert config.rope_parameters["rope_type"] == "yarn" and config.first_k_dense_replace == 1
+    with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
+        bias = f.get_tensor("model.layers.1.mlp.gate.e_score_correction_bias")
+    assert bias.abs().min() > 0 and bias.std() > 0.01
+    tokenizer_config = json.loads((model_dir / "tokenizer_config.json").read_text())
+    assert tokenizer_config["chat_template"] == load_template("deepseek-v3.1")
+
+
 PROMPTS = [
     "Hello, my name is",
     "def fibonacci(n):\n    ",
@@ -141,7 +173,7 @@ def _greedy(model, ids: list[int], steps: int = 20) -> list[int]:
     return out[0, len(ids):].tolist()
 
 
-@pytest.mark.parametrize("name", ["qwen3-tiny", "deepseek-tiny"])
+@pytest.mark.parametrize("name", ["qwen3-tiny", "deepseek-tiny", "qwen3-moe-tiny", "deepseek-v3-tiny"])
 def test_random_weights_give_varied_context_dependent_greedy_output(name: str) -> None:
     model_dir = resolve_model(name)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -156,7 +188,7 @@ def test_random_weights_give_varied_context_dependent_greedy_output(name: str) -
         assert _greedy(model, edited) != output
 
 
-@pytest.mark.parametrize("name", ["qwen3-tiny", "deepseek-tiny"])
+@pytest.mark.parametrize("name", ["qwen3-tiny", "deepseek-tiny", "qwen3-moe-tiny", "deepseek-v3-tiny"])
 def test_tiny_build_is_deterministic(name: str, tmp_path: Path) -> None:
     spec = get_model_spec(name)
     recipe = TinyRecipe.from_mapping(spec.build)

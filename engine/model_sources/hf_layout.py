@@ -22,6 +22,19 @@ _FAMILY_KEYS: dict[str, tuple[str, dict[str, Any]]] = {
         "Qwen3ForCausalLM",
         {"attention_bias": False, "use_sliding_window": False, "sliding_window": None, "max_window_layers": 0},
     ),
+    # The MoE and MLA sizes come with the recipe's `config`; these are the routing defaults of the real checkpoints.
+    "qwen3_moe": (
+        "Qwen3MoeForCausalLM",
+        {"attention_bias": False, "use_sliding_window": False, "sliding_window": None, "max_window_layers": 0,
+         "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True, "output_router_logits": False,
+         "router_aux_loss_coef": 0.001},
+    ),
+    "deepseek_v3": (
+        "DeepseekV3ForCausalLM",
+        {"attention_bias": False, "scoring_func": "sigmoid", "topk_method": "noaux_tc", "norm_topk_prob": True,
+         "moe_layer_freq": 1, "n_shared_experts": 1, "num_nextn_predict_layers": 0, "ep_size": 1,
+         "aux_loss_alpha": 0.001, "seq_aux": True, "pretraining_tp": 1},
+    ),
 }
 SUPPORTED_MODEL_TYPES = tuple(_FAMILY_KEYS)
 
@@ -53,7 +66,10 @@ class TokenizerInfo:
     pad_token_id: int | None
 
 
-def decoder_config(model_type: str, dims: DecoderDims, tokens: TokenizerInfo) -> dict[str, Any]:
+def decoder_config(
+    model_type: str, dims: DecoderDims, tokens: TokenizerInfo, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """config.json's keys; ``extra`` adds or overrides architecture keys (MoE and MLA sizes, ``rope_scaling``)."""
     if model_type not in _FAMILY_KEYS:
         raise ValueError(f"unsupported model_type {model_type!r}; supported: {SUPPORTED_MODEL_TYPES}")
     if dims.vocab_size < tokens.num_tokens:
@@ -83,6 +99,7 @@ def decoder_config(model_type: str, dims: DecoderDims, tokens: TokenizerInfo) ->
         "vocab_size": dims.vocab_size,
     }
     config.update(family_keys)
+    config.update(extra or {})
     return dict(sorted(config.items()))
 
 
@@ -141,6 +158,8 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
 
 
-def write_model_configs(out_dir: Path, model_type: str, dims: DecoderDims, tokens: TokenizerInfo) -> None:
-    write_json(out_dir / "config.json", decoder_config(model_type, dims, tokens))
+def write_model_configs(
+    out_dir: Path, model_type: str, dims: DecoderDims, tokens: TokenizerInfo, extra: dict[str, Any] | None = None
+) -> None:
+    write_json(out_dir / "config.json", decoder_config(model_type, dims, tokens, extra))
     write_json(out_dir / "generation_config.json", generation_config(tokens))

@@ -8,7 +8,7 @@ so greedy continuations are varied and depend on the whole context.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ class InitScales:
     qk_norm: float = 2.0  # the same for Qwen3, whose q/k RMSNorm undoes any q/k projection scale
     bias: float = 0.5
     norm: float = 0.2  # norm weights are gain * (1 + N(0, norm)): positive, but not all equal
+    correction_bias: float = 0.05  # DeepSeek-V3's router bias: shifts sigmoid scores in (0, 1) without ruling them
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class TinyRecipe:
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = True
     vocab_size: int | None = None  # None: the tokenizer's token count rounded up to VOCAB_ROUNDING
+    config: dict[str, Any] = field(default_factory=dict)  # further config.json keys, as given (MoE, MLA, YaRN)
 
     @classmethod
     def from_mapping(cls, data: dict[str, Any]) -> "TinyRecipe":
@@ -87,16 +89,22 @@ class TinyRecipe:
 
 
 def _parameter_shapes(model_dir: Path) -> dict[str, tuple[int, ...]]:
-    """Names and shapes of the parameters transformers expects for the config.json in `model_dir`.
+    """Names and shapes of the tensors a checkpoint holds for the config.json in `model_dir`, as transformers saves
+    them (MoE experts one by one, not stacked as it holds them in memory; persistent buffers such as DeepSeek-V3's
+    router bias included).
 
     Instantiated on the meta device (no memory, no init); tied weights appear once, as in saved checkpoints.
     """
     from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.core_model_loading import revert_weight_conversion
 
     config = AutoConfig.from_pretrained(model_dir)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    return {name: tuple(p.shape) for name, p in model.named_parameters()}
+    tensors = revert_weight_conversion(model, model.state_dict())
+    if config.tie_word_embeddings:
+        tensors.pop("lm_head.weight", None)
+    return {name: tuple(t.shape) for name, t in tensors.items()}
 
 
 def _generator(seed: int, name: str) -> torch.Generator:
@@ -113,6 +121,8 @@ def random_tensor(name: str, shape: tuple[int, ...], seed: int, scales: InitScal
         return 1.0 + scales.norm * values
     if name.endswith(".bias"):
         return scales.bias * values
+    if name.endswith("e_score_correction_bias"):
+        return scales.correction_bias * values
     if "embed_tokens" in name:
         return scales.embedding * values
     if name.startswith("lm_head"):
@@ -127,7 +137,7 @@ def build_tiny_model(recipe: TinyRecipe, template: str, out_dir: Path, scales: I
         tokens = write_qwen3_tokenizer(out_dir, template)
     else:
         tokens = write_deepseek_tokenizer(out_dir, template)
-    write_model_configs(out_dir, recipe.model_type, recipe.dims(tokens), tokens)
+    write_model_configs(out_dir, recipe.model_type, recipe.dims(tokens), tokens, recipe.config)
     write_random_weights(out_dir, recipe.seed, scales)
 
 

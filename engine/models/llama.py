@@ -1,4 +1,5 @@
-"""One decoder for the Llama family: Llama, Mistral-style, Qwen2 (QKV bias) and Qwen3 (q/k RMSNorm).
+"""One decoder for the Llama family: Llama, Mistral-style, Qwen2 (QKV bias), Qwen3 (q/k RMSNorm) and Qwen3-MoE
+(Qwen3 with mixture-of-experts MLPs, `engine.models.moe`). DeepSeek-V2/V3 reuse its loop with MLA attention.
 
 Inputs are the flattened batch (all sequences' new tokens in one row dimension); attention reads and writes the
 paged KV cache through the ops chosen in `kernels.ops`.
@@ -11,6 +12,8 @@ import torch
 from torch import nn
 
 from engine.config import ModelConfig
+from engine.kv_cache_spec import KVCacheSpec, KVCaches
+from engine.models.moe import make_mlp
 from engine.models.rope import build_cos_sin_cache
 from kernels.ops import Ops
 
@@ -77,21 +80,11 @@ class Attention(nn.Module):
         return self.o_proj(out.reshape(-1, self.q_size))
 
 
-class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-
-    def forward(self, ops: Ops, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
-
-
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, layer_idx: int, attention_class: type[nn.Module]) -> None:
         super().__init__()
-        self.self_attn = Attention(cfg)
-        self.mlp = MLP(cfg)
+        self.self_attn = attention_class(cfg)
+        self.mlp = make_mlp(cfg, layer_idx)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -99,12 +92,14 @@ class DecoderLayer(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """Parameter names follow HF checkpoints, except the fused ``qkv_proj`` and ``gate_up_proj`` (see weights.py)."""
 
+    attention_class: type[nn.Module] = Attention
+
     def __init__(self, cfg: ModelConfig, ops: Ops) -> None:
         super().__init__()
         self.cfg = cfg
         self.ops = ops
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, self.attention_class) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.tie_weights()
@@ -115,16 +110,23 @@ class LlamaForCausalLM(nn.Module):
         if self.cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
+    @property
+    def rope_dim(self) -> int:
+        return self.cfg.head_dim
+
+    def kv_cache_spec(self) -> KVCacheSpec:
+        return KVCacheSpec.gqa(self.cfg.num_layers, self.cfg.num_kv_heads, self.cfg.head_dim)
+
     def init_rope(self, max_positions: int, device: torch.device) -> None:
         cfg = self.cfg
-        cache = build_cos_sin_cache(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
+        cache = build_cos_sin_cache(self.rope_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
         self.cos_sin_cache = cache.to(device)  # float32 whatever the model dtype: RoPE is computed in fp32
 
     def forward(
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        kv_caches: KVCaches,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         """Hidden states ``[T, hidden]`` after the final norm, for every input token."""

@@ -26,27 +26,53 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict[str, Any]) -> torch.Tensor:
     return torch.where(medium, smoothed, out)
 
 
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's magnitude correction for a context stretched by ``factor``."""
+    return 0.1 * mscale * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+
 def _yarn_inv_freq(inv_freq: torch.Tensor, head_dim: int, theta: float, s: dict[str, Any]) -> tuple[torch.Tensor, float]:
     factor = s["factor"]
     old_len = s["original_max_position_embeddings"]
-    beta_fast, beta_slow = s.get("beta_fast", 32), s.get("beta_slow", 1)
+    beta_fast, beta_slow = s.get("beta_fast") or 32, s.get("beta_slow") or 1
 
     def correction_dim(num_rotations: float) -> float:
         return head_dim * math.log(old_len / (num_rotations * 2 * math.pi)) / (2 * math.log(theta))
 
-    low = max(math.floor(correction_dim(beta_fast)), 0)
-    high = min(math.ceil(correction_dim(beta_slow)), head_dim - 1)
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if s.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
     ramp = (torch.arange(head_dim // 2, dtype=torch.float64) - low) / max(high - low, 1e-3)
     extrapolation = 1 - ramp.clamp(0, 1)
     inv = inv_freq / factor * (1 - extrapolation) + inv_freq * extrapolation
-    mscale = s.get("attention_factor") or (0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0)
-    return inv, mscale
+    # DeepSeek's configs give mscale and mscale_all_dim: cos/sin get their ratio (1 when equal) and the softmax scale
+    # the rest (see `yarn_softmax_scale`).
+    mscale, mscale_all_dim = s.get("mscale"), s.get("mscale_all_dim")
+    if s.get("attention_factor") is not None:
+        attention_factor = s["attention_factor"]
+    elif mscale and mscale_all_dim:
+        attention_factor = yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
+    else:
+        attention_factor = yarn_mscale(factor)
+    return inv, attention_factor
+
+
+def _rope_type(scaling: dict[str, Any]) -> str:
+    return scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
+
+
+def yarn_softmax_scale(scaling: dict[str, Any]) -> float:
+    """The factor on MLA's softmax scale under YaRN with ``mscale_all_dim`` (DeepSeek-V2/V3); 1 otherwise."""
+    if _rope_type(scaling) == "default" or not scaling.get("mscale_all_dim"):
+        return 1.0
+    return yarn_mscale(scaling["factor"], scaling["mscale_all_dim"]) ** 2
 
 
 def build_cos_sin_cache(head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any]) -> torch.Tensor:
     inv_freq = _inv_freq(head_dim, theta)
     mscale = 1.0
-    rope_type = scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
+    rope_type = _rope_type(scaling)
     if rope_type == "linear":
         inv_freq = inv_freq / scaling["factor"]
     elif rope_type == "llama3":

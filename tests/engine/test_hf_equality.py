@@ -1,4 +1,5 @@
-"""Greedy tokens and final-position log-probabilities equal HF transformers on the same weights."""
+"""Greedy tokens and final-position log-probabilities equal HF transformers on the same weights: dense, MoE and
+MLA models, cold and with the prefix cache hot."""
 from __future__ import annotations
 
 import pytest
@@ -11,7 +12,8 @@ LENGTHS = [1, 3, 4, 5, 8, 15, 16, 17, 33, 64]
 NEW_TOKENS = 10
 
 
-@pytest.fixture(scope="module", params=["qwen3-tiny", "deepseek-tiny", "smollm2-135m"])
+@pytest.fixture(scope="module", params=["qwen3-tiny", "deepseek-tiny", "smollm2-135m", "qwen3-moe-tiny",
+                                        "deepseek-v3-tiny"])
 def model_case(request):
     name = request.param
     llm = LLM(name, block_size=4, num_kv_blocks=1024, max_num_batched_tokens=256)
@@ -42,6 +44,17 @@ def test_greedy_all_together_mixed_finish_times(model_case):
     for out, want, p in zip(outs, expected, params):
         assert out.token_ids == want[: p.max_tokens]
         assert out.finish_reason == "length"
+
+
+def test_greedy_with_prefix_cache_hot(model_case):
+    _, llm, prompts, expected = model_case
+    llm.reset_prefix_cache()
+    greedy = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
+    llm.generate(prompts, SamplingParams(max_tokens=1))  # caches every prompt's full blocks
+    outs = llm.generate(prompts, greedy)
+    # everything but the last block (block_size 4) of each prompt comes from the cache
+    assert [o.num_cached_tokens for o in outs] == [(len(p) - 1) // 4 * 4 for p in prompts]
+    assert [o.token_ids for o in outs] == expected
 
 
 def test_final_position_logprobs_match(model_case):

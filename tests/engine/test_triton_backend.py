@@ -1,11 +1,15 @@
-"""End to end: the Triton kernels (under the interpreter on CPU) give the torch backend's greedy tokens."""
+"""End to end: the Triton kernels (under the interpreter on CPU) give the torch backend's greedy tokens, for the dense
+decoder, Qwen3-MoE (fused MoE) and the DeepSeek-V3 architecture (fused MoE, MLA decode)."""
 from __future__ import annotations
+
+import pytest
 
 from engine import LLM, SamplingParams
 from tests.engine.conftest import random_prompts
 
 
-def test_triton_backend_matches_torch_on_mixed_batch_with_cache_hits():
+@pytest.mark.parametrize("name", ["qwen3-tiny", "qwen3-moe-tiny", "deepseek-v3-tiny"])
+def test_triton_backend_matches_torch_on_mixed_batch_with_cache_hits(name: str) -> None:
     base = random_prompts(50_000, [13], seed=41)[0]
     tails = random_prompts(50_000, [2, 6, 1], seed=42)
     prompts = [base + t for t in tails] + random_prompts(50_000, [5, 11], seed=43)
@@ -13,7 +17,7 @@ def test_triton_backend_matches_torch_on_mixed_batch_with_cache_hits():
     params = [SamplingParams(max_tokens=m, temperature=0, ignore_eos=True) for m in (6, 3, 4, 2, 5)]
     results = {}
     for backend in ("torch", "triton"):
-        llm = LLM("qwen3-tiny", block_size=4, num_kv_blocks=128, max_num_batched_tokens=12, attention_backend=backend)
+        llm = LLM(name, block_size=4, num_kv_blocks=128, max_num_batched_tokens=12, attention_backend=backend)
         llm.generate([base], SamplingParams(max_tokens=1))  # caches base's 3 full blocks
         outs = llm.generate(prompts, params)
         assert [o.num_cached_tokens for o in outs[:3]] == [12, 12, 12]

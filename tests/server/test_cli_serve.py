@@ -55,6 +55,8 @@ def test_serve_subprocess_banner_request_record_and_graceful_sigterm(tmp_path: P
             found = re.search(r"serving qwen3-tiny at (http://127\.0\.0\.1:\d+/v1)", line)
             url = found and found.group(1)
         assert any("loading" in line for line in output) and any("loaded qwen3-tiny" in line for line in output)
+        # 256 pages x 4 tokens; K and V of 2 layers x 2 KV heads x 16 dims in fp32
+        assert any("1,024 tokens fit (gqa cache, 512 KV bytes per token)" in line for line in output), output
 
         headers = {"Authorization": "Bearer sk-cli"}
         body = {"model": "qwen3-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 24,

@@ -1,7 +1,8 @@
 """Chat templates stored in the repo, so that building a model never reads anything outside the installed package.
 
 Each `<family>.jinja` is a verbatim copy of that family's official template (the `chat_template` of its
-tokenizer_config.json): qwen3 = Qwen/Qwen3-0.6B, deepseek-v3.1 = deepseek-ai/DeepSeek-V3.1.
+tokenizer_config.json): qwen3 = Qwen/Qwen3-0.6B, qwen3-coder = Qwen/Qwen3-Coder-30B-A3B-Instruct (Aug 2025),
+deepseek-v3.1 = deepseek-ai/DeepSeek-V3.1.
 """
 from __future__ import annotations
 

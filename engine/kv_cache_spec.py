@@ -1,0 +1,44 @@
+"""What one token occupies in the KV pages of every layer, by attention kind; the runner allocates and budgets by it.
+
+Page ids, block hashing and the prefix cache never look inside a page, so they work unchanged for every kind.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+KVCaches = list[tuple[torch.Tensor, ...]]  # per layer, its page tensors (GQA: K and V; MLA: one latent tensor)
+
+
+@dataclass(frozen=True)
+class KVCacheSpec:
+    """Each layer owns one page tensor per entry of ``token_shapes``, shaped ``[num_blocks, block_size, *shape]``."""
+
+    kind: str  # "gqa" or "mla", for logs
+    num_layers: int
+    token_shapes: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def gqa(cls, num_layers: int, num_kv_heads: int, head_dim: int) -> KVCacheSpec:
+        """Separate K and V of ``num_kv_heads x head_dim`` per token."""
+        return cls("gqa", num_layers, ((num_kv_heads, head_dim), (num_kv_heads, head_dim)))
+
+    @classmethod
+    def mla(cls, num_layers: int, kv_lora_rank: int, rope_dim: int) -> KVCacheSpec:
+        """One row per token: the compressed latent then the rotary key shared by every head (576 values for
+        DeepSeek-V3, about 1/7 of a same-size GQA cache)."""
+        return cls("mla", num_layers, ((1, kv_lora_rank + rope_dim),))
+
+    def bytes_per_token(self, dtype: torch.dtype) -> int:
+        return self.num_layers * sum(math.prod(shape) for shape in self.token_shapes) * dtype.itemsize
+
+    def bytes_per_block(self, block_size: int, dtype: torch.dtype) -> int:
+        return block_size * self.bytes_per_token(dtype)
+
+    def allocate(self, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device) -> KVCaches:
+        return [
+            tuple(torch.zeros(num_blocks, block_size, *shape, dtype=dtype, device=device) for shape in self.token_shapes)
+            for _ in range(self.num_layers)
+        ]

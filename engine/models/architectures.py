@@ -1,0 +1,55 @@
+"""Which model class runs a config's ``model_type``, and building it ready for weights."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from engine.config import SUPPORTED_ARCHITECTURES, ModelConfig
+from engine.models.deepseek_v3 import DeepseekV3ForCausalLM
+from engine.models.llama import LlamaForCausalLM
+from kernels.ops import Ops
+
+MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
+    "llama": LlamaForCausalLM,
+    "mistral": LlamaForCausalLM,
+    "qwen2": LlamaForCausalLM,
+    "qwen3": LlamaForCausalLM,
+    "qwen3_moe": LlamaForCausalLM,  # the Qwen3 decoder; its MoE layers come from the config
+    "deepseek_v2": DeepseekV3ForCausalLM,
+    "deepseek_v3": DeepseekV3ForCausalLM,
+}
+assert set(MODEL_CLASSES) == set(SUPPORTED_ARCHITECTURES)
+
+
+def build_model(
+    cfg: ModelConfig, ops: Ops, device: torch.device, dtype: torch.dtype, max_positions: int,
+    on_meta: Callable[[nn.Module], None] | None = None,
+) -> LlamaForCausalLM:
+    """The model for ``cfg`` on ``device`` in ``dtype`` with uninitialized weights (load them next) and its RoPE
+    table for ``max_positions``. Modules marked ``keep_fp32`` (MoE routers) stay in fp32. ``on_meta`` may swap
+    modules before any memory is allocated (FP8 layers are never allocated at full precision)."""
+    with torch.device("meta"):
+        model = MODEL_CLASSES[cfg.architecture](cfg, ops).to(dtype)
+        for module in model.modules():
+            if getattr(module, "keep_fp32", False):
+                module.float()
+        if on_meta is not None:
+            on_meta(model)
+    model = model.to_empty(device=device)
+    model.tie_weights()
+    model.init_rope(max_positions, device)
+    return model
+
+
+def random_weights_(model: nn.Module, seed: int = 0, std: float = 0.02) -> None:
+    """Random weights of the model's real shapes (norm weights 1), for ``load_format="dummy"``: benchmarks of a
+    model without its checkpoint. Generated on the model's device, so a 30B model takes seconds on a GPU."""
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            else:
+                param.normal_(0.0, std, generator=gen)

@@ -1,0 +1,86 @@
+"""Mixture-of-experts MLP layers: a router picks each token's top-k experts, `ops.fused_moe` runs them.
+
+One module serves Qwen3-MoE (softmax top-k, optionally renormalized) and DeepSeek-V2/V3 (shared experts; V3's
+sigmoid scores with a correction bias, group-limited top-k and a routed scaling factor). The routing variants are
+configuration (`engine.config.MoEConfig`), not subclasses.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.config import MoEConfig, ModelConfig
+from engine.models.mlp import MLP
+from kernels.ops import Ops
+
+
+def select_experts(
+    logits: torch.Tensor, correction_bias: torch.Tensor | None, moe: MoEConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(weights [T, K] fp32, ids [T, K])`` from router logits ``[T, E]`` (fp32), as the HF implementations do."""
+    scores = logits.softmax(-1) if moe.scoring == "softmax" else logits.sigmoid()
+    choice = scores if correction_bias is None else scores + correction_bias  # the bias steers only the choice
+    if moe.n_group > 1:
+        grouped = choice.view(choice.shape[0], moe.n_group, -1)
+        group_scores = grouped.topk(2, dim=-1).values.sum(-1) if moe.group_score == "top2_sum" else grouped.amax(-1)
+        best_groups = group_scores.topk(moe.topk_group, dim=-1).indices
+        keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best_groups, True)
+        choice = choice.masked_fill(~keep.repeat_interleave(grouped.shape[-1], dim=1), float("-inf"))
+    ids = choice.topk(moe.top_k, dim=-1).indices
+    weights = scores.gather(1, ids)
+    if moe.norm_topk_prob:
+        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+    return weights * moe.routed_scaling_factor, ids
+
+
+class Router(nn.Module):
+    """The ``gate`` of an MoE layer. Routing is decided in fp32 whatever the model dtype (the runner keeps modules
+    with ``keep_fp32`` in fp32): DeepSeek's correction biases differ in digits bf16 does not hold."""
+
+    keep_fp32 = True
+
+    def __init__(self, hidden_size: int, moe: MoEConfig) -> None:
+        super().__init__()
+        self.moe = moe
+        self.weight = nn.Parameter(torch.empty(moe.num_experts, hidden_size))
+        self.e_score_correction_bias = nn.Parameter(torch.empty(moe.num_experts)) if moe.correction_bias else None
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return select_experts(F.linear(x.float(), self.weight), self.e_score_correction_bias, self.moe)
+
+
+class Experts(nn.Module):
+    """Every routed expert's weights stacked: ``gate_up_proj`` ``[E, 2I, H]`` (gate rows, then up) and ``down_proj``
+    ``[E, H, I]``, as transformers holds them; checkpoints store them per expert (weights.py stacks them)."""
+
+    def __init__(self, hidden_size: int, moe: MoEConfig) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.empty(moe.num_experts, 2 * moe.intermediate_size, hidden_size))
+        self.down_proj = nn.Parameter(torch.empty(moe.num_experts, hidden_size, moe.intermediate_size))
+
+
+class SparseMoE(nn.Module):
+    """Routed experts plus, for DeepSeek, always-on shared experts (one MLP of ``n_shared x`` the expert width)."""
+
+    def __init__(self, hidden_size: int, moe: MoEConfig) -> None:
+        super().__init__()
+        self.gate = Router(hidden_size, moe)
+        self.experts = Experts(hidden_size, moe)
+        self.shared_experts = (
+            MLP(hidden_size, moe.intermediate_size * moe.num_shared_experts) if moe.num_shared_experts else None
+        )
+
+    def forward(self, ops: Ops, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.gate(x)
+        out = ops.fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(ops, x)
+        return out
+
+
+def make_mlp(cfg: ModelConfig, layer_idx: int) -> MLP | SparseMoE:
+    """Layer ``layer_idx``'s MLP: the MoE where the config puts one, else the dense MLP."""
+    if cfg.moe is not None and layer_idx in cfg.moe.moe_layers:
+        return SparseMoE(cfg.hidden_size, cfg.moe)
+    return MLP(cfg.hidden_size, cfg.intermediate_size)
