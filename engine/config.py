@@ -73,6 +73,12 @@ class EngineConfig:
     load_format: str = field(
         default="auto", metadata=_help("weights: auto (read the checkpoint) or dummy (random weights of the config's "
                                        "shapes, nothing read: benchmarks)", choices=("auto", "dummy")))
+    tensor_parallel_size: int = field(
+        default=1, metadata=_help("shard the model over this many ranks (one process each; GPUs cuda:0..N-1 or, "
+                                  "on CPU, gloo): attention heads, MLPs and the vocabulary split N ways"))
+    enable_expert_parallel: bool = field(
+        default=False, metadata=_help("MoE models under tensor parallelism: each rank holds whole experts (1/N of "
+                                      "them) instead of a 1/N slice of every expert"))
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -100,6 +106,8 @@ class EngineConfig:
             raise ValueError(f"attention_backend must be 'torch' or 'triton', got {self.attention_backend!r}")
         if self.async_scheduling is None:
             self.async_scheduling = on_cuda
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be at least 1, got {self.tensor_parallel_size}")
 
     @property
     def torch_dtype(self) -> "torch.dtype":

@@ -4,6 +4,10 @@ through a command queue one way and per-request output sinks the other way.
 The loop blocks on the command queue while the engine is idle (no spinning), and drains every queued command
 before each step, so requests that arrive together are admitted together and batched by the scheduler. It hands
 out token-level outputs only: text is made by an `OutputProcessor` on the receiving side.
+
+A step that fails is one bad batch: its requests fail and the loop goes on. A `FatalEngineError` (a tensor-parallel
+worker died) ends the loop instead, as does `fail()` from another thread (the workers' watcher); ``on_death`` hears
+of it once, and a server exits on it.
 """
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from engine.errors import RequestRejected
+from engine.errors import FatalEngineError, RequestRejected
 from engine.llm_engine import LLMEngine
 from engine.outputs import SequenceOutput
 from engine.sampling_params import SamplingParams
@@ -74,18 +78,27 @@ class _Stop:
     pass
 
 
+@dataclass
+class _Fatal:
+    error: BaseException
+
+
 class EngineLoop:
-    def __init__(self, engine: LLMEngine, listener: StepListener | None = None) -> None:
+    def __init__(self, engine: LLMEngine, listener: StepListener | None = None,
+                 on_death: Callable[[BaseException], None] | None = None) -> None:
         self.engine = engine
         self.listener = listener
+        self.on_death = on_death  # called once, from whichever thread saw the engine die
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._sinks: dict[str, OutputSink] = {}
         self._thread: threading.Thread | None = None
-        self.error: BaseException | None = None  # set when the loop died; /health reports it
+        self._death_lock = threading.Lock()
+        self.error: BaseException | None = None  # set when the engine died; /health reports it
 
     # ---- any thread ------------------------------------------------------------------------------------------------
     def start(self) -> None:
         if self._thread is None:
+            self.engine.watch_workers(self.fail)
             self._thread = threading.Thread(target=self._run, name="kvserve-engine", daemon=True)
             self._thread.start()
 
@@ -97,7 +110,13 @@ class EngineLoop:
 
     @property
     def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._thread is not None and self._thread.is_alive() and self.error is None
+
+    def fail(self, error: BaseException) -> None:
+        """Declare the engine dead (a tensor-parallel worker died): health turns bad at once, and the engine thread
+        fails every request and stops at its next command, or as soon as its step in progress fails."""
+        self._die(error)
+        self._commands.put(_Fatal(error))
 
     def submit(self, requests: list[EngineRequest], sink: OutputSink) -> concurrent.futures.Future:
         """Queue requests, admitted together (one command, so no step runs between them); the future resolves once
@@ -139,11 +158,20 @@ class EngineLoop:
                 self._step()
         except BaseException as exc:  # the engine state is unusable: fail everyone rather than hang them
             log.exception("engine loop died")
-            self.error = exc
-            self._fail_all(EngineDeadError(f"engine failure: {exc!r}"))
+            self._die(exc)
+            self._fail_all(EngineDeadError(f"engine failure: {exc}"))
         finally:
+            self.engine.watch_workers(None)
             self._abort_all()
             self._reject_pending()
+
+    def _die(self, error: BaseException) -> None:
+        with self._death_lock:
+            if self.error is not None:
+                return
+            self.error = error
+        if self.on_death is not None:
+            self.on_death(error)
 
     def _handle(self, commands: list) -> bool:
         """Apply queued commands in order; False on stop."""
@@ -162,6 +190,8 @@ class EngineLoop:
                     command.result.set_exception(exc)
             elif isinstance(command, _Stop):
                 return False
+            elif isinstance(command, _Fatal):
+                raise command.error
         return True
 
     def _add(self, command: _Add) -> None:
@@ -193,6 +223,8 @@ class EngineLoop:
             return
         try:
             outputs = self.engine.step()
+        except FatalEngineError:
+            raise
         except Exception as exc:  # noqa: BLE001 - one bad batch must not take the server down
             log.exception("engine step failed; aborting the running requests")
             self._fail_all(EngineDeadError(f"engine step failed: {exc!r}"))

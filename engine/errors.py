@@ -19,3 +19,15 @@ class KVCacheTooSmallError(RequestRejected):
     """The prompt needs more KV blocks than the whole pool has."""
 
     code = "kv_cache_too_small"
+
+
+class FatalEngineError(RuntimeError):
+    """The engine cannot go on (a step failing this way is not one bad batch): it stops, and a server exits."""
+
+
+class WorkerDiedError(FatalEngineError):
+    """A tensor-parallel worker process died; the message carries its own error (or the signal that killed it)."""
+
+
+class ParallelConfigError(ValueError):
+    """A tensor-parallel size this model's shape or this machine's devices cannot take."""

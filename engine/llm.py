@@ -82,6 +82,16 @@ class LLM:
     def tokenizer(self):
         return self.engine.tokenizer
 
+    def close(self) -> None:
+        """Stop the tensor-parallel workers, if any (``with LLM(...) as llm:`` does it on leaving)."""
+        self.engine.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
     @property
     def cache_stats(self) -> CacheStats:
         """Prefix-cache counters: queries and hits in tokens (preempted re-admissions apart), evictions."""

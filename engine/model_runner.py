@@ -6,6 +6,11 @@ them with one host-to-device copy, launches the forward and the sampler, and sta
 it returns a `StepHandle` at once. `StepHandle.result()` waits for that copy (the step's one sync) and returns the
 `ModelRunnerOutput`. On a GPU the engine schedules and prepares the next step in between (async scheduling): the
 next step's decode inputs read the sampled ids straight from the device.
+
+Under tensor parallelism every rank has a runner for its shard and applies the same `SchedulerOutput`s (rank 0
+sends them, engine/parallel/). Sampling happens on rank 0 only: the vocab-parallel head gathers the logits there,
+rank 0 samples (penalties, seeded generators and logprobs live there alone) and broadcasts the ids, which every
+rank needs for the next step's inputs. The ranks' tokens are therefore identical by construction.
 """
 from __future__ import annotations
 
@@ -24,6 +29,8 @@ from engine.input_batch import InputBatch, RunnerRequest
 from engine.models.architectures import build_model, random_weights_
 from engine.models.llama import AttentionMetadata
 from engine.outputs import ModelRunnerOutput, NewRequestData, SchedulerOutput
+from engine.parallel.memory import RankMemory, measure
+from engine.parallel.state import SINGLE, TensorParallel
 from engine.sampler import Penalties, SamplerOutput, SamplingBatch, has_penalties, make_generator, penalty_parameters, sample
 from engine.sampling_params import SamplingParams
 from engine.step_inputs import DeviceInputs, HostInputs, flatten
@@ -54,7 +61,7 @@ class _DeviceWork:
 
     host: HostInputs
     pad_to: int | None  # run the decode graph of this size
-    sampling: SamplingBatch | None  # None: nothing samples this step
+    sampling: SamplingBatch | None  # None: nothing samples this step, or another rank samples
     histories: list[tuple[torch.Tensor | None, torch.Tensor | None]] | None  # penalties: per row (counts, seen)
 
 
@@ -95,17 +102,36 @@ class StepHandle:
         return self._output
 
 
+@dataclass
+class StepPipeline:
+    """Which launched step to collect now: with async scheduling the one before (its tokens come back while the
+    step just launched runs), else the one just launched. Rank 0's engine and every worker step through one."""
+
+    overlap: bool
+    in_flight: StepHandle | None = None
+
+    def push(self, handle: StepHandle, scheduled: bool) -> StepHandle | None:
+        if not self.overlap:
+            return handle
+        done, self.in_flight = self.in_flight, (handle if scheduled else None)
+        return done
+
+
 class ModelRunner:
-    def __init__(self, model_dir: Path, model_cfg: ModelConfig, cfg: EngineConfig, max_model_len: int) -> None:
+    """One rank's runner (the only one without tensor parallelism); ``cfg.device`` is this rank's device."""
+
+    def __init__(self, model_dir: Path, model_cfg: ModelConfig, cfg: EngineConfig, max_model_len: int,
+                 tp: TensorParallel = SINGLE) -> None:
         self.cfg = cfg
         self.model_cfg = model_cfg
         self.max_model_len = max_model_len
+        self.tp = tp
         self.device = torch.device(cfg.device)
         self.dtype = cfg.torch_dtype
         torch.manual_seed(cfg.seed)
         fp8_layers = fp8_gemm_supported(cfg.attention_backend, self.device) and cfg.load_format != "dummy"
         model = build_model(model_cfg, get_ops(cfg.attention_backend), self.device, self.dtype, max_model_len,
-                            on_meta=(lambda m: use_fp8_layers(m, model_dir)) if fp8_layers else None)
+                            on_meta=(lambda m: use_fp8_layers(m, model_dir)) if fp8_layers else None, tp=tp)
         if cfg.load_format == "dummy":
             random_weights_(model, cfg.seed)
         else:
@@ -127,9 +153,13 @@ class ModelRunner:
         self._device_thread = (ThreadPoolExecutor(1, thread_name_prefix="kvserve-device")
                                if cfg.async_scheduling and self.device.type != "cuda" else None)
         # Graphs need kernels without host syncs: the Triton ops (the torch reference reads lengths on the host).
-        use_graphs = self.device.type == "cuda" and cfg.attention_backend == "triton" and not cfg.enforce_eager
-        self.num_blocks = cfg.num_kv_blocks or self._blocks_from_memory_budget(use_graphs)
+        # Under tensor parallelism decode runs eagerly: capturing the NCCL collectives is not verified yet.
+        use_graphs = (self.device.type == "cuda" and cfg.attention_backend == "triton" and not cfg.enforce_eager
+                      and tp.size == 1)
+        # Every rank holds its shard of every page, so all ranks agree on the pool: the smallest that fits.
+        self.num_blocks = tp.min(cfg.num_kv_blocks or self._blocks_from_memory_budget(use_graphs), self.device)
         self.kv_caches = self._new_caches(self.num_blocks)
+        self.memory: RankMemory = measure(tp.rank, self.model, self.kv_caches)
         self.decode_graphs: DecodeGraphRunner | None = None
         if use_graphs:
             self.decode_graphs = self._capture_decode_graphs()
@@ -157,12 +187,13 @@ class ModelRunner:
         req_ids = [all_ids[r] for r in host.sample_rows.tolist()]
         work = _DeviceWork(host, pad_to, None, None)
         handle = StepHandle(self, req_ids)
-        if req_ids:
+        if req_ids and self.tp.is_first:  # rank 0 samples (module docstring)
             work.sampling = self._sampling_batch_for(req_ids)
             handle.params = work.sampling.params
             if work.sampling.penalized_rows:
                 requests = self.requests
                 work.histories = [(requests[r].output_counts, requests[r].prompt_seen) for r in req_ids]
+        if req_ids:
             batch.pending_src[host.sample_rows] = np.arange(len(req_ids), dtype=np.int32)
         self.profile.prepare_s += time.perf_counter() - start
         if self._device_thread is not None:
@@ -186,7 +217,7 @@ class ModelRunner:
         else:
             hidden = self.model(input_ids, positions, self.kv_caches, self.inputs.metadata(host))
         launched = _Launched(None)
-        if work.sampling is not None:
+        if len(host.sample_index):
             launched = self._sample(hidden, host, work, timed=started is not None)
             launched.started = started
         self.profile.launch_s += time.perf_counter() - start
@@ -221,9 +252,10 @@ class ModelRunner:
         batch.samples[rows] = [s.samples for s in scheduled]
 
     def _new_request(self, new: NewRequestData) -> RunnerRequest:
+        samples_here = self.tp.is_first  # generators and penalty histories live where sampling happens
         req = RunnerRequest(new.req_id, list(new.prompt_token_ids), new.params,
-                            None if new.seed is None else make_generator(new.seed, self.device))
-        if has_penalties(new.params):
+                            None if new.seed is None or not samples_here else make_generator(new.seed, self.device))
+        if has_penalties(new.params) and samples_here:
             vocab = self.model_cfg.vocab_size
             req.output_counts = torch.zeros(vocab, device=self.device)
             req.prompt_seen = torch.zeros(vocab, dtype=torch.bool, device=self.device)
@@ -234,11 +266,15 @@ class ModelRunner:
     def _sample(self, hidden: torch.Tensor, host: HostInputs, work: _DeviceWork, timed: bool) -> _Launched:
         index = torch.from_numpy(host.sample_index).to(self.device, non_blocking=True).long()
         logits = self.model.compute_logits(hidden.index_select(0, index))
-        sampling = work.sampling
-        penalties = self._penalties(work.histories, sampling.params) if work.histories else None
-        out = sample(logits, sampling, penalties)
-        for i in sampling.penalized_rows:  # count the new token in the sequence's history, on the device
-            work.histories[i][0].index_add_(0, out.token_ids[i : i + 1], torch.ones(1, device=self.device))
+        if logits is None:  # rank 0 samples; this rank receives the ids
+            out = SamplerOutput(torch.empty(len(index), dtype=torch.long, device=self.device), [])
+        else:
+            sampling = work.sampling
+            penalties = self._penalties(work.histories, sampling.params) if work.histories else None
+            out = sample(logits, sampling, penalties)
+            for i in sampling.penalized_rows:  # count the new token in the sequence's history, on the device
+                work.histories[i][0].index_add_(0, out.token_ids[i : i + 1], torch.ones(1, device=self.device))
+        self.tp.broadcast_from_first(out.token_ids)
         self._prev_sampled = out.token_ids
         if self.device.type != "cuda":
             return _Launched(out)
@@ -343,9 +379,12 @@ class ModelRunner:
         )
         hidden = self.model(torch.zeros(n, dtype=torch.long, device=dev), positions, self._new_caches(1), meta)
         rows = min(self.cfg.max_num_seqs, n)
+        logits = self.model.compute_logits(hidden[-rows:])
+        if logits is None:  # sampled on rank 0
+            return
         params = [_PROFILE_PARAMS] * rows
         penalties = Penalties.from_histories(params, [[0]] * rows, [[0]] * rows, self.model_cfg.vocab_size, dev)
-        sample(self.model.compute_logits(hidden[-rows:]), SamplingBatch(params, [None] * rows, dev), penalties)
+        sample(logits, SamplingBatch(params, [None] * rows, dev), penalties)
 
     def _profile_decode_graphs(self) -> int:
         """Bytes the decode graphs' pool will hold: the allocation peak of the largest padded decode forward (with

@@ -1,6 +1,9 @@
 """Load HF-format safetensors checkpoints into the models, fusing q/k/v and gate/up and stacking per-expert MoE
 weights as they stream in.
 
+Under tensor parallelism each rank reads only its part of every tensor (safetensors' ``get_slice``), as the
+layer's `Sharding` (engine/parallel/linear.py) says: no rank ever holds the full model in memory.
+
 FP8 block-scaled checkpoints (``engine.models.quant``) load either way: after `use_fp8_layers` their quantized
 linears are `Fp8Linear` and take the FP8 bytes and scales as stored; otherwise each weight is dequantized with its
 ``weight_scale_inv`` into the engine dtype as it is read.
@@ -18,6 +21,7 @@ from torch import nn
 from tqdm import tqdm
 
 from engine.models.quant import SCALE_SUFFIX, Fp8Format, Fp8Linear, swap_in_fp8_linears
+from engine.parallel.linear import Sharding
 
 log = logging.getLogger(__name__)
 
@@ -52,19 +56,31 @@ class _Checkpoint:
     def __contains__(self, name: str) -> bool:
         return name in self._file_of
 
-    def get(self, name: str) -> torch.Tensor:
-        return self._handles[self._file_of[name]].get_tensor(name)
+    def get(self, name: str, index: tuple[slice, ...] | None = None) -> torch.Tensor:
+        """The tensor, or only its part ``index`` (read from disk without the rest)."""
+        handle = self._handles[self._file_of[name]]
+        return handle.get_tensor(name) if index is None else handle.get_slice(name)[index]
+
+    def bounds(self, name: str, index: tuple[slice, ...] | None) -> tuple[slice, slice]:
+        """``index`` of a 2-D tensor as explicit (rows, columns) bounds."""
+        shape = self._handles[self._file_of[name]].get_slice(name).get_shape()
+        index = (index or ()) + (slice(None),) * (2 - len(index or ()))
+        return tuple(slice(*part.indices(size)[:2]) for part, size in zip(index, shape))
 
 
 @dataclass(frozen=True)
 class _Target:
     """Where checkpoint tensor ``module_path.attr`` goes: ``rows`` of the output dim of a fused projection, an
-    expert's part of stacked expert weights (``(expert,)`` or ``(expert, rows)``), or all of it (None)."""
+    expert's part of stacked expert weights (``(expert,)`` or ``(expert, rows)``), or all of it (None). ``source``
+    is the part of the checkpoint tensor this rank reads (None: all of it); ``zero``: the rank holds zeros there
+    and reads nothing (a row-parallel bias beyond rank 0)."""
 
     path: str
     module: nn.Module
     attr: str
     rows: slice | tuple | None
+    source: tuple[slice, ...] | None = None
+    zero: bool = False
 
     def destination(self) -> torch.Tensor:
         param = getattr(self.module, self.attr)
@@ -72,13 +88,12 @@ class _Target:
 
 
 def _shard_sizes(model: nn.Module, path: str) -> list[int]:
-    """Output rows of each checkpoint projection fused into the layer at ``path`` (one entry if not fused)."""
+    """This rank's output rows of each checkpoint projection fused into the layer at ``path`` (one entry if not
+    fused)."""
     module = model.get_submodule(path)
-    if path.endswith("qkv_proj"):
-        attn = model.get_submodule(path.rpartition(".")[0])
-        return [attn.q_size, attn.kv_size, attn.kv_size]
-    if path.endswith("gate_up_proj"):
-        return [module.weight.shape[0] // 2] * 2
+    sharding = getattr(module, "sharding", None)
+    if sharding is not None and sharding.dim == 0:
+        return sharding.local_sizes
     return [module.weight.shape[0]]
 
 
@@ -96,16 +111,21 @@ def _target(model: nn.Module, name: str) -> _Target | None:
 
 
 def _expert_target(model: nn.Module, parts: list[str]) -> _Target | None:
-    """``...mlp.experts.<e>.{gate,up,down}_proj.weight`` -> its part of the stacked expert parameters."""
+    """``...mlp.experts.<e>.{gate,up,down}_proj.weight`` -> its part of the stacked expert parameters (None for an
+    expert another rank holds)."""
     if len(parts) < 5 or parts[-4] != "experts" or not parts[-3].isdigit() or parts[-1] != "weight":
         return None
     path = ".".join(parts[:-3])
-    experts, expert = model.get_submodule(path), int(parts[-3])
-    if parts[-2] == "down_proj":
-        return _Target(path, experts, "down_proj", (expert,))
+    experts, projection = model.get_submodule(path), parts[-2]
+    expert = experts.sharding.local_index(int(parts[-3]))
+    if expert is None:
+        return None
+    source = experts.sharding.checkpoint_index(projection)
+    if projection == "down_proj":
+        return _Target(path, experts, "down_proj", (expert,), source)
     inter = experts.gate_up_proj.shape[1] // 2
-    half = {"gate_proj": slice(0, inter), "up_proj": slice(inter, 2 * inter)}[parts[-2]]
-    return _Target(path, experts, "gate_up_proj", (expert, half))
+    half = {"gate_proj": slice(0, inter), "up_proj": slice(inter, 2 * inter)}[projection]
+    return _Target(path, experts, "gate_up_proj", (expert, half), source)
 
 
 def _layer_target(model: nn.Module, parts: list[str]) -> _Target | None:
@@ -114,20 +134,23 @@ def _layer_target(model: nn.Module, parts: list[str]) -> _Target | None:
     path, attr = ".".join(parts[:-1]), parts[-1]
     try:
         module = model.get_submodule(path)
+        part = 0
     except AttributeError:
         if len(parts) < 4 or parts[-2] not in _FUSED:
             raise
-        fused, shard = _FUSED[parts[-2]]
+        fused, part = _FUSED[parts[-2]]
         path = ".".join(parts[:-2] + [fused])
         module = model.get_submodule(path)
-        sizes = _shard_sizes(model, path)
-        start = sum(sizes[:shard])
-        rows = slice(start, start + sizes[shard])
-    else:
-        rows = None
     if not isinstance(getattr(module, attr, None), nn.Parameter):
         return None
-    return _Target(path, module, attr, rows)
+    sharding = getattr(module, "sharding", None)
+    if sharding is None:  # replicated: every rank reads all of it
+        return _Target(path, module, attr, None)
+    source = sharding.checkpoint_index(attr, part)
+    if source is None:
+        return _Target(path, module, attr, None, zero=True)
+    rows = sharding.local_rows(part, source[0].stop - source[0].start) if sharding.dim == 0 else None
+    return _Target(path, module, attr, rows, source)
 
 
 def use_fp8_layers(model: nn.Module, model_dir: Path) -> int:
@@ -150,9 +173,9 @@ def use_fp8_layers(model: nn.Module, model_dir: Path) -> int:
 
 
 def _read(ckpt: _Checkpoint, name: str, target: _Target, fmt: Fp8Format | None) -> torch.Tensor:
-    """Checkpoint tensor ``name`` as ``target`` stores it: FP8 bytes for an `Fp8Linear` (whose scales are loaded
-    here too), else dequantized when the checkpoint quantized it."""
-    tensor = ckpt.get(name)
+    """This rank's part of checkpoint tensor ``name`` as ``target`` stores it: FP8 bytes for an `Fp8Linear` (whose
+    scales are loaded here too), else dequantized when the checkpoint quantized it."""
+    tensor = ckpt.get(name, target.source)
     if tensor.dtype != torch.float8_e4m3fn:
         if isinstance(target.module, Fp8Linear) and target.attr == "weight":
             raise ValueError(f"{name} has a {SCALE_SUFFIX.lstrip('.')} but is {tensor.dtype}, not float8_e4m3fn")
@@ -161,11 +184,16 @@ def _read(ckpt: _Checkpoint, name: str, target: _Target, fmt: Fp8Format | None) 
     if fmt is None or scale_name not in ckpt:
         raise ValueError(f"{name} is float8_e4m3fn but the checkpoint has no {scale_name} and no FP8 "
                          "quantization_config in config.json to read it with")
-    scale_inv = ckpt.get(scale_name)
+    grid, offset = fmt.covering_scales(*ckpt.bounds(name, target.source))
+    scale_inv = ckpt.get(scale_name, grid)
     if isinstance(target.module, Fp8Linear):
+        if offset != (0, 0):
+            raise ValueError(f"{name}: this rank's part starts inside a {list(fmt.block)} FP8 block; layers kept in "
+                             "FP8 need tensor-parallel parts of whole blocks (choose a tensor_parallel_size whose "
+                             "parts of every projection are multiples of the block)")
         target.module.load_scales(scale_name, scale_inv, target.rows)
         return tensor
-    return fmt.dequantize(scale_name, tensor, scale_inv, target.destination().dtype)
+    return fmt.dequantize(scale_name, tensor, scale_inv, target.destination().dtype, offset)
 
 
 @torch.no_grad()
@@ -180,6 +208,7 @@ def load_weights(model: nn.Module, model_dir: Path, progress: bool = True) -> No
     if model.cfg.tie_word_embeddings:
         expected.discard("lm_head.weight")  # shares embed_tokens.weight; named_parameters lists it once anyway
     filled: set[int] = set()
+    _zero_vocab_padding(model)
     for path in tqdm(files, desc="Loading weights", unit="file", disable=not progress or len(files) < 2):
         for name in ckpt.names[path]:
             if name == "lm_head.weight" and model.cfg.tie_word_embeddings:
@@ -189,8 +218,12 @@ def load_weights(model: nn.Module, model_dir: Path, progress: bool = True) -> No
             target = _target(model, name)
             if target is None:
                 continue
-            tensor = _read(ckpt, name, target, fmt)
             dst = target.destination()
+            if target.zero:
+                dst.zero_()
+                filled.add(id(getattr(target.module, target.attr)))
+                continue
+            tensor = _read(ckpt, name, target, fmt)
             if dst.shape != tensor.shape:
                 raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(dst.shape)}")
             dst.copy_(tensor)
@@ -200,3 +233,11 @@ def load_weights(model: nn.Module, model_dir: Path, progress: bool = True) -> No
     missing = [n for n, p in model.named_parameters() if id(p) not in filled and n in expected]
     if missing:
         raise ValueError(f"checkpoint in {model_dir} lacks {len(missing)} tensors, e.g. {missing[:3]}")
+
+
+def _zero_vocab_padding(model: nn.Module) -> None:
+    """The rows past the vocabulary in the last rank's embedding and head block: never read, but kept finite."""
+    for module in model.modules():
+        sharding = getattr(module, "sharding", None)
+        if isinstance(sharding, Sharding) and sharding.pad:
+            module.weight.zero_()

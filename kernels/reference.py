@@ -188,14 +188,15 @@ def fused_moe(
     ``hidden`` ``[T, H]``; ``gate_up_proj`` ``[E, 2I, H]`` (gate rows, then up rows); ``down_proj`` ``[E, H, I]``;
     ``topk_weights`` ``[T, K]`` (float32) and ``topk_ids`` ``[T, K]``. An expert is
     ``down @ silu_and_mul(gate_up @ x)``, computed in the activation dtype; the weighted sum accumulates in fp32.
+    An id of -1 marks a pair whose expert this rank does not hold (expert parallelism): it adds nothing.
     """
     num_tokens, top_k = topk_ids.shape
     out = torch.zeros(num_tokens, hidden.shape[1], dtype=torch.float32, device=hidden.device)
     flat_ids = topk_ids.flatten()
-    order = flat_ids.argsort(stable=True)  # (token, k) pairs grouped by expert
-    counts = torch.bincount(flat_ids, minlength=gate_up_proj.shape[0]).tolist()
+    order = flat_ids.argsort(stable=True)  # (token, k) pairs grouped by expert, the skipped (-1) ones first
+    skipped, *counts = torch.bincount(flat_ids + 1, minlength=gate_up_proj.shape[0] + 1).tolist()
     weights = topk_weights.flatten().float()
-    start = 0
+    start = skipped
     for expert, count in enumerate(counts):
         if count == 0:
             continue
@@ -276,10 +277,14 @@ def quantize_fp8_blocks(x: torch.Tensor, block: tuple[int, int]) -> tuple[torch.
     return values[:rows, :cols].contiguous(), scale_inv
 
 
-def dequantize_fp8_blocks(values: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
-    """float32 ``values * scale_inv`` with each scale spread over its ``block`` (partial edge blocks cropped)."""
+def dequantize_fp8_blocks(values: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int],
+                          offset: tuple[int, int] = (0, 0)) -> torch.Tensor:
+    """float32 ``values * scale_inv`` with each scale spread over its ``block`` (partial edge blocks cropped).
+    ``values`` may be a slice of a blocked tensor starting ``offset`` (rows, columns) into the first block that
+    ``scale_inv`` covers (a tensor-parallel rank's part)."""
     rows, cols = values.shape
-    scale = scale_inv.float().repeat_interleave(block[0], dim=0)[:rows].repeat_interleave(block[1], dim=1)[:, :cols]
+    (r0, c0), (bn, bk) = offset, block
+    scale = scale_inv.float().repeat_interleave(bn, dim=0)[r0 : r0 + rows].repeat_interleave(bk, dim=1)[:, c0 : c0 + cols]
     return values.float() * scale
 
 

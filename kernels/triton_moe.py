@@ -3,7 +3,8 @@
 Every (token, k) pair goes to expert ``topk_ids[token, k]``. `align_by_expert` sorts the pairs by expert and pads each
 expert's run to a multiple of ``BLOCK_M``, so every ``BLOCK_M``-row tile of the sorted order belongs to one expert.
 One launch multiplies each tile by its expert's gate_up weights, SiLU-and-mul follows, and a second launch multiplies
-by the down weights and the routing weight; each token's top-k rows are then summed.
+by the down weights and the routing weight; each token's top-k rows are then summed. Pairs with expert id -1 (held by
+another rank under expert parallelism) sort into a last run that no tile computes; their rows stay zero.
 
 Nothing here waits for the device: the sorted order has at most ``T*K + E*(BLOCK_M - 1)`` rows, the grid is sized
 for that bound, and tiles past the real padded length exit at once. The launches are therefore CUDA-graph safe.
@@ -26,22 +27,25 @@ def align_by_expert(
     ``sorted_pairs`` ``[T*K + E*(block_m - 1)]`` int32: flat pair indices (``token * K + k``) grouped by expert, each
     expert's run padded to a multiple of ``block_m`` with ``T*K`` (no pair); ``tile_experts`` the expert of each
     ``block_m``-row tile (meaningless past ``num_padded``); ``num_padded`` ``[1]`` the padded length actually used.
+    Pairs of expert -1 form a run after the last expert's, past ``num_padded``.
     """
     flat = topk_ids.flatten().long()
+    flat = flat.masked_fill(flat < 0, num_experts)  # the skipped pairs' run comes last
     num_pairs, device = flat.numel(), flat.device
+    runs = num_experts + 1
     # scatter_add, not bincount: bincount reads its maximum back to the host on CUDA.
-    counts = torch.zeros(num_experts, dtype=torch.long, device=device).scatter_add_(0, flat, torch.ones_like(flat))
+    counts = torch.zeros(runs, dtype=torch.long, device=device).scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + block_m - 1) // block_m * block_m
     padded_end = padded.cumsum(0)
     order = flat.argsort(stable=True)
     experts = flat[order]
     rank = torch.arange(num_pairs, device=device) - (counts.cumsum(0) - counts)[experts]
-    capacity = num_pairs + num_experts * (block_m - 1)
+    capacity = num_pairs + runs * (block_m - 1)
     sorted_pairs = torch.full((capacity,), num_pairs, dtype=torch.int32, device=device)
     sorted_pairs[(padded_end - padded)[experts] + rank] = order.to(torch.int32)
     tile_starts = torch.arange(0, capacity, block_m, device=device)
     tile_experts = torch.searchsorted(padded_end, tile_starts, right=True).clamp_(max=num_experts - 1)
-    return sorted_pairs, tile_experts.to(torch.int32), padded_end[-1:]
+    return sorted_pairs, tile_experts.to(torch.int32), padded_end[num_experts - 1 : num_experts]
 
 
 @triton.jit
@@ -125,7 +129,7 @@ def fused_moe(
     alignment = align_by_expert(topk_ids, num_experts, block_m)
     gate_up = hidden.new_empty(num_pairs, gate_up_proj.shape[1])
     _grouped_gemm(hidden, gate_up_proj, gate_up, alignment, top_k, None, block_m)
-    down = hidden.new_empty(num_pairs, hidden_size)
+    down = hidden.new_zeros(num_pairs, hidden_size)  # zeros: the rows of skipped (-1) pairs are never written
     weights = topk_weights.float().flatten()
     _grouped_gemm(silu_and_mul(gate_up), down_proj, down, alignment, 1, weights, block_m)
     return down.view(num_tokens, top_k, hidden_size).sum(1)

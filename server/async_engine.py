@@ -99,7 +99,13 @@ class AsyncEngine:
         self._loop.start()
 
     def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop the engine thread, then what outlives it (tensor-parallel workers)."""
         self._loop.shutdown(timeout)
+        self.engine.close()
+
+    def on_death(self, callback: Callable[[BaseException], None]) -> None:
+        """Call ``callback`` (from an engine or watcher thread) once, when the engine dies for good."""
+        self._loop.on_death = callback
 
     @property
     def alive(self) -> bool:

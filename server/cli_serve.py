@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 
 from server.engine_args import add_engine_args, engine_config_from_args
@@ -18,9 +19,16 @@ examples:
   curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
        -d '{"messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 32}'
 
+  kvserve serve --model qwen3-8b --tensor-parallel-size 2    # one process per GPU, cuda:0 and cuda:1
+
 Each --api-key is a tenant with its own prefix-cache salt (see server/cache_salt.py for the timing side channel this
 closes). KVSERVE_API_KEY adds a key from the environment, so it does not show in the process list.
+
+If the engine dies (a tensor-parallel worker crashed), /health answers 503 and the server exits with status 1 a
+moment later: a supervisor restarts it, and nothing hangs.
 """
+# After the engine died: how long /health answers 503 (load balancers, clients in flight see why) before exiting.
+UNHEALTHY_EXIT_DELAY_S = 1.0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -91,10 +99,14 @@ def run_serve(args: argparse.Namespace) -> int:
          f"{blocks} KV blocks of {config.block_size} tokens = {blocks * config.block_size:,} tokens fit "
          f"({runner.kv_spec.kind} cache, {kv_bytes:,} KV bytes per token), "
          f"prefix cache {'on' if config.enable_prefix_caching else 'off'}")
+    if config.tensor_parallel_size > 1:
+        for memory in ctx.engine.engine.rank_memory:
+            _say(f"tensor parallel {memory.describe()}")
     try:
         sock = socket.create_server((args.host, args.port))  # bound here, so the banner shows the real port
     except OSError as exc:
         _say(f"cannot listen on {args.host}:{args.port}: {exc}")
+        ctx.engine.engine.close()
         return 1
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
@@ -103,10 +115,21 @@ def run_serve(args: argparse.Namespace) -> int:
     server = uvicorn.Server(uvicorn.Config(
         create_app(ctx), log_level=args.log_level, timeout_graceful_shutdown=args.shutdown_timeout,
     ))
+    ctx.engine.on_death(lambda error: _exit_soon(server, error))
     # uvicorn handles SIGINT/SIGTERM itself (stop accepting, drain, shut down), then re-raises the signal to whatever
     # handler was there before; with nothing left to interrupt by then, that handler just lets serve return (exit 0).
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
     server.run(sockets=[sock])
+    if ctx.engine.error is not None:
+        _say(f"stopped: the engine died: {ctx.engine.error}")
+        return 1
     _say("stopped")
     return 0
+
+
+def _exit_soon(server, error: BaseException) -> None:
+    _say(f"the engine died ({error}); /health answers 503, exiting in {UNHEALTHY_EXIT_DELAY_S:g}s")
+    timer = threading.Timer(UNHEALTHY_EXIT_DELAY_S, lambda: setattr(server, "should_exit", True))
+    timer.daemon = True
+    timer.start()

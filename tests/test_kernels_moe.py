@@ -97,3 +97,18 @@ def test_align_by_expert_tiles_hold_one_expert_each(block_m: int) -> None:
         rows = rows[rows < num_pairs].long()
         assert len(rows) > 0 and (flat[rows] == tile_experts[tile]).all()  # no tile is all padding
     assert choose_block_m(8, 8) == 16 and choose_block_m(8 * 40, 8) == 64
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_experts_held_elsewhere_add_nothing(dtype: torch.dtype) -> None:
+    """Expert parallelism: this rank holds experts 4..7 of 8; ids -1 mark the pairs of the other rank's experts."""
+    x, gate_up, down, weights, ids = moe_inputs(29, 8, 3, dtype, seed=5)
+    local = ids - 4
+    local = local.masked_fill((local < 0) | (local >= 4), -1)
+    assert (local == -1).any() and (local >= 0).any()
+    held = torch.where(local >= 0, weights, torch.zeros_like(weights))  # the same sum, other experts weighted 0
+    expected = per_token_oracle(*(t.cpu() for t in (x, gate_up[4:], down[4:], held, local.clamp(min=0))))
+    assert_close(reference.fused_moe(x, gate_up[4:], down[4:], weights, local).cpu().double(), expected,
+                 MOE_TOL[dtype])
+    assert_close(TRITON.fused_moe(x, gate_up[4:], down[4:], weights, local),
+                 reference.fused_moe(x, gate_up[4:], down[4:], weights, local), MOE_TOL[dtype])

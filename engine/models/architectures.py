@@ -9,6 +9,7 @@ from torch import nn
 from engine.config import SUPPORTED_ARCHITECTURES, ModelConfig
 from engine.models.deepseek_v3 import DeepseekV3ForCausalLM
 from engine.models.llama import LlamaForCausalLM
+from engine.parallel.state import SINGLE, TensorParallel
 from kernels.ops import Ops
 
 MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
@@ -25,13 +26,14 @@ assert set(MODEL_CLASSES) == set(SUPPORTED_ARCHITECTURES)
 
 def build_model(
     cfg: ModelConfig, ops: Ops, device: torch.device, dtype: torch.dtype, max_positions: int,
-    on_meta: Callable[[nn.Module], None] | None = None,
+    on_meta: Callable[[nn.Module], None] | None = None, tp: TensorParallel = SINGLE,
 ) -> LlamaForCausalLM:
-    """The model for ``cfg`` on ``device`` in ``dtype`` with uninitialized weights (load them next) and its RoPE
-    table for ``max_positions``. Modules marked ``keep_fp32`` (MoE routers) stay in fp32. ``on_meta`` may swap
-    modules before any memory is allocated (FP8 layers are never allocated at full precision)."""
+    """The model (this rank's shard of it, under tensor parallelism) for ``cfg`` on ``device`` in ``dtype`` with
+    uninitialized weights (load them next) and its RoPE table for ``max_positions``. Modules marked ``keep_fp32``
+    (MoE routers) stay in fp32. ``on_meta`` may swap modules before any memory is allocated (FP8 layers are never
+    allocated at full precision)."""
     with torch.device("meta"):
-        model = MODEL_CLASSES[cfg.architecture](cfg, ops).to(dtype)
+        model = MODEL_CLASSES[cfg.architecture](cfg, ops, tp).to(dtype)
         for module in model.modules():
             if getattr(module, "keep_fp32", False):
                 module.float()

@@ -15,6 +15,8 @@ from engine.config import ModelConfig
 from engine.kv_cache_spec import KVCacheSpec, KVCaches
 from engine.models.moe import make_mlp
 from engine.models.rope import build_cos_sin_cache
+from engine.parallel.linear import VocabParallelEmbedding, lm_head_parallel, qkv_parallel, row_parallel
+from engine.parallel.state import SINGLE, TensorParallel
 from kernels.ops import Ops
 
 
@@ -43,13 +45,17 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    """This rank's query heads and the KV heads they read; returns this rank's partial sum of ``o_proj``."""
+
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q_size = cfg.num_heads * cfg.head_dim
-        self.kv_size = cfg.num_kv_heads * cfg.head_dim
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.num_heads, self.num_kv_heads = tp.split(cfg.num_heads), tp.split(cfg.num_kv_heads)
+        self.head_dim = cfg.head_dim
+        self.q_size = self.num_heads * cfg.head_dim
+        self.kv_size = self.num_kv_heads * cfg.head_dim
+        self.qkv_proj = qkv_parallel(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, tp,
+                                     bias=cfg.attention_bias)
+        self.o_proj = row_parallel(cfg.num_heads * cfg.head_dim, cfg.hidden_size, tp, unit_size=cfg.head_dim)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.scale = cfg.head_dim**-0.5
@@ -81,27 +87,31 @@ class Attention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int, attention_class: type[nn.Module]) -> None:
+    def __init__(self, cfg: ModelConfig, layer_idx: int, attention_class: type[nn.Module], tp: TensorParallel) -> None:
         super().__init__()
-        self.self_attn = attention_class(cfg)
-        self.mlp = make_mlp(cfg, layer_idx)
+        self.self_attn = attention_class(cfg, tp)
+        self.mlp = make_mlp(cfg, layer_idx, tp)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
 class LlamaForCausalLM(nn.Module):
-    """Parameter names follow HF checkpoints, except the fused ``qkv_proj`` and ``gate_up_proj`` (see weights.py)."""
+    """Parameter names follow HF checkpoints, except the fused ``qkv_proj`` and ``gate_up_proj`` (see weights.py).
+
+    Under tensor parallelism (``tp``) this is one rank's shard: the embedding, attention, MLPs and LM head each
+    compute this rank's share, and the decoder loop sums the shares over ranks (engine/parallel/linear.py)."""
 
     attention_class: type[nn.Module] = Attention
 
-    def __init__(self, cfg: ModelConfig, ops: Ops) -> None:
+    def __init__(self, cfg: ModelConfig, ops: Ops, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
         self.cfg = cfg
         self.ops = ops
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, self.attention_class) for i in range(cfg.num_layers))
+        self.tp = tp
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, self.attention_class, tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = lm_head_parallel(cfg.hidden_size, cfg.vocab_size, tp)
         self.tie_weights()
         self.cos_sin_cache: torch.Tensor | None = None  # set by init_rope, after the weights have a device
 
@@ -115,7 +125,8 @@ class LlamaForCausalLM(nn.Module):
         return self.cfg.head_dim
 
     def kv_cache_spec(self) -> KVCacheSpec:
-        return KVCacheSpec.gqa(self.cfg.num_layers, self.cfg.num_kv_heads, self.cfg.head_dim)
+        """This rank's pages: its KV heads of every token."""
+        return KVCacheSpec.gqa(self.cfg.num_layers, self.tp.split(self.cfg.num_kv_heads), self.cfg.head_dim)
 
     def init_rope(self, max_positions: int, device: torch.device) -> None:
         cfg = self.cfg
@@ -130,8 +141,8 @@ class LlamaForCausalLM(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         """Hidden states ``[T, hidden]`` after the final norm, for every input token."""
-        ops = self.ops
-        x = self.embed_tokens(input_ids)
+        ops, tp = self.ops, self.tp
+        x = tp.all_reduce(self.embed_tokens(input_ids))
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches):
             norm = layer.input_layernorm
@@ -140,12 +151,14 @@ class LlamaForCausalLM(nn.Module):
                 h = ops.rms_norm(x, norm.weight, norm.eps)
             else:
                 h, residual = ops.rms_norm(x, norm.weight, norm.eps, residual)
-            h = layer.self_attn(ops, h, positions, self.cos_sin_cache, kv_cache, meta)
+            h = tp.all_reduce(layer.self_attn(ops, h, positions, self.cos_sin_cache, kv_cache, meta))
             norm = layer.post_attention_layernorm
             h, residual = ops.rms_norm(h, norm.weight, norm.eps, residual)
-            x = layer.mlp(ops, h)
+            x = tp.all_reduce(layer.mlp(ops, h))
         out, _ = ops.rms_norm(x, self.norm.weight, self.norm.eps, residual)
         return out
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """fp32 logits ``[rows, vocab]``, on rank 0 only (None on the other ranks: their blocks went to rank 0)."""
+        logits = self.tp.gather_to_first(self.lm_head(hidden))
+        return None if logits is None else logits[:, : self.cfg.vocab_size].float()

@@ -21,6 +21,8 @@ from torch import nn
 from engine.config import ModelConfig
 from engine.models.llama import AttentionMetadata, RMSNorm
 from engine.models.rope import yarn_softmax_scale
+from engine.parallel.linear import Part, column_parallel, row_parallel
+from engine.parallel.state import TensorParallel
 from kernels.ops import Ops
 from kernels.reference import gather_context
 
@@ -34,27 +36,30 @@ def deinterleave(x: torch.Tensor) -> torch.Tensor:
 
 
 class MLAAttention(nn.Module):
-    """Parameter names follow DeepSeek's checkpoints."""
+    """Parameter names follow DeepSeek's checkpoints. Under tensor parallelism each rank holds a slice of the heads
+    (``q_proj`` / ``q_b_proj``, ``kv_b_proj``, ``o_proj``); the latent projections, and so the latent cache, are
+    replicated. Returns this rank's partial sum of ``o_proj``."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel) -> None:
         super().__init__()
         mla = cfg.mla
         assert mla is not None
-        self.num_heads = cfg.num_heads
+        self.num_heads = tp.split(cfg.num_heads)
         self.nope_dim, self.rope_dim, self.v_dim = mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim
         self.latent_dim = mla.kv_lora_rank
         self.interleaved = mla.rope_interleave
-        q_size = cfg.num_heads * (self.nope_dim + self.rope_dim)
+        q_heads = [Part(cfg.num_heads, self.nope_dim + self.rope_dim)]
         if mla.q_lora_rank is None:
-            self.q_proj = nn.Linear(cfg.hidden_size, q_size, bias=False)
+            self.q_proj = column_parallel(cfg.hidden_size, q_heads, tp)
         else:
             self.q_a_proj = nn.Linear(cfg.hidden_size, mla.q_lora_rank, bias=cfg.attention_bias)
             self.q_a_layernorm = RMSNorm(mla.q_lora_rank, LATENT_NORM_EPS)
-            self.q_b_proj = nn.Linear(mla.q_lora_rank, q_size, bias=False)
+            self.q_b_proj = column_parallel(mla.q_lora_rank, q_heads, tp)
         self.kv_a_proj_with_mqa = nn.Linear(cfg.hidden_size, self.latent_dim + self.rope_dim, bias=cfg.attention_bias)
         self.kv_a_layernorm = RMSNorm(self.latent_dim, LATENT_NORM_EPS)
-        self.kv_b_proj = nn.Linear(self.latent_dim, cfg.num_heads * (self.nope_dim + self.v_dim), bias=False)
-        self.o_proj = nn.Linear(cfg.num_heads * self.v_dim, cfg.hidden_size, bias=cfg.attention_bias)
+        self.kv_b_proj = column_parallel(self.latent_dim, [Part(cfg.num_heads, self.nope_dim + self.v_dim)], tp)
+        self.o_proj = row_parallel(cfg.num_heads * self.v_dim, cfg.hidden_size, tp, bias=cfg.attention_bias,
+                                   unit_size=self.v_dim)
         self.scale = (self.nope_dim + self.rope_dim) ** -0.5 * yarn_softmax_scale(cfg.rope_scaling)
 
     def _queries(self, ops: Ops, x: torch.Tensor) -> torch.Tensor:

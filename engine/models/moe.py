@@ -12,6 +12,8 @@ from torch import nn
 
 from engine.config import MoEConfig, ModelConfig
 from engine.models.mlp import MLP
+from engine.parallel.linear import ExpertSharding
+from engine.parallel.state import TensorParallel
 from kernels.ops import Ops
 
 
@@ -52,35 +54,42 @@ class Router(nn.Module):
 
 class Experts(nn.Module):
     """Every routed expert's weights stacked: ``gate_up_proj`` ``[E, 2I, H]`` (gate rows, then up) and ``down_proj``
-    ``[E, H, I]``, as transformers holds them; checkpoints store them per expert (weights.py stacks them)."""
+    ``[E, H, I]``, as transformers holds them; checkpoints store them per expert (weights.py stacks them). Under
+    tensor parallelism the stack holds this rank's experts or slices of them (`ExpertSharding`)."""
 
-    def __init__(self, hidden_size: int, moe: MoEConfig) -> None:
+    def __init__(self, hidden_size: int, moe: MoEConfig, tp: TensorParallel) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Parameter(torch.empty(moe.num_experts, 2 * moe.intermediate_size, hidden_size))
-        self.down_proj = nn.Parameter(torch.empty(moe.num_experts, hidden_size, moe.intermediate_size))
+        self.sharding = ExpertSharding(tp, moe.num_experts, moe.intermediate_size)
+        experts, inter = len(self.sharding.local_experts), self.sharding.local_intermediate
+        self.gate_up_proj = nn.Parameter(torch.empty(experts, 2 * inter, hidden_size))
+        self.down_proj = nn.Parameter(torch.empty(experts, hidden_size, inter))
 
 
 class SparseMoE(nn.Module):
-    """Routed experts plus, for DeepSeek, always-on shared experts (one MLP of ``n_shared x`` the expert width)."""
+    """Routed experts plus, for DeepSeek, always-on shared experts (one MLP of ``n_shared x`` the expert width).
 
-    def __init__(self, hidden_size: int, moe: MoEConfig) -> None:
+    Every rank routes every token (the router is replicated) and returns its partial sum: its experts' (or expert
+    slices') contributions plus its slice of the shared experts."""
+
+    def __init__(self, hidden_size: int, moe: MoEConfig, tp: TensorParallel) -> None:
         super().__init__()
         self.gate = Router(hidden_size, moe)
-        self.experts = Experts(hidden_size, moe)
+        self.experts = Experts(hidden_size, moe, tp)
         self.shared_experts = (
-            MLP(hidden_size, moe.intermediate_size * moe.num_shared_experts) if moe.num_shared_experts else None
+            MLP(hidden_size, moe.intermediate_size * moe.num_shared_experts, tp) if moe.num_shared_experts else None
         )
 
     def forward(self, ops: Ops, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.gate(x)
+        ids = self.experts.sharding.localize(ids)
         out = ops.fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids)
         if self.shared_experts is not None:
             out = out + self.shared_experts(ops, x)
         return out
 
 
-def make_mlp(cfg: ModelConfig, layer_idx: int) -> MLP | SparseMoE:
+def make_mlp(cfg: ModelConfig, layer_idx: int, tp: TensorParallel) -> MLP | SparseMoE:
     """Layer ``layer_idx``'s MLP: the MoE where the config puts one, else the dense MLP."""
     if cfg.moe is not None and layer_idx in cfg.moe.moe_layers:
-        return SparseMoE(cfg.hidden_size, cfg.moe)
-    return MLP(cfg.hidden_size, cfg.intermediate_size)
+        return SparseMoE(cfg.hidden_size, cfg.moe, tp)
+    return MLP(cfg.hidden_size, cfg.intermediate_size, tp)

@@ -63,13 +63,21 @@ class Fp8Format:
     def scale_shape(self, rows: int, cols: int) -> tuple[int, int]:
         return -(-rows // self.block_n), -(-cols // self.block_k)
 
+    def covering_scales(self, rows: slice, cols: slice) -> tuple[tuple[slice, slice], tuple[int, int]]:
+        """For the part ``[rows, cols]`` of a weight (explicit bounds): the slice of its scale grid whose blocks cover
+        it, and where the part starts within its first block (``(0, 0)`` when it starts on a block boundary)."""
+        grid = (slice(rows.start // self.block_n, -(-rows.stop // self.block_n)),
+                slice(cols.start // self.block_k, -(-cols.stop // self.block_k)))
+        return grid, (rows.start % self.block_n, cols.start % self.block_k)
+
     def dequantize(self, scale_name: str, weight: torch.Tensor, scale_inv: torch.Tensor,
-                   dtype: torch.dtype) -> torch.Tensor:
-        want = self.scale_shape(*weight.shape)
+                   dtype: torch.dtype, offset: tuple[int, int] = (0, 0)) -> torch.Tensor:
+        """``weight`` (or a part of it starting ``offset`` into the first block of ``scale_inv``) in ``dtype``."""
+        want = self.scale_shape(weight.shape[0] + offset[0], weight.shape[1] + offset[1])
         if tuple(scale_inv.shape) != want:
             raise ValueError(f"{scale_name}: shape {tuple(scale_inv.shape)} does not block a {tuple(weight.shape)} "
                              f"weight by {list(self.block)} (expected {want})")
-        return dequantize_fp8_blocks(weight, scale_inv, self.block).to(dtype)
+        return dequantize_fp8_blocks(weight, scale_inv, self.block, offset).to(dtype)
 
 
 class Fp8Linear(nn.Module):
@@ -93,6 +101,7 @@ class Fp8Linear(nn.Module):
         grid = (-(-num_out // self.scale_rows), -(-width // fmt.block_k))
         self.weight_scale_inv = nn.Parameter(torch.empty(grid, dtype=torch.float32, device=device), requires_grad=False)
         self.bias = linear.bias
+        self.sharding = getattr(linear, "sharding", None)  # this rank's part of a tensor-parallel layer
         self.gemm = gemm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

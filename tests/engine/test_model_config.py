@@ -11,6 +11,7 @@ from engine.config import ModelConfig
 from engine.models.architectures import MODEL_CLASSES
 from engine.models.mla import MLAAttention
 from engine.models.rope import build_cos_sin_cache
+from engine.parallel.state import SINGLE
 from kernels.ops import TORCH_OPS
 
 # The config.json keys that matter, as published (Qwen/Qwen3-30B-A3B, deepseek-ai/DeepSeek-V3,
@@ -131,7 +132,7 @@ def test_deepseek_yarn_rope_and_softmax_scale_equal_transformers(config: dict) -
     assert hf.attention_scaling != 1 and torch.allclose(magnitude, torch.tensor(hf.attention_scaling), rtol=1e-6)
     with torch.device("meta"):
         expected_scale = DeepseekV3Attention(hf_config, 0).scaling
-        assert MLAAttention(cfg).scale == pytest.approx(expected_scale, rel=1e-12)
+        assert MLAAttention(cfg, SINGLE).scale == pytest.approx(expected_scale, rel=1e-12)
 
 
 def test_qwen3_yarn_rope_equals_transformers() -> None:

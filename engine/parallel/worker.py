@@ -1,0 +1,90 @@
+"""A tensor-parallel worker: ranks 1..N-1, each in its own process, started by rank 0 (`engine.parallel.workers`).
+
+A worker builds its runner (its shard of the weights, its shard of every KV page) and then applies every
+`SchedulerOutput` rank 0 sends, in order, exactly as rank 0's runner does, until rank 0 sends None. It never
+schedules, samples or detokenizes: it runs its part of each forward pass and receives the sampled ids from rank 0.
+An error is written to rank 0 through ``errors`` before the worker exits non-zero; a worker whose rank 0 is gone
+exits at once.
+"""
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import os
+import signal
+import threading
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+import torch
+
+from engine.config import EngineConfig, ModelConfig
+from engine.model_runner import ModelRunner, StepPipeline
+from engine.parallel.memory import RankMemory
+from engine.parallel.sizes import rank_device
+from engine.parallel.state import StepChannel, connect_store, join_group, leave_group
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What every worker needs to build its runner (pickled into the spawned process)."""
+
+    model_dir: Path
+    model_cfg: ModelConfig
+    cfg: EngineConfig  # rank 0's; each rank derives its own device from it
+    max_model_len: int
+    store_port: int  # rank 0's rendezvous on 127.0.0.1
+
+
+def rank_config(cfg: EngineConfig, rank: int) -> EngineConfig:
+    return dataclasses.replace(cfg, device=rank_device(cfg.device, rank))
+
+
+def join(rank: int, spec: WorkerSpec, store) -> tuple[ModelRunner, StepChannel, list[RankMemory] | None]:
+    """Join the group and build this rank's runner; rank 0 also gets every rank's memory report."""
+    cfg = rank_config(spec.cfg, rank)
+    size = spec.cfg.tensor_parallel_size
+    tp, channel = join_group(rank, size, store, torch.device(cfg.device), cfg.enable_expert_parallel)
+    runner = ModelRunner(spec.model_dir, spec.model_cfg, cfg, spec.max_model_len, tp)
+    return runner, channel, channel.gather(runner.memory)
+
+
+def run_worker(rank: int, spec: WorkerSpec, errors: Connection) -> None:
+    """The worker process's entry point (torch.multiprocessing, spawn)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: rank 0 stops us
+    _exit_with_parent()
+    if spec.cfg.device == "cpu":  # the ranks share the cores
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.cfg.tensor_parallel_size))
+    try:
+        runner, channel, _ = join(rank, spec, connect_store(spec.store_port, spec.cfg.tensor_parallel_size))
+        _serve_steps(runner, channel)
+    except BaseException:  # noqa: BLE001 - rank 0 reports it as this worker's death
+        errors.send(traceback.format_exc())
+        errors.close()
+        os._exit(1)  # the process group may be unusable; do not wait on it
+    leave_group()
+
+
+def _serve_steps(runner: ModelRunner, channel: StepChannel) -> None:
+    pipeline = StepPipeline(bool(runner.cfg.async_scheduling))
+    while (sched := channel.receive()) is not None:
+        done = pipeline.push(runner.execute(sched), bool(sched.scheduled))
+        if done is not None:
+            done.result()  # the sampled ids reach this rank's host copy of the sequences
+    if pipeline.in_flight is not None:
+        pipeline.in_flight.result()
+
+
+def _exit_with_parent() -> None:
+    """Rank 0 killed (no chance to stop us): exit instead of waiting on its collectives."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        parent.join()
+        os._exit(1)
+
+    threading.Thread(target=watch, name="kvserve-parent-watch", daemon=True).start()
