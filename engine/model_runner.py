@@ -135,7 +135,7 @@ class ModelRunner:
         if cfg.load_format == "dummy":
             random_weights_(model, cfg.seed)
         else:
-            load_weights(model, model_dir)
+            load_weights(model, model_dir, progress=tp.is_first)
         self.model = model.eval()
         self.kv_spec = model.kv_cache_spec()
         rows = cfg.max_num_seqs

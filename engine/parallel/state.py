@@ -19,6 +19,12 @@ import torch.distributed as dist
 MODEL_GROUP_TIMEOUT = timedelta(hours=1)
 # The step channel: an idle server's workers wait on it for as long as nobody sends a request.
 CHANNEL_TIMEOUT = timedelta(days=365)
+# The rendezvous store: every rank checks in first (see `join_group`), so joining takes moments once all have.
+STORE_TIMEOUT = timedelta(minutes=5)
+
+# torch numbers process groups with a process-wide counter that a join which never finished leaves advanced; the
+# ranks would then disagree on the groups' names and wait forever. Such a process refuses further joins.
+_unfinished_join = False
 
 
 @dataclass(frozen=True)
@@ -106,27 +112,39 @@ class StepChannel:
 
 def rendezvous_store(size: int) -> dist.TCPStore:
     """Rank 0's rendezvous on 127.0.0.1 at a free port (``store.port``), before the other ranks exist."""
-    return dist.TCPStore("127.0.0.1", 0, size, is_master=True, wait_for_workers=False,
-                         timeout=MODEL_GROUP_TIMEOUT)
-
-
-def join_group(rank: int, size: int, store: dist.Store, device: torch.device,
-               expert_parallel: bool) -> tuple[TensorParallel, StepChannel]:
-    """Join the process groups (every rank calls this; it returns once all have)."""
-    if dist.is_initialized():
-        raise RuntimeError("a tensor-parallel engine already runs in this process; close() it before starting "
-                           "another")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=MODEL_GROUP_TIMEOUT)
-    channel = StepChannel(dist.new_group(backend="gloo", timeout=CHANNEL_TIMEOUT))
-    return TensorParallel(rank, size, expert_parallel, dist.group.WORLD), channel
+    return dist.TCPStore("127.0.0.1", 0, size, is_master=True, wait_for_workers=False, timeout=STORE_TIMEOUT)
 
 
 def connect_store(port: int, size: int) -> dist.TCPStore:
     """A worker's connection to rank 0's rendezvous."""
-    return dist.TCPStore("127.0.0.1", port, size, is_master=False, timeout=MODEL_GROUP_TIMEOUT)
+    return dist.TCPStore("127.0.0.1", port, size, is_master=False, timeout=STORE_TIMEOUT)
+
+
+def join_group(rank: int, size: int, store: dist.Store, device: torch.device,
+               expert_parallel: bool) -> tuple[TensorParallel, StepChannel]:
+    """Join the process groups (every rank calls this; it returns once all have).
+
+    Rank 0 first waits until every other rank has checked in: a worker that dies before then leaves rank 0 waiting
+    on the store (which its caller abandons harmlessly), not inside torch's group creation."""
+    global _unfinished_join
+    if dist.is_initialized():
+        raise RuntimeError("a tensor-parallel engine already runs in this process; close() it before starting "
+                           "another")
+    if _unfinished_join:
+        raise RuntimeError("an earlier tensor-parallel start-up in this process lost a worker while joining, which "
+                           "leaves torch.distributed unusable here; start a new process")
+    if rank == 0:
+        store.wait([f"kvserve/ready/{r}" for r in range(1, size)])
+    else:
+        store.set(f"kvserve/ready/{rank}", "1")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    _unfinished_join = True
+    dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=MODEL_GROUP_TIMEOUT)
+    channel = StepChannel(dist.new_group(backend="gloo", timeout=CHANNEL_TIMEOUT))
+    _unfinished_join = False
+    return TensorParallel(rank, size, expert_parallel, dist.group.WORLD), channel
 
 
 def leave_group() -> None:

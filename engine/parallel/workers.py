@@ -32,6 +32,9 @@ log = logging.getLogger("kvserve.parallel")
 STARTUP_POLL_S = 0.1
 DEATH_GRACE_S = 2.0  # after a failed collective, how long the failing worker's process may take to be seen gone
 STOP_TIMEOUT_S = 10.0
+# A start-up that lost a worker ends at once when rank 0 waits in a collective (gloo fails it); one still waiting
+# at the rendezvous for a rank that never came is left to its timeout, in a daemon thread.
+ABANDON_START_S = 2.0
 
 
 class TensorParallelWorkers:
@@ -131,7 +134,7 @@ class TensorParallelWorkers:
             if dead is not None:
                 error = self._died(dead)
                 self._kill()  # rank 0's collectives with them fail now, which ends the start-up thread
-                thread.join(STOP_TIMEOUT_S)
+                thread.join(ABANDON_START_S)
                 raise error
         if failure:
             dead = self._first_dead(DEATH_GRACE_S)
@@ -152,7 +155,9 @@ class TensorParallelWorkers:
         if self.error is not None:
             return self.error
         process, errors = self.processes[index], self._errors[index]
-        process.join(1.0)
+        deadline = time.monotonic() + 1.0  # its pipes close as it exits, a moment before it can be reaped
+        while process.exitcode is None and time.monotonic() < deadline:
+            time.sleep(0.01)
         code = process.exitcode
         how = f"was killed by {signal.Signals(-code).name}" if code is not None and code < 0 else \
             f"exited with status {code}"
