@@ -42,31 +42,58 @@ def hf_greedy(model_dir: Path, prompts: Sequence[list[int]], max_tokens: int, de
     return outputs
 
 
-def check_engine_against_hf(
-    model: str, device: str, backend: str = "triton", max_tokens: int = 16, block_size: int = 16, seed: int = 0,
-) -> dict[str, Any]:
-    """Greedy tokens of the engine vs HF transformers (fp32) on a mixed batch; round 2 extends round 1's prompts,
-    so it runs prefill chunks over cached prefixes next to fresh prompts, a one-token prompt and decodes."""
-    from engine import LLM
-    from engine.registry import resolve_model
-
+def _mixed_rounds(block_size: int, seed: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Round 2 extends round 1's prompts, so it runs prefill chunks over cached prefixes next to fresh prompts, a
+    one-token prompt and decodes."""
     rng = random.Random(seed)
     ids = lambda n: [rng.randrange(5000) for _ in range(n)]  # noqa: E731 - a local shorthand
     shared = ids(3 * block_size + 5)
     round1 = [shared + ids(7), ids(2 * block_size + 1), shared[: block_size + 2]]
     round2 = [round1[0] + ids(9), round1[1] + ids(block_size), shared + ids(3), ids(1), ids(block_size - 1)]
-    llm = LLM(model, attention_backend=backend, device=device, dtype="float32", num_kv_blocks=256,
-              block_size=block_size, max_num_seqs=16)
-    engine_out = [o.token_ids for o in llm.generate(round1, greedy(max_tokens))]
-    results = llm.generate(round2, greedy(max_tokens))
-    engine_out += [o.token_ids for o in results]
-    expected = hf_greedy(resolve_model(model), round1 + round2, max_tokens, device)
+    return round1, round2
+
+
+def _run_rounds(model: str, rounds: tuple[list, list], max_tokens: int, **options) -> tuple[list[list[int]], Any]:
+    """Greedy tokens of both rounds (fp32, 256 blocks), and round 2's outputs."""
+    from engine import LLM
+
+    with LLM(model, dtype="float32", num_kv_blocks=256, max_num_seqs=16, **options) as llm:
+        tokens = [o.token_ids for o in llm.generate(rounds[0], greedy(max_tokens))]
+        results = llm.generate(rounds[1], greedy(max_tokens))
+    return tokens + [o.token_ids for o in results], results
+
+
+def check_engine_against_hf(
+    model: str, device: str, backend: str = "triton", max_tokens: int = 16, block_size: int = 16, seed: int = 0,
+) -> dict[str, Any]:
+    """Greedy tokens of the engine vs HF transformers (fp32) on a mixed batch of two rounds (`_mixed_rounds`)."""
+    from engine.registry import resolve_model
+
+    rounds = _mixed_rounds(block_size, seed)
+    engine_out, results = _run_rounds(model, rounds, max_tokens, attention_backend=backend, device=device,
+                                      block_size=block_size)
+    expected = hf_greedy(resolve_model(model), rounds[0] + rounds[1], max_tokens, device)
     mismatches = [i for i, (a, b) in enumerate(zip(engine_out, expected)) if a != b]
     return {
         "passed": not mismatches, "mismatched_prompts": mismatches, "prompts": len(expected),
         "cached_tokens_round2": sum(r.num_cached_tokens for r in results),
         "distinct_tokens": len({t for out in engine_out for t in out}),
     }
+
+
+def check_tensor_parallel(model: str, device: str, size: int, backend: str = "triton", max_tokens: int = 16,
+                          block_size: int = 16, seed: int = 0) -> dict[str, Any]:
+    """Greedy tokens of ``size`` ranks vs one rank on the same mixed batch, and each run's wall time."""
+    rounds = _mixed_rounds(block_size, seed)
+    runs = {}
+    for ranks in (1, size):
+        start = time.perf_counter()
+        runs[ranks] = _run_rounds(model, rounds, max_tokens, attention_backend=backend, device=device,
+                                  block_size=block_size, tensor_parallel_size=ranks)[0]
+        runs[f"seconds_tp{ranks}"] = time.perf_counter() - start
+    mismatches = [i for i, (a, b) in enumerate(zip(runs[size], runs[1])) if a != b]
+    return {"passed": not mismatches, "mismatched_prompts": mismatches, "prompts": len(runs[1]),
+            "seconds_tp1": runs["seconds_tp1"], f"seconds_tp{size}": runs[f"seconds_tp{size}"]}
 
 
 def bandwidth_fraction(bytes_per_step: float, step_seconds: float, peak_bytes_per_s: float) -> float:

@@ -21,7 +21,13 @@ import torch
 
 from benchmarks import gpu_env
 from benchmarks.gpu_context import DENSE, MOE, Context, nano_vllm_workload
-from benchmarks.gpu_measure import check_engine_against_hf, copy_bandwidth_tbs, run_throughput, time_decode_step
+from benchmarks.gpu_measure import (
+    check_engine_against_hf,
+    check_tensor_parallel,
+    copy_bandwidth_tbs,
+    run_throughput,
+    time_decode_step,
+)
 from benchmarks.gpu_models import QWEN3_30B_A3B, kv_bytes_per_token, param_count, weight_bytes
 from benchmarks.gpu_wheels import wheel_status
 
@@ -224,6 +230,31 @@ def resolve_moe_throughput(ctx: Context) -> dict[str, Any]:
             **({"unavailable": model["unsupported"]} if model["unsupported"] else {}), "passed": True}
 
 
+TP_SIZE = 2
+TP_MODELS = ("qwen3-tiny", "deepseek-tiny", "qwen3-moe-tiny", "deepseek-v3-tiny")
+
+
+def tensor_parallel(ctx: Context) -> dict[str, Any]:
+    gpus = torch.cuda.device_count()
+    if gpus < TP_SIZE:
+        return {"unavailable": f"tensor parallelism needs {TP_SIZE} GPUs and this machine has {gpus} visible; "
+                               "this step runs on a box with two or more"}
+    ctx.release_engine()
+    results = {name: check_tensor_parallel(name, ctx.device, TP_SIZE) for name in TP_MODELS}
+    return {**results, "passed": all(r["passed"] for r in results.values())}
+
+
+def resolve_tensor_parallel(ctx: Context) -> dict[str, Any]:
+    """The tiny models split over 2 ranks (checked without CUDA), and whether this step will have its GPUs."""
+    from engine.config import ModelConfig
+    from engine.parallel.sizes import shape_problems
+    from engine.registry import resolve_model
+
+    fits = {name: not shape_problems(ModelConfig.from_dir(resolve_model(name)), TP_SIZE, False) for name in TP_MODELS}
+    return {"tensor_parallel_size": TP_SIZE, "models_split": fits, "gpus_needed": TP_SIZE,
+            "gpus_visible": torch.cuda.device_count(), "passed": all(fits.values())}
+
+
 class FatalStepError(RuntimeError):
     """Nothing after this step can run (no GPU)."""
 
@@ -247,4 +278,5 @@ STEPS = (
     Step("ttft_32k", ttft_32k, resolve_ttft_32k, 30),
     Step("memory", memory, resolve_memory, 1),
     Step("moe_throughput", moe_throughput, resolve_moe_throughput, 120),
+    Step("tensor_parallel", tensor_parallel, resolve_tensor_parallel, 60),
 )

@@ -17,7 +17,7 @@ import torch
 from benchmarks import gpu_check, gpu_env, gpu_steps
 from benchmarks.gpu_context import DENSE, ENGINES, FULL, QUICK, Context, EngineKind, Plan, nano_vllm_workload
 from benchmarks.gpu_measure import (
-    bandwidth_fraction, check_engine_against_hf, run_throughput, time_decode_step,
+    bandwidth_fraction, check_engine_against_hf, check_tensor_parallel, run_throughput, time_decode_step,
 )
 from benchmarks.gpu_models import (
     QWEN3_0_6B, QWEN3_30B_A3B, build_bench_model, checkpoint_shapes, kv_bytes_per_token, param_count, weight_bytes,
@@ -38,6 +38,15 @@ def test_engine_on_the_triton_backend_matches_hf():
     assert result["cached_tokens_round2"] > 0
     assert result["distinct_tokens"] > 6  # the outputs vary, so equality says something
     assert result["passed"], result
+
+
+def test_tensor_parallel_step_compares_two_ranks_with_one_and_says_when_gpus_are_missing(tmp_path):
+    """The TP-2 step's measurement on CPU (gloo, the torch kernels); on a machine without 2 GPUs the step says so."""
+    result = check_tensor_parallel("qwen3-tiny", "cpu", 2, backend="torch", max_tokens=4, block_size=4)
+    assert result["passed"] and result["prompts"] == 8, result
+    if torch.cuda.device_count() < 2:
+        ctx = Context(FULL, time.perf_counter() + 60, tmp_path, 4.8, 0.9)
+        assert "needs 2 GPUs" in gpu_steps.tensor_parallel(ctx)["unavailable"]
 
 
 def test_benchmark_shapes_match_the_published_parameter_counts():
