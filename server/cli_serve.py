@@ -95,11 +95,12 @@ def run_serve(args: argparse.Namespace) -> int:
         return 1
     blocks, runner = ctx.engine.engine.stats().kv_blocks_total, ctx.engine.engine.runner
     kv_bytes = runner.kv_spec.bytes_per_token(config.kv_cache_torch_dtype)
+    ranks = config.tensor_parallel_size
     _say(f"loaded {ctx.model_name} in {time.perf_counter() - started:.1f}s: context {ctx.max_model_len} tokens, "
          f"{blocks} KV blocks of {config.block_size} tokens = {blocks * config.block_size:,} tokens fit "
-         f"({runner.kv_spec.kind} cache, {kv_bytes:,} KV bytes per token), "
+         f"({runner.kv_spec.kind} cache, {kv_bytes:,} KV bytes per token{' on each rank' if ranks > 1 else ''}), "
          f"prefix cache {'on' if config.enable_prefix_caching else 'off'}")
-    if config.tensor_parallel_size > 1:
+    if ranks > 1:
         for memory in ctx.engine.engine.rank_memory:
             _say(f"tensor parallel {memory.describe()}")
     try:

@@ -78,8 +78,6 @@ class TensorParallelWorkers:
             if not workers._starting.is_alive():  # else it is stuck joining; the process group stays to it
                 leave_group()
             raise
-        for memory in workers.rank_memory:
-            log.info("tensor parallel %s", memory.describe())
         workers._watcher = threading.Thread(target=workers._watch, name="kvserve-tp-watch", daemon=True)
         workers._watcher.start()
         return runner, workers
