@@ -53,7 +53,9 @@ def join(rank: int, spec: WorkerSpec, store) -> tuple[ModelRunner, StepChannel, 
 
 def run_worker(rank: int, spec: WorkerSpec, errors: Connection) -> None:
     """The worker process's entry point (torch.multiprocessing, spawn)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: rank 0 stops us
+    # Ctrl-C (and a service manager's SIGTERM) reach every process of the group: rank 0 drains, then stops us.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _exit_with_parent()
     if spec.cfg.device == "cpu":  # the ranks share the cores
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.cfg.tensor_parallel_size))
