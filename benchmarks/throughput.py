@@ -38,6 +38,7 @@ class Workload:
 class ThroughputResult:
     model: str
     hf_order: str
+    tensor_parallel_size: int
     num_seqs: int
     input_tokens: int
     output_tokens: int
@@ -51,13 +52,14 @@ class ThroughputResult:
 def run_kvserve(model: str, work: Workload, args: argparse.Namespace) -> float:
     from engine import LLM, SamplingParams
 
-    llm = LLM(model, device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_memory_gb=args.kv_cache_memory_gb)
-    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in work.output_lens]
-    llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2))  # warm-up: first-call allocations off the clock
-    start = time.perf_counter()
-    outs = llm.generate(work.prompts, params, use_tqdm=True)
-    elapsed = time.perf_counter() - start
+    with LLM(model, device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
+             max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_memory_gb=args.kv_cache_memory_gb,
+             tensor_parallel_size=args.tensor_parallel_size) as llm:
+        params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in work.output_lens]
+        llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2))  # warm-up: first-call allocations off the clock
+        start = time.perf_counter()
+        outs = llm.generate(work.prompts, params, use_tqdm=True)
+        elapsed = time.perf_counter() - start
     assert [len(o.token_ids) for o in outs] == work.output_lens
     return elapsed
 
@@ -100,6 +102,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--kv-cache-memory-gb", type=float, default=2.0)
+    parser.add_argument("--tensor-parallel-size", type=int, default=1, help="kvserve ranks (one process each)")
     parser.add_argument("--hf-batch-size", type=int, default=16, help="HF generate batch size")
     parser.add_argument("--hf-order", choices=("arrival", "output-length"), default="arrival",
                         help="how HF batches are formed: in arrival order, or sorted by output length (an oracle)")
@@ -118,6 +121,7 @@ def run(args: argparse.Namespace) -> dict:
     result = ThroughputResult(
         model=args.model,
         hf_order=args.hf_order,
+        tensor_parallel_size=args.tensor_parallel_size,
         num_seqs=args.num_seqs,
         input_tokens=sum(len(p) for p in work.prompts),
         output_tokens=out,
@@ -141,7 +145,8 @@ def markdown_table(r: ThroughputResult) -> str:
         "",
         "| engine | time (s) | output tokens/s |",
         "|---|---:|---:|",
-        f"| kvserve | {r.kvserve_s:.1f} | {r.kvserve_tokens_per_s:.1f} |",
+        f"| kvserve{f', {r.tensor_parallel_size} ranks' if r.tensor_parallel_size > 1 else ''} | {r.kvserve_s:.1f} | "
+        f"{r.kvserve_tokens_per_s:.1f} |",
     ]
     if r.hf_s is not None:
         lines.append(f"| HF transformers generate (batches in {r.hf_order} order) | {r.hf_s:.1f} | {r.hf_tokens_per_s:.1f} |")

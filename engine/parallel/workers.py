@@ -75,7 +75,7 @@ class TensorParallelWorkers:
             runner, workers.channel, workers.rank_memory = workers._unless_one_dies(lambda: join(0, spec, store))
         except BaseException:
             workers._kill()
-            if not workers._starting.is_alive():  # else it is stuck joining; the process group stays to it
+            if not workers._starting.is_alive():  # else it still waits to join; whatever it joins is left to it
                 leave_group()
             raise
         workers._watcher = threading.Thread(target=workers._watch, name="kvserve-tp-watch", daemon=True)
