@@ -4,8 +4,8 @@ Steps (``benchmarks/gpu_steps.py``), most valuable first, each written to the JS
 environment; kernel tests and CUDA graphs vs eager; tiny models vs HF transformers; nano-vllm throughput with the
 engine's defaults, then with ``enforce_eager``; batch-1 decode vs the weight-read bound; host vs device ms per
 step (``kvserve bench step``); TTFT cold vs 90% cached on a 32k-token prompt; memory vs budget; Qwen3-30B-A3B-shaped
-MoE throughput; tensor parallelism 2 vs 1 (only where two GPUs are visible; else it says so). A step that would not fit the time left is skipped with a note; one that fails is recorded with its
-error and the next one runs.
+MoE throughput; tensor parallelism 2 vs 1 (only where two GPUs are visible; else it says so). A step that would not
+fit the time left is skipped with a note; one that fails is recorded with its error and the next one runs.
 
 Usage (``bash benchmarks/gpu_check.sh`` wraps this; docs/bench/GPU.md has the device call):
   --prepare   here: download the wheels the device lacks into .whl/

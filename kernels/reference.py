@@ -284,7 +284,8 @@ def dequantize_fp8_blocks(values: torch.Tensor, scale_inv: torch.Tensor, block: 
     ``scale_inv`` covers (a tensor-parallel rank's part)."""
     rows, cols = values.shape
     (r0, c0), (bn, bk) = offset, block
-    scale = scale_inv.float().repeat_interleave(bn, dim=0)[r0 : r0 + rows].repeat_interleave(bk, dim=1)[:, c0 : c0 + cols]
+    scale = scale_inv.float().repeat_interleave(bn, dim=0)[r0 : r0 + rows]
+    scale = scale.repeat_interleave(bk, dim=1)[:, c0 : c0 + cols]
     return values.float() * scale
 
 
