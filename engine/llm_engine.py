@@ -19,6 +19,7 @@ from engine.request import Request, RequestStatus, RequestTimings
 from engine.sampler import TokenLogprobs, make_generator, sample
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
+from engine.structured_output import GrammarEnd, StructuredOutputs
 
 
 @dataclass
@@ -81,6 +82,9 @@ class LLMEngine:
             self.runner.num_blocks, cfg.block_size, cfg.enable_prefix_caching, model_id or str(self.model_dir)
         )
         self.scheduler = Scheduler(cfg, self.kv)
+        self.structured_outputs = StructuredOutputs(
+            self.tokenizer, self.model_cfg.vocab_size, self.eos_token_ids, self.runner.device
+        )
         self.groups: dict[str, _Group] = {}
         self.text: dict[str, _TextState] = {}  # by sequence id
         self.num_prompt_tokens = 0  # counters for /metrics
@@ -107,6 +111,8 @@ class LLMEngine:
                 f"the prompt needs {pages} KV pages but the cache has {self.kv.num_pages}; "
                 "give the engine more KV memory (num_kv_blocks / kv_cache_memory_gb)"
             )
+        if params.structured_output is not None:
+            self.structured_outputs.compile(params.structured_output)  # cached: a server compiled it already
 
     def add_request(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, cache_salt: str | None = None
@@ -153,6 +159,7 @@ class LLMEngine:
                 req.status = RequestStatus.FINISHED
                 req.finish_reason = "abort"
             self.text.pop(req.request_id, None)
+            self.structured_outputs.release(req.request_id)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.groups)
@@ -166,6 +173,7 @@ class LLMEngine:
             return outputs
         block_tables = [self.kv.block_table(r.request_id) for r in batch.requests]
         samples = batch.sampling_mask()
+        masks = self.structured_outputs.start_masks([r for r, s in zip(batch.requests, samples) if s])
         logits = self.runner.execute(batch, block_tables)
         self.num_prompt_tokens += sum(
             min(n, max(0, r.num_prompt_tokens - r.num_computed_tokens)) for r, n in zip(batch.requests, batch.num_new_tokens)
@@ -182,10 +190,12 @@ class LLMEngine:
                 row_logits.append(i)
         if row_logits != list(range(len(row_logits))):
             logits = logits[torch.tensor(row_logits, device=logits.device)]
+        self.structured_outputs.apply_masks(masks, logits, row_logits)
         sampled = sample(logits, rows)
+        ends = self.structured_outputs.accept(rows, sampled.token_ids)
         now = time.perf_counter()
-        for req, token, logprob in zip(rows, sampled.token_ids, sampled.logprobs):
-            outputs.append(self._append_token(req, token, logprob, now))
+        for req, token, logprob, end in zip(rows, sampled.token_ids, sampled.logprobs, ends):
+            outputs.append(self._append_token(req, token, logprob, now, end))
         return outputs
 
     def _fork_siblings(self, leader: Request) -> list[Request]:
@@ -213,7 +223,9 @@ class LLMEngine:
         leader.pending_siblings = 0
         return forked
 
-    def _append_token(self, req: Request, token: int, logprob: TokenLogprobs | None, now: float) -> SequenceOutput:
+    def _append_token(
+        self, req: Request, token: int, logprob: TokenLogprobs | None, now: float, grammar_end: GrammarEnd | None
+    ) -> SequenceOutput:
         params = req.params
         if req.timings.first_token is None:
             req.timings.first_token = now
@@ -221,7 +233,11 @@ class LLMEngine:
         req.logprobs.append(logprob)
         self.num_generation_tokens += 1
         state = self.text[req.request_id]
-        is_stop_token = (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids
+        # A grammar ends on a stop token it accepted (even with ignore_eos: nothing may follow a whole output).
+        is_stop_token = (
+            (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids
+            or grammar_end is not None
+        )
         text, reason = "", None
         if is_stop_token:
             reason = "stop"
@@ -241,7 +257,8 @@ class LLMEngine:
                 text += held + ("" if hit else state.stops.flush())
             else:
                 text += tail
-        out = self._finish(req, reason)
+        rejected = grammar_end is GrammarEnd.REJECTED
+        out = self._finish(req, reason, error=f"token {token} is outside the grammar" if rejected else None)
         out.new_token_ids, out.new_text, out.new_logprobs = [token], text, [logprob]
         return out
 
@@ -251,6 +268,7 @@ class LLMEngine:
         req.finish_reason = reason
         req.timings.finished = time.perf_counter()
         self.text.pop(req.request_id, None)
+        self.structured_outputs.release(req.request_id)
         group = self.groups[req.group_id]
         if all(s.finished for s in group.seqs.values()) and len(group.seqs) == group.params.n:
             del self.groups[req.group_id]

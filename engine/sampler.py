@@ -219,6 +219,7 @@ def _gather_logprobs(
         result[i] = TokenLogprobs(
             token_id=token_list[i],
             logprob=chosen[j],
-            top=list(zip(top_ids[j][:n], top_values[j][:n])),
+            # Tokens a grammar ruled out (-inf) are no alternatives; -inf is not valid JSON either.
+            top=[(t, v) for t, v in zip(top_ids[j][:n], top_values[j][:n]) if v != float("-inf")],
         )
     return result
