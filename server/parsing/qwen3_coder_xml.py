@@ -35,6 +35,8 @@ class Qwen3CoderFormat:
     block_open = None
     block_close = None
     trims_around_calls = True
+    call_separator = "\n"
+    argument_style = "qwen_xml"
 
     def __init__(self, tools: list[dict] | None):
         self._properties: dict[str, dict] = {}
@@ -51,10 +53,8 @@ class Qwen3CoderFormat:
         # Inside <function=…> until </function>: values are raw text (often code) and may mention </tool_call>.
         return body.lstrip().startswith(FUNCTION_OPEN) and FUNCTION_CLOSE not in body
 
-    def call_prefix(self, name: str | None) -> str:
-        if name is None:
-            return f"{TOOL_CALL_OPEN}\n{FUNCTION_OPEN}"
-        return f"{TOOL_CALL_OPEN}\n{FUNCTION_OPEN}{name}>\n"
+    def call_tag(self, name: str) -> tuple[str, str]:
+        return f"{TOOL_CALL_OPEN}\n{FUNCTION_OPEN}{name}>\n", f"{FUNCTION_CLOSE}\n{TOOL_CALL_CLOSE}"
 
 
 class CoderCallParser:
@@ -86,6 +86,14 @@ class CoderCallParser:
     def complete(self, body: str) -> bool:
         return self._done
 
+    def could_be_call(self, body: str) -> bool:
+        match = _FUNCTION_TAG.match(body)
+        if match is None:
+            return FUNCTION_OPEN.startswith(body.lstrip())
+        if not match.group(2):
+            return match.end() == len(body)  # the tag is still arriving (a newline inside it ends the call)
+        return bool(match.group(1).strip())
+
     def close(self, body: str) -> ParsedCall | None:
         if self._name is None:
             return None
@@ -96,13 +104,9 @@ class CoderCallParser:
 
     def _read_function_tag(self, body: str) -> None:
         match = _FUNCTION_TAG.match(body)
-        if match is None:
-            self._no_call = not FUNCTION_OPEN.startswith(body.lstrip())
-        elif not match.group(2):
-            self._no_call = match.end() < len(body)  # a newline inside the tag
-        elif not match.group(1).strip():
+        if not self.could_be_call(body):
             self._no_call = True
-        else:
+        elif match and match.group(2):
             self._name, self._position = match.group(1).strip(), match.end()
             self._properties = self._all_properties.get(self._name, {})
 
