@@ -1,8 +1,10 @@
-"""`POST /v1/chat/completions`: request -> prompt token ids (renderer + forced tool-call prefix), engine output ->
-assistant message (reasoning and tool-call parsers), as one JSON response or as SSE chunks.
+"""`POST /v1/chat/completions`: request -> prompt token ids (renderer) and the grammar that guarantees `tool_choice`
+and `response_format`; engine output -> assistant message (reasoning and tool-call parsers), as one JSON response or
+as SSE chunks.
 
 The engine detokenizes with special tokens kept, so tool-call and thinking markers reach the parsers; the parsers
-are split-independent, so the streamed deltas concatenate to exactly the non-streamed message.
+are split-independent, so the streamed deltas concatenate to the non-streamed message (except for a call the output
+cuts off: streamed, its arguments are closed into valid JSON; not streamed, it stays content).
 """
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ from server.async_engine import EngineRequest, RequestStream
 from server.context import ServingContext, new_request_id
 from server.generation import SSE_DONE, Choice, Prompt, outputs, record, sse, usage
 from server.logprobs import chat_logprobs
-from server.parsing import OutputParser, default_thinking, get_output_parser, new_id_prefix, tool_call_prompt_suffix
+from server.parsing import OutputParser, default_thinking, get_output_parser, new_id_prefix
+from server.parsing.constraint import ConstraintError, output_constraint
 from server.protocol import APIError, ChatCompletionRequest
 
 
@@ -52,15 +55,19 @@ def plan_chat(
         raise APIError(400, str(exc), param="tools" if str(exc).startswith("tools") else "messages") from None
     thinking = request_thinking(ctx.family, kwargs)
     try:
-        # `required` or a named function: the prompt ends inside the call's opening, so the model fills it in.
-        suffix = tool_call_prompt_suffix(ctx.family, req.tool_choice, req.tools, reasoning=thinking)
-    except ValueError as exc:
-        raise APIError(400, str(exc), param="tool_choice") from None
-    prompt_ids = ctx.encode(text + suffix)
+        constraint = output_constraint(
+            ctx.family, req.tools, req.tool_choice, req.parallel_tool_calls, req.response_format, reasoning=thinking,
+            structured_outputs=req.structured_outputs,
+        )
+    except ConstraintError as exc:
+        raise APIError(400, str(exc), param=exc.param) from None
+    prompt_ids = ctx.encode(text)
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     num_top = (req.top_logprobs or 0) if req.logprobs else None
-    params = ctx.sampling_params(req, len(prompt_ids), skip_special_tokens=False, num_logprobs=num_top)
+    params = ctx.sampling_params(
+        req, len(prompt_ids), skip_special_tokens=False, num_logprobs=num_top, structured_output=constraint
+    )
     request_id = new_request_id("chatcmpl")
     return ChatPlan(
         request_id, created, req, body, Prompt(EngineRequest(request_id, prompt_ids, params, cache_salt)), thinking,
@@ -75,11 +82,12 @@ class _ChoiceState:
     unsent_logprobs: list = field(default_factory=list)  # logprobs of tokens whose text the parser still holds
 
 
-def _choice_states(ctx: ServingContext, plan: ChatPlan) -> list[_ChoiceState]:
-    # The parser validated tool_choice when the prompt was planned; one id prefix per choice keeps call ids unique.
+def _choice_states(ctx: ServingContext, plan: ChatPlan, streaming: bool) -> list[_ChoiceState]:
+    # tool_choice was validated when the request was planned; one id prefix per choice keeps call ids unique.
     return [
         _ChoiceState(get_output_parser(
-            ctx.family, plan.req.tools, plan.req.tool_choice, reasoning=plan.thinking, id_prefix=new_id_prefix()
+            ctx.family, plan.req.tools, plan.req.tool_choice, reasoning=plan.thinking, id_prefix=new_id_prefix(),
+            streaming=streaming,
         ))
         for _ in range(plan.req.n)
     ]
@@ -92,7 +100,7 @@ def _finish_reason(engine_reason: str | None, parser: OutputParser) -> str | Non
 
 
 async def complete_chat(ctx: ServingContext, plan: ChatPlan, stream: RequestStream) -> dict[str, Any]:
-    states = _choice_states(ctx, plan)
+    states = _choice_states(ctx, plan, streaming=False)
     try:
         async for _, out in outputs(stream, [plan.prompt]):
             states[out.index].choice.add(out)
@@ -148,7 +156,7 @@ async def stream_chat(ctx: ServingContext, plan: ChatPlan, stream: RequestStream
             state.unsent_logprobs = []
         return chunk([{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}])
 
-    states = _choice_states(ctx, plan)
+    states = _choice_states(ctx, plan, streaming=True)
     try:
         for index, state in enumerate(states):
             yield choice_chunk(index, {"role": "assistant", "content": ""}, state)

@@ -10,6 +10,7 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.sampling_params import SamplingParams
+from engine.structured_output import StructuredOutputs, StructuredOutputSpec
 from server.async_engine import AsyncEngine
 from server.logprobs import TokenTexts
 from server.metrics import Metrics
@@ -36,6 +37,7 @@ class ServingContext:
     max_model_len: int
     engine: AsyncEngine
     metrics: Metrics
+    grammars: StructuredOutputs  # the engine's grammar compiler (thread-safe): handlers compile off the engine thread
     settings: ServerSettings = field(default_factory=ServerSettings)
     recorder: Recorder | None = None
     aliases: frozenset[str] = frozenset()  # other names clients may use for the model (its HF repo id)
@@ -58,7 +60,7 @@ class ServingContext:
 
     def sampling_params(
         self, req: ChatCompletionRequest | CompletionRequest, prompt_len: int, *, skip_special_tokens: bool,
-        num_logprobs: int | None,
+        num_logprobs: int | None, structured_output: StructuredOutputSpec | None = None,
     ) -> SamplingParams:
         if req.n > self.settings.max_n:
             raise APIError(400, f"n is {req.n}; this server allows at most {self.settings.max_n}", param="n")
@@ -78,6 +80,7 @@ class ServingContext:
                 logprobs=num_logprobs,
                 n=req.n,
                 skip_special_tokens=skip_special_tokens,
+                structured_output=structured_output,
             )
         except ValueError as exc:
             raise APIError(400, str(exc)) from None
@@ -136,6 +139,7 @@ def load_context(
         max_model_len=engine.max_model_len,
         engine=AsyncEngine(engine, metrics),
         metrics=metrics,
+        grammars=engine.structured_outputs,
         settings=settings,
         recorder=Recorder(record_path) if record_path else None,
         aliases=frozenset(name for name in (spec.repo_id,) if name),

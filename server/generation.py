@@ -2,6 +2,7 @@
 SSE framing and recording."""
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -67,8 +68,13 @@ def usage(prompts: list[Prompt], completion_tokens: int) -> dict[str, Any]:
 
 
 async def submit(ctx: ServingContext, prompts: list[Prompt]) -> RequestStream:
-    """Hand the prompts to the engine; its rejections (prompt too long for the context or the KV pool) are 400s."""
+    """Hand the prompts to the engine; its rejections (prompt too long for the context or the KV pool, a grammar
+    that cannot be compiled) are 400s."""
     try:
+        # A new grammar is compiled in a worker thread: on the engine thread it would stall every running request
+        # (the engine then finds it cached).
+        for spec in {p.request.params.structured_output for p in prompts} - {None}:
+            await asyncio.to_thread(ctx.grammars.compile, spec)
         return await ctx.engine.submit([p.request for p in prompts])
     except ValueError as exc:
         raise APIError(400, str(exc), code="context_length_exceeded" if "too long" in str(exc) else None) from None
