@@ -66,8 +66,10 @@ CALLS = {
 }
 
 
-def constraint(family: str, tool_choice, *, tools=TOOLS, parallel=True, response_format=None, reasoning=False):
-    return output_constraint(family, tools, tool_choice, parallel, response_format, reasoning=reasoning)
+def constraint(family: str, tool_choice, *, tools=TOOLS, parallel=True, response_format=None, reasoning=False,
+               structured_outputs=None):
+    return output_constraint(family, tools, tool_choice, parallel, response_format, reasoning=reasoning,
+                             structured_outputs=structured_outputs)
 
 
 @pytest.mark.parametrize("family", list(CALLS))
