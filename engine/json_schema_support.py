@@ -1,5 +1,5 @@
 """Which JSON schemas constrained decoding can guarantee: the output of a schema that passes `check_json_schema`
-always validates against it.
+always validates against it (with the schema compiled as `enforceable_schema` rewrites it).
 
 xgrammar compiles most of JSON Schema, but silently ignores a few assertion keywords (measured with xgrammar 0.2.8:
 an output that violates them is accepted). A schema using one of them is refused with the keyword and where it is,
@@ -9,9 +9,10 @@ are not assertions and pass. `oneOf` is enforced as `anyOf` (its alternatives ar
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
-from engine.structured_output import clean_error
+_XGRAMMAR_LOCATION = re.compile(r"^\[[\d:]+\] [^:]+:\d+: ")  # "[16:25:11] /project/cpp/x.cc:4950: " in C++ errors
 
 # Keyword -> why it cannot be enforced (xgrammar accepts output that violates it).
 _IGNORED = {
@@ -41,7 +42,7 @@ def check_json_schema(schema: Any) -> None:
     import xgrammar as xgr
 
     try:
-        xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)
+        xgr.Grammar.from_json_schema(json.dumps(enforceable_schema(schema)), any_whitespace=False)
     except RuntimeError as exc:  # xgrammar reports schema errors as RuntimeError
         raise ValueError(f"the schema cannot be enforced: {clean_error(exc)}") from None
 
@@ -74,3 +75,29 @@ def _walk(schema: Any, path: str) -> None:
 
 def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
+
+
+# Literal values, not schemas: the rewrite below must not touch them.
+_LITERALS = ("const", "enum", "default", "examples")
+
+
+def enforceable_schema(schema: Any) -> Any:
+    """`schema` rewritten around an xgrammar 0.2.8 flaw: a string with minLength/maxLength is compiled to a run of
+    any characters but `"`, `\\`, CR and LF, so a raw tab (invalid inside a JSON string) can be generated. The same
+    bounds as a pattern over the characters JSON allows unescaped give valid JSON whose value meets the lengths."""
+    if isinstance(schema, list):
+        return [enforceable_schema(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: v if k in _LITERALS else enforceable_schema(v) for k, v in schema.items()}
+    bounded = "minLength" in out or "maxLength" in out
+    if out.get("type") == "string" and bounded and "pattern" not in out and "format" not in out:
+        low, high = out.get("minLength", 0), out.get("maxLength", "")
+        out["pattern"] = f'^[^\\x00-\\x1f"\\\\]{{{low},{high}}}$'
+    return out
+
+
+def clean_error(exc: Exception) -> str:
+    """xgrammar's message without the C++ source location."""
+    lines = str(exc).strip().splitlines()
+    return _XGRAMMAR_LOCATION.sub("", lines[0]) if lines else repr(exc)

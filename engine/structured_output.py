@@ -18,7 +18,7 @@ xgrammar is imported on first use: it costs about a second, and most engines nev
 from __future__ import annotations
 
 import enum
-import re
+import json
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -26,12 +26,13 @@ from typing import TYPE_CHECKING, Any, Iterable, Literal, Protocol, Sequence, ge
 
 import torch
 
+from engine.json_schema_support import clean_error, enforceable_schema
+
 if TYPE_CHECKING:
     import xgrammar
 
 Kind = Literal["json_schema", "structural_tag", "regex", "ebnf"]
 _CACHE_LIMIT_BYTES = 512 * 1024**2  # compiled grammars kept for reuse (xgrammar evicts beyond this)
-_XGRAMMAR_LOCATION = re.compile(r"^\[[\d:]+\] [^:]+:\d+: ")  # "[16:25:11] /project/cpp/x.cc:4950: " in C++ errors
 
 
 @dataclass(frozen=True)
@@ -71,12 +72,6 @@ class PendingMasks:
     filled: Future
 
 
-def clean_error(exc: Exception) -> str:
-    """xgrammar's message without the C++ source location."""
-    lines = str(exc).strip().splitlines()
-    return _XGRAMMAR_LOCATION.sub("", lines[0]) if lines else repr(exc)
-
-
 class StructuredOutputs:
     """Grammar compilation and per-sequence matchers for one engine (one tokenizer, one vocabulary)."""
 
@@ -97,7 +92,8 @@ class StructuredOutputs:
         compiler = self._get_compiler()
         try:
             if spec.kind == "json_schema":
-                return compiler.compile_json_schema(spec.value, any_whitespace=False)
+                schema = json.dumps(enforceable_schema(_json(spec.value)))
+                return compiler.compile_json_schema(schema, any_whitespace=False)
             if spec.kind == "structural_tag":
                 return compiler.compile_structural_tag(spec.value)
             if spec.kind == "regex":
@@ -192,3 +188,10 @@ class StructuredOutputs:
 
             matcher = self._matchers[row.request_id] = xgr.GrammarMatcher(self.compile(row.params.structured_output))
         return matcher
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"the json schema is not valid JSON: {exc}") from None

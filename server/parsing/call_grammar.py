@@ -11,15 +11,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.json_schema_support import enforceable_schema
 from server.parsing.tool_choice import ToolChoice
 from server.parsing.tool_stream import ToolFormat
 
 Format = dict[str, Any]  # one xgrammar structural-tag format, as JSON
 
 # Runs of whitespace inside JSON are bounded: a model that drifts into blank space must still close its object (a
-# random-weight model otherwise fills its whole budget with it). Pretty-printed JSON needs at most a newline and an
-# indent per line.
-MAX_JSON_WHITESPACE = 16
+# random-weight model otherwise fills its budget with it). Four allow `, ` and `: ` (the templates' own spacing) and a
+# newline with a short indent.
+MAX_JSON_WHITESPACE = 4
 
 
 def tool_schema(tool: dict) -> dict:
@@ -33,7 +34,8 @@ def json_format(schema: dict | bool, *, style: str = "json") -> Format:
 
     String values are not filtered (xgrammar's `excludes` would drop their length limits): the parsers read call
     markup inside a string value as text, and end-of-turn markers are control tokens that no grammar produces."""
-    return {"type": "json_schema", "json_schema": schema, "style": style, "max_whitespace_cnt": MAX_JSON_WHITESPACE}
+    compiled = enforceable_schema(schema) if style == "json" else schema  # XML values are raw text, not JSON
+    return {"type": "json_schema", "json_schema": compiled, "style": style, "max_whitespace_cnt": MAX_JSON_WHITESPACE}
 
 
 def _call(fmt: ToolFormat, tool: dict) -> Format:
