@@ -34,8 +34,12 @@ def json_format(schema: dict | bool, *, style: str = "json") -> Format:
 
     String values are not filtered (xgrammar's `excludes` would drop their length limits): the parsers read call
     markup inside a string value as text, and end-of-turn markers are control tokens that no grammar produces."""
-    compiled = enforceable_schema(schema) if style == "json" else schema  # XML values are raw text, not JSON
-    return {"type": "json_schema", "json_schema": compiled, "style": style, "max_whitespace_cnt": MAX_JSON_WHITESPACE}
+    if style == "json":
+        return {"type": "json_schema", "json_schema": enforceable_schema(schema), "style": style,
+                "max_whitespace_cnt": MAX_JSON_WHITESPACE}
+    # Qwen3-Coder values are raw text framed by whitespace the grammar treats as layout (the template writes one
+    # newline on each side): one character of it, which the parser strips (qwen3_coder_xml._unframe).
+    return {"type": "json_schema", "json_schema": schema, "style": style, "max_whitespace_cnt": 1}
 
 
 def _call(fmt: ToolFormat, tool: dict) -> Format:

@@ -25,6 +25,7 @@ _FUNCTION_TAG = re.compile(r"\s*<function=([^>\n]*)(>?)")
 _PARAMETER_TAG = re.compile(r"\s*<parameter=([^>\n]*)(>?)")
 # A value ends at its closing tag; a missing `</parameter>` is tolerated before the next parameter.
 _VALUE_END = re.compile(f"{PARAMETER_CLOSE}|{PARAMETER_OPEN}")
+_LAYOUT = ("\n", "\r", "\t", " ")
 # At the end of the call a value still open runs to the last `</function>`.
 _LAST_VALUE = re.compile(rf"(.*){FUNCTION_CLOSE}\s*", re.DOTALL)
 
@@ -140,13 +141,14 @@ class CoderCallParser:
         key = self._key
         if key is None or key in self._keys:
             return ""
-        value = coerce_parameter(_strip_one_newline(raw), self._properties.get(key))
+        value = coerce_parameter(_unframe(raw), self._properties.get(key))
         self._keys.append(key)
         lead = "{" if len(self._keys) == 1 else ", "
         return f"{lead}{json.dumps(key, ensure_ascii=False)}: {json.dumps(value, ensure_ascii=False)}"
 
 
-def _strip_one_newline(value: str) -> str:
-    """The template writes `>⏎{value}⏎</parameter>`: exactly one newline on each side is markup."""
-    value = value[1:] if value.startswith("\n") else value
-    return value[:-1] if value.endswith("\n") else value
+def _unframe(value: str) -> str:
+    """The template writes `>⏎{value}⏎</parameter>`: one whitespace character on each side (the newline, or what a
+    constrained model wrote in its place) is layout, not value."""
+    value = value[1:] if value[:1] in _LAYOUT else value
+    return value[:-1] if value[-1:] in _LAYOUT else value
