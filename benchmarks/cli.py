@@ -10,7 +10,7 @@ import argparse
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from benchmarks import throughput
+from benchmarks import structured, throughput
 from benchmarks.prefix.report import write_json
 
 if TYPE_CHECKING:
@@ -45,7 +45,9 @@ def _invoke(command: BenchCommand, args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    bench = subparsers.add_parser("bench", help="benchmarks: prefix cache (workloads, simulator, trace replay) and throughput")
+    bench = subparsers.add_parser(
+        "bench", help="benchmarks: prefix cache (workloads, simulator, trace replay), throughput, grammar-mask cost"
+    )
     sub = bench.add_subparsers(dest="bench_command", metavar="BENCH")
     bench.set_defaults(func=lambda _args: bench.print_help() or 2)
     for command in _COMMANDS:
@@ -143,6 +145,8 @@ def _register_all() -> None:
     add_bench_command("replay", "replay requests recorded by `kvserve serve --record`", _configure_replay, _run_replay)
     add_bench_command("throughput", "offline throughput on the nano-vllm workload, side by side with HF transformers",
                       throughput.configure, throughput.run)
+    add_bench_command("structured", "cost of grammar masks: decode tok/s with 0%, 50% and 100% of a batch constrained",
+                      structured.configure, structured.run)
 
 
 _register_all()

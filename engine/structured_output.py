@@ -20,6 +20,7 @@ from __future__ import annotations
 import enum
 import json
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Literal, Protocol, Sequence, get_args
@@ -64,6 +65,17 @@ class ConstrainedRow(Protocol):
 
 
 @dataclass
+class MaskStats:
+    """Where grammar time goes (seconds, summed over steps): filling masks runs beside the forward pass; the step
+    waits only for what is left of it, then applies them."""
+
+    steps: int = 0
+    fill_s: float = 0.0
+    wait_s: float = 0.0
+    apply_s: float = 0.0
+
+
+@dataclass
 class PendingMasks:
     """Token masks being filled for the constrained rows of one step."""
 
@@ -85,6 +97,7 @@ class StructuredOutputs:
         self._batch: xgrammar.BatchGrammarMatcher | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._matchers: dict[str, xgrammar.GrammarMatcher] = {}
+        self.stats = MaskStats()
 
     # ---- compilation (any thread) ----------------------------------------------------------------------------------
     def compile(self, spec: StructuredOutputSpec) -> xgrammar.CompiledGrammar:
@@ -142,8 +155,13 @@ class StructuredOutputs:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvserve-grammar")
             self._batch = xgr.BatchGrammarMatcher()
-        filled = self._pool.submit(self._batch.batch_fill_next_token_bitmask, matchers, bitmask, constrained)
+        filled = self._pool.submit(self._fill, matchers, bitmask, constrained)
         return PendingMasks(bitmask, constrained, filled)
+
+    def _fill(self, matchers: list, bitmask: torch.Tensor, rows: list[int]) -> None:
+        start = time.perf_counter()
+        self._batch.batch_fill_next_token_bitmask(matchers, bitmask, rows)
+        self.stats.fill_s += time.perf_counter() - start
 
     def apply_masks(self, pending: PendingMasks | None, logits: torch.Tensor, row_of: Sequence[int]) -> None:
         """Set the logits of disallowed tokens to -inf, in place. Logits row j samples for prepared row `row_of[j]`
@@ -152,12 +170,17 @@ class StructuredOutputs:
             return
         import xgrammar as xgr
 
+        start = time.perf_counter()
         pending.filled.result()
+        waited = time.perf_counter()
         constrained = set(pending.rows)
         indices = [j for j, i in enumerate(row_of) if i in constrained]
         bitmask = pending.bitmask if list(row_of) == list(range(len(row_of))) else pending.bitmask[list(row_of)]
         bitmask = bitmask.to(logits.device, non_blocking=True)
         xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=self._vocab_size, indices=indices)
+        self.stats.steps += 1
+        self.stats.wait_s += waited - start
+        self.stats.apply_s += time.perf_counter() - waited
 
     def accept(self, rows: Sequence[ConstrainedRow], token_ids: Sequence[int]) -> list[GrammarEnd | None]:
         """Advance each constrained row's matcher by its sampled token; per row, whether its grammar ended."""

@@ -57,7 +57,8 @@ class JsonCallParser:
         if self._name is None:
             return self._parse_whole(body)
         # Every argument character went out as it arrived; an unfinished object still has to be closed.
-        return ParsedCall(self._name, "" if self._closed else closing_suffix(body[self._arguments_start : self._position]))
+        unfinished = "" if self._closed else closing_suffix(body[self._arguments_start : self._position])
+        return ParsedCall(self._name, unfinished)
 
     def _read_arguments(self, body: str) -> str:
         start = end = self._position

@@ -49,7 +49,8 @@ class QwenJsonFormat:
 
     def call_tag(self, name: str) -> tuple[str, str]:
         # As the template renders a call: `tojson` spacing, the name first.
-        return f'{TOOL_CALL_OPEN}\n{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": ', f"}}\n{TOOL_CALL_CLOSE}"
+        begin = f'{TOOL_CALL_OPEN}\n{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": '
+        return begin, f"}}\n{TOOL_CALL_CLOSE}"
 
 
 def _header(body: str) -> tuple[str, int] | None:

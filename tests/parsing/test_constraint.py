@@ -93,7 +93,8 @@ def test_arguments_follow_the_schema(grammars, family):
 
     def call(**arguments) -> str:
         if family == "qwen3-coder":
-            return coder_call("forecast", **{k: v if isinstance(v, str) else json.dumps(v) for k, v in arguments.items()})
+            raw = {k: v if isinstance(v, str) else json.dumps(v) for k, v in arguments.items()}
+            return coder_call("forecast", **raw)
         text = json.dumps(arguments)
         return qwen_call("forecast", text) if family == "qwen3" else v31_calls(("forecast", text))
 
@@ -111,7 +112,8 @@ def test_call_markup_inside_an_argument_string_is_text(grammars, family):
     arguments = json.dumps({"city": value}, ensure_ascii=False)
     text = {
         "qwen3": qwen_call("get_weather", arguments), "qwen3-coder": coder_call("get_weather", city=value),
-        "deepseek-v3-0324": v3_calls(("get_weather", arguments)), "deepseek-v3.1": v31_calls(("get_weather", arguments)),
+        "deepseek-v3-0324": v3_calls(("get_weather", arguments)),
+        "deepseek-v3.1": v31_calls(("get_weather", arguments)),
     }[family]
     assert accepts(grammars, constraint(family, "required", tools=[WEATHER]), text)
     for streaming in (True, False):

@@ -28,8 +28,8 @@ FORECAST = {"type": "function", "function": {"name": "forecast", "description": 
 }}}
 SEARCH = {"type": "function", "function": {"name": "search", "description": "Search the web", "parameters": {
     "type": "object",
-    "properties": {"query": {"type": "string", "maxLength": 24}, "limit": {"type": "integer", "minimum": 1, "maximum": 5},
-                   "exact": {"type": "boolean"}},
+    "properties": {"query": {"type": "string", "maxLength": 24},
+                   "limit": {"type": "integer", "minimum": 1, "maximum": 5}, "exact": {"type": "boolean"}},
     "required": ["query"], "additionalProperties": False,
 }}}
 TOOLS = [FORECAST, SEARCH]
@@ -111,7 +111,8 @@ def test_required_named_and_json_schema_hold_for_every_seed(model, request):
         common = dict(temperature=1.0, max_tokens=1024, extra_body=extra, **fields)
         _ask_all(server, [dict(stream=False, max_tokens=1, **{k: v for k, v in common.items() if k != "max_tokens"})])
         # The prompt is cached now; the 32 requests of the case run as one batch.
-        replies = _ask_all(server, [dict(stream=stream, seed=seed, **common) for stream in (False, True) for seed in SEEDS])
+        batch = [dict(stream=stream, seed=seed, **common) for stream in (False, True) for seed in SEEDS]
+        replies = _ask_all(server, batch)
         by_case[case, False], by_case[case, True] = replies[: len(SEEDS)], replies[len(SEEDS) :]
     for (case, stream), got in by_case.items():
         for reply in got:
