@@ -33,8 +33,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=32, help="sequences decoded together (default: 32)")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens each sequence decodes (default: 64)")
     parser.add_argument("--prompt-tokens", type=int, default=16, help="random prompt length (default: 16)")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16 (default: float32)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per fraction; the fastest counts (default: 3)")
     parser.add_argument("--seed", type=int, default=0)
 

@@ -38,8 +38,8 @@ _CACHE_LIMIT_BYTES = 512 * 1024**2  # compiled grammars kept for reuse (xgrammar
 
 @dataclass(frozen=True)
 class StructuredOutputSpec:
-    """What a request's output must match. `value` is the JSON text of a JSON schema (any whitespace between
-    tokens is canonical: `, ` and `: `) or of an xgrammar structural tag, a regex, or an EBNF grammar with a `root`
+    """What a request's output must match. `value` is the JSON text of a JSON schema (its output is spaced as
+    `json.dumps` does: `, ` and `: `) or of an xgrammar structural tag, a regex, or an EBNF grammar with a `root`
     rule. Frozen and hashable, so equal specs share one compiled grammar."""
 
     kind: Kind

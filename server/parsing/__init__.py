@@ -4,6 +4,7 @@ Entry points: `get_output_parser` (one per request; `feed`/`finish` give OpenAI 
 `output_constraint` (the grammar that guarantees `tool_choice` and `response_format`), `parse_tool_choice`
 (validation), `parse_output` (non-streaming convenience).
 """
+from server.parsing.constraint import ConstraintError, output_constraint
 from server.parsing.deltas import ParsedCall, ParsedMessage
 from server.parsing.registry import (
     FAMILIES,
@@ -16,6 +17,7 @@ from server.parsing.stream import OutputParser
 from server.parsing.tool_choice import ToolChoice, parse_tool_choice
 
 __all__ = [
+    "ConstraintError",
     "FAMILIES",
     "OutputParser",
     "ParsedCall",
@@ -24,6 +26,7 @@ __all__ = [
     "default_thinking",
     "get_output_parser",
     "new_id_prefix",
+    "output_constraint",
     "parse_output",
     "parse_tool_choice",
 ]
