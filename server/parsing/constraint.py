@@ -10,7 +10,9 @@ returns an engine `StructuredOutputSpec` (an xgrammar structural tag) or None wh
 - `structured_outputs` (vLLM's extension: one of `regex`, `grammar` (EBNF), `json` (a schema), `choice`): the whole
   output matches it, thinking included; it cannot be combined with the two above.
 Nothing is appended to the prompt: the grammar makes the model write the call opening itself, after any thinking.
-`ConstraintError` names the request field at fault (for a 400).
+`ConstraintError` names the request field at fault (for a 400): a schema that cannot be enforced where a guarantee
+was asked for (`required`, a named function, `response_format`); under `auto` such a tool's calls are held to a JSON
+object only.
 """
 from __future__ import annotations
 
@@ -126,11 +128,14 @@ def _answer(
     content = None if schema is None else json_format(schema)
     if not choice.parses_calls:
         return content
-    for i, tool in enumerate(tools):
-        _check(f"tools[{i}].function.parameters", tool_schema(tool))
     fmt = family_parsing(family).tool_format(tools)
     if choice.mode != "auto":
+        for i, tool in enumerate(tools):
+            _check(f"tools[{i}].function.parameters", tool_schema(tool))
         return required_calls_format(fmt, tools, choice, parallel)
+    # Under `auto` nobody asked for a guarantee: a tool whose schema cannot be enforced still gets well-formed calls
+    # (a JSON object), rather than failing a request that worked without constraints.
+    tools = [tool if _enforceable(tool_schema(tool)) else _any_object(tool) for tool in tools]
     if content is None:
         return auto_calls_format(fmt, tools, parallel)
     return {"type": "or", "elements": [content, required_calls_format(fmt, tools, ToolChoice("required"), parallel)]}
@@ -142,6 +147,18 @@ def _thinking(thinking: Thinking) -> Format:
         return {"type": "tag", "begin": "", "content": {"type": "any_text"}, "end": THINK_CLOSE}
     block = {"type": "tag", "begin": THINK_OPEN, "content": {"type": "any_text"}, "end": THINK_CLOSE}
     return {"type": "optional", "content": block}
+
+
+def _enforceable(schema: Any) -> bool:
+    try:
+        check_json_schema(schema)
+    except ValueError:
+        return False
+    return True
+
+
+def _any_object(tool: dict) -> dict:
+    return {**tool, "function": {**tool["function"], "parameters": {"type": "object"}}}
 
 
 def _check(param: str, schema: Any) -> None:

@@ -214,3 +214,14 @@ def test_structured_outputs_extension(grammars):
     with pytest.raises(ConstraintError, match="send only one of them") as err:
         constraint("qwen3", "required", structured_outputs={"regex": "a"})
     assert err.value.param == "structured_outputs"
+
+
+def test_under_auto_an_unenforceable_tool_schema_is_held_to_an_object(grammars):
+    odd = {"type": "function", "function": {"name": "odd", "parameters": {
+        "type": "object", "properties": {"a": {"not": {"type": "string"}}}}}}
+    auto = constraint("qwen2.5", "auto", tools=[WEATHER, odd])
+    assert accepts(grammars, auto, qwen_call("odd", '{"a": "anything"}'))
+    assert not accepts(grammars, auto, qwen_call("odd", '"not an object"'))
+    assert not accepts(grammars, auto, qwen_call("get_weather", '{"city": 1}'))  # the others keep their schema
+    with pytest.raises(ConstraintError, match="'not' is not supported"):
+        constraint("qwen2.5", "required", tools=[WEATHER, odd])
