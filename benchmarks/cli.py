@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Callable
 
 from engine.config import EvictionPolicy, SchedulingPolicy
 
-from benchmarks import step_bench, throughput
+from benchmarks import step_bench, structured, throughput
 from benchmarks.prefix.report import write_json
 
 if TYPE_CHECKING:
@@ -47,7 +47,9 @@ def _invoke(command: BenchCommand, args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    bench = subparsers.add_parser("bench", help="benchmarks: prefix cache (workloads, simulator, trace replay) and throughput")
+    bench = subparsers.add_parser(
+        "bench", help="benchmarks: prefix cache (workloads, simulator, trace replay), throughput, grammar-mask cost"
+    )
     sub = bench.add_subparsers(dest="bench_command", metavar="BENCH")
     bench.set_defaults(func=lambda _args: bench.print_help() or 2)
     for command in _COMMANDS:
@@ -148,6 +150,8 @@ def _register_all() -> None:
                       throughput.configure, throughput.run)
     add_bench_command("step", "host and device time of one engine decode step vs a bare PyTorch loop, by batch and "
                       "context", step_bench.configure, step_bench.run)
+    add_bench_command("structured", "cost of grammar masks: decode tok/s with 0%, 50% and 100% of a batch constrained",
+                      structured.configure, structured.run)
 
 
 _register_all()

@@ -4,7 +4,8 @@ advances every running sequence once and returns token-level `SequenceOutput`s.
 Text (detokenization, stop strings) is not made here: an `OutputProcessor` does it off the engine thread. With
 async scheduling (`EngineConfig.async_scheduling`), `step()` schedules and launches step N+1 before it collects step
 N's sampled tokens, so the host's work for one step overlaps the device's work for the previous one; the tokens are
-the same either way. Single-threaded by design: one thread drives it (see engine/engine_loop.py).
+the same either way. A grammar-constrained sequence's next mask needs its last token, so a step that sampled one is
+collected before the next is scheduled. Single-threaded by design: one thread drives it (see engine/engine_loop.py).
 """
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ from pathlib import Path
 from engine.config import EngineConfig, ModelConfig
 from engine.errors import KVCacheTooSmallError, PromptTooLongError, RequestRejected
 from engine.model_runner import ModelRunner, StepHandle
-from engine.outputs import SchedulerStats, SequenceOutput
+from engine.outputs import SchedulerOutput, SchedulerStats, SequenceOutput
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
+from engine.structured_output import GrammarEnd, StructuredOutputs
+from engine.structured_output import GrammarEnd, StructuredOutputs
 
 
 def _eos_ids(model_dir: Path, model_cfg: ModelConfig, tokenizer) -> set[int]:
@@ -44,7 +47,10 @@ class LLMEngine:
         self.runner = ModelRunner(self.model_dir, self.model_cfg, cfg, self.max_model_len)
         self.scheduler = Scheduler(cfg, self.runner.num_blocks, model_id or str(self.model_dir), self.max_model_len,
                                    self.eos_token_ids)
+        self.structured_outputs = StructuredOutputs(self.tokenizer, self.model_cfg.vocab_size, self.eos_token_ids,
+                                                    self.runner.device)
         self._in_flight: StepHandle | None = None  # async scheduling: the launched step whose tokens are not back
+        self._in_flight_constrained = False  # ... and whether it sampled for a grammar-constrained sequence
 
     # ---- requests ----------------------------------------------------------------------------------------------
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
@@ -67,6 +73,13 @@ class LLMEngine:
                 f"the prompt needs {blocks} KV blocks but the cache has {self.scheduler.num_blocks}; "
                 "give the engine more KV memory (num_kv_blocks / kv_cache_memory_gb)"
             )
+        if params.structured_output is not None:
+            try:
+                self.structured_outputs.compile(params.structured_output)  # cached: a server compiled it already
+            except ValueError as exc:
+                raise RequestRejected(str(exc)) from None
+        if params.structured_output is not None:
+            self.structured_outputs.compile(params.structured_output)  # cached: a server compiled it already
 
     def add_request(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, cache_salt: str | None = None
@@ -80,6 +93,7 @@ class LLMEngine:
         """Finish every sequence of the request (or only sequence ``index``) now; its blocks are free for the next
         step."""
         self.scheduler.abort(request_id, index)
+        self.structured_outputs.retain(self.scheduler.requests)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests() or self._in_flight is not None
@@ -92,13 +106,39 @@ class LLMEngine:
 
     # ---- the step ----------------------------------------------------------------------------------------------
     def step(self) -> list[SequenceOutput]:
+        if self._in_flight is not None and self._in_flight_constrained:  # its grammars need its tokens first
+            self._collect(self._in_flight)
+            self._in_flight = None
         sched = self.scheduler.schedule()
-        handle = self.runner.execute(sched)
+        masks = self._start_masks(sched)
+        handle = self.runner.execute(sched, masks)
         if self.cfg.async_scheduling:
             done, self._in_flight = self._in_flight, (handle if sched.scheduled else None)
+            self._in_flight_constrained = masks is not None
         else:
             done = handle
         if done is not None:
-            self.scheduler.update(done.result())
+            self._collect(done)
         return self.scheduler.take_outputs()
 
+    def _start_masks(self, sched: SchedulerOutput):
+        """Start filling the grammar masks of this step's constrained samples (beside the forward pass); returns
+        what the runner calls on the logits, or None when nothing sampled here is constrained."""
+        requests = self.scheduler.requests
+        rows = [requests[s.req_id] for s in sched.scheduled if s.samples]
+        pending = self.structured_outputs.start_masks(rows)
+        if pending is None:
+            return None
+        return lambda logits, req_ids: self.structured_outputs.apply_masks(pending, logits, req_ids)
+
+    def _collect(self, handle: StepHandle) -> None:
+        out = handle.result()
+        requests = self.scheduler.requests
+        live = [(requests[r], t) for r, t in zip(out.req_ids, out.sampled_token_ids) if r in requests]
+        ends = self.structured_outputs.accept([r for r, _ in live], [t for _, t in live])
+        grammar_ends = {
+            req.request_id: (f"token {token} is outside the grammar" if end is GrammarEnd.REJECTED else None)
+            for (req, token), end in zip(live, ends) if end is not None
+        }
+        self.scheduler.update(out, grammar_ends)
+        self.structured_outputs.retain(requests)

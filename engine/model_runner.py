@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,7 @@ from engine.weights import load_weights, use_fp8_layers
 from kernels.ops import fp8_gemm_supported, get_ops
 
 log = logging.getLogger(__name__)
+LogitsProcessor = Callable[[torch.Tensor, list[str]], None]  # (logits [rows, vocab] changed in place, row req ids)
 
 # The sampler's most expensive path (penalties, top-p over the full vocabulary, min-p, logprobs): what the memory
 # profile samples with.
@@ -56,6 +58,8 @@ class _DeviceWork:
     pad_to: int | None  # run the decode graph of this size
     sampling: SamplingBatch | None  # None: nothing samples this step
     histories: list[tuple[torch.Tensor | None, torch.Tensor | None]] | None  # penalties: per row (counts, seen)
+    req_ids: list[str]  # of the sampled rows, in order
+    logits_processor: LogitsProcessor | None  # e.g. grammar masks, applied to the logits before sampling
 
 
 @dataclass
@@ -143,7 +147,7 @@ class ModelRunner:
                                  use_graphs)
 
     # ---- the step ----------------------------------------------------------------------------------------------
-    def execute(self, sched: SchedulerOutput) -> StepHandle:
+    def execute(self, sched: SchedulerOutput, logits_processor: LogitsProcessor | None = None) -> StepHandle:
         start = time.perf_counter()
         self._apply_deltas(sched)
         if not sched.scheduled:
@@ -155,7 +159,7 @@ class ModelRunner:
         host = flatten(batch, self.cfg.block_size, pad_to)
         all_ids = batch.req_ids
         req_ids = [all_ids[r] for r in host.sample_rows.tolist()]
-        work = _DeviceWork(host, pad_to, None, None)
+        work = _DeviceWork(host, pad_to, None, None, req_ids, logits_processor)
         handle = StepHandle(self, req_ids)
         if req_ids:
             work.sampling = self._sampling_batch_for(req_ids)
@@ -234,6 +238,8 @@ class ModelRunner:
     def _sample(self, hidden: torch.Tensor, host: HostInputs, work: _DeviceWork, timed: bool) -> _Launched:
         index = torch.from_numpy(host.sample_index).to(self.device, non_blocking=True).long()
         logits = self.model.compute_logits(hidden.index_select(0, index))
+        if work.logits_processor is not None:
+            work.logits_processor(logits, work.req_ids)
         sampling = work.sampling
         penalties = self._penalties(work.histories, sampling.params) if work.histories else None
         out = sample(logits, sampling, penalties)

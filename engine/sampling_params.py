@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.structured_output import StructuredOutputSpec
+
 
 @dataclass
 class SamplingParams:
@@ -21,6 +23,7 @@ class SamplingParams:
     logprobs: int | None = None  # number of top alternatives to return with each sampled token's logprob
     n: int = 1
     skip_special_tokens: bool = True  # for the text only; the server keeps them to parse tool-call tokens
+    structured_output: StructuredOutputSpec | None = None  # a grammar the output must match
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -228,8 +228,12 @@ class Scheduler:
                                lambda r: kv.num_cached_tokens(r.block_hashes, len(r.token_ids)))[0]
 
     # ---- sampled tokens back -------------------------------------------------------------------------------------
-    def update(self, runner_output: ModelRunnerOutput) -> None:
-        """Append each sequence's sampled token and finish those that stop; outputs are collected by `take_outputs`."""
+    def update(self, runner_output: ModelRunnerOutput, grammar_ends: dict[str, str | None] | None = None) -> None:
+        """Append each sequence's sampled token and finish those that stop; outputs are collected by `take_outputs`.
+
+        ``grammar_ends``: sequences whose grammar ended with this token (whole: None; the token broke it: why),
+        which stop whatever ``ignore_eos`` says, since nothing may follow a whole structured output."""
+        grammar_ends = grammar_ends or {}
         now = time.perf_counter()
         logprobs = runner_output.logprobs or [None] * len(runner_output.req_ids)
         for req_id, token, logprob in zip(runner_output.req_ids, runner_output.sampled_token_ids, logprobs):
@@ -245,8 +249,9 @@ class Scheduler:
                 self.hasher.extend(req.block_hashes, req.token_ids, req.cache_salt)
                 if req.status is RequestStatus.RUNNING:
                     self._commit(req)
-            reason = self._stop_reason(req, token)
+            reason = FinishReason.STOP if req_id in grammar_ends else self._stop_reason(req, token)
             out = self._output(req, [token], [logprob], reason)
+            out.error = grammar_ends.get(req_id)
             if reason is not None:
                 self._finish(req, reason)
             self._outputs.append(out)

@@ -1,10 +1,12 @@
-"""`POST /v1/chat/completions`: request -> prompt token ids (renderer + forced tool-call prefix), engine output ->
-assistant message (reasoning and tool-call parsers), as one JSON response or as SSE chunks.
+"""`POST /v1/chat/completions`: request -> prompt token ids (renderer) and the grammar that guarantees `tool_choice`
+and `response_format`; engine output -> assistant message (reasoning and tool-call parsers), as one JSON response or
+as SSE chunks.
 
 `plan_chat` is also how `/v1/messages` and `/v1/responses` reach the engine: they convert their requests into a
 `ChatCompletionRequest` (the internal chat form) and format `server.chat_stream.parsed_updates` their own way.
 The engine detokenizes with special tokens kept, so tool-call and thinking markers reach the parsers; the parsers
-are split-independent, so the streamed deltas concatenate to exactly the non-streamed message.
+are split-independent, so the streamed deltas concatenate to the non-streamed message (except for a call the output
+cuts off: streamed, its arguments are closed into valid JSON; not streamed, it stays content).
 """
 from __future__ import annotations
 
@@ -15,10 +17,11 @@ from typing import Any
 from server.async_engine import EngineRequest, RequestStream
 from server.chat_stream import ChoiceState, choice_states, parsed_updates
 from server.context import ServingContext, new_request_id
-from server.generation import SSE_DONE, Prompt, record, sse, usage
+from server.generation import SSE_DONE, Prompt, compiled_constraint, record, sse, usage
 from server.logprobs import chat_logprobs
 from server.normalize import normalize_for_cache
-from server.parsing import default_thinking, tool_call_prompt_suffix
+from server.parsing import default_thinking
+from server.parsing.constraint import ConstraintError, output_constraint
 from server.protocol import APIError, ChatCompletionRequest, TokenizeRequest
 
 # The template kwarg that switches thinking, per family with a switch.
@@ -65,6 +68,14 @@ def render_chat(ctx: ServingContext, req: ChatCompletionRequest | TokenizeReques
         raise APIError(400, str(exc), param="tools" if str(exc).startswith("tools") else "messages") from None
 
 
+def guards_only_auto_calls(req: ChatCompletionRequest) -> bool:
+    """The request's grammar (if any) only keeps the tool calls the model chooses to open valid: nothing else is
+    promised, so the request can run without it."""
+    choice = req.tool_choice
+    auto = choice is None or choice == "auto"
+    return auto and req.structured_outputs is None and (req.response_format or {}).get("type", "text") == "text"
+
+
 def plan_chat(
     ctx: ServingContext, req: ChatCompletionRequest, body: dict[str, Any], cache_salt: str | None, created: int,
     *, session: str | None = None, endpoint: str = "chat", id_prefix: str = "chatcmpl",
@@ -74,15 +85,20 @@ def plan_chat(
     text = render_chat(ctx, req)
     thinking = request_thinking(ctx.family, kwargs)
     try:
-        # `required` or a named function: the prompt ends inside the call's opening, so the model fills it in.
-        suffix = tool_call_prompt_suffix(ctx.family, req.tool_choice, req.tools, reasoning=thinking)
-    except ValueError as exc:
-        raise APIError(400, str(exc), param="tool_choice") from None
-    prompt_ids = ctx.encode(text + suffix)
+        constraint = output_constraint(
+            ctx.family, req.tools, req.tool_choice, req.parallel_tool_calls, req.response_format, reasoning=thinking,
+            structured_outputs=req.structured_outputs,
+        )
+    except ConstraintError as exc:
+        raise APIError(400, str(exc), param=exc.param) from None
+    constraint = compiled_constraint(ctx, constraint, "tools", optional=guards_only_auto_calls(req))
+    prompt_ids = ctx.encode(text)
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     num_top = (req.top_logprobs or 0) if req.logprobs else None
-    params = ctx.sampling_params(req, len(prompt_ids), skip_special_tokens=False, num_logprobs=num_top)
+    params = ctx.sampling_params(
+        req, len(prompt_ids), skip_special_tokens=False, num_logprobs=num_top, structured_output=constraint
+    )
     request_id = new_request_id(id_prefix)
     return ChatPlan(
         request_id, created, req, body, Prompt(EngineRequest(request_id, prompt_ids, params, cache_salt)), thinking,
@@ -95,7 +111,7 @@ def record_plan(ctx: ServingContext, plan: ChatPlan) -> None:
 
 
 async def complete_chat(ctx: ServingContext, plan: ChatPlan, stream: RequestStream) -> dict[str, Any]:
-    states = choice_states(ctx, plan)
+    states = choice_states(ctx, plan, streaming=False)
     try:
         async for _ in parsed_updates(ctx, plan, stream, states):
             pass
@@ -140,7 +156,7 @@ async def stream_chat(ctx: ServingContext, plan: ChatPlan, stream: RequestStream
             state.unsent_logprobs = []
         return chunk([{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}])
 
-    states = choice_states(ctx, plan)
+    states = choice_states(ctx, plan, streaming=True)
     try:
         for index, state in enumerate(states):
             yield choice_chunk(index, {"role": "assistant", "content": ""}, state)

@@ -102,13 +102,15 @@ class ChoiceUpdate:
     finish_reason: str | None = None  # set on the choice's last update only
 
 
-def choice_states(ctx: ServingContext, plan: ChatPlan) -> list[ChoiceState]:
-    # The parser validated tool_choice when the prompt was planned; one id prefix per choice keeps call ids unique.
+def choice_states(ctx: ServingContext, plan: ChatPlan, streaming: bool) -> list[ChoiceState]:
+    """One parser per choice. ``streaming``: a call the output cuts off is closed into valid JSON (its start was
+    sent already); not streaming, it stays content. tool_choice was validated when the prompt was planned; one id
+    prefix per choice keeps call ids unique."""
     req = plan.req
     max_calls = 1 if req.parallel_tool_calls is False else None
     return [
         ChoiceState(get_output_parser(ctx.family, req.tools, req.tool_choice, reasoning=plan.thinking,
-                                      id_prefix=new_id_prefix()), max_calls)
+                                      id_prefix=new_id_prefix(), streaming=streaming), max_calls)
         for _ in range(req.n)
     ]
 

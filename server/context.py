@@ -13,6 +13,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from engine.config import EngineConfig
 from engine.sampling_params import SamplingParams
+from engine.structured_output import StructuredOutputs, StructuredOutputSpec
 from server.async_engine import AsyncEngine
 from server.logprobs import TokenTexts
 from server.metrics import Metrics
@@ -46,6 +47,7 @@ class ServingContext:
     max_model_len: int
     engine: AsyncEngine
     metrics: Metrics
+    grammars: StructuredOutputs  # the engine's grammar compiler (thread-safe): handlers compile off the engine thread
     settings: ServerSettings = field(default_factory=ServerSettings)
     recorder: Recorder | None = None
     aliases: frozenset[str] = frozenset()  # other names clients may use for the model (its HF repo id)
@@ -75,7 +77,7 @@ class ServingContext:
 
     def sampling_params(
         self, req: ChatCompletionRequest | CompletionRequest, prompt_len: int, *, skip_special_tokens: bool,
-        num_logprobs: int | None,
+        num_logprobs: int | None, structured_output: StructuredOutputSpec | None = None,
     ) -> SamplingParams:
         if req.n > self.settings.max_n:
             raise APIError(400, f"n is {req.n}; this server allows at most {self.settings.max_n}", param="n")
@@ -95,6 +97,7 @@ class ServingContext:
                 logprobs=num_logprobs,
                 n=req.n,
                 skip_special_tokens=skip_special_tokens,
+                structured_output=structured_output,
             )
         except ValueError as exc:
             raise APIError(400, str(exc)) from None
@@ -140,10 +143,11 @@ def load_context(
     model_dir = resolve_model(model or spec.name)
     progress(f"loading {model_dir} onto {engine_config.device} ({engine_config.dtype})")
     engine = LLMEngine(model_dir, engine_config, model_id=model_identity(spec, model_dir))
-    # The prepare thread renders and encodes with its own tokenizer; the event loop detokenizes with the engine's
-    # (the engine thread works on token ids only). A Rust tokenizer shared across threads can fail with "Already
-    # borrowed" when one thread encodes while another decodes.
+    # Each thread that touches a tokenizer has its own: the prepare thread renders and encodes with one, the event loop
+    # detokenizes with another, and the engine's serves grammar compilation. A Rust tokenizer shared across threads
+    # can fail with "Already borrowed" when one thread encodes while another decodes.
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    output_tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     renderer = renderer_for_model(spec.template, tokenizer)
     metrics = Metrics(spec.name)
     return ServingContext(
@@ -152,8 +156,9 @@ def load_context(
         renderer=renderer,
         tokenizer=tokenizer,
         max_model_len=engine.max_model_len,
-        engine=AsyncEngine(engine, engine.tokenizer, metrics),
+        engine=AsyncEngine(engine, output_tokenizer, metrics),
         metrics=metrics,
+        grammars=engine.structured_outputs,
         settings=settings,
         recorder=Recorder(record_path) if record_path else None,
         aliases=frozenset(name for name in (spec.repo_id,) if name),

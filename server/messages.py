@@ -138,7 +138,7 @@ def _message(ctx: ServingContext, plan: ChatPlan, content: list[dict], state: Ch
 
 
 async def complete_messages(ctx: ServingContext, plan: ChatPlan, stream: RequestStream) -> dict[str, Any]:
-    [state] = states = choice_states(ctx, plan)
+    [state] = states = choice_states(ctx, plan, streaming=False)
     blocks = ContentBlocks()
     try:
         async for update in parsed_updates(ctx, plan, stream, states):
@@ -152,7 +152,7 @@ async def complete_messages(ctx: ServingContext, plan: ChatPlan, stream: Request
 
 async def stream_messages(ctx: ServingContext, plan: ChatPlan, stream: RequestStream) -> AsyncIterator[str]:
     """`message_start` waits for the first output, which says how much of the prompt came from the cache."""
-    [state] = states = choice_states(ctx, plan)
+    [state] = states = choice_states(ctx, plan, streaming=True)
     blocks = ContentBlocks()
     started = False
     try:

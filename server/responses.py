@@ -173,7 +173,7 @@ def _remember(plan: ResponsePlan, state: ChoiceState, store: ResponseStore) -> N
 async def complete_response(
     ctx: ServingContext, plan: ResponsePlan, stream: RequestStream, store: ResponseStore
 ) -> dict[str, Any]:
-    [state] = states = choice_states(ctx, plan.chat)
+    [state] = states = choice_states(ctx, plan.chat, streaming=False)
     items = _items(plan)
     async for _ in _run(ctx, plan, stream, items, states):
         pass
@@ -184,7 +184,7 @@ async def complete_response(
 async def stream_response(
     ctx: ServingContext, plan: ResponsePlan, stream: RequestStream, store: ResponseStore
 ) -> AsyncIterator[str]:
-    [state] = states = choice_states(ctx, plan.chat)
+    [state] = states = choice_states(ctx, plan.chat, streaming=True)
     items = _items(plan)
     sequence = 0
 
