@@ -79,21 +79,26 @@ def _join(path: str, key: str) -> str:
 
 # Literal values, not schemas: the rewrite below must not touch them.
 _LITERALS = ("const", "enum", "default", "examples")
+# The characters a JSON string holds unescaped, as code points: U+0020-U+10FFFF but `"`, `\` and the UTF-16
+# surrogates (U+D800-U+DFFF, which have no UTF-8 encoding).
+_JSON_STRING_CHAR = " !#-\\[\\]-\ud7ff\ue000-\U0010ffff"
 
 
 def enforceable_schema(schema: Any) -> Any:
-    """`schema` rewritten around an xgrammar 0.2.8 flaw: a string with minLength/maxLength is compiled to a run of
-    any characters but `"`, `\\`, CR and LF, so a raw tab (invalid inside a JSON string) can be generated. The same
-    bounds as a pattern over the characters JSON allows unescaped give valid JSON whose value meets the lengths."""
+    """`schema` rewritten around two xgrammar 0.2.8 flaws in strings: one with minLength/maxLength is compiled to a
+    run of any characters but `"`, `\\`, CR and LF, so a raw tab (invalid inside a JSON string) can be generated;
+    and every string accepts the UTF-8-style bytes of surrogate code points (ED A0..BF ..), so the text is not valid
+    UTF-8. A pattern over the code points JSON allows unescaped, with the same bounds, gives valid JSON whose value
+    meets the lengths."""
     if isinstance(schema, list):
         return [enforceable_schema(item) for item in schema]
     if not isinstance(schema, dict):
         return schema
     out = {k: v if k in _LITERALS else enforceable_schema(v) for k, v in schema.items()}
-    bounded = "minLength" in out or "maxLength" in out
-    if out.get("type") == "string" and bounded and "pattern" not in out and "format" not in out:
+    free_text = not any(key in out for key in ("pattern", "format", "enum", "const"))
+    if out.get("type") == "string" and free_text:
         low, high = out.get("minLength", 0), out.get("maxLength", "")
-        out["pattern"] = f'^[^\\x00-\\x1f"\\\\]{{{low},{high}}}$'
+        out["pattern"] = f"^[{_JSON_STRING_CHAR}]{{{low},{high}}}$"
     return out
 
 

@@ -23,31 +23,17 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Container, Iterable, Literal, Protocol, Sequence, get_args
+from typing import TYPE_CHECKING, Any, Container, Iterable, Protocol, Sequence
 
 import torch
 
 from engine.json_schema_support import clean_error, enforceable_schema
+from engine.sampling_params import StructuredOutputSpec
 
 if TYPE_CHECKING:
     import xgrammar
 
-Kind = Literal["json_schema", "structural_tag", "regex", "ebnf"]
 _CACHE_LIMIT_BYTES = 512 * 1024**2  # compiled grammars kept for reuse (xgrammar evicts beyond this)
-
-
-@dataclass(frozen=True)
-class StructuredOutputSpec:
-    """What a request's output must match. `value` is the JSON text of a JSON schema (its output is spaced as
-    `json.dumps` does: `, ` and `: `) or of an xgrammar structural tag, a regex, or an EBNF grammar with a `root`
-    rule. Frozen and hashable, so equal specs share one compiled grammar."""
-
-    kind: Kind
-    value: str
-
-    def __post_init__(self) -> None:
-        if self.kind not in get_args(Kind):
-            raise ValueError(f"structured output kind must be one of {get_args(Kind)}, got {self.kind!r}")
 
 
 class GrammarEnd(enum.Enum):

@@ -93,3 +93,23 @@ def test_a_grammar_that_cannot_compile_is_refused_before_it_runs(qwen3_llm: LLM)
     assert not qwen3_llm.engine.has_unfinished_requests()
     with pytest.raises(ValueError, match="structured output kind"):
         StructuredOutputSpec("yaml", "a: 1")
+
+
+def test_strings_are_valid_utf8_and_json(qwen3_llm: LLM):
+    """xgrammar 0.2.8 lets a string hold the bytes of a UTF-16 surrogate (ED A0-BF ..), which is no UTF-8, and a raw
+    tab; the schema rewrite (engine/json_schema_support.py) keeps both out, byte by byte, token by token."""
+    import xgrammar as xgr
+
+    from server.logprobs import _byte_level_alphabet
+
+    grammar = qwen3_llm.engine.structured_outputs.compile(StructuredOutputSpec("json_schema", '{"type": "string"}'))
+    char_of = {byte: char for char, byte in _byte_level_alphabet().items()}
+    vocab = qwen3_llm.tokenizer.get_vocab()
+
+    def accepted(data: bytes) -> list[bool]:  # one single-byte token per byte, between quotes
+        matcher = xgr.GrammarMatcher(grammar)
+        return [matcher.accept_token(vocab[char_of[b]]) for b in b'"' + data + b'"']
+
+    assert all(accepted("륤 😀 ok".encode()))
+    assert accepted(b"\xed\xbd\x94") == [True, True, False, True, False]  # a surrogate: refused at its 2nd byte
+    assert accepted(b"\t") == [True, False, True]

@@ -1,7 +1,8 @@
 """Guaranteed tool calls and structured output through the real server and the real `openai` client.
 
-qwen3-tiny and deepseek-tiny have random weights: they never write a valid call or JSON by chance, so every valid
-response here is the grammar's doing. Each case runs at temperature 1 over 16 seeds, streamed and not, all at once.
+qwen3-tiny, deepseek-tiny and qwen3-moe-tiny (Qwen3-Coder's XML call format) have random weights: they never write a
+valid call or JSON by chance, so every valid response here is the grammar's doing. Each case runs at temperature 1
+over 16 seeds, streamed and not, all at once.
 """
 from __future__ import annotations
 
@@ -60,6 +61,11 @@ def deepseek() -> Iterator[LiveServer]:
     yield from _server("deepseek-tiny")
 
 
+@pytest.fixture(scope="module")
+def moe() -> Iterator[LiveServer]:
+    yield from _server("qwen3-moe-tiny")
+
+
 @dataclass
 class Reply:
     content: str | None
@@ -101,7 +107,7 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("model", ["qwen", "deepseek"])
+@pytest.mark.parametrize("model", ["qwen", "deepseek", "moe"])
 def test_required_named_and_json_schema_hold_for_every_seed(model, request):
     server: LiveServer = request.getfixturevalue(model)
     # Qwen3 thinks by default and a random model never stops thinking: the guarantee is about what follows.
