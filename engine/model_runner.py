@@ -46,6 +46,7 @@ class StepProfile:
 
     prepare_s: float = 0.0  # host: deltas, flattening, sampling parameters
     launch_s: float = 0.0  # the device part (upload, forward, sampling): compute on CPU, kernel launches on CUDA
+    launch_cpu_s: float = 0.0  # the same, in CPU time of the thread that ran it (robust to a busy machine)
     wait_s: float = 0.0  # host blocked in `result()` until the step's sampled ids are there
     device_s: float = 0.0  # CUDA only, with `ModelRunner.time_device`: the device part's GPU time (events)
 
@@ -178,7 +179,7 @@ class ModelRunner:
     @torch.inference_mode()
     def _run_on_device(self, work: _DeviceWork) -> _Launched:
         """Upload, forward, sample; on CUDA also start copying the sampled ids back. Steps run here in order."""
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.thread_time()
         host = work.host
         input_ids, positions = self.inputs.upload(host, self._prev_sampled)
         started = None
@@ -194,6 +195,7 @@ class ModelRunner:
             launched = self._sample(hidden, host, work, timed=started is not None)
             launched.started = started
         self.profile.launch_s += time.perf_counter() - start
+        self.profile.launch_cpu_s += time.thread_time() - start_cpu
         return launched
 
     def _apply_deltas(self, sched: SchedulerOutput) -> None:
