@@ -100,6 +100,7 @@ class AsyncEngine:
 
     def shutdown(self, timeout: float = 30.0) -> None:
         self._loop.shutdown(timeout)
+        self.engine.close()
 
     @property
     def alive(self) -> bool:
