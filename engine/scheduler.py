@@ -282,7 +282,7 @@ class Scheduler:
     def _finish(self, req: Request, reason: FinishReason, error: str | None = None) -> None:
         if req.status is RequestStatus.RUNNING:
             self.running.remove(req)
-            hold = req.retention.hold_after_finish_s if req.retention and reason is not FinishReason.ABORT else 0.0
+            hold = req.retention.hold_after_finish_s if req.retention else 0.0
             if hold > 0 and req.index == 0:
                 self._remember_held(req)
             self.kv.free(req.request_id, hold)
