@@ -202,20 +202,22 @@ class KVCacheManager:
         max_new_tokens: int,
         resumed: bool = False,
         retention: Retention | None = None,
+        reserve_tokens: int = 0,
     ) -> int | None:
         """Start ``seq_id``: take its cached prefix (restoring what the lower tiers hold), and blocks for up to
         ``max_new_tokens`` tokens after it; apply its pins.
 
-        Returns the number of cached tokens, or None (and changes nothing) when the blocks are not there.
+        Returns the number of cached tokens, or None (and changes nothing) when the blocks are not there (with room
+        for ``reserve_tokens`` more tokens, not allocated: a simulator that does not model preemption).
         ``resumed`` marks a preempted sequence coming back: its lookup is counted apart from first admissions.
         """
         assert seq_id not in self.seqs, f"sequence {seq_id!r} is already admitted"
         matched = self._match(block_hashes, token_ids)
         lower = self._match_lower(block_hashes, token_ids, len(matched))
         num_cached = (len(matched) + len(lower)) * self.block_size
-        need = self.blocks_needed(num_cached + min(len(token_ids) - num_cached, max_new_tokens)) - len(matched)
+        need = self.blocks_needed(num_cached + min(len(token_ids) - num_cached, max_new_tokens) + reserve_tokens)
         unreferenced_matched = sum(node.ref_count == 0 for node in matched)
-        if need > self.num_free_blocks - unreferenced_matched:  # matched blocks stop being evictable once held
+        if need - len(matched) > self.num_free_blocks - unreferenced_matched:  # matched blocks stop being evictable once held
             return None
         for node in matched:
             self._ref(node)
