@@ -22,68 +22,17 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
 from typing import Hashable, Iterable, Sequence
 
 from engine.block_hashing import BlockHash
 from engine.config import EvictionPolicy
+from engine.kv_blocks import CachedBlock, CacheStats, SequenceBlocks
 from engine.kv_events import MEDIUM_DEVICE, EventRecorder, KVEvent
 from engine.kv_eviction import EvictionQueue
+from engine.kv_invariants import check_invariants
 from engine.kv_tiers import LowerTiers, TierBlock, TierIndex
 from engine.outputs import KVTransfer
 from engine.retention import Retention
-
-
-@dataclass(eq=False)
-class CachedBlock:
-    """A radix-tree node: one full block whose K/V sit in block ``block_id`` of the pool."""
-
-    block_hash: BlockHash
-    block_id: int
-    token_ids: tuple[int, ...]
-    parent: "CachedBlock | None"
-    children: dict[BlockHash, "CachedBlock"] = field(default_factory=dict)
-    ref_count: int = 0
-    last_used: int = 0
-    created: int = 0
-    in_tree: bool = True
-    retained: bool = False  # pinned or held (see engine.kv_eviction); counted against the cap
-    retained_until: float = 0.0
-    retain_ttl: float = 0.0  # a pin's TTL, which every hit renews (0: a hold, not renewed)
-
-    @property
-    def parent_hash(self) -> BlockHash | None:
-        return self.parent.block_hash if self.parent is not None else None
-
-
-@dataclass
-class SequenceBlocks:
-    """One live sequence's blocks: its block table and the tree path it holds references on."""
-
-    block_ids: list[int] = field(default_factory=list)
-    nodes: list[CachedBlock] = field(default_factory=list)
-    cacheable: bool = True  # false after a hash collision: later blocks stay private
-    retention: Retention | None = None
-    num_pinned: int = 0  # leading nodes its pins have been applied to
-
-    def private_block_ids(self) -> list[int]:
-        nodes = self.nodes
-        return [b for i, b in enumerate(self.block_ids) if i >= len(nodes) or nodes[i].block_id != b]
-
-
-@dataclass
-class CacheStats:
-    queries: int = 0  # prompt tokens looked up at first admission
-    hits: int = 0  # of those, tokens served from cached blocks
-    preempted_queries: int = 0  # tokens looked up when a preempted sequence was re-admitted (counted apart)
-    preempted_hits: int = 0
-    evictions: int = 0  # cached blocks evicted from the tree
-    host_hits: int = 0  # tokens restored from the host tier (included in hits / preempted_hits)
-    disk_hits: int = 0  # tokens restored from the disk tier
-
-    @property
-    def hit_rate(self) -> float:
-        return self.hits / self.queries if self.queries else 0.0
 
 
 class KVCacheManager:
@@ -216,8 +165,9 @@ class KVCacheManager:
         lower = self._match_lower(block_hashes, token_ids, len(matched))
         num_cached = (len(matched) + len(lower)) * self.block_size
         need = self.blocks_needed(num_cached + min(len(token_ids) - num_cached, max_new_tokens) + reserve_tokens)
+        # Matched blocks stop being evictable once held: they are not free for the rest.
         unreferenced_matched = sum(node.ref_count == 0 for node in matched)
-        if need - len(matched) > self.num_free_blocks - unreferenced_matched:  # matched blocks stop being evictable once held
+        if need - len(matched) > self.num_free_blocks - unreferenced_matched:
             return None
         for node in matched:
             self._ref(node)
@@ -407,37 +357,4 @@ class KVCacheManager:
     def check_invariants(self) -> None:
         """Assert the block-state partition, reference counts, tree links, retention counts and tier indexes.
         O(blocks); for tests."""
-        free = set(self.free_block_ids)
-        assert len(free) == len(self.free_block_ids), "a block is in the free list twice"
-        holders: dict[int, int] = {}
-        private: set[int] = set()
-        for seq in self.seqs.values():
-            assert len(seq.nodes) <= len(seq.block_ids)
-            for i, node in enumerate(seq.nodes):
-                assert self.by_hash.get(node.block_hash) is node, "a sequence holds a node that left the tree"
-                assert node.parent is (seq.nodes[i - 1] if i else None), "the held nodes are not a path in the tree"
-                holders[id(node)] = holders.get(id(node), 0) + 1
-            for block_id in seq.private_block_ids():
-                assert block_id not in private, f"private block {block_id} is held twice"
-                private.add(block_id)
-        tree_blocks = set()
-        unreferenced = retained = 0
-        for block_hash, node in self.by_hash.items():
-            assert node.block_hash == block_hash and node.in_tree
-            siblings = node.parent.children if node.parent else self.roots
-            assert siblings.get(block_hash) is node, "parent link does not match the tree"
-            if node.parent is not None:
-                assert self.by_hash.get(node.parent.block_hash) is node.parent
-            assert node.ref_count == holders.get(id(node), 0), f"block {node.block_id}: ref_count != live holders"
-            assert node.block_id not in tree_blocks
-            tree_blocks.add(node.block_id)
-            unreferenced += node.ref_count == 0
-            retained += node.retained
-            if node.ref_count:
-                assert node.parent is None or node.parent.ref_count > 0, "a held block's parent is unreferenced"
-        assert unreferenced == self._num_unreferenced
-        assert retained == self.queue.num_retained <= self.queue.max_retained, "retention count is off"
-        assert not (free & tree_blocks) and not (free & private) and not (tree_blocks & private)
-        assert len(free) + len(tree_blocks) + len(private) == self.num_blocks, "a block is lost"
-        for tier in self.tiers.tiers():
-            tier.check_invariants()
+        check_invariants(self)

@@ -154,7 +154,8 @@ class LowerTiers:
         """Copy a lower-tier block into device block ``block_id`` (before the step's forward reads it)."""
         tier.touch(block_hash)
         if tier is self.host:
-            self.transfers.append(KVTransfer(TransferKind.RESTORE, block_id=block_id, slot=tier.blocks[block_hash].slot))
+            slot = tier.blocks[block_hash].slot
+            self.transfers.append(KVTransfer(TransferKind.RESTORE, block_id=block_id, slot=slot))
         else:
             self.transfers.append(KVTransfer(TransferKind.DISK_READ, block_id=block_id, block_hash=block_hash))
 

@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from engine.config import EngineConfig
 from engine.engine_loop import EngineDeadError, EngineLoop, EngineRequest
-from engine.kv_cache import CacheStats
+from engine.kv_blocks import CacheStats
 from engine.llm_engine import LLMEngine
 from engine.output_processor import CompletionOutput, OutputProcessor
 from engine.outputs import RequestTimings, SchedulerStats, SequenceOutput

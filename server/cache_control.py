@@ -49,7 +49,9 @@ def parse_cache_control(mark: Any, where: str) -> float | None:
 
 def mark_ttl(block: Any, where: str) -> float | None:
     """The TTL of the `cache_control` mark on a block or message (None: unmarked)."""
-    return parse_cache_control(block.get("cache_control"), f"{where}.cache_control") if isinstance(block, dict) else None
+    if not isinstance(block, dict):
+        return None
+    return parse_cache_control(block.get("cache_control"), f"{where}.cache_control")
 
 
 def checked(points: list[Breakpoint]) -> list[Breakpoint]:

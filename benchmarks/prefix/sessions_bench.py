@@ -117,16 +117,15 @@ def run_engine(opts: SessionsOptions) -> list[dict]:
 
     requests = agent_sessions(replace(opts.engine_params, seed=opts.seed))
     rows: list[dict] = []
-    block_bytes = 0  # learned from the first (device-only) engine
+    costs: CostModel | None = None  # measured once, on the first (device-only) engine
     for variant in VARIANTS:
         clock = VirtualClock()
-        host_gb = (opts.engine_host_blocks + 0.5) * block_bytes / 2**30 if variant.host else 0.0
+        host_gb = (opts.engine_host_blocks + 0.5) * costs.bytes_per_block / 2**30 if variant.host and costs else 0.0
         settings = EngineSettings(model=opts.model, num_kv_blocks=opts.engine_blocks, max_num_seqs=opts.max_num_seqs,
                                   max_num_batched_tokens=16_384, max_tokens=opts.max_tokens, kv_offload_gb=host_gb)
         llm = make_llm(settings, clock=clock)
         try:
-            costs = measure_costs(llm)
-            block_bytes = costs.bytes_per_block
+            costs = costs or measure_costs(llm)
             base = SimConfig(block_size=settings.block_size, max_num_seqs=opts.max_num_seqs,
                              num_kv_blocks=opts.engine_blocks, engine_max_tokens=opts.max_tokens, commit_outputs=False,
                              costs=costs, model_id=opts.model)
@@ -159,7 +158,7 @@ def run_sessions(opts: SessionsOptions) -> dict:
     figures["plots"] = {"scale": {
         what: str(plots.plot_hit_rate_vs_capacity(
             {v.name: [(r["num_kv_blocks"], r[key]) for r in scale if r["variant"] == v.name] for v in VARIANTS},
-            out / f"sessions_scale_{what}.png", unit="16-token blocks", ylabel=label))
+            out / f"sessions_scale_{what}.png", unit="16-token blocks in the device pool", ylabel=label))
         for what, key, label in (("hit_rate", "hit_rate", "hit rate"), ("ttft", "ttft_p50_s", "TTFT p50 (s)"))}}
     if opts.engine:
         engine = run_engine(opts)
@@ -170,7 +169,8 @@ def run_sessions(opts: SessionsOptions) -> dict:
         figures["plots"]["engine"] = {
             "hit_rate": str(plots.plot_variant_bars(names, {
                 "engine": [v["engine_hit_rate"] for v in engine],
-                "simulator": [v["simulator_hit_rate"] for v in engine]}, "hit rate", out / "sessions_engine_hit_rate.png")),
+                "simulator": [v["simulator_hit_rate"] for v in engine]},
+                "hit rate", out / "sessions_engine_hit_rate.png")),
             "ttft": str(plots.plot_variant_bars(names, {
                 "engine (measured)": [v["engine_ttft_p50_s"] * 1e3 for v in engine],
                 "simulator (modeled)": [v["simulator_prefill_ttft_p50_s"] * 1e3 for v in engine]},

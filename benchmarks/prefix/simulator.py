@@ -191,7 +191,8 @@ class ReadyQueue:
             heapq.heappush(self.heap, (order, rid))
         return now
 
-    def take(self, cfg: SimConfig, num_cached_tokens: Callable[[TokenRequest], int] | None = None) -> list[TokenRequest]:
+    def take(self, cfg: SimConfig,
+             num_cached_tokens: Callable[[TokenRequest], int] | None = None) -> list[TokenRequest]:
         """The next batch, in the engine's admission order (``num_cached_tokens`` is only asked by policies that
         rank by cached prefix)."""
         if cfg.policy is SchedulingPolicy.FCFS or num_cached_tokens is None:
@@ -317,12 +318,14 @@ def simulate(requests: Sequence[TokenRequest], cfg: SimConfig, progress: bool = 
                                             sum(d for *_, (_, d) in admitted))
                 step_s = prefill_s + costs.decode_step_s * max(cfg.engine_max_tokens - 1, 0)
             for r, matched, restored in admitted:
+                wait_s = now - queue.ready_at[r.request_id]
                 results.append(RequestResult(r.request_id, r.session, r.turn, step, r.prompt_tokens,
-                                             r.cached_tokens(matched), now, restored, now - queue.ready_at[r.request_id],
+                                             r.cached_tokens(matched), now, restored, wait_s,
                                              None if costs is None else prefill_s, step_s))
             sim.finish([r for r, _, _ in admitted], step_s)
             peak = max(peak, kv.num_cached_blocks)
-            if cfg.num_kv_blocks is None and cfg.capacity_blocks is not None and kv.num_cached_blocks > cfg.capacity_blocks:
+            trim = cfg.num_kv_blocks is None and cfg.capacity_blocks is not None
+            if trim and kv.num_cached_blocks > cfg.capacity_blocks:
                 kv.evict(kv.num_cached_blocks - cfg.capacity_blocks)
             now += step_s
             step += 1

@@ -4,6 +4,7 @@ a session held across a tool call survives it."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from engine import LLM, SamplingParams
 from engine.retention import CachePin, Retention
@@ -102,5 +103,22 @@ def test_a_corrupt_block_file_is_dropped_at_startup(prompts, tmp_path):
     try:
         assert llm.generate([a], GREEDY)[0].num_cached_tokens == 0  # the chain starts at the dropped block
         assert not path.exists()
+    finally:
+        llm.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_host_tier_on_cuda_side_stream_with_cuda_graphs(prompts, tmp_path):
+    """On CUDA the copies run on a side stream into pinned memory, around async scheduling and decode graphs; the
+    restored session and the disk tier give the same greedy tokens as a cold run."""
+    a, b, _ = prompts
+    llm = LLM("qwen3-tiny", block_size=BLOCK, num_kv_blocks=96, kv_offload_gb=0.05, kv_disk_dir=str(tmp_path),
+              device="cuda")
+    try:
+        first, third = aba(llm, a, b)
+        assert third.num_cached_tokens >= 0.8 * len(a) and third.token_ids == first.token_ids
+        stats = llm.stats
+        assert stats.kv_restore_bytes > 0 and stats.kv_disk_write_bytes > 0 and stats.kv_restore_seconds > 0
     finally:
         llm.close()

@@ -45,8 +45,8 @@ def plain_server() -> Iterator[LiveServer]:
 
 
 def ask(server: LiveServer, system, user: str):
-    message = server.anthropic().messages.create(model="qwen3-tiny", max_tokens=8, extra_body={"temperature": 0}, system=system,
-                                                 messages=[{"role": "user", "content": user}])
+    message = server.anthropic().messages.create(model="qwen3-tiny", max_tokens=8, extra_body={"temperature": 0},
+                                                 system=system, messages=[{"role": "user", "content": user}])
     usage = message.usage
     prompt = usage.input_tokens + usage.cache_read_input_tokens + usage.cache_creation_input_tokens
     return message, usage, prompt

@@ -8,7 +8,8 @@ import pytest
 from tests.server.conftest import KEY_B, LiveServer
 
 SYSTEM = "You are a careful assistant for the kvserve project. " * 20
-PREFIX = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Here is the repository map: " + "src/a.py " * 40}]
+PREFIX = [{"role": "system", "content": SYSTEM},
+          {"role": "user", "content": "Here is the repository map: " + "src/a.py " * 40}]
 
 
 @pytest.fixture
@@ -38,11 +39,14 @@ def test_create_list_show_and_delete(qwen_server: LiveServer, cache):
 
 
 def test_pinned_blocks_are_released_on_delete(qwen_server: LiveServer, cache):
-    retained = qwen_server.in_engine(lambda engine: engine.scheduler.kv.num_retained_blocks)
-    assert retained >= cache["tokens"] // 4
+    def retained() -> int:
+        return qwen_server.in_engine(lambda engine: engine.scheduler.kv.num_retained_blocks)
+
+    before = retained()
+    assert before >= cache["tokens"] // 4
     with qwen_server.http() as http:
         http.delete("/v1/caches/repo-map")
-    assert qwen_server.in_engine(lambda engine: engine.scheduler.kv.num_retained_blocks) <= retained - cache["tokens"] // 4
+    assert retained() <= before - cache["tokens"] // 4
 
 
 def test_chat_continues_a_named_cache(qwen_server: LiveServer, cache):
@@ -62,7 +66,8 @@ def test_messages_continue_a_named_cache_and_count_tokens_agrees(qwen_server: Li
     message = client.messages.create(model="qwen3-tiny", max_tokens=4, messages=question,
                                      extra_body={"cached_content": "repo-map", "temperature": 0})
     usage = message.usage
-    assert usage.input_tokens + usage.cache_read_input_tokens + usage.cache_creation_input_tokens == counted.input_tokens
+    prompt = usage.input_tokens + usage.cache_read_input_tokens + usage.cache_creation_input_tokens
+    assert prompt == counted.input_tokens
     assert usage.cache_read_input_tokens >= cache["tokens"] // 4 * 4
 
 
