@@ -10,7 +10,7 @@ prompt and reply blocks, and frees them. Two ways to bound the cache:
   requests".
 - ``num_kv_blocks`` (the engine's pool, memory pressure): admission evicts on demand as the engine does, a request
   commits its prompt blocks as soon as it is admitted (a later request of the step can hit them, as in the engine),
-  and a request that does not fit waits for the next step. With ``engine_max_tokens`` the blocks of the tokens the
+  and a request that does not fit, with its reply, waits for the next step (the simulator does not preempt). With ``engine_max_tokens`` the blocks of the tokens the
   engine generates (never hit by later turns, which carry scripted replies) take their room too. Then the simulator
   predicts the engine's cached tokens request for request (tests/bench/test_engine_run.py).
 
