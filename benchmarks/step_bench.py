@@ -105,7 +105,7 @@ def engine_point(engine, batch: int, context: int, steps: int, warmup: int) -> d
     gen = torch.Generator().manual_seed(context)
     prefix = torch.randint(1, VOCAB, (context - 1,), generator=gen).tolist()
     params = SamplingParams(max_tokens=steps + warmup + 2, temperature=0, ignore_eos=True)
-    engine.scheduler.reset_prefix_cache()
+    engine.reset_prefix_cache()
     engine.add_request("prefix", prefix + [0], SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
     while engine.has_unfinished_requests():  # the shared prefix, computed once
         engine.step()

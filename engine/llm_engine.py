@@ -9,16 +9,20 @@ collected before the next is scheduled. Single-threaded by design: one thread dr
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from engine.config import EngineConfig, ModelConfig
 from engine.errors import KVCacheTooSmallError, PromptTooLongError, RequestRejected
+from engine.kv_events import KVEventPublisher
 from engine.model_runner import ModelRunner, StepHandle
 from engine.outputs import SchedulerOutput, SchedulerStats, SequenceOutput
+from engine.retention import Retention
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
-from engine.structured_output import GrammarEnd, StructuredOutputs
 from engine.structured_output import GrammarEnd, StructuredOutputs
 
 
@@ -34,7 +38,11 @@ def _eos_ids(model_dir: Path, model_cfg: ModelConfig, tokenizer) -> set[int]:
 
 
 class LLMEngine:
-    def __init__(self, model_dir: Path, cfg: EngineConfig, model_id: str | None = None, tokenizer=None) -> None:
+    """``clock`` is the time the KV cache's retention (pins, session holds) runs on: a benchmark that replays a
+    trace in virtual time passes its own."""
+
+    def __init__(self, model_dir: Path, cfg: EngineConfig, model_id: str | None = None, tokenizer=None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         from transformers import AutoTokenizer
 
         self.cfg = cfg
@@ -45,12 +53,22 @@ class LLMEngine:
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(self.model_dir))
         self.eos_token_ids = _eos_ids(self.model_dir, self.model_cfg, self.tokenizer)
         self.runner = ModelRunner(self.model_dir, self.model_cfg, cfg, self.max_model_len)
+        offload = self.runner.kv_offload
+        host_blocks = offload.host_tensors[0].shape[0] if offload else 0
+        disk_blocks = offload.host_slots_for(cfg.kv_disk_gb, offload.bytes_per_block) if offload and offload.disk else 0
+        self.kv_events = (KVEventPublisher(cfg.kv_events_endpoint, cfg.kv_events_replay_endpoint, cfg.kv_events_topic,
+                                           cfg.block_size) if cfg.kv_events_endpoint else None)
         self.scheduler = Scheduler(cfg, self.runner.num_blocks, model_id or str(self.model_dir), self.max_model_len,
-                                   self.eos_token_ids)
+                                   self.eos_token_ids, host_blocks=host_blocks, disk_blocks=disk_blocks,
+                                   record_events=self.kv_events is not None, clock=clock)
         self.structured_outputs = StructuredOutputs(self.tokenizer, self.model_cfg.vocab_size, self.eos_token_ids,
                                                     self.runner.device)
+        if offload and offload.disk:  # blocks a previous run left on disk
+            self.scheduler.kv.load_disk_tier((b.block_hash, b.token_ids, b.parent_hash) for b in offload.disk.scan())
+            self._publish_events()
         self._in_flight: StepHandle | None = None  # async scheduling: the launched step whose tokens are not back
         self._in_flight_constrained = False  # ... and whether it sampled for a grammar-constrained sequence
+        self._closed = False
 
     # ---- requests ----------------------------------------------------------------------------------------------
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
@@ -78,16 +96,15 @@ class LLMEngine:
                 self.structured_outputs.compile(params.structured_output)  # cached: a server compiled it already
             except ValueError as exc:
                 raise RequestRejected(str(exc)) from None
-        if params.structured_output is not None:
-            self.structured_outputs.compile(params.structured_output)  # cached: a server compiled it already
 
     def add_request(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, cache_salt: str | None = None
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, cache_salt: str | None = None,
+        retention: Retention | None = None,
     ) -> None:
         if request_id in self.scheduler.groups:
             raise RequestRejected(f"request id {request_id!r} is already in use")
         self.validate(prompt_token_ids, params)
-        self.scheduler.add_request(request_id, prompt_token_ids, params, cache_salt)
+        self.scheduler.add_request(request_id, prompt_token_ids, params, cache_salt, retention)
 
     def abort_request(self, request_id: str, index: int | None = None) -> None:
         """Finish every sequence of the request (or only sequence ``index``) now; its blocks are free for the next
@@ -99,7 +116,54 @@ class LLMEngine:
         return self.scheduler.has_unfinished_requests() or self._in_flight is not None
 
     def stats(self) -> SchedulerStats:
-        return self.scheduler.stats()
+        stats = self.scheduler.stats()
+        offload = self.runner.kv_offload
+        if offload is None:
+            return stats
+        moved = offload.stats
+        if offload.on_cuda:
+            moved.settle()
+        return dataclasses.replace(stats, kv_offload_bytes=moved.offload_bytes, kv_restore_bytes=moved.restore_bytes,
+                                   kv_disk_write_bytes=moved.disk_write_bytes, kv_disk_read_bytes=moved.disk_read_bytes,
+                                   kv_restore_seconds=moved.restore_s)
+
+    def retain_after_tool_call(self, request_id: str) -> int:
+        """The request's reply ended in tool calls: keep its blocks for ``tool_call_ttl`` seconds, so the turn that
+        carries the tool result finds them. Only requests submitted with a hold (`Retention.hold_after_finish_s`)
+        are remembered; returns the blocks retained."""
+        return self.scheduler.retain_finished(request_id, self.cfg.tool_call_ttl)
+
+    def pin(self, token_ids: list[int], cache_salt: str | None, ttl_s: float) -> int:
+        """Pin the cached blocks of a prompt for ``ttl_s`` seconds, renewed on every hit (0: unpin); returns how many
+        of its blocks the device holds."""
+        hashes = self.scheduler.hasher.hashes(token_ids, cache_salt)
+        return self.scheduler.kv.retain_chain(hashes, ttl_s, pin=True)
+
+    def reset_prefix_cache(self) -> None:
+        """Drop every cached block no sequence holds, in every tier (between benchmark runs)."""
+        self.scheduler.reset_prefix_cache()
+        self.runner.run_transfers(self.scheduler.kv.take_transfers())
+        self._publish_events()
+
+    def _publish_events(self) -> None:
+        if self.kv_events is not None:
+            self.kv_events.publish(self.scheduler.kv.take_events())
+
+    def close(self) -> None:
+        """Write the device-cached blocks through to the disk tier (if there is one), finish its writes, and stop
+        the event publisher. Call it once the engine stopped stepping; later calls do nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        offload = self.runner.kv_offload
+        if offload is not None:
+            if offload.disk is not None:
+                self.scheduler.kv.persist()
+                self.runner.run_transfers(self.scheduler.kv.take_transfers())
+                self._publish_events()
+            offload.close()
+        if self.kv_events is not None:
+            self.kv_events.close()
 
     def num_cached_tokens(self, token_ids: list[int], cache_salt: str | None = None) -> int:
         return self.scheduler.num_cached_tokens(token_ids, cache_salt)
@@ -119,6 +183,7 @@ class LLMEngine:
             done = handle
         if done is not None:
             self._collect(done)
+        self._publish_events()
         return self.scheduler.take_outputs()
 
     def _start_masks(self, sched: SchedulerOutput):

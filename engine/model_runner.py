@@ -22,9 +22,11 @@ import torch
 from engine.config import EngineConfig, ModelConfig
 from engine.cuda_graphs import DecodeGraphRunner, KVCaches
 from engine.input_batch import InputBatch, RunnerRequest
+from engine.kv_disk import DiskStore
+from engine.kv_offload import KVOffload, flat_caches
 from engine.models.architectures import build_model, random_weights_
 from engine.models.llama import AttentionMetadata
-from engine.outputs import ModelRunnerOutput, NewRequestData, SchedulerOutput
+from engine.outputs import KVTransfer, ModelRunnerOutput, NewRequestData, SchedulerOutput
 from engine.sampler import Penalties, SamplerOutput, SamplingBatch, has_penalties, make_generator, penalty_parameters, sample
 from engine.sampling_params import SamplingParams
 from engine.step_inputs import DeviceInputs, HostInputs, flatten
@@ -61,6 +63,7 @@ class _DeviceWork:
     histories: list[tuple[torch.Tensor | None, torch.Tensor | None]] | None  # penalties: per row (counts, seen)
     req_ids: list[str]  # of the sampled rows, in order
     logits_processor: LogitsProcessor | None  # e.g. grammar masks, applied to the logits before sampling
+    transfers: list[KVTransfer] = field(default_factory=list)  # copies between KV tiers, before the forward
 
 
 @dataclass
@@ -135,12 +138,24 @@ class ModelRunner:
         use_graphs = self.device.type == "cuda" and cfg.attention_backend == "triton" and not cfg.enforce_eager
         self.num_blocks = cfg.num_kv_blocks or self._blocks_from_memory_budget(use_graphs)
         self.kv_caches = self._new_caches(self.num_blocks)
+        self.kv_offload = self._new_offload(model_dir) if cfg.kv_offload_gb else None
         self.decode_graphs: DecodeGraphRunner | None = None
         if use_graphs:
             self.decode_graphs = self._capture_decode_graphs()
 
     def _new_caches(self, num_blocks: int) -> KVCaches:
         return self.kv_spec.allocate(num_blocks, self.cfg.block_size, self.cfg.kv_cache_torch_dtype, self.device)
+
+    def _new_offload(self, model_dir: Path) -> KVOffload:
+        """The host pool (and disk tier) for blocks evicted from the device pool."""
+        tensors = flat_caches(self.kv_caches)
+        per_block = sum(t[0].numel() * t.element_size() for t in tensors)
+        disk = None
+        if self.cfg.kv_disk_dir:
+            layout = {"model": str(Path(model_dir).resolve()), "block_size": self.cfg.block_size,
+                      "dtype": str(tensors[0].dtype), "shapes": [list(t.shape[1:]) for t in tensors]}
+            disk = DiskStore(self.cfg.kv_disk_dir, layout)
+        return KVOffload(self.kv_caches, KVOffload.host_slots_for(self.cfg.kv_offload_gb, per_block), disk)
 
     def make_decode_graphs(self, kv_caches: KVCaches, use_graphs: bool) -> DecodeGraphRunner:
         """The padded decode path over ``kv_caches``; ``use_graphs=False`` runs it eagerly (CPU tests, profiling)."""
@@ -152,6 +167,8 @@ class ModelRunner:
         start = time.perf_counter()
         self._apply_deltas(sched)
         if not sched.scheduled:
+            if sched.kv_transfers:  # in order with the steps' device work
+                self.run_transfers(sched.kv_transfers)
             return StepHandle(self)
         graphs, batch = self.decode_graphs, self.batch
         pad_to = None
@@ -160,7 +177,7 @@ class ModelRunner:
         host = flatten(batch, self.cfg.block_size, pad_to)
         all_ids = batch.req_ids
         req_ids = [all_ids[r] for r in host.sample_rows.tolist()]
-        work = _DeviceWork(host, pad_to, None, None, req_ids, logits_processor)
+        work = _DeviceWork(host, pad_to, None, None, req_ids, logits_processor, sched.kv_transfers)
         handle = StepHandle(self, req_ids)
         if req_ids:
             work.sampling = self._sampling_batch_for(req_ids)
@@ -180,6 +197,8 @@ class ModelRunner:
     def _run_on_device(self, work: _DeviceWork) -> _Launched:
         """Upload, forward, sample; on CUDA also start copying the sampled ids back. Steps run here in order."""
         start, start_cpu = time.perf_counter(), time.thread_time()
+        if work.transfers:
+            self.kv_offload.run(work.transfers)
         host = work.host
         input_ids, positions = self.inputs.upload(host, self._prev_sampled)
         started = None
@@ -197,6 +216,15 @@ class ModelRunner:
         self.profile.launch_s += time.perf_counter() - start
         self.profile.launch_cpu_s += time.thread_time() - start_cpu
         return launched
+
+    def run_transfers(self, transfers: list[KVTransfer]) -> None:
+        """Copies between KV tiers outside a step (a reset's disk clear), in order with the steps' device work."""
+        if not transfers:
+            return
+        if self._device_thread is not None:
+            self._device_thread.submit(self.kv_offload.run, transfers).result()
+        else:
+            self.kv_offload.run(transfers)
 
     def _apply_deltas(self, sched: SchedulerOutput) -> None:
         """Bring the runner's request states and batch rows in line with the scheduler's view."""

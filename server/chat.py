@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from server.async_engine import EngineRequest, RequestStream
+from server.cache_control import Breakpoint, breakpoint_pins, chat_breakpoints
 from server.chat_stream import ChoiceState, choice_states, parsed_updates
 from server.context import ServingContext, new_request_id
 from server.generation import SSE_DONE, Prompt, compiled_constraint, record, sse, usage
@@ -39,8 +40,9 @@ class ChatPlan:
     prompt: Prompt
     thinking: bool  # this request's output starts with / may contain reasoning
     num_top_logprobs: int | None  # None: no logprobs
-    session: str | None = None  # the agent session, as the client named it (recorded)
+    session: str | None = None  # the agent session, as the client named it (recorded; its blocks are held)
     endpoint: str = "chat"  # which API it came from, for the record
+    pinned_tokens: int = 0  # prompt tokens up to the last cache_control breakpoint
 
 
 def request_thinking(family: str, template_kwargs: dict[str, Any]) -> bool:
@@ -61,9 +63,8 @@ def thinking_kwargs(family: str, thinking: bool | None) -> dict[str, Any]:
 
 def render_chat(ctx: ServingContext, req: ChatCompletionRequest | TokenizeRequest) -> str:
     """The prompt text of a chat request, after the cache-stability rules (server/normalize.py)."""
-    messages = normalize_for_cache(req.messages, ctx.renderer)
     try:
-        return ctx.renderer.render(messages, req.tools, req.add_generation_prompt, **(req.chat_template_kwargs or {}))
+        return _render(ctx, req.messages, req.tools, req.add_generation_prompt, req.chat_template_kwargs or {})
     except ValueError as exc:
         raise APIError(400, str(exc), param="tools" if str(exc).startswith("tools") else "messages") from None
 
@@ -76,11 +77,29 @@ def guards_only_auto_calls(req: ChatCompletionRequest) -> bool:
     return auto and req.structured_outputs is None and (req.response_format or {}).get("type", "text") == "text"
 
 
+def _render(ctx: ServingContext, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool,
+            kwargs: dict[str, Any]) -> str:
+    return ctx.renderer.render(normalize_for_cache(messages, ctx.renderer), tools, add_generation_prompt, **kwargs)
+
+
+def with_cached_content(ctx: ServingContext, req: ChatCompletionRequest, cache_salt: str | None,
+                        points: list[Breakpoint] | None = None) -> tuple[ChatCompletionRequest, list[Breakpoint]]:
+    """A request naming a cache (`cached_content`) continues the cache's messages (server/named_caches.py)."""
+    if req.cached_content is None:
+        return req, points or []
+    return ctx.named_caches.use(cache_salt, req.cached_content).continue_with(req, points or [])
+
+
 def plan_chat(
     ctx: ServingContext, req: ChatCompletionRequest, body: dict[str, Any], cache_salt: str | None, created: int,
     *, session: str | None = None, endpoint: str = "chat", id_prefix: str = "chatcmpl",
+    breakpoints: list[Breakpoint] | None = None,
 ) -> ChatPlan:
+    """``breakpoints``: the request's `cache_control` marks, for APIs whose marks the chat form does not carry
+    (Anthropic's); by default the chat content parts' marks."""
     ctx.check_model(req.model)
+    points = chat_breakpoints(req.messages, req.tools) if breakpoints is None else breakpoints
+    req, points = with_cached_content(ctx, req, cache_salt, points)
     kwargs = req.chat_template_kwargs or {}
     text = render_chat(ctx, req)
     thinking = request_thinking(ctx.family, kwargs)
@@ -99,11 +118,11 @@ def plan_chat(
     params = ctx.sampling_params(
         req, len(prompt_ids), skip_special_tokens=False, num_logprobs=num_top, structured_output=constraint
     )
+    pins = breakpoint_pins(points, text, prompt_ids, lambda m, t: _render(ctx, m, t, False, kwargs), ctx.encode)
     request_id = new_request_id(id_prefix)
-    return ChatPlan(
-        request_id, created, req, body, Prompt(EngineRequest(request_id, prompt_ids, params, cache_salt)), thinking,
-        num_top, session, endpoint,
-    )
+    request = EngineRequest(request_id, prompt_ids, params, cache_salt, ctx.retention(pins, session))
+    return ChatPlan(request_id, created, req, body, Prompt(request), thinking, num_top, session, endpoint,
+                    max((p.num_tokens for p in pins), default=0))
 
 
 def record_plan(ctx: ServingContext, plan: ChatPlan) -> None:

@@ -12,17 +12,22 @@ from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
 from engine.config import EngineConfig
+from engine.retention import CachePin, Retention
 from engine.sampling_params import SamplingParams
 from engine.structured_output import StructuredOutputs, StructuredOutputSpec
 from server.async_engine import AsyncEngine
 from server.logprobs import TokenTexts
 from server.metrics import Metrics
+from server.named_caches import NamedCaches
 from server.protocol import APIError, ChatCompletionRequest, CompletionRequest
 from server.recorder import Recorder
 from server.rendering import Renderer
 
 P = ParamSpec("P")
 R = TypeVar("R")
+# A session's blocks are held this long after its reply ends, until the server has parsed the reply: a reply that
+# ends in tool calls extends the hold to --tool-call-ttl (the engine may run a step or two in between).
+TOOL_CALL_GRACE_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,7 @@ class ServingContext:
     settings: ServerSettings = field(default_factory=ServerSettings)
     recorder: Recorder | None = None
     aliases: frozenset[str] = frozenset()  # other names clients may use for the model (its HF repo id)
+    named_caches: NamedCaches = field(default_factory=NamedCaches)
     created: int = field(default_factory=lambda: int(time.time()))
     token_texts: TokenTexts = field(init=False)  # token id -> text and bytes, for logprobs (event loop)
     _prepare_thread: ThreadPoolExecutor = field(init=False, repr=False)
@@ -70,6 +76,12 @@ class ServingContext:
                 404, f"The model '{requested}' does not exist; this server serves '{self.model_name}'.",
                 param="model", code="model_not_found",
             )
+
+    def retention(self, pins: tuple[CachePin, ...], session: str | None) -> Retention | None:
+        """What the engine should keep of a request: its breakpoints' pins and, for an agent session, a hold after
+        it ends (extended when the reply ends in tool calls; see `TOOL_CALL_GRACE_S`)."""
+        hold = TOOL_CALL_GRACE_S if session and self.engine.engine.cfg.tool_call_ttl > 0 else 0.0
+        return Retention(pins, hold) if pins or hold else None
 
     def encode(self, text: str) -> list[int]:
         # The chat templates write BOS and friends themselves; adding special tokens would double them.

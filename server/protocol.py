@@ -80,6 +80,7 @@ class ChatCompletionRequest(_SamplingFields):
     tool_choice: str | dict[str, Any] | None = None  # validated against `tools` by server.parsing
     parallel_tool_calls: bool | None = None  # false: at most one tool call (enforced by the grammar)
     prompt_cache_key: str | None = Field(None, max_length=1024)  # the client's session id (recorded, not a salt)
+    cached_content: str | None = Field(None, max_length=128)  # a named cache this request continues (/v1/caches)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
