@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Callable
 
 from engine.config import EvictionPolicy, SchedulingPolicy
 
-from benchmarks import step_bench, throughput
+from benchmarks import step_bench, structured, throughput
 from benchmarks.prefix.report import write_json
 
 if TYPE_CHECKING:
@@ -47,7 +47,9 @@ def _invoke(command: BenchCommand, args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    bench = subparsers.add_parser("bench", help="benchmarks: prefix cache (workloads, simulator, trace replay) and throughput")
+    bench = subparsers.add_parser(
+        "bench", help="benchmarks: prefix cache (workloads, simulator, trace replay), throughput, grammar-mask cost"
+    )
     sub = bench.add_subparsers(dest="bench_command", metavar="BENCH")
     bench.set_defaults(func=lambda _args: bench.print_help() or 2)
     for command in _COMMANDS:
@@ -138,16 +140,41 @@ def _run_replay(args: argparse.Namespace) -> dict:
     return figures
 
 
+def _configure_sessions(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tool-call-ttl", type=float, default=30.0, help="session hold after a tool call, seconds")
+    p.add_argument("--no-engine", action="store_true", help="simulator only (skip the engine-vs-simulator run)")
+    p.add_argument("--engine-blocks", type=int, default=320, help="device pool of the engine run, in blocks")
+    p.add_argument("--engine-host-blocks", type=int, default=1200, help="host tier of the engine run, in blocks")
+    p.add_argument("--scale-pools", type=_ints, default=[6000, 12000, 24000, 36000],
+                   help="device pools (16-token blocks) of the simulated 8B-class deployment, comma-separated")
+
+
+def _run_sessions(args: argparse.Namespace) -> dict:
+    from benchmarks.prefix.sessions_bench import SessionsOptions, run_sessions
+
+    figures = run_sessions(SessionsOptions(
+        seed=args.seed, tool_call_ttl_s=args.tool_call_ttl, engine=not args.no_engine, engine_blocks=args.engine_blocks,
+        engine_host_blocks=args.engine_host_blocks, scale_pools=tuple(args.scale_pools), out_dir=args.out_dir))
+    print(open(figures["markdown"]).read())
+    return figures
+
+
 def _register_all() -> None:
     add_bench_command("prefix", "prefix-cache hit rates of agent workloads (simulator + engine)", _configure_prefix,
                       _run_prefix)
     add_bench_command("simulate", "hit rate of a request trace for any cache capacity, without a model",
                       _configure_simulate, _run_simulate)
     add_bench_command("replay", "replay requests recorded by `kvserve serve --record`", _configure_replay, _run_replay)
+    add_bench_command("sessions", "concurrent agent sessions with tool-call gaps under memory pressure: device-only "
+                      "LRU vs session retention vs a host tier vs both (simulator at scale, engine vs simulator)",
+                      _configure_sessions, _run_sessions)
     add_bench_command("throughput", "offline throughput on the nano-vllm workload, side by side with HF transformers",
                       throughput.configure, throughput.run)
     add_bench_command("step", "host and device time of one engine decode step vs a bare PyTorch loop, by batch and "
                       "context", step_bench.configure, step_bench.run)
+    add_bench_command("structured", "cost of grammar masks: decode tok/s with 0%, 50% and 100% of a batch constrained",
+                      structured.configure, structured.run)
 
 
 _register_all()

@@ -9,6 +9,10 @@ contiguous per-sequence cache, no scheduler, no paging, argmax sampling.
 Per point: ``engine_ms`` (wall time per engine step), ``bare_ms``, ``host_ms`` (the engine's own host time per step:
 scheduling, input preparation, launches and bookkeeping; on CPU the step minus its compute, on CUDA the step minus
 the time blocked on the device), ``device_ms`` (compute on CPU; kernel time by CUDA events on a GPU).
+
+On CPU the same figures are also taken in CPU time of the threads that did the work (``*_cpu_ms``), with torch on one
+thread (``--threads``): on a shared machine, wall time also counts the time other processes held the cores, CPU time
+does not, so the CPU-time ratio is the one that compares the engine's work with the bare loop's.
 """
 from __future__ import annotations
 
@@ -34,10 +38,17 @@ class StepPoint:
     bare_ms: float
     host_ms: float
     device_ms: float
+    engine_cpu_ms: float | None = None
+    bare_cpu_ms: float | None = None
+    host_cpu_ms: float | None = None
 
     @property
     def ratio(self) -> float:
         return self.engine_ms / self.bare_ms
+
+    @property
+    def cpu_ratio(self) -> float | None:
+        return None if self.engine_cpu_ms is None else self.engine_cpu_ms / self.bare_cpu_ms
 
 
 def _build_bench_model(out: Path) -> None:
@@ -86,14 +97,15 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def engine_point(engine, batch: int, context: int, steps: int, warmup: int) -> tuple[float, float, float]:
-    """(engine_ms, host_ms, device_ms) per decode step of ``batch`` sequences at ``context`` tokens."""
+def engine_point(engine, batch: int, context: int, steps: int, warmup: int) -> dict[str, float | None]:
+    """Per decode step of ``batch`` sequences at ``context`` tokens: engine_ms, host_ms, device_ms and, on CPU,
+    engine_cpu_ms and host_cpu_ms."""
     from engine.sampling_params import SamplingParams
 
     gen = torch.Generator().manual_seed(context)
     prefix = torch.randint(1, VOCAB, (context - 1,), generator=gen).tolist()
     params = SamplingParams(max_tokens=steps + warmup + 2, temperature=0, ignore_eos=True)
-    engine.scheduler.reset_prefix_cache()
+    engine.reset_prefix_cache()
     engine.add_request("prefix", prefix + [0], SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
     while engine.has_unfinished_requests():  # the shared prefix, computed once
         engine.step()
@@ -107,26 +119,29 @@ def engine_point(engine, batch: int, context: int, steps: int, warmup: int) -> t
     profile = engine.runner.profile
     _sync(device)
     before = asdict(profile)
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.thread_time()
     for _ in range(steps):
         engine.step()
     _sync(device)
-    wall = (time.perf_counter() - start) / steps
+    wall, main_cpu = (time.perf_counter() - start) / steps, (time.thread_time() - start_cpu) / steps
     spent = {k: (v - before[k]) / steps for k, v in asdict(profile).items()}
     for i in range(batch):
         engine.abort_request(f"s{i}")
     while engine.has_unfinished_requests():
         engine.step()
     if device.startswith("cuda"):
-        return wall * 1e3, (wall - spent["wait_s"]) * 1e3, spent["device_s"] * 1e3
-    if engine.cfg.async_scheduling:  # the device part ran on its own thread: the host's time is what it did not wait
-        return wall * 1e3, (wall - spent["wait_s"]) * 1e3, spent["launch_s"] * 1e3
-    return wall * 1e3, (wall - spent["launch_s"]) * 1e3, spent["launch_s"] * 1e3
+        return {"engine_ms": wall * 1e3, "host_ms": (wall - spent["wait_s"]) * 1e3, "device_ms": spent["device_s"] * 1e3}
+    on_device_thread = engine.cfg.async_scheduling  # else the main thread ran the device part too
+    host_cpu = main_cpu if on_device_thread else main_cpu - spent["launch_cpu_s"]
+    waited = spent["wait_s"] if on_device_thread else spent["launch_s"]
+    return {"engine_ms": wall * 1e3, "host_ms": (wall - waited) * 1e3, "device_ms": spent["launch_s"] * 1e3,
+            "engine_cpu_ms": (host_cpu + spent["launch_cpu_s"]) * 1e3, "host_cpu_ms": host_cpu * 1e3}
 
 
 @torch.inference_mode()
-def bare_point(model, batch: int, context: int, steps: int, warmup: int) -> float:
-    """ms per decode step of the same weights and ops, with a contiguous cache and no scheduler."""
+def bare_point(model, batch: int, context: int, steps: int, warmup: int) -> tuple[float, float]:
+    """(wall ms, CPU ms of this thread) per decode step of the same weights and ops, with a contiguous cache and no
+    scheduler."""
     from kernels import reference as ops
 
     cfg = model.cfg
@@ -177,11 +192,11 @@ def bare_point(model, batch: int, context: int, steps: int, warmup: int) -> floa
     for i in range(warmup):
         tokens = step(context + i)
     _sync(str(device))
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.thread_time()
     for i in range(steps):
         tokens = step(context + warmup + i)
         tokens.tolist()  # the sampled ids reach the host every step, as any serving loop needs them
-    return (time.perf_counter() - start) / steps * 1e3
+    return (time.perf_counter() - start) / steps * 1e3, (time.thread_time() - start_cpu) / steps * 1e3
 
 
 def run_step_bench(device: str, batches: list[int], contexts: list[int], steps: int, warmup: int,
@@ -190,10 +205,12 @@ def run_step_bench(device: str, batches: list[int], contexts: list[int], steps: 
     engine = _engine(model_dir, device, max(batches), max(contexts), async_scheduling)
     points = []
     grid = [(b, c) for c in contexts for b in batches]
+    on_cpu = not device.startswith("cuda")
     for batch, context in tqdm(grid, desc="bench step", unit="point"):
-        engine_ms, host_ms, device_ms = engine_point(engine, batch, context, steps, warmup)
-        bare_ms = bare_point(engine.runner.model, batch, context, steps, warmup)
-        points.append(StepPoint(batch, context, engine_ms, bare_ms, host_ms, device_ms))
+        figures = engine_point(engine, batch, context, steps, warmup)
+        bare_ms, bare_cpu_ms = bare_point(engine.runner.model, batch, context, steps, warmup)
+        points.append(StepPoint(batch, context, bare_ms=bare_ms, bare_cpu_ms=bare_cpu_ms if on_cpu else None,
+                                **figures))
     return points
 
 
@@ -202,6 +219,12 @@ def markdown(points: list[StepPoint]) -> str:
             "|---:|---:|---:|---:|---:|---:|---:|"]
     rows += [f"| {p.batch} | {p.context} | {p.engine_ms:.2f} | {p.bare_ms:.2f} | {p.ratio:.2f} | {p.host_ms:.2f} | "
              f"{p.device_ms:.2f} |" for p in points]
+    if all(p.engine_cpu_ms is not None for p in points):
+        rows += ["", "CPU time (ms of the threads that did the work):", "",
+                 "| batch | context | engine CPU ms | bare CPU ms | engine / bare | host CPU ms |",
+                 "|---:|---:|---:|---:|---:|---:|"]
+        rows += [f"| {p.batch} | {p.context} | {p.engine_cpu_ms:.2f} | {p.bare_cpu_ms:.2f} | {p.cpu_ratio:.2f} | "
+                 f"{p.host_cpu_ms:.2f} |" for p in points]
     return "\n".join(rows)
 
 
@@ -213,9 +236,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=3, help="untimed decode steps per point")
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                         help="overlap host and device (default: the engine's: on for CUDA, off for CPU)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="CPU: torch threads (default 1, so CPU time counts all of the work)")
 
 
 def run(args: argparse.Namespace) -> dict:
+    if not args.device.startswith("cuda"):
+        torch.set_num_threads(args.threads)
     ints = [int(x) for x in args.batches.split(",")]
     contexts = [int(x) for x in args.contexts.split(",")]
     points = run_step_bench(args.device, ints, contexts, args.steps, args.warmup, args.async_scheduling)
@@ -227,5 +254,5 @@ def run(args: argparse.Namespace) -> dict:
     by_context = {c: [p for p in points if p.context == c] for c in contexts}
     host_spread = {b: max(p.host_ms for p in points if p.batch == b) / min(p.host_ms for p in points if p.batch == b)
                    for b in ints}
-    return {"device": args.device, "points": [{**asdict(p), "ratio": p.ratio} for p in points],
+    return {"device": args.device, "points": [{**asdict(p), "ratio": p.ratio, "cpu_ratio": p.cpu_ratio} for p in points],
             "host_ms_max_over_min_by_batch": host_spread, "contexts": list(by_context)}

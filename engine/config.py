@@ -79,6 +79,25 @@ class EngineConfig:
     enable_expert_parallel: bool = field(
         default=False, metadata=_help("MoE models under tensor parallelism: each rank holds whole experts (1/N of "
                                       "them) instead of a 1/N slice of every expert"))
+    max_pinned_fraction: float = field(
+        default=0.5, metadata=_help("the largest fraction of the KV pool that retained blocks (cache_control pins, "
+                                    "named caches, sessions held across tool calls) may take"))
+    tool_call_ttl: float = field(
+        default=30.0, metadata=_help("seconds a session's KV blocks stay retained after a reply that ends in tool "
+                                     "calls, so the turn with the tool result finds them (0: off)"))
+    kv_offload_gb: float = field(
+        default=0.0, metadata=_help("host memory (GiB) for KV blocks evicted from the device pool; a later hit "
+                                    "copies them back instead of recomputing them (0: off)"))
+    kv_disk_dir: str | None = field(
+        default=None, metadata=_help("directory for a disk KV tier behind the host pool (needs --kv-offload-gb); "
+                                     "it survives restarts of the same model and settings"))
+    kv_disk_gb: float = field(default=16.0, metadata=_help("size of the disk KV tier in GiB"))
+    kv_events_endpoint: str | None = field(
+        default=None, metadata=_help("publish vLLM-format KV cache events on this ZMQ PUB endpoint, e.g. tcp://*:5557 "
+                                     "(docs/ROUTERS.md)"))
+    kv_events_replay_endpoint: str | None = field(
+        default=None, metadata=_help("ZMQ ROUTER endpoint that replays missed KV event batches, e.g. tcp://*:5558"))
+    kv_events_topic: str = field(default="", metadata=_help("topic frame of every KV event message"))
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -87,6 +106,12 @@ class EngineConfig:
             raise ValueError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
+        if not 0 <= self.max_pinned_fraction <= 1:
+            raise ValueError(f"max_pinned_fraction must be in [0, 1], got {self.max_pinned_fraction}")
+        if self.tool_call_ttl < 0 or self.kv_offload_gb < 0 or self.kv_disk_gb <= 0:
+            raise ValueError("tool_call_ttl and kv_offload_gb must be >= 0, kv_disk_gb > 0")
+        if self.kv_disk_dir and not self.kv_offload_gb:
+            raise ValueError("the disk KV tier (kv_disk_dir) is written through the host pool: set kv_offload_gb too")
         self.scheduling_policy = _enum_value(SchedulingPolicy, self.scheduling_policy, "scheduling_policy")
         self.eviction_policy = _enum_value(EvictionPolicy, self.eviction_policy, "eviction_policy")
         if self.device is None:
@@ -108,6 +133,9 @@ class EngineConfig:
             self.async_scheduling = on_cuda
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be at least 1, got {self.tensor_parallel_size}")
+        if self.tensor_parallel_size > 1 and self.kv_disk_dir:  # each rank would need its own files, kept in step
+            raise ValueError("the disk KV tier (kv_disk_dir) does not work with tensor_parallel_size > 1 yet; "
+                             "use the host tier (kv_offload_gb) alone")
 
     @property
     def torch_dtype(self) -> "torch.dtype":

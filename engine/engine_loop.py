@@ -22,6 +22,7 @@ from typing import Any, Protocol, TypeVar
 from engine.errors import FatalEngineError, RequestRejected
 from engine.llm_engine import LLMEngine
 from engine.outputs import SequenceOutput
+from engine.retention import Retention
 from engine.sampling_params import SamplingParams
 
 log = logging.getLogger("kvserve.engine")
@@ -34,12 +35,13 @@ class EngineDeadError(RuntimeError):
 
 @dataclass
 class EngineRequest:
-    """One engine request: a prompt with its sampling parameters and cache salt."""
+    """One engine request: a prompt with its sampling parameters, cache salt and what the cache should keep."""
 
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
     cache_salt: str | None = None
+    retention: Retention | None = None
 
 
 class OutputSink(Protocol):
@@ -200,7 +202,7 @@ class EngineLoop:
                 self.engine.validate(request.prompt_token_ids, request.params)
             for request in command.requests:
                 self.engine.add_request(request.request_id, request.prompt_token_ids, request.params,
-                                        request.cache_salt)
+                                        request.cache_salt, request.retention)
                 self._sinks[request.request_id] = command.sink
         except RequestRejected as exc:  # validated first, so only a duplicate id can get here after an add
             for request in command.requests:

@@ -1,4 +1,5 @@
-"""KV block bookkeeping: a pool of blocks and a radix tree of cached full blocks, keyed by chained block hashes.
+"""KV block bookkeeping: a pool of blocks and a radix tree of cached full blocks, keyed by chained block hashes,
+with retention classes in the eviction order and tiers below the device pool.
 
 The manager knows block ids, hashes and token ids only; the tensors live in the model runner, and the scheduler is
 its only caller. Every block of the pool is exactly one of:
@@ -10,56 +11,28 @@ its only caller. Every block of the pool is exactly one of:
 A sequence's block table only ever grows (the runner mirrors it with append-only deltas). Its tree path
 (``nodes``, one per full block, each the child of the previous) is held alongside: block i of the table is
 ``nodes[i].block_id`` unless the sequence computed that block privately before anyone cached it.
+
+Eviction (`engine.kv_eviction`) takes ordinary unreferenced leaves first, blocks retained by a pin or a session
+hold last. With lower tiers (`engine.kv_tiers`), an evicted block is offloaded to the host pool instead of lost, and
+admission continues a device match in the host and disk tiers: those blocks are restored into fresh device blocks
+(copy instructions for the runner), counted as cached. Every change to what a tier holds is recorded as a KV event.
 """
 from __future__ import annotations
 
-import heapq
 import itertools
-from dataclasses import dataclass, field
-from typing import Hashable, Sequence
+import time
+from collections.abc import Callable, Collection
+from typing import Hashable, Iterable, Sequence
 
 from engine.block_hashing import BlockHash
 from engine.config import EvictionPolicy
-
-
-@dataclass(eq=False)
-class CachedBlock:
-    """A radix-tree node: one full block whose K/V sit in block ``block_id`` of the pool."""
-
-    block_hash: BlockHash
-    block_id: int
-    token_ids: tuple[int, ...]
-    parent: "CachedBlock | None"
-    children: dict[BlockHash, "CachedBlock"] = field(default_factory=dict)
-    ref_count: int = 0
-    last_used: int = 0
-    created: int = 0
-
-
-@dataclass
-class SequenceBlocks:
-    """One live sequence's blocks: its block table and the tree path it holds references on."""
-
-    block_ids: list[int] = field(default_factory=list)
-    nodes: list[CachedBlock] = field(default_factory=list)
-    cacheable: bool = True  # false after a hash collision: later blocks stay private
-
-    def private_block_ids(self) -> list[int]:
-        nodes = self.nodes
-        return [b for i, b in enumerate(self.block_ids) if i >= len(nodes) or nodes[i].block_id != b]
-
-
-@dataclass
-class CacheStats:
-    queries: int = 0  # prompt tokens looked up at first admission
-    hits: int = 0  # of those, tokens served from cached blocks
-    preempted_queries: int = 0  # tokens looked up when a preempted sequence was re-admitted (counted apart)
-    preempted_hits: int = 0
-    evictions: int = 0  # cached blocks evicted from the tree
-
-    @property
-    def hit_rate(self) -> float:
-        return self.hits / self.queries if self.queries else 0.0
+from engine.kv_blocks import CachedBlock, CacheStats, SequenceBlocks
+from engine.kv_events import MEDIUM_DEVICE, EventRecorder, KVEvent
+from engine.kv_eviction import EvictionQueue
+from engine.kv_invariants import check_invariants
+from engine.kv_tiers import LowerTiers, TierBlock, TierIndex
+from engine.outputs import KVTransfer
+from engine.retention import Retention
 
 
 class KVCacheManager:
@@ -71,20 +44,31 @@ class KVCacheManager:
         block_size: int,
         enable_prefix_caching: bool = True,
         eviction_policy: EvictionPolicy | str = EvictionPolicy.LRU,
+        *,
+        max_retained_fraction: float = 0.5,
+        host_blocks: int = 0,
+        disk_blocks: int = 0,
+        record_events: bool = False,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.eviction_policy = EvictionPolicy(eviction_policy)
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.clock = clock
         self.free_block_ids: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() hands out low ids first
         self.roots: dict[BlockHash, CachedBlock] = {}
         self.by_hash: dict[BlockHash, CachedBlock] = {}
         self.seqs: dict[Hashable, SequenceBlocks] = {}
         self.stats = CacheStats()
+        self.events = EventRecorder(record_events)
+        self.tiers = LowerTiers(host_blocks, disk_blocks, self.events)
+        self.queue = EvictionQueue(self.eviction_policy, self._now, int(max_retained_fraction * num_blocks))
         self._num_unreferenced = 0  # tree nodes with ref_count 0: all of them can be evicted, leaves first
-        self._evict_heap: list[tuple[int, int, CachedBlock]] = []  # (priority, tiebreak, node), lazily validated
-        self._clock = itertools.count(1)
-        self._tiebreak = itertools.count()
+        self._counter = itertools.count(1)
+
+    def _now(self) -> float:
+        return self.clock()
 
     # ---- queries -------------------------------------------------------------------------------------------
     @property
@@ -95,6 +79,11 @@ class KVCacheManager:
     @property
     def num_cached_blocks(self) -> int:
         return len(self.by_hash)
+
+    @property
+    def num_retained_blocks(self) -> int:
+        self.queue.expire()
+        return self.queue.num_retained
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -109,7 +98,7 @@ class KVCacheManager:
         return min(len(block_hashes), (num_tokens - 1) // self.block_size)
 
     def num_cached_blocks_of(self, block_hashes: Sequence[BlockHash], num_tokens: int) -> int:
-        """How many leading blocks of a sequence the tree holds now (no side effects; O(log blocks)).
+        """How many leading blocks of a sequence the device tree holds now (no side effects; O(log blocks)).
 
         The cached blocks of any hash chain form a prefix of it (blocks enter parent first and leave leaf first),
         so a binary search over the chain finds the match length."""
@@ -123,8 +112,11 @@ class KVCacheManager:
         return lo
 
     def num_cached_tokens(self, block_hashes: Sequence[BlockHash], num_tokens: int) -> int:
-        """How many tokens admission would take from the cache now."""
-        return self.num_cached_blocks_of(block_hashes, num_tokens) * self.block_size
+        """How many tokens admission would take from the cache now, lower tiers included."""
+        device = self.num_cached_blocks_of(block_hashes, num_tokens)
+        lower = itertools.takewhile(lambda h: self.tiers.find(h) is not None,
+                                    block_hashes[device : self._shareable_blocks(block_hashes, num_tokens)])
+        return (device + sum(1 for _ in lower)) * self.block_size
 
     def _match(self, block_hashes: Sequence[BlockHash], token_ids: Sequence[int]) -> list[CachedBlock]:
         """The cached blocks of the longest cached prefix, checking their tokens (collision guard)."""
@@ -137,6 +129,19 @@ class KVCacheManager:
             matched.append(node)
         return matched
 
+    def _match_lower(self, block_hashes: Sequence[BlockHash], token_ids: Sequence[int],
+                     start: int) -> list[tuple[BlockHash, TierIndex, TierBlock]]:
+        """Where the device match ends, the blocks that continue it in the host and disk tiers."""
+        bs = self.block_size
+        found = []
+        for i in range(start, self._shareable_blocks(block_hashes, len(token_ids)) if self.tiers.enabled else 0):
+            block_hash = block_hashes[i]
+            hit = self.tiers.find(block_hash)
+            if hit is None or block_hash in self.by_hash or hit[1].token_ids != tuple(token_ids[i * bs:(i + 1) * bs]):
+                break
+            found.append((block_hash, *hit))
+        return found
+
     # ---- sequence lifecycle ----------------------------------------------------------------------------------
     def admit(
         self,
@@ -145,30 +150,55 @@ class KVCacheManager:
         token_ids: Sequence[int],
         max_new_tokens: int,
         resumed: bool = False,
+        retention: Retention | None = None,
+        reserve_tokens: int = 0,
     ) -> int | None:
-        """Start ``seq_id``: take its cached prefix, and blocks for up to ``max_new_tokens`` tokens after it.
+        """Start ``seq_id``: take its cached prefix (restoring what the lower tiers hold), and blocks for up to
+        ``max_new_tokens`` tokens after it; apply its pins.
 
-        Returns the number of cached tokens, or None (and changes nothing) when the blocks are not there.
+        Returns the number of cached tokens, or None (and changes nothing) when the blocks are not there (with room
+        for ``reserve_tokens`` more tokens, not allocated: a simulator that does not model preemption).
         ``resumed`` marks a preempted sequence coming back: its lookup is counted apart from first admissions.
         """
         assert seq_id not in self.seqs, f"sequence {seq_id!r} is already admitted"
         matched = self._match(block_hashes, token_ids)
-        num_cached = len(matched) * self.block_size
-        need = self.blocks_needed(num_cached + min(len(token_ids) - num_cached, max_new_tokens)) - len(matched)
+        lower = self._match_lower(block_hashes, token_ids, len(matched))
+        num_cached = (len(matched) + len(lower)) * self.block_size
+        need = self.blocks_needed(num_cached + min(len(token_ids) - num_cached, max_new_tokens) + reserve_tokens)
+        # Matched blocks stop being evictable once held: they are not free for the rest.
         unreferenced_matched = sum(node.ref_count == 0 for node in matched)
-        if need > self.num_free_blocks - unreferenced_matched:  # matched blocks stop being evictable once held
+        if need - len(matched) > self.num_free_blocks - unreferenced_matched:
             return None
         for node in matched:
             self._ref(node)
-        self.seqs[seq_id] = SequenceBlocks([node.block_id for node in matched], matched)
+            self.queue.refresh(node)
+        seq = self.seqs[seq_id] = SequenceBlocks([node.block_id for node in matched], matched, retention=retention)
+        self._restore(seq, lower)
         self.allocate(seq_id, num_cached + min(len(token_ids) - num_cached, max_new_tokens))
+        self._apply_pins(seq)
+        stats = self.stats
         if resumed:
-            self.stats.preempted_queries += len(token_ids)
-            self.stats.preempted_hits += num_cached
+            stats.preempted_queries += len(token_ids)
+            stats.preempted_hits += num_cached
         else:
-            self.stats.queries += len(token_ids)
-            self.stats.hits += num_cached
+            stats.queries += len(token_ids)
+            stats.hits += num_cached
         return num_cached
+
+    def _restore(self, seq: SequenceBlocks, lower: list[tuple[BlockHash, TierIndex, TierBlock]]) -> None:
+        """Copy lower-tier hits into fresh device blocks, as tree nodes the sequence holds. Taking a block may evict
+        (and offload) others; the tiers never drop a block this admission is about to read."""
+        keep = {block_hash for block_hash, _, _ in lower}
+        for block_hash, tier, block in lower:
+            block_id = self._take_block(keep)
+            self.tiers.restore(tier, block_hash, block_id)
+            node = self._add_node(block_hash, block_id, block.token_ids, seq.nodes[-1] if seq.nodes else None)
+            seq.block_ids.append(block_id)
+            seq.nodes.append(node)
+            if tier is self.tiers.host:
+                self.stats.host_hits += self.block_size
+            else:
+                self.stats.disk_hits += self.block_size
 
     def allocate(self, seq_id: Hashable, num_tokens: int) -> list[int] | None:
         """Make the sequence's blocks cover ``num_tokens`` tokens; returns the block ids appended to its table, or
@@ -197,14 +227,9 @@ class KVCacheManager:
             block_hash = block_hashes[i]
             block = tuple(token_ids[i * bs : (i + 1) * bs])
             parent = seq.nodes[-1] if seq.nodes else None
-            siblings = parent.children if parent else self.roots
-            node = siblings.get(block_hash)
+            node = (parent.children if parent else self.roots).get(block_hash)
             if node is None:
-                node = CachedBlock(block_hash, seq.block_ids[i], block, parent)
-                siblings[block_hash] = node
-                self.by_hash[block_hash] = node
-                node.ref_count = 1
-                node.last_used = node.created = next(self._clock)
+                node = self._add_node(block_hash, seq.block_ids[i], block, parent)
             elif node.token_ids == block:
                 # Another sequence cached the same block first: hold its node (so the path stays whole) but keep
                 # computing into our own block, which stays private until we finish: tables never change.
@@ -213,17 +238,28 @@ class KVCacheManager:
                 seq.cacheable = False
                 break
             seq.nodes.append(node)
+        self._apply_pins(seq)
 
-    def free(self, seq_id: Hashable) -> None:
-        """Release a finished, aborted or preempted sequence. Its cached blocks stay in the tree for later hits."""
+    def free(self, seq_id: Hashable, hold_s: float = 0.0) -> None:
+        """Release a finished, aborted or preempted sequence. Its cached blocks stay in the tree for later hits;
+        ``hold_s`` > 0 retains them that long (an agent session waiting on a tool)."""
         seq = self.seqs.pop(seq_id)
+        if hold_s > 0:
+            self._retain(seq.nodes, self._now() + hold_s)
         self.free_block_ids.extend(reversed(seq.private_block_ids()))
         for node in reversed(seq.nodes):  # leaf first, so a parent is never older than its child in LRU order
             self._unref(node)
 
+    def retain_chain(self, block_hashes: Iterable[BlockHash], seconds: float, pin: bool = False) -> int:
+        """Retain the cached blocks of a chain for ``seconds`` from now (``pin``: renewed on every hit, as a
+        breakpoint); ``seconds`` <= 0 ends their retention. Returns how many blocks the device holds."""
+        nodes = list(itertools.takewhile(lambda n: n is not None, (self.by_hash.get(h) for h in block_hashes)))
+        self._retain(nodes, self._now() + seconds, seconds if pin else 0.0)
+        return len(nodes)
+
     def evict(self, num_blocks: int) -> int:
-        """Evict up to ``num_blocks`` unreferenced cached blocks (least recently used leaves first); returns the
-        count."""
+        """Evict up to ``num_blocks`` unreferenced cached blocks (ordinary least recently used leaves first;
+        offloaded to the host tier if there is one); returns the count."""
         count = 0
         while count < num_blocks and self._num_unreferenced:
             self.free_block_ids.append(self._evict_one())
@@ -231,86 +267,94 @@ class KVCacheManager:
         return count
 
     def reset_prefix_cache(self) -> None:
-        """Drop every unreferenced cached block (e.g. between benchmark runs)."""
-        self.evict(self._num_unreferenced)
+        """Drop every cached block no sequence holds, in every tier (e.g. between benchmark runs)."""
+        mark = len(self.events.events)
+        while self._num_unreferenced:
+            self.free_block_ids.append(self._evict_one(offload=False))
+        self.tiers.clear()
+        if not self.by_hash:
+            self.events.cleared(since=mark)
+
+    def persist(self) -> None:
+        """Write every device-cached block through to the lower tiers (before a shutdown: the disk tier then holds
+        the whole cache for the next run)."""
+        for node in list(self.by_hash.values()):  # parents before children: insertion order
+            self.tiers.offload(node.block_hash, node.block_id, node.token_ids, node.parent_hash)
+
+    def load_disk_tier(self, blocks: Iterable[tuple[BlockHash, tuple[int, ...], BlockHash | None]]) -> int:
+        """Index the block files a previous run left on disk (oldest first)."""
+        return self.tiers.load_disk(blocks)
+
+    def take_transfers(self) -> list[KVTransfer]:
+        return self.tiers.take_transfers()
+
+    def take_events(self) -> list[KVEvent]:
+        return self.events.take()
 
     # ---- internals -------------------------------------------------------------------------------------------
-    def _take_block(self) -> int:
+    def _add_node(self, block_hash: BlockHash, block_id: int, token_ids: tuple[int, ...],
+                  parent: CachedBlock | None) -> CachedBlock:
+        """A new tree node, held by the sequence that computed (or restored) it."""
+        node = CachedBlock(block_hash, block_id, token_ids, parent, ref_count=1)
+        (parent.children if parent else self.roots)[block_hash] = node
+        self.by_hash[block_hash] = node
+        node.last_used = node.created = next(self._counter)
+        self.events.stored(block_hash, node.parent_hash, token_ids, MEDIUM_DEVICE)
+        return node
+
+    def _apply_pins(self, seq: SequenceBlocks) -> None:
+        """Pin the sequence's newly cached blocks that its breakpoints cover."""
+        retention = seq.retention
+        if retention is None or not retention.pins:
+            return
+        end = min(len(seq.nodes), retention.num_pinned_blocks(self.block_size))
+        now = self._now()
+        for i in range(seq.num_pinned, end):
+            ttl = retention.pin_ttl(i, self.block_size)
+            self.queue.retain(seq.nodes[i], now + ttl, ttl)
+        seq.num_pinned = max(seq.num_pinned, end)
+
+    def _retain(self, nodes: Sequence[CachedBlock], until: float, ttl_s: float = 0.0) -> None:
+        for node in nodes:
+            self.queue.retain(node, until, ttl_s)
+
+    def _take_block(self, keep: Collection[BlockHash] = ()) -> int:
         if not self.free_block_ids:
-            self.free_block_ids.append(self._evict_one())
+            self.free_block_ids.append(self._evict_one(keep=keep))
         return self.free_block_ids.pop()
 
     def _ref(self, node: CachedBlock) -> None:
         if node.ref_count == 0:
             self._num_unreferenced -= 1
         node.ref_count += 1
-        node.last_used = next(self._clock)
+        node.last_used = next(self._counter)
 
     def _unref(self, node: CachedBlock) -> None:
         node.ref_count -= 1
         assert node.ref_count >= 0
         if node.ref_count == 0:
             self._num_unreferenced += 1
-            node.last_used = next(self._clock)
-            if not node.children:
-                self._push_evictable(node)
+            node.last_used = next(self._counter)
+            self.queue.push(node)
 
-    def _priority(self, node: CachedBlock) -> int:
-        return node.last_used if self.eviction_policy is EvictionPolicy.LRU else node.created
-
-    def _push_evictable(self, node: CachedBlock) -> None:
-        heapq.heappush(self._evict_heap, (self._priority(node), next(self._tiebreak), node))
-
-    def _evict_one(self) -> int:
-        while True:
-            priority, _, node = heapq.heappop(self._evict_heap)
-            stale = (
-                node.ref_count
-                or node.children
-                or priority != self._priority(node)
-                or self.by_hash.get(node.block_hash) is not node
-            )
-            if not stale:
-                break
-        siblings = node.parent.children if node.parent else self.roots
-        del siblings[node.block_hash]
+    def _evict_one(self, offload: bool = True, keep: Collection[BlockHash] = ()) -> int:
+        node = self.queue.pop()
+        parent = node.parent
+        del (parent.children if parent else self.roots)[node.block_hash]
         del self.by_hash[node.block_hash]
+        node.in_tree = False
+        self.queue.forget(node)
         self._num_unreferenced -= 1
         self.stats.evictions += 1
-        if node.parent is not None and node.parent.ref_count == 0 and not node.parent.children:
-            self._push_evictable(node.parent)
+        self.events.removed(node.block_hash, MEDIUM_DEVICE)
+        if offload:
+            self.tiers.offload(node.block_hash, node.block_id, node.token_ids, node.parent_hash, keep)
+        if parent is not None:
+            self.queue.push(parent)  # a leaf now, if nothing else holds it
         return node.block_id
 
     # ---- invariants (tests and debugging) --------------------------------------------------------------------
     def check_invariants(self) -> None:
-        """Assert the block-state partition, reference counts and tree links. O(blocks); for tests."""
-        free = set(self.free_block_ids)
-        assert len(free) == len(self.free_block_ids), "a block is in the free list twice"
-        holders: dict[int, int] = {}
-        private: set[int] = set()
-        for seq in self.seqs.values():
-            assert len(seq.nodes) <= len(seq.block_ids)
-            for i, node in enumerate(seq.nodes):
-                assert self.by_hash.get(node.block_hash) is node, "a sequence holds a node that left the tree"
-                assert node.parent is (seq.nodes[i - 1] if i else None), "the held nodes are not a path in the tree"
-                holders[id(node)] = holders.get(id(node), 0) + 1
-            for block_id in seq.private_block_ids():
-                assert block_id not in private, f"private block {block_id} is held twice"
-                private.add(block_id)
-        tree_blocks = set()
-        unreferenced = 0
-        for block_hash, node in self.by_hash.items():
-            assert node.block_hash == block_hash
-            siblings = node.parent.children if node.parent else self.roots
-            assert siblings.get(block_hash) is node, "parent link does not match the tree"
-            if node.parent is not None:
-                assert self.by_hash.get(node.parent.block_hash) is node.parent
-            assert node.ref_count == holders.get(id(node), 0), f"block {node.block_id}: ref_count != live holders"
-            assert node.block_id not in tree_blocks
-            tree_blocks.add(node.block_id)
-            unreferenced += node.ref_count == 0
-            if node.ref_count:
-                assert node.parent is None or node.parent.ref_count > 0, "a held block's parent is unreferenced"
-        assert unreferenced == self._num_unreferenced
-        assert not (free & tree_blocks) and not (free & private) and not (tree_blocks & private)
-        assert len(free) + len(tree_blocks) + len(private) == self.num_blocks, "a block is lost"
+        """Assert the block-state partition, reference counts, tree links, retention counts and tier indexes.
+        O(blocks); for tests."""
+        check_invariants(self)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import itertools
 import queue
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from typing import Sequence
 
@@ -15,10 +17,11 @@ from tqdm import tqdm
 
 from engine.config import EngineConfig
 from engine.engine_loop import EngineDeadError, EngineLoop, EngineRequest
-from engine.kv_cache import CacheStats
+from engine.kv_blocks import CacheStats
 from engine.llm_engine import LLMEngine
 from engine.output_processor import CompletionOutput, OutputProcessor
 from engine.outputs import RequestTimings, SchedulerStats, SequenceOutput
+from engine.retention import Retention
 from engine.sampling_params import SamplingParams
 
 Prompt = str | list[int]
@@ -64,7 +67,7 @@ class _QueueSink:
 class LLM:
     """An engine plus its tokenizer, for batch generation in-process."""
 
-    def __init__(self, model: str | None = None, **engine_config) -> None:
+    def __init__(self, model: str | None = None, clock: Callable[[], float] | None = None, **engine_config) -> None:
         from engine.registry import default_model_name, get_model_spec, model_identity, resolve_model
 
         known = {f.name for f in fields(EngineConfig)}
@@ -75,7 +78,8 @@ class LLM:
         spec = get_model_spec(name)
         self.model_name = spec.name
         model_dir = resolve_model(name)
-        self.engine = LLMEngine(model_dir, EngineConfig(**engine_config), model_id=model_identity(spec, model_dir))
+        self.engine = LLMEngine(model_dir, EngineConfig(**engine_config), model_id=model_identity(spec, model_dir),
+                                clock=clock or time.monotonic)
         self._ids = itertools.count()
 
     @property
@@ -83,7 +87,8 @@ class LLM:
         return self.engine.tokenizer
 
     def close(self) -> None:
-        """Stop the tensor-parallel workers, if any (``with LLM(...) as llm:`` does it on leaving)."""
+        """Stop what outlives a `generate` call: tensor-parallel workers, the KV event publisher, the disk tier's
+        writer (``with LLM(...) as llm:`` does it on leaving)."""
         self.engine.close()
 
     def __enter__(self) -> "LLM":
@@ -103,7 +108,14 @@ class LLM:
         return self.engine.stats()
 
     def reset_prefix_cache(self) -> None:
-        self.engine.scheduler.reset_prefix_cache()
+        """Drop every cached block no sequence holds, in every KV tier."""
+        self.engine.reset_prefix_cache()
+
+    def retain_after_tool_call(self, request_ids: Sequence[str]) -> None:
+        """These finished requests' replies ended in tool calls: keep their blocks for the engine's
+        ``tool_call_ttl`` (they were submitted with a hold, `Retention.hold_after_finish_s`)."""
+        for request_id in request_ids:
+            self.engine.retain_after_tool_call(request_id)
 
     def encode(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
@@ -116,8 +128,10 @@ class LLM:
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         cache_salt: str | None | Sequence[str | None] = None,
         use_tqdm: bool = False,
+        retention: Retention | None | Sequence[Retention | None] = None,
     ) -> list[RequestOutput]:
         """Run the prompts to completion, batched by the scheduler; results come back in prompt order.
+        ``retention``: breakpoint pins and a hold after the request ends (engine/retention.py), per prompt or for all.
 
         Every prompt is validated before any is queued, so a bad one raises `RequestRejected` (a ValueError) and
         leaves the engine clean.
@@ -127,17 +141,18 @@ class LLM:
         token_lists = [self.encode(p) for p in prompts]
         params_list = _broadcast(params or SamplingParams(), len(token_lists), "params")
         salts = _broadcast(cache_salt, len(token_lists), "cache_salt")
+        retentions = _broadcast(retention, len(token_lists), "retention")
         for ids, p in zip(token_lists, params_list):
             self.engine.validate(ids, p)
         outputs: queue.SimpleQueue = queue.SimpleQueue()
         processor = OutputProcessor(self.tokenizer)
         results: dict[str, RequestOutput] = {}
         requests = []
-        for ids, p, salt in zip(token_lists, params_list, salts):
+        for ids, p, salt, kept in zip(token_lists, params_list, salts, retentions):
             rid = f"gen-{next(self._ids)}"
             results[rid] = RequestOutput(rid, ids, [CompletionOutput(i) for i in range(p.n)])
             processor.add_request(rid, ids, p)
-            requests.append(EngineRequest(rid, ids, p, salt))
+            requests.append(EngineRequest(rid, ids, p, salt, kept))
         loop = EngineLoop(self.engine)
         loop.start()
         try:
@@ -167,7 +182,7 @@ class LLM:
 
 
 def _broadcast(value, n: int, name: str) -> list:
-    if value is None or isinstance(value, (str, SamplingParams)):
+    if value is None or isinstance(value, (str, SamplingParams, Retention)):
         return [value] * n
     value = list(value)
     if len(value) != n:

@@ -4,14 +4,17 @@ advances every running sequence once and returns token-level `SequenceOutput`s.
 Text (detokenization, stop strings) is not made here: an `OutputProcessor` does it off the engine thread. With
 async scheduling (`EngineConfig.async_scheduling`), `step()` schedules and launches step N+1 before it collects step
 N's sampled tokens, so the host's work for one step overlaps the device's work for the previous one; the tokens are
-the same either way. Single-threaded by design: one thread drives it (see engine/engine_loop.py).
+the same either way. A grammar-constrained sequence's next mask needs its last token, so a step that sampled one is
+collected before the next is scheduled. Single-threaded by design: one thread drives it (see engine/engine_loop.py).
 
 With ``tensor_parallel_size`` N > 1 this process is rank 0: its runner holds rank 0's shard, and every step's
 `SchedulerOutput` also goes to the N-1 worker processes (engine/parallel/workers.py) before rank 0 runs it.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,12 +26,15 @@ from engine.errors import (
     RequestRejected,
     WorkerDiedError,
 )
-from engine.model_runner import ModelRunner, StepPipeline
-from engine.outputs import SchedulerStats, SequenceOutput
+from engine.kv_events import KVEventPublisher
+from engine.model_runner import ModelRunner, StepHandle, StepPipeline
+from engine.outputs import KVTransfer, SchedulerOutput, SchedulerStats, SequenceOutput
 from engine.parallel.memory import RankMemory
 from engine.parallel.workers import TensorParallelWorkers
+from engine.retention import Retention
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
+from engine.structured_output import GrammarEnd, StructuredOutputs
 
 
 def _eos_ids(model_dir: Path, model_cfg: ModelConfig, tokenizer) -> set[int]:
@@ -43,7 +49,11 @@ def _eos_ids(model_dir: Path, model_cfg: ModelConfig, tokenizer) -> set[int]:
 
 
 class LLMEngine:
-    def __init__(self, model_dir: Path, cfg: EngineConfig, model_id: str | None = None, tokenizer=None) -> None:
+    """``clock`` is the time the KV cache's retention (pins, session holds) runs on: a benchmark that replays a
+    trace in virtual time passes its own."""
+
+    def __init__(self, model_dir: Path, cfg: EngineConfig, model_id: str | None = None, tokenizer=None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         from transformers import AutoTokenizer
 
         self.cfg = cfg
@@ -59,10 +69,23 @@ class LLMEngine:
                                                                      self.max_model_len)
         else:
             self.runner = ModelRunner(self.model_dir, self.model_cfg, cfg, self.max_model_len)
+        offload = self.runner.kv_offload
+        host_blocks = offload.host_tensors[0].shape[0] if offload else 0
+        disk_blocks = offload.host_slots_for(cfg.kv_disk_gb, offload.bytes_per_block) if offload and offload.disk else 0
+        self.kv_events = (KVEventPublisher(cfg.kv_events_endpoint, cfg.kv_events_replay_endpoint, cfg.kv_events_topic,
+                                           cfg.block_size) if cfg.kv_events_endpoint else None)
         self.scheduler = Scheduler(cfg, self.runner.num_blocks, model_id or str(self.model_dir), self.max_model_len,
-                                   self.eos_token_ids)
+                                   self.eos_token_ids, host_blocks=host_blocks, disk_blocks=disk_blocks,
+                                   record_events=self.kv_events is not None, clock=clock)
+        self.structured_outputs = StructuredOutputs(self.tokenizer, self.model_cfg.vocab_size, self.eos_token_ids,
+                                                    self.runner.device)
+        if offload and offload.disk:  # blocks a previous run left on disk
+            self.scheduler.kv.load_disk_tier((b.block_hash, b.token_ids, b.parent_hash) for b in offload.disk.scan())
+            self._publish_events()
         # async scheduling: the launched step whose tokens are not back yet waits in the pipeline
         self._pipeline = StepPipeline(bool(cfg.async_scheduling))
+        self._in_flight_constrained = False  # ... and whether it sampled for a grammar-constrained sequence
+        self._closed = False
 
     # ---- requests ----------------------------------------------------------------------------------------------
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
@@ -85,25 +108,94 @@ class LLMEngine:
                 f"the prompt needs {blocks} KV blocks but the cache has {self.scheduler.num_blocks}; "
                 "give the engine more KV memory (num_kv_blocks / kv_cache_memory_gb)"
             )
+        if params.structured_output is not None:
+            try:
+                self.structured_outputs.compile(params.structured_output)  # cached: a server compiled it already
+            except ValueError as exc:
+                raise RequestRejected(str(exc)) from None
 
     def add_request(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, cache_salt: str | None = None
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, cache_salt: str | None = None,
+        retention: Retention | None = None,
     ) -> None:
         if request_id in self.scheduler.groups:
             raise RequestRejected(f"request id {request_id!r} is already in use")
         self.validate(prompt_token_ids, params)
-        self.scheduler.add_request(request_id, prompt_token_ids, params, cache_salt)
+        self.scheduler.add_request(request_id, prompt_token_ids, params, cache_salt, retention)
 
     def abort_request(self, request_id: str, index: int | None = None) -> None:
         """Finish every sequence of the request (or only sequence ``index``) now; its blocks are free for the next
         step."""
         self.scheduler.abort(request_id, index)
+        self.structured_outputs.retain(self.scheduler.requests)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests() or self._pipeline.in_flight is not None
 
     def stats(self) -> SchedulerStats:
-        return self.scheduler.stats()
+        stats = self.scheduler.stats()
+        offload = self.runner.kv_offload
+        if offload is None:
+            return stats
+        moved = offload.stats
+        if offload.on_cuda:
+            moved.settle()
+        return dataclasses.replace(stats, kv_offload_bytes=moved.offload_bytes, kv_restore_bytes=moved.restore_bytes,
+                                   kv_disk_write_bytes=moved.disk_write_bytes, kv_disk_read_bytes=moved.disk_read_bytes,
+                                   kv_restore_seconds=moved.restore_s)
+
+    def retain_after_tool_call(self, request_id: str) -> int:
+        """The request's reply ended in tool calls: keep its blocks for ``tool_call_ttl`` seconds, so the turn that
+        carries the tool result finds them. Only requests submitted with a hold (`Retention.hold_after_finish_s`)
+        are remembered; returns the blocks retained."""
+        return self.scheduler.retain_finished(request_id, self.cfg.tool_call_ttl)
+
+    def pin(self, token_ids: list[int], cache_salt: str | None, ttl_s: float) -> int:
+        """Pin the cached blocks of a prompt for ``ttl_s`` seconds, renewed on every hit (0: unpin); returns how many
+        of its blocks the device holds."""
+        hashes = self.scheduler.hasher.hashes(token_ids, cache_salt)
+        return self.scheduler.kv.retain_chain(hashes, ttl_s, pin=True)
+
+    def reset_prefix_cache(self) -> None:
+        """Drop every cached block no sequence holds, in every tier (between benchmark runs)."""
+        self.scheduler.reset_prefix_cache()
+        self._run_transfers(self.scheduler.kv.take_transfers())
+        self._publish_events()
+
+    def _run_transfers(self, transfers: list[KVTransfer]) -> None:
+        """Copies between KV tiers outside a step, on every rank (each holds its shard of every block)."""
+        if transfers and self.workers is not None:
+            self.workers.send(SchedulerOutput(kv_transfers=transfers))
+        self.runner.run_transfers(transfers)
+
+    def _publish_events(self) -> None:
+        if self.kv_events is not None:
+            self.kv_events.publish(self.scheduler.kv.take_events())
+
+    def close(self) -> None:
+        """Release what outlives the engine thread: write the device-cached blocks through to the disk tier (if
+        there is one) and finish its writes, stop the event publisher and the tensor-parallel workers. Call it once
+        the engine stopped stepping; later calls do nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        in_flight, self._pipeline.in_flight = self._pipeline.in_flight, None
+        if in_flight is not None and (self.workers is None or self.workers.error is None):
+            try:
+                in_flight.result()
+            except Exception:  # noqa: BLE001 - closing anyway
+                pass
+        offload = self.runner.kv_offload
+        if offload is not None:
+            if offload.disk is not None:
+                self.scheduler.kv.persist()
+                self._run_transfers(self.scheduler.kv.take_transfers())
+                self._publish_events()
+            offload.close()
+        if self.kv_events is not None:
+            self.kv_events.close()
+        if self.workers is not None:
+            self.workers.close()
 
     def num_cached_tokens(self, token_ids: list[int], cache_salt: str | None = None) -> int:
         return self.scheduler.num_cached_tokens(token_ids, cache_salt)
@@ -119,32 +211,47 @@ class LLMEngine:
         if self.workers is not None:
             self.workers.on_death = on_death
 
-    def close(self) -> None:
-        """Release what outlives the engine thread: the tensor-parallel workers and their process group."""
-        if self.workers is None:
-            return
-        if self._pipeline.in_flight is not None and self.workers.error is None:
-            try:
-                self._pipeline.in_flight.result()
-            except Exception:  # noqa: BLE001 - closing anyway
-                pass
-        self._pipeline.in_flight = None
-        self.workers.close()
-
     # ---- the step ----------------------------------------------------------------------------------------------
     def step(self) -> list[SequenceOutput]:
-        sched = self.scheduler.schedule()
         try:
+            pipeline = self._pipeline
+            if pipeline.in_flight is not None and self._in_flight_constrained:  # its grammars need its tokens first
+                self._collect(pipeline.in_flight)
+                pipeline.in_flight = None
+            sched = self.scheduler.schedule()
             if self.workers is not None:
                 self.workers.send(sched)
-            done = self._pipeline.push(self.runner.execute(sched), bool(sched.scheduled))
-            output = done.result() if done is not None else None
+            masks = self._start_masks(sched)
+            done = pipeline.push(self.runner.execute(sched, masks), bool(sched.scheduled))
+            self._in_flight_constrained = masks is not None
+            if done is not None:
+                self._collect(done)
         except Exception as exc:
             if self.workers is not None:  # the ranks are out of step now: no later step could run
                 self.workers.raise_if_dead(exc)  # a dead worker broke the step: its own error
                 raise FatalEngineError(f"a tensor-parallel step failed on rank 0: {exc!r}") from exc
             raise
-        if output is not None:
-            self.scheduler.update(output)
+        self._publish_events()
         return self.scheduler.take_outputs()
 
+    def _start_masks(self, sched: SchedulerOutput):
+        """Start filling the grammar masks of this step's constrained samples (beside the forward pass); returns
+        what the runner calls on the logits, or None when nothing sampled here is constrained."""
+        requests = self.scheduler.requests
+        rows = [requests[s.req_id] for s in sched.scheduled if s.samples]
+        pending = self.structured_outputs.start_masks(rows)
+        if pending is None:
+            return None
+        return lambda logits, req_ids: self.structured_outputs.apply_masks(pending, logits, req_ids)
+
+    def _collect(self, handle: StepHandle) -> None:
+        out = handle.result()
+        requests = self.scheduler.requests
+        live = [(requests[r], t) for r, t in zip(out.req_ids, out.sampled_token_ids) if r in requests]
+        ends = self.structured_outputs.accept([r for r, _ in live], [t for _, t in live])
+        grammar_ends = {
+            req.request_id: (f"token {token} is outside the grammar" if end is GrammarEnd.REJECTED else None)
+            for (req, token), end in zip(live, ends) if end is not None
+        }
+        self.scheduler.update(out, grammar_ends)
+        self.structured_outputs.retain(requests)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,9 +27,11 @@ import torch
 from engine.config import EngineConfig, ModelConfig
 from engine.cuda_graphs import DecodeGraphRunner, KVCaches
 from engine.input_batch import InputBatch, RunnerRequest
+from engine.kv_disk import DiskStore
+from engine.kv_offload import KVOffload, flat_caches
 from engine.models.architectures import build_model, random_weights_
 from engine.models.llama import AttentionMetadata
-from engine.outputs import ModelRunnerOutput, NewRequestData, SchedulerOutput
+from engine.outputs import KVTransfer, ModelRunnerOutput, NewRequestData, SchedulerOutput
 from engine.parallel.memory import RankMemory, measure
 from engine.parallel.state import SINGLE, TensorParallel
 from engine.sampler import Penalties, SamplerOutput, SamplingBatch, has_penalties, make_generator, penalty_parameters, sample
@@ -38,6 +41,7 @@ from engine.weights import load_weights, use_fp8_layers
 from kernels.ops import fp8_gemm_supported, get_ops
 
 log = logging.getLogger(__name__)
+LogitsProcessor = Callable[[torch.Tensor, list[str]], None]  # (logits [rows, vocab] changed in place, row req ids)
 
 # The sampler's most expensive path (penalties, top-p over the full vocabulary, min-p, logprobs): what the memory
 # profile samples with.
@@ -51,6 +55,7 @@ class StepProfile:
 
     prepare_s: float = 0.0  # host: deltas, flattening, sampling parameters
     launch_s: float = 0.0  # the device part (upload, forward, sampling): compute on CPU, kernel launches on CUDA
+    launch_cpu_s: float = 0.0  # the same, in CPU time of the thread that ran it (robust to a busy machine)
     wait_s: float = 0.0  # host blocked in `result()` until the step's sampled ids are there
     device_s: float = 0.0  # CUDA only, with `ModelRunner.time_device`: the device part's GPU time (events)
 
@@ -63,6 +68,9 @@ class _DeviceWork:
     pad_to: int | None  # run the decode graph of this size
     sampling: SamplingBatch | None  # None: nothing samples this step, or another rank samples
     histories: list[tuple[torch.Tensor | None, torch.Tensor | None]] | None  # penalties: per row (counts, seen)
+    req_ids: list[str]  # of the sampled rows, in order
+    logits_processor: LogitsProcessor | None  # e.g. grammar masks, applied to the logits before sampling
+    transfers: list[KVTransfer] = field(default_factory=list)  # copies between KV tiers, before the forward
 
 
 @dataclass
@@ -160,6 +168,7 @@ class ModelRunner:
         self.num_blocks = tp.min(cfg.num_kv_blocks or self._blocks_from_memory_budget(use_graphs), self.device)
         self.kv_caches = self._new_caches(self.num_blocks)
         self.memory: RankMemory = measure(tp.rank, self.model, self.kv_caches)
+        self.kv_offload = self._new_offload(model_dir) if cfg.kv_offload_gb else None
         self.decode_graphs: DecodeGraphRunner | None = None
         if use_graphs:
             self.decode_graphs = self._capture_decode_graphs()
@@ -167,16 +176,29 @@ class ModelRunner:
     def _new_caches(self, num_blocks: int) -> KVCaches:
         return self.kv_spec.allocate(num_blocks, self.cfg.block_size, self.cfg.kv_cache_torch_dtype, self.device)
 
+    def _new_offload(self, model_dir: Path) -> KVOffload:
+        """The host pool (and disk tier) for blocks evicted from the device pool."""
+        tensors = flat_caches(self.kv_caches)
+        per_block = sum(t[0].numel() * t.element_size() for t in tensors)
+        disk = None
+        if self.cfg.kv_disk_dir:
+            layout = {"model": str(Path(model_dir).resolve()), "block_size": self.cfg.block_size,
+                      "dtype": str(tensors[0].dtype), "shapes": [list(t.shape[1:]) for t in tensors]}
+            disk = DiskStore(self.cfg.kv_disk_dir, layout)
+        return KVOffload(self.kv_caches, KVOffload.host_slots_for(self.cfg.kv_offload_gb, per_block), disk)
+
     def make_decode_graphs(self, kv_caches: KVCaches, use_graphs: bool) -> DecodeGraphRunner:
         """The padded decode path over ``kv_caches``; ``use_graphs=False`` runs it eagerly (CPU tests, profiling)."""
         return DecodeGraphRunner(self.model, kv_caches, self.inputs, self.cfg.max_num_seqs, self.max_model_len,
                                  use_graphs)
 
     # ---- the step ----------------------------------------------------------------------------------------------
-    def execute(self, sched: SchedulerOutput) -> StepHandle:
+    def execute(self, sched: SchedulerOutput, logits_processor: LogitsProcessor | None = None) -> StepHandle:
         start = time.perf_counter()
         self._apply_deltas(sched)
         if not sched.scheduled:
+            if sched.kv_transfers:  # in order with the steps' device work
+                self.run_transfers(sched.kv_transfers)
             return StepHandle(self)
         graphs, batch = self.decode_graphs, self.batch
         pad_to = None
@@ -185,7 +207,7 @@ class ModelRunner:
         host = flatten(batch, self.cfg.block_size, pad_to)
         all_ids = batch.req_ids
         req_ids = [all_ids[r] for r in host.sample_rows.tolist()]
-        work = _DeviceWork(host, pad_to, None, None)
+        work = _DeviceWork(host, pad_to, None, None, req_ids, logits_processor, sched.kv_transfers)
         handle = StepHandle(self, req_ids)
         if req_ids and self.tp.is_first:  # rank 0 samples (module docstring)
             work.sampling = self._sampling_batch_for(req_ids)
@@ -205,7 +227,9 @@ class ModelRunner:
     @torch.inference_mode()
     def _run_on_device(self, work: _DeviceWork) -> _Launched:
         """Upload, forward, sample; on CUDA also start copying the sampled ids back. Steps run here in order."""
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.thread_time()
+        if work.transfers:
+            self.kv_offload.run(work.transfers)
         host = work.host
         input_ids, positions = self.inputs.upload(host, self._prev_sampled)
         started = None
@@ -221,7 +245,17 @@ class ModelRunner:
             launched = self._sample(hidden, host, work, timed=started is not None)
             launched.started = started
         self.profile.launch_s += time.perf_counter() - start
+        self.profile.launch_cpu_s += time.thread_time() - start_cpu
         return launched
+
+    def run_transfers(self, transfers: list[KVTransfer]) -> None:
+        """Copies between KV tiers outside a step (a reset's disk clear), in order with the steps' device work."""
+        if not transfers:
+            return
+        if self._device_thread is not None:
+            self._device_thread.submit(self.kv_offload.run, transfers).result()
+        else:
+            self.kv_offload.run(transfers)
 
     def _apply_deltas(self, sched: SchedulerOutput) -> None:
         """Bring the runner's request states and batch rows in line with the scheduler's view."""
@@ -269,6 +303,8 @@ class ModelRunner:
         if logits is None:  # rank 0 samples; this rank receives the ids
             out = SamplerOutput(torch.empty(len(index), dtype=torch.long, device=self.device), [])
         else:
+            if work.logits_processor is not None:
+                work.logits_processor(logits, work.req_ids)
             sampling = work.sampling
             penalties = self._penalties(work.histories, sampling.params) if work.histories else None
             out = sample(logits, sampling, penalties)

@@ -70,6 +70,28 @@ class ScheduledRequest:
     resumed: bool = False
 
 
+class TransferKind(enum.Enum):
+    OFFLOAD = "offload"  # device block -> host slot (the block leaves the device pool)
+    RESTORE = "restore"  # host slot -> device block (a host hit)
+    DISK_WRITE = "disk_write"  # host slot -> the block's file (written through when a block reaches the host)
+    DISK_READ = "disk_read"  # the block's file -> device block (a disk hit)
+    DISK_DELETE = "disk_delete"  # the disk tier dropped the block
+    DISK_CLEAR = "disk_clear"  # every block file (a prefix-cache reset)
+
+
+@dataclass(frozen=True, slots=True)
+class KVTransfer:
+    """One copy between KV tiers. The runner performs a step's transfers in order, before its forward: an offload
+    of a block always precedes any write into that block, and a restore precedes every read of it."""
+
+    kind: TransferKind
+    block_id: int = -1  # device block
+    slot: int = -1  # host slot
+    block_hash: bytes = b""  # disk: the file's name
+    parent_hash: bytes | None = None  # disk writes: recorded in the file, so a restart can rebuild the chain
+    token_ids: tuple[int, ...] = ()
+
+
 @dataclass
 class SchedulerOutput:
     """One step's work as deltas against what the runner already holds."""
@@ -80,6 +102,7 @@ class SchedulerOutput:
     # Blocks released, state kept for resumption. (The runner needs no action: a sequence not scheduled leaves
     # the batch anyway; the list is there for observers.)
     preempted_req_ids: list[str] = field(default_factory=list)
+    kv_transfers: list[KVTransfer] = field(default_factory=list)  # before the forward, in order
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -127,9 +150,22 @@ class SchedulerStats:
     prefix_cache_preempted_queries_tokens: int = 0
     prefix_cache_preempted_hits_tokens: int = 0
     prefix_cache_evictions: int = 0
+    prefix_cache_host_hits_tokens: int = 0  # of the hits (first admissions and re-admissions), restored from host
+    prefix_cache_disk_hits_tokens: int = 0  # ... and from disk
     kv_blocks_total: int = 0
     kv_blocks_free: int = 0  # an allocation can take them: never-used blocks plus cached blocks nobody holds
     kv_blocks_cached: int = 0
+    kv_blocks_retained: int = 0  # pinned (breakpoints, named caches) or held for a session, not expired
+    kv_retention_refused_blocks: int = 0  # retention refused at --max-pinned-fraction
+    kv_host_blocks_total: int = 0
+    kv_host_blocks_cached: int = 0
+    kv_disk_blocks_total: int = 0
+    kv_disk_blocks_cached: int = 0
+    kv_offload_bytes: int = 0  # device -> host
+    kv_restore_bytes: int = 0  # host -> device
+    kv_disk_write_bytes: int = 0
+    kv_disk_read_bytes: int = 0
+    kv_restore_seconds: float = 0.0  # the runner's time copying hits back (host and disk)
     requests_running: int = 0
     requests_waiting: int = 0
     prompt_tokens: int = 0  # prompt tokens computed (cache hits excluded)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from engine.block_hashing import BlockHash
 from engine.outputs import FinishReason, RequestTimings
+from engine.retention import Retention
 from engine.sampling_params import SamplingParams
 
 
@@ -39,6 +40,7 @@ class Request:
     pending_siblings: int = 0  # n > 1: siblings to queue once this sequence's prompt is scheduled
     timings: RequestTimings = field(default_factory=RequestTimings)
     max_num_tokens: int = 0  # prompt + max_tokens, capped by the context length (set by the scheduler)
+    retention: Retention | None = None  # pins and hold (n > 1: the leader's; siblings share its pinned blocks)
 
     @property
     def seed(self) -> int | None:

@@ -133,7 +133,9 @@ class SamplerOutput:
         top_values = self.top_logprobs.tolist() if self.top_logprobs is not None else [[] for _ in chosen]
         for j, i in enumerate(self.logprob_rows):
             n = params[i].logprobs or 0
-            result[i] = TokenLogprobs(token_list[i], chosen[j], list(zip(top_ids[j][:n], top_values[j][:n])))
+            # Tokens a grammar ruled out (-inf) are no alternatives; -inf is not valid JSON either.
+            top = [(t, v) for t, v in zip(top_ids[j][:n], top_values[j][:n]) if v != float("-inf")]
+            result[i] = TokenLogprobs(token_list[i], chosen[j], top)
         return token_list, result
 
 

@@ -1,7 +1,25 @@
-"""Per-request sampling parameters, validated at construction so bad input fails before it reaches the engine."""
+"""Per-request sampling parameters, validated at construction so bad input fails before it reaches the engine, and
+the structured-output constraint one of them carries (plain data: engine/structured_output.py compiles it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal, get_args
+
+Kind = Literal["json_schema", "structural_tag", "regex", "ebnf"]
+
+
+@dataclass(frozen=True)
+class StructuredOutputSpec:
+    """What a request's output must match. `value` is the JSON text of a JSON schema (its output is spaced as
+    `json.dumps` does: `, ` and `: `) or of an xgrammar structural tag, a regex, or an EBNF grammar with a `root`
+    rule. Frozen and hashable, so equal specs share one compiled grammar."""
+
+    kind: Kind
+    value: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in get_args(Kind):
+            raise ValueError(f"structured output kind must be one of {get_args(Kind)}, got {self.kind!r}")
 
 
 @dataclass
@@ -21,6 +39,7 @@ class SamplingParams:
     logprobs: int | None = None  # number of top alternatives to return with each sampled token's logprob
     n: int = 1
     skip_special_tokens: bool = True  # for the text only; the server keeps them to parse tool-call tokens
+    structured_output: StructuredOutputSpec | None = None  # a grammar the output must match
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

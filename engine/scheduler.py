@@ -11,11 +11,11 @@ gets a placeholder (``Request.num_output_placeholders``), which `update()` repla
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from engine.block_hashing import BlockHasher
+from engine.block_hashing import BlockHash, BlockHasher
 from engine.config import EngineConfig, SchedulingPolicy
 from engine.kv_cache import KVCacheManager
 from engine.outputs import (
@@ -29,9 +29,11 @@ from engine.outputs import (
     TokenLogprobs,
 )
 from engine.request import Request, RequestStatus
+from engine.retention import Retention
 from engine.sampling_params import SamplingParams
 
 T = TypeVar("T")
+MAX_HELD_REQUESTS = 4096  # finished requests whose hold a caller may still extend (`retain_finished`)
 
 
 def _is_prefilling(req: Request) -> bool:
@@ -48,18 +50,23 @@ def admission_order(policy: SchedulingPolicy, candidates: Sequence[T], num_cache
 
 class Scheduler:
     def __init__(
-        self, cfg: EngineConfig, num_blocks: int, model_id: str, max_model_len: int, eos_token_ids: set[int]
+        self, cfg: EngineConfig, num_blocks: int, model_id: str, max_model_len: int, eos_token_ids: set[int],
+        *, host_blocks: int = 0, disk_blocks: int = 0, record_events: bool = False,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.cfg = cfg
         self.max_model_len = max_model_len
         self.eos_token_ids = eos_token_ids
-        self.kv = KVCacheManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching, cfg.eviction_policy)
+        self.kv = KVCacheManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching, cfg.eviction_policy,
+                                 max_retained_fraction=cfg.max_pinned_fraction, host_blocks=host_blocks,
+                                 disk_blocks=disk_blocks, record_events=record_events, clock=clock)
         self.hasher = BlockHasher(cfg.block_size, model_id)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # in admission order: the last one is preempted first
         self.requests: dict[str, Request] = {}  # every live sequence
         self.groups: dict[str, list[Request]] = {}  # caller request id -> its live sequences
         self._finished_ids: list[str] = []  # for the next SchedulerOutput: the runner forgets them
+        self._held: OrderedDict[str, list[BlockHash]] = OrderedDict()  # finished with a hold: their block chains
         self._outputs: list[SequenceOutput] = []
         self.num_preemptions = 0
         self.num_prompt_tokens = 0  # computed prompt tokens (cache hits excluded)
@@ -67,9 +74,10 @@ class Scheduler:
 
     # ---- requests ------------------------------------------------------------------------------------------------
     def add_request(self, group_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    cache_salt: str | None = None) -> None:
+                    cache_salt: str | None = None, retention: Retention | None = None) -> None:
         """Queue a request; its n - 1 siblings are queued once its prompt is scheduled (they then hit its blocks)."""
         leader = self._new_sequence(group_id, 0, list(prompt_token_ids), params, cache_salt)
+        leader.retention = retention
         leader.pending_siblings = params.n - 1
         self.groups[group_id] = []
         self._enqueue(leader)
@@ -106,8 +114,15 @@ class Scheduler:
         return self.kv.num_cached_tokens(self.hasher.hashes(token_ids, cache_salt), len(token_ids))
 
     def reset_prefix_cache(self) -> None:
-        """Drop every cached block no sequence holds (between benchmark runs)."""
+        """Drop every cached block no sequence holds, in every tier (between benchmark runs)."""
         self.kv.reset_prefix_cache()
+
+    def retain_finished(self, group_id: str, seconds: float) -> int:
+        """Extend the hold on a finished request's blocks (prompt and reply) to ``seconds`` from now: its reply
+        ended in tool calls, and the next turn will carry the result. Returns the blocks retained (0: the request
+        had no hold, or it was forgotten)."""
+        hashes = self._held.pop(group_id, None)
+        return 0 if hashes is None else self.kv.retain_chain(hashes, seconds)
 
     def blocks_needed(self, num_tokens: int) -> int:
         return self.kv.blocks_needed(num_tokens)
@@ -138,6 +153,7 @@ class Scheduler:
             budget -= n
         if not out.preempted_req_ids:  # blocks just ran short: admitting new work would only thrash
             self._admit_waiting(budget, out, scheduled)
+        out.kv_transfers = self.kv.take_transfers()
         return out
 
     def _make_room(self, req: Request, n: int, scheduled: set[str], out: SchedulerOutput) -> list[int] | None:
@@ -204,7 +220,7 @@ class Scheduler:
             if req.num_output_placeholders:  # preempted with a token still in flight: wait for it
                 break
             resumed = req.status is RequestStatus.PREEMPTED
-            cached = self.kv.admit(req.request_id, req.block_hashes, req.token_ids, budget, resumed)
+            cached = self.kv.admit(req.request_id, req.block_hashes, req.token_ids, budget, resumed, req.retention)
             if cached is None:
                 break
             self.waiting.remove(req)
@@ -228,8 +244,12 @@ class Scheduler:
                                lambda r: kv.num_cached_tokens(r.block_hashes, len(r.token_ids)))[0]
 
     # ---- sampled tokens back -------------------------------------------------------------------------------------
-    def update(self, runner_output: ModelRunnerOutput) -> None:
-        """Append each sequence's sampled token and finish those that stop; outputs are collected by `take_outputs`."""
+    def update(self, runner_output: ModelRunnerOutput, grammar_ends: dict[str, str | None] | None = None) -> None:
+        """Append each sequence's sampled token and finish those that stop; outputs are collected by `take_outputs`.
+
+        ``grammar_ends``: sequences whose grammar ended with this token (whole: None; the token broke it: why),
+        which stop whatever ``ignore_eos`` says, since nothing may follow a whole structured output."""
+        grammar_ends = grammar_ends or {}
         now = time.perf_counter()
         logprobs = runner_output.logprobs or [None] * len(runner_output.req_ids)
         for req_id, token, logprob in zip(runner_output.req_ids, runner_output.sampled_token_ids, logprobs):
@@ -245,8 +265,9 @@ class Scheduler:
                 self.hasher.extend(req.block_hashes, req.token_ids, req.cache_salt)
                 if req.status is RequestStatus.RUNNING:
                     self._commit(req)
-            reason = self._stop_reason(req, token)
+            reason = FinishReason.STOP if req_id in grammar_ends else self._stop_reason(req, token)
             out = self._output(req, [token], [logprob], reason)
+            out.error = grammar_ends.get(req_id)
             if reason is not None:
                 self._finish(req, reason)
             self._outputs.append(out)
@@ -266,7 +287,10 @@ class Scheduler:
     def _finish(self, req: Request, reason: FinishReason, error: str | None = None) -> None:
         if req.status is RequestStatus.RUNNING:
             self.running.remove(req)
-            self.kv.free(req.request_id)
+            hold = req.retention.hold_after_finish_s if req.retention else 0.0
+            if hold > 0 and req.index == 0:
+                self._remember_held(req)
+            self.kv.free(req.request_id, hold)
         elif req.status is not RequestStatus.FINISHED:
             self.waiting.remove(req)
         req.status = RequestStatus.FINISHED
@@ -286,6 +310,11 @@ class Scheduler:
                 self._outputs.append(out)
         req.pending_siblings = 0
 
+    def _remember_held(self, req: Request) -> None:
+        self._held[req.group_id] = req.block_hashes[: len(self.kv.seqs[req.request_id].nodes)]
+        while len(self._held) > MAX_HELD_REQUESTS:
+            self._held.popitem(last=False)
+
     @staticmethod
     def _output(req: Request, tokens: list[int], logprobs: list[TokenLogprobs | None],
                 reason: FinishReason | None) -> SequenceOutput:
@@ -295,15 +324,24 @@ class Scheduler:
     # ---- observation -----------------------------------------------------------------------------------------------
     def stats(self) -> SchedulerStats:
         kv, cache = self.kv, self.kv.stats
+        host, disk = kv.tiers.host, kv.tiers.disk
         return SchedulerStats(
             prefix_cache_queries_tokens=cache.queries,
             prefix_cache_hits_tokens=cache.hits,
             prefix_cache_preempted_queries_tokens=cache.preempted_queries,
             prefix_cache_preempted_hits_tokens=cache.preempted_hits,
             prefix_cache_evictions=cache.evictions,
+            prefix_cache_host_hits_tokens=cache.host_hits,
+            prefix_cache_disk_hits_tokens=cache.disk_hits,
             kv_blocks_total=kv.num_blocks,
             kv_blocks_free=kv.num_free_blocks,
             kv_blocks_cached=kv.num_cached_blocks,
+            kv_blocks_retained=kv.num_retained_blocks,
+            kv_retention_refused_blocks=kv.queue.refused,
+            kv_host_blocks_total=host.capacity if host is not None else 0,
+            kv_host_blocks_cached=len(host) if host is not None else 0,
+            kv_disk_blocks_total=disk.capacity if disk is not None else 0,
+            kv_disk_blocks_cached=len(disk) if disk is not None else 0,
             requests_running=len(self.running),
             requests_waiting=len(self.waiting),
             prompt_tokens=self.num_prompt_tokens,

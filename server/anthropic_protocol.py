@@ -59,6 +59,7 @@ class Conversation(_Request):
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
+    cached_content: str | None = Field(None, max_length=128)  # a named cache this request continues (/v1/caches)
 
 
 class MessagesRequest(Conversation):

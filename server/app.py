@@ -26,12 +26,14 @@ from server.anthropic_protocol import (
     anthropic_error_event,
 )
 from server.cache_salt import effective_salt, tenant_salt
+from server.caches_api import add_cache_routes
 from server.chat import complete_chat, plan_chat, render_chat, stream_chat
 from server.completions import complete_text, plan_completion, stream_text
 from server.context import ServingContext
 from server.generation import submit
 from server.http_io import EngineStreamingResponse, parse_body, read_json, until_disconnect
 from server.messages import complete_messages, count_tokens, plan_messages, stream_messages
+from server.named_caches import CreateCacheRequest
 from server.openapi import declare_request_bodies, request_body
 from server.protocol import (
     APIError,
@@ -131,7 +133,7 @@ def create_app(ctx: ServingContext) -> FastAPI:
         body = await read_json(request, ctx.settings.max_body_bytes)
         req = parse_body(ChatCompletionRequest, body)
         plan = await ctx.prepare(plan_chat, ctx, req, body, salt_for(request, req.cache_salt), int(time.time()),
-                                 session=prompt_cache_key_session(req.prompt_cache_key))
+                                 session=prompt_cache_key_session(req.prompt_cache_key, request.headers))
         stream = await submit(ctx, [plan.prompt])
         if req.stream:
             return EngineStreamingResponse(stream_chat(ctx, plan, stream), on_close=stream.abort)
@@ -162,7 +164,8 @@ def create_app(ctx: ServingContext) -> FastAPI:
         """OpenAI Responses, stateless unless `store` (then `previous_response_id` can continue it)."""
         body = await read_json(request, ctx.settings.max_body_bytes)
         req = parse_body(ResponsesRequest, body)
-        plan = await ctx.prepare(plan_response, ctx, req, body, salt_for(request, None), responses_store)
+        plan = await ctx.prepare(plan_response, ctx, req, body, salt_for(request, None), responses_store,
+                                 request.headers)
         stream = await submit(ctx, [plan.chat.prompt])
         if req.stream:
             return EngineStreamingResponse(stream_response(ctx, plan, stream, responses_store), on_close=stream.abort,
@@ -175,7 +178,7 @@ def create_app(ctx: ServingContext) -> FastAPI:
     @api.post("/v1/messages/count_tokens", openapi_extra=request_body(CountTokensRequest))
     async def messages_count_tokens(request: Request) -> dict[str, int]:
         body = await read_json(request, ctx.settings.max_body_bytes)
-        return await ctx.prepare(count_tokens, ctx, parse_body(CountTokensRequest, body))
+        return await ctx.prepare(count_tokens, ctx, parse_body(CountTokensRequest, body), salt_for(request, None))
 
     @api.post("/v1/completions", openapi_extra=request_body(CompletionRequest))
     async def completions(request: Request) -> Response:
@@ -257,7 +260,8 @@ def create_app(ctx: ServingContext) -> FastAPI:
 
         return {"prompt": await ctx.prepare(decode)}
 
+    add_cache_routes(api, ctx, salt_for)
     app.include_router(api)
     declare_request_bodies(app, [ChatCompletionRequest, CompletionRequest, MessagesRequest, CountTokensRequest,
-                                 ResponsesRequest, TokenizeRequest, DetokenizeRequest])
+                                 ResponsesRequest, TokenizeRequest, DetokenizeRequest, CreateCacheRequest])
     return app

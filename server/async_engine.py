@@ -141,6 +141,10 @@ class AsyncEngine:
             for _ in range(num_sequences):
                 self.metrics.observe_finished("abort", None, None)
 
+    def retain_after_tool_call(self, request_id: str) -> None:
+        """The request's reply ended in tool calls: hold its blocks for the engine's tool_call_ttl."""
+        self._loop.call(lambda engine: engine.retain_after_tool_call(request_id))
+
     def call(self, fn: Callable[[LLMEngine], T]) -> concurrent.futures.Future:
         """Run `fn(engine)` on the engine thread between steps (consistent reads; tests, diagnostics)."""
         return self._loop.call(fn)

@@ -1,10 +1,12 @@
-"""`POST /v1/chat/completions`: request -> prompt token ids (renderer + forced tool-call prefix), engine output ->
-assistant message (reasoning and tool-call parsers), as one JSON response or as SSE chunks.
+"""`POST /v1/chat/completions`: request -> prompt token ids (renderer) and the grammar that guarantees `tool_choice`
+and `response_format`; engine output -> assistant message (reasoning and tool-call parsers), as one JSON response or
+as SSE chunks.
 
 `plan_chat` is also how `/v1/messages` and `/v1/responses` reach the engine: they convert their requests into a
 `ChatCompletionRequest` (the internal chat form) and format `server.chat_stream.parsed_updates` their own way.
 The engine detokenizes with special tokens kept, so tool-call and thinking markers reach the parsers; the parsers
-are split-independent, so the streamed deltas concatenate to exactly the non-streamed message.
+are split-independent, so the streamed deltas concatenate to the non-streamed message (except for a call the output
+cuts off: streamed, its arguments are closed into valid JSON; not streamed, it stays content).
 """
 from __future__ import annotations
 
@@ -13,12 +15,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from server.async_engine import EngineRequest, RequestStream
+from server.cache_control import Breakpoint, breakpoint_pins, chat_breakpoints
 from server.chat_stream import ChoiceState, choice_states, parsed_updates
 from server.context import ServingContext, new_request_id
-from server.generation import SSE_DONE, Prompt, record, sse, usage
+from server.generation import SSE_DONE, Prompt, compiled_constraint, record, sse, usage
 from server.logprobs import chat_logprobs
 from server.normalize import normalize_for_cache
-from server.parsing import default_thinking, tool_call_prompt_suffix
+from server.parsing import default_thinking
+from server.parsing.constraint import ConstraintError, output_constraint
 from server.protocol import APIError, ChatCompletionRequest, TokenizeRequest
 
 # The template kwarg that switches thinking, per family with a switch.
@@ -36,8 +40,9 @@ class ChatPlan:
     prompt: Prompt
     thinking: bool  # this request's output starts with / may contain reasoning
     num_top_logprobs: int | None  # None: no logprobs
-    session: str | None = None  # the agent session, as the client named it (recorded)
+    session: str | None = None  # the agent session, as the client named it (recorded; its blocks are held)
     endpoint: str = "chat"  # which API it came from, for the record
+    pinned_tokens: int = 0  # prompt tokens up to the last cache_control breakpoint
 
 
 def request_thinking(family: str, template_kwargs: dict[str, Any]) -> bool:
@@ -58,36 +63,66 @@ def thinking_kwargs(family: str, thinking: bool | None) -> dict[str, Any]:
 
 def render_chat(ctx: ServingContext, req: ChatCompletionRequest | TokenizeRequest) -> str:
     """The prompt text of a chat request, after the cache-stability rules (server/normalize.py)."""
-    messages = normalize_for_cache(req.messages, ctx.renderer)
     try:
-        return ctx.renderer.render(messages, req.tools, req.add_generation_prompt, **(req.chat_template_kwargs or {}))
+        return _render(ctx, req.messages, req.tools, req.add_generation_prompt, req.chat_template_kwargs or {})
     except ValueError as exc:
         raise APIError(400, str(exc), param="tools" if str(exc).startswith("tools") else "messages") from None
+
+
+def guards_only_auto_calls(req: ChatCompletionRequest) -> bool:
+    """The request's grammar (if any) only keeps the tool calls the model chooses to open valid: nothing else is
+    promised, so the request can run without it."""
+    choice = req.tool_choice
+    auto = choice is None or choice == "auto"
+    return auto and req.structured_outputs is None and (req.response_format or {}).get("type", "text") == "text"
+
+
+def _render(ctx: ServingContext, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool,
+            kwargs: dict[str, Any]) -> str:
+    return ctx.renderer.render(normalize_for_cache(messages, ctx.renderer), tools, add_generation_prompt, **kwargs)
+
+
+def with_cached_content(ctx: ServingContext, req: ChatCompletionRequest, cache_salt: str | None,
+                        points: list[Breakpoint] | None = None) -> tuple[ChatCompletionRequest, list[Breakpoint]]:
+    """A request naming a cache (`cached_content`) continues the cache's messages (server/named_caches.py)."""
+    if req.cached_content is None:
+        return req, points or []
+    return ctx.named_caches.use(cache_salt, req.cached_content).continue_with(req, points or [])
 
 
 def plan_chat(
     ctx: ServingContext, req: ChatCompletionRequest, body: dict[str, Any], cache_salt: str | None, created: int,
     *, session: str | None = None, endpoint: str = "chat", id_prefix: str = "chatcmpl",
+    breakpoints: list[Breakpoint] | None = None,
 ) -> ChatPlan:
+    """``breakpoints``: the request's `cache_control` marks, for APIs whose marks the chat form does not carry
+    (Anthropic's); by default the chat content parts' marks."""
     ctx.check_model(req.model)
+    points = chat_breakpoints(req.messages, req.tools) if breakpoints is None else breakpoints
+    req, points = with_cached_content(ctx, req, cache_salt, points)
     kwargs = req.chat_template_kwargs or {}
     text = render_chat(ctx, req)
     thinking = request_thinking(ctx.family, kwargs)
     try:
-        # `required` or a named function: the prompt ends inside the call's opening, so the model fills it in.
-        suffix = tool_call_prompt_suffix(ctx.family, req.tool_choice, req.tools, reasoning=thinking)
-    except ValueError as exc:
-        raise APIError(400, str(exc), param="tool_choice") from None
-    prompt_ids = ctx.encode(text + suffix)
+        constraint = output_constraint(
+            ctx.family, req.tools, req.tool_choice, req.parallel_tool_calls, req.response_format, reasoning=thinking,
+            structured_outputs=req.structured_outputs,
+        )
+    except ConstraintError as exc:
+        raise APIError(400, str(exc), param=exc.param) from None
+    constraint = compiled_constraint(ctx, constraint, "tools", optional=guards_only_auto_calls(req))
+    prompt_ids = ctx.encode(text)
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     num_top = (req.top_logprobs or 0) if req.logprobs else None
-    params = ctx.sampling_params(req, len(prompt_ids), skip_special_tokens=False, num_logprobs=num_top)
-    request_id = new_request_id(id_prefix)
-    return ChatPlan(
-        request_id, created, req, body, Prompt(EngineRequest(request_id, prompt_ids, params, cache_salt)), thinking,
-        num_top, session, endpoint,
+    params = ctx.sampling_params(
+        req, len(prompt_ids), skip_special_tokens=False, num_logprobs=num_top, structured_output=constraint
     )
+    pins = breakpoint_pins(points, text, prompt_ids, lambda m, t: _render(ctx, m, t, False, kwargs), ctx.encode)
+    request_id = new_request_id(id_prefix)
+    request = EngineRequest(request_id, prompt_ids, params, cache_salt, ctx.retention(pins, session))
+    return ChatPlan(request_id, created, req, body, Prompt(request), thinking, num_top, session, endpoint,
+                    max((p.num_tokens for p in pins), default=0))
 
 
 def record_plan(ctx: ServingContext, plan: ChatPlan) -> None:
@@ -95,7 +130,7 @@ def record_plan(ctx: ServingContext, plan: ChatPlan) -> None:
 
 
 async def complete_chat(ctx: ServingContext, plan: ChatPlan, stream: RequestStream) -> dict[str, Any]:
-    states = choice_states(ctx, plan)
+    states = choice_states(ctx, plan, streaming=False)
     try:
         async for _ in parsed_updates(ctx, plan, stream, states):
             pass
@@ -140,7 +175,7 @@ async def stream_chat(ctx: ServingContext, plan: ChatPlan, stream: RequestStream
             state.unsent_logprobs = []
         return chunk([{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}])
 
-    states = choice_states(ctx, plan)
+    states = choice_states(ctx, plan, streaming=True)
     try:
         for index, state in enumerate(states):
             yield choice_chunk(index, {"role": "assistant", "content": ""}, state)

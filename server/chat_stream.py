@@ -102,15 +102,22 @@ class ChoiceUpdate:
     finish_reason: str | None = None  # set on the choice's last update only
 
 
-def choice_states(ctx: ServingContext, plan: ChatPlan) -> list[ChoiceState]:
-    # The parser validated tool_choice when the prompt was planned; one id prefix per choice keeps call ids unique.
+def choice_states(ctx: ServingContext, plan: ChatPlan, streaming: bool) -> list[ChoiceState]:
+    """One parser per choice. ``streaming``: a call the output cuts off is closed into valid JSON (its start was
+    sent already); not streaming, it stays content. tool_choice was validated when the prompt was planned; one id
+    prefix per choice keeps call ids unique."""
     req = plan.req
     max_calls = 1 if req.parallel_tool_calls is False else None
     return [
         ChoiceState(get_output_parser(ctx.family, req.tools, req.tool_choice, reasoning=plan.thinking,
-                                      id_prefix=new_id_prefix()), max_calls)
+                                      id_prefix=new_id_prefix(), streaming=streaming), max_calls)
         for _ in range(req.n)
     ]
+
+
+def _held(plan: ChatPlan) -> bool:
+    retention = plan.prompt.request.retention
+    return retention is not None and retention.hold_after_finish_s > 0
 
 
 async def parsed_updates(
@@ -132,6 +139,8 @@ async def parsed_updates(
         if state.cut and not out.finished:
             state.parser.finish()
         ended = out.finished or state.cut
+        if ended and out.index == 0 and state.finish_reason() == "tool_calls" and _held(plan):
+            ctx.engine.retain_after_tool_call(plan.request_id)  # the next turn brings the tool's result
         yield ChoiceUpdate(out.index, state, deltas, state.finish_reason() if ended else None)
         open_choices -= ended
         if not open_choices:

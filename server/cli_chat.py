@@ -99,6 +99,12 @@ def add_parse_command(subparsers) -> None:
         help="thinking on for this request (default: the family's default)",
     )
     parser.add_argument("--id-prefix", default=None, help="tool call id prefix (default: random)")
+    parser.add_argument(
+        "--stream",
+        action="store_true",
+        help="the message a client assembles from a streamed response (a call the output cuts off keeps its "
+        "arguments, closed into valid JSON) instead of the non-streamed one (such a call stays content)",
+    )
     parser.set_defaults(func=_run_parse)
 
 
@@ -123,6 +129,7 @@ def _run_parse(args: argparse.Namespace) -> int:
             tool_choice,
             reasoning=thinking,
             id_prefix=args.id_prefix if args.id_prefix is not None else new_id_prefix(),
+            streaming=args.stream,
         )
     except ValueError as exc:
         print(f"kvserve parse: {exc}", file=sys.stderr)

@@ -1,5 +1,6 @@
 """`POST /v1/completions`: raw text completion of a prompt given as text or token ids (or a batch of them; each is its
-own engine request, and its n choices are numbered `prompt_index * n + i`). No chat template, no parsing."""
+own engine request, and its n choices are numbered `prompt_index * n + i`). No chat template, no parsing; a
+`response_format` JSON schema is enforced by the grammar."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
@@ -9,8 +10,9 @@ from typing import Any
 from engine.output_processor import CompletionOutput
 from server.async_engine import EngineRequest, RequestStream
 from server.context import ServingContext, new_request_id
-from server.generation import SSE_DONE, Prompt, outputs, record, sse, usage
+from server.generation import SSE_DONE, Prompt, compiled_constraint, outputs, record, sse, usage
 from server.logprobs import completion_logprobs
+from server.parsing.constraint import ConstraintError, completion_constraint
 from server.protocol import APIError, CompletionRequest
 
 
@@ -40,11 +42,19 @@ def plan_completion(
     ctx.check_model(req.model)
     if req.echo and req.logprobs is not None:
         raise APIError(400, "echo with logprobs is not supported (prompt logprobs are not computed)", param="echo")
+    try:
+        constraint = completion_constraint(req.response_format, req.structured_outputs)
+    except ConstraintError as exc:
+        raise APIError(400, str(exc), param=exc.param) from None
+    param = "structured_outputs" if req.structured_outputs is not None else "response_format"
+    constraint = compiled_constraint(ctx, constraint, param)
     token_lists = _prompt_ids(ctx, req.prompt)
     request_id = new_request_id("cmpl")
     prompts = []
     for i, ids in enumerate(token_lists):
-        params = ctx.sampling_params(req, len(ids), skip_special_tokens=True, num_logprobs=req.logprobs)
+        params = ctx.sampling_params(
+            req, len(ids), skip_special_tokens=True, num_logprobs=req.logprobs, structured_output=constraint
+        )
         engine_id = request_id if len(token_lists) == 1 else f"{request_id}-{i}"
         prompts.append(Prompt(EngineRequest(engine_id, ids, params, cache_salt)))
     echo = [ctx.tokenizer.decode(ids) if req.echo else "" for ids in token_lists]

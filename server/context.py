@@ -12,16 +12,22 @@ from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
 from engine.config import EngineConfig
+from engine.retention import CachePin, Retention
 from engine.sampling_params import SamplingParams
+from engine.structured_output import StructuredOutputs, StructuredOutputSpec
 from server.async_engine import AsyncEngine
 from server.logprobs import TokenTexts
 from server.metrics import Metrics
+from server.named_caches import NamedCaches
 from server.protocol import APIError, ChatCompletionRequest, CompletionRequest
 from server.recorder import Recorder
 from server.rendering import Renderer
 
 P = ParamSpec("P")
 R = TypeVar("R")
+# A session's blocks are held this long after its reply ends, until the server has parsed the reply: a reply that
+# ends in tool calls extends the hold to --tool-call-ttl (the engine may run a step or two in between).
+TOOL_CALL_GRACE_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -46,9 +52,11 @@ class ServingContext:
     max_model_len: int
     engine: AsyncEngine
     metrics: Metrics
+    grammars: StructuredOutputs  # the engine's grammar compiler (thread-safe): handlers compile off the engine thread
     settings: ServerSettings = field(default_factory=ServerSettings)
     recorder: Recorder | None = None
     aliases: frozenset[str] = frozenset()  # other names clients may use for the model (its HF repo id)
+    named_caches: NamedCaches = field(default_factory=NamedCaches)
     created: int = field(default_factory=lambda: int(time.time()))
     token_texts: TokenTexts = field(init=False)  # token id -> text and bytes, for logprobs (event loop)
     _prepare_thread: ThreadPoolExecutor = field(init=False, repr=False)
@@ -69,13 +77,19 @@ class ServingContext:
                 param="model", code="model_not_found",
             )
 
+    def retention(self, pins: tuple[CachePin, ...], session: str | None) -> Retention | None:
+        """What the engine should keep of a request: its breakpoints' pins and, for an agent session, a hold after
+        it ends (extended when the reply ends in tool calls; see `TOOL_CALL_GRACE_S`)."""
+        hold = TOOL_CALL_GRACE_S if session and self.engine.engine.cfg.tool_call_ttl > 0 else 0.0
+        return Retention(pins, hold) if pins or hold else None
+
     def encode(self, text: str) -> list[int]:
         # The chat templates write BOS and friends themselves; adding special tokens would double them.
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def sampling_params(
         self, req: ChatCompletionRequest | CompletionRequest, prompt_len: int, *, skip_special_tokens: bool,
-        num_logprobs: int | None,
+        num_logprobs: int | None, structured_output: StructuredOutputSpec | None = None,
     ) -> SamplingParams:
         if req.n > self.settings.max_n:
             raise APIError(400, f"n is {req.n}; this server allows at most {self.settings.max_n}", param="n")
@@ -95,6 +109,7 @@ class ServingContext:
                 logprobs=num_logprobs,
                 n=req.n,
                 skip_special_tokens=skip_special_tokens,
+                structured_output=structured_output,
             )
         except ValueError as exc:
             raise APIError(400, str(exc)) from None
@@ -140,10 +155,11 @@ def load_context(
     model_dir = resolve_model(model or spec.name)
     progress(f"loading {model_dir} onto {engine_config.device} ({engine_config.dtype})")
     engine = LLMEngine(model_dir, engine_config, model_id=model_identity(spec, model_dir))
-    # The prepare thread renders and encodes with its own tokenizer; the event loop detokenizes with the engine's
-    # (the engine thread works on token ids only). A Rust tokenizer shared across threads can fail with "Already
-    # borrowed" when one thread encodes while another decodes.
+    # Each thread that touches a tokenizer has its own: the prepare thread renders and encodes with one, the event loop
+    # detokenizes with another, and the engine's serves grammar compilation. A Rust tokenizer shared across threads
+    # can fail with "Already borrowed" when one thread encodes while another decodes.
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    output_tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     renderer = renderer_for_model(spec.template, tokenizer)
     metrics = Metrics(spec.name)
     return ServingContext(
@@ -152,8 +168,9 @@ def load_context(
         renderer=renderer,
         tokenizer=tokenizer,
         max_model_len=engine.max_model_len,
-        engine=AsyncEngine(engine, engine.tokenizer, metrics),
+        engine=AsyncEngine(engine, output_tokenizer, metrics),
         metrics=metrics,
+        grammars=engine.structured_outputs,
         settings=settings,
         recorder=Recorder(record_path) if record_path else None,
         aliases=frozenset(name for name in (spec.repo_id,) if name),

@@ -3,6 +3,7 @@ SSE framing and recording."""
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -11,11 +12,13 @@ from typing import Any
 from engine.errors import RequestRejected
 from engine.output_processor import CompletionOutput
 from engine.outputs import RequestTimings, SequenceOutput
+from engine.structured_output import StructuredOutputSpec
 from server.async_engine import EngineDeadError, EngineRequest, RequestStream
 from server.context import ServingContext
 from server.protocol import APIError
 from server.recorder import RequestRecord, timing_fields
 
+log = logging.getLogger("kvserve.server")
 SSE_DONE = "data: [DONE]\n\n"
 
 
@@ -47,6 +50,25 @@ def usage(prompts: list[Prompt], completion_tokens: int) -> dict[str, Any]:
         "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": {"cached_tokens": sum(p.num_cached_tokens for p in prompts)},
     }
+
+
+def compiled_constraint(
+    ctx: ServingContext, spec: StructuredOutputSpec | None, param: str, optional: bool = False
+) -> StructuredOutputSpec | None:
+    """``spec`` once its grammar is compiled (on the calling thread, the prepare thread: on the engine thread a new
+    grammar would stall every running request; the engine then finds it cached). A grammar xgrammar cannot compile
+    is a 400 naming ``param``, unless it is ``optional`` (it only guards tool calls the model may open under
+    tool_choice auto): then the request runs unconstrained, as without a grammar."""
+    if spec is None:
+        return None
+    try:
+        ctx.grammars.compile(spec)
+    except ValueError as exc:
+        if optional:
+            log.warning("tool calls run unconstrained: %s", exc)
+            return None
+        raise APIError(400, str(exc), param=param) from None
+    return spec
 
 
 async def submit(ctx: ServingContext, prompts: list[Prompt]) -> RequestStream:

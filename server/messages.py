@@ -15,10 +15,10 @@ from typing import Any
 
 from server.anthropic_protocol import CountTokensRequest, MessagesRequest, anthropic_sse
 from server.async_engine import RequestStream
-from server.chat import ChatPlan, plan_chat, record_plan, render_chat
+from server.chat import ChatPlan, plan_chat, record_plan, render_chat, with_cached_content
 from server.chat_stream import ChoiceState, Delta, choice_states, parsed_updates
 from server.context import ServingContext
-from server.messages_input import to_chat_request
+from server.messages_input import breakpoints, to_chat_request
 from server.session import claude_code_session
 
 Event = tuple[str, dict[str, Any]]  # (event name, payload)
@@ -32,13 +32,14 @@ def plan_messages(
 ) -> ChatPlan:
     chat = to_chat_request(req, ctx.family)
     return plan_chat(ctx, chat, body, cache_salt, int(time.time()), session=claude_code_session(headers, req.metadata),
-                     endpoint="messages", id_prefix="msg")
+                     endpoint="messages", id_prefix="msg", breakpoints=breakpoints(req))
 
 
-def count_tokens(ctx: ServingContext, req: CountTokensRequest) -> dict[str, int]:
+def count_tokens(ctx: ServingContext, req: CountTokensRequest, cache_salt: str | None) -> dict[str, int]:
     """The prompt's length in tokens, rendered exactly as `/v1/messages` renders it."""
     ctx.check_model(req.model)
-    return {"input_tokens": len(ctx.encode(render_chat(ctx, to_chat_request(req, ctx.family))))}
+    chat, _ = with_cached_content(ctx, to_chat_request(req, ctx.family), cache_salt)
+    return {"input_tokens": len(ctx.encode(render_chat(ctx, chat)))}
 
 
 class ContentBlocks:
@@ -117,12 +118,14 @@ def stop_reason(ctx: ServingContext, plan: ChatPlan, state: ChoiceState) -> tupl
 
 
 def messages_usage(plan: ChatPlan, output_tokens: int) -> dict[str, int]:
-    """Anthropic's split of the prompt: what was read from the cache, and the rest. kvserve caches every full block
-    by itself, so nothing counts as a billed cache write: input + cache reads sum to the prompt."""
+    """Anthropic's split of the prompt: read from the cache, written to it at a `cache_control` breakpoint (the
+    tokens up to the last breakpoint that were not read), and the rest; the three sum to the prompt. kvserve caches
+    every full block anyway; only a breakpoint's pin counts as a cache write."""
     cached = plan.prompt.num_cached_tokens
+    created = max(0, plan.pinned_tokens - cached)
     return {
-        "input_tokens": len(plan.prompt.request.prompt_token_ids) - cached,
-        "cache_creation_input_tokens": 0,
+        "input_tokens": len(plan.prompt.request.prompt_token_ids) - cached - created,
+        "cache_creation_input_tokens": created,
         "cache_read_input_tokens": cached,
         "output_tokens": output_tokens,
     }
@@ -138,7 +141,7 @@ def _message(ctx: ServingContext, plan: ChatPlan, content: list[dict], state: Ch
 
 
 async def complete_messages(ctx: ServingContext, plan: ChatPlan, stream: RequestStream) -> dict[str, Any]:
-    [state] = states = choice_states(ctx, plan)
+    [state] = states = choice_states(ctx, plan, streaming=False)
     blocks = ContentBlocks()
     try:
         async for update in parsed_updates(ctx, plan, stream, states):
@@ -152,7 +155,7 @@ async def complete_messages(ctx: ServingContext, plan: ChatPlan, stream: Request
 
 async def stream_messages(ctx: ServingContext, plan: ChatPlan, stream: RequestStream) -> AsyncIterator[str]:
     """`message_start` waits for the first output, which says how much of the prompt came from the cache."""
-    [state] = states = choice_states(ctx, plan)
+    [state] = states = choice_states(ctx, plan, streaming=True)
     blocks = ContentBlocks()
     started = False
     try:

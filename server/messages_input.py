@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from server.anthropic_protocol import AnthropicMessage, Conversation, MessagesRequest
+from server.cache_control import Breakpoint, checked, mark_ttl
 from server.chat import thinking_kwargs
 from server.protocol import APIError, ChatCompletionRequest, validation_error
 
@@ -120,6 +121,33 @@ def chat_messages(req: Conversation) -> list[dict]:
     return messages
 
 
+def breakpoints(req: Conversation) -> list[Breakpoint]:
+    """The request's `cache_control` marks (tools, system blocks, message content blocks), each as the chat
+    conversation cut right after the marked block. Anthropic's prefix order is tools, system, messages: a mark on a
+    tool cuts the tool list there and keeps the system prompt, which the templates render around the tools."""
+    def cut(system: str | list | None, messages: list[AnthropicMessage]) -> list[dict]:
+        return chat_messages(Conversation.model_construct(model=req.model, system=system, messages=messages))
+
+    points = []
+    for i, tool in enumerate(req.tools or []):
+        ttl = mark_ttl(tool, f"tools.{i}")
+        if ttl is not None:
+            points.append(Breakpoint(cut(req.system, []), chat_tools(req.tools[: i + 1]), ttl))
+    tools = chat_tools(req.tools)
+    system = req.system if isinstance(req.system, list) else []
+    for j, block in enumerate(system):
+        ttl = mark_ttl(block, f"system.{j}")
+        if ttl is not None:
+            points.append(Breakpoint(cut(system[: j + 1], []), tools, ttl))
+    for i, message in enumerate(req.messages):
+        for j, block in enumerate(message.content if isinstance(message.content, list) else []):
+            ttl = mark_ttl(block, f"messages.{i}.content.{j}")
+            if ttl is not None:
+                cut_message = message.model_copy(update={"content": message.content[: j + 1]})
+                points.append(Breakpoint(cut(req.system, [*req.messages[:i], cut_message]), tools, ttl))
+    return checked(points)
+
+
 def chat_tools(tools: list[dict] | None) -> list[dict] | None:
     out = []
     for i, tool in enumerate(tools or []):
@@ -164,6 +192,7 @@ def to_chat_request(req: Conversation, family: str) -> ChatCompletionRequest:
         "tool_choice": tool_choice,
         "parallel_tool_calls": parallel,
         "chat_template_kwargs": thinking_kwargs(family, thinking_on(req.thinking)),
+        "cached_content": req.cached_content,
     }
     if isinstance(req, MessagesRequest):
         fields.update(max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,

@@ -1,8 +1,9 @@
 """The OpenAI wire format: request bodies (pydantic, validated before anything reaches the engine) and error bodies.
 
 Unknown fields are ignored (agents send many OpenAI options we have no use for, such as `user` or `store`), but a
-known field of the wrong type or out of range is a 400 naming the field. Responses are plain dicts built by the
-handlers: their optional keys must be absent rather than null.
+known field of the wrong type or out of range is a 400 naming the field. `response_format` and `tool_choice` are
+checked in depth by server.parsing (they become the grammar the output must match). Responses are plain dicts built
+by the handlers: their optional keys must be absent rather than null.
 """
 from __future__ import annotations
 
@@ -64,6 +65,8 @@ class _SamplingFields(_Request):
     stream: bool = False
     stream_options: StreamOptions | None = None
     cache_salt: str | None = Field(None, min_length=1, max_length=256)
+    response_format: dict[str, Any] | None = None  # {"type": "text" | "json_object" | "json_schema", ...}
+    structured_outputs: dict[str, Any] | None = None  # vLLM's extension: {"regex" | "grammar" | "json" | "choice": ...}
 
     @property
     def include_usage(self) -> bool:
@@ -75,8 +78,9 @@ class ChatCompletionRequest(_SamplingFields):
     messages: list[dict[str, Any]] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None  # validated against `tools` by server.parsing
-    parallel_tool_calls: bool | None = None  # false: the output ends at its first tool call
+    parallel_tool_calls: bool | None = None  # false: at most one tool call (enforced by the grammar)
     prompt_cache_key: str | None = Field(None, max_length=1024)  # the client's session id (recorded, not a salt)
+    cached_content: str | None = Field(None, max_length=128)  # a named cache this request continues (/v1/caches)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)

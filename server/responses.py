@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,12 +35,13 @@ class ResponsePlan:
 
 
 def plan_response(
-    ctx: ServingContext, req: ResponsesRequest, body: dict[str, Any], cache_salt: str | None, store: ResponseStore
+    ctx: ServingContext, req: ResponsesRequest, body: dict[str, Any], cache_salt: str | None, store: ResponseStore,
+    headers: Mapping[str, str],
 ) -> ResponsePlan:
     previous = store.history(req.previous_response_id) if req.previous_response_id else []
     chat, names = to_chat_request(req, ctx.family, previous)
     plan = plan_chat(ctx, chat, body, cache_salt, int(time.time()), session=prompt_cache_key_session(
-        req.prompt_cache_key), endpoint="responses", id_prefix="resp")
+        req.prompt_cache_key, headers), endpoint="responses", id_prefix="resp")
     history = chat.messages[1:] if req.instructions else chat.messages
     return ResponsePlan(plan, req, names, history)
 
@@ -173,7 +174,7 @@ def _remember(plan: ResponsePlan, state: ChoiceState, store: ResponseStore) -> N
 async def complete_response(
     ctx: ServingContext, plan: ResponsePlan, stream: RequestStream, store: ResponseStore
 ) -> dict[str, Any]:
-    [state] = states = choice_states(ctx, plan.chat)
+    [state] = states = choice_states(ctx, plan.chat, streaming=False)
     items = _items(plan)
     async for _ in _run(ctx, plan, stream, items, states):
         pass
@@ -184,7 +185,7 @@ async def complete_response(
 async def stream_response(
     ctx: ServingContext, plan: ResponsePlan, stream: RequestStream, store: ResponseStore
 ) -> AsyncIterator[str]:
-    [state] = states = choice_states(ctx, plan.chat)
+    [state] = states = choice_states(ctx, plan.chat, streaming=True)
     items = _items(plan)
     sequence = 0
 

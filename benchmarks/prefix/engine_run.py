@@ -1,7 +1,9 @@
-"""Workloads through the real engine: prefill tokens computed, time to first token, throughput, and the
-cold-versus-warm first-token experiment (same prompt, first 90% cached or not, identical outputs required)."""
+"""Workloads through the real engine: prefill tokens computed, time to first token, throughput, the
+cold-versus-warm first-token experiment (same prompt, first 90% cached or not, identical outputs required), and the
+replay of a simulated schedule (same steps, same simulated time) to check the simulator request for request."""
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -11,7 +13,7 @@ from tqdm import tqdm
 
 from engine.config import SchedulingPolicy
 
-from benchmarks.prefix.simulator import ReadyQueue, SimConfig
+from benchmarks.prefix.simulator import ReadyQueue, SimConfig, SimResult
 from benchmarks.prefix.trace import PromptTotals, TokenRequest
 
 
@@ -24,15 +26,27 @@ class EngineSettings:
     max_num_seqs: int = 8
     scheduling_policy: SchedulingPolicy = SchedulingPolicy.FCFS
     max_tokens: int = 4  # generated tokens per request: prefill is what this benchmark measures
+    kv_offload_gb: float = 0.0
 
 
-def make_llm(settings: EngineSettings, enable_prefix_caching: bool = True):
+class VirtualClock:
+    """The engine's KV clock in a replay: set to each step's simulated start, so pins and holds expire as they did
+    in the simulation."""
+
+    now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_llm(settings: EngineSettings, enable_prefix_caching: bool = True, clock: VirtualClock | None = None):
     from engine import LLM  # imported here: the simulator and the trace tools must not need the model stack
 
     return LLM(
-        settings.model, block_size=settings.block_size, num_kv_blocks=settings.num_kv_blocks,
+        settings.model, clock=clock, block_size=settings.block_size, num_kv_blocks=settings.num_kv_blocks,
         max_num_batched_tokens=settings.max_num_batched_tokens, max_num_seqs=settings.max_num_seqs,
         enable_prefix_caching=enable_prefix_caching, scheduling_policy=settings.scheduling_policy,
+        kv_offload_gb=settings.kv_offload_gb,
     )
 
 
@@ -79,7 +93,7 @@ def run_workload(llm, name: str, requests: Sequence[TokenRequest], settings: Eng
     queue = ReadyQueue(requests)
     cfg = SimConfig(block_size=settings.block_size, max_num_seqs=settings.max_num_seqs)
     results: list[EngineRequestResult] = []
-    generated, step = 0, 0
+    generated, step = 0, 0.0
     start = time.perf_counter()
     with tqdm(total=len(requests), desc=f"engine {name}", unit="req", leave=False) as bar:
         while queue:
@@ -90,10 +104,40 @@ def run_workload(llm, name: str, requests: Sequence[TokenRequest], settings: Eng
                 results.append(EngineRequestResult(r.request_id, r.turn, len(r.prompt), out.num_cached_tokens,
                                                    out.metrics.ttft_s))
                 generated += len(out.token_ids)
-                queue.finished(r)
+                queue.finished(r, step + 1)
             step += 1
             bar.update(len(batch))
     return EngineRunResult(name, results, time.perf_counter() - start, generated)
+
+
+def replay_schedule(llm, clock: VirtualClock, requests: Sequence[TokenRequest], schedule: SimResult,
+                    max_tokens: int) -> EngineRunResult:
+    """Send the simulator's steps to the engine as they ran in the simulation: the same batches in the same order,
+    the engine's KV clock at each step's simulated start, the same holds (a reply that ends in tool calls holds its
+    session from the end of its step for ``tool_call_ttl_s``) and pins. The engine generates ``max_tokens`` tokens
+    per request (the simulator's ``engine_max_tokens``); later turns carry the workload's scripted replies."""
+    from engine import SamplingParams
+    from engine.retention import Retention
+
+    by_id = {r.request_id: r for r in requests}
+    ttl = schedule.config.tool_call_ttl_s
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    results: list[EngineRequestResult] = []
+    generated = 0
+    start = time.perf_counter()
+    for _, step in itertools.groupby(schedule.results, key=lambda res: res.step):
+        step = list(step)
+        batch = [by_id[res.request_id] for res in step]
+        clock.now = step[0].start
+        holds = [ttl + res.step_s if r.ends_in_tool_call and ttl else 0.0 for r, res in zip(batch, step)]
+        retention = [Retention(r.pins, hold) if r.pins or hold else None for r, hold in zip(batch, holds)]
+        outs = llm.generate([r.prompt for r in batch], params, cache_salt=[r.salt for r in batch],
+                            retention=retention)
+        for r, out in zip(batch, outs):
+            results.append(EngineRequestResult(r.request_id, r.turn, len(r.prompt), out.num_cached_tokens,
+                                               out.metrics.ttft_s))
+            generated += len(out.token_ids)
+    return EngineRunResult("replay", results, time.perf_counter() - start, generated)
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""PNG plots: hit rate per turn, hit rate vs cache capacity, first-token latency cold vs warm."""
+"""PNG plots: hit rate per turn, hit rate vs cache capacity, first-token latency cold vs warm, per-variant bars."""
 from __future__ import annotations
 
 import math
@@ -40,16 +40,18 @@ def plot_hit_rate_per_turn(reports: Sequence[dict], path: str | Path) -> Path:
     return _save(fig, path)
 
 
-def plot_hit_rate_vs_capacity(curves: dict[str, Sequence[tuple[int, float]]], path: str | Path, unit: str = "blocks") -> Path:
-    """``curves``: name -> [(capacity, hit rate)]."""
+def plot_hit_rate_vs_capacity(curves: dict[str, Sequence[tuple[int, float]]], path: str | Path, unit: str = "blocks",
+                              ylabel: str | None = None) -> Path:
+    """``curves``: name -> [(capacity, hit rate)] (or another y, named by ``ylabel``)."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name, points in curves.items():
         xs, ys = zip(*points)
         ax.plot(xs, ys, "o-", label=name)
     ax.set_xscale("log")
     ax.set_xlabel(f"cache capacity ({unit})")
-    ax.set_ylabel("hit rate (cached prompt tokens / prompt tokens)")
-    ax.set_ylim(0, 1)
+    ax.set_ylabel(ylabel or "hit rate (cached prompt tokens / prompt tokens)")
+    if ylabel is None:
+        ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, path)
@@ -61,4 +63,19 @@ def plot_ttft(cold_s: float, warm_s: float, cached_fraction: float, path: str | 
     ax.bar_label(bars, fmt="%.2f s")
     ax.set_ylabel("time to first token (s)")
     ax.set_title(f"same prompt: {cold_s / warm_s:.1f}x faster warm", fontsize=10)
+    return _save(fig, path)
+
+
+def plot_variant_bars(variants: Sequence[str], series: dict[str, Sequence[float]], ylabel: str,
+                      path: str | Path) -> Path:
+    """Grouped bars: one group per variant, one bar per series (e.g. simulator at scale, engine)."""
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    width = 0.8 / max(1, len(series))
+    for i, (label, values) in enumerate(series.items()):
+        xs = [x + (i - (len(series) - 1) / 2) * width for x in range(len(variants))]
+        bars = ax.bar(xs, values, width, label=label)
+        ax.bar_label(bars, fmt="%.2f", fontsize=7)
+    ax.set_xticks(range(len(variants)), variants, fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=8)
     return _save(fig, path)

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from engine.retention import CachePin
+
 T = TypeVar("T")
 
 
@@ -36,6 +38,9 @@ class TokenRequest:
     tokens_per_id: int = 1
     num_tokens: int | None = None
     num_committed: int | None = None
+    think_s: float = 0.0  # after its parent finished, how long until it arrives (an agent's tool-call gap)
+    ends_in_tool_call: bool = False  # its reply is a tool call: the session comes back after the tool ran
+    pins: tuple[CachePin, ...] = ()  # cache_control breakpoints (engine/retention.py)
 
     @property
     def prompt_tokens(self) -> int:

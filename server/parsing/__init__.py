@@ -1,9 +1,10 @@
 """Tool-call and reasoning parsing of model output, incremental and split-independent.
 
 Entry points: `get_output_parser` (one per request; `feed`/`finish` give OpenAI deltas, `result` the message),
-`tool_call_prompt_suffix` (text to append to the prompt for `tool_choice` "required" or a named function),
-`parse_tool_choice` (validation), `parse_output` (non-streaming convenience).
+`output_constraint` (the grammar that guarantees `tool_choice` and `response_format`), `parse_tool_choice`
+(validation), `parse_output` (non-streaming convenience).
 """
+from server.parsing.constraint import ConstraintError, output_constraint
 from server.parsing.deltas import ParsedCall, ParsedMessage
 from server.parsing.registry import (
     FAMILIES,
@@ -11,12 +12,12 @@ from server.parsing.registry import (
     get_output_parser,
     new_id_prefix,
     parse_output,
-    tool_call_prompt_suffix,
 )
 from server.parsing.stream import OutputParser
 from server.parsing.tool_choice import ToolChoice, parse_tool_choice
 
 __all__ = [
+    "ConstraintError",
     "FAMILIES",
     "OutputParser",
     "ParsedCall",
@@ -25,7 +26,7 @@ __all__ = [
     "default_thinking",
     "get_output_parser",
     "new_id_prefix",
+    "output_constraint",
     "parse_output",
     "parse_tool_choice",
-    "tool_call_prompt_suffix",
 ]

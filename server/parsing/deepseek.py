@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 
 from server.parsing.deltas import ParsedCall
 from server.parsing.json_call import JsonCallParser
-from server.parsing.jsonargs import is_json_object
+from server.parsing.jsonargs import ends_inside_string, is_json_object
 
 CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
 CALLS_END = "<｜tool▁calls▁end｜>"
@@ -41,9 +41,11 @@ class _DeepSeekTokens(ABC):
     block_open = CALLS_BEGIN
     block_close = CALLS_END
     trims_around_calls = False
+    argument_style = "json"
 
     def body_is_open(self, body: str) -> bool:
-        return False  # the markers are special tokens, which never occur inside argument text
+        # A marker inside a string value (code that mentions it) is text; the name part holds no quotes.
+        return ends_inside_string(body)
 
     def new_call(self) -> JsonCallParser:
         return JsonCallParser(self._header, self._parse_whole)
@@ -75,9 +77,10 @@ class DeepSeekV3Format(_DeepSeekTokens):
         name = name.strip()
         return (name, len(body) - len(arguments)) if sep and newline and name else None
 
-    def call_prefix(self, name: str | None) -> str:
-        head = f"{CALLS_BEGIN}{CALL_BEGIN}function{SEP}"
-        return head if name is None else f"{head}{name}\n{FENCE_OPEN}"
+    call_separator = "\n"
+
+    def call_tag(self, name: str) -> tuple[str, str]:
+        return f"{CALL_BEGIN}function{SEP}{name}\n{FENCE_OPEN}", f"\n```{CALL_END}"
 
 
 class DeepSeekV31Format(_DeepSeekTokens):
@@ -86,6 +89,7 @@ class DeepSeekV31Format(_DeepSeekTokens):
         name = name.strip()
         return (name, len(body) - len(rest)) if sep and name else None
 
-    def call_prefix(self, name: str | None) -> str:
-        head = f"{CALLS_BEGIN}{CALL_BEGIN}"
-        return head if name is None else f"{head}{name}{SEP}"
+    call_separator = ""
+
+    def call_tag(self, name: str) -> tuple[str, str]:
+        return f"{CALL_BEGIN}{name}{SEP}", CALL_END

@@ -4,23 +4,27 @@ A call streams once its `header` has matched: the function name is read and the 
 `{`. From there the model's own bytes are passed through up to the brace that closes that object (strings and
 nesting are tracked so braces inside values do not count); what follows it (the enclosing object's `}`, a code fence)
 is never argument text. Calls whose header does not match (name after the arguments, arguments as a string) are held
-back and parsed whole by `parse_whole` when they close.
+back and parsed whole by `parse_whole` when they close. A call that ends before its arguments object does (cut off,
+or closed early) gets the text that makes them valid JSON.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from server.parsing.deltas import ParsedCall
+from server.parsing.json_closer import closing_suffix
 
 # (function name, index of the arguments' opening brace) when a body prefix starts a streamable call, else None.
 Header = Callable[[str], tuple[str, int] | None]
 
 
 class JsonCallParser:
-    def __init__(self, header: Header, parse_whole: Callable[[str], ParsedCall | None]):
+    def __init__(self, header: Header, parse_whole: Callable[[str], ParsedCall | None], opening: str = ""):
         self._header = header
         self._parse_whole = parse_whole
+        self._opening = opening  # the first non-blank character of every call body ('' when it is not fixed)
         self._name: str | None = None
+        self._arguments_start = 0  # where the arguments object begins in the body, once streaming
         self._position = 0  # the body before this has been read
         self._depth = 0
         self._in_string = False
@@ -39,15 +43,22 @@ class JsonCallParser:
                 self._position = len(body)
                 return ""
             self._name, self._position = found
+            self._arguments_start = self._position
         return self._read_arguments(body)
 
     def complete(self, body: str) -> bool:
         return self._closed if self._name is not None else self._parse_whole(body) is not None
 
+    def could_be_call(self, body: str) -> bool:
+        start = body.lstrip()[:1]
+        return not self._opening or start in ("", self._opening)
+
     def close(self, body: str) -> ParsedCall | None:
         if self._name is None:
             return self._parse_whole(body)
-        return ParsedCall(self._name, "")  # every argument character went out as it arrived
+        # Every argument character went out as it arrived; an unfinished object still has to be closed.
+        unfinished = "" if self._closed else closing_suffix(body[self._arguments_start : self._position])
+        return ParsedCall(self._name, unfinished)
 
     def _read_arguments(self, body: str) -> str:
         start = end = self._position

@@ -46,3 +46,16 @@ def object_members(text: str) -> dict[str, tuple[object, str]] | None:
                 return None
     except ValueError:
         return None
+
+
+def ends_inside_string(text: str) -> bool:
+    """True when `text` (the start of some JSON) ends inside a string value or key."""
+    inside = escaped = False
+    for char in text:
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = inside
+        elif char == '"':
+            inside = not inside
+    return inside

@@ -25,6 +25,7 @@ _FUNCTION_TAG = re.compile(r"\s*<function=([^>\n]*)(>?)")
 _PARAMETER_TAG = re.compile(r"\s*<parameter=([^>\n]*)(>?)")
 # A value ends at its closing tag; a missing `</parameter>` is tolerated before the next parameter.
 _VALUE_END = re.compile(f"{PARAMETER_CLOSE}|{PARAMETER_OPEN}")
+_LAYOUT = ("\n", "\r", "\t", " ")
 # At the end of the call a value still open runs to the last `</function>`.
 _LAST_VALUE = re.compile(rf"(.*){FUNCTION_CLOSE}\s*", re.DOTALL)
 
@@ -35,6 +36,8 @@ class Qwen3CoderFormat:
     block_open = None
     block_close = None
     trims_around_calls = True
+    call_separator = "\n"
+    argument_style = "qwen_xml"
 
     def __init__(self, tools: list[dict] | None):
         self._properties: dict[str, dict] = {}
@@ -51,10 +54,8 @@ class Qwen3CoderFormat:
         # Inside <function=…> until </function>: values are raw text (often code) and may mention </tool_call>.
         return body.lstrip().startswith(FUNCTION_OPEN) and FUNCTION_CLOSE not in body
 
-    def call_prefix(self, name: str | None) -> str:
-        if name is None:
-            return f"{TOOL_CALL_OPEN}\n{FUNCTION_OPEN}"
-        return f"{TOOL_CALL_OPEN}\n{FUNCTION_OPEN}{name}>\n"
+    def call_tag(self, name: str) -> tuple[str, str]:
+        return f"{TOOL_CALL_OPEN}\n{FUNCTION_OPEN}{name}>\n", f"{FUNCTION_CLOSE}\n{TOOL_CALL_CLOSE}"
 
 
 class CoderCallParser:
@@ -86,6 +87,14 @@ class CoderCallParser:
     def complete(self, body: str) -> bool:
         return self._done
 
+    def could_be_call(self, body: str) -> bool:
+        match = _FUNCTION_TAG.match(body)
+        if match is None:
+            return FUNCTION_OPEN.startswith(body.lstrip())
+        if not match.group(2):
+            return match.end() == len(body)  # the tag is still arriving (a newline inside it ends the call)
+        return bool(match.group(1).strip())
+
     def close(self, body: str) -> ParsedCall | None:
         if self._name is None:
             return None
@@ -96,13 +105,9 @@ class CoderCallParser:
 
     def _read_function_tag(self, body: str) -> None:
         match = _FUNCTION_TAG.match(body)
-        if match is None:
-            self._no_call = not FUNCTION_OPEN.startswith(body.lstrip())
-        elif not match.group(2):
-            self._no_call = match.end() < len(body)  # a newline inside the tag
-        elif not match.group(1).strip():
+        if not self.could_be_call(body):
             self._no_call = True
-        else:
+        elif match and match.group(2):
             self._name, self._position = match.group(1).strip(), match.end()
             self._properties = self._all_properties.get(self._name, {})
 
@@ -136,13 +141,14 @@ class CoderCallParser:
         key = self._key
         if key is None or key in self._keys:
             return ""
-        value = coerce_parameter(_strip_one_newline(raw), self._properties.get(key))
+        value = coerce_parameter(_unframe(raw), self._properties.get(key))
         self._keys.append(key)
         lead = "{" if len(self._keys) == 1 else ", "
         return f"{lead}{json.dumps(key, ensure_ascii=False)}: {json.dumps(value, ensure_ascii=False)}"
 
 
-def _strip_one_newline(value: str) -> str:
-    """The template writes `>⏎{value}⏎</parameter>`: exactly one newline on each side is markup."""
-    value = value[1:] if value.startswith("\n") else value
-    return value[:-1] if value.endswith("\n") else value
+def _unframe(value: str) -> str:
+    """The template writes `>⏎{value}⏎</parameter>`: one whitespace character on each side (the newline, or what a
+    constrained model wrote in its place) is layout, not value."""
+    value = value[1:] if value[:1] in _LAYOUT else value
+    return value[:-1] if value[-1:] in _LAYOUT else value

@@ -6,7 +6,7 @@ import re
 
 from server.parsing.deltas import ParsedCall
 from server.parsing.json_call import JsonCallParser
-from server.parsing.jsonargs import is_json_object, object_members
+from server.parsing.jsonargs import ends_inside_string, is_json_object, object_members
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
@@ -23,9 +23,11 @@ class QwenJsonFormat:
     block_open = None
     block_close = None
     trims_around_calls = True
+    call_separator = "\n"
+    argument_style = "json"
 
     def new_call(self) -> JsonCallParser:
-        return JsonCallParser(_header, self.parse_call)
+        return JsonCallParser(_header, self.parse_call, opening="{")
 
     def parse_call(self, body: str) -> ParsedCall | None:
         members = object_members(body)
@@ -43,13 +45,12 @@ class QwenJsonFormat:
         return None
 
     def body_is_open(self, body: str) -> bool:
-        return _ends_inside_string(body)
+        return ends_inside_string(body)
 
-    def call_prefix(self, name: str | None) -> str:
-        if name is None:
-            return f"{TOOL_CALL_OPEN}\n"
-        # The header as the template's example writes it (tojson spacing), so the model continues with the object.
-        return f'{TOOL_CALL_OPEN}\n{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": '
+    def call_tag(self, name: str) -> tuple[str, str]:
+        # As the template renders a call: `tojson` spacing, the name first.
+        begin = f'{TOOL_CALL_OPEN}\n{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": '
+        return begin, f"}}\n{TOOL_CALL_CLOSE}"
 
 
 def _header(body: str) -> tuple[str, int] | None:
@@ -61,15 +62,3 @@ def _header(body: str) -> tuple[str, int] | None:
     except ValueError:
         return None
     return (name, match.end()) if name else None
-
-
-def _ends_inside_string(text: str) -> bool:
-    inside = escaped = False
-    for char in text:
-        if escaped:
-            escaped = False
-        elif char == "\\":
-            escaped = inside
-        elif char == '"':
-            inside = not inside
-    return inside

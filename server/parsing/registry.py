@@ -11,7 +11,7 @@ from server.parsing.qwen3_coder_xml import Qwen3CoderFormat
 from server.parsing.qwen_json import QwenJsonFormat
 from server.parsing.reasoning import ThinkReasoningParser
 from server.parsing.stream import OutputParser
-from server.parsing.tool_choice import ToolChoice, forced_call_prefix, parse_tool_choice
+from server.parsing.tool_choice import ToolChoice, parse_tool_choice
 from server.parsing.tool_stream import ToolFormat
 
 
@@ -19,13 +19,11 @@ from server.parsing.tool_stream import ToolFormat
 class Thinking:
     """How a family thinks. `switchable`: a request turns it on or off (else it is always on); `default`: its value
     when the request says nothing; `starts_inside`: the output starts inside reasoning (the prompt opened `<think>`,
-    or the model opens it itself and never answers without it); `prompt_close`: what closes the block the generation
-    prompt opened, written before a forced tool call."""
+    or the model opens it itself and never answers without it)."""
 
     switchable: bool
     default: bool
     starts_inside: bool
-    prompt_close: str = ""
 
 
 @dataclass(frozen=True)
@@ -36,7 +34,7 @@ class FamilyParsing:
 
 _QWEN_JSON = lambda tools: QwenJsonFormat()  # noqa: E731
 _DEEPSEEK_V3 = lambda tools: DeepSeekV3Format()  # noqa: E731
-_R1_THINKING = Thinking(switchable=False, default=True, starts_inside=True, prompt_close="\n</think>\n\n")
+_R1_THINKING = Thinking(switchable=False, default=True, starts_inside=True)
 
 FAMILIES: dict[str, FamilyParsing] = {
     "qwen2.5": FamilyParsing(_QWEN_JSON),
@@ -46,7 +44,7 @@ FAMILIES: dict[str, FamilyParsing] = {
     "deepseek-v3-0324": FamilyParsing(_DEEPSEEK_V3),
     "deepseek-v3.1": FamilyParsing(
         lambda tools: DeepSeekV31Format(),
-        Thinking(switchable=True, default=False, starts_inside=True, prompt_close="</think>"),
+        Thinking(switchable=True, default=False, starts_inside=True),
     ),
     "deepseek-r1": FamilyParsing(_DEEPSEEK_V3, _R1_THINKING),
     # R1-0528's generation prompt does not open <think>; the model writes it itself.
@@ -69,23 +67,12 @@ def default_thinking(family: str) -> bool:
     return thinking is not None and thinking.default
 
 
-def _active_thinking(spec: FamilyParsing, reasoning: bool) -> Thinking | None:
+def active_thinking(family: str, reasoning: bool) -> Thinking | None:
     """The family's thinking when this request thinks (asked for, or a family that always does)."""
-    if spec.thinking is not None and (reasoning or not spec.thinking.switchable):
-        return spec.thinking
+    thinking = family_parsing(family).thinking
+    if thinking is not None and (reasoning or not thinking.switchable):
+        return thinking
     return None
-
-
-def tool_call_prompt_suffix(
-    family: str, tool_choice: str | dict | None, tools: list[dict] | None, *, reasoning: bool = False
-) -> str:
-    """Text to append to the rendered prompt so that generation starts inside a call (`required`, or a named
-    function); '' otherwise. Raises ValueError for an invalid `tool_choice`."""
-    spec = family_parsing(family)
-    choice = parse_tool_choice(tool_choice, tools)
-    prefix = forced_call_prefix(spec.tool_format(tools), choice)
-    thinking = _active_thinking(spec, reasoning)
-    return thinking.prompt_close + prefix if prefix and thinking else prefix
 
 
 def get_output_parser(
@@ -95,19 +82,18 @@ def get_output_parser(
     *,
     reasoning: bool,
     id_prefix: str,
+    streaming: bool = True,
 ) -> OutputParser:
     """The parser for one request's output. `reasoning`: thinking is on for this request (Qwen3 `enable_thinking`,
-    V3.1 `thinking`; the R1 family always thinks). Raises ValueError for an unknown family or invalid tool_choice."""
+    V3.1 `thinking`; the R1 family always thinks). `streaming`: calls stream as they are written (a call the output
+    cuts off still ends with valid JSON arguments); else a call is reported once it is complete, and one the output
+    cuts off stays content. Raises ValueError for an unknown family or an invalid tool_choice."""
     spec = family_parsing(family)
     choice: ToolChoice = parse_tool_choice(tool_choice, tools)
     fmt = spec.tool_format(tools) if choice.parses_calls else None
-    prefix = forced_call_prefix(fmt, choice) if fmt else ""
-    thinking = _active_thinking(spec, reasoning)
-    think = None
-    # A forced call starts the output inside the call: the suffix already closed any reasoning.
-    if thinking and not prefix:
-        think = ThinkReasoningParser(starts_in_reasoning=thinking.starts_inside)
-    return OutputParser(tool_format=fmt, reasoning=think, id_prefix=id_prefix, prefix=prefix)
+    thinking = active_thinking(family, reasoning)
+    think = ThinkReasoningParser(starts_in_reasoning=thinking.starts_inside) if thinking else None
+    return OutputParser(tool_format=fmt, reasoning=think, id_prefix=id_prefix, streaming=streaming)
 
 
 def new_id_prefix() -> str:
@@ -123,9 +109,13 @@ def parse_output(
     *,
     reasoning: bool,
     id_prefix: str,
+    streaming: bool = False,
 ) -> ParsedMessage:
-    """Non-streaming convenience: the whole output at once, as a `ParsedMessage`."""
-    parser = get_output_parser(family, tools, tool_choice, reasoning=reasoning, id_prefix=id_prefix)
+    """The whole output at once, as a `ParsedMessage`: what a non-streamed response returns, or with `streaming`
+    what a client assembles from the streamed deltas."""
+    parser = get_output_parser(
+        family, tools, tool_choice, reasoning=reasoning, id_prefix=id_prefix, streaming=streaming
+    )
     parser.feed(text)
     parser.finish()
     return parser.result()

@@ -34,3 +34,27 @@ class TrimmedText:
     def take_held(self) -> str:
         held, self._held = self._held, ""
         return held
+
+
+class CodeFences:
+    """Whether the text so far is inside a markdown code fence: a line whose first non-blank characters are ```
+    or ~~~ opens or closes one. Only the start of the current line is kept, so any split gives the same answer."""
+
+    _MARKERS = ("```", "~~~")
+
+    def __init__(self) -> None:
+        self.inside = False
+        # The current line's first non-blank characters while they may still be a marker; None once decided.
+        self._line_start: str | None = ""
+
+    def feed(self, text: str) -> None:
+        for char in text:
+            if char == "\n":
+                self._line_start = ""
+            elif self._line_start is not None and (char not in " \t" or self._line_start):
+                self._line_start += char
+                if self._line_start in self._MARKERS:
+                    self.inside = not self.inside
+                    self._line_start = None
+                elif not any(marker.startswith(self._line_start) for marker in self._MARKERS):
+                    self._line_start = None

@@ -20,8 +20,7 @@ class OutputParser:
 
     - `tool_format`: None means nothing is parsed as a tool call (no tools, or `tool_choice` "none").
     - `reasoning`: None for no reasoning parser, else a `ThinkReasoningParser`.
-    - `prefix`: text the server appended to the prompt (a forced tool-call opening); it is parsed as if the model had
-      generated it, and whatever it yields comes out with the first `feed`.
+    - `streaming`: calls stream as the model writes them; else each is reported once whole (see `ToolCallStream`).
     The deltas concatenate to `result()`, and both are the same however the text is split.
     """
 
@@ -31,30 +30,29 @@ class OutputParser:
         tool_format: ToolFormat | None,
         reasoning: ThinkReasoningParser | None,
         id_prefix: str,
-        prefix: str = "",
+        streaming: bool = True,
     ):
         self._end_of_turn = EndOfTurnStripper()
         self._reasoning = reasoning
-        self._tools: ToolCallStream | PlainContent = ToolCallStream(tool_format) if tool_format else PlainContent()
+        self._tools: ToolCallStream | PlainContent = (
+            ToolCallStream(tool_format, streaming) if tool_format else PlainContent()
+        )
         self._id_prefix = id_prefix
         self._content: list[str] = []
         self._reasoning_text: list[str] = []
         self._calls: list[dict] = []
         self._finished = False
-        self._primed = self._run(prefix, final=False) if prefix else []
 
     def feed(self, delta: str) -> list[dict]:
         if self._finished:
             raise RuntimeError("OutputParser.feed after finish")
-        out, self._primed = self._primed + self._run(delta, final=False), []
-        return _merge(out)
+        return _merge(self._run(delta, final=False))
 
     def finish(self) -> list[dict]:
         if self._finished:
             return []
-        out, self._primed = self._primed + self._run("", final=True), []
         self._finished = True
-        return _merge(out)
+        return _merge(self._run("", final=True))
 
     def result(self) -> ParsedMessage:
         if not self._finished:

@@ -1,10 +1,8 @@
-"""`tool_choice` validation and the prompt text that forces a call."""
+"""`tool_choice` validation (the grammar that enforces it is in `call_grammar`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
-
-from server.parsing.tool_stream import ToolFormat
 
 Mode = Literal["none", "auto", "required", "function"]
 
@@ -56,11 +54,3 @@ def parse_tool_choice(tool_choice: str | dict | None, tools: list[dict] | None) 
         "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'function': {'name': ...}}"
     )
 
-
-def forced_call_prefix(fmt: ToolFormat, choice: ToolChoice) -> str:
-    """The start of a call, for `required` (any function) and a named function; '' when the model may choose."""
-    if choice.mode == "function":
-        return fmt.call_prefix(choice.name)
-    if choice.mode == "required":
-        return fmt.call_prefix(None)
-    return ""

@@ -7,9 +7,13 @@ before it) is kept in `_raw`, and when it closes the parser may still accept it 
 
 Late-malformed calls: OpenAI clients cannot retract a delta, so a call that has started streaming stays a call
 whatever follows. It ends at its closing tag, at the next call's opening (once its arguments are complete), or at
-the end of the stream; its arguments are exactly the text streamed so far (which, for output cut off mid-call, may
-be an unfinished JSON object, as OpenAI itself returns on a length cut-off), and any text in the call after its
-arguments is markup, not content. Everything here depends only on the text, never on how it was split.
+the end of the stream; its arguments are the text streamed so far, closed into valid JSON when the output cut them
+off (`json_closer`), and any text in the call after its arguments is markup, not content. Without streaming
+(`streaming=False`), a call is reported only once it is whole: one the output cuts off stays content.
+
+Markup that is not a call: a call opening whose body can no longer become a call (`<tool_call>` in prose) is content
+as soon as that shows, so a real call after it is still found; inside a markdown code fence call tags are text.
+Everything here depends only on the text, never on how it was split.
 """
 from __future__ import annotations
 
@@ -17,7 +21,8 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from server.parsing.deltas import ParsedCall
-from server.parsing.segments import WHITESPACE, TrimmedText
+from server.parsing.jsonargs import is_json_object
+from server.parsing.segments import WHITESPACE, CodeFences, TrimmedText
 from server.parsing.tags import Tag, TagSplitter
 
 
@@ -49,9 +54,12 @@ class CallParser(Protocol):
     def complete(self, body: str) -> bool:
         """True when the call's arguments are finished, so a call tag here ends the call rather than being text."""
 
+    def could_be_call(self, body: str) -> bool:
+        """While held back: False once `body` cannot be the start of a call."""
+
     def close(self, body: str) -> ParsedCall | None:
-        """The call ends here. Streaming: the name and the argument text not yet returned. Held back: the whole
-        call, or None when the body is not a call."""
+        """The call ends here. Streaming: the name and the argument text not yet returned (closing the JSON when it
+        is unfinished). Held back: the whole call, or None when the body is not a call."""
 
 
 class ToolFormat(Protocol):
@@ -64,12 +72,16 @@ class ToolFormat(Protocol):
     block_close: str | None
     # Qwen templates put their own whitespace around calls, so the model's is not content; DeepSeek's concatenate.
     trims_around_calls: bool
+    # For constrained decoding (server/parsing/call_grammar.py): what the template writes between two calls (inside
+    # the block, for DeepSeek), and how arguments are written.
+    call_separator: str
+    argument_style: Literal["json", "qwen_xml"]
 
     def new_call(self) -> CallParser:
         """A parser for the body of one call."""
 
-    def call_prefix(self, name: str | None) -> str:
-        """Text that starts a call (of function `name`, when given) as the model would write it."""
+    def call_tag(self, name: str) -> tuple[str, str]:
+        """The exact text before and after the arguments of a call to `name`, as the template renders it."""
 
     def body_is_open(self, body: str) -> bool:
         """True when the body is an unfinished call, so a closing tag here is part of a value (a string that
@@ -89,18 +101,21 @@ class PlainContent:
 class ToolCallStream:
     """Feeds answer text, yields content text, call starts and argument fragments."""
 
-    def __init__(self, fmt: ToolFormat):
+    def __init__(self, fmt: ToolFormat, streaming: bool = True):
         self._fmt = fmt
+        self._streaming = streaming
         tags = [fmt.call_open, fmt.call_close]
         if fmt.block_open and fmt.block_close:
             tags += [fmt.block_open, fmt.block_close]
         self._splitter = TagSplitter(tags)
+        self._fences = CodeFences()
         self._state: Literal["text", "block", "call"] = "text"
         self._in_block = False
         self._calls_in_block = 0
         self._raw = ""
         self._body = ""
         self._call = fmt.new_call()
+        self._call_events: list[ToolEvent] = []  # without streaming: the open call's events, out once it is whole
         self._text = self._new_segment(after_call=False)
 
     def feed(self, text: str) -> list[ToolEvent]:
@@ -108,8 +123,11 @@ class ToolCallStream:
 
     def finish(self) -> list[ToolEvent]:
         out = self._handle(self._splitter.finish())
-        if self._state == "call" and not self._end_call(out):
-            out.append(self._text.push(self._raw + self._body))
+        if self._state == "call":  # the output ended inside a call
+            if self._call.complete(self._body) or (self._streaming and self._call.name is not None):
+                self._end_or_abandon_call(out)
+            else:
+                out.append(self._text.push(self._raw + self._body))
         elif self._state == "block" and not self._calls_in_block:
             out.append(self._text.push(self._raw))
         out.append(self._text.take_held())
@@ -122,22 +140,26 @@ class ToolCallStream:
     def _handle(self, pieces: list[str | Tag]) -> list[ToolEvent]:
         out: list[ToolEvent] = []
         for piece in pieces:
-            if self._state == "text":
-                self._on_text(piece, out)
-            elif self._state == "block":
-                self._on_block(piece, out)
-            else:
-                self._on_call(piece, out)
+            self._dispatch(piece, out)
         return [event for event in out if event != ""]
+
+    def _dispatch(self, piece: str | Tag, out: list[ToolEvent]) -> None:
+        if self._state == "text":
+            self._on_text(piece, out)
+        elif self._state == "block":
+            self._on_block(piece, out)
+        else:
+            self._on_call(piece, out)
 
     def _on_text(self, piece: str | Tag, out: list[ToolEvent]) -> None:
         fmt = self._fmt
-        if piece == Tag(fmt.call_open):
+        if piece == Tag(fmt.call_open) and not self._fences.inside:
             self._open_call(self._text.take_held() + fmt.call_open, in_block=False)
-        elif fmt.block_open and piece == Tag(fmt.block_open):
+        elif fmt.block_open and piece == Tag(fmt.block_open) and not self._fences.inside:
             self._raw = self._text.take_held() + fmt.block_open
             self._state, self._in_block, self._calls_in_block = "block", True, 0
         else:
+            self._fences.feed(_text(piece))
             out.append(self._text.push(_text(piece)))
 
     def _on_block(self, piece: str | Tag, out: list[ToolEvent]) -> None:
@@ -165,38 +187,51 @@ class ToolCallStream:
         complete = isinstance(piece, Tag) and self._call.complete(self._body)
         if piece == Tag(fmt.call_close) and (complete or not fmt.body_is_open(self._body)):
             if not self._end_call(out):
-                out.append(self._text.push(self._raw + self._body + fmt.call_close))
-                self._raw = ""
-                self._state = "block" if self._in_block else "text"
+                self._abandon_call(self._body + fmt.call_close, out)
             elif self._in_block:
                 self._state = "block"
             else:
                 self._leave_calls(after_call=True)
         elif complete and piece == Tag(fmt.call_open):
-            self._end_call(out)  # the model forgot the closing tag before starting the next call
+            self._end_or_abandon_call(out)  # the model forgot the closing tag before starting the next call
             self._open_call(fmt.call_open, in_block=self._in_block)
         elif complete and self._in_block and piece == Tag(fmt.block_close):
-            self._end_call(out)
+            self._end_or_abandon_call(out)
             self._leave_calls(after_call=True)
+        elif self._call.name is None and not self._call.could_be_call(self._body + _text(piece)):
+            self._abandon_call(self._body, out)  # the opening tag was text: what follows is read afresh
+            self._dispatch(piece, out)
         else:
             self._body += _text(piece)
             streaming = self._call.name is not None
             fragment = self._call.update(self._body)
             if not streaming and self._call.name is not None:
                 self._start_call(self._call.name, out)
-            out.append(CallArguments(fragment) if fragment else "")
+            if fragment:
+                self._emit(CallArguments(fragment), out)
 
     def _open_call(self, raw: str, in_block: bool) -> None:
         self._raw, self._body, self._call = raw, "", self._fmt.new_call()
         self._state, self._in_block = "call", in_block
 
+    def _abandon_call(self, body: str, out: list[ToolEvent]) -> None:
+        """The open call is not one: its markup and body are content."""
+        out.append(self._text.push(self._raw + body))
+        self._raw = ""
+        self._state = "block" if self._in_block else "text"
+
     def _start_call(self, name: str, out: list[ToolEvent]) -> None:
-        out.append(CallStart(name))
-        self._raw = ""  # a started call never becomes content again
-        self._calls_in_block += 1
+        self._emit(CallStart(name), out)
+        if self._streaming:
+            self._calls_in_block += 1
+            self._raw = ""  # a started call never becomes content again
+
+    def _emit(self, event: ToolEvent, out: list[ToolEvent]) -> None:
+        (out if self._streaming else self._call_events).append(event)
 
     def _end_call(self, out: list[ToolEvent]) -> bool:
-        """Emits what is left of the call in `_body`; False when it is not a call (nothing was emitted)."""
+        """Emits what is left of the call in `_body`; False when it is not a call (nothing was emitted). Without
+        streaming, a call whose arguments are not a JSON object is not one either."""
         streaming = self._call.name is not None
         call = self._call.close(self._body)
         if call is None:
@@ -204,8 +239,19 @@ class ToolCallStream:
         if not streaming:
             self._start_call(call.name, out)
         if call.arguments:
-            out.append(CallArguments(call.arguments))
+            self._emit(CallArguments(call.arguments), out)
+        if not self._streaming:
+            events, self._call_events = self._call_events, []
+            if not is_json_object("".join(e.text for e in events if isinstance(e, CallArguments))):
+                return False
+            out += events
+            self._calls_in_block += 1
+            self._raw = ""
         return True
+
+    def _end_or_abandon_call(self, out: list[ToolEvent]) -> None:
+        if not self._end_call(out):
+            self._abandon_call(self._body, out)
 
     def _leave_calls(self, after_call: bool) -> None:
         self._raw = ""

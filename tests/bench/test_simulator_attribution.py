@@ -83,7 +83,8 @@ def test_parents_run_first_and_arrivals_wait():
     reqs = [TokenRequest("late", "s2", prompt=[1, 2, 3, 4, 5], arrival=5),
             TokenRequest("x", "s1", prompt=[1, 2, 3, 4, 9])]
     result = simulate(reqs, SimConfig(block_size=BS, max_num_seqs=4))
-    assert result.by_id["x"].step == 0 and result.by_id["late"].step == 5
+    assert result.by_id["x"].start == 0 and result.by_id["late"].start == 5  # one time unit per step
+    assert result.by_id["late"].step == 1  # the second step: the simulator jumped to its arrival
     assert result.by_id["late"].cached_tokens == 4
     with pytest.raises(ValueError):
         simulate([TokenRequest("c", "s", [1], parent="p"), TokenRequest("p", "s", [1])], SimConfig())

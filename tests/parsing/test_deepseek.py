@@ -120,15 +120,20 @@ def test_good_call_then_call_cut_off_before_its_arguments_keeps_the_good_one():
 @pytest.mark.parametrize(
     "family,text,expected",
     [
-        ("deepseek-v3", f"{CALL_BEGIN}function{SEP}now\n```json\n{{\"a\": ", ("now", '{"a": ')),  # cut off
+        ("deepseek-v3", f"{CALL_BEGIN}function{SEP}now\n```json\n{{\"a\": ", ("now", '{"a": null}')),  # cut off
         ("deepseek-v3", f"{CALL_BEGIN}function{SEP}now\n```json\n{{oops}}\n```{CALL_END}", ("now", "{oops}")),
         ("deepseek-v3.1", f"{CALL_BEGIN}now{SEP}{{\"a\": 1}} junk{CALL_END}", ("now", '{"a": 1}')),
-        ("deepseek-v3.1", f"{CALL_BEGIN}now{SEP}{{", ("now", "{")),
+        ("deepseek-v3.1", f"{CALL_BEGIN}now{SEP}{{", ("now", "{}")),
     ],
 )
 def test_a_call_whose_arguments_began_stays_a_call_with_the_streamed_text(family, text, expected):
+    """Streamed arguments cannot be taken back: a cut-off object is closed; a balanced but invalid one stays."""
     message = parse(family, "Hi " + CALLS_BEGIN + text)
     assert message.content == "Hi " and calls_of(message) == [expected]
+    unstreamed = parse(family, "Hi " + CALLS_BEGIN + text, streaming=False)  # only whole, valid calls are calls
+    valid = expected[1] != "{oops}" and text.endswith(CALL_END)
+    assert calls_of(unstreamed) == ([expected] if valid else [])
+    assert unstreamed.content == ("Hi " if valid else "Hi " + CALLS_BEGIN + text)
 
 
 @pytest.mark.parametrize("family", ["deepseek-v3", "deepseek-v3.1"])

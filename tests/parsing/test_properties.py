@@ -1,5 +1,6 @@
 """Property tests: for any output built from the formats' own fragments (well-formed or not), parsing never raises,
 every split of the stream gives the same message, and the deltas rebuild it."""
+import json
 import os
 
 from hypothesis import HealthCheck, given, settings
@@ -16,7 +17,7 @@ FRAGMENTS = [
     "<parameter=city>", "</parameter>", "<parameter=count>", CALLS_BEGIN, CALLS_END, CALL_BEGIN, CALL_END, SEP,
     "function", "get_weather", "\n```json\n", "\n```", '{"name": "now", "arguments": {}}', '{"city": "Zü\\"rich"}',
     '{"name": "get_weather", "arguments": {"city": "Paris"}}', "{", "}", '"', "\\", "\n", "\n\n", " ", "text", "42",
-    "東京 🚀", "<", "</", "<|im_end|>", "<｜end▁of▁sentence｜>", "<｜", "▁",
+    "東京 🚀", "<", "</", "<|im_end|>", "<｜end▁of▁sentence｜>", "<｜", "▁", "```", "\n```\n", "`",
     # whole calls of each format, so that well-formed calls mix with the debris above
     '<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>',
     "<tool_call>\n<function=typed>\n<parameter=count>\n7\n</parameter>\n</function>\n</tool_call>",
@@ -34,9 +35,12 @@ outputs = st.lists(st.sampled_from(FRAGMENTS), max_size=24).map("".join)
     tool_choice=st.sampled_from([None, "none", "required", {"type": "function", "function": {"name": "get_weather"}}]),
     text=outputs,
     cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=10),
+    streaming=st.booleans(),
 )
-def test_any_split_gives_the_same_message(family, reasoning, tool_choice, text, cuts):
-    factory = lambda: get_output_parser(family, TOOLS, tool_choice, reasoning=reasoning, id_prefix="h")  # noqa: E731
+def test_any_split_gives_the_same_message(family, reasoning, tool_choice, text, cuts, streaming):
+    factory = lambda: get_output_parser(  # noqa: E731
+        family, TOOLS, tool_choice, reasoning=reasoning, id_prefix="h", streaming=streaming
+    )
     bounds = sorted({c % (len(text) + 1) for c in cuts} | {0, len(text)})
     whole_deltas, whole = run(factory, [text])
     split_deltas, split = run(factory, [text[a:b] for a, b in zip(bounds, bounds[1:])])
@@ -46,6 +50,8 @@ def test_any_split_gives_the_same_message(family, reasoning, tool_choice, text, 
     assert (whole.finish_reason_override == "tool_calls") == bool(whole.tool_calls)
     for call in whole.tool_calls:
         assert isinstance(call["function"]["arguments"], str)
+        if not streaming:  # a non-streamed response never holds arguments a client cannot parse
+            assert isinstance(json.loads(call["function"]["arguments"]), dict)
 
 
 @settings(max_examples=100, deadline=None)

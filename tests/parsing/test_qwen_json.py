@@ -95,14 +95,23 @@ def test_malformed_call_is_content(body):
     "text,expected",
     [
         ('<tool_call>\n{"name": "x", "arguments": {"a": 1}} trailing\n</tool_call>', ("x", '{"a": 1}')),
-        ('<tool_call>\n{"name": "x", "arguments": {"a": 1\n</tool_call>', ("x", '{"a": 1\n')),  # unclosed object
-        ('<tool_call>\n{"name": "now", "arguments": {"city": "Par', ("now", '{"city": "Par')),  # cut off
+        ('<tool_call>\n{"name": "x", "arguments": {"a": 1\n</tool_call>', ("x", '{"a": 1\n}')),  # unclosed object
+        ('<tool_call>\n{"name": "now", "arguments": {"city": "Par', ("now", '{"city": "Par"}')),  # cut off
     ],
 )
-def test_a_call_whose_arguments_began_stays_a_call_with_the_streamed_text(text, expected):
+def test_a_call_whose_arguments_began_stays_a_call_closed_into_valid_json(text, expected):
     message = qwen("Before " + text)
     assert message.content == "Before" and names_and_args(message) == [expected]
-    assert message.finish_reason_override == "tool_calls"
+    assert json.loads(expected[1]) and message.finish_reason_override == "tool_calls"
+
+
+def test_without_streaming_a_call_cut_off_by_max_tokens_is_content():
+    """The reported case: a non-streamed response never returns arguments a client's JSON.parse throws on."""
+    text = 'Before <tool_call>\n{"name": "get_weather", "arguments": {"city": "Par'
+    message = qwen(text, streaming=False)
+    assert message.tool_calls == [] and message.content == text and message.finish_reason_override is None
+    whole = qwen(text + '"}}\n</tool_call>', streaming=False)
+    assert names_and_args(whole) == [("get_weather", '{"city": "Par"}')] and whole.content == "Before"
 
 
 def test_arguments_stream_as_they_arrive_without_the_closing_markup():
@@ -191,3 +200,19 @@ def test_call_deltas_shape():
 def test_generic_jinja_family_uses_the_json_format():
     assert names_and_args(qwen(call("now", "{}"), family="jinja")) == [("now", "{}")]
     assert qwen("plain", family="jinja").content == "plain"
+
+
+def test_a_literal_tag_in_prose_is_text_and_the_next_call_is_found():
+    text = "Write `<tool_call>` then JSON.\n" + call("now", "{}")
+    message = qwen(text)
+    assert message.content == "Write `<tool_call>` then JSON." and names_and_args(message) == [("now", "{}")]
+    # It is content as soon as it cannot be a call: streaming is not held back to the end.
+    parser = get_output_parser("qwen2.5", TOOLS, reasoning=False, id_prefix="t")
+    assert parser.feed("Write `<tool_call>` then") == [{"content": "Write `<tool_call>` then"}]
+
+
+@pytest.mark.parametrize("fence", ["```", "~~~", "  ```python"])
+def test_call_tags_inside_a_code_fence_are_code(fence):
+    block = f"Like this:\n{fence}\n{call('now', '{}')}\n{fence.strip()[:3]}\n"
+    message = qwen(block + call("get_weather", '{"city": "Rome"}'))
+    assert message.content == block.rstrip("\n") and names_and_args(message) == [("get_weather", '{"city": "Rome"}')]

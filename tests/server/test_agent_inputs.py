@@ -122,8 +122,11 @@ def test_response_store_is_bounded() -> None:
 
 
 def test_session_ids_from_each_client() -> None:
-    assert prompt_cache_key_session(" thread-1 ") == "thread-1" and prompt_cache_key_session("") is None
+    assert prompt_cache_key_session(" thread-1 ", {}) == "thread-1" and prompt_cache_key_session("", {}) is None
+    assert prompt_cache_key_session(None, {"x-session-id": "s-2"}) == "s-2"
+    assert prompt_cache_key_session("thread-1", {"x-session-id": "s-2"}) == "thread-1"
     metadata = {"user_id": '{"device_id": "d", "account_uuid": "", "session_id": "s-9"}'}
     assert claude_code_session({}, metadata) == "s-9"
     assert claude_code_session({"x-claude-code-session-id": "h-1"}, metadata) == "h-1"
     assert claude_code_session({}, {"user_id": "not json"}) is None and claude_code_session({}, None) is None
+    assert claude_code_session({"x-session-id": "s-3"}, None) == "s-3"

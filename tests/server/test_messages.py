@@ -56,7 +56,7 @@ def test_text_streamed_equals_not_streamed_and_usage_splits_the_prompt(qwen_serv
 
 def test_forced_tool_use_streams_its_arguments_as_input_json(smol_server: LiveServer) -> None:
     client = smol_server.anthropic()
-    kwargs = dict(model=smol_server.ctx.model_name, max_tokens=20, extra_body={"temperature": 0}, messages=FEW_SHOT,
+    kwargs = dict(model=smol_server.ctx.model_name, max_tokens=48, extra_body={"temperature": 0}, messages=FEW_SHOT,
                   tools=[WEATHER], tool_choice={"type": "tool", "name": "get_weather"})
     full = client.messages.create(**kwargs)
     [call] = full.content

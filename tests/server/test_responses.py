@@ -50,7 +50,7 @@ def test_function_call_streams_arguments_and_maps_namespaces_back(smol_server: L
     for tools, forced, expected_namespace in (([WEATHER], "get_weather", None),
                                               ([namespace, *HOSTED], "weather__get_weather", "weather")):
         with client.responses.stream(model=smol_server.ctx.model_name, input=FEW_SHOT, tools=tools, temperature=0,
-                                     tool_choice={"type": "function", "name": forced}, max_output_tokens=20) as stream:
+                                     tool_choice={"type": "function", "name": forced}, max_output_tokens=48) as stream:
             events = list(stream)
             final = stream.get_final_response()
         [call] = final.output

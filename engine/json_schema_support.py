@@ -1,0 +1,108 @@
+"""Which JSON schemas constrained decoding can guarantee: the output of a schema that passes `check_json_schema`
+always validates against it (with the schema compiled as `enforceable_schema` rewrites it).
+
+xgrammar compiles most of JSON Schema, but silently ignores a few assertion keywords (measured with xgrammar 0.2.8:
+an output that violates them is accepted). A schema using one of them is refused with the keyword and where it is,
+rather than served with a guarantee that does not hold. Annotations (`title`, `description`, unknown `format`s...)
+are not assertions and pass. `oneOf` is enforced as `anyOf` (its alternatives are expected to be disjoint).
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+_XGRAMMAR_LOCATION = re.compile(r"^\[[\d:]+\] [^:]+:\d+: ")  # "[16:25:11] /project/cpp/x.cc:4950: " in C++ errors
+
+# Keyword -> why it cannot be enforced (xgrammar accepts output that violates it).
+_IGNORED = {
+    "not": "'not' is not supported",
+    "if": "'if'/'then'/'else' are not supported",
+    "then": "'if'/'then'/'else' are not supported",
+    "else": "'if'/'then'/'else' are not supported",
+    "contains": "'contains' is not supported",
+    "minContains": "'minContains' is not supported",
+    "maxContains": "'maxContains' is not supported",
+    "dependentRequired": "'dependentRequired' is not supported",
+    "dependentSchemas": "'dependentSchemas' is not supported",
+    "dependencies": "'dependencies' is not supported",
+}
+# Keywords whose value is a schema, a list of schemas, or a map of name -> schema: where the walk descends.
+_SCHEMA = ("items", "additionalProperties", "unevaluatedProperties", "unevaluatedItems", "propertyNames",
+           "additionalItems")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
+
+
+def check_json_schema(schema: Any) -> None:
+    """ValueError naming the first part of `schema` that constrained decoding cannot enforce."""
+    if not isinstance(schema, (dict, bool)):
+        raise ValueError("a JSON schema must be an object")
+    _walk(schema, "")
+    import xgrammar as xgr
+
+    try:
+        xgr.Grammar.from_json_schema(json.dumps(enforceable_schema(schema)), any_whitespace=False)
+    except RuntimeError as exc:  # xgrammar reports schema errors as RuntimeError
+        raise ValueError(f"the schema cannot be enforced: {clean_error(exc)}") from None
+
+
+def _walk(schema: Any, path: str) -> None:
+    if not isinstance(schema, dict):
+        return
+    where = path or "the schema's root"
+    for keyword, reason in _IGNORED.items():
+        if keyword in schema:
+            raise ValueError(f"{where}: {reason} by constrained decoding")
+    if schema.get("uniqueItems") is True:
+        raise ValueError(f"{where}: 'uniqueItems' is not supported by constrained decoding")
+    if isinstance(schema.get("allOf"), list) and len(schema["allOf"]) > 1:
+        raise ValueError(f"{where}: 'allOf' with more than one schema is not supported by constrained decoding")
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and not ref.startswith("#"):
+        raise ValueError(f"{where}: '$ref' to another document ({ref}) is not supported; inline it or use $defs")
+    for keyword in _SCHEMA:
+        _walk(schema.get(keyword), _join(path, keyword))
+    for keyword in _SCHEMA_LISTS:
+        subs = schema.get(keyword)
+        for i, sub in enumerate(subs if isinstance(subs, list) else []):
+            _walk(sub, f"{_join(path, keyword)}[{i}]")
+    for keyword in _SCHEMA_MAPS:
+        members = schema.get(keyword)
+        for name, sub in (members.items() if isinstance(members, dict) else []):
+            _walk(sub, _join(_join(path, keyword), name))
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+# Literal values, not schemas: the rewrite below must not touch them.
+_LITERALS = ("const", "enum", "default", "examples")
+# The characters a JSON string holds unescaped, as code points: U+0020-U+10FFFF but `"`, `\` and the UTF-16
+# surrogates (U+D800-U+DFFF, which have no UTF-8 encoding).
+_JSON_STRING_CHAR = " !#-\\[\\]-\ud7ff\ue000-\U0010ffff"
+
+
+def enforceable_schema(schema: Any) -> Any:
+    """`schema` rewritten around two xgrammar 0.2.8 flaws in strings: one with minLength/maxLength is compiled to a
+    run of any characters but `"`, `\\`, CR and LF, so a raw tab (invalid inside a JSON string) can be generated;
+    and every string accepts the UTF-8-style bytes of surrogate code points (ED A0..BF ..), so the text is not valid
+    UTF-8. A pattern over the code points JSON allows unescaped, with the same bounds, gives valid JSON whose value
+    meets the lengths."""
+    if isinstance(schema, list):
+        return [enforceable_schema(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: v if k in _LITERALS else enforceable_schema(v) for k, v in schema.items()}
+    free_text = not any(key in out for key in ("pattern", "format", "enum", "const"))
+    if out.get("type") == "string" and free_text:
+        low, high = out.get("minLength", 0), out.get("maxLength", "")
+        out["pattern"] = f"^[{_JSON_STRING_CHAR}]{{{low},{high}}}$"
+    return out
+
+
+def clean_error(exc: Exception) -> str:
+    """xgrammar's message without the C++ source location."""
+    lines = str(exc).strip().splitlines()
+    return _XGRAMMAR_LOCATION.sub("", lines[0]) if lines else repr(exc)

@@ -1,0 +1,59 @@
+"""The KV manager's records: a cached block (a node of the prefix tree), a live sequence's blocks, the counters."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.block_hashing import BlockHash
+from engine.retention import Retention
+
+
+@dataclass(eq=False)
+class CachedBlock:
+    """A radix-tree node: one full block whose K/V sit in block ``block_id`` of the pool."""
+
+    block_hash: BlockHash
+    block_id: int
+    token_ids: tuple[int, ...]
+    parent: "CachedBlock | None"
+    children: dict[BlockHash, "CachedBlock"] = field(default_factory=dict)
+    ref_count: int = 0
+    last_used: int = 0
+    created: int = 0
+    in_tree: bool = True
+    retained: bool = False  # pinned or held (see engine.kv_eviction); counted against the cap
+    retained_until: float = 0.0
+    retain_ttl: float = 0.0  # a pin's TTL, which every hit renews (0: a hold, not renewed)
+
+    @property
+    def parent_hash(self) -> BlockHash | None:
+        return self.parent.block_hash if self.parent is not None else None
+
+
+@dataclass
+class SequenceBlocks:
+    """One live sequence's blocks: its block table and the tree path it holds references on."""
+
+    block_ids: list[int] = field(default_factory=list)
+    nodes: list[CachedBlock] = field(default_factory=list)
+    cacheable: bool = True  # false after a hash collision: later blocks stay private
+    retention: Retention | None = None
+    num_pinned: int = 0  # leading nodes its pins have been applied to
+
+    def private_block_ids(self) -> list[int]:
+        nodes = self.nodes
+        return [b for i, b in enumerate(self.block_ids) if i >= len(nodes) or nodes[i].block_id != b]
+
+
+@dataclass
+class CacheStats:
+    queries: int = 0  # prompt tokens looked up at first admission
+    hits: int = 0  # of those, tokens served from cached blocks
+    preempted_queries: int = 0  # tokens looked up when a preempted sequence was re-admitted (counted apart)
+    preempted_hits: int = 0
+    evictions: int = 0  # cached blocks evicted from the tree
+    host_hits: int = 0  # tokens restored from the host tier (included in hits / preempted_hits)
+    disk_hits: int = 0  # tokens restored from the disk tier
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0

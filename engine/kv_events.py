@@ -1,0 +1,194 @@
+"""KV cache events in vLLM's wire format, for cache-aware routers (NVIDIA Dynamo's KV router, llm-d's precise
+prefix scorer) that learn each replica's cache from them.
+
+The KV manager records `BlockStored` / `BlockRemoved` / `AllBlocksCleared` as it changes (per tier: ``medium``
+"GPU" for the device pool, "CPU" for the host pool, "DISK" for the disk tier); after each engine step the
+`KVEventPublisher` sends them as one batch on a ZMQ PUB socket, as vLLM's ``ZmqEventPublisher`` does:
+
+    multipart [topic, seq (uint64 big-endian), msgpack EventBatch]
+    EventBatch = [ts (float seconds), [event, ...], data_parallel_rank (0)]
+    event      = ["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id (nil), medium]
+               | ["BlockRemoved", block_hashes, medium]
+               | ["AllBlocksCleared"]
+
+Block hashes go out as unsigned 64-bit integers: the first 8 bytes (big-endian) of kvserve's 128-bit chained block
+hash (`external_block_hash`). A ROUTER replay socket serves missed batches: a client sends ``[b"", start_seq]``
+(8 bytes big-endian; a REQ socket adds the empty frame itself) and receives ``[b"", seq, payload]`` for every
+buffered batch from ``start_seq`` on, then ``[b"", -1 (8 bytes, signed), b""]``.
+
+The event types here are plain data (the KV manager imports them); zmq and msgpack load only with a publisher.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from engine.block_hashing import BlockHash
+
+log = logging.getLogger(__name__)
+
+MEDIUM_DEVICE = "GPU"  # vLLM's name for the engine's own pool (also on CPU-only kvserve: it is the primary pool)
+MEDIUM_HOST = "CPU"
+MEDIUM_DISK = "DISK"
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
+
+
+@dataclass
+class BlockStored:
+    block_hashes: list[BlockHash]  # a chain: each block the child of the one before, the first of parent_block_hash
+    parent_block_hash: BlockHash | None
+    token_ids: list[int]  # every block's tokens, concatenated
+    medium: str
+
+
+@dataclass
+class BlockRemoved:
+    block_hashes: list[BlockHash]
+    medium: str
+
+
+@dataclass
+class AllBlocksCleared:
+    pass
+
+
+KVEvent = Union[BlockStored, BlockRemoved, AllBlocksCleared]
+
+
+def external_block_hash(block_hash: BlockHash) -> int:
+    """The 64-bit form routers take (Dynamo reads block hashes as u64)."""
+    return int.from_bytes(block_hash[:8], "big")
+
+
+def wire_event(event: KVEvent, block_size: int) -> list[Any]:
+    """One event as vLLM's msgspec encodes it (tagged array, fields in declaration order)."""
+    if isinstance(event, BlockStored):
+        parent = None if event.parent_block_hash is None else external_block_hash(event.parent_block_hash)
+        return ["BlockStored", [external_block_hash(h) for h in event.block_hashes], parent, list(event.token_ids),
+                block_size, None, event.medium]
+    if isinstance(event, BlockRemoved):
+        return ["BlockRemoved", [external_block_hash(h) for h in event.block_hashes], event.medium]
+    return ["AllBlocksCleared"]
+
+
+@dataclass
+class EventRecorder:
+    """Where the KV manager writes its events; consecutive ones of a kind merge (a chain stored block by block
+    becomes one `BlockStored`)."""
+
+    enabled: bool = False
+    events: list[KVEvent] = field(default_factory=list)
+
+    def stored(self, block_hash: BlockHash, parent: BlockHash | None, token_ids: tuple[int, ...], medium: str) -> None:
+        if not self.enabled:
+            return
+        last = self.events[-1] if self.events else None
+        if isinstance(last, BlockStored) and last.medium == medium and last.block_hashes[-1] == parent:
+            last.block_hashes.append(block_hash)
+            last.token_ids.extend(token_ids)
+        else:
+            self.events.append(BlockStored([block_hash], parent, list(token_ids), medium))
+
+    def removed(self, block_hash: BlockHash, medium: str) -> None:
+        if not self.enabled:
+            return
+        last = self.events[-1] if self.events else None
+        if isinstance(last, BlockRemoved) and last.medium == medium:
+            last.block_hashes.append(block_hash)
+        else:
+            self.events.append(BlockRemoved([block_hash], medium))
+
+    def cleared(self, since: int) -> None:
+        """Everything is gone: the events since index ``since`` collapse into one `AllBlocksCleared`."""
+        if self.enabled:
+            del self.events[since:]
+            self.events.append(AllBlocksCleared())
+
+    def take(self) -> list[KVEvent]:
+        events, self.events = self.events, []
+        return events
+
+
+class KVEventPublisher:
+    """vLLM's ZMQ publisher protocol: a PUB socket for the stream, an optional ROUTER socket replaying the last
+    ``buffer_steps`` batches. Sending runs on its own thread, so a slow subscriber never holds up a step.
+
+    An endpoint with ``*`` (or ``ipc://`` / ``inproc://``) is bound, any other is connected to, as vLLM does."""
+
+    def __init__(self, endpoint: str, replay_endpoint: str | None = None, topic: str = "", block_size: int = 16,
+                 buffer_steps: int = 10_000, data_parallel_rank: int = 0) -> None:
+        import msgpack
+        import zmq
+
+        self._pack = msgpack.Packer(use_bin_type=True).pack
+        self.block_size = block_size
+        self.topic = topic.encode()
+        self.data_parallel_rank = data_parallel_rank
+        self._ctx = zmq.Context.instance()
+        self._pub = self._ctx.socket(zmq.PUB)
+        self._pub.setsockopt(zmq.LINGER, 0)
+        _bind_or_connect(self._pub, endpoint)
+        self._replay = None
+        if replay_endpoint:
+            self._replay = self._ctx.socket(zmq.ROUTER)
+            self._replay.setsockopt(zmq.LINGER, 0)
+            self._replay.bind(replay_endpoint)
+        self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
+        self._queue: queue.SimpleQueue[list[KVEvent] | None] = queue.SimpleQueue()
+        self._next_seq = 0
+        self._thread = threading.Thread(target=self._run, name="kvserve-kv-events", daemon=True)
+        self._thread.start()
+
+    def publish(self, events: list[KVEvent]) -> None:
+        """Queue one step's events as a batch (nothing is sent for an empty step)."""
+        if events:
+            self._queue.put(events)
+
+    def close(self, timeout: float = 2.0) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout)
+        self._pub.close()
+        if self._replay is not None:
+            self._replay.close()
+
+    def _run(self) -> None:
+        while True:
+            if self._replay is not None:
+                while self._replay.poll(0):
+                    self._serve_replay()
+            try:
+                events = self._queue.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            if events is None:
+                return
+            batch = [time.time(), [wire_event(e, self.block_size) for e in events], self.data_parallel_rank]
+            payload = self._pack(batch)
+            seq = self._next_seq
+            self._next_seq += 1
+            self._pub.send_multipart([self.topic, seq.to_bytes(8, "big"), payload])
+            self._buffer.append((seq, payload))
+
+    def _serve_replay(self) -> None:
+        frames = self._replay.recv_multipart()
+        if len(frames) != 3:
+            log.warning("ignoring a malformed KV event replay request (%d frames)", len(frames))
+            return
+        client, _, start = frames
+        start_seq = int.from_bytes(start, "big")
+        for seq, payload in list(self._buffer):
+            if seq >= start_seq:
+                self._replay.send_multipart([client, b"", seq.to_bytes(8, "big"), payload])
+        self._replay.send_multipart([client, b"", END_SEQ, b""])
+
+
+def _bind_or_connect(socket: Any, endpoint: str) -> None:
+    if "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://")):
+        socket.bind(endpoint)
+    else:
+        socket.connect(endpoint)

@@ -1,0 +1,48 @@
+"""The KV manager's invariants, checkable at any point (the property tests check them after every operation):
+every block of the pool is exactly one of free / cached in the tree / private to a live sequence; reference counts
+equal the live holders; held nodes form tree paths; parent links match hashes; the retention count is right and
+within its cap; every lower tier's slots are consistent."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.kv_cache import KVCacheManager
+
+
+def check_invariants(kv: KVCacheManager) -> None:
+    """Assert them all. O(blocks); for tests and debugging."""
+    free = set(kv.free_block_ids)
+    assert len(free) == len(kv.free_block_ids), "a block is in the free list twice"
+    holders: dict[int, int] = {}
+    private: set[int] = set()
+    for seq in kv.seqs.values():
+        assert len(seq.nodes) <= len(seq.block_ids)
+        for i, node in enumerate(seq.nodes):
+            assert kv.by_hash.get(node.block_hash) is node, "a sequence holds a node that left the tree"
+            assert node.parent is (seq.nodes[i - 1] if i else None), "the held nodes are not a path in the tree"
+            holders[id(node)] = holders.get(id(node), 0) + 1
+        for block_id in seq.private_block_ids():
+            assert block_id not in private, f"private block {block_id} is held twice"
+            private.add(block_id)
+    tree_blocks = set()
+    unreferenced = retained = 0
+    for block_hash, node in kv.by_hash.items():
+        assert node.block_hash == block_hash and node.in_tree
+        siblings = node.parent.children if node.parent else kv.roots
+        assert siblings.get(block_hash) is node, "parent link does not match the tree"
+        if node.parent is not None:
+            assert kv.by_hash.get(node.parent.block_hash) is node.parent
+        assert node.ref_count == holders.get(id(node), 0), f"block {node.block_id}: ref_count != live holders"
+        assert node.block_id not in tree_blocks
+        tree_blocks.add(node.block_id)
+        unreferenced += node.ref_count == 0
+        retained += node.retained
+        if node.ref_count:
+            assert node.parent is None or node.parent.ref_count > 0, "a held block's parent is unreferenced"
+    assert unreferenced == kv._num_unreferenced
+    assert retained == kv.queue.num_retained <= kv.queue.max_retained, "retention count is off"
+    assert not (free & tree_blocks) and not (free & private) and not (tree_blocks & private)
+    assert len(free) + len(tree_blocks) + len(private) == kv.num_blocks, "a block is lost"
+    for tier in kv.tiers.tiers():
+        tier.check_invariants()

@@ -1,0 +1,181 @@
+"""The index of a KV tier below the device pool (host memory, disk): which blocks it holds, keyed by the same block
+hashes as the prefix tree, with its own LRU order.
+
+Bookkeeping only (no tensors, no files): the KV manager decides what moves where and emits copy instructions; the
+model runner's `engine.kv_offload` moves the bytes. Each block of a tier sits in a slot (the host pool's row; the
+disk tier uses slots only to count its capacity). Tiers are inclusive: a block restored to the device keeps its
+lower-tier copy, so evicting it again costs no copy.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+
+from engine.block_hashing import BlockHash
+from engine.kv_events import MEDIUM_DISK, MEDIUM_HOST, EventRecorder
+from engine.outputs import KVTransfer, TransferKind
+
+
+@dataclass(slots=True)
+class TierBlock:
+    slot: int
+    token_ids: tuple[int, ...]
+    parent_hash: BlockHash | None  # the previous block of its chain (for the KV events and the disk files)
+
+
+class TierIndex:
+    def __init__(self, medium: str, capacity: int) -> None:
+        self.medium = medium  # its name in the KV events ("CPU", "DISK")
+        self.capacity = capacity
+        self.blocks: OrderedDict[BlockHash, TierBlock] = OrderedDict()  # least recently used first
+        self._free_slots = list(range(capacity - 1, -1, -1))  # pop() hands out low slots first
+
+    def __contains__(self, block_hash: BlockHash) -> bool:
+        return block_hash in self.blocks
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def get(self, block_hash: BlockHash) -> TierBlock | None:
+        return self.blocks.get(block_hash)
+
+    def touch(self, block_hash: BlockHash) -> None:
+        self.blocks.move_to_end(block_hash)
+
+    def add(self, block_hash: BlockHash, token_ids: tuple[int, ...], parent_hash: BlockHash | None,
+            keep: Collection[BlockHash] = ()) -> tuple[TierBlock | None, list[tuple[BlockHash, TierBlock]]]:
+        """Take a slot for a new block, dropping least recently used blocks (never those in ``keep``: an admission
+        is about to read them) when the tier is full. Returns the new block (None: no room) and the dropped ones."""
+        assert block_hash not in self.blocks
+        dropped: list[tuple[BlockHash, TierBlock]] = []
+        if not self._free_slots:
+            victim = next((h for h in self.blocks if h not in keep), None)
+            if victim is None:
+                return None, dropped
+            dropped.append((victim, self.remove(victim)))
+        block = TierBlock(self._free_slots.pop(), token_ids, parent_hash)
+        self.blocks[block_hash] = block
+        return block, dropped
+
+    def remove(self, block_hash: BlockHash) -> TierBlock:
+        block = self.blocks.pop(block_hash)
+        self._free_slots.append(block.slot)
+        return block
+
+    def load(self, blocks: Iterable[tuple[BlockHash, tuple[int, ...], BlockHash | None]]) -> list[BlockHash]:
+        """Index blocks found at startup (the disk tier after a restart), oldest first, as far as they fit; returns
+        the hashes taken."""
+        taken = []
+        for block_hash, token_ids, parent_hash in blocks:
+            if block_hash in self.blocks or not self._free_slots:
+                continue
+            self.blocks[block_hash] = TierBlock(self._free_slots.pop(), token_ids, parent_hash)
+            taken.append(block_hash)
+        return taken
+
+    def clear(self) -> list[BlockHash]:
+        hashes = list(self.blocks)
+        self.blocks.clear()
+        self._free_slots = list(range(self.capacity - 1, -1, -1))
+        return hashes
+
+    def check_invariants(self) -> None:
+        slots = [b.slot for b in self.blocks.values()]
+        assert len(set(slots)) == len(slots), f"{self.medium}: a slot holds two blocks"
+        assert all(0 <= s < self.capacity for s in slots)
+        assert not set(slots) & set(self._free_slots), f"{self.medium}: a slot is both free and used"
+        assert len(slots) + len(self._free_slots) == self.capacity, f"{self.medium}: a slot is lost"
+
+
+class LowerTiers:
+    """The host pool and the disk tier under the device pool: where an evicted device block goes (host, written
+    through to disk), and where a device miss looks next. Records the copies as `KVTransfer`s, in order, and the
+    tiers' changes as KV events."""
+
+    def __init__(self, host_blocks: int, disk_blocks: int, events: EventRecorder) -> None:
+        if disk_blocks and not host_blocks:
+            raise ValueError("the disk tier is written through the host pool: give the host pool blocks too")
+        self.host = TierIndex(MEDIUM_HOST, host_blocks) if host_blocks else None
+        self.disk = TierIndex(MEDIUM_DISK, disk_blocks) if disk_blocks else None
+        self.events = events
+        self.transfers: list[KVTransfer] = []
+        self.offloads = 0  # blocks copied device -> host
+        self.disk_writes = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.host is not None
+
+    def tiers(self) -> list[TierIndex]:
+        return [t for t in (self.host, self.disk) if t is not None]
+
+    def find(self, block_hash: BlockHash) -> tuple[TierIndex, TierBlock] | None:
+        """The fastest tier holding the block."""
+        for tier in self.tiers():
+            block = tier.get(block_hash)
+            if block is not None:
+                return tier, block
+        return None
+
+    def offload(self, block_hash: BlockHash, block_id: int, token_ids: tuple[int, ...], parent: BlockHash | None,
+                keep: Collection[BlockHash] = ()) -> None:
+        """Keep the contents of device block ``block_id`` in the host pool and, written through, on disk (before
+        the block is reused, or before a shutdown)."""
+        host, disk = self.host, self.disk
+        if host is None:
+            return
+        slot = host.get(block_hash)
+        if slot is not None:
+            host.touch(block_hash)  # already there (it was restored from the host): no copy
+        else:
+            slot = self._add(host, block_hash, token_ids, parent, keep)
+            if slot is None:
+                return
+            self.transfers.append(KVTransfer(TransferKind.OFFLOAD, block_id=block_id, slot=slot.slot))
+            self.offloads += 1
+        if disk is not None and block_hash not in disk and self._add(disk, block_hash, token_ids, parent, keep):
+            self.transfers.append(KVTransfer(TransferKind.DISK_WRITE, slot=slot.slot, block_hash=block_hash,
+                                             parent_hash=parent, token_ids=token_ids))
+            self.disk_writes += 1
+
+    def _add(self, tier: TierIndex, block_hash: BlockHash, token_ids: tuple[int, ...], parent: BlockHash | None,
+             keep: Collection[BlockHash]) -> TierBlock | None:
+        block, dropped = tier.add(block_hash, token_ids, parent, keep)
+        for dropped_hash, _ in dropped:
+            self.events.removed(dropped_hash, tier.medium)
+            if tier is self.disk:
+                self.transfers.append(KVTransfer(TransferKind.DISK_DELETE, block_hash=dropped_hash))
+        if block is not None:
+            self.events.stored(block_hash, parent, token_ids, tier.medium)
+        return block
+
+    def restore(self, tier: TierIndex, block_hash: BlockHash, block_id: int) -> None:
+        """Copy a lower-tier block into device block ``block_id`` (before the step's forward reads it)."""
+        tier.touch(block_hash)
+        if tier is self.host:
+            slot = tier.blocks[block_hash].slot
+            self.transfers.append(KVTransfer(TransferKind.RESTORE, block_id=block_id, slot=slot))
+        else:
+            self.transfers.append(KVTransfer(TransferKind.DISK_READ, block_id=block_id, block_hash=block_hash))
+
+    def load_disk(self, blocks: Iterable[tuple[BlockHash, tuple[int, ...], BlockHash | None]]) -> int:
+        """Index the block files a previous run left (oldest first); returns how many were taken."""
+        if self.disk is None:
+            return 0
+        taken = self.disk.load(blocks)
+        for block_hash in taken:
+            block = self.disk.blocks[block_hash]
+            self.events.stored(block_hash, block.parent_hash, block.token_ids, MEDIUM_DISK)
+        return len(taken)
+
+    def clear(self) -> None:
+        for tier in self.tiers():
+            for block_hash in tier.clear():
+                self.events.removed(block_hash, tier.medium)
+        if self.disk is not None:
+            self.transfers.append(KVTransfer(TransferKind.DISK_CLEAR))
+
+    def take_transfers(self) -> list[KVTransfer]:
+        transfers, self.transfers = self.transfers, []
+        return transfers

@@ -1,0 +1,98 @@
+"""Prompt-cache breakpoints: `cache_control` marks on Anthropic Messages blocks (tools, system, message content) and
+on chat content parts (as OpenRouter-style clients send them), turned into engine pins.
+
+A mark says "cache the prompt up to and including this block" with a lifetime, `{"type": "ephemeral"}` (5
+minutes) or `{"type": "ephemeral", "ttl": "1h"}`. kvserve caches every full block anyway; a breakpoint pins the
+blocks up to it (`engine.retention.CachePin`): they are evicted only after every unpinned block, and each hit
+renews the TTL. Anthropic's prefix order is tools, system, messages; the chat templates render the tools inside the
+system turn, so a breakpoint on a tool or on the system prompt covers both.
+
+Where a breakpoint falls in tokens: the request is cut right after the marked block and rendered without a
+generation prompt; the breakpoint is the number of leading prompt tokens that cut rendering shares with the full
+prompt. Whatever a template does at the cut, the pin never covers a token the full prompt does not have.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from collections.abc import Callable
+from typing import Any
+
+from engine.retention import DEFAULT_TTL, TTL_CHOICES, CachePin
+from server.protocol import APIError
+
+MAX_BREAKPOINTS = 4  # as Anthropic allows
+
+
+@dataclass(frozen=True)
+class Breakpoint:
+    """The chat conversation (messages, tools) cut right after a marked block, and the mark's TTL."""
+
+    messages: list[dict]
+    tools: list[dict] | None
+    ttl_s: float
+
+
+def parse_cache_control(mark: Any, where: str) -> float | None:
+    """The TTL in seconds of a `cache_control` value (None: no mark); a malformed one is a 400."""
+    if mark is None:
+        return None
+    if not isinstance(mark, dict) or mark.get("type") != "ephemeral":
+        raise APIError(400, f"{where}: cache_control must be {{\"type\": \"ephemeral\"}} (with an optional ttl)",
+                       param=where)
+    ttl = mark.get("ttl", DEFAULT_TTL)
+    if ttl not in TTL_CHOICES:
+        raise APIError(400, f"{where}: cache_control.ttl must be one of {', '.join(map(repr, TTL_CHOICES))}",
+                       param=where)
+    return TTL_CHOICES[ttl]
+
+
+def mark_ttl(block: Any, where: str) -> float | None:
+    """The TTL of the `cache_control` mark on a block or message (None: unmarked)."""
+    if not isinstance(block, dict):
+        return None
+    return parse_cache_control(block.get("cache_control"), f"{where}.cache_control")
+
+
+def checked(points: list[Breakpoint]) -> list[Breakpoint]:
+    if len(points) > MAX_BREAKPOINTS:
+        raise APIError(400, f"a request may carry at most {MAX_BREAKPOINTS} cache_control breakpoints, this one has "
+                            f"{len(points)}", param="cache_control")
+    return points
+
+
+def chat_breakpoints(messages: list[dict], tools: list[dict] | None) -> list[Breakpoint]:
+    """Marks on chat content parts (and on whole messages, as some clients put them)."""
+    points = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            continue
+        content = message.get("content")
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                ttl = mark_ttl(part, f"messages.{i}.content.{j}")
+                if ttl is not None:
+                    points.append(Breakpoint([*messages[:i], {**message, "content": content[: j + 1]}], tools, ttl))
+        ttl = mark_ttl(message, f"messages.{i}")
+        if ttl is not None:
+            points.append(Breakpoint(messages[: i + 1], tools, ttl))
+    return checked(points)
+
+
+def breakpoint_pins(points: list[Breakpoint], prompt_text: str, prompt_ids: list[int],
+                    render: Callable[[list[dict], list[dict] | None], str],
+                    encode: Callable[[str], list[int]]) -> tuple[CachePin, ...]:
+    """Each breakpoint as a pin on the leading prompt tokens its cut rendering shares with the full prompt."""
+    pins = []
+    for point in points:
+        try:
+            text = render(point.messages, point.tools)
+        except ValueError:  # a cut the template cannot render alone (tools without any message): nothing to pin
+            continue
+        shared = encode(prompt_text[: len(os.path.commonprefix([prompt_text, text]))])
+        n = 0
+        while n < min(len(shared), len(prompt_ids)) and shared[n] == prompt_ids[n]:
+            n += 1
+        if n:
+            pins.append(CachePin(n, point.ttl_s))
+    return tuple(pins)

@@ -1,0 +1,74 @@
+"""The `/v1/caches` routes (named caches, server/named_caches.py): create (prefill and pin), list, show, delete."""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from engine.retention import CachePin, Retention
+from engine.sampling_params import SamplingParams
+from server.async_engine import EngineRequest
+from server.chat import render_chat
+from server.context import ServingContext, new_request_id
+from server.generation import Prompt, outputs, submit
+from server.http_io import parse_body, read_json
+from server.named_caches import CreateCacheRequest, NamedCache
+from server.openapi import request_body
+from server.protocol import ChatCompletionRequest
+
+SaltFor = Callable[[Request, str | None], str | None]
+
+
+def add_cache_routes(api: APIRouter, ctx: ServingContext, salt_for: SaltFor) -> None:
+    caches = ctx.named_caches
+
+    async def cached_tokens(cache: NamedCache) -> int:
+        future = ctx.engine.call(lambda engine: engine.num_cached_tokens(cache.token_ids, cache.salt))
+        return await asyncio.wrap_future(future)
+
+    @api.post("/v1/caches", openapi_extra=request_body(CreateCacheRequest))
+    async def create_cache(request: Request) -> dict[str, Any]:
+        """Prefill a prefix once and pin it under a name; requests continue it with `cached_content`."""
+        req = parse_body(CreateCacheRequest, await read_json(request, ctx.settings.max_body_bytes))
+        ctx.check_model(req.model)
+        ttl = req.ttl_seconds()
+        salt = salt_for(request, None)
+        caches.check_free(salt, req.name)
+
+        def render_and_encode() -> list[int]:
+            chat = parse_body(ChatCompletionRequest, {"messages": req.messages, "tools": req.tools,
+                                                      "chat_template_kwargs": req.chat_template_kwargs,
+                                                      "add_generation_prompt": False})
+            return ctx.encode(render_chat(ctx, chat))
+
+        ids = await ctx.prepare(render_and_encode)
+        pin = Retention((CachePin(len(ids), ttl),))
+        prompt = Prompt(EngineRequest(new_request_id("cache"), ids, SamplingParams(max_tokens=1, temperature=0.0),
+                                      salt, pin))
+        stream = await submit(ctx, [prompt])
+        async for _ in outputs(stream, [prompt]):
+            pass
+        now = time.time()
+        cache = NamedCache(req.name, salt, req.messages, req.tools, ttl, ids, now, now)
+        caches.add(cache)
+        return cache.card(cached_tokens=prompt.num_cached_tokens)
+
+    @api.get("/v1/caches")
+    async def list_caches(request: Request) -> dict[str, Any]:
+        return {"object": "list", "data": [c.card() for c in caches.list(salt_for(request, None))]}
+
+    @api.get("/v1/caches/{name}")
+    async def get_cache(request: Request, name: str) -> dict[str, Any]:
+        """The cache, with how many of its tokens the KV cache holds right now (`cached_tokens`)."""
+        cache = caches.get(salt_for(request, None), name)
+        return cache.card(cached_tokens=await cached_tokens(cache))
+
+    @api.delete("/v1/caches/{name}")
+    async def delete_cache(request: Request, name: str) -> dict[str, Any]:
+        """Forget the name and unpin its blocks (they stay cached as ordinary blocks)."""
+        cache = caches.remove(salt_for(request, None), name)
+        await asyncio.wrap_future(ctx.engine.call(lambda engine: engine.pin(cache.token_ids, cache.salt, 0)))
+        return {"object": "cache.deleted", "name": name, "deleted": True}

@@ -1,0 +1,134 @@
+"""Named caches (`/v1/caches`, Gemini-style cached content): a prefix of messages and tools, prefilled once, pinned,
+and referenced by name.
+
+- `POST /v1/caches` `{name, model, messages, tools, ttl}` renders the messages (no generation prompt), prefills
+  them with a one-token request whose whole prompt is a breakpoint with the cache's TTL (`5m`, `1h` or seconds),
+  and returns the prefix's token count.
+- A chat or messages request with `cached_content: NAME` continues it: the cache's messages come first, its tools
+  apply (a request may not bring other tools). A request whose prompt merely starts with the same prefix hits the
+  same pinned blocks through the prefix cache.
+- `GET /v1/caches` lists the caller's caches, `GET /v1/caches/{name}` shows one (with how many of its tokens the
+  cache holds right now), `DELETE /v1/caches/{name}` unpins and forgets it.
+
+Names live per tenant (the cache salt, server/cache_salt.py): a tenant neither sees nor uses another's caches. An
+entry lapses `ttl` after it was last used by name; its pinned blocks follow the same TTL, renewed on every hit.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import Field
+
+from engine.retention import TTL_CHOICES
+from server.cache_control import Breakpoint
+from server.protocol import APIError, ChatCompletionRequest, _Request
+
+MAX_TTL_S = 24 * 3600.0
+
+
+class CreateCacheRequest(_Request):
+    name: str = Field(pattern=r"^[A-Za-z0-9._-]{1,128}$")
+    model: str | None = None
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    ttl: str | float = "5m"  # "5m", "1h", or seconds
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def ttl_seconds(self) -> float:
+        seconds = TTL_CHOICES.get(self.ttl) if isinstance(self.ttl, str) else float(self.ttl)
+        if seconds is None or not 0 < seconds <= MAX_TTL_S:
+            raise APIError(400, f"ttl must be '5m', '1h' or seconds in (0, {MAX_TTL_S:.0f}]", param="ttl")
+        return seconds
+
+
+@dataclass
+class NamedCache:
+    name: str
+    salt: str | None
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    ttl_s: float
+    token_ids: list[int]
+    created: float
+    last_used: float
+
+    @property
+    def expires_at(self) -> float:
+        return self.last_used + self.ttl_s
+
+    def card(self, cached_tokens: int | None = None) -> dict[str, Any]:
+        card = {"object": "cache", "name": self.name, "tokens": len(self.token_ids), "ttl_seconds": self.ttl_s,
+                "created": int(self.created), "expires_at": int(self.expires_at)}
+        if cached_tokens is not None:
+            card["cached_tokens"] = cached_tokens
+        return card
+
+    def continue_with(self, req: ChatCompletionRequest, points: list[Breakpoint]
+                      ) -> tuple[ChatCompletionRequest, list[Breakpoint]]:
+        """``req`` after the cache's messages, its breakpoints likewise, plus a breakpoint at the cache's end."""
+        if req.tools is not None and req.tools != self.tools:
+            raise APIError(400, f"cache {self.name!r} fixes the tools; send the request without 'tools'",
+                           param="tools")
+        merged = req.model_copy(update={"messages": [*self.messages, *req.messages], "tools": self.tools})
+        shifted = [Breakpoint([*self.messages, *p.messages], self.tools, p.ttl_s) for p in points]
+        return merged, [Breakpoint(self.messages, self.tools, self.ttl_s), *shifted]
+
+
+class NamedCaches:
+    """The registry, per tenant salt. Used from the prepare thread and the event loop, hence the lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._caches: dict[tuple[str | None, str], NamedCache] = {}
+
+    def _live(self, salt: str | None, name: str) -> NamedCache | None:
+        cache = self._caches.get((salt, name))
+        if cache is not None and cache.expires_at <= time.time():
+            del self._caches[salt, name]
+            return None
+        return cache
+
+    def _found(self, salt: str | None, name: str) -> NamedCache:
+        cache = self._live(salt, name)
+        if cache is None:
+            raise APIError(404, f"there is no cache named {name!r}; create it with POST /v1/caches",
+                           param="cached_content", code="cache_not_found")
+        return cache
+
+    def get(self, salt: str | None, name: str) -> NamedCache:
+        """The cache, or a 404."""
+        with self._lock:
+            return self._found(salt, name)
+
+    def use(self, salt: str | None, name: str) -> NamedCache:
+        """The cache a request continues (its lifetime restarts), or a 404."""
+        with self._lock:
+            cache = self._found(salt, name)
+            cache.last_used = time.time()
+            return cache
+
+    def check_free(self, salt: str | None, name: str) -> None:
+        with self._lock:
+            if self._live(salt, name) is not None:
+                raise APIError(409, f"a cache named {name!r} exists; delete it first", param="name",
+                               code="cache_exists")
+
+    def add(self, cache: NamedCache) -> None:
+        with self._lock:
+            if self._live(cache.salt, cache.name) is not None:  # created meanwhile by a concurrent request
+                raise APIError(409, f"a cache named {cache.name!r} exists; delete it first", param="name",
+                               code="cache_exists")
+            self._caches[cache.salt, cache.name] = cache
+
+    def remove(self, salt: str | None, name: str) -> NamedCache:
+        with self._lock:
+            cache = self._found(salt, name)
+            del self._caches[salt, name]
+            return cache
+
+    def list(self, salt: str | None) -> list[NamedCache]:
+        with self._lock:
+            return [c for (s, name) in list(self._caches) if s == salt and (c := self._live(s, name)) is not None]

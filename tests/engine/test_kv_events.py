@@ -1,0 +1,167 @@
+"""KV events on the wire: a ZMQ subscriber that joins late, replays what it missed from the replay socket, and then
+follows the stream reconstructs exactly the blocks the KV manager holds in every tier, across evictions, offloads,
+restores and a reset; sequence numbers strictly increase."""
+from __future__ import annotations
+
+import socket
+import time
+
+import msgpack
+import zmq
+
+from engine import LLM, SamplingParams
+from engine.kv_events import END_SEQ, external_block_hash
+from tests.engine.conftest import random_prompts
+
+BLOCK = 16
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Subscriber:
+    """A router's view of one replica: SUB on the stream, DEALER on the replay socket, per-tier block sets."""
+
+    def __init__(self, port: int, replay_port: int) -> None:
+        self.ctx = zmq.Context()
+        self.sub = self.ctx.socket(zmq.SUB)
+        self.sub.connect(f"tcp://127.0.0.1:{port}")
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"kv")
+        self.replay = self.ctx.socket(zmq.DEALER)
+        self.replay.connect(f"tcp://127.0.0.1:{replay_port}")
+        self.last_seq = -1
+        self.seqs: list[int] = []
+        self.replayed = 0
+        self.tiers: dict[str, set[int]] = {}
+
+    def apply(self, seq: int, payload: bytes) -> None:
+        assert seq == self.last_seq + 1, f"batch {seq} after {self.last_seq}"
+        self.last_seq = seq
+        self.seqs.append(seq)
+        ts, events, rank = msgpack.unpackb(payload, raw=False)
+        assert isinstance(ts, float) and rank == 0
+        for event in events:
+            if event[0] == "BlockStored":
+                tag, hashes, parent, tokens, block_size, lora_id, medium = event
+                assert block_size == BLOCK and lora_id is None and len(tokens) == len(hashes) * BLOCK
+                assert all(isinstance(h, int) and 0 <= h < 2**64 for h in hashes)
+                held = self.tiers.setdefault(medium, set())
+                assert not held & set(hashes)
+                held.update(hashes)
+            elif event[0] == "BlockRemoved":
+                tag, hashes, medium = event
+                assert set(hashes) <= self.tiers.get(medium, set())
+                self.tiers[medium].difference_update(hashes)
+            else:
+                assert event == ["AllBlocksCleared"]
+                self.tiers.clear()
+
+    def catch_up(self, missing_from: int) -> None:
+        self.replay.send_multipart([b"", missing_from.to_bytes(8, "big")])
+        while True:
+            assert self.replay.poll(5000), "no replay answer"
+            _, seq_bytes, payload = self.replay.recv_multipart()
+            if seq_bytes == END_SEQ:
+                return
+            seq = int.from_bytes(seq_bytes, "big")
+            if seq > self.last_seq:
+                self.apply(seq, payload)
+                self.replayed += 1
+
+    def drain(self, until_seq: int, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self.last_seq < until_seq:
+            assert time.monotonic() < deadline, f"stuck at batch {self.last_seq} of {until_seq}"
+            if not self.sub.poll(100):
+                continue
+            topic, seq_bytes, payload = self.sub.recv_multipart()
+            assert topic == b"kv"
+            seq = int.from_bytes(seq_bytes, "big")
+            if seq <= self.last_seq:
+                continue  # already replayed
+            if seq > self.last_seq + 1:
+                self.catch_up(self.last_seq + 1)
+            if seq == self.last_seq + 1:
+                self.apply(seq, payload)
+
+    def close(self) -> None:
+        self.ctx.destroy(linger=0)
+
+
+def published(llm: LLM) -> int:
+    """The last sequence number the publisher sent, once its queue drained."""
+    publisher = llm.engine.kv_events
+    deadline = time.monotonic() + 10
+    while not publisher._queue.empty():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    time.sleep(0.1)
+    return publisher._next_seq - 1
+
+
+def manager_sets(llm: LLM) -> dict[str, set[int]]:
+    kv = llm.engine.scheduler.kv  # between generate calls no engine thread runs
+    sets = {"GPU": set(kv.by_hash)} | {t.medium: set(t.blocks) for t in kv.tiers.tiers()}
+    return {medium: {external_block_hash(h) for h in hashes} for medium, hashes in sets.items()}
+
+
+def nonempty(tiers: dict[str, set[int]]) -> dict[str, set[int]]:
+    return {medium: held for medium, held in tiers.items() if held}
+
+
+def test_late_subscriber_replays_and_tracks_every_tier(tmp_path):
+    port, replay_port = free_port(), free_port()
+    llm = LLM("qwen3-tiny", block_size=BLOCK, num_kv_blocks=64, kv_offload_gb=0.01, kv_disk_dir=str(tmp_path),
+              kv_events_endpoint=f"tcp://*:{port}", kv_events_replay_endpoint=f"tcp://*:{replay_port}",
+              kv_events_topic="kv")
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    a, b, c = random_prompts(llm.engine.model_cfg.vocab_size, [640, 720, 300], seed=3)
+    sub = None
+    try:
+        llm.generate([a], params)  # nobody listens yet: these batches are only in the replay buffer
+        sub = Subscriber(port, replay_port)
+        time.sleep(0.3)  # let the subscription reach the publisher
+        for prompt in (b, a, [*a[:200], *c]):  # evictions to the host and disk, then restores
+            llm.generate([prompt], params)
+            sub.drain(published(llm))
+            assert nonempty(sub.tiers) == nonempty(manager_sets(llm))
+        assert sub.replayed > 0 and sub.seqs == sorted(set(sub.seqs)) == list(range(len(sub.seqs)))
+        stats = llm.stats
+        assert stats.prefix_cache_host_hits_tokens + stats.prefix_cache_disk_hits_tokens > 0
+        assert {"GPU", "CPU", "DISK"} <= set(sub.tiers)
+        llm.reset_prefix_cache()
+        sub.drain(published(llm))
+        assert nonempty(sub.tiers) == nonempty(manager_sets(llm)) == {}
+    finally:
+        if sub is not None:
+            sub.close()
+        llm.close()
+
+
+def test_malformed_replay_request_is_ignored():
+    port, replay_port = free_port(), free_port()
+    llm = LLM("qwen3-tiny", block_size=BLOCK, num_kv_blocks=64, kv_events_endpoint=f"tcp://*:{port}",
+              kv_events_replay_endpoint=f"tcp://*:{replay_port}")
+    ctx = zmq.Context()
+    try:
+        llm.generate([list(range(100, 140))], SamplingParams(max_tokens=2, temperature=0.0))
+        replay = ctx.socket(zmq.DEALER)
+        replay.connect(f"tcp://127.0.0.1:{replay_port}")
+        replay.send_multipart([b"", b"x", b"y"])  # four frames at the ROUTER: ignored
+        replay.send_multipart([b"", (0).to_bytes(8, "big")])
+        assert replay.poll(5000)
+        frames = replay.recv_multipart()
+        assert frames[1] == (0).to_bytes(8, "big") and msgpack.unpackb(frames[2])[1]
+    finally:
+        ctx.destroy(linger=0)
+        llm.close()
+
+
+def test_an_endpoint_without_a_wildcard_is_connected_to():
+    from engine.kv_events import KVEventPublisher
+
+    publisher = KVEventPublisher("tcp://127.0.0.1:1")  # connect (nothing listens there yet), as vLLM does
+    publisher.close()

@@ -1,0 +1,115 @@
+"""Grammar-constrained decoding in the engine, on qwen3-tiny (random weights, the real Qwen3 tokenizer): a random
+model never writes valid JSON by chance, so only the grammar can make every output valid."""
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+
+from engine import LLM, SamplingParams
+from engine.structured_output import StructuredOutputSpec
+from tests.engine.conftest import random_prompts
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 24},
+        "days": {"type": "integer", "minimum": 1, "maximum": 14},
+        "unit": {"type": "string", "enum": ["c", "f"]},
+        "alerts": {"type": "array", "items": {"type": "boolean"}, "maxItems": 3},
+    },
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+JSON = StructuredOutputSpec("json_schema", json.dumps(SCHEMA))
+
+
+def constrained(seed: int, **kwargs) -> SamplingParams:
+    return SamplingParams(max_tokens=200, temperature=1.0, seed=seed, structured_output=JSON, **kwargs)
+
+
+def test_every_output_validates_at_temperature_1(qwen3_llm: LLM):
+    prompts = random_prompts(50_000, [5, 12, 30, 7] * 2, seed=3)
+    outs = qwen3_llm.generate(prompts, [constrained(seed) for seed in range(8)])
+    for out in outs:
+        assert out.finish_reason == "stop", out.text
+        jsonschema.validate(json.loads(out.text), SCHEMA)
+    assert len({out.text for out in outs}) == 8  # varied, context-dependent output, not one forced string
+    assert qwen3_llm.engine.structured_outputs.num_active == 0  # every matcher is released
+
+
+def test_n_siblings_and_ignore_eos_each_follow_the_grammar(qwen3_llm: LLM):
+    [out] = qwen3_llm.generate([list(range(200, 220))], constrained(7, n=3, ignore_eos=True, logprobs=3))
+    assert len(out.outputs) == 3
+    for completion in out.outputs:
+        # ignore_eos cannot run past the end of the grammar: the output ends where the JSON does.
+        assert completion.finish_reason == "stop"
+        jsonschema.validate(json.loads(completion.text), SCHEMA)
+        for entry in completion.logprobs:  # tokens the grammar ruled out are no alternatives (nor -inf in JSON)
+            assert all(logprob > float("-inf") for _, logprob in entry.top)
+
+
+def test_unconstrained_requests_are_unchanged_by_constrained_neighbours(qwen3_llm: LLM):
+    prompts = random_prompts(50_000, [9, 14, 21], seed=5)
+    free = [SamplingParams(max_tokens=24, temperature=1.0, seed=s, ignore_eos=True) for s in (1, 2)]
+    free += [SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)]
+    alone = [o.token_ids for o in qwen3_llm.generate(prompts, free)]
+    mixed = qwen3_llm.generate(prompts * 2, free + [constrained(s) for s in range(3)])
+    assert [o.token_ids for o in mixed[:3]] == alone
+    for out in mixed[3:]:
+        jsonschema.validate(json.loads(out.text), SCHEMA)
+
+
+def test_preempted_constrained_requests_resume_their_grammar():
+    llm = LLM("qwen3-tiny", block_size=4, num_kv_blocks=24, max_num_batched_tokens=64)
+    prompts = random_prompts(50_000, [20, 30, 25], seed=8)
+    outs = llm.generate(prompts, [constrained(seed) for seed in range(3)])
+    assert llm.engine.scheduler.num_preemptions > 0
+    for out in outs:
+        jsonschema.validate(json.loads(out.text), SCHEMA)
+
+
+@pytest.mark.parametrize(
+    "spec,pattern",
+    [
+        (StructuredOutputSpec("regex", r"(yes|no), [0-9]{2}"), r"(yes|no), [0-9]{2}"),
+        (StructuredOutputSpec("ebnf", 'root ::= "(" word ("," word){0,3} ")"\nword ::= [a-z]{1,6}'),
+         r"\([a-z]{1,6}(,[a-z]{1,6}){0,3}\)"),
+    ],
+)
+def test_regex_and_ebnf(qwen3_llm: LLM, spec, pattern):
+    params = [SamplingParams(max_tokens=64, seed=s, structured_output=spec) for s in range(4)]
+    outs = qwen3_llm.generate([[300, 301, 302]] * 4, params)
+    assert all(out.finish_reason == "stop" and re.fullmatch(pattern, out.text) for out in outs), [o.text for o in outs]
+    assert len({out.text for out in outs}) > 1
+
+
+def test_a_grammar_that_cannot_compile_is_refused_before_it_runs(qwen3_llm: LLM):
+    bad = StructuredOutputSpec("json_schema", json.dumps({"type": "object", "properties": {"a": {"type": "strange"}}}))
+    with pytest.raises(ValueError, match='json schema cannot be enforced: Unsupported type "strange"'):
+        qwen3_llm.generate([[1, 2, 3]], SamplingParams(structured_output=bad))
+    assert not qwen3_llm.engine.has_unfinished_requests()
+    with pytest.raises(ValueError, match="structured output kind"):
+        StructuredOutputSpec("yaml", "a: 1")
+
+
+def test_strings_are_valid_utf8_and_json(qwen3_llm: LLM):
+    """xgrammar 0.2.8 lets a string hold the bytes of a UTF-16 surrogate (ED A0-BF ..), which is no UTF-8, and a raw
+    tab; the schema rewrite (engine/json_schema_support.py) keeps both out, byte by byte, token by token."""
+    import xgrammar as xgr
+
+    from server.logprobs import _byte_level_alphabet
+
+    grammar = qwen3_llm.engine.structured_outputs.compile(StructuredOutputSpec("json_schema", '{"type": "string"}'))
+    char_of = {byte: char for char, byte in _byte_level_alphabet().items()}
+    vocab = qwen3_llm.tokenizer.get_vocab()
+
+    def accepted(data: bytes) -> list[bool]:  # one single-byte token per byte, between quotes
+        matcher = xgr.GrammarMatcher(grammar)
+        return [matcher.accept_token(vocab[char_of[b]]) for b in b'"' + data + b'"']
+
+    assert all(accepted("륤 😀 ok".encode()))
+    assert accepted(b"\xed\xbd\x94") == [True, True, False, True, False]  # a surrogate: refused at its 2nd byte
+    assert accepted(b"\t") == [True, False, True]

@@ -1,0 +1,80 @@
+"""Test doubles that follow the KV manager's outputs the way the runner and a router do: `BlockContents` applies
+the copy instructions to a model of the device blocks, host slots and disk files; `EventReplay` rebuilds each
+tier's block set from the events. Both let a test check the manager against what it told the outside world."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.kv_cache import KVCacheManager
+from engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from engine.outputs import KVTransfer, TransferKind
+
+
+@dataclass
+class BlockContents:
+    """What each device block, host slot and disk file holds (the tokens whose K/V the "model" wrote there)."""
+
+    device: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    host: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    disk: dict[bytes, tuple[int, ...]] = field(default_factory=dict)
+
+    def apply(self, transfers: list[KVTransfer]) -> None:
+        for t in transfers:
+            if t.kind is TransferKind.OFFLOAD:
+                self.host[t.slot] = self.device[t.block_id]
+            elif t.kind is TransferKind.RESTORE:
+                self.device[t.block_id] = self.host[t.slot]
+            elif t.kind is TransferKind.DISK_WRITE:
+                self.disk[t.block_hash] = self.host[t.slot]
+            elif t.kind is TransferKind.DISK_READ:
+                self.device[t.block_id] = self.disk[t.block_hash]
+            elif t.kind is TransferKind.DISK_DELETE:
+                del self.disk[t.block_hash]
+            else:
+                self.disk.clear()
+
+    def compute(self, kv: KVCacheManager, seq_id, token_ids: list[int]) -> None:
+        """The model wrote the sequence's K/V into its blocks (all of them, as a forward over the sequence would)."""
+        bs = kv.block_size
+        for i, block_id in enumerate(kv.block_table(seq_id)):
+            if i * bs < len(token_ids):
+                self.device[block_id] = tuple(token_ids[i * bs : (i + 1) * bs])
+
+    def check(self, kv: KVCacheManager) -> None:
+        """Every cached block, in every tier, holds exactly the tokens it is indexed under."""
+        for node in kv.by_hash.values():
+            assert self.device.get(node.block_id) == node.token_ids, f"device block {node.block_id} holds other K/V"
+        if kv.tiers.host is not None:
+            for block in kv.tiers.host.blocks.values():
+                assert self.host.get(block.slot) == block.token_ids, f"host slot {block.slot} holds other K/V"
+        if kv.tiers.disk is not None:
+            for block_hash, block in kv.tiers.disk.blocks.items():
+                assert self.disk.get(block_hash) == block.token_ids, "a disk file holds other K/V"
+
+
+@dataclass
+class EventReplay:
+    """Each tier's block set, as a router learns it from the event stream."""
+
+    block_size: int = 4
+    tiers: dict[str, set[bytes]] = field(default_factory=dict)
+
+    def apply(self, events: list[KVEvent]) -> None:
+        for event in events:
+            if isinstance(event, BlockStored):
+                held = self.tiers.setdefault(event.medium, set())
+                assert not held & set(event.block_hashes), "a block was stored twice in one tier"
+                held.update(event.block_hashes)
+                assert len(event.token_ids) == len(event.block_hashes) * self.block_size
+            elif isinstance(event, BlockRemoved):
+                held = self.tiers.setdefault(event.medium, set())
+                assert set(event.block_hashes) <= held, "a block was removed that was never stored"
+                held.difference_update(event.block_hashes)
+            else:
+                assert isinstance(event, AllBlocksCleared)
+                self.tiers.clear()
+
+    def check(self, kv: KVCacheManager) -> None:
+        assert self.tiers.get("GPU", set()) == set(kv.by_hash)
+        for tier in kv.tiers.tiers():
+            assert self.tiers.get(tier.medium, set()) == set(tier.blocks), tier.medium

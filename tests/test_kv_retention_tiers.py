@@ -1,0 +1,251 @@
+"""KV manager beyond LRU: pins and TTLs, session holds, the retention cap, host and disk tiers, and the KV events --
+unit cases, then a state machine that checks the invariants, the blocks' contents (through the copy instructions)
+and the event-replayed tier sets after every operation."""
+from __future__ import annotations
+
+from hypothesis import settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from engine.kv_cache import KVCacheManager
+from engine.kv_events import AllBlocksCleared
+from engine.outputs import TransferKind
+from engine.retention import CachePin, Retention
+from tests.kv_model import BlockContents, EventReplay
+from tests.test_kv_cache import cached, hashes
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(num_blocks: int, host: int = 0, disk: int = 0, fraction: float = 0.5, clock: Clock | None = None):
+    clock = clock or Clock()
+    kv = KVCacheManager(num_blocks, 4, max_retained_fraction=fraction, host_blocks=host, disk_blocks=disk,
+                        record_events=True, clock=clock)
+    return kv, clock
+
+
+def run(kv: KVCacheManager, sid, toks: list[int], contents: BlockContents | None = None,
+        retention: Retention | None = None, hold_s: float = 0.0) -> int | None:
+    """Admit, compute, commit and free one sequence, applying its copies to ``contents``."""
+    got = kv.admit(sid, hashes(toks), toks, len(toks), retention=retention)
+    if got is None:
+        return None
+    if contents is not None:
+        contents.apply(kv.take_transfers())
+        contents.compute(kv, sid, toks)
+    kv.commit(sid, hashes(toks), toks, len(toks))
+    kv.free(sid, hold_s)
+    return got
+
+
+def seq(base: int, n: int) -> list[int]:
+    return [base + i for i in range(n)]
+
+
+def test_pinned_prefix_survives_pressure_that_evicts_everything_else():
+    kv, _ = make(12)
+    a = seq(0, 17)  # 4 full blocks + 1
+    run(kv, "a", a, retention=Retention((CachePin(8, 300.0),)))  # pin the first 2 blocks
+    run(kv, "b", seq(100, 40))  # needs 10 blocks: evicts a's unpinned blocks, then would take pinned ones last
+    assert cached(kv, a) == 8
+    assert kv.num_retained_blocks == 2
+    kv.check_invariants()
+
+
+def test_expired_pin_is_ordinary_lru_and_hits_refresh_it():
+    kv, clock = make(12)
+    a = seq(0, 9)
+    run(kv, "a", a, retention=Retention((CachePin(8, 60.0),)))
+    clock.now += 50
+    run(kv, "a2", a)  # a hit refreshes the pin: 60 s from now
+    clock.now += 50
+    assert kv.num_retained_blocks == 2
+    clock.now += 11
+    assert kv.num_retained_blocks == 0  # expired: ordinary LRU again
+    run(kv, "b", seq(100, 45))  # 12 blocks: everything goes
+    assert cached(kv, a) == 0
+    kv.check_invariants()
+
+
+def test_retention_cap_refuses_past_the_fraction():
+    kv, _ = make(10, fraction=0.3)  # at most 3 retained blocks
+    run(kv, "a", seq(0, 21), retention=Retention((CachePin(20, 300.0),)))  # 5 blocks asked
+    assert kv.num_retained_blocks == 3 and kv.queue.refused == 2
+    kv.check_invariants()
+
+
+def test_hold_after_finish_keeps_a_session_until_it_expires():
+    kv, clock = make(12)
+    a, c, b = seq(0, 21), seq(200, 9), seq(100, 25)
+    run(kv, "a", a, hold_s=30.0)  # 5 blocks, held
+    run(kv, "c", c)  # 2 blocks, more recently used than a
+    run(kv, "b", b)  # 7 blocks: 2 evictions, which LRU alone would take from a
+    assert cached(kv, a) == 20 and cached(kv, c) == 0
+    clock.now += 31
+    run(kv, "d", seq(300, 41))  # a is ordinary again
+    assert cached(kv, a) == 0
+    kv.check_invariants()
+
+
+def test_retain_chain_extends_and_ends_retention():
+    kv, _ = make(12)
+    a = seq(0, 9)
+    run(kv, "a", a)
+    assert kv.retain_chain(hashes(a), 30.0) == 2 and kv.num_retained_blocks == 2
+    assert kv.retain_chain(hashes(a), 0) == 2 and kv.num_retained_blocks == 0
+
+
+def test_evicted_blocks_go_to_host_and_come_back_as_hits():
+    kv, _ = make(8, host=16)
+    contents = BlockContents()
+    a, b = seq(0, 17), seq(100, 29)
+    run(kv, "a", a, contents)
+    run(kv, "b", b, contents)  # evicts a's blocks into the host pool
+    assert cached(kv, a) == 16  # the lookup sees the host tier too
+    got = run(kv, "a2", a, contents)
+    assert got == 16 and kv.stats.host_hits > 0
+    contents.check(kv)
+    kv.check_invariants()
+
+
+def test_a_restore_never_reads_a_host_slot_its_own_evictions_reused():
+    # Host pool of 2: restoring 2 blocks evicts device blocks whose offloads would push those very blocks out.
+    kv, _ = make(6, host=2)
+    contents = BlockContents()
+    a = seq(0, 9)
+    run(kv, "a", a, contents)
+    run(kv, "b", seq(100, 21), contents)  # a's 2 blocks go to the host
+    run(kv, "a2", a, contents)
+    contents.check(kv)
+    kv.check_invariants()
+
+
+def test_disk_tier_is_written_through_and_restored():
+    kv, _ = make(6, host=2, disk=32)
+    contents = BlockContents()
+    a = seq(0, 9)
+    run(kv, "a", a, contents)
+    for i in range(3):  # push a out of the device and then out of the host
+        run(kv, f"x{i}", seq(1000 * (i + 1), 21), contents)
+    assert all(h not in kv.tiers.host for h in hashes(a)) and all(h in kv.tiers.disk for h in hashes(a))
+    assert run(kv, "a2", a, contents) == 8 and kv.stats.disk_hits == 8
+    contents.check(kv)
+    kv.check_invariants()
+
+
+def test_reset_clears_every_tier_with_one_event():
+    kv, _ = make(8, host=8, disk=8)
+    contents = BlockContents()
+    run(kv, "a", seq(0, 17), contents)
+    run(kv, "b", seq(100, 29), contents)
+    kv.take_events()
+    kv.reset_prefix_cache()
+    contents.apply(kv.take_transfers())
+    assert kv.take_events() == [AllBlocksCleared()]
+    assert not kv.by_hash and not len(kv.tiers.host) and not len(kv.tiers.disk) and not contents.disk
+    kv.check_invariants()
+
+
+def test_persist_writes_the_device_tree_through():
+    kv, _ = make(8, host=4, disk=16)
+    contents = BlockContents()
+    run(kv, "a", seq(0, 17), contents)
+    kv.persist()
+    transfers = kv.take_transfers()
+    assert sum(t.kind is TransferKind.DISK_WRITE for t in transfers) == 4
+    contents.apply(transfers)
+    contents.check(kv)
+
+
+class TieredKVMachine(RuleBasedStateMachine):
+    """Random admit / compute / extend / free (with holds) / evict / pin / clock / reset sequences over a small pool
+    with host and disk tiers. After every step: the invariants hold, every cached block in every tier holds its
+    tokens (following the copy instructions), and replaying the events gives each tier's exact block set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = Clock()
+        self.kv = KVCacheManager(20, 4, max_retained_fraction=0.4, host_blocks=6, disk_blocks=10,
+                                 record_events=True, clock=self.clock)
+        self.contents = BlockContents()
+        self.replay = EventReplay()
+        self.tokens: dict[int, list[int]] = {}
+        self.next_id = 0
+
+    def _sync(self) -> None:
+        self.contents.apply(self.kv.take_transfers())
+        self.replay.apply(self.kv.take_events())
+
+    @rule(new=st.lists(st.sampled_from((1, 2, 3)), min_size=1, max_size=24), shared=st.integers(0, 24),
+          pin=st.one_of(st.none(), st.integers(0, 24)), ttl=st.sampled_from((5.0, 60.0)))
+    def admit(self, new: list[int], shared: int, pin: int | None, ttl: float) -> None:
+        base = next(iter(self.tokens.values()), [])[:shared]
+        toks = base + new
+        sid, self.next_id = self.next_id, self.next_id + 1
+        retention = Retention((CachePin(pin, ttl),)) if pin is not None else None
+        got = self.kv.admit(sid, hashes(toks), toks, len(toks), retention=retention)
+        self._sync()
+        if got is not None:
+            for i, node in enumerate(self.kv.seqs[sid].nodes):  # hits hold exactly this sequence's tokens
+                assert node.token_ids == tuple(toks[i * 4 : (i + 1) * 4])
+            self.contents.compute(self.kv, sid, toks)  # the forward writes every block but the cached ones: same
+            self.tokens[sid] = toks
+
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data())
+    def commit(self, data) -> None:
+        sid = data.draw(st.sampled_from(sorted(self.tokens)))
+        self.kv.commit(sid, hashes(self.tokens[sid]), self.tokens[sid], len(self.tokens[sid]))
+        self._sync()
+
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data(), new=st.lists(st.sampled_from((1, 2, 3)), min_size=1, max_size=6))
+    def extend(self, data, new: list[int]) -> None:
+        sid = data.draw(st.sampled_from(sorted(self.tokens)))
+        toks = self.tokens[sid] + new
+        if self.kv.allocate(sid, len(toks)) is not None:
+            self._sync()
+            self.tokens[sid] = toks
+            self.contents.compute(self.kv, sid, toks)
+
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data(), hold=st.sampled_from((0.0, 0.0, 10.0)))
+    def free(self, data, hold: float) -> None:
+        sid = data.draw(st.sampled_from(sorted(self.tokens)))
+        self.kv.free(sid, hold)
+        del self.tokens[sid]
+
+    @rule(n=st.integers(1, 8))
+    def evict(self, n: int) -> None:
+        self.kv.evict(n)
+        self._sync()
+
+    @rule(seconds=st.sampled_from((1.0, 7.0, 30.0)))
+    def time_passes(self, seconds: float) -> None:
+        self.clock.now += seconds
+
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data(), seconds=st.sampled_from((0.0, 20.0)))
+    def retain(self, data, seconds: float) -> None:
+        toks = self.tokens[data.draw(st.sampled_from(sorted(self.tokens)))]
+        self.kv.retain_chain(hashes(toks), seconds, pin=True)
+
+    @rule()
+    def reset(self) -> None:
+        self.kv.reset_prefix_cache()
+        self._sync()
+
+    @invariant()
+    def consistent(self) -> None:
+        self.kv.check_invariants()
+        self.contents.check(self.kv)
+        self.replay.check(self.kv)
+
+
+TestTieredKVMachine = TieredKVMachine.TestCase
+TestTieredKVMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
