@@ -4,11 +4,13 @@ each rank holds 1/N of the sharded weights; rank 0 reads only its slices of the 
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 
 import pytest
 
 from engine import LLM, SamplingParams
+from engine.sampling_params import StructuredOutputSpec
 from engine.outputs import SchedulerStats
 from engine.parallel.memory import RankMemory
 from engine.weights import _Checkpoint
@@ -151,3 +153,27 @@ def test_rank_zero_reads_only_its_slices(monkeypatch):
         rank0 = llm.engine.rank_memory[0]
     assert sum(read) == rank0.weight_bytes
     assert rank0.sharded_weight_bytes * 2 == single_rank("qwen3-tiny").memory[0].sharded_weight_bytes
+
+
+def _tiers_and_grammar(size: int) -> tuple:
+    """A prompt evicted to the host pool and hit again, then a regex-constrained request."""
+    with LLM("qwen3-tiny", tensor_parallel_size=size, block_size=4, num_kv_blocks=16, kv_offload_gb=0.01,
+             async_scheduling=True) as llm:
+        a, b = random_prompts(llm.engine.model_cfg.vocab_size, [44, 44], seed=17)
+        greedy = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+        first = llm.generate(a, greedy)[0]
+        llm.generate(b, greedy)  # the pool holds one prompt: a's blocks move to the host pool
+        again = llm.generate(a, greedy)[0]
+        pattern = StructuredOutputSpec("regex", r"(yes|no), [0-9]{2}")
+        constrained = llm.generate(b[:20], SamplingParams(max_tokens=12, temperature=0, structured_output=pattern))[0]
+        return first.token_ids, again.token_ids, again.num_cached_tokens, llm.stats.kv_restore_bytes, constrained.text
+
+
+def test_host_tier_and_grammars_on_every_rank():
+    """Transfers ride the SchedulerOutput to every rank (each holds its shard of a block); masks apply on rank 0."""
+    single, parallel = _tiers_and_grammar(1), _tiers_and_grammar(2)
+    first, again, cached, restored, text = parallel
+    assert first == again and cached >= 40 and restored > 0  # the restored blocks gave the same tokens
+    assert re.fullmatch(r"(yes|no), [0-9]{2}", text)
+    assert parallel[:3] + parallel[4:] == single[:3] + single[4:]
+    assert restored * 2 == single[3]  # each rank restores its half of every block
