@@ -122,7 +122,7 @@ def test_a_reply_ending_in_tool_calls_holds_its_session(smol_server: LiveServer,
     smol_server.in_engine(lambda engine: engine.reset_prefix_cache())
     headers = {"X-Session-Id": session_id} if session_id else {}
     response = smol_server.client().chat.completions.create(
-        model="smollm2-135m", messages=FEW_SHOT, tools=[WEATHER], tool_choice=NAMED, max_tokens=20, temperature=0,
+        model="smollm2-135m", messages=FEW_SHOT, tools=[WEATHER], tool_choice=NAMED, max_tokens=60, temperature=0,
         extra_headers=headers)
     assert response.choices[0].finish_reason == "tool_calls"
     held = _chain_retained_for(smol_server, response.id)
