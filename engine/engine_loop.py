@@ -144,11 +144,27 @@ class EngineLoop:
             self._commands.put(command)
         return command.result
 
-    # ---- engine thread -------------------------------------------------------------------------------------------
-    def _run(self) -> None:
+    def run_here(self, requests: list[EngineRequest], sink: OutputSink, until: Callable[[], bool]) -> None:
+        """Run the engine on the calling thread instead of a thread of its own, from admitting ``requests`` until
+        ``until()`` (checked between steps); what still runs then is aborted. For a caller with nothing else to do
+        and no core to spare: on a CPU the device is the host's cores, and a second busy Python thread only takes
+        the GIL from the steps. Raises `RequestRejected` as `submit`'s future would."""
+        self._thread = threading.current_thread()
+        accepted: concurrent.futures.Future = concurrent.futures.Future()
+        self._handle([_Add(list(requests), sink, accepted)])
         try:
-            while True:
+            accepted.result()
+            self._run(until)
+        finally:
+            self._thread = None
+
+    # ---- engine thread -------------------------------------------------------------------------------------------
+    def _run(self, until: Callable[[], bool] | None = None) -> None:
+        try:
+            while until is None or not until():
                 idle = not self.engine.has_unfinished_requests()
+                if idle and until is not None:  # run_here: everything it admitted has ended
+                    break
                 commands = [self._commands.get()] if idle else []  # block while there is nothing to compute
                 while True:
                     try:
@@ -159,6 +175,8 @@ class EngineLoop:
                     break
                 self._step()
         except BaseException as exc:  # the engine state is unusable: fail everyone rather than hang them
+            if until is not None and isinstance(exc, KeyboardInterrupt):  # run_here: the caller's own Ctrl-C
+                raise
             log.exception("engine loop died")
             self._die(exc)
             self._fail_all(EngineDeadError(f"engine failure: {exc}"))

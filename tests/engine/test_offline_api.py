@@ -98,3 +98,22 @@ def test_local_model_directory_runs_like_the_registry_entry(qwen3_llm: LLM, tmp_
     greedy = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
     from_dir = LLM(str(local), block_size=4, num_kv_blocks=64).generate([prompt], greedy)[0].token_ids
     assert from_dir == qwen3_llm.generate([prompt], greedy)[0].token_ids
+
+
+def test_engine_thread_gives_what_the_calling_thread_gives(qwen3_llm: LLM, monkeypatch):
+    """On an accelerator `generate` steps the engine in a thread of its own; on a CPU the caller steps it. Same
+    tokens, texts, stop-string cuts and finish reasons either way."""
+    prompts = random_prompts(50_000, [6, 15, 23, 9], seed=33)
+    greedy = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    text = qwen3_llm.generate(prompts[1], greedy)[0].text
+    params = [greedy, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, stop=[text[4:7]]),
+              SamplingParams(max_tokens=7, temperature=0.9, seed=5, n=2, ignore_eos=True), SamplingParams(max_tokens=5, seed=8)]
+
+    def run() -> list:
+        outs = qwen3_llm.generate(prompts, params)
+        return [[(c.token_ids, c.text, c.finish_reason) for c in o.outputs] for o in outs]
+
+    here = run()
+    monkeypatch.setattr(LLM, "_engine_thread_pays", lambda self: True)
+    assert run() == here
+    assert here[1][0][2] == "stop" and len({tuple(o[0][0]) for o in here}) == len(here)
