@@ -53,6 +53,12 @@ def _kill_first_worker_when_it_appears(deadline: float) -> None:
         time.sleep(0.01)
 
 
+def test_disk_tier_under_tensor_parallelism_is_refused_with_what_works(tmp_path):
+    with pytest.raises(ValueError, match="use the host tier"):
+        EngineConfig(tensor_parallel_size=2, kv_offload_gb=0.01, kv_disk_dir=str(tmp_path))
+    EngineConfig(tensor_parallel_size=2, kv_offload_gb=0.01)
+
+
 def test_worker_dying_at_start_up_fails_the_start():
     killer = threading.Thread(target=_kill_first_worker_when_it_appears, args=(time.monotonic() + 60,))
     killer.start()
