@@ -246,6 +246,9 @@ class LLMEngine:
 
     def _collect(self, handle: StepHandle) -> None:
         out = handle.result()
+        if not self.structured_outputs.num_active:  # nothing sampled under a grammar (its masks made matchers)
+            self.scheduler.update(out)
+            return
         requests = self.scheduler.requests
         live = [(requests[r], t) for r, t in zip(out.req_ids, out.sampled_token_ids) if r in requests]
         ends = self.structured_outputs.accept([r for r, _ in live], [t for _, t in live])

@@ -102,39 +102,38 @@ def serve(ctx: ServingContext) -> Iterator[str]:
         assert not ctx.engine.alive, "the engine thread outlived the server"
 
 
+def _live_server(factory: pytest.TempPathFactory, model: str, engine: EngineConfig,
+                 settings: ServerSettings = ServerSettings(), api_key: str = "unused") -> Iterator[LiveServer]:
+    """Serve ``model`` on 127.0.0.1 for the session, recording every request body."""
+    record = factory.mktemp("record") / "requests.jsonl"
+    ctx = load_context(model, engine, settings, record_path=str(record))
+    with serve(ctx) as url:
+        yield LiveServer(ctx, url, record, api_key=api_key)
+
+
 @pytest.fixture(scope="session")
 def qwen_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     """qwen3-tiny (random weights, the real Qwen3 tokenizer and template): fast, so most tests use it. Two tenants
     (API keys); a short context so that the max_tokens clamp is cheap to reach."""
-    record = tmp_path_factory.mktemp("record") / "requests.jsonl"
-    ctx = load_context(
-        "qwen3-tiny",
+    yield from _live_server(
+        tmp_path_factory, "qwen3-tiny",
         EngineConfig(block_size=4, num_kv_blocks=2048, max_num_seqs=64, max_model_len=512),
-        ServerSettings(api_keys=(KEY_A, KEY_B), max_n=4, max_body_bytes=256 * 1024),
-        record_path=str(record),
+        ServerSettings(api_keys=(KEY_A, KEY_B), max_n=4, max_body_bytes=256 * 1024), api_key=KEY_A,
     )
-    with serve(ctx) as url:
-        yield LiveServer(ctx, url, record, api_key=KEY_A)
 
 
 @pytest.fixture(scope="session")
 def smol_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     """smollm2-135m: real weights and its own Jinja chat template; no API keys."""
-    record = tmp_path_factory.mktemp("record") / "requests.jsonl"
-    ctx = load_context("smollm2-135m", EngineConfig(block_size=16, num_kv_blocks=256, max_model_len=2048),
-                       ServerSettings(), record_path=str(record))
-    with serve(ctx) as url:
-        yield LiveServer(ctx, url, record)
+    yield from _live_server(tmp_path_factory, "smollm2-135m",
+                            EngineConfig(block_size=16, num_kv_blocks=256, max_model_len=2048))
 
 
 @pytest.fixture(scope="session")
 def deepseek_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     """deepseek-tiny (the DeepSeek-V3.1 template: with thinking on, the output starts inside reasoning)."""
-    record = tmp_path_factory.mktemp("record") / "requests.jsonl"
-    ctx = load_context("deepseek-tiny", EngineConfig(block_size=4, num_kv_blocks=1024, max_model_len=512),
-                       ServerSettings(), record_path=str(record))
-    with serve(ctx) as url:
-        yield LiveServer(ctx, url, record)
+    yield from _live_server(tmp_path_factory, "deepseek-tiny",
+                            EngineConfig(block_size=4, num_kv_blocks=1024, max_model_len=512))
 
 
 @pytest.fixture(params=["qwen", "smol"])

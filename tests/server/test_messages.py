@@ -7,6 +7,7 @@ import httpx
 import pytest
 
 from tests.server.conftest import KEY_A, LiveServer
+from tests.server.test_tools import call_text
 
 HELLO = [{"role": "user", "content": "What is the capital of France?"}]
 # The anthropic SDK no longer takes sampling parameters as arguments; the API does (greedy keeps runs comparable).
@@ -14,16 +15,12 @@ WEATHER = {"name": "get_weather", "description": "Get the current weather in a c
            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
 
 
-def _call(city: str) -> str:
-    return f'<tool_call>\n{{"name": "get_weather", "arguments": {{"city": "{city}"}}}}\n</tool_call>'
-
-
 # SmolLM2's template does not show tools: earlier turns show it the call format, as in tests/server/test_tools.py.
 FEW_SHOT = [
     {"role": "user", "content": "What is the weather in London?"},
-    {"role": "assistant", "content": _call("London")},
+    {"role": "assistant", "content": call_text("London")},
     {"role": "user", "content": "London: rain, 12 C. What is the weather in Berlin?"},
-    {"role": "assistant", "content": _call("Berlin")},
+    {"role": "assistant", "content": call_text("Berlin")},
     {"role": "user", "content": "Berlin: sunny, 20 C. What is the weather in Paris?"},
 ]
 

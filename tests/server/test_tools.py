@@ -23,7 +23,7 @@ WEATHER = {
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 
 
-def _call_text(city: str) -> str:
+def call_text(city: str) -> str:
     return f'<tool_call>\n{{"name": "get_weather", "arguments": {{"city": "{city}"}}}}\n</tool_call>'
 
 
@@ -31,11 +31,11 @@ def _call_text(city: str) -> str:
 # as that template renders history) and their tool results.
 FEW_SHOT = [
     {"role": "user", "content": "What is the weather in London?"},
-    {"role": "assistant", "content": _call_text("London")},
+    {"role": "assistant", "content": call_text("London")},
     {"role": "tool", "content": "London: rain, 12 C"},
     {"role": "assistant", "content": "It rains in London."},
     {"role": "user", "content": "What is the weather in Berlin?"},
-    {"role": "assistant", "content": _call_text("Berlin")},
+    {"role": "assistant", "content": call_text("Berlin")},
     {"role": "tool", "content": "Berlin: sunny, 20 C"},
     {"role": "assistant", "content": "It is sunny in Berlin."},
     {"role": "user", "content": "What is the weather in Paris?"},
