@@ -57,14 +57,6 @@ class RequestOutput:
             self.metrics = out.timings
 
 
-class _QueueSink:
-    def __init__(self, outputs: queue.SimpleQueue) -> None:
-        self.outputs = outputs
-
-    def put(self, item: list[SequenceOutput] | BaseException) -> None:
-        self.outputs.put(item)
-
-
 class _Collector:
     """Turns a generate call's token outputs into its results (text, stop strings), wherever the engine runs."""
 
@@ -199,10 +191,10 @@ class LLM:
     @staticmethod
     def _run_threaded(loop: EngineLoop, requests: list[EngineRequest], collector: _Collector) -> None:
         """The engine steps in its own thread while this one makes the text."""
-        outputs: queue.SimpleQueue = queue.SimpleQueue()
+        outputs: queue.SimpleQueue = queue.SimpleQueue()  # an OutputSink as it is: put never blocks
         loop.start()
         try:
-            loop.submit(requests, _QueueSink(outputs)).result()
+            loop.submit(requests, outputs).result()
             while not collector.done():
                 collector.put(outputs.get())
         finally:
