@@ -53,7 +53,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = bench.add_subparsers(dest="bench_command", metavar="BENCH")
     bench.set_defaults(func=lambda _args: bench.print_help() or 2)
     for command in _COMMANDS:
-        parser = sub.add_parser(command.name, help=command.help, description=command.help)
+        # argparse %-formats help strings: a command's help is plain text ("0%, 50% and 100%")
+        parser = sub.add_parser(command.name, help=command.help.replace("%", "%%"), description=command.help)
         command.configure(parser)
         parser.add_argument("--json", metavar="FILE", help="write the figures as JSON to FILE")
         parser.add_argument("--out-dir", default=f"results/{command.name}", help="markdown and plots go here")
