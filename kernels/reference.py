@@ -12,6 +12,10 @@ Shapes (T = tokens in the flattened batch, B = sequences):
 """
 from __future__ import annotations
 
+import threading
+from dataclasses import dataclass
+from typing import Callable, Generic, TypeVar
+
 import torch
 import torch.nn.functional as F
 
@@ -69,19 +73,13 @@ def paged_attention(
     so that both backends share one call site; the reference has no launch to size and reads exact lengths anyway.
     """
     out = torch.empty_like(query)
-    starts = query_start_loc.tolist()
-    lens = context_lens.tolist()
-    q_lens = [starts[b + 1] - starts[b] for b in range(len(lens))]
-    decodes = [b for b, n in enumerate(q_lens) if n == 1]
-    if len(decodes) > 1:
-        _batched_decode(query, k_cache, v_cache, block_tables, lens, starts, decodes, scale, out)
-        decodes_done = set(decodes)
-    else:
-        decodes_done = set()
-    for b, ctx_len in enumerate(lens):
-        q_start, q_len = starts[b], q_lens[b]
-        if q_len == 0 or b in decodes_done:
-            continue
+    plan = _ATTENTION_PLANS.get((block_tables, context_lens, query_start_loc), k_cache.shape[1],
+                                lambda: _AttentionPlan.build(block_tables, context_lens, query_start_loc,
+                                                             k_cache.shape[1]))
+    if plan.decode is not None:
+        _batched_decode(query, k_cache, v_cache, plan.decode, scale, out)
+    for b in plan.one_by_one:
+        ctx_len, q_start, q_len = plan.lens[b], plan.starts[b], plan.starts[b + 1] - plan.starts[b]
         k = gather_context(k_cache, block_tables[b], ctx_len).transpose(0, 1).to(query.dtype)
         v = gather_context(v_cache, block_tables[b], ctx_len).transpose(0, 1).to(query.dtype)
         q = query[q_start : q_start + q_len].transpose(0, 1)  # [Hq, q_len, D]
@@ -95,51 +93,121 @@ def paged_attention(
     return out
 
 
-def _padded_context_slots(
-    block_tables: torch.Tensor, lens: list[int], rows: list[int], block_size: int
-) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """The cache slots of sequences ``rows``' contexts padded to the longest: ``(slots [B * L], valid [B, L], L)``.
+T = TypeVar("T")
+
+
+class _LastStepMemo(threading.local, Generic[T]):
+    """The value last built from one step's metadata tensors (per thread: engines on two threads never share it).
+
+    Every layer of a step passes the very same tensors, unchanged: the same objects with the same version counters.
+    Whatever the reference derives from them (host copies of the lengths, gather indices, masks) is therefore built
+    on the first layer and reused by the others, instead of once per layer. Other tensors, an in-place change to
+    them, or inference tensors (which keep no version counter) build anew.
+    """
+
+    def __init__(self) -> None:
+        self._tensors: tuple[torch.Tensor, ...] = ()
+        self._versions: tuple[int, ...] = ()
+        self._extra: object = None
+        self._value: T | None = None
+
+    def get(self, tensors: tuple[torch.Tensor, ...], extra: object, build: Callable[[], T]) -> T:
+        if any(t.is_inference() for t in tensors):
+            return build()
+        versions = tuple(t._version for t in tensors)
+        same = (len(tensors) == len(self._tensors) and all(a is b for a, b in zip(tensors, self._tensors))
+                and versions == self._versions and extra == self._extra)
+        if not same:
+            self._value = build()
+            self._tensors, self._versions, self._extra = tensors, versions, extra
+        return self._value
+
+
+@dataclass
+class _PaddedContexts:
+    """Sequences' contexts as cache slots padded to the longest (``length``): ``slots`` ``[B * length]``, and the
+    ``[B, 1, 1, length]`` mask of real positions (None when all have the same length: nothing to mask).
 
     Positions past a sequence's length read that sequence's first slot instead of whatever the pages hold there:
-    real data of the same sequence (never a NaN from an unwritten slot), which the caller's mask then removes.
+    real data of the same sequence (never a NaN from an unwritten slot), which the mask then removes.
     """
-    dev = block_tables.device
-    ctx = torch.tensor([lens[b] for b in rows], device=dev)
-    length = max(lens[b] for b in rows)
-    width = -(-length // block_size)
-    tables = block_tables[torch.tensor(rows, device=dev), :width].long()  # [B, width]
-    positions = torch.arange(length, device=dev)
-    valid = positions[None, :] < ctx[:, None]  # [B, L]
-    slots = tables[:, positions // block_size] * block_size + positions % block_size
-    return torch.where(valid, slots, slots[:, :1]).flatten(), valid, length
+
+    slots: torch.Tensor
+    mask: torch.Tensor | None
+    length: int
+    num_seqs: int
+
+    @classmethod
+    def build(cls, block_tables: torch.Tensor, lens: list[int], rows: list[int], block_size: int) -> _PaddedContexts:
+        dev = block_tables.device
+        ctx = [lens[b] for b in rows]
+        length = max(ctx)
+        width = -(-length // block_size)
+        tables = block_tables[torch.tensor(rows, device=dev), :width].long()  # [B, width]
+        positions = torch.arange(length, device=dev)
+        slots = tables[:, positions // block_size] * block_size + positions % block_size
+        if min(ctx) == length:
+            return cls(slots.flatten(), None, length, len(rows))
+        valid = positions[None, :] < torch.tensor(ctx, device=dev)[:, None]  # [B, L]
+        return cls(torch.where(valid, slots, slots[:, :1]).flatten(), valid[:, None, None, :], length, len(rows))
+
+    def gather(self, cache: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """``cache``'s rows at the slots as ``[B, H, L, D]``."""
+        flat = cache.view(-1, *cache.shape[2:])
+        return flat.index_select(0, self.slots).view(self.num_seqs, self.length, *cache.shape[2:]).transpose(1, 2).to(dtype)
+
+
+@dataclass
+class _DecodeRows:
+    """The sequences with a single query row: their rows in the flattened query, and their padded contexts."""
+
+    query_rows: torch.Tensor
+    contexts: _PaddedContexts
+
+
+@dataclass
+class _AttentionPlan:
+    """What `paged_attention` derives from a step's metadata, once per step (see `_LastStepMemo`)."""
+
+    starts: list[int]
+    lens: list[int]
+    decode: _DecodeRows | None  # attended in one batched call (when there are at least two)
+    one_by_one: list[int]  # the other sequences with query rows (prefill chunks, a lone decode)
+
+    @classmethod
+    def build(cls, block_tables: torch.Tensor, context_lens: torch.Tensor, query_start_loc: torch.Tensor,
+              block_size: int) -> _AttentionPlan:
+        starts, lens = query_start_loc.tolist(), context_lens.tolist()
+        q_lens = [starts[b + 1] - starts[b] for b in range(len(lens))]
+        decodes = [b for b, n in enumerate(q_lens) if n == 1]
+        if len(decodes) < 2:
+            decodes = []
+        decode = None
+        if decodes:
+            query_rows = torch.tensor([starts[b] for b in decodes], device=block_tables.device)
+            decode = _DecodeRows(query_rows, _PaddedContexts.build(block_tables, lens, decodes, block_size))
+        batched = set(decodes)
+        one_by_one = [b for b, n in enumerate(q_lens) if n > 0 and b not in batched]
+        return cls(starts, lens, decode, one_by_one)
+
+
+_ATTENTION_PLANS: _LastStepMemo[_AttentionPlan] = _LastStepMemo()
+_MLA_CONTEXTS: _LastStepMemo[_PaddedContexts] = _LastStepMemo()
 
 
 def _batched_decode(
-    query: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    lens: list[int],
-    starts: list[int],
-    rows: list[int],
-    scale: float,
+    query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, decode: _DecodeRows, scale: float,
     out: torch.Tensor,
 ) -> None:
-    """One query per sequence in ``rows``: gather their contexts into ``[B, L_max]`` in one pass and mask the rest."""
-    slots, valid, length = _padded_context_slots(block_tables, lens, rows, k_cache.shape[1])
-
-    def gather(cache: torch.Tensor) -> torch.Tensor:  # -> [B, Hkv, L, D]
-        flat = cache.view(-1, *cache.shape[2:])
-        return flat.index_select(0, slots).view(len(rows), length, *cache.shape[2:]).transpose(1, 2).to(query.dtype)
-
-    q_rows = torch.tensor([starts[b] for b in rows], device=query.device)
+    """One query per sequence: their contexts gathered into ``[B, L_max]`` in one pass, the padding masked."""
+    contexts, rows = decode.contexts, decode.query_rows
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     # The query heads of one KV group all sit at the same position: fold them into the query-length dimension,
     # so each KV head is read once instead of being repeated per query head.
-    q = query[q_rows].view(len(rows), num_kv_heads, -1, head_dim)  # [B, Hkv, group, D]
-    mask = valid[:, None, None, :]
-    o = F.scaled_dot_product_attention(q, gather(k_cache), gather(v_cache), attn_mask=mask, scale=scale)
-    out[q_rows] = o.reshape(len(rows), -1, head_dim)
+    q = query[rows].view(contexts.num_seqs, num_kv_heads, -1, head_dim)  # [B, Hkv, group, D]
+    k, v = contexts.gather(k_cache, query.dtype), contexts.gather(v_cache, query.dtype)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=contexts.mask, scale=scale)
+    out[rows] = o.reshape(contexts.num_seqs, -1, head_dim)
 
 
 def mla_decode(
@@ -166,12 +234,12 @@ def mla_decode(
     out = query.new_empty(num_seqs, query.shape[1], kv_lora_rank)
     if num_seqs == 0:
         return out
-    slots, valid, length = _padded_context_slots(block_tables, context_lens.tolist(), list(range(num_seqs)),
-                                                 latent_cache.shape[1])
-    rows = latent_cache.view(-1, latent_cache.shape[-1]).index_select(0, slots).to(query.dtype)
-    keys = rows.view(num_seqs, 1, length, -1)  # one KV head: the heads fold into the query-length dimension
-    o = F.scaled_dot_product_attention(query[:, None], keys, keys[..., :kv_lora_rank],
-                                       attn_mask=valid[:, None, None, :], scale=scale)
+    block_size = latent_cache.shape[1]
+    contexts = _MLA_CONTEXTS.get((block_tables, context_lens), block_size, lambda: _PaddedContexts.build(
+        block_tables, context_lens.tolist(), list(range(num_seqs)), block_size))
+    keys = contexts.gather(latent_cache, query.dtype)  # [B, 1, L, L + R]: the heads fold into the query length
+    o = F.scaled_dot_product_attention(query[:, None], keys, keys[..., :kv_lora_rank], attn_mask=contexts.mask,
+                                       scale=scale)
     out.copy_(o[:, 0])
     return out
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
@@ -150,6 +150,22 @@ def test_paged_attention_mixed_batch_half(dtype: torch.dtype, group: int) -> Non
     batch = make_batch(MIXED_CONTEXT, MIXED_QUERY, 2, group, 64, 4, dtype, seed=7)
     expected = reference.paged_attention(*batch.args())
     assert_close(TRITON.paged_attention(*batch.args()), expected, ATTENTION_TOL[dtype])
+
+
+def test_reference_plan_follows_metadata_changed_in_place() -> None:
+    # The reference derives its gather plan once per step and reuses it while the same metadata tensors come back
+    # unchanged (every layer of a step). The runner rewrites those buffers in place between steps: the next call
+    # must read the new lengths, exactly as a call on fresh tensors does.
+    batch = make_batch([23, 18, 9, 30], [1, 1, 1, 1], 2, 2, 64, 4, torch.float32, seed=5)
+    before = reference.paged_attention(*batch.args())
+    assert torch.equal(reference.paged_attention(*batch.args()), before)
+    batch.context_lens.copy_(torch.tensor([20, 18, 5, 30], dtype=torch.int32))
+    fresh = replace(batch, block_tables=batch.block_tables.clone(), context_lens=batch.context_lens.clone(),
+                    query_start_loc=batch.query_start_loc.clone())
+    after = reference.paged_attention(*batch.args())
+    assert torch.equal(after, reference.paged_attention(*fresh.args()))
+    assert not torch.allclose(after[0], before[0]) and not torch.allclose(after[2], before[2])
+    assert torch.equal(after[1], before[1])
 
 
 def test_paged_attention_long_prefill_crosses_query_tiles() -> None:
