@@ -3,8 +3,9 @@ decode loop of the same model in the same run.
 
 The model is Qwen3-shaped but negligible (2 layers, hidden 64, vocab 2048), so the step's host work shows. For each
 batch size and context length, every sequence shares one prompt prefix (admitted once, then hit by the others, so
-setup is quick), and the engine decodes a few timed steps. The bare loop runs the same weights and ops with a
-contiguous per-sequence cache, no scheduler, no paging, argmax sampling.
+setup is quick). The bare loop runs the same weights and ops with a contiguous per-sequence cache, no scheduler, no
+paging, argmax sampling. Engine and bare loop take turns, one decode step each, ``--steps`` times, so that a change in
+the machine's speed during the run touches both alike; every figure is the median over those steps.
 
 Per point: ``engine_ms`` (wall time per engine step), ``bare_ms``, ``host_ms`` (the engine's own host time per step:
 scheduling, input preparation, launches and bookkeeping; on CPU the step minus its compute, on CUDA the step minus
@@ -17,6 +18,7 @@ does not, so the CPU-time ratio is the one that compares the engine's work with 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -97,73 +99,84 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def engine_point(engine, batch: int, context: int, steps: int, warmup: int) -> dict[str, float | None]:
-    """Per decode step of ``batch`` sequences at ``context`` tokens: engine_ms, host_ms, device_ms and, on CPU,
-    engine_cpu_ms and host_cpu_ms."""
+def _admit_point(engine, batch: int, context: int, max_tokens: int, warmup: int) -> None:
+    """``batch`` sequences sharing a ``context``-token prefix (computed once, then hit), admitted and decoding."""
     from engine.sampling_params import SamplingParams
 
     gen = torch.Generator().manual_seed(context)
     prefix = torch.randint(1, VOCAB, (context - 1,), generator=gen).tolist()
-    params = SamplingParams(max_tokens=steps + warmup + 2, temperature=0, ignore_eos=True)
     engine.reset_prefix_cache()
     engine.add_request("prefix", prefix + [0], SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
-    while engine.has_unfinished_requests():  # the shared prefix, computed once
+    while engine.has_unfinished_requests():
         engine.step()
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
     for i in range(batch):
         engine.add_request(f"s{i}", prefix + [1 + i % (VOCAB - 1)], params)
     while any(r.num_output_tokens == 0 for r in engine.scheduler.requests.values()):  # admit all, first tokens
         engine.step()
     for _ in range(warmup):
         engine.step()
-    device = engine.cfg.device
-    profile = engine.runner.profile
-    _sync(device)
-    before = asdict(profile)
-    start, start_cpu = time.perf_counter(), time.thread_time()
-    for _ in range(steps):
-        engine.step()
-    _sync(device)
-    wall, main_cpu = (time.perf_counter() - start) / steps, (time.thread_time() - start_cpu) / steps
-    spent = {k: (v - before[k]) / steps for k, v in asdict(profile).items()}
+
+
+def _end_point(engine, batch: int) -> None:
     for i in range(batch):
         engine.abort_request(f"s{i}")
     while engine.has_unfinished_requests():
         engine.step()
-    if device.startswith("cuda"):
-        return {"engine_ms": wall * 1e3, "host_ms": (wall - spent["wait_s"]) * 1e3, "device_ms": spent["device_s"] * 1e3}
+
+
+def _timed_engine_step(engine) -> dict[str, float]:
+    """One engine step: wall and CPU seconds, and what the runner's profile counted in it."""
+    profile = engine.runner.profile
+    before = asdict(profile)
+    start, start_cpu = time.perf_counter(), time.thread_time()
+    engine.step()
+    _sync(engine.cfg.device)
+    spent = {k: v - before[k] for k, v in asdict(profile).items()}
+    return {"wall": time.perf_counter() - start, "cpu": time.thread_time() - start_cpu, **spent}
+
+
+def _engine_figures(engine, step: dict[str, float]) -> dict[str, float]:
+    """A step's engine_ms, host_ms, device_ms and, on CPU, engine_cpu_ms and host_cpu_ms."""
+    wall = step["wall"]
+    if engine.cfg.device.startswith("cuda"):
+        return {"engine_ms": wall * 1e3, "host_ms": (wall - step["wait_s"]) * 1e3, "device_ms": step["device_s"] * 1e3}
     on_device_thread = engine.cfg.async_scheduling  # else the main thread ran the device part too
-    host_cpu = main_cpu if on_device_thread else main_cpu - spent["launch_cpu_s"]
-    waited = spent["wait_s"] if on_device_thread else spent["launch_s"]
-    return {"engine_ms": wall * 1e3, "host_ms": (wall - waited) * 1e3, "device_ms": spent["launch_s"] * 1e3,
-            "engine_cpu_ms": (host_cpu + spent["launch_cpu_s"]) * 1e3, "host_cpu_ms": host_cpu * 1e3}
+    host_cpu = step["cpu"] if on_device_thread else step["cpu"] - step["launch_cpu_s"]
+    waited = step["wait_s"] if on_device_thread else step["launch_s"]
+    return {"engine_ms": wall * 1e3, "host_ms": (wall - waited) * 1e3, "device_ms": step["launch_s"] * 1e3,
+            "engine_cpu_ms": (host_cpu + step["launch_cpu_s"]) * 1e3, "host_cpu_ms": host_cpu * 1e3}
 
 
-@torch.inference_mode()
-def bare_point(model, batch: int, context: int, steps: int, warmup: int) -> tuple[float, float]:
-    """(wall ms, CPU ms of this thread) per decode step of the same weights and ops, with a contiguous cache and no
-    scheduler."""
-    from kernels import reference as ops
+class BareDecoder:
+    """The same weights and ops as the engine's model, decoding ``batch`` sequences with a contiguous cache and no
+    scheduler: every sequence shares the prefix, so one copy of its K/V is expanded over the batch (no memory per
+    row), and each row's own tokens go into a small per-row tail."""
 
-    cfg = model.cfg
-    device = model.embed_tokens.weight.device
-    dtype = model.embed_tokens.weight.dtype
-    total = context + steps + warmup
-    # Every sequence shares the prefix, so one copy of its K/V is expanded over the batch (no memory per row);
-    # each row's own tokens go into a small per-row tail.
-    shape = (cfg.num_kv_heads, context, cfg.head_dim)
-    prefix = [(torch.randn(shape, device=device, dtype=dtype), torch.randn(shape, device=device, dtype=dtype))
-              for _ in model.layers]
-    tail_shape = (batch, cfg.num_kv_heads, total - context, cfg.head_dim)
-    tails = [(torch.zeros(tail_shape, device=device, dtype=dtype), torch.zeros(tail_shape, device=device, dtype=dtype))
-             for _ in model.layers]
-    tokens = torch.ones(batch, dtype=torch.long, device=device)
-    scale = cfg.head_dim ** -0.5
+    def __init__(self, model, batch: int, context: int, max_steps: int) -> None:
+        cfg = model.cfg
+        self.model, self.batch, self.context, self.cfg = model, batch, context, cfg
+        device, dtype = model.embed_tokens.weight.device, model.embed_tokens.weight.dtype
+        shape = (cfg.num_kv_heads, context, cfg.head_dim)
+        self.prefix = [(torch.randn(shape, device=device, dtype=dtype), torch.randn(shape, device=device, dtype=dtype))
+                       for _ in model.layers]
+        tail = (batch, cfg.num_kv_heads, max_steps, cfg.head_dim)
+        self.tails = [(torch.zeros(tail, device=device, dtype=dtype), torch.zeros(tail, device=device, dtype=dtype))
+                      for _ in model.layers]
+        self.tokens = torch.ones(batch, dtype=torch.long, device=device)
+        self.pos = context
+        self.device = device
 
-    def step(pos: int) -> torch.Tensor:
-        positions = torch.full((batch,), pos, dtype=torch.long, device=device)
-        x = model.embed_tokens(tokens)
+    @torch.inference_mode()
+    def step(self) -> list[int]:
+        from kernels import reference as ops
+
+        model, cfg, batch = self.model, self.cfg, self.batch
+        positions = torch.full((batch,), self.pos, dtype=torch.long, device=self.device)
+        n = self.pos - self.context + 1
+        x = model.embed_tokens(self.tokens)
         residual = None
-        for layer, (pk, pv), (tk, tv) in zip(model.layers, prefix, tails):
+        for layer, (pk, pv), (tk, tv) in zip(model.layers, self.prefix, self.tails):
             norm = layer.input_layernorm
             if residual is None:
                 residual, h = x, ops.rms_norm(x, norm.weight, norm.eps)
@@ -176,42 +189,54 @@ def bare_point(model, batch: int, context: int, steps: int, warmup: int) -> tupl
                 q = ops.rms_norm(q, attn.q_norm.weight, attn.q_norm.eps)
                 k = ops.rms_norm(k, attn.k_norm.weight, attn.k_norm.eps)
             q, k = ops.rotary_embedding(positions, q, k, model.cos_sin_cache)
-            n = pos - context + 1
             tk[:, :, n - 1], tv[:, :, n - 1] = k, v
             keys = torch.cat([pk.expand(batch, -1, -1, -1), tk[:, :, :n]], dim=2)
             values = torch.cat([pv.expand(batch, -1, -1, -1), tv[:, :, :n]], dim=2)
             o = torch.nn.functional.scaled_dot_product_attention(
-                q.view(batch, cfg.num_kv_heads, -1, cfg.head_dim), keys, values, scale=scale)
+                q.view(batch, cfg.num_kv_heads, -1, cfg.head_dim), keys, values, scale=cfg.head_dim**-0.5)
             h = attn.o_proj(o.reshape(batch, attn.q_size))
             h, residual = ops.rms_norm(h, layer.post_attention_layernorm.weight,
                                        layer.post_attention_layernorm.eps, residual)
             x = layer.mlp(ops, h)
         out, _ = ops.rms_norm(x, model.norm.weight, model.norm.eps, residual)
-        return model.compute_logits(out).argmax(-1)
+        self.tokens = model.compute_logits(out).argmax(-1)
+        self.pos += 1
+        return self.tokens.tolist()  # the sampled ids reach the host every step, as any serving loop needs them
 
-    for i in range(warmup):
-        tokens = step(context + i)
-    _sync(str(device))
+
+def _timed_bare_step(bare: BareDecoder) -> tuple[float, float]:
     start, start_cpu = time.perf_counter(), time.thread_time()
-    for i in range(steps):
-        tokens = step(context + warmup + i)
-        tokens.tolist()  # the sampled ids reach the host every step, as any serving loop needs them
-    return (time.perf_counter() - start) / steps * 1e3, (time.thread_time() - start_cpu) / steps * 1e3
+    bare.step()
+    return time.perf_counter() - start, time.thread_time() - start_cpu
+
+
+def measure_point(engine, batch: int, context: int, steps: int, warmup: int) -> StepPoint:
+    """Engine and bare decode steps taken in turn (one of each, ``steps`` times), so that a change in the machine's
+    speed during the run affects both alike; each figure is the median over the steps."""
+    _admit_point(engine, batch, context, max_tokens=steps + warmup + 2, warmup=warmup)
+    bare = BareDecoder(engine.runner.model, batch, context, steps + warmup)
+    for _ in range(warmup):
+        bare.step()
+    engine_steps, bare_steps = [], []
+    for _ in range(steps):
+        engine_steps.append(_engine_figures(engine, _timed_engine_step(engine)))
+        bare_steps.append(_timed_bare_step(bare))
+    _end_point(engine, batch)
+    figures = {k: statistics.median(step[k] for step in engine_steps) for k in engine_steps[0]}
+    if engine.cfg.async_scheduling and not engine.cfg.device.startswith("cuda"):
+        # The device thread counts a step's compute when it finishes, often inside the next step: use the mean.
+        figures["device_ms"] = statistics.fmean(step["device_ms"] for step in engine_steps)
+    on_cpu = not engine.cfg.device.startswith("cuda")
+    return StepPoint(batch, context, bare_ms=statistics.median(w for w, _ in bare_steps) * 1e3,
+                     bare_cpu_ms=statistics.median(c for _, c in bare_steps) * 1e3 if on_cpu else None, **figures)
 
 
 def run_step_bench(device: str, batches: list[int], contexts: list[int], steps: int, warmup: int,
                    async_scheduling: bool | None) -> list[StepPoint]:
-    model_dir = bench_model_dir()
-    engine = _engine(model_dir, device, max(batches), max(contexts), async_scheduling)
-    points = []
+    engine = _engine(bench_model_dir(), device, max(batches), max(contexts), async_scheduling)
     grid = [(b, c) for c in contexts for b in batches]
-    on_cpu = not device.startswith("cuda")
-    for batch, context in tqdm(grid, desc="bench step", unit="point"):
-        figures = engine_point(engine, batch, context, steps, warmup)
-        bare_ms, bare_cpu_ms = bare_point(engine.runner.model, batch, context, steps, warmup)
-        points.append(StepPoint(batch, context, bare_ms=bare_ms, bare_cpu_ms=bare_cpu_ms if on_cpu else None,
-                                **figures))
-    return points
+    return [measure_point(engine, batch, context, steps, warmup)
+            for batch, context in tqdm(grid, desc="bench step", unit="point")]
 
 
 def markdown(points: list[StepPoint]) -> str:
@@ -232,7 +257,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--batches", default="1,64,256", help="batch sizes, comma-separated")
     parser.add_argument("--contexts", default="128,8192,32768", help="context lengths, comma-separated")
-    parser.add_argument("--steps", type=int, default=10, help="timed decode steps per point")
+    parser.add_argument("--steps", type=int, default=20, help="timed decode steps per point (figures are medians)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed decode steps per point")
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                         help="overlap host and device (default: the engine's: on for CUDA, off for CPU)")
