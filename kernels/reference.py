@@ -72,22 +72,29 @@ def paged_attention(
     prefill chunks one sequence at a time. The keyword-only arguments are the Triton kernel's launch hints, accepted
     so that both backends share one call site; the reference has no launch to size and reads exact lengths anyway.
     """
-    out = torch.empty_like(query)
     plan = _ATTENTION_PLANS.get((block_tables, context_lens, query_start_loc), k_cache.shape[1],
                                 lambda: _AttentionPlan.build(block_tables, context_lens, query_start_loc,
                                                              k_cache.shape[1]))
-    if plan.decode is not None:
-        _batched_decode(query, k_cache, v_cache, plan.decode, scale, out)
+    decode = plan.decode
+    if decode is not None and decode.query_rows is None:  # a decode-only step: every query row, in order
+        return _batched_decode(query, k_cache, v_cache, decode.contexts, scale)
+    out = torch.empty_like(query)
+    if decode is not None:
+        out[decode.query_rows] = _batched_decode(query[decode.query_rows], k_cache, v_cache, decode.contexts, scale)
     for b in plan.one_by_one:
         ctx_len, q_start, q_len = plan.lens[b], plan.starts[b], plan.starts[b + 1] - plan.starts[b]
         k = gather_context(k_cache, block_tables[b], ctx_len).transpose(0, 1).to(query.dtype)
         v = gather_context(v_cache, block_tables[b], ctx_len).transpose(0, 1).to(query.dtype)
+        if q_len == 1:  # a lone decode sees the whole context; its group's query heads fold as in _batched_decode
+            q = query[q_start].view(k.shape[0], -1, query.shape[-1])
+            out[q_start] = F.scaled_dot_product_attention(q, k, v, scale=scale).reshape(query.shape[1:])
+            continue
         q = query[q_start : q_start + q_len].transpose(0, 1)  # [Hq, q_len, D]
-        mask = None  # q_len == 1: a single query at the last position sees the whole context
-        if 1 < q_len < ctx_len:  # a chunk after a cached prefix: causal, offset by the prefix
+        mask = None
+        if q_len < ctx_len:  # a chunk after a cached prefix: causal, offset by the prefix
             q_pos = torch.arange(ctx_len - q_len, ctx_len, device=q.device)
             mask = q_pos[:, None] >= torch.arange(ctx_len, device=q.device)[None, :]
-        causal = 1 < q_len == ctx_len  # a whole prompt: plain causal, SDPA's fast path
+        causal = q_len == ctx_len  # a whole prompt: plain causal, SDPA's fast path
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True)
         out[q_start : q_start + q_len] = o.transpose(0, 1)
     return out
@@ -125,14 +132,16 @@ class _LastStepMemo(threading.local, Generic[T]):
 
 @dataclass
 class _PaddedContexts:
-    """Sequences' contexts as cache slots padded to the longest (``length``): ``slots`` ``[B * length]``, and the
-    ``[B, 1, 1, length]`` mask of real positions (None when all have the same length: nothing to mask).
+    """Sequences' contexts padded to the longest (``length``), as whole pages: ``pages`` ``[B * width]`` page ids
+    (a row copy per page, not per token), the ``padding`` positions past each sequence's length (row and position
+    indices; None when all have the same length), and the matching additive ``[B, 1, 1, length]`` attention mask.
 
-    Positions past a sequence's length read that sequence's first slot instead of whatever the pages hold there:
-    real data of the same sequence (never a NaN from an unwritten slot), which the mask then removes.
+    The gathered copy's padding is zeroed: a stale or never-written slot (the rest of a last page, table padding)
+    cannot reach the output, not even as a NaN times a zero attention weight.
     """
 
-    slots: torch.Tensor
+    pages: torch.Tensor
+    padding: tuple[torch.Tensor, torch.Tensor] | None
     mask: torch.Tensor | None
     length: int
     num_seqs: int
@@ -143,25 +152,28 @@ class _PaddedContexts:
         ctx = [lens[b] for b in rows]
         length = max(ctx)
         width = -(-length // block_size)
-        tables = block_tables[torch.tensor(rows, device=dev), :width].long()  # [B, width]
-        positions = torch.arange(length, device=dev)
-        slots = tables[:, positions // block_size] * block_size + positions % block_size
+        pages = block_tables[torch.tensor(rows, device=dev), :width].flatten().long()
         if min(ctx) == length:
-            return cls(slots.flatten(), None, length, len(rows))
-        valid = positions[None, :] < torch.tensor(ctx, device=dev)[:, None]  # [B, L]
-        return cls(torch.where(valid, slots, slots[:, :1]).flatten(), valid[:, None, None, :], length, len(rows))
+            return cls(pages, None, None, length, len(rows))
+        past = torch.arange(length, device=dev)[None, :] >= torch.tensor(ctx, device=dev)[:, None]  # [B, L]
+        mask = torch.zeros(past.shape, device=dev).masked_fill_(past, float("-inf"))[:, None, None, :]
+        return cls(pages, past.nonzero(as_tuple=True), mask, length, len(rows))
 
     def gather(self, cache: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """``cache``'s rows at the slots as ``[B, H, L, D]``."""
-        flat = cache.view(-1, *cache.shape[2:])
-        return flat.index_select(0, self.slots).view(self.num_seqs, self.length, *cache.shape[2:]).transpose(1, 2).to(dtype)
+        """``cache``'s contexts as ``[B, H, L, D]`` in ``dtype``."""
+        pages = cache.index_select(0, self.pages)
+        rows = pages.view(self.num_seqs, -1, *cache.shape[2:])[:, : self.length].to(dtype)
+        if self.padding is not None:
+            rows.index_put_(self.padding, rows.new_zeros(()))
+        return rows.transpose(1, 2)
 
 
 @dataclass
 class _DecodeRows:
-    """The sequences with a single query row: their rows in the flattened query, and their padded contexts."""
+    """The sequences with a single query row: their rows in the flattened query (None: all rows, in order), and
+    their padded contexts."""
 
-    query_rows: torch.Tensor
+    query_rows: torch.Tensor | None
     contexts: _PaddedContexts
 
 
@@ -184,7 +196,9 @@ class _AttentionPlan:
             decodes = []
         decode = None
         if decodes:
-            query_rows = torch.tensor([starts[b] for b in decodes], device=block_tables.device)
+            query_rows = None
+            if len(decodes) < starts[-1]:
+                query_rows = torch.tensor([starts[b] for b in decodes], device=block_tables.device)
             decode = _DecodeRows(query_rows, _PaddedContexts.build(block_tables, lens, decodes, block_size))
         batched = set(decodes)
         one_by_one = [b for b, n in enumerate(q_lens) if n > 0 and b not in batched]
@@ -196,18 +210,16 @@ _MLA_CONTEXTS: _LastStepMemo[_PaddedContexts] = _LastStepMemo()
 
 
 def _batched_decode(
-    query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, decode: _DecodeRows, scale: float,
-    out: torch.Tensor,
-) -> None:
-    """One query per sequence: their contexts gathered into ``[B, L_max]`` in one pass, the padding masked."""
-    contexts, rows = decode.contexts, decode.query_rows
+    query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contexts: _PaddedContexts, scale: float
+) -> torch.Tensor:
+    """One query row ``[B, Hq, D]`` per sequence over its padded context, the padding masked -> ``[B, Hq, D]``."""
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     # The query heads of one KV group all sit at the same position: fold them into the query-length dimension,
     # so each KV head is read once instead of being repeated per query head.
-    q = query[rows].view(contexts.num_seqs, num_kv_heads, -1, head_dim)  # [B, Hkv, group, D]
+    q = query.reshape(contexts.num_seqs, num_kv_heads, -1, head_dim)  # [B, Hkv, group, D]
     k, v = contexts.gather(k_cache, query.dtype), contexts.gather(v_cache, query.dtype)
     o = F.scaled_dot_product_attention(q, k, v, attn_mask=contexts.mask, scale=scale)
-    out[rows] = o.reshape(contexts.num_seqs, -1, head_dim)
+    return o.reshape(query.shape)
 
 
 def mla_decode(

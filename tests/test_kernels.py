@@ -152,6 +152,13 @@ def test_paged_attention_mixed_batch_half(dtype: torch.dtype, group: int) -> Non
     assert_close(TRITON.paged_attention(*batch.args()), expected, ATTENTION_TOL[dtype])
 
 
+@pytest.mark.parametrize("group", [1, 4])
+def test_paged_attention_lone_decode_beside_a_prefill(group: int) -> None:
+    # A single decode row is attended on its own (its group's heads folded into the query length), not batched.
+    batch = make_batch([37, 12], [1, 5], 2, group, 64, 16, torch.float32, seed=11)
+    assert_close(TRITON.paged_attention(*batch.args()), reference.paged_attention(*batch.args()), 1e-5)
+
+
 def test_reference_plan_follows_metadata_changed_in_place() -> None:
     # The reference derives its gather plan once per step and reuses it while the same metadata tensors come back
     # unchanged (every layer of a step). The runner rewrites those buffers in place between steps: the next call
