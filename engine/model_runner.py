@@ -298,10 +298,12 @@ class ModelRunner:
         return req
 
     def _sample(self, hidden: torch.Tensor, host: HostInputs, work: _DeviceWork, timed: bool) -> _Launched:
-        index = torch.from_numpy(host.sample_index).to(self.device, non_blocking=True).long()
-        logits = self.model.compute_logits(hidden.index_select(0, index))
+        rows = len(host.sample_index)
+        if rows < len(hidden):  # else every token row samples (a decode-only step): no gather
+            hidden = hidden.index_select(0, torch.from_numpy(host.sample_index).to(self.device, non_blocking=True).long())
+        logits = self.model.compute_logits(hidden)
         if logits is None:  # rank 0 samples; this rank receives the ids
-            out = SamplerOutput(torch.empty(len(index), dtype=torch.long, device=self.device), [])
+            out = SamplerOutput(torch.empty(rows, dtype=torch.long, device=self.device), [])
         else:
             if work.logits_processor is not None:
                 work.logits_processor(logits, work.req_ids)

@@ -23,6 +23,39 @@ E4M3_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max: FP8 values (weights, a
 _MIN_AMAX = 1e-12  # an all-zero FP8 block gets a tiny scale instead of 0 (no 0/0); its values stay 0
 
 
+T = TypeVar("T")
+
+
+class _LastStepMemo(threading.local, Generic[T]):
+    """The value last built from one step's metadata tensors (per thread: engines on two threads never share it).
+
+    Every layer of a step passes the very same tensors, unchanged: the same objects with the same version counters.
+    Whatever the reference derives from them (host copies of the lengths, gather indices, masks) is therefore built
+    on the first layer and reused by the others, instead of once per layer. Other tensors, an in-place change to
+    them, or inference tensors (which keep no version counter) build anew.
+    """
+
+    def __init__(self) -> None:
+        self._tensors: tuple[torch.Tensor, ...] = ()
+        self._versions: tuple[int, ...] = ()
+        self._extra: object = None
+        self._value: T | None = None
+
+    def get(self, tensors: tuple[torch.Tensor, ...], extra: object, build: Callable[[], T]) -> T:
+        if any(t.is_inference() for t in tensors):
+            return build()
+        versions = tuple(t._version for t in tensors)
+        same = (len(tensors) == len(self._tensors) and all(a is b for a, b in zip(tensors, self._tensors))
+                and versions == self._versions and extra == self._extra)
+        if not same:
+            self._value = build()
+            self._tensors, self._versions, self._extra = tensors, versions, extra
+        return self._value
+
+
+_ALL_SLOTS_REAL: _LastStepMemo[bool] = _LastStepMemo()  # store_kv: no padding slot (< 0) this step
+
+
 def store_kv(
     key: torch.Tensor,
     value: torch.Tensor,
@@ -32,8 +65,8 @@ def store_kv(
 ) -> None:
     """Write ``key`` ``[T, Hkv, Dk]`` / ``value`` ``[T, Hkv, Dv]`` into the pages at ``slot_mapping`` ``[T]``; slots
     < 0 are padding. ``Dk`` may differ from ``Dv``: MLA stores its latent and rotary key in two views of one page."""
-    valid = slot_mapping >= 0
-    if not bool(valid.all()):
+    if not _ALL_SLOTS_REAL.get((slot_mapping,), None, lambda: bool((slot_mapping >= 0).all())):
+        valid = slot_mapping >= 0
         key, value, slot_mapping = key[valid], value[valid], slot_mapping[valid]
     for new, cache in ((key, k_cache), (value, v_cache)):
         if cache.dtype == torch.float8_e4m3fn:
@@ -98,36 +131,6 @@ def paged_attention(
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True)
         out[q_start : q_start + q_len] = o.transpose(0, 1)
     return out
-
-
-T = TypeVar("T")
-
-
-class _LastStepMemo(threading.local, Generic[T]):
-    """The value last built from one step's metadata tensors (per thread: engines on two threads never share it).
-
-    Every layer of a step passes the very same tensors, unchanged: the same objects with the same version counters.
-    Whatever the reference derives from them (host copies of the lengths, gather indices, masks) is therefore built
-    on the first layer and reused by the others, instead of once per layer. Other tensors, an in-place change to
-    them, or inference tensors (which keep no version counter) build anew.
-    """
-
-    def __init__(self) -> None:
-        self._tensors: tuple[torch.Tensor, ...] = ()
-        self._versions: tuple[int, ...] = ()
-        self._extra: object = None
-        self._value: T | None = None
-
-    def get(self, tensors: tuple[torch.Tensor, ...], extra: object, build: Callable[[], T]) -> T:
-        if any(t.is_inference() for t in tensors):
-            return build()
-        versions = tuple(t._version for t in tensors)
-        same = (len(tensors) == len(self._tensors) and all(a is b for a, b in zip(tensors, self._tensors))
-                and versions == self._versions and extra == self._extra)
-        if not same:
-            self._value = build()
-            self._tensors, self._versions, self._extra = tensors, versions, extra
-        return self._value
 
 
 @dataclass
