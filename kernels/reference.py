@@ -118,10 +118,6 @@ def paged_attention(
         ctx_len, q_start, q_len = plan.lens[b], plan.starts[b], plan.starts[b + 1] - plan.starts[b]
         k = gather_context(k_cache, block_tables[b], ctx_len).transpose(0, 1).to(query.dtype)
         v = gather_context(v_cache, block_tables[b], ctx_len).transpose(0, 1).to(query.dtype)
-        if q_len == 1:  # a lone decode sees the whole context; its group's query heads fold as in _batched_decode
-            q = query[q_start].view(k.shape[0], -1, query.shape[-1])
-            out[q_start] = F.scaled_dot_product_attention(q, k, v, scale=scale).reshape(query.shape[1:])
-            continue
         q = query[q_start : q_start + q_len].transpose(0, 1)  # [Hq, q_len, D]
         mask = None
         if q_len < ctx_len:  # a chunk after a cached prefix: causal, offset by the prefix
@@ -186,8 +182,8 @@ class _AttentionPlan:
 
     starts: list[int]
     lens: list[int]
-    decode: _DecodeRows | None  # attended in one batched call (when there are at least two)
-    one_by_one: list[int]  # the other sequences with query rows (prefill chunks, a lone decode)
+    decode: _DecodeRows | None  # the decode rows, attended in one batched call
+    one_by_one: list[int]  # the sequences with more than one query row (prefill chunks)
 
     @classmethod
     def build(cls, block_tables: torch.Tensor, context_lens: torch.Tensor, query_start_loc: torch.Tensor,
@@ -195,17 +191,13 @@ class _AttentionPlan:
         starts, lens = query_start_loc.tolist(), context_lens.tolist()
         q_lens = [starts[b + 1] - starts[b] for b in range(len(lens))]
         decodes = [b for b, n in enumerate(q_lens) if n == 1]
-        if len(decodes) < 2:
-            decodes = []
         decode = None
         if decodes:
             query_rows = None
             if len(decodes) < starts[-1]:
                 query_rows = torch.tensor([starts[b] for b in decodes], device=block_tables.device)
             decode = _DecodeRows(query_rows, _PaddedContexts.build(block_tables, lens, decodes, block_size))
-        batched = set(decodes)
-        one_by_one = [b for b, n in enumerate(q_lens) if n > 0 and b not in batched]
-        return cls(starts, lens, decode, one_by_one)
+        return cls(starts, lens, decode, [b for b, n in enumerate(q_lens) if n > 1])
 
 
 _ATTENTION_PLANS: _LastStepMemo[_AttentionPlan] = _LastStepMemo()

@@ -154,7 +154,7 @@ def test_paged_attention_mixed_batch_half(dtype: torch.dtype, group: int) -> Non
 
 @pytest.mark.parametrize("group", [1, 4])
 def test_paged_attention_lone_decode_beside_a_prefill(group: int) -> None:
-    # A single decode row is attended on its own (its group's heads folded into the query length), not batched.
+    # A single decode row goes through the batched decode path (a batch of one) beside a prefill chunk.
     batch = make_batch([37, 12], [1, 5], 2, group, 64, 16, torch.float32, seed=11)
     assert_close(TRITON.paged_attention(*batch.args()), reference.paged_attention(*batch.args()), 1e-5)
 
