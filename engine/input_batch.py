@@ -1,9 +1,10 @@
 """The model runner's persistent view of the sequences it computes, updated from `SchedulerOutput` deltas.
 
-Each sequence the runner knows has a `RunnerRequest` (its tokens as far as the host knows them, sampling state,
-block table), kept from its first step until it finishes, across preemptions. The sequences scheduled in a step
-occupy the rows ``0..num_rows-1`` of `InputBatch`, whose numpy arrays hold, per row, its token ids and its block
-table. A row keeps its place while its sequence keeps being scheduled, so a steady decode batch changes nothing
+Each sequence the runner knows has a `RunnerRequest` (sampling state, block table, and its tokens while it has no
+row), kept from its first step until it finishes, across preemptions. The sequences scheduled in a step occupy the
+rows ``0..num_rows-1`` of `InputBatch`, whose numpy arrays hold, per row, its token ids and its block table. While a
+sequence has a row, sampled tokens are appended to the row only (one vectorized write per step); its
+`RunnerRequest.token_ids` is brought up to date when the row goes. A row keeps its place while its sequence keeps being scheduled, so a steady decode batch changes nothing
 but one token and, every ``block_size`` steps, one block id per row: per-step host work grows with the tokens
 scheduled, not with context length.
 
@@ -23,7 +24,7 @@ from engine.sampling_params import SamplingParams
 @dataclass
 class RunnerRequest:
     req_id: str
-    token_ids: list[int]  # prompt + the outputs whose sampled ids reached the host
+    token_ids: list[int]  # prompt + the outputs whose sampled ids reached the host (while rowless; see above)
     params: SamplingParams
     generator: torch.Generator | None
     block_ids: list[int] = field(default_factory=list)
@@ -35,6 +36,7 @@ class InputBatch:
     def __init__(self, max_rows: int, max_model_len: int, max_blocks_per_row: int) -> None:
         self.max_rows = max_rows
         self.req_ids: list[str] = []  # the request in each row
+        self.requests: list[RunnerRequest] = []
         self.row_of: dict[str, int] = {}
         self.token_ids = np.zeros((max_rows, max_model_len), dtype=np.int32)
         self.num_known = np.zeros(max_rows, dtype=np.int32)  # token ids of the row present in token_ids
@@ -56,6 +58,7 @@ class InputBatch:
     def add(self, req: RunnerRequest) -> int:
         row = len(self.req_ids)
         self.req_ids.append(req.req_id)
+        self.requests.append(req)
         self.row_of[req.req_id] = row
         self._fill(row, req)
         self.version += 1
@@ -73,6 +76,9 @@ class InputBatch:
         if len(keep) == len(self.req_ids) and all(r in keep for r in self.req_ids):
             return
         self.version += 1
+        for row, req_id in enumerate(self.req_ids):
+            if req_id not in keep:
+                self._take_tokens_back(row)
         kept = [r for r in self.req_ids if r in keep]
         holes = [i for i, r in enumerate(self.req_ids[: len(kept)]) if r not in keep]
         movers = [i for i in range(len(kept), len(self.req_ids)) if self.req_ids[i] in keep]
@@ -82,6 +88,11 @@ class InputBatch:
             if self.row_of.get(req_id, -1) >= len(kept):
                 del self.row_of[req_id]
         del self.req_ids[len(kept):]
+        del self.requests[len(kept):]
+
+    def _take_tokens_back(self, row: int) -> None:
+        """The row is going: its sequence's tokens move back to its `RunnerRequest`."""
+        self.requests[row].token_ids = self.token_ids[row, : self.num_known[row]].tolist()
 
     def _move(self, src: int, dst: int) -> None:
         req_id = self.req_ids[src]
@@ -89,6 +100,7 @@ class InputBatch:
         if self.row_of.get(dropped) == dst:
             del self.row_of[dropped]
         self.req_ids[dst] = req_id
+        self.requests[dst] = self.requests[src]
         self.row_of[req_id] = dst
         n, b = self.num_known[src], self.num_blocks[src]
         self.token_ids[dst, :n] = self.token_ids[src, :n]

@@ -86,6 +86,8 @@ class StepHandle:
 
     runner: "ModelRunner"
     req_ids: list[str] = field(default_factory=list)
+    rows: np.ndarray | None = None  # the sampled sequences' batch rows when the step was prepared ...
+    batch_version: int = -1  # ... valid while the batch keeps this version
     params: list[SamplingParams] = field(default_factory=list)
     launched: _Launched | Future | None = None
     _output: ModelRunnerOutput | None = None
@@ -105,7 +107,7 @@ class StepHandle:
         if launched.started is not None:
             profile.device_s += launched.started.elapsed_time(launched.done) / 1e3
         token_ids, logprobs = launched.sampled.host_lists(self.params)
-        self.runner.record_sampled(self.req_ids, token_ids)
+        self.runner.record_sampled(self, token_ids)
         self._output = ModelRunnerOutput(self.req_ids, token_ids, logprobs)
         return self._output
 
@@ -208,7 +210,7 @@ class ModelRunner:
         all_ids = batch.req_ids
         req_ids = [all_ids[r] for r in host.sample_rows.tolist()]
         work = _DeviceWork(host, pad_to, None, None, req_ids, logits_processor, sched.kv_transfers)
-        handle = StepHandle(self, req_ids)
+        handle = StepHandle(self, req_ids, rows=host.sample_rows, batch_version=batch.version)
         if req_ids and self.tp.is_first:  # rank 0 samples (module docstring)
             work.sampling = self._sampling_batch_for(req_ids)
             handle.params = work.sampling.params
@@ -339,20 +341,21 @@ class ModelRunner:
         seen = torch.stack([s if s is not None else unseen for _, s in histories])
         return Penalties(*penalty_parameters(params, self.device), counts, seen)
 
-    def record_sampled(self, req_ids: list[str], token_ids: list[int]) -> None:
-        """A step's sampled ids reached the host: append them to each sequence's tokens (and its row)."""
-        requests, row_of = self.requests, self.batch.row_of
+    def record_sampled(self, handle: StepHandle, token_ids: list[int]) -> None:
+        """A step's sampled ids reached the host: append them to each sequence's row (or, rowless, its tokens)."""
+        batch = self.batch
+        if batch.version == handle.batch_version:  # the rows are as the step left them (always, without overlap)
+            batch.append_tokens(handle.rows, token_ids)
+            return
         rows, row_tokens = [], []
-        for req_id, token in zip(req_ids, token_ids):
-            req = requests.get(req_id)
-            if req is None:  # finished while the step ran
-                continue
-            req.token_ids.append(token)
-            row = row_of.get(req_id)
+        for req_id, token in zip(handle.req_ids, token_ids):
+            row = batch.row_of.get(req_id)
             if row is not None:
                 rows.append(row)
                 row_tokens.append(token)
-        self.batch.append_tokens(rows, row_tokens)
+            elif (req := self.requests.get(req_id)) is not None:  # else finished while the step ran
+                req.token_ids.append(token)
+        batch.append_tokens(rows, row_tokens)
 
     # ---- memory budget -----------------------------------------------------------------------------------------
     def _capture_decode_graphs(self) -> DecodeGraphRunner:
