@@ -4,9 +4,9 @@ Each sequence the runner knows has a `RunnerRequest` (sampling state, block tabl
 row), kept from its first step until it finishes, across preemptions. The sequences scheduled in a step occupy the
 rows ``0..num_rows-1`` of `InputBatch`, whose numpy arrays hold, per row, its token ids and its block table. While a
 sequence has a row, sampled tokens are appended to the row only (one vectorized write per step); its
-`RunnerRequest.token_ids` is brought up to date when the row goes. A row keeps its place while its sequence keeps being scheduled, so a steady decode batch changes nothing
-but one token and, every ``block_size`` steps, one block id per row: per-step host work grows with the tokens
-scheduled, not with context length.
+`RunnerRequest.token_ids` is brought up to date when the row goes. A row keeps its place while its sequence keeps
+being scheduled, so a steady decode batch changes nothing but one token and, every ``block_size`` steps, one block
+id per row: per-step host work grows with the tokens scheduled, not with context length.
 
 Every change to a row's block table is also recorded as a (row, column, block id) triple; the runner ships the
 triples to the device copy of the table once per step.
