@@ -210,15 +210,21 @@ def _timed_bare_step(bare: BareDecoder) -> tuple[float, float]:
     return time.perf_counter() - start, time.thread_time() - start_cpu
 
 
-def measure_point(engine, batch: int, context: int, steps: int, warmup: int) -> StepPoint:
+def measure_point(engine, batch: int, context: int, steps: int, warmup: int, flush_mb: int = 0) -> StepPoint:
     """Engine and bare decode steps taken in turn (one of each, ``steps`` times), so that a change in the machine's
-    speed during the run affects both alike; each figure is the median over the steps."""
+    speed during the run affects both alike; each figure is the median over the steps.
+
+    ``flush_mb``: before each engine step, stream that many MB through the CPU caches (not timed), as a long-context
+    forward does on a CPU: the host's own work at a short context, with caches as cold as at a long one."""
     _admit_point(engine, batch, context, max_tokens=steps + warmup + 2, warmup=warmup)
     bare = BareDecoder(engine.runner.model, batch, context, steps + warmup)
     for _ in range(warmup):
         bare.step()
+    flush = torch.empty(flush_mb * 2**18) if flush_mb else None  # float32: 2**18 per MB
     engine_steps, bare_steps = [], []
     for _ in range(steps):
+        if flush is not None:
+            flush.fill_(1.0)
         engine_steps.append(_engine_figures(engine, _timed_engine_step(engine)))
         bare_steps.append(_timed_bare_step(bare))
     _end_point(engine, batch)
@@ -232,10 +238,10 @@ def measure_point(engine, batch: int, context: int, steps: int, warmup: int) -> 
 
 
 def run_step_bench(device: str, batches: list[int], contexts: list[int], steps: int, warmup: int,
-                   async_scheduling: bool | None) -> list[StepPoint]:
+                   async_scheduling: bool | None, flush_mb: int = 0) -> list[StepPoint]:
     engine = _engine(bench_model_dir(), device, max(batches), max(contexts), async_scheduling)
     grid = [(b, c) for c in contexts for b in batches]
-    return [measure_point(engine, batch, context, steps, warmup)
+    return [measure_point(engine, batch, context, steps, warmup, flush_mb)
             for batch, context in tqdm(grid, desc="bench step", unit="point")]
 
 
@@ -261,6 +267,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=3, help="untimed decode steps per point")
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                         help="overlap host and device (default: the engine's: on for CUDA, off for CPU)")
+    parser.add_argument("--flush-mb", type=int, default=0,
+                        help="CPU experiment: stream this many MB through the caches before each engine step (not "
+                             "timed), as a long-context forward does, to see host time with cold caches at a short "
+                             "context (engine/bare ratios are not comparable with it)")
     parser.add_argument("--threads", type=int, default=1,
                         help="CPU: torch threads (default 1, so CPU time counts all of the work)")
 
@@ -270,7 +280,8 @@ def run(args: argparse.Namespace) -> dict:
         torch.set_num_threads(args.threads)
     ints = [int(x) for x in args.batches.split(",")]
     contexts = [int(x) for x in args.contexts.split(",")]
-    points = run_step_bench(args.device, ints, contexts, args.steps, args.warmup, args.async_scheduling)
+    points = run_step_bench(args.device, ints, contexts, args.steps, args.warmup, args.async_scheduling,
+                            args.flush_mb)
     table = markdown(points)
     print(table)
     out = Path(args.out_dir)

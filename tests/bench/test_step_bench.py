@@ -8,7 +8,7 @@ from benchmarks.step_bench import markdown, run_step_bench
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_step_bench_measures_every_point(async_scheduling: bool) -> None:
-    points = run_step_bench("cpu", [1, 3], [32, 64], steps=3, warmup=1, async_scheduling=async_scheduling)
+    points = run_step_bench("cpu", [1, 3], [32, 64], steps=3, warmup=1, async_scheduling=async_scheduling, flush_mb=1)
     assert [(p.batch, p.context) for p in points] == [(1, 32), (3, 32), (1, 64), (3, 64)]
     for p in points:
         assert 0 < p.host_ms < p.engine_ms and p.device_ms > 0 and p.bare_ms > 0
