@@ -5,7 +5,8 @@ The model is Qwen3-shaped but negligible (2 layers, hidden 64, vocab 2048), so t
 batch size and context length, every sequence shares one prompt prefix (admitted once, then hit by the others, so
 setup is quick). The bare loop runs the same weights and ops with a contiguous per-sequence cache, no scheduler, no
 paging, argmax sampling. Engine and bare loop take turns, one decode step each, ``--steps`` times, so that a change in
-the machine's speed during the run touches both alike; every figure is the median over those steps.
+the machine's speed during the run touches both alike (with async scheduling, see `measure_point`); every figure is
+the median over those steps.
 
 Per point: ``engine_ms`` (wall time per engine step), ``bare_ms``, ``host_ms`` (the engine's own host time per step:
 scheduling, input preparation, launches and bookkeeping; on CPU the step minus its compute, on CUDA the step minus
@@ -123,6 +124,7 @@ def _end_point(engine, batch: int) -> None:
         engine.abort_request(f"s{i}")
     while engine.has_unfinished_requests():
         engine.step()
+    engine.step()  # collects a step still in flight (async scheduling): nothing of the engine runs after this
 
 
 def _timed_engine_step(engine) -> dict[str, float]:
@@ -211,23 +213,38 @@ def _timed_bare_step(bare: BareDecoder) -> tuple[float, float]:
 
 
 def measure_point(engine, batch: int, context: int, steps: int, warmup: int, flush_mb: int = 0) -> StepPoint:
-    """Engine and bare decode steps taken in turn (one of each, ``steps`` times), so that a change in the machine's
-    speed during the run affects both alike; each figure is the median over the steps.
+    """Per decode step of ``batch`` sequences at ``context`` tokens, the medians over ``steps`` steps.
+
+    Without overlap, engine and bare steps are taken in turn (one of each), so that a change in the machine's speed
+    during the run touches both alike. With async scheduling an engine step leaves the next one running (on the GPU,
+    or on the CPU's device thread), which a bare step in between would wait for or compete with: the engine's steps
+    are then timed back to back, and the bare loop's after the engine has nothing left in flight.
 
     ``flush_mb``: before each engine step, stream that many MB through the CPU caches (not timed), as a long-context
     forward does on a CPU: the host's own work at a short context, with caches as cold as at a long one."""
     _admit_point(engine, batch, context, max_tokens=steps + warmup + 2, warmup=warmup)
     bare = BareDecoder(engine.runner.model, batch, context, steps + warmup)
-    for _ in range(warmup):
-        bare.step()
     flush = torch.empty(flush_mb * 2**18) if flush_mb else None  # float32: 2**18 per MB
-    engine_steps, bare_steps = [], []
-    for _ in range(steps):
+
+    def engine_step() -> dict[str, float]:
         if flush is not None:
             flush.fill_(1.0)
-        engine_steps.append(_engine_figures(engine, _timed_engine_step(engine)))
-        bare_steps.append(_timed_bare_step(bare))
-    _end_point(engine, batch)
+        return _engine_figures(engine, _timed_engine_step(engine))
+
+    engine_steps, bare_steps = [], []
+    if engine.cfg.async_scheduling:
+        engine_steps = [engine_step() for _ in range(steps)]
+        _end_point(engine, batch)
+        for _ in range(warmup):
+            bare.step()
+        bare_steps = [_timed_bare_step(bare) for _ in range(steps)]
+    else:
+        for _ in range(warmup):
+            bare.step()
+        for _ in range(steps):
+            engine_steps.append(engine_step())
+            bare_steps.append(_timed_bare_step(bare))
+        _end_point(engine, batch)
     figures = {k: statistics.median(step[k] for step in engine_steps) for k in engine_steps[0]}
     if engine.cfg.async_scheduling and not engine.cfg.device.startswith("cuda"):
         # The device thread counts a step's compute when it finishes, often inside the next step: use the mean.
