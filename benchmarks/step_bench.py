@@ -246,10 +246,10 @@ def measure_point(engine, batch: int, context: int, steps: int, warmup: int, flu
             bare_steps.append(_timed_bare_step(bare))
         _end_point(engine, batch)
     figures = {k: statistics.median(step[k] for step in engine_steps) for k in engine_steps[0]}
-    if engine.cfg.async_scheduling and not engine.cfg.device.startswith("cuda"):
+    on_cpu = not engine.cfg.device.startswith("cuda")
+    if engine.cfg.async_scheduling and on_cpu:
         # The device thread counts a step's compute when it finishes, often inside the next step: use the mean.
         figures["device_ms"] = statistics.fmean(step["device_ms"] for step in engine_steps)
-    on_cpu = not engine.cfg.device.startswith("cuda")
     return StepPoint(batch, context, bare_ms=statistics.median(w for w, _ in bare_steps) * 1e3,
                      bare_cpu_ms=statistics.median(c for _, c in bare_steps) * 1e3 if on_cpu else None, **figures)
 

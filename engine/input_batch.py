@@ -13,6 +13,7 @@ triples to the device copy of the table once per step.
 """
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -71,13 +72,14 @@ class InputBatch:
         self.num_blocks[row] = 0
         self.append_blocks(row, req.block_ids)
 
-    def remove_all_but(self, keep: set[str]) -> None:
-        """Drop the rows of sequences not scheduled this step; move the last rows into the holes."""
+    def remove_all_but(self, keep: set[str], finished: Collection[str] = ()) -> None:
+        """Drop the rows of sequences not scheduled this step; move the last rows into the holes. The tokens of a
+        dropped row go back to its `RunnerRequest`, unless its sequence is ``finished`` (nothing will read them)."""
         if len(keep) == len(self.req_ids) and all(r in keep for r in self.req_ids):
             return
         self.version += 1
         for row, req_id in enumerate(self.req_ids):
-            if req_id not in keep:
+            if req_id not in keep and req_id not in finished:
                 self._take_tokens_back(row)
         kept = [r for r in self.req_ids if r in keep]
         holes = [i for i, r in enumerate(self.req_ids[: len(kept)]) if r not in keep]

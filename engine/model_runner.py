@@ -267,7 +267,7 @@ class ModelRunner:
             self.requests[new.req_id] = self._new_request(new)
         batch = self.batch
         scheduled = sched.scheduled
-        batch.remove_all_but({s.req_id for s in scheduled})
+        batch.remove_all_but({s.req_id for s in scheduled}, set(sched.finished_req_ids))
         for s in scheduled:
             if not (s.new_block_ids or s.resumed) and s.req_id in batch.row_of:
                 continue  # the steady decode case: nothing changes but the counts below
@@ -302,7 +302,8 @@ class ModelRunner:
     def _sample(self, hidden: torch.Tensor, host: HostInputs, work: _DeviceWork, timed: bool) -> _Launched:
         rows = len(host.sample_index)
         if rows < len(hidden):  # else every token row samples (a decode-only step): no gather
-            hidden = hidden.index_select(0, torch.from_numpy(host.sample_index).to(self.device, non_blocking=True).long())
+            index = torch.from_numpy(host.sample_index).to(self.device, non_blocking=True).long()
+            hidden = hidden.index_select(0, index)
         logits = self.model.compute_logits(hidden)
         if logits is None:  # rank 0 samples; this rank receives the ids
             out = SamplerOutput(torch.empty(rows, dtype=torch.long, device=self.device), [])
