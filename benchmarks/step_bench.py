@@ -87,9 +87,12 @@ def _engine(model_dir: Path, device: str, max_batch: int, max_context: int, asyn
 
     block_size = 16
     blocks = max_context // block_size + max_batch * 4 + 64  # the shared prefix once, a few private blocks each
+    # Each sequence recomputes its last block (the cache serves at most len - 1 tokens): a budget for all of them
+    # admits the batch in one step, so that it decodes in lockstep, all lengths equal, as the bare loop does.
     cfg = EngineConfig(block_size=block_size, num_kv_blocks=blocks, max_num_seqs=max_batch,
-                       max_num_batched_tokens=max(2048, max_batch), max_model_len=max_context + 256, device=device,
-                       dtype="float32" if device == "cpu" else "bfloat16", async_scheduling=async_scheduling)
+                       max_num_batched_tokens=max(2048, max_batch * block_size), max_model_len=max_context + 256,
+                       device=device, dtype="float32" if device == "cpu" else "bfloat16",
+                       async_scheduling=async_scheduling)
     engine = LLMEngine(model_dir, cfg, model_id="bench-step")
     engine.runner.time_device = True
     return engine
@@ -115,6 +118,8 @@ def _admit_point(engine, batch: int, context: int, max_tokens: int, warmup: int)
         engine.add_request(f"s{i}", prefix + [1 + i % (VOCAB - 1)], params)
     while any(r.num_output_tokens == 0 for r in engine.scheduler.requests.values()):  # admit all, first tokens
         engine.step()
+    lengths = {r.num_tokens for r in engine.scheduler.requests.values()}
+    assert len(lengths) == 1, f"the batch does not decode in lockstep (lengths {sorted(lengths)})"
     for _ in range(warmup):
         engine.step()
 

@@ -75,7 +75,7 @@ class InputBatch:
     def remove_all_but(self, keep: set[str], finished: Collection[str] = ()) -> None:
         """Drop the rows of sequences not scheduled this step; move the last rows into the holes. The tokens of a
         dropped row go back to its `RunnerRequest`, unless its sequence is ``finished`` (nothing will read them)."""
-        if len(keep) == len(self.req_ids) and all(r in keep for r in self.req_ids):
+        if self.row_of.keys() == keep:  # the same sequences as last step
             return
         self.version += 1
         for row, req_id in enumerate(self.req_ids):

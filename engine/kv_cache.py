@@ -204,9 +204,9 @@ class KVCacheManager:
         """Make the sequence's blocks cover ``num_tokens`` tokens; returns the block ids appended to its table, or
         None (and nothing changed) if they are not there."""
         seq = self.seqs[seq_id]
-        missing = self.blocks_needed(num_tokens) - len(seq.block_ids)
-        if missing <= 0:
+        if num_tokens <= len(seq.block_ids) * self.block_size:  # the common case: its last block has room
             return []
+        missing = self.blocks_needed(num_tokens) - len(seq.block_ids)
         if missing > self.num_free_blocks:
             return None
         new = [self._take_block() for _ in range(missing)]

@@ -237,6 +237,8 @@ class LLMEngine:
     def _start_masks(self, sched: SchedulerOutput):
         """Start filling the grammar masks of this step's constrained samples (beside the forward pass); returns
         what the runner calls on the logits, or None when nothing sampled here is constrained."""
+        if not self.scheduler.num_constrained:
+            return None
         requests = self.scheduler.requests
         rows = [requests[s.req_id] for s in sched.scheduled if s.samples]
         pending = self.structured_outputs.start_masks(rows)

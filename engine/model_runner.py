@@ -282,10 +282,11 @@ class ModelRunner:
                 batch.add(req)
             else:
                 batch.append_blocks(row, s.new_block_ids)
-        rows = [batch.row_of[s.req_id] for s in scheduled]
-        batch.num_computed[rows] = [s.num_computed_tokens for s in scheduled]
-        batch.num_new[rows] = [s.num_new_tokens for s in scheduled]
-        batch.samples[rows] = [s.samples for s in scheduled]
+        n, row_of = len(scheduled), batch.row_of
+        rows = np.fromiter([row_of[s.req_id] for s in scheduled], np.intp, n)
+        batch.num_computed[rows] = np.fromiter([s.num_computed_tokens for s in scheduled], np.int32, n)
+        batch.num_new[rows] = np.fromiter([s.num_new_tokens for s in scheduled], np.int32, n)
+        batch.samples[rows] = np.fromiter([s.samples for s in scheduled], bool, n)
 
     def _new_request(self, new: NewRequestData) -> RunnerRequest:
         samples_here = self.tp.is_first  # generators and penalty histories live where sampling happens

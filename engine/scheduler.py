@@ -65,6 +65,7 @@ class Scheduler:
         self.running: list[Request] = []  # in admission order: the last one is preempted first
         self.requests: dict[str, Request] = {}  # every live sequence
         self.groups: dict[str, list[Request]] = {}  # caller request id -> its live sequences
+        self.num_constrained = 0  # live sequences under a grammar: without any, the engine skips grammar work
         self._finished_ids: list[str] = []  # for the next SchedulerOutput: the runner forgets them
         self._held: OrderedDict[str, list[BlockHash]] = OrderedDict()  # finished with a hold: their block chains
         self._outputs: list[SequenceOutput] = []
@@ -93,6 +94,7 @@ class Scheduler:
 
     def _enqueue(self, req: Request, front: bool = False) -> None:
         self.requests[req.request_id] = req
+        self.num_constrained += req.params.structured_output is not None
         self.groups[req.group_id].append(req)
         if front:
             self.waiting.appendleft(req)
@@ -136,7 +138,6 @@ class Scheduler:
         out = SchedulerOutput(finished_req_ids=self._finished_ids)
         self._finished_ids = []
         budget = self.cfg.max_num_batched_tokens
-        scheduled: set[str] = set()
         # Decodes first (one token each, latency-critical), then continuing chunked prefills.
         for req in sorted(self.running, key=_is_prefilling):
             if budget == 0:
@@ -146,19 +147,20 @@ class Scheduler:
             if req.status is not RequestStatus.RUNNING or num_tokens >= req.max_num_tokens:
                 continue
             n = min(num_tokens - req.num_computed_tokens, budget)
-            new_block_ids = self._make_room(req, n, scheduled, out)
+            new_block_ids = self._make_room(req, n, out)
             if new_block_ids is None:
                 continue
-            self._schedule(req, n, new_block_ids, out, scheduled)
+            self._schedule(req, n, new_block_ids, out)
             budget -= n
         if not out.preempted_req_ids:  # blocks just ran short: admitting new work would only thrash
-            self._admit_waiting(budget, out, scheduled)
+            self._admit_waiting(budget, out)
         out.kv_transfers = self.kv.take_transfers()
         return out
 
-    def _make_room(self, req: Request, n: int, scheduled: set[str], out: SchedulerOutput) -> list[int] | None:
+    def _make_room(self, req: Request, n: int, out: SchedulerOutput) -> list[int] | None:
         """Blocks for ``n`` more tokens of ``req``, preempting the newest other unscheduled requests if needed."""
         while (new_block_ids := self.kv.allocate(req.request_id, req.num_computed_tokens + n)) is None:
+            scheduled = {s.req_id for s in out.scheduled}  # rare: only when blocks run short
             victims = [r for r in self.running if r is not req and r.request_id not in scheduled]
             if victims:
                 self._preempt(victims[-1], out)
@@ -181,13 +183,12 @@ class Scheduler:
         self.waiting.appendleft(req)
         out.preempted_req_ids.append(req.request_id)
 
-    def _schedule(self, req: Request, n: int, new_block_ids: list[int], out: SchedulerOutput, scheduled: set[str],
+    def _schedule(self, req: Request, n: int, new_block_ids: list[int], out: SchedulerOutput,
                   resumed: bool = False) -> None:
         start = req.num_computed_tokens
         end = start + n
         samples = end == len(req.token_ids) + req.num_output_placeholders  # reaches the last token: samples the next
         out.scheduled.append(ScheduledRequest(req.request_id, n, start, new_block_ids, samples, resumed))
-        scheduled.add(req.request_id)
         req.num_computed_tokens = end
         if start < req.num_prompt_tokens:
             self.num_prompt_tokens += min(req.num_prompt_tokens, end) - start
@@ -214,7 +215,7 @@ class Scheduler:
         for sib in reversed(siblings):
             self._enqueue(sib, front=True)
 
-    def _admit_waiting(self, budget: int, out: SchedulerOutput, scheduled: set[str]) -> None:
+    def _admit_waiting(self, budget: int, out: SchedulerOutput) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
             req = self._next_waiting()
             if req.num_output_placeholders:  # preempted with a token still in flight: wait for it
@@ -232,7 +233,7 @@ class Scheduler:
             req.num_computed_tokens = cached
             n = min(req.num_uncomputed_tokens, budget)
             self.running.append(req)
-            self._schedule(req, n, list(self.kv.block_table(req.request_id)), out, scheduled, resumed)
+            self._schedule(req, n, list(self.kv.block_table(req.request_id)), out, resumed)
             budget -= n
 
     def _next_waiting(self) -> Request:
@@ -297,6 +298,7 @@ class Scheduler:
         req.finish_reason = reason
         req.timings.finished = time.perf_counter()
         del self.requests[req.request_id]
+        self.num_constrained -= req.params.structured_output is not None
         self._finished_ids.append(req.request_id)
         group = self.groups[req.group_id]
         group.remove(req)
