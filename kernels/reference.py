@@ -16,6 +16,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Generic, TypeVar
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -132,15 +133,17 @@ def paged_attention(
 @dataclass
 class _PaddedContexts:
     """Sequences' contexts padded to the longest (``length``), as whole pages: ``pages`` ``[B * width]`` page ids
-    (a row copy per page, not per token), the ``padding`` positions past each sequence's length (row and position
-    indices; None when all have the same length), and the matching additive ``[B, 1, 1, length]`` attention mask.
+    (a row copy per page, not per token), the ``padding`` positions past each sequence's length (indices into the
+    gathered ``[B * width * block_size]`` token rows; None when all have the same length), and the matching additive
+    ``[B, 1, 1, length]`` attention mask. Both are derived on the host from the lengths the plan already holds.
 
     The gathered copy's padding is zeroed: a stale or never-written slot (the rest of a last page, table padding)
-    cannot reach the output, not even as a NaN times a zero attention weight.
+    cannot reach the output, not even as a NaN times a zero attention weight. Pages are gathered into scratch memory
+    kept per thread (`_scratch`), not into a fresh tensor per layer.
     """
 
     pages: torch.Tensor
-    padding: tuple[torch.Tensor, torch.Tensor] | None
+    padding: torch.Tensor | None
     mask: torch.Tensor | None
     length: int
     num_seqs: int
@@ -154,17 +157,21 @@ class _PaddedContexts:
         pages = block_tables[torch.tensor(rows, device=dev), :width].flatten().long()
         if min(ctx) == length:
             return cls(pages, None, None, length, len(rows))
-        past = torch.arange(length, device=dev)[None, :] >= torch.tensor(ctx, device=dev)[:, None]  # [B, L]
-        mask = torch.zeros(past.shape, device=dev).masked_fill_(past, float("-inf"))[:, None, None, :]
-        return cls(pages, past.nonzero(as_tuple=True), mask, length, len(rows))
+        past = np.arange(length)[None, :] >= np.array(ctx)[:, None]  # [B, L]
+        row, position = np.nonzero(past)
+        padding = torch.from_numpy(row * (width * block_size) + position).to(dev)
+        mask = torch.from_numpy(np.where(past, -np.inf, 0.0).astype(np.float32)).to(dev)[:, None, None, :]
+        return cls(pages, padding, mask, length, len(rows))
 
-    def gather(self, cache: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """``cache``'s contexts as ``[B, H, L, D]`` in ``dtype``."""
-        pages = cache.index_select(0, self.pages)
-        rows = pages.view(self.num_seqs, -1, *cache.shape[2:])[:, : self.length].to(dtype)
+    def gather(self, cache: torch.Tensor, dtype: torch.dtype, buffer: int = 0) -> torch.Tensor:
+        """``cache``'s contexts as ``[B, H, L, D]`` in ``dtype``; in the cache's dtype, a view of scratch ``buffer``
+        (0 or 1: a layer's keys and values), valid until the next gather into it."""
+        shape = (len(self.pages), *cache.shape[1:])
+        pages = torch.index_select(cache, 0, self.pages, out=_scratch(buffer, shape, cache))
+        rows = pages.view(self.num_seqs, -1, *cache.shape[2:]).to(dtype)
         if self.padding is not None:
-            rows.index_put_(self.padding, rows.new_zeros(()))
-        return rows.transpose(1, 2)
+            rows.view(-1, *cache.shape[2:]).index_fill_(0, self.padding, 0)
+        return rows[:, : self.length].transpose(1, 2)
 
 
 @dataclass
@@ -201,6 +208,22 @@ class _AttentionPlan:
 
 
 _ATTENTION_PLANS: _LastStepMemo[_AttentionPlan] = _LastStepMemo()
+_SCRATCH = threading.local()
+
+
+def _scratch(buffer: int, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+    """A ``shape`` view of this thread's scratch ``buffer``, grown as needed and kept. A fresh multi-megabyte tensor
+    per layer would not be free: the allocator hands large blocks back to the OS and the next one page-faults in
+    (measured on CPU: the same step 1.5-2x slower, depending on what else was allocated in between)."""
+    buffers = _SCRATCH.__dict__.setdefault("buffers", {})
+    numel = 1
+    for n in shape:
+        numel *= n
+    key = (buffer, like.dtype, like.device)
+    flat = buffers.get(key)
+    if flat is None or flat.numel() < numel:
+        flat = buffers[key] = like.new_empty(numel)
+    return flat[:numel].view(shape)
 _MLA_CONTEXTS: _LastStepMemo[_PaddedContexts] = _LastStepMemo()
 
 
@@ -212,7 +235,7 @@ def _batched_decode(
     # The query heads of one KV group all sit at the same position: fold them into the query-length dimension,
     # so each KV head is read once instead of being repeated per query head.
     q = query.reshape(contexts.num_seqs, num_kv_heads, -1, head_dim)  # [B, Hkv, group, D]
-    k, v = contexts.gather(k_cache, query.dtype), contexts.gather(v_cache, query.dtype)
+    k, v = contexts.gather(k_cache, query.dtype, 0), contexts.gather(v_cache, query.dtype, 1)
     o = F.scaled_dot_product_attention(q, k, v, attn_mask=contexts.mask, scale=scale)
     return o.reshape(query.shape)
 
