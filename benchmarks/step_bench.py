@@ -19,6 +19,7 @@ does not, so the CPU-time ratio is the one that compares the engine's work with 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -158,7 +159,9 @@ def _engine_figures(engine, step: dict[str, float]) -> dict[str, float]:
 class BareDecoder:
     """The same weights and ops as the engine's model, decoding ``batch`` sequences with a contiguous cache and no
     scheduler: every sequence shares the prefix, so one copy of its K/V is expanded over the batch (no memory per
-    row), and each row's own tokens go into a small per-row tail."""
+    row), and each row's own tokens go into a small per-row tail. Each layer concatenates prefix and tail into the
+    same two buffers, as the engine's reference attention gathers into scratch buffers (a fresh tensor per layer
+    would page-fault in on CPU and time the allocator rather than the loop)."""
 
     def __init__(self, model, batch: int, context: int, max_steps: int) -> None:
         cfg = model.cfg
@@ -170,9 +173,14 @@ class BareDecoder:
         tail = (batch, cfg.num_kv_heads, max_steps, cfg.head_dim)
         self.tails = [(torch.zeros(tail, device=device, dtype=dtype), torch.zeros(tail, device=device, dtype=dtype))
                       for _ in model.layers]
+        rows = batch * cfg.num_kv_heads * (context + max_steps) * cfg.head_dim
+        self.buffers = (torch.empty(rows, device=device, dtype=dtype), torch.empty(rows, device=device, dtype=dtype))
         self.tokens = torch.ones(batch, dtype=torch.long, device=device)
         self.pos = context
         self.device = device
+
+    def _buffer(self, i: int, shape: tuple[int, ...]) -> torch.Tensor:
+        return self.buffers[i][: math.prod(shape)].view(shape)
 
     @torch.inference_mode()
     def step(self) -> list[int]:
@@ -197,8 +205,9 @@ class BareDecoder:
                 k = ops.rms_norm(k, attn.k_norm.weight, attn.k_norm.eps)
             q, k = ops.rotary_embedding(positions, q, k, model.cos_sin_cache)
             tk[:, :, n - 1], tv[:, :, n - 1] = k, v
-            keys = torch.cat([pk.expand(batch, -1, -1, -1), tk[:, :, :n]], dim=2)
-            values = torch.cat([pv.expand(batch, -1, -1, -1), tv[:, :, :n]], dim=2)
+            shape = (batch, cfg.num_kv_heads, self.context + n, cfg.head_dim)
+            keys = torch.cat([pk.expand(batch, -1, -1, -1), tk[:, :, :n]], dim=2, out=self._buffer(0, shape))
+            values = torch.cat([pv.expand(batch, -1, -1, -1), tv[:, :, :n]], dim=2, out=self._buffer(1, shape))
             o = torch.nn.functional.scaled_dot_product_attention(
                 q.view(batch, cfg.num_kv_heads, -1, cfg.head_dim), keys, values, scale=cfg.head_dim**-0.5)
             h = attn.o_proj(o.reshape(batch, attn.q_size))
