@@ -123,3 +123,24 @@ def test_the_scheduler_imports_no_torch_runner_or_kernels():
             "bad = [m for m in sys.modules if m == 'torch' or m.startswith(('kernels', 'engine.model_runner'))]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_constrained_sequences_are_counted_while_they_live():
+    """The engine skips grammar work while `num_constrained` is 0: it must count every live constrained sequence
+    (n > 1 siblings included) and drop to 0 however they end (finished, aborted while waiting or running)."""
+    from engine.sampling_params import StructuredOutputSpec
+
+    s = make(64)
+    spec = StructuredOutputSpec("regex", "[ab]+")
+    constrained = SamplingParams(max_tokens=2, temperature=0, n=2, structured_output=spec)
+    s.add_request("plain", [10, 11, 12], params(max_tokens=2))
+    s.add_request("json", [10, 11, 13], constrained)
+    s.add_request("waiting", [10, 11, 14], SamplingParams(max_tokens=2, structured_output=spec))
+    assert s.num_constrained == 2  # the siblings are queued once the leader's prompt is scheduled
+    s.abort("waiting")
+    assert s.num_constrained == 1
+    step(s)
+    assert s.num_constrained == 2  # "json" and its sibling
+    while s.has_unfinished_requests():
+        step(s)
+    assert s.num_constrained == 0
