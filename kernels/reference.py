@@ -219,7 +219,7 @@ def _scratch(buffer: int, shape: tuple[int, ...], like: torch.Tensor) -> torch.T
     numel = 1
     for n in shape:
         numel *= n
-    key = (buffer, like.dtype, like.device)
+    key = (buffer, like.dtype, like.device, torch.is_inference_mode_enabled())  # inference tensors stay inside it
     flat = buffers.get(key)
     if flat is None or flat.numel() < numel:
         flat = buffers[key] = like.new_empty(numel)

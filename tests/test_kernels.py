@@ -175,6 +175,21 @@ def test_reference_plan_follows_metadata_changed_in_place() -> None:
     assert torch.equal(after[1], before[1])
 
 
+def test_reference_scratch_serves_calls_in_and_out_of_inference_mode() -> None:
+    # Decode gathers reuse per-thread scratch buffers. The engine runs under inference mode, tests and tools call
+    # outside it: a buffer made in one mode must not be written in the other (an inference tensor refuses in-place
+    # writes outside inference mode), and a later, larger batch grows the buffer without touching earlier results.
+    small = make_batch([23, 18, 9, 30], [1, 1, 1, 1], 2, 2, 64, 4, torch.float32, seed=6)
+    large = make_batch([57, 41, 9, 30, 66, 12], [1] * 6, 2, 2, 64, 4, torch.float32, seed=7)
+    with torch.inference_mode():
+        inside = reference.paged_attention(*small.args())
+    outside = reference.paged_attention(*small.args())
+    assert torch.equal(inside, outside)
+    first = outside.clone()
+    assert_close(reference.paged_attention(*large.args()), TRITON.paged_attention(*large.args()), 1e-5)
+    assert torch.equal(outside, first) and torch.equal(reference.paged_attention(*small.args()), first)
+
+
 def test_paged_attention_long_prefill_crosses_query_tiles() -> None:
     # 70 new rows x group 2 spans three 64-row tiles; the prefix makes the causal diagonal start mid-block.
     batch = make_batch([81, 5], [70, 5], 1, 2, 64, 16, torch.float32, seed=3)
