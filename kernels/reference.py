@@ -12,6 +12,7 @@ Shapes (T = tokens in the flattened batch, B = sequences):
 """
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass
 from typing import Callable, Generic, TypeVar
@@ -208,23 +209,29 @@ class _AttentionPlan:
 
 
 _ATTENTION_PLANS: _LastStepMemo[_AttentionPlan] = _LastStepMemo()
-_SCRATCH = threading.local()
+_MLA_CONTEXTS: _LastStepMemo[_PaddedContexts] = _LastStepMemo()
+
+
+class _ScratchBuffers(threading.local):
+    """Per thread, flat buffers by (buffer number, dtype, device, inference mode), grown as needed and kept."""
+
+    def __init__(self) -> None:
+        self.flat: dict[tuple, torch.Tensor] = {}
+
+
+_SCRATCH = _ScratchBuffers()
 
 
 def _scratch(buffer: int, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
-    """A ``shape`` view of this thread's scratch ``buffer``, grown as needed and kept. A fresh multi-megabyte tensor
-    per layer would not be free: the allocator hands large blocks back to the OS and the next one page-faults in
-    (measured on CPU: the same step 1.5-2x slower, depending on what else was allocated in between)."""
-    buffers = _SCRATCH.__dict__.setdefault("buffers", {})
-    numel = 1
-    for n in shape:
-        numel *= n
+    """A ``shape`` view of this thread's scratch ``buffer``. A fresh multi-megabyte tensor per layer would not be
+    free: the allocator hands large blocks back to the OS and the next one page-faults in (measured on CPU: the same
+    step 1.5-2x slower, depending on what else was allocated in between)."""
+    numel = math.prod(shape)
     key = (buffer, like.dtype, like.device, torch.is_inference_mode_enabled())  # inference tensors stay inside it
-    flat = buffers.get(key)
+    flat = _SCRATCH.flat.get(key)
     if flat is None or flat.numel() < numel:
-        flat = buffers[key] = like.new_empty(numel)
+        flat = _SCRATCH.flat[key] = like.new_empty(numel)
     return flat[:numel].view(shape)
-_MLA_CONTEXTS: _LastStepMemo[_PaddedContexts] = _LastStepMemo()
 
 
 def _batched_decode(
