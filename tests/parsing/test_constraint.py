@@ -181,7 +181,7 @@ def test_response_format_json_schema_and_json_object(grammars):
         (dict(response_format={"type": "json_schema", "json_schema": {"schema": {"type": "object", "properties": {
             "a": {"not": {"type": "string"}}}}}}), "response_format.json_schema.schema", "properties.a: 'not'"),
         (dict(response_format={"type": "json_schema", "json_schema": {"schema": {"$ref": "#/$defs/missing"}}}),
-         "response_format.json_schema.schema", "cannot be enforced: Cannot find field $defs"),
+         "response_format.json_schema.schema", "the schema cannot be enforced: "),
         (dict(tool_choice="required", tools=[WEATHER, {"type": "function", "function": {"name": "bad", "parameters": {
             "type": "object", "properties": {"xs": {"type": "array", "uniqueItems": True}}}}}]),
          "tools[1].function.parameters", "properties.xs: 'uniqueItems'"),
@@ -189,6 +189,8 @@ def test_response_format_json_schema_and_json_object(grammars):
     ],
 )
 def test_what_cannot_be_enforced_is_a_400_naming_the_part(kwargs, param, message):
+    """kvserve's own words (the field, and what cannot be enforced); a library's reason may follow them, but its
+    wording is the library's to change (xgrammar 0.2.9 reworded its missing-$ref message), so it is not asserted."""
     args = dict(tool_choice=None, tools=TOOLS) | kwargs
     with pytest.raises(ConstraintError) as err:
         constraint("qwen3", args.pop("tool_choice"), **args)
