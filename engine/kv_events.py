@@ -1,5 +1,5 @@
-"""KV cache events in vLLM's wire format, for cache-aware routers (NVIDIA Dynamo's KV router, llm-d's precise
-prefix scorer) that learn each replica's cache from them.
+"""KV cache events in vLLM's wire format, for cache-aware routers (vLLM's router `kv_aware` policy, NVIDIA Dynamo's
+KV indexer, llm-d's precise prefix scorer) that learn each replica's cache from them.
 
 The KV manager records `BlockStored` / `BlockRemoved` / `AllBlocksCleared` as it changes (per tier: ``medium``
 "GPU" for the device pool, "CPU" for the host pool, "DISK" for the disk tier); after each engine step the
@@ -7,14 +7,17 @@ The KV manager records `BlockStored` / `BlockRemoved` / `AllBlocksCleared` as it
 
     multipart [topic, seq (uint64 big-endian), msgpack EventBatch]
     EventBatch = [ts (float seconds), [event, ...], data_parallel_rank (0)]
-    event      = ["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id (nil), medium]
-               | ["BlockRemoved", block_hashes, medium]
-               | ["AllBlocksCleared"]
+    event      = {"type": "BlockStored", "block_hashes", "parent_block_hash", "token_ids", "block_size",
+                  "lora_id" (nil), "medium", "lora_name" (nil)}
+               | {"type": "BlockRemoved", "block_hashes", "medium"}
+               | {"type": "AllBlocksCleared"}
 
-Block hashes go out as unsigned 64-bit integers: the first 8 bytes (big-endian) of kvserve's 128-bit chained block
-hash (`external_block_hash`). A ROUTER replay socket serves missed batches: a client sends ``[b"", start_seq]``
-(8 bytes big-endian; a REQ socket adds the empty frame itself) and receives ``[b"", seq, payload]`` for every
-buffered batch from ``start_seq`` on, then ``[b"", -1 (8 bytes, signed), b""]``.
+Events are maps tagged by ``type``, as vLLM's msgspec structs (``tag=True``) encode them: vLLM's router decodes
+only that form, Dynamo's decoder takes it as well as the older tagged arrays. Block hashes go out as unsigned
+64-bit integers: the first 8 bytes (big-endian) of kvserve's 128-bit chained block hash (`external_block_hash`).
+A ROUTER replay socket serves missed batches: a client sends ``[b"", start_seq]`` (8 bytes big-endian; a REQ
+socket adds the empty frame itself) and receives ``[b"", topic, seq, payload]`` for every buffered batch from
+``start_seq`` on, then ``[b"", b"", -1 (8 bytes, signed), b""]``, as vLLM's publisher answers.
 
 The event types here are plain data (the KV manager imports them); zmq and msgpack load only with a publisher.
 """
@@ -65,15 +68,17 @@ def external_block_hash(block_hash: BlockHash) -> int:
     return int.from_bytes(block_hash[:8], "big")
 
 
-def wire_event(event: KVEvent, block_size: int) -> list[Any]:
-    """One event as vLLM's msgspec encodes it (tagged array, fields in declaration order)."""
+def wire_event(event: KVEvent, block_size: int) -> dict[str, Any]:
+    """One event as vLLM's msgspec encodes it: a map tagged with ``type``, fields named as vLLM names them."""
     if isinstance(event, BlockStored):
         parent = None if event.parent_block_hash is None else external_block_hash(event.parent_block_hash)
-        return ["BlockStored", [external_block_hash(h) for h in event.block_hashes], parent, list(event.token_ids),
-                block_size, None, event.medium]
+        return {"type": "BlockStored", "block_hashes": [external_block_hash(h) for h in event.block_hashes],
+                "parent_block_hash": parent, "token_ids": list(event.token_ids), "block_size": block_size,
+                "lora_id": None, "medium": event.medium, "lora_name": None}
     if isinstance(event, BlockRemoved):
-        return ["BlockRemoved", [external_block_hash(h) for h in event.block_hashes], event.medium]
-    return ["AllBlocksCleared"]
+        return {"type": "BlockRemoved", "block_hashes": [external_block_hash(h) for h in event.block_hashes],
+                "medium": event.medium}
+    return {"type": "AllBlocksCleared"}
 
 
 @dataclass
@@ -183,8 +188,8 @@ class KVEventPublisher:
         start_seq = int.from_bytes(start, "big")
         for seq, payload in list(self._buffer):
             if seq >= start_seq:
-                self._replay.send_multipart([client, b"", seq.to_bytes(8, "big"), payload])
-        self._replay.send_multipart([client, b"", END_SEQ, b""])
+                self._replay.send_multipart([client, b"", self.topic, seq.to_bytes(8, "big"), payload])
+        self._replay.send_multipart([client, b"", b"", END_SEQ, b""])
 
 
 def _bind_or_connect(socket: Any, endpoint: str) -> None:

@@ -45,6 +45,7 @@ from server.protocol import (
 from server.responses import complete_response, plan_response, stream_response
 from server.responses_input import ResponseStore
 from server.responses_protocol import ResponsesRequest, responses_error_event
+from server.router_api import add_router_routes
 from server.session import prompt_cache_key_session
 
 log = logging.getLogger("kvserve.server")
@@ -261,6 +262,7 @@ def create_app(ctx: ServingContext) -> FastAPI:
         return {"prompt": await ctx.prepare(decode)}
 
     add_cache_routes(api, ctx, salt_for)
+    add_router_routes(app, api, ctx, salt_for)
     app.include_router(api)
     declare_request_bodies(app, [ChatCompletionRequest, CompletionRequest, MessagesRequest, CountTokensRequest,
                                  ResponsesRequest, TokenizeRequest, DetokenizeRequest, CreateCacheRequest])

@@ -90,6 +90,14 @@ def with_cached_content(ctx: ServingContext, req: ChatCompletionRequest, cache_s
     return ctx.named_caches.use(cache_salt, req.cached_content).continue_with(req, points or [])
 
 
+def chat_prompt_text(ctx: ServingContext, req: ChatCompletionRequest, cache_salt: str | None,
+                     points: list[Breakpoint] | None = None) -> tuple[ChatCompletionRequest, list[Breakpoint], str]:
+    """The request as the engine runs it (a named cache's messages first), its breakpoints, and its prompt text."""
+    ctx.check_model(req.model)
+    req, points = with_cached_content(ctx, req, cache_salt, points)
+    return req, points, render_chat(ctx, req)
+
+
 def plan_chat(
     ctx: ServingContext, req: ChatCompletionRequest, body: dict[str, Any], cache_salt: str | None, created: int,
     *, session: str | None = None, endpoint: str = "chat", id_prefix: str = "chatcmpl",
@@ -97,11 +105,9 @@ def plan_chat(
 ) -> ChatPlan:
     """``breakpoints``: the request's `cache_control` marks, for APIs whose marks the chat form does not carry
     (Anthropic's); by default the chat content parts' marks."""
-    ctx.check_model(req.model)
     points = chat_breakpoints(req.messages, req.tools) if breakpoints is None else breakpoints
-    req, points = with_cached_content(ctx, req, cache_salt, points)
+    req, points, text = chat_prompt_text(ctx, req, cache_salt, points)
     kwargs = req.chat_template_kwargs or {}
-    text = render_chat(ctx, req)
     thinking = request_thinking(ctx.family, kwargs)
     try:
         constraint = output_constraint(

@@ -95,6 +95,11 @@ class Metrics:
         with self._lock:
             self._snapshot = snapshot
 
+    def snapshot(self) -> SchedulerStats:
+        """The engine's counters and gauges after its last step."""
+        with self._lock:
+            return self._snapshot
+
     def observe_finished(self, finish_reason: str, ttft_s: float | None, e2e_s: float | None) -> None:
         with self._lock:
             self._finished[finish_reason] = self._finished.get(finish_reason, 0) + 1

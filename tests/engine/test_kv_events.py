@@ -44,28 +44,32 @@ class Subscriber:
         ts, events, rank = msgpack.unpackb(payload, raw=False)
         assert isinstance(ts, float) and rank == 0
         for event in events:
-            if event[0] == "BlockStored":
-                tag, hashes, parent, tokens, block_size, lora_id, medium = event
-                assert block_size == BLOCK and lora_id is None and len(tokens) == len(hashes) * BLOCK
+            kind = event["type"]
+            if kind == "BlockStored":
+                hashes, tokens, medium = event["block_hashes"], event["token_ids"], event["medium"]
+                assert event["block_size"] == BLOCK and len(tokens) == len(hashes) * BLOCK
+                assert event["lora_id"] is None and event["lora_name"] is None
                 assert all(isinstance(h, int) and 0 <= h < 2**64 for h in hashes)
                 held = self.tiers.setdefault(medium, set())
                 assert not held & set(hashes)
                 held.update(hashes)
-            elif event[0] == "BlockRemoved":
-                tag, hashes, medium = event
+            elif kind == "BlockRemoved":
+                hashes, medium = event["block_hashes"], event["medium"]
                 assert set(hashes) <= self.tiers.get(medium, set())
                 self.tiers[medium].difference_update(hashes)
             else:
-                assert event == ["AllBlocksCleared"]
+                assert event == {"type": "AllBlocksCleared"}
                 self.tiers.clear()
 
     def catch_up(self, missing_from: int) -> None:
         self.replay.send_multipart([b"", missing_from.to_bytes(8, "big")])
         while True:
             assert self.replay.poll(5000), "no replay answer"
-            _, seq_bytes, payload = self.replay.recv_multipart()
+            _, topic, seq_bytes, payload = self.replay.recv_multipart()
             if seq_bytes == END_SEQ:
+                assert topic == payload == b""
                 return
+            assert topic == b"kv"
             seq = int.from_bytes(seq_bytes, "big")
             if seq > self.last_seq:
                 self.apply(seq, payload)
@@ -154,7 +158,7 @@ def test_malformed_replay_request_is_ignored():
         replay.send_multipart([b"", (0).to_bytes(8, "big")])
         assert replay.poll(5000)
         frames = replay.recv_multipart()
-        assert frames[1] == (0).to_bytes(8, "big") and msgpack.unpackb(frames[2])[1]
+        assert frames[2] == (0).to_bytes(8, "big") and msgpack.unpackb(frames[3])[1]
     finally:
         ctx.destroy(linger=0)
         llm.close()
