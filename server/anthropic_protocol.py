@@ -1,8 +1,7 @@
 """The Anthropic Messages wire format: request bodies (pydantic, for validation and the OpenAPI schema), the error
 shape, and the SSE event framing.
 
-As for the OpenAI routes, unknown fields are accepted and ignored (Claude Code sends `context_management`,
-`output_config`, ...). Content blocks stay dicts: `server/messages_input.py` validates each one and names the block
+As for the OpenAI routes, unknown fields are accepted and ignored (Claude Code sends `context_management`, ...). Content blocks stay dicts: `server/messages_input.py` validates each one and names the block
 that is wrong, so a malformed block is a 400, never a 500.
 """
 from __future__ import annotations
@@ -70,6 +69,8 @@ class MessagesRequest(Conversation):
     top_k: int | None = Field(None, ge=0)
     stream: bool = False
     metadata: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None  # {"format": {"type": "json_schema", "schema": ...}, "effort": ...}
+    output_format: dict[str, Any] | None = None  # the structured-outputs beta's name for output_config.format
 
 
 class CountTokensRequest(Conversation):

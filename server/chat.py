@@ -73,8 +73,7 @@ def guards_only_auto_calls(req: ChatCompletionRequest) -> bool:
     """The request's grammar (if any) only keeps the tool calls the model chooses to open valid: nothing else is
     promised, so the request can run without it."""
     choice = req.tool_choice
-    auto = choice is None or choice == "auto"
-    return auto and req.structured_outputs is None and (req.response_format or {}).get("type", "text") == "text"
+    return (choice is None or choice == "auto") and not req.structured_answer
 
 
 def _render(ctx: ServingContext, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool,

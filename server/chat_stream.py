@@ -53,6 +53,7 @@ class ChoiceState:
     reasoning: str = ""
     calls: int = 0
     cut: bool = False  # stopped early at the call limit
+    structured: bool = False  # the answer is JSON or follows a grammar
 
     def take(self, deltas: list[dict]) -> list[dict]:
         """The deltas up to the call limit; a call beyond it ends the choice (the rest of the output is dropped)."""
@@ -82,11 +83,14 @@ class ChoiceState:
             message["tool_calls"] = calls
         return message
 
-    def reached_own_limit(self, requested: int | None) -> bool:
-        """The output stopped at the request's own token limit, not at one of the server's (the context's room,
-        `--max-output-tokens`). Agents treat a cut reply as a failed turn (Claude Code asks the model to resume,
-        Codex retries), so the agent APIs report a server-side cut as a finished turn."""
-        return self.finish_reason() == "length" and requested is not None and len(self.choice.token_ids) >= requested
+    def reports_cut(self, requested: int | None) -> bool:
+        """Whether the agent APIs report the output as cut (`max_tokens`, `incomplete`): it stopped at the request's
+        own token limit, not at one of the server's (the context's room, `--max-output-tokens`), since agents treat
+        a cut reply as a failed turn (Claude Code asks the model to resume, Codex retries) and a server-side cut is
+        reported as a finished turn. A structured answer cut anywhere is always reported: its text does not parse."""
+        if self.finish_reason() != "length":
+            return False
+        return self.structured or (requested is not None and len(self.choice.token_ids) >= requested)
 
     def finish_reason(self) -> str | None:
         if self.cut or (self.choice.finish_reason == "stop" and self.parser.result().finish_reason_override):
@@ -110,7 +114,8 @@ def choice_states(ctx: ServingContext, plan: ChatPlan, streaming: bool) -> list[
     max_calls = 1 if req.parallel_tool_calls is False else None
     return [
         ChoiceState(get_output_parser(ctx.family, req.tools, req.tool_choice, reasoning=plan.thinking,
-                                      id_prefix=new_id_prefix(), streaming=streaming), max_calls)
+                                      id_prefix=new_id_prefix(), streaming=streaming), max_calls,
+                    structured=req.structured_answer)
         for _ in range(req.n)
     ]
 

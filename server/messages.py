@@ -18,7 +18,8 @@ from server.async_engine import RequestStream
 from server.chat import ChatPlan, plan_chat, record_plan, render_chat, with_cached_content
 from server.chat_stream import ChoiceState, Delta, choice_states, parsed_updates
 from server.context import ServingContext
-from server.messages_input import breakpoints, to_chat_request
+from server.messages_input import FORMAT_PARAMS, breakpoints, to_chat_request
+from server.protocol import APIError
 from server.session import claude_code_session
 
 Event = tuple[str, dict[str, Any]]  # (event name, payload)
@@ -31,8 +32,12 @@ def plan_messages(
     headers: Mapping[str, str],
 ) -> ChatPlan:
     chat = to_chat_request(req, ctx.family)
-    return plan_chat(ctx, chat, body, cache_salt, int(time.time()), session=claude_code_session(headers, req.metadata),
-                     endpoint="messages", id_prefix="msg", breakpoints=breakpoints(req))
+    try:
+        return plan_chat(ctx, chat, body, cache_salt, int(time.time()),
+                         session=claude_code_session(headers, req.metadata), endpoint="messages", id_prefix="msg",
+                         breakpoints=breakpoints(req))
+    except APIError as exc:
+        raise exc.renamed(FORMAT_PARAMS) from None
 
 
 def count_tokens(ctx: ServingContext, req: CountTokensRequest, cache_salt: str | None) -> dict[str, int]:
@@ -102,11 +107,11 @@ def _json_object(text: str) -> dict[str, Any]:
 
 def stop_reason(ctx: ServingContext, plan: ChatPlan, state: ChoiceState) -> tuple[str, str | None]:
     """(stop_reason, stop_sequence): which stop sequence ended the output is read from the raw generated text.
-    Only the request's own max_tokens is `max_tokens` (see `ChoiceState.reached_own_limit`)."""
+    Only the request's own max_tokens is `max_tokens` (see `ChoiceState.reports_cut`)."""
     reason = state.finish_reason()
     if reason == "tool_calls":
         return "tool_use", None
-    if state.reached_own_limit(plan.req.max_tokens):
+    if state.reports_cut(plan.req.max_tokens):
         return "max_tokens", None
     stops = plan.req.stop or []
     if stops:

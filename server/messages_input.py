@@ -7,6 +7,8 @@ sampling and the thinking switch, so that it renders through the same templates 
   turns: text, `thinking` (as reasoning) and `tool_use` (as tool calls, `input` serialized the way the model writes
   JSON). `redacted_thinking` is dropped. Images and documents are a 400: the served models read text only.
 - Tools with `input_schema` become functions; server tools (`web_search_...`, `bash_...`) are left out.
+- `output_config.format` (or the beta's `output_format`), `{"type": "json_schema", "schema": ...}`, becomes chat's
+  `response_format`: the same grammar guarantees it; errors name the Anthropic field (`FORMAT_PARAMS`).
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ from server.chat import thinking_kwargs
 from server.protocol import APIError, ChatCompletionRequest, validation_error
 
 _MEDIA_BLOCKS = ("image", "document")
+# Chat's name of a field -> its name in a Messages request, for errors.
+FORMAT_PARAMS = {"response_format.json_schema.schema": "output_config.format.schema"}
 
 
 def _bad(message: str, param: str) -> APIError:
@@ -178,6 +182,16 @@ def chat_tool_choice(choice: dict | None) -> tuple[str | dict | None, bool | Non
     raise _bad("tool_choice.type must be 'auto', 'any', 'tool' or 'none'", "tool_choice")
 
 
+def response_format(req: MessagesRequest) -> dict | None:
+    """`output_config.format` (or the beta's top-level `output_format`) as chat's `response_format`."""
+    fmt = (req.output_config or {}).get("format") or req.output_format
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+        raise _bad("output_config.format.type must be 'json_schema'", "output_config.format.type")
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt.get("schema")}}
+
+
 def thinking_on(thinking: dict | None) -> bool:
     """`enabled` and `adaptive` think, `disabled` or nothing does not (Anthropic's default)."""
     return isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive")
@@ -196,7 +210,7 @@ def to_chat_request(req: Conversation, family: str) -> ChatCompletionRequest:
     }
     if isinstance(req, MessagesRequest):
         fields.update(max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
-                      stop=req.stop_sequences)
+                      stop=req.stop_sequences, response_format=response_format(req))
     if fields["tools"] is None and tool_choice not in (None, "none", "auto"):
         raise _bad("tool_choice needs at least one tool with an input_schema in 'tools'", "tool_choice")
     try:

@@ -7,6 +7,7 @@ by the handlers: their optional keys must be absent rather than null.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -28,6 +29,14 @@ class APIError(Exception):
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def renamed(self, names: Mapping[str, str]) -> APIError:
+        """The same error for an API that calls the field `names[param]` (Responses' `text.format.schema` is chat's
+        `response_format.json_schema.schema`); unchanged when its field has no other name."""
+        new = names.get(self.param or "")
+        if new is None:
+            return self
+        return APIError(self.status, self.message.replace(self.param, new), type=self.type, param=new, code=self.code)
 
 
 def validation_error(exc: ValidationError) -> APIError:
@@ -71,6 +80,11 @@ class _SamplingFields(_Request):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def structured_answer(self) -> bool:
+        """The answer must be JSON (`response_format`) or match a grammar (`structured_outputs`)."""
+        return self.structured_outputs is not None or (self.response_format or {}).get("type", "text") != "text"
 
 
 class ChatCompletionRequest(_SamplingFields):

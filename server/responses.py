@@ -17,7 +17,8 @@ from server.async_engine import RequestStream
 from server.chat import ChatPlan, plan_chat, record_plan
 from server.chat_stream import ChoiceState, Delta, choice_states, parsed_updates
 from server.context import ServingContext
-from server.responses_input import ResponseStore, to_chat_request
+from server.protocol import APIError
+from server.responses_input import FORMAT_PARAMS, ResponseStore, to_chat_request
 from server.responses_protocol import ResponsesRequest, responses_sse
 from server.session import prompt_cache_key_session
 
@@ -40,8 +41,11 @@ def plan_response(
 ) -> ResponsePlan:
     previous = store.history(req.previous_response_id) if req.previous_response_id else []
     chat, names = to_chat_request(req, ctx.family, previous)
-    plan = plan_chat(ctx, chat, body, cache_salt, int(time.time()), session=prompt_cache_key_session(
-        req.prompt_cache_key, headers), endpoint="responses", id_prefix="resp")
+    try:
+        plan = plan_chat(ctx, chat, body, cache_salt, int(time.time()), session=prompt_cache_key_session(
+            req.prompt_cache_key, headers), endpoint="responses", id_prefix="resp")
+    except APIError as exc:
+        raise exc.renamed(FORMAT_PARAMS) from None
     history = chat.messages[1:] if req.instructions else chat.messages
     return ResponsePlan(plan, req, names, history)
 
@@ -121,10 +125,10 @@ class OutputItems:
 
 def _status(req: ResponsesRequest, state: ChoiceState | None) -> str:
     """`incomplete` when the request's own `max_output_tokens` cut the reply (a server-side cut is `completed`:
-    Codex fails the whole turn on `incomplete`; see `ChoiceState.reached_own_limit`)."""
+    Codex fails the whole turn on `incomplete`; see `ChoiceState.reports_cut`)."""
     if state is None:
         return "in_progress"
-    return "incomplete" if state.reached_own_limit(req.max_output_tokens) else "completed"
+    return "incomplete" if state.reports_cut(req.max_output_tokens) else "completed"
 
 
 def _response(ctx: ServingContext, plan: ResponsePlan, items: list[dict], state: ChoiceState | None) -> dict:
@@ -140,7 +144,8 @@ def _response(ctx: ServingContext, plan: ResponsePlan, items: list[dict], state:
         "parallel_tool_calls": req.parallel_tool_calls is not False, "previous_response_id": req.previous_response_id,
         "max_output_tokens": req.max_output_tokens, "temperature": req.temperature, "top_p": req.top_p,
         "reasoning": req.reasoning, "store": req.store, "metadata": req.metadata or {},
-        "prompt_cache_key": req.prompt_cache_key, "text": {"format": {"type": "text"}}, "truncation": "disabled",
+        "prompt_cache_key": req.prompt_cache_key, "text": {"format": {"type": "text"}, **(req.text or {})},
+        "truncation": "disabled",
         "usage": None if state is None else {
             "input_tokens": prompt_tokens, "input_tokens_details": {"cached_tokens": prompt.num_cached_tokens},
             "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},

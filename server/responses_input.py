@@ -8,6 +8,8 @@
 - `tools`: `function` tools; the functions of a `namespace` tool are flattened to `<namespace>__<name>` (mapped back
   on output); hosted tools (`web_search`, `custom`, `local_shell`, ...) are accepted and left out of the prompt.
 - `reasoning.effort`: `none` / `minimal` turn thinking off, any other effort on; absent, the model's default.
+- `text.format` (`json_schema` flat, as `{type, name, schema, strict}`, or `json_object`) becomes chat's
+  `response_format`: the same grammar guarantees it; errors name the Responses field (`FORMAT_PARAMS`).
 """
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ from server.rendering.messages import flatten_content
 from server.responses_protocol import ResponsesRequest
 
 NAMESPACE_SEPARATOR = "__"
+# Chat's name of a field -> its name in a Responses request, for errors.
+FORMAT_PARAMS = {"response_format.json_schema.schema": "text.format.schema", "response_format": "text.format"}
 _OFF_EFFORTS = ("none", "minimal")
 
 
@@ -132,6 +136,20 @@ def chat_tool_choice(choice: str | dict | None, names: dict[tuple[str | None, st
     return "auto"  # a hosted tool or an allowed-tools list: the model chooses among what it has
 
 
+def response_format(text: dict | None) -> dict | None:
+    """Responses' `text.format` as chat's `response_format` (None: free text)."""
+    fmt = text.get("format") if isinstance(text, dict) else None
+    if fmt is None:
+        return None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind in ("text", "json_object"):
+        return {"type": kind}
+    if kind != "json_schema":
+        raise _bad("text.format.type must be 'text', 'json_object' or 'json_schema'", "text.format.type")
+    spec = {key: fmt[key] for key in ("name", "description", "schema", "strict") if key in fmt}
+    return {"type": "json_schema", "json_schema": spec}
+
+
 def thinking(reasoning: dict | None) -> bool | None:
     effort = reasoning.get("effort") if isinstance(reasoning, dict) else None
     return None if effort is None else effort not in _OFF_EFFORTS
@@ -173,7 +191,7 @@ def to_chat_request(req: ResponsesRequest, family: str, history: list[dict]) -> 
         "tool_choice": chat_tool_choice(req.tool_choice, names), "parallel_tool_calls": req.parallel_tool_calls,
         "max_tokens": req.max_output_tokens, "temperature": req.temperature, "top_p": req.top_p,
         "chat_template_kwargs": thinking_kwargs(family, thinking(req.reasoning)),
-        "prompt_cache_key": req.prompt_cache_key,
+        "prompt_cache_key": req.prompt_cache_key, "response_format": response_format(req.text),
     }
     try:
         chat = ChatCompletionRequest.model_validate(fields)

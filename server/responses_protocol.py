@@ -33,6 +33,7 @@ class ResponsesRequest(BaseModel):
     previous_response_id: str | None = None
     prompt_cache_key: str | None = Field(None, max_length=1024)
     metadata: dict[str, Any] | None = None
+    text: dict[str, Any] | None = None  # {"format": {"type": "text" | "json_object" | "json_schema", ...}}
 
 
 def responses_sse(event: dict[str, Any]) -> str:
