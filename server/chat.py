@@ -24,9 +24,10 @@ from server.normalize import normalize_for_cache
 from server.parsing import default_thinking
 from server.parsing.constraint import ConstraintError, output_constraint
 from server.protocol import APIError, ChatCompletionRequest, TokenizeRequest
+from server.rendering import serving_template_kwargs
 
 # The template kwarg that switches thinking, per family with a switch.
-_THINKING_SWITCH = {"qwen3": "enable_thinking", "deepseek-v3.1": "thinking"}
+_THINKING_SWITCH = {"qwen3": "enable_thinking", "qwen3.6": "enable_thinking", "deepseek-v3.1": "thinking"}
 
 
 @dataclass
@@ -78,6 +79,7 @@ def guards_only_auto_calls(req: ChatCompletionRequest) -> bool:
 
 def _render(ctx: ServingContext, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool,
             kwargs: dict[str, Any]) -> str:
+    kwargs = {**serving_template_kwargs(ctx.renderer, ctx.settings.preserve_thinking), **kwargs}
     return ctx.renderer.render(normalize_for_cache(messages, ctx.renderer), tools, add_generation_prompt, **kwargs)
 
 

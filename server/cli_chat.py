@@ -20,7 +20,8 @@ def add_render_command(subparsers) -> None:
         "render",
         help="print the exact prompt a chat request renders to",
         description="Renders an OpenAI chat-completions request body (messages, tools, chat_template_kwargs, "
-        "add_generation_prompt) into the exact prompt text the model sees, printed without an added newline.",
+        "add_generation_prompt) into the exact prompt text the model sees, printed without an added newline. "
+        "Template kwargs the server sets by default (Qwen3.6: preserve_thinking) are set here too.",
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--template", choices=FAMILIES, help="a native chat template family")
@@ -31,11 +32,16 @@ def add_render_command(subparsers) -> None:
         action="store_true",
         help="with --model: print one JSON object {prompt, num_tokens, token_ids} instead of the bare text",
     )
+    parser.add_argument(
+        "--no-preserve-thinking",
+        action="store_true",
+        help="as `kvserve serve --no-preserve-thinking`: do not keep past turns' reasoning (Qwen3.6)",
+    )
     parser.set_defaults(func=_run_render)
 
 
 def _run_render(args: argparse.Namespace) -> int:
-    from server.rendering import get_renderer, render_request
+    from server.rendering import get_renderer, render_request, serving_template_kwargs
 
     if args.tokens and not args.model:
         print("kvserve render: --tokens needs --model (token ids come from the model's tokenizer)", file=sys.stderr)
@@ -48,7 +54,7 @@ def _run_render(args: argparse.Namespace) -> int:
             renderer, tokenizer = _model_renderer(args.model)
         else:
             renderer = get_renderer(args.template)
-        prompt = render_request(renderer, body)
+        prompt = render_request(renderer, body, serving_template_kwargs(renderer, not args.no_preserve_thinking))
     except (OSError, ValueError, RuntimeError) as exc:  # unreadable file, invalid JSON/request, unknown model
         print(f"kvserve render: {exc}", file=sys.stderr)
         return 2

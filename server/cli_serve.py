@@ -62,6 +62,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     api.add_argument("--max-n", type=int, default=16, help="largest n (choices per request) (default: %(default)s)")
     api.add_argument("--max-request-bytes", type=int, default=32 * 1024 * 1024, metavar="BYTES",
                      help="larger request bodies get 413 (default: %(default)s)")
+    api.add_argument("--no-preserve-thinking", action="store_true",
+                     help="Qwen3.6: drop the reasoning of turns before the last user message, as the template does "
+                     "by default (kvserve keeps it, so each agent turn extends the cached prompt; docs/SERVER.md)")
     api.add_argument("--record", metavar="FILE.jsonl",
                      help="append every request (body, token ids, cached tokens, timings) for `kvserve bench replay`")
 
@@ -84,7 +87,7 @@ def run_serve(args: argparse.Namespace) -> int:
     settings = ServerSettings(
         api_keys=keys, allow_request_cache_salt=args.allow_request_cache_salt,
         strict_max_tokens=args.strict_max_tokens, max_output_tokens=args.max_output_tokens, max_n=args.max_n,
-        max_body_bytes=args.max_request_bytes,
+        max_body_bytes=args.max_request_bytes, preserve_thinking=not args.no_preserve_thinking,
     )
     started = time.perf_counter()
     try:

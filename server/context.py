@@ -38,6 +38,7 @@ class ServerSettings:
     max_output_tokens: int | None = None  # the operator's cap on one request's output (None: the context's room)
     max_n: int = 16
     max_body_bytes: int = 32 * 1024 * 1024
+    preserve_thinking: bool = True  # keep past turns' reasoning where the template can (Qwen3.6; docs/SERVER.md)
 
 
 @dataclass

@@ -13,7 +13,9 @@ prefix-cache benchmark names each cause they remove (benchmarks/prefix/attributi
   block) in the middle of the conversation. Templates that render them where they stand (Qwen) keep them there:
   the adapters never move them to the top. The DeepSeek templates hoist every system message into the head, so a
   new one mid-conversation rewrites the head (a full miss); for them such a message is rendered in place as a user
-  turn instead. The first message, if a system message, is still the system prompt.
+  turn instead. The Qwen3.5/3.6 template refuses a system message anywhere but first, so for it too a later one
+  becomes a user turn in place (Codex's developer messages, Claude Code's environment block). The first message,
+  if a system message, is still the system prompt.
 """
 from __future__ import annotations
 
@@ -53,8 +55,9 @@ def strip_billing_nonces(messages: list[dict]) -> list[dict]:
 
 
 def system_messages_in_place(messages: list[dict], renderer: Renderer) -> list[dict]:
-    """For templates that hoist system messages: those after the first message become user turns where they are."""
-    if not renderer.hoists_system_messages:
+    """For templates that hoist system messages or refuse them after the first: those after the first message become
+    user turns where they are."""
+    if not (renderer.hoists_system_messages or renderer.refuses_late_system_messages):
         return messages
     return [
         {**m, "role": "user"} if i > 0 and isinstance(m, dict) and m.get("role") in ("system", "developer") else m

@@ -8,6 +8,7 @@ so greedy continuations are varied and depend on the whole context.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,9 +19,15 @@ from tqdm import tqdm
 
 from .deepseek_tokenizer import write_deepseek_tokenizer
 from .hf_layout import DecoderDims, TokenizerInfo, write_model_configs
-from .qwen_tokenizer import write_qwen3_tokenizer
+from .qwen_tokenizer import write_qwen3_tokenizer, write_qwen36_tokenizer
 
-TOKENIZERS = ("qwen3", "deepseek")
+# recipe `tokenizer:` -> the writer of that real tokenizer (with the entry's chat template) into a model directory
+TOKENIZER_WRITERS: dict[str, Callable[[Path, str], TokenizerInfo]] = {
+    "qwen3": write_qwen3_tokenizer,
+    "qwen3.6": write_qwen36_tokenizer,
+    "deepseek": write_deepseek_tokenizer,
+}
+TOKENIZERS = tuple(TOKENIZER_WRITERS)
 VOCAB_ROUNDING = 128  # embedding rows are padded to a multiple of this, as real checkpoints do
 
 
@@ -133,10 +140,7 @@ def random_tensor(name: str, shape: tuple[int, ...], seed: int, scales: InitScal
 
 def build_tiny_model(recipe: TinyRecipe, template: str, out_dir: Path, scales: InitScales = InitScales()) -> None:
     """Write a complete HF model directory (configs, tokenizer, fp32 model.safetensors) into `out_dir`."""
-    if recipe.tokenizer == "qwen3":
-        tokens = write_qwen3_tokenizer(out_dir, template)
-    else:
-        tokens = write_deepseek_tokenizer(out_dir, template)
+    tokens = TOKENIZER_WRITERS[recipe.tokenizer](out_dir, template)
     write_model_configs(out_dir, recipe.model_type, recipe.dims(tokens), tokens, recipe.config)
     write_random_weights(out_dir, recipe.seed, scales)
 

@@ -40,6 +40,8 @@ FAMILIES: dict[str, FamilyParsing] = {
     "qwen2.5": FamilyParsing(_QWEN_JSON),
     "qwen3": FamilyParsing(_QWEN_JSON, Thinking(switchable=True, default=True, starts_inside=False)),
     "qwen3-coder": FamilyParsing(Qwen3CoderFormat),
+    # Qwen3.5/3.6: Qwen3-Coder's XML calls; the generation prompt opens <think> unless enable_thinking is false.
+    "qwen3.6": FamilyParsing(Qwen3CoderFormat, Thinking(switchable=True, default=True, starts_inside=True)),
     "deepseek-v3": FamilyParsing(_DEEPSEEK_V3),
     "deepseek-v3-0324": FamilyParsing(_DEEPSEEK_V3),
     "deepseek-v3.1": FamilyParsing(

@@ -10,6 +10,9 @@ from __future__ import annotations
 from server.rendering.base import Prepared, Renderer
 from server.rendering.families import FAMILIES, get_renderer
 from server.rendering.jinja_renderer import JinjaRenderer
-from server.rendering.request import render_request, renderer_for_model
+from server.rendering.request import render_request, renderer_for_model, serving_template_kwargs
 
-__all__ = ["FAMILIES", "JinjaRenderer", "Prepared", "Renderer", "get_renderer", "render_request", "renderer_for_model"]
+__all__ = [
+    "FAMILIES", "JinjaRenderer", "Prepared", "Renderer", "get_renderer", "render_request", "renderer_for_model",
+    "serving_template_kwargs",
+]

@@ -29,6 +29,12 @@ class Renderer(ABC):
     eos_token: str = ""
     # The template moves every system message to the top (DeepSeek): one in mid-conversation changes the head.
     hoists_system_messages: bool = False
+    # The template refuses a system message anywhere but first (Qwen3.5/3.6): the server renders later ones as user
+    # turns in place (server/normalize.py) rather than failing an agent's request.
+    refuses_late_system_messages: bool = False
+    # The template kwarg that keeps the reasoning of every past turn in the prompt (Qwen3.6 `preserve_thinking`);
+    # the server sets it by default so that each agent turn extends the previous prompt (docs/SERVER.md).
+    keeps_reasoning_kwarg: str | None = None
 
     def prepare(self, messages: list[dict], tools: list[dict] | None = None) -> Prepared:
         return Prepared(normalize_messages(messages, self.policy), normalize_tools(tools))

@@ -11,6 +11,7 @@ from server.rendering.deepseek import (
     DeepSeekV31Renderer,
 )
 from server.rendering.qwen import Qwen3CoderRenderer, Qwen3Renderer, Qwen25Renderer
+from server.rendering.qwen35 import Qwen36Renderer
 
 _RENDERERS: dict[str, type[Renderer]] = {
     cls.family: cls
@@ -18,6 +19,7 @@ _RENDERERS: dict[str, type[Renderer]] = {
         Qwen25Renderer,
         Qwen3Renderer,
         Qwen3CoderRenderer,
+        Qwen36Renderer,
         DeepSeekV3Renderer,
         DeepSeekV30324Renderer,
         DeepSeekV31Renderer,

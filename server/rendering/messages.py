@@ -34,17 +34,21 @@ class MessagePolicy:
         for them the text of an assistant message that carries calls is dropped (the calls matter more to an agent).
     lenient_object_arguments: with ``arguments="object"``, keep a string that is not valid JSON instead of failing
         (Qwen2.5 then ``tojson``-encodes it, which is what the model saw in training for such data).
+    text_part_separator: what joins a list of text parts: ``"\\n"`` as vLLM does for templates that take strings only;
+        Qwen3.5/3.6's template concatenates the parts itself, with nothing between them.
     """
 
     arguments: ArgumentsForm = "as_given"
     null_content_with_calls: bool = False
     lenient_object_arguments: bool = False
+    text_part_separator: str = "\n"
 
 
-def flatten_content(content: Any, where: str) -> str:
+def flatten_content(content: Any, where: str, separator: str = "\n") -> str:
     """Return the text of an OpenAI ``content`` field: a string, ``None`` (empty) or a list of text parts.
 
-    Parts are joined with ``"\\n"``, as vLLM does, so the model sees separate parts as separate lines.
+    Parts are joined with ``separator``: by default ``"\\n"``, as vLLM does, so the model sees separate parts as
+    separate lines.
     """
     if content is None:
         return ""
@@ -63,7 +67,7 @@ def flatten_content(content: Any, where: str) -> str:
             if not isinstance(text, str):
                 raise ValueError(f"{where}: a text content part needs a string 'text' field")
             texts.append(text)
-        return "\n".join(texts)
+        return separator.join(texts)
     raise ValueError(f"{where}: content must be a string, null or a list of text parts, not {type(content).__name__}")
 
 
@@ -122,7 +126,8 @@ def _normalize_message(message: Any, index: int, policy: MessagePolicy) -> dict:
     role = _ROLE_ALIASES.get(role, role)
     if role not in ROLES:
         raise ValueError(f"{where}: unsupported role {message.get('role')!r} (expected one of {', '.join(ROLES)})")
-    out: dict[str, Any] = {"role": role, "content": flatten_content(message.get("content"), where)}
+    content = flatten_content(message.get("content"), where, policy.text_part_separator)
+    out: dict[str, Any] = {"role": role, "content": content}
     if role == "assistant":
         calls = message.get("tool_calls")
         if calls is not None and not isinstance(calls, list):
@@ -136,7 +141,9 @@ def _normalize_message(message: Any, index: int, policy: MessagePolicy) -> dict:
                 out["content"] = None
         reasoning = next((message[k] for k in _REASONING_KEYS if message.get(k) is not None), None)
         if reasoning is not None:
-            out["reasoning_content"] = flatten_content(reasoning, f"{where}.reasoning_content")
+            out["reasoning_content"] = flatten_content(
+                reasoning, f"{where}.reasoning_content", policy.text_part_separator
+            )
         if message.get("prefix"):
             out["prefix"] = True  # DeepSeek "prefix completion" of a final assistant message
     elif message.get("tool_calls"):

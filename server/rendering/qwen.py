@@ -25,7 +25,8 @@ _JSON_TOOLS_TAIL = (
     '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n'
     "</tool_call><|im_end|>\n"
 )
-_CODER_TOOLS_TAIL = (
+# The call-format instructions after the tool list, shared by Qwen3-Coder and Qwen3.5/3.6.
+CODER_TOOLS_TAIL = (
     "\n</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n"
     "<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n"
     "<parameter=example_parameter_2>\nThis is the value for the second parameter\nthat can span\nmultiple lines\n"
@@ -107,7 +108,7 @@ class Qwen25Renderer(Renderer):
         return "".join(out)
 
 
-def _is_tool_response_text(content: str) -> bool:
+def is_tool_response_text(content: str) -> bool:
     return content.startswith("<tool_response>") and content.endswith("</tool_response>")
 
 
@@ -115,7 +116,7 @@ def _last_query_index(messages: list[dict]) -> int:
     """Index of the last real user query (not a hand-written tool response); reasoning after it is kept."""
     for index in range(len(messages) - 1, -1, -1):
         message = messages[index]
-        if message["role"] == "user" and not _is_tool_response_text(message["content"]):
+        if message["role"] == "user" and not is_tool_response_text(message["content"]):
             return index
     return len(messages) - 1
 
@@ -243,7 +244,7 @@ class Qwen3CoderRenderer(Renderer):
         if tools:
             out.append("\n\n# Tools\n\nYou have access to the following functions:\n\n<tools>")
             out.extend(_coder_function(tool["function"]) for tool in tools)
-            out.append(_CODER_TOOLS_TAIL)
+            out.append(CODER_TOOLS_TAIL)
         if out:
             out.append(f"{IM_END}\n")
         last = len(messages) - 1

@@ -8,9 +8,17 @@ from server.rendering.families import FAMILIES, get_renderer
 from server.rendering.jinja_renderer import JinjaRenderer
 
 
-def render_request(renderer: Renderer, body: Any) -> str:
-    """The prompt for a request body: ``messages``, ``tools``, ``chat_template_kwargs``, ``add_generation_prompt``
-    (default true). Other fields (sampling, ``tool_choice``) do not change the prompt and are ignored here."""
+def serving_template_kwargs(renderer: Renderer, preserve_thinking: bool = True) -> dict[str, Any]:
+    """The template kwargs the server sets unless a request sets them itself: with ``preserve_thinking``, the kwarg
+    that keeps every past turn's reasoning (Qwen3.6), so that each agent turn's prompt extends the previous one."""
+    key = renderer.keeps_reasoning_kwarg
+    return {key: True} if key and preserve_thinking else {}
+
+
+def render_request(renderer: Renderer, body: Any, defaults: dict[str, Any] | None = None) -> str:
+    """The prompt for a request body: ``messages``, ``tools``, ``chat_template_kwargs`` (over ``defaults``),
+    ``add_generation_prompt`` (default true). Other fields (sampling, ``tool_choice``) do not change the prompt and are
+    ignored here."""
     if not isinstance(body, dict):
         raise ValueError("the request body must be a JSON object")
     kwargs = body.get("chat_template_kwargs") or {}
@@ -19,6 +27,7 @@ def render_request(renderer: Renderer, body: Any) -> str:
     add_generation_prompt = body.get("add_generation_prompt", True)
     if not isinstance(add_generation_prompt, bool):
         raise ValueError("add_generation_prompt must be a boolean")
+    kwargs = {**(defaults or {}), **kwargs}
     return renderer.render(body.get("messages"), body.get("tools"), add_generation_prompt, **kwargs)
 
 

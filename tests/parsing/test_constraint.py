@@ -61,6 +61,8 @@ CALLS = {
     "qwen2.5": (qwen_call("get_weather", PARIS), qwen_call("get_weather", PARIS) + "\n" + qwen_call("now", "{}")),
     "qwen3-coder": (coder_call("get_weather", city="Paris"),
                     coder_call("get_weather", city="Paris") + "\n" + coder_call("now")),
+    "qwen3.6": (coder_call("get_weather", city="Paris"),
+                coder_call("get_weather", city="Paris") + "\n" + coder_call("now")),
     "deepseek-v3-0324": (v3_calls(("get_weather", PARIS)), v3_calls(("get_weather", PARIS), ("now", "{}"))),
     "deepseek-v3.1": (v31_calls(("get_weather", PARIS)), v31_calls(("get_weather", PARIS), ("now", "{}"))),
 }
@@ -148,6 +150,10 @@ def test_thinking_stays_free_before_the_constrained_part(grammars):
     v31 = constraint("deepseek-v3.1", "required", reasoning=True)
     assert accepts(grammars, v31, "Some reasoning.</think>" + CALLS["deepseek-v3.1"][0])
     assert not accepts(grammars, v31, CALLS["deepseek-v3.1"][0])
+    # Qwen3.6 too: its generation prompt opens `<think>\n`.
+    q36 = constraint("qwen3.6", "required", reasoning=True)
+    assert accepts(grammars, q36, "Call it.\n</think>\n\n" + CALLS["qwen3.6"][0])
+    assert not accepts(grammars, q36, CALLS["qwen3.6"][0])
     message = parse_output("qwen3", thought + CALLS["qwen2.5"][0], TOOLS, NAMED, reasoning=True, id_prefix="g")
     assert message.reasoning_content.startswith("Maybe <tool_call>") and len(message.tool_calls) == 1
 

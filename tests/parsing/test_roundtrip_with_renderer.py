@@ -22,6 +22,10 @@ CASES = [
     ("qwen3-coder", False, "Let me check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
      "</parameter>\n</function>\n</tool_call><|im_end|>", TOOL_RESULT),
     ("qwen3-coder", False, "It is 18C.<|im_end|>", FOLLOW_UP),
+    # Qwen3.6 with kvserve's serving default preserve_thinking: even a new user query keeps the reasoning.
+    ("qwen3.6", True, "Need a call.\n</think>\n\nLet me check.\n\n<tool_call>\n<function=get_weather>\n"
+     "<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call><|im_end|>", TOOL_RESULT),
+    ("qwen3.6", True, "Easy.\n</think>\n\nIt is 18C.<|im_end|>", FOLLOW_UP),
     ("deepseek-v3-0324", False, f"Let me check.{CALLS_BEGIN}{CALL_BEGIN}function{SEP}get_weather\n```json\n"
      f'{{"city": "Paris"}}\n```{CALL_END}{CALLS_END}{DS_EOS}', TOOL_RESULT),
     ("deepseek-v3-0324", False, "It is 18C." + DS_EOS, FOLLOW_UP),
@@ -33,7 +37,9 @@ CASES = [
 
 @pytest.mark.parametrize("family,thinking,raw,next_message", CASES)
 def test_parsed_message_re_renders_the_raw_output(family, thinking, raw, next_message):
-    kwargs = {"enable_thinking": thinking} if family == "qwen3" else {"thinking": thinking}
+    kwargs = {"enable_thinking": thinking} if family.startswith("qwen3") else {"thinking": thinking}
+    if family == "qwen3.6":
+        kwargs["preserve_thinking"] = True
     renderer = get_renderer(family)
     prompt = renderer.render([QUESTION], [WEATHER], True, **kwargs)
     parsed = parse_output(family, raw, [WEATHER], reasoning=thinking, id_prefix="r")

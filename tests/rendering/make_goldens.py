@@ -6,7 +6,9 @@ For every family and every corpus case: the request goes through the family rend
 validation and normalization the server applies), then the *official* Jinja template is rendered by
 ``transformers.utils.chat_template_utils.render_jinja_template`` with the tokenizer's special tokens. A request that
 ``prepare`` refuses, or that makes the official template raise, is recorded as an expected error. The templates used
-are copied to ``templates/`` so the test suite needs nothing outside the repository.
+are copied to ``templates/`` so the test suite needs nothing outside the repository; a template that is not in the
+source directory (the newer ones) is read from ``templates/`` itself. ``SOURCES`` says where each stored copy came
+from; the golden file repeats it.
 """
 from __future__ import annotations
 
@@ -35,12 +37,27 @@ OFFICIAL: dict[str, tuple[str, dict]] = {
     "qwen2.5": ("Qwen-Qwen2.5-7B-Instruct.jinja", _QWEN_TOKENS),
     "qwen3": ("Qwen-Qwen3-0.6B.jinja", _QWEN_TOKENS),
     "qwen3-coder": ("Qwen3-Coder.jinja", _QWEN_TOKENS),
+    "qwen3.6": ("Qwen-Qwen3.6-27B.jinja", _QWEN_TOKENS),
     "deepseek-v3": ("deepseek-ai-DeepSeek-V3.jinja", _DEEPSEEK_TOKENS),
     "deepseek-v3-0324": ("deepseek-ai-DeepSeek-V3-0324.jinja", _DEEPSEEK_TOKENS),
     "deepseek-v3.1": ("deepseek-ai-DeepSeek-V3.1.jinja", _DEEPSEEK_TOKENS),
     "deepseek-r1": ("deepseek-ai-DeepSeek-R1.jinja", _DEEPSEEK_TOKENS),
     "deepseek-r1-0528": ("deepseek-ai-DeepSeek-R1-0528.jinja", _DEEPSEEK_TOKENS),
     "deepseek-r1-distill": ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", _DEEPSEEK_TOKENS),
+}
+
+_SHARED_SOURCES = "see /work/shared/reference/chat_templates/SOURCES.md"
+# family -> where its stored template came from (written into the golden file).
+SOURCES: dict[str, str] = {
+    "qwen3.6": (
+        "chat_template.jinja of Qwen/Qwen3.6-27B (the same file as Qwen/Qwen3.6-35B-A3B's), 7,765 bytes, sha256 "
+        "c726bb991c3150f3ee3d690930f43ed1e7c28dcef27cfbc6de3400db1da2a9a6: the SHA256 that a public deployment note "
+        "reports for the file downloaded from both official Qwen repos. Recovered from the verbatim copy of "
+        "Qwen/Qwen3.6-27B-FP8 (revision c79abb8dddf284f31fd5a44fed917f261c72948b) in GitHub w32zhong/"
+        "qwen3.6-fp8-config-fix chat_template.jinja (commit 36892a01bc975c411f9b272361391e4d3583ef04), whose one "
+        "local edit (a `force_thinking` generation prompt) is reverted to the official `enable_thinking` block, as "
+        "quoted in ggml-org/llama.cpp PR #22507; the result hashes to the official SHA256 above."
+    ),
 }
 
 
@@ -73,11 +90,13 @@ def main(argv: list[str] | None = None) -> int:
     TEMPLATES.mkdir(exist_ok=True)
     for family, (filename, _) in OFFICIAL.items():
         source = args.templates / filename
-        shutil.copyfile(source, TEMPLATES / filename)
-        template = source.read_text(encoding="utf-8")
+        if source.is_file():
+            shutil.copyfile(source, TEMPLATES / filename)
+        template = (TEMPLATES / filename).read_text(encoding="utf-8")
         golden = {
             "family": family,
             "template": filename,
+            "source": SOURCES.get(family, _SHARED_SOURCES),
             "template_sha256": hashlib.sha256(template.encode("utf-8")).hexdigest(),
             "cases": {case.name: render_official(family, template, case) for case in CASES},
         }

@@ -66,6 +66,9 @@ CODER_CALL = Output(
     f"<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>{QWEN_EOS}",
     parsed("", arguments={"city": "Paris"}),  # the XML parser types values by the schema
 )
+# Qwen3.6's generation prompt opens `<think>\n`: the model writes the rest of the block itself.
+Q36_ANSWER = Output(f"{REASONING}\n</think>\n\n{ANSWER}{QWEN_EOS}", parsed(ANSWER, REASONING))
+Q36_CALL = Output(f"{REASONING}\n</think>\n\n{CODER_CALL.raw}", parsed("", REASONING, {"city": "Paris"}))
 R1_ANSWER = Output(f"{REASONING}\n</think>\n\n{ANSWER}{DS_EOS}", parsed(ANSWER, REASONING))  # after a forced `<think>\n`
 R1_CALL = Output(f"{REASONING}\n</think>\n\n{DS_FENCED_CALL}", parsed("", REASONING, ARGS))
 R1_0528_ANSWER = Output(f"<think>\n{REASONING}\n</think>\n\n{ANSWER}{DS_EOS}", parsed(ANSWER, REASONING))
@@ -86,6 +89,12 @@ MODES = {
     "qwen3-thinking": Mode("qwen3", {}, qwen_answer(REASONING), qwen_call(REASONING)),
     "qwen3-no-thinking": Mode("qwen3", {"enable_thinking": False}, qwen_answer(), qwen_call()),
     "qwen3-coder": Mode("qwen3-coder", {}, qwen_answer(), CODER_CALL),
+    # preserve_thinking is kvserve's serving default for Qwen3.6 (docs/SERVER.md); without it the template drops
+    # the reasoning of every turn before the last user query.
+    "qwen3.6": Mode("qwen3.6", {"preserve_thinking": True}, Q36_ANSWER, Q36_CALL),
+    "qwen3.6-no-preserve": Mode("qwen3.6", {}, Q36_ANSWER, Q36_CALL),
+    "qwen3.6-no-thinking": Mode("qwen3.6", {"enable_thinking": False, "preserve_thinking": True}, qwen_answer(),
+                                CODER_CALL),
     "deepseek-v3": Mode("deepseek-v3", {}, DS_ANSWER, Output(DS_FENCED_CALL, parsed("", arguments=ARGS))),
     "deepseek-v3-0324": Mode("deepseek-v3-0324", {}, DS_ANSWER, Output(DS_FENCED_CALL, parsed("", arguments=ARGS))),
     "deepseek-v3.1": Mode("deepseek-v3.1", {"thinking": False}, DS_ANSWER, Output(DS_V31_CALL, parsed("", arguments=ARGS))),
@@ -129,6 +138,15 @@ EXPECTED: dict[tuple[str, str], str | None] = {
     ("qwen3-coder", "chat_turn"): None,
     ("qwen3-coder", "tool_step"): None,
     ("qwen3-coder", "answer_after_tool"): None,
+    ("qwen3.6", "chat_turn"): None,
+    ("qwen3.6", "tool_step"): None,
+    ("qwen3.6", "answer_after_tool"): None,
+    ("qwen3.6-no-preserve", "chat_turn"): "<think>\n",  # reasoning before the last user query is dropped
+    ("qwen3.6-no-preserve", "tool_step"): None,  # inside a tool loop the echoed reasoning is kept
+    ("qwen3.6-no-preserve", "answer_after_tool"): "<think>\n",
+    ("qwen3.6-no-thinking", "chat_turn"): None,  # the empty block of the generation prompt is rendered in history
+    ("qwen3.6-no-thinking", "tool_step"): None,
+    ("qwen3.6-no-thinking", "answer_after_tool"): None,
     ("deepseek-v3", "chat_turn"): None,
     ("deepseek-v3", "tool_step"): "<｜tool▁calls▁end｜>",  # a single call is never closed in history
     ("deepseek-v3", "answer_after_tool"): None,

@@ -136,6 +136,20 @@ def deepseek_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveSe
                             EngineConfig(block_size=4, num_kv_blocks=1024, max_model_len=512))
 
 
+@pytest.fixture(scope="session")
+def qwen36_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A local model directory with the real Qwen3.5/3.6 tokenizer and the official Qwen3.6-27B template on a tiny
+    Qwen3-architecture model (random weights): the `qwen3.6` family end to end, found by its template like any local
+    checkpoint. The hybrid architecture's own `qwen3.6-tiny` is built elsewhere (issue 21)."""
+    from engine.model_sources.tiny import TinyRecipe, build_tiny_model
+
+    out = tmp_path_factory.mktemp("qwen36-template-tiny")
+    recipe = TinyRecipe(model_type="qwen3", tokenizer="qwen3.6", seed=36, vocab_size=248_320,
+                        max_position_embeddings=262_144)
+    build_tiny_model(recipe, "qwen3.6", out)
+    return out
+
+
 @pytest.fixture(params=["qwen", "smol"])
 def any_server(request: pytest.FixtureRequest) -> LiveServer:
     return request.getfixturevalue(f"{request.param}_server")

@@ -66,6 +66,11 @@ def moe() -> Iterator[LiveServer]:
     yield from _server("qwen3-moe-tiny")
 
 
+@pytest.fixture(scope="module")
+def qwen36(qwen36_model_dir) -> Iterator[LiveServer]:  # Qwen3.6's template: Qwen3-Coder XML calls, <think> opened
+    yield from _server(str(qwen36_model_dir))
+
+
 @dataclass
 class Reply:
     content: str | None
@@ -107,11 +112,12 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("model", ["qwen", "deepseek", "moe"])
+@pytest.mark.parametrize("model", ["qwen", "deepseek", "moe", pytest.param("qwen36", marks=pytest.mark.slow)])
 def test_required_named_and_json_schema_hold_for_every_seed(model, request):
     server: LiveServer = request.getfixturevalue(model)
     # Qwen3 thinks by default and a random model never stops thinking: the guarantee is about what follows.
-    extra = {"chat_template_kwargs": {"enable_thinking": False}} if model == "qwen" else {}
+    thinks = model in ("qwen", "qwen36")
+    extra = {"chat_template_kwargs": {"enable_thinking": False}} if thinks else {}
     by_case: dict[tuple[str, bool], list[Reply]] = {}
     for case, fields in CASES.items():
         common = dict(temperature=1.0, max_tokens=1024, extra_body=extra, **fields)
