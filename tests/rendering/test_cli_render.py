@@ -61,6 +61,17 @@ def test_cli_reads_stdin_and_passes_template_kwargs() -> None:
     assert result.stdout.decode("utf-8") == "<|im_start|>user\nHi ✓<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
 
 
+def test_cli_keeps_qwen36_reasoning_as_the_server_does() -> None:
+    body = {"messages": [{"role": "user", "content": "2+2?"},
+                         {"role": "assistant", "content": "4", "reasoning_content": "Add."},
+                         {"role": "user", "content": "3+3?"}]}
+    kept = run_cli("--template", "qwen3.6", "--request", "-", stdin=json.dumps(body).encode())
+    dropped = run_cli("--template", "qwen3.6", "--no-preserve-thinking", "--request", "-", stdin=json.dumps(body).encode())
+    assert kept.returncode == dropped.returncode == 0, kept.stderr.decode() + dropped.stderr.decode()
+    assert b"<|im_start|>assistant\n<think>\nAdd.\n</think>\n\n4<|im_end|>" in kept.stdout
+    assert b"<|im_start|>assistant\n4<|im_end|>" in dropped.stdout
+
+
 def test_cli_rejects_invalid_requests_with_a_message() -> None:
     bad = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}
     result = run_cli("--template", "deepseek-r1", "--request", "-", stdin=json.dumps(bad).encode())

@@ -52,6 +52,16 @@ def test_the_next_turn_extends_the_previous_prompt_and_reply(server: LiveServer)
     assert tokenizer.decode(dropped).count(REASONING) == 0
 
 
+def test_a_late_system_message_renders_as_a_user_turn(server: LiveServer) -> None:
+    """The template refuses a system message after the first (Codex's developer messages, Claude Code's environment
+    block); the server renders it in place as a user turn instead of failing the request."""
+    messages = [{"role": "system", "content": "Be brief."}, QUESTION, {"role": "assistant", "content": ANSWER},
+                {"role": "developer", "content": "Sandbox: read-only."}, {"role": "user", "content": "And tests?"}]
+    text = server.ctx.tokenizer.decode(_tokens(server, messages))
+    assert text.startswith("<|im_start|>system\nBe brief.<|im_end|>")
+    assert "<|im_start|>user\nSandbox: read-only.<|im_end|>\n<|im_start|>user\nAnd tests?" in text
+
+
 def test_thinking_is_on_by_default_and_parsed_on_every_api(server: LiveServer) -> None:
     common = dict(model=server.ctx.model_name, messages=[QUESTION], max_tokens=12, temperature=0)
     thought = server.client().chat.completions.create(**common).choices[0].message
