@@ -156,6 +156,7 @@ async def complete_chat(ctx: ServingContext, plan: ChatPlan, stream: RequestStre
         "object": "chat.completion",
         "created": plan.created,
         "model": ctx.model_name,
+        "system_fingerprint": ctx.instance_id,
         "choices": choices,
         "usage": usage([plan.prompt], sum(len(s.choice.token_ids) for s in states)),
     }
@@ -169,7 +170,7 @@ async def stream_chat(ctx: ServingContext, plan: ChatPlan, stream: RequestStream
     def chunk(choices: list[dict[str, Any]], usage_value: dict[str, Any] | None = None) -> str:
         payload: dict[str, Any] = {
             "id": plan.request_id, "object": "chat.completion.chunk", "created": plan.created,
-            "model": ctx.model_name, "choices": choices,
+            "model": ctx.model_name, "system_fingerprint": ctx.instance_id, "choices": choices,
         }
         if include_usage:
             payload["usage"] = usage_value

@@ -59,6 +59,9 @@ class ServingContext:
     aliases: frozenset[str] = frozenset()  # other names clients may use for the model (its HF repo id)
     named_caches: NamedCaches = field(default_factory=NamedCaches)
     created: int = field(default_factory=lambda: int(time.time()))
+    # This process's identity, new at every start (a restarted replica's cache is empty): responses carry it as
+    # `system_fingerprint`, routers read it from /get_server_info.
+    instance_id: str = field(default_factory=lambda: f"kvserve-{secrets.token_hex(6)}")
     token_texts: TokenTexts = field(init=False)  # token id -> text and bytes, for logprobs (event loop)
     _prepare_thread: ThreadPoolExecutor = field(init=False, repr=False)
 

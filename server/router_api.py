@@ -11,7 +11,6 @@ docs/ROUTERS.md shows each router these serve, as run here.
 """
 from __future__ import annotations
 
-import uuid
 from typing import Any, Callable
 
 from fastapi import APIRouter, FastAPI, Request
@@ -30,9 +29,6 @@ def add_router_routes(app: FastAPI, api: APIRouter, ctx: ServingContext,
                       salt_for: Callable[[Request, str | None], str | None]) -> None:
     """``app`` takes the probe (no API key), ``api`` the rest."""
     cfg = ctx.engine.engine.cfg
-    # A new identity per process: a restarted replica starts with an empty cache, and a router must not credit it
-    # with what the previous process held.
-    instance_id = f"kvserve-{uuid.uuid4().hex[:12]}"
 
     @app.get("/get_load")
     async def get_load() -> dict[str, int]:
@@ -41,7 +37,7 @@ def add_router_routes(app: FastAPI, api: APIRouter, ctx: ServingContext,
 
     @api.get("/get_server_info")
     async def get_server_info() -> dict[str, Any]:
-        return {"model_id": ctx.model_name, "model_path": ctx.model_name, "instance_id": instance_id,
+        return {"model_id": ctx.model_name, "model_path": ctx.model_name, "instance_id": ctx.instance_id,
                 "kv_block_size": cfg.block_size, "max_model_len": ctx.max_model_len}
 
     @api.get("/kv_event_sources")

@@ -37,6 +37,11 @@ def test_load_and_server_info(qwen_server: LiveServer) -> None:
         sources = http.get("/kv_event_sources")
     assert info["model_id"] == "qwen3-tiny" and info["kv_block_size"] == 4
     assert info["instance_id"].startswith("kvserve-")
+    # Every chat response names the process that served it (a router's client can tell which replica answered).
+    assert qwen_server.chat(messages=[{"role": "user", "content": "hi"}], max_tokens=1).system_fingerprint == \
+        info["instance_id"]
+    stream = qwen_server.chat(messages=[{"role": "user", "content": "hi"}], max_tokens=1, stream=True)
+    assert {chunk.system_fingerprint for chunk in stream} == {info["instance_id"]}
     assert sources.status_code == 404 and "--kv-events-endpoint" in sources.json()["error"]["message"]
 
 
