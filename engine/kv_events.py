@@ -123,6 +123,12 @@ class KVEventPublisher:
     """vLLM's ZMQ publisher protocol: a PUB socket for the stream, an optional ROUTER socket replaying the last
     ``buffer_steps`` batches. Sending runs on its own thread, so a slow subscriber never holds up a step.
 
+    The PUB socket is an XPUB (the same stream, plus subscription notices): while the process has published
+    nothing, a subscriber's arrival is answered with ``AllBlocksCleared`` as batch 0. A replica restarted on the
+    same ports is thereby announced the moment a router's subscriber reconnects, before it serves again: the
+    router drops the dead process's blocks then, not when the new process first stores one, and credits it with
+    nothing it lost in between.
+
     An endpoint with ``*`` (or ``ipc://`` / ``inproc://``) is bound, any other is connected to, as vLLM does."""
 
     def __init__(self, endpoint: str, replay_endpoint: str | None = None, topic: str = "", block_size: int = 16,
@@ -135,7 +141,7 @@ class KVEventPublisher:
         self.topic = topic.encode()
         self.data_parallel_rank = data_parallel_rank
         self._ctx = zmq.Context.instance()
-        self._pub = self._ctx.socket(zmq.PUB)
+        self._pub = self._ctx.socket(zmq.XPUB)
         self._pub.setsockopt(zmq.LINGER, 0)
         _bind_or_connect(self._pub, endpoint)
         self._replay = None
@@ -163,6 +169,8 @@ class KVEventPublisher:
 
     def _run(self) -> None:
         while True:
+            while self._pub.poll(0):
+                self._on_subscription(self._pub.recv())
             if self._replay is not None:
                 while self._replay.poll(0):
                     self._serve_replay()
@@ -172,12 +180,20 @@ class KVEventPublisher:
                 continue
             if events is None:
                 return
-            batch = [time.time(), [wire_event(e, self.block_size) for e in events], self.data_parallel_rank]
-            payload = self._pack(batch)
-            seq = self._next_seq
-            self._next_seq += 1
-            self._pub.send_multipart([self.topic, seq.to_bytes(8, "big"), payload])
-            self._buffer.append((seq, payload))
+            self._send(events)
+
+    def _send(self, events: list[KVEvent]) -> None:
+        batch = [time.time(), [wire_event(e, self.block_size) for e in events], self.data_parallel_rank]
+        payload = self._pack(batch)
+        seq = self._next_seq
+        self._next_seq += 1
+        self._pub.send_multipart([self.topic, seq.to_bytes(8, "big"), payload])
+        self._buffer.append((seq, payload))
+
+    def _on_subscription(self, notice: bytes) -> None:
+        """XPUB notices are b"\x01" + topic (subscribe) or b"\x00" + topic (unsubscribe)."""
+        if notice[:1] == b"\x01" and self._next_seq == 0:
+            self._send([AllBlocksCleared()])
 
     def _serve_replay(self) -> None:
         frames = self._replay.recv_multipart()

@@ -53,7 +53,8 @@ class WorkloadParams:
     forked_workers: int = 2
     fresh_workers: int = 3
     worker_steps: int = 3
-    sessions: int = 6  # concurrent tenants sharing one system prompt
+    sessions: int = 6  # concurrent tenants sharing one system prompt (projects: sessions in all)
+    projects: int = 2  # projects: repositories whose sessions share a head
     session_steps: int = 4
     groups: int = 4  # shared-prefix groups
     questions: int = 8  # questions per group
@@ -280,6 +281,22 @@ def tenants_salted(p: WorkloadParams) -> Workload:
                     _tenants(p, salted=True), p.thinking)
 
 
+def projects(p: WorkloadParams) -> Workload:
+    """``sessions`` concurrent agent sessions over ``projects`` repositories: a project's sessions share its head
+    (system prompt, rules file, tools), each session runs one task of ``session_steps`` tool calls. Behind several
+    replicas, a session's later turns hit only where its earlier turns ran."""
+    gen = TextGen(p.seed)
+    heads = [(_tools(gen, p), make_head(gen, p.head_words)) for _ in range(p.projects)]
+    sessions = []
+    for i in range(p.sessions):
+        tools, head = heads[i % p.projects]
+        s = _agent(gen, p, f"p{i % p.projects}s{i}", tools, head)
+        s.task(p.session_steps)
+        sessions.append(s.requests)
+    return Workload("projects", f"{p.sessions} concurrent sessions over {p.projects} projects (a head each)",
+                    _interleave(sessions, list(range(p.sessions))), p.thinking)
+
+
 def _single_turn(sid: str, system: str, question: str, gen: TextGen) -> ChatRequest:
     messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
     return ChatRequest(f"{sid}/0", sid, messages, None, {"role": "assistant", "content": gen.sentence()})
@@ -332,6 +349,7 @@ WORKLOADS: dict[str, Callable[[WorkloadParams], Workload]] = {
     "subagents": subagents,
     "tenants": tenants,
     "tenants_salted": tenants_salted,
+    "projects": projects,
     "shared_prefix": shared_prefix,
     "prefix_repetition": prefix_repetition,
     "claude_code": _agent_shaped("claude_code"),

@@ -41,6 +41,7 @@ def test_message_level_structure():
     assert set(_changes("tool_loop")) == {None}
     assert _changes("tool_change").count(CHANGE_TOOLS) == 1
     assert set(_changes("tool_append")) == {None}  # the new tool goes to the tail: the messages only grow
+    assert set(_changes("projects")) == {None}  # every session's turns only grow
     assert CHANGE_HISTORY in _changes("compaction")
     (sub,) = build_workloads("subagents", SMALL)
     sessions = {r.session for r in sub.requests}
@@ -113,3 +114,12 @@ def test_thinking_on_names_dropped_reasoning_and_salts_cost_hits(qwen3):
     assert reports["tool_change"]["miss_causes"][CHANGE_TOOLS] > 0
     assert reports["tenants_salted"]["main_miss_cause"] == "different_salt"
     assert reports["tenants_salted"]["hit_rate"] < reports["tenants"]["hit_rate"]
+
+
+def test_projects_sessions_share_their_projects_head():
+    (wl,) = build_workloads("projects", replace(SMALL, sessions=4, projects=2))
+    first_turns = [r for r in wl.requests if r.turn == 0]
+    assert len(first_turns) == 4 and len({r.session for r in wl.requests}) == 4
+    heads = [r.messages[0]["content"] for r in first_turns]
+    assert heads[0] == heads[2] != heads[1] == heads[3]
+    assert first_turns[0].tools == first_turns[2].tools != first_turns[1].tools

@@ -169,3 +169,31 @@ def test_an_endpoint_without_a_wildcard_is_connected_to():
 
     publisher = KVEventPublisher("tcp://127.0.0.1:1")  # connect (nothing listens there yet), as vLLM does
     publisher.close()
+
+
+def test_a_fresh_publisher_announces_an_empty_cache_to_its_first_subscriber():
+    """A router reconnecting to a replica restarted on the same port learns at once that its blocks are gone."""
+    from engine.kv_events import AllBlocksCleared, BlockStored, KVEventPublisher
+
+    port = free_port()
+    publisher = KVEventPublisher(f"tcp://*:{port}", topic="kv", block_size=BLOCK)
+    ctx = zmq.Context()
+    try:
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, b"kv")
+        sub.connect(f"tcp://127.0.0.1:{port}")
+        assert sub.poll(5000), "no announcement"
+        topic, seq, payload = sub.recv_multipart()
+        assert (topic, int.from_bytes(seq, "big")) == (b"kv", 0)
+        assert msgpack.unpackb(payload)[1] == [{"type": "AllBlocksCleared"}]
+        publisher.publish([BlockStored([bytes(16)], None, list(range(BLOCK)), "GPU")])
+        late = ctx.socket(zmq.SUB)  # a second subscriber after the stream began gets no announcement
+        late.setsockopt(zmq.SUBSCRIBE, b"kv")
+        late.connect(f"tcp://127.0.0.1:{port}")
+        assert sub.poll(5000) and int.from_bytes(sub.recv_multipart()[1], "big") == 1
+        time.sleep(0.3)
+        publisher.publish([AllBlocksCleared()])
+        assert late.poll(5000) and int.from_bytes(late.recv_multipart()[1], "big") == 2
+    finally:
+        ctx.destroy(linger=0)
+        publisher.close()

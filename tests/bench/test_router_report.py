@@ -1,0 +1,50 @@
+"""The router benchmark's arithmetic and its reading of vllm-router's log (the runs themselves:
+tests/bench/test_router.py)."""
+from __future__ import annotations
+
+from datetime import datetime
+
+from benchmarks.router_bench import RequestResult, fault_summary, router_log_facts, summarize
+
+VICTIM = "http://127.0.0.1:9002"
+
+
+def test_summary_counts_hits_failures_and_placement():
+    results = [RequestResult("s0", 0, 0.0, 1.0, True, 1000, 0, 0), RequestResult("s0", 1, 1.0, 1.5, True, 1200, 960, 0),
+               RequestResult("s1", 0, 0.5, 2.5, True, 800, 0, 1), RequestResult("s1", 1, 2.5, 3.0, False, error="x")]
+    s = summarize(results, replicas=2)
+    assert (s["requests"], s["failed"], s["per_replica"]) == (4, 1, [2, 1])
+    assert s["hit_rate"] == 960 / 3000 and s["later_turn_hit_rate"] == 960 / 1200
+    assert s["ttft_p50_s"] == 1.0 and s["wall_s"] == 3.0
+
+
+def test_fault_summary_splits_the_run_at_kill_and_restart():
+    events = {"kill": 10.0, "restarted": 20.0}
+    results = [RequestResult("a", 0, 8.0, 11.0, True, 100, 50, 0),  # in flight at the kill, retried
+               RequestResult("b", 0, 9.0, 10.5, False, error="connection reset"),  # in flight, failed
+               RequestResult("a", 1, 12.0, 13.0, True, 200, 150, 0),  # while down
+               RequestResult("c", 0, 21.0, 22.0, True, 300, 0, 1)]  # after the restart, on the victim
+    f = fault_summary(results, events, victim=1)
+    assert (f["in_flight_at_kill"], f["in_flight_failed"], f["failed_outside_kill"]) == (2, 1, 0)
+    assert (f["while_down"], f["while_down_to_victim"], f["after_restart_to_victim"]) == (1, 0, 1)
+    assert f["hit_rate_while_down"] == 0.75 and f["errors"] == ["connection reset"]
+
+
+def test_router_log_facts_read_decisions_after_the_restart():
+    def line(stamp: str, text: str) -> str:  # vllm-router colours its log
+        return f"\x1b[2m{stamp}\x1b[0m \x1b[34mDEBUG\x1b[0m {text}"
+
+    log = "\n".join([
+        line("2026-12-01 10:00:00", f'kv_aware: KV prefix decision outcome="prefix_cost" worker="{VICTIM}" '
+             "input_tokens=900 new_prefill_tokens=100 credited_prefix_tokens=800 used_binding=false"),
+        line("2026-12-01 10:00:01", 'router: KV request selected attempt=1 worker_url="http://127.0.0.1:9001"'),
+        line("2026-12-01 10:00:20", "subscriber: kv_index kvserve-1: restart seq 0 < 7 -> incarnation 1"),
+        line("2026-12-01 10:00:21", f'kv_aware: KV prefix decision outcome="prefix_cost" worker="{VICTIM}" '
+             "input_tokens=900 new_prefill_tokens=900 credited_prefix_tokens=0 used_binding=false"),
+        line("2026-12-01 10:00:22", f'kv_aware: KV prefix decision outcome="prefix_cost" worker="{VICTIM}" '
+             "input_tokens=950 new_prefill_tokens=50 credited_prefix_tokens=896 used_binding=false"),
+    ])
+    restart = datetime(2026, 12, 1, 10, 0, 15).timestamp()
+    facts = router_log_facts(log, VICTIM, restart)
+    assert facts == {"retried_attempts": 1, "event_stream_restarts_detected": 1, "render_over_budget": 0,
+                     "restarted_decisions": 2, "restarted_credited_tokens": 896}
