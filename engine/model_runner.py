@@ -34,6 +34,7 @@ from engine.models.llama import AttentionMetadata
 from engine.outputs import KVTransfer, ModelRunnerOutput, NewRequestData, SchedulerOutput
 from engine.parallel.memory import RankMemory, measure
 from engine.parallel.state import SINGLE, TensorParallel
+from engine.prompt_logprobs import PromptScoring, PromptSpan, ScoredSpan, score_spans
 from engine.sampler import Penalties, SamplerOutput, SamplingBatch, has_penalties, make_generator, penalty_parameters, sample
 from engine.sampling_params import SamplingParams
 from engine.step_inputs import DeviceInputs, HostInputs, flatten
@@ -71,11 +72,13 @@ class _DeviceWork:
     req_ids: list[str]  # of the sampled rows, in order
     logits_processor: LogitsProcessor | None  # e.g. grammar masks, applied to the logits before sampling
     transfers: list[KVTransfer] = field(default_factory=list)  # copies between KV tiers, before the forward
+    prompt_spans: list[PromptSpan] = field(default_factory=list)  # rows that score prompt tokens
 
 
 @dataclass
 class _Launched:
     sampled: SamplerOutput | None  # on the host (pinned) on CUDA
+    scored: list[ScoredSpan] = field(default_factory=list)  # prompt logprobs, likewise
     done: torch.cuda.Event | None = None
     started: torch.cuda.Event | None = None
 
@@ -101,14 +104,17 @@ class StepHandle:
             launched.done.synchronize()
         profile = self.runner.profile
         profile.wait_s += time.perf_counter() - start
-        if launched is None or launched.sampled is None:
+        if launched is None or (launched.sampled is None and not launched.scored):
             self._output = ModelRunnerOutput([], [])
             return self._output
         if launched.started is not None:
             profile.device_s += launched.started.elapsed_time(launched.done) / 1e3
-        token_ids, logprobs = launched.sampled.host_lists(self.params)
-        self.runner.record_sampled(self, token_ids)
-        self._output = ModelRunnerOutput(self.req_ids, token_ids, logprobs)
+        token_ids, logprobs = [], None
+        if launched.sampled is not None:
+            token_ids, logprobs = launched.sampled.host_lists(self.params)
+            self.runner.record_sampled(self, token_ids)
+        scored = [(s.req_id, s.first_token, s.entries()) for s in launched.scored]
+        self._output = ModelRunnerOutput(self.req_ids if token_ids else [], token_ids, logprobs, scored)
         return self._output
 
 
@@ -153,6 +159,7 @@ class ModelRunner:
         self.inputs = DeviceInputs(max(cfg.max_num_batched_tokens, rows), rows, self.max_blocks_per_row, self.device)
         self.batch = InputBatch(rows, max_model_len, self.max_blocks_per_row)
         self.requests: dict[str, RunnerRequest] = {}
+        self.scoring = PromptScoring()
         self.profile = StepProfile()
         self.time_device = False  # CUDA: time each step's kernels with events (benchmarks)
         self._prev_sampled: torch.Tensor | None = None  # the last launched step's sampled ids, on the device
@@ -210,6 +217,8 @@ class ModelRunner:
         all_ids = batch.req_ids
         req_ids = [all_ids[r] for r in host.sample_rows.tolist()]
         work = _DeviceWork(host, pad_to, None, None, req_ids, logits_processor, sched.kv_transfers)
+        if self.scoring:
+            work.prompt_spans = self.scoring.spans(sched.scheduled, batch.row_of, host.query_start_loc)
         handle = StepHandle(self, req_ids, rows=host.sample_rows, batch_version=batch.version)
         if req_ids and self.tp.is_first:  # rank 0 samples (module docstring)
             work.sampling = self._sampling_batch_for(req_ids)
@@ -242,9 +251,10 @@ class ModelRunner:
             hidden = self.decode_graphs.run(work.pad_to)
         else:
             hidden = self.model(input_ids, positions, self.kv_caches, self.inputs.metadata(host))
-        launched = _Launched(None)
-        if len(host.sample_index):
-            launched = self._sample(hidden, host, work, timed=started is not None)
+        sampled = self._sample(hidden, host, work) if len(host.sample_index) else None
+        scored = score_spans(hidden, work.prompt_spans, self.model.compute_logits) if work.prompt_spans else []
+        launched = self._to_host(sampled, scored, timed=started is not None)
+        if sampled is not None or scored:
             launched.started = started
         self.profile.launch_s += time.perf_counter() - start
         self.profile.launch_cpu_s += time.thread_time() - start_cpu
@@ -263,8 +273,11 @@ class ModelRunner:
         """Bring the runner's request states and batch rows in line with the scheduler's view."""
         for req_id in sched.finished_req_ids:
             self.requests.pop(req_id, None)
+            self.scoring.discard(req_id)
         for new in sched.new_requests:
             self.requests[new.req_id] = self._new_request(new)
+            if new.params.prompt_logprobs is not None:
+                self.scoring.add(new.req_id, new.prompt_token_ids, new.params.prompt_logprobs)
         batch = self.batch
         scheduled = sched.scheduled
         batch.remove_all_but({s.req_id for s in scheduled}, set(sched.finished_req_ids))
@@ -300,7 +313,7 @@ class ModelRunner:
                 req.prompt_seen[torch.tensor(new.prompt_token_ids, device=self.device)] = True
         return req
 
-    def _sample(self, hidden: torch.Tensor, host: HostInputs, work: _DeviceWork, timed: bool) -> _Launched:
+    def _sample(self, hidden: torch.Tensor, host: HostInputs, work: _DeviceWork) -> SamplerOutput:
         rows = len(host.sample_index)
         if rows < len(hidden):  # else every token row samples (a decode-only step): no gather
             index = torch.from_numpy(host.sample_index).to(self.device, non_blocking=True).long()
@@ -318,10 +331,14 @@ class ModelRunner:
                 work.histories[i][0].index_add_(0, out.token_ids[i : i + 1], torch.ones(1, device=self.device))
         self.tp.broadcast_from_first(out.token_ids)
         self._prev_sampled = out.token_ids
-        if self.device.type != "cuda":
-            return _Launched(out)
+        return out
+
+    def _to_host(self, sampled: SamplerOutput | None, scored: list[ScoredSpan], timed: bool) -> _Launched:
+        """On CUDA, start copying the step's results into pinned host memory; the event marks the copies done."""
+        if self.device.type != "cuda" or (sampled is None and not scored):
+            return _Launched(sampled, scored)
         done = torch.cuda.Event(enable_timing=timed)
-        launched = _Launched(_to_pinned(out), done)
+        launched = _Launched(sampled and _to_pinned(sampled), [s.copied(_pinned) for s in scored], done)
         done.record()
         return launched
 
@@ -441,14 +458,15 @@ class ModelRunner:
         return torch.cuda.max_memory_allocated(self.device) - baseline
 
 
+def _pinned(t: torch.Tensor | None) -> torch.Tensor | None:
+    """Start copying ``t`` into pinned host memory without blocking the host."""
+    if t is None:
+        return None
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    return host.copy_(t, non_blocking=True)
+
+
 def _to_pinned(out: SamplerOutput) -> SamplerOutput:
-    """Start copying the sampled ids (and logprobs) into pinned host memory without blocking the host."""
-
-    def copy(t: torch.Tensor | None) -> torch.Tensor | None:
-        if t is None:
-            return None
-        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-        return host.copy_(t, non_blocking=True)
-
-    return SamplerOutput(copy(out.token_ids), out.logprob_rows, copy(out.chosen_logprobs), copy(out.top_ids),
-                         copy(out.top_logprobs))
+    """The sampled ids (and logprobs), copied to pinned host memory."""
+    return SamplerOutput(_pinned(out.token_ids), out.logprob_rows, _pinned(out.chosen_logprobs), _pinned(out.top_ids),
+                         _pinned(out.top_logprobs))

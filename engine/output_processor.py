@@ -23,11 +23,14 @@ class CompletionOutput:
     text: str = ""
     logprobs: list[TokenLogprobs | None] = field(default_factory=list)
     finish_reason: FinishReason | None = None
+    prompt_logprobs: list[TokenLogprobs | None] | None = None  # `SamplingParams.prompt_logprobs` (index 0)
 
     def add(self, out: SequenceOutput) -> None:
         self.token_ids += out.new_token_ids
         self.text += out.new_text
         self.logprobs += out.new_logprobs
+        if out.prompt_logprobs is not None:
+            self.prompt_logprobs = out.prompt_logprobs
         if out.finished:
             self.finish_reason = out.finish_reason
 

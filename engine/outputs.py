@@ -22,6 +22,7 @@ class TokenLogprobs:
     token_id: int
     logprob: float
     top: list[tuple[int, float]]  # the top-N alternatives (token id, logprob), best first
+    rank: int | None = None  # the token's rank in the distribution (1: the most likely); prompt tokens only
 
 
 @dataclass
@@ -117,6 +118,8 @@ class ModelRunnerOutput:
     req_ids: list[str]
     sampled_token_ids: list[int]
     logprobs: list[TokenLogprobs | None] | None = None  # None when no sequence asked for logprobs
+    # Prompt logprobs computed by this step: (req id, index of the first prompt token scored, one entry per token).
+    prompt_logprobs: list[tuple[str, int, list[TokenLogprobs]]] = field(default_factory=list)
 
 
 # ---- engine -> callers --------------------------------------------------------------------------------------------
@@ -135,6 +138,8 @@ class SequenceOutput:
     timings: RequestTimings
     new_text: str = ""
     error: str | None = None  # why a sequence ended abnormally (e.g. out of KV blocks)
+    # `SamplingParams.prompt_logprobs`: one entry per prompt token (None for the first), on index 0's first output
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
 
     @property
     def finished(self) -> bool:

@@ -9,7 +9,7 @@ import enum
 from dataclasses import dataclass, field
 
 from engine.block_hashing import BlockHash
-from engine.outputs import FinishReason, RequestTimings
+from engine.outputs import FinishReason, RequestTimings, TokenLogprobs
 from engine.retention import Retention
 from engine.sampling_params import SamplingParams
 
@@ -41,6 +41,8 @@ class Request:
     timings: RequestTimings = field(default_factory=RequestTimings)
     max_num_tokens: int = 0  # prompt + max_tokens, capped by the context length (set by the scheduler)
     retention: Retention | None = None  # pins and hold (n > 1: the leader's; siblings share its pinned blocks)
+    # `params.prompt_logprobs`: one entry per prompt token scored so far (None for the first), until delivered
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
 
     @property
     def seed(self) -> int | None:

@@ -246,9 +246,19 @@ def _with_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, batch: Samplin
     if not rows:
         return SamplerOutput(token_ids, rows)
     index = torch.tensor(rows, device=logits.device)
-    logprobs = logits.index_select(0, index).log_softmax(dim=-1)
-    chosen = logprobs.gather(1, token_ids.index_select(0, index).unsqueeze(1)).squeeze(1)
-    if not batch.num_top_logprobs:
-        return SamplerOutput(token_ids, rows, chosen)
-    top = logprobs.topk(batch.num_top_logprobs, dim=-1)
-    return SamplerOutput(token_ids, rows, chosen, top.indices, top.values)
+    chosen, top_ids, top_values, _ = token_logprobs(logits.index_select(0, index), token_ids.index_select(0, index),
+                                                    batch.num_top_logprobs)
+    return SamplerOutput(token_ids, rows, chosen, top_ids, top_values)
+
+
+def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, num_top: int, with_rank: bool = False
+                   ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """Under ``log_softmax(logits)``: each row's token's logprob [R]; the ids and logprobs of each row's `num_top`
+    best [R, num_top] (None for 0); with `with_rank`, each token's rank [R] (1 + how many are more likely)."""
+    logprobs = logits.float().log_softmax(dim=-1)
+    chosen = logprobs.gather(1, token_ids.unsqueeze(1)).squeeze(1)
+    ranks = (logprobs > chosen.unsqueeze(1)).sum(dim=-1) + 1 if with_rank else None
+    if not num_top:
+        return chosen, None, None, ranks
+    top = logprobs.topk(num_top, dim=-1)
+    return chosen, top.indices, top.values, ranks

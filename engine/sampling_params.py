@@ -24,7 +24,7 @@ class StructuredOutputSpec:
 
 @dataclass
 class SamplingParams:
-    max_tokens: int = 16
+    max_tokens: int = 16  # 0: prefill only (scoring with prompt_logprobs, warming the cache); nothing is generated
     temperature: float = 1.0  # 0 means greedy
     top_k: int = 0  # 0 or -1: disabled
     top_p: float = 1.0
@@ -37,6 +37,9 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None  # number of top alternatives to return with each sampled token's logprob
+    # The same for every prompt token (scoring): computed in the prefill, which then reads nothing from the prefix
+    # cache for the positions it scores.
+    prompt_logprobs: int | None = None
     n: int = 1
     skip_special_tokens: bool = True  # for the text only; the server keeps them to parse tool-call tokens
     structured_output: StructuredOutputSpec | None = None  # a grammar the output must match
@@ -45,7 +48,8 @@ class SamplingParams:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         checks = [
-            (self.max_tokens >= 1, f"max_tokens must be at least 1, got {self.max_tokens}"),
+            (self.max_tokens >= 0, f"max_tokens must be at least 0, got {self.max_tokens}"),
+            (self.max_tokens > 0 or self.structured_output is None, "max_tokens 0 (scoring only) takes no grammar"),
             (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
             (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
             (0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}"),
@@ -55,6 +59,8 @@ class SamplingParams:
             (self.repetition_penalty > 0, f"repetition_penalty must be > 0, got {self.repetition_penalty}"),
             (self.n >= 1, f"n must be at least 1, got {self.n}"),
             (self.logprobs is None or 0 <= self.logprobs <= 20, f"logprobs must be in [0, 20], got {self.logprobs}"),
+            (self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20,
+             f"prompt_logprobs must be in [0, 20], got {self.prompt_logprobs}"),
             (all(s for s in self.stop), "stop strings must be non-empty"),
         ]
         for ok, message in checks:

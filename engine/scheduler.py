@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
+from dataclasses import replace
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -87,7 +88,9 @@ class Scheduler:
                       cache_salt: str | None) -> Request:
         req = Request(f"{group_id}#{index}" if index else group_id, prompt, len(prompt), params, cache_salt,
                       group_id=group_id, index=index,
-                      max_num_tokens=min(len(prompt) + params.max_tokens, self.max_model_len))
+                      # a prefill-only request (max_tokens 0) samples one token and drops it
+                      max_num_tokens=min(len(prompt) + max(params.max_tokens, 1), self.max_model_len),
+                      prompt_logprobs=None if params.prompt_logprobs is None else [None])
         if self.cfg.enable_prefix_caching:
             self.hasher.extend(req.block_hashes, req.token_ids, cache_salt)
         return req
@@ -207,8 +210,9 @@ class Scheduler:
     def _queue_siblings(self, leader: Request) -> None:
         """n > 1: the leader's prompt is scheduled, so its blocks are cached; the siblings queue first and share
         them, recomputing only the last partial block."""
+        params = replace(leader.params, prompt_logprobs=None)  # the leader scores the prompt
         siblings = [
-            self._new_sequence(leader.group_id, i, leader.prompt_token_ids, leader.params, leader.cache_salt)
+            self._new_sequence(leader.group_id, i, leader.prompt_token_ids, params, leader.cache_salt)
             for i in range(1, leader.pending_siblings + 1)
         ]
         leader.pending_siblings = 0
@@ -221,7 +225,10 @@ class Scheduler:
             if req.num_output_placeholders:  # preempted with a token still in flight: wait for it
                 break
             resumed = req.status is RequestStatus.PREEMPTED
-            cached = self.kv.admit(req.request_id, req.block_hashes, req.token_ids, budget, resumed, req.retention)
+            hashes = req.block_hashes
+            if req.prompt_logprobs is not None:  # a position still to score is computed, never read from the cache
+                hashes = hashes[: (len(req.prompt_logprobs) - 1) // self.cfg.block_size]
+            cached = self.kv.admit(req.request_id, hashes, req.token_ids, budget, resumed, req.retention)
             if cached is None:
                 break
             self.waiting.remove(req)
@@ -252,12 +259,19 @@ class Scheduler:
         which stop whatever ``ignore_eos`` says, since nothing may follow a whole structured output."""
         grammar_ends = grammar_ends or {}
         now = time.perf_counter()
+        for req_id, first, entries in runner_output.prompt_logprobs:  # before the tokens the same step sampled
+            req = self.requests.get(req_id)
+            if req is not None and req.prompt_logprobs is not None:  # a recompute may score some tokens again
+                req.prompt_logprobs += entries[len(req.prompt_logprobs) - first :]
         logprobs = runner_output.logprobs or [None] * len(runner_output.req_ids)
         for req_id, token, logprob in zip(runner_output.req_ids, runner_output.sampled_token_ids, logprobs):
             req = self.requests.get(req_id)
             if req is None:  # finished (stop, abort) after this step was scheduled: its token is moot
                 continue
             req.num_output_placeholders -= 1
+            if req.params.max_tokens == 0:  # prefill only: the sampled token is no output
+                self._finish_prefill_only(req)
+                continue
             req.token_ids.append(token)
             self.num_generation_tokens += 1
             if req.timings.first_token is None:
@@ -269,9 +283,16 @@ class Scheduler:
             reason = FinishReason.STOP if req_id in grammar_ends else self._stop_reason(req, token)
             out = self._output(req, [token], [logprob], reason)
             out.error = grammar_ends.get(req_id)
+            out.prompt_logprobs, req.prompt_logprobs = req.prompt_logprobs, None  # with the first token
             if reason is not None:
                 self._finish(req, reason)
             self._outputs.append(out)
+
+    def _finish_prefill_only(self, req: Request) -> None:
+        out = self._output(req, [], [], FinishReason.LENGTH)
+        out.prompt_logprobs = req.prompt_logprobs
+        self._finish(req, FinishReason.LENGTH)
+        self._outputs.append(out)
 
     def _stop_reason(self, req: Request, token: int) -> FinishReason | None:
         params = req.params

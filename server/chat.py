@@ -19,7 +19,7 @@ from server.cache_control import Breakpoint, breakpoint_pins, chat_breakpoints
 from server.chat_stream import ChoiceState, choice_states, parsed_updates
 from server.context import ServingContext, new_request_id
 from server.generation import SSE_DONE, Prompt, compiled_constraint, record, sse, usage
-from server.logprobs import chat_logprobs
+from server.logprobs import chat_logprobs, vllm_prompt_logprobs
 from server.normalize import normalize_for_cache
 from server.parsing import default_thinking
 from server.parsing.constraint import ConstraintError, output_constraint
@@ -122,8 +122,12 @@ def plan_chat(
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     num_top = (req.top_logprobs or 0) if req.logprobs else None
+    if req.prompt_logprobs is not None and req.stream:
+        raise APIError(400, "prompt_logprobs is returned with the whole response only; send stream: false",
+                       param="prompt_logprobs")
     params = ctx.sampling_params(
-        req, len(prompt_ids), skip_special_tokens=False, num_logprobs=num_top, structured_output=constraint
+        req, len(prompt_ids), skip_special_tokens=False, num_logprobs=num_top, structured_output=constraint,
+        prompt_logprobs=req.prompt_logprobs,
     )
     pins = breakpoint_pins(points, text, prompt_ids, lambda m, t: _render(ctx, m, t, False, kwargs), ctx.encode)
     request_id = new_request_id(id_prefix)
@@ -151,7 +155,7 @@ async def complete_chat(ctx: ServingContext, plan: ChatPlan, stream: RequestStre
         choices.append({
             "index": index, "message": state.message(), "logprobs": logprobs, "finish_reason": state.finish_reason(),
         })
-    return {
+    response = {
         "id": plan.request_id,
         "object": "chat.completion",
         "created": plan.created,
@@ -160,6 +164,10 @@ async def complete_chat(ctx: ServingContext, plan: ChatPlan, stream: RequestStre
         "choices": choices,
         "usage": usage([plan.prompt], sum(len(s.choice.token_ids) for s in states)),
     }
+    if plan.req.prompt_logprobs is not None:  # vLLM's extension, in vLLM's shape
+        scored = plan.prompt.first_choice.prompt_logprobs
+        response["prompt_logprobs"] = vllm_prompt_logprobs(ctx.token_texts, scored, plan.req.prompt_logprobs)
+    return response
 
 
 async def stream_chat(ctx: ServingContext, plan: ChatPlan, stream: RequestStream) -> AsyncIterator[str]:

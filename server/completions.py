@@ -1,6 +1,11 @@
 """`POST /v1/completions`: raw text completion of a prompt given as text or token ids (or a batch of them; each is its
 own engine request, and its n choices are numbered `prompt_index * n + i`). No chat template, no parsing; a
-`response_format` JSON schema is enforced by the grammar."""
+`response_format` JSON schema is enforced by the grammar.
+
+Scoring (what lm-eval's `local-completions` sends for loglikelihood tasks): `echo` with `logprobs` returns the
+prompt's tokens and logprobs before the completion's, and vLLM's `prompt_logprobs` adds each prompt token's logprob
+in vLLM's shape; both are computed in the prefill (engine/prompt_logprobs.py). `max_tokens: 0` scores without
+generating."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
@@ -11,7 +16,7 @@ from engine.output_processor import CompletionOutput
 from server.async_engine import EngineRequest, RequestStream
 from server.context import ServingContext, new_request_id
 from server.generation import SSE_DONE, Prompt, compiled_constraint, outputs, record, sse, usage
-from server.logprobs import completion_logprobs
+from server.logprobs import completion_logprobs, echoed_logprobs, vllm_prompt_logprobs
 from server.parsing.constraint import ConstraintError, completion_constraint
 from server.protocol import APIError, CompletionRequest
 
@@ -40,8 +45,6 @@ def plan_completion(
     ctx: ServingContext, req: CompletionRequest, body: dict[str, Any], cache_salt: str | None, created: int
 ) -> CompletionPlan:
     ctx.check_model(req.model)
-    if req.echo and req.logprobs is not None:
-        raise APIError(400, "echo with logprobs is not supported (prompt logprobs are not computed)", param="echo")
     try:
         constraint = completion_constraint(req.response_format, req.structured_outputs)
     except ConstraintError as exc:
@@ -53,7 +56,8 @@ def plan_completion(
     prompts = []
     for i, ids in enumerate(token_lists):
         params = ctx.sampling_params(
-            req, len(ids), skip_special_tokens=True, num_logprobs=req.logprobs, structured_output=constraint
+            req, len(ids), skip_special_tokens=True, num_logprobs=req.logprobs, structured_output=constraint,
+            prompt_logprobs=_prompt_logprobs(req),
         )
         engine_id = request_id if len(token_lists) == 1 else f"{request_id}-{i}"
         prompts.append(Prompt(EngineRequest(engine_id, ids, params, cache_salt)))
@@ -61,10 +65,29 @@ def plan_completion(
     return CompletionPlan(request_id, created, req, body, prompts, echo)
 
 
-def _logprobs(ctx: ServingContext, plan: CompletionPlan, entries: list, offset: int) -> dict[str, list] | None:
+def _prompt_logprobs(req: CompletionRequest) -> int | None:
+    """How many alternatives each prompt token needs: `echo` with `logprobs` shows them, so does `prompt_logprobs`."""
+    asked = [n for n in (req.prompt_logprobs, req.logprobs if req.echo else None) if n is not None]
+    return max(asked) if asked else None
+
+
+def _logprobs(ctx: ServingContext, plan: CompletionPlan, prompt: Prompt, entries: list,
+              offset: int, echoed: bool) -> dict[str, list] | None:
+    """The choice's `logprobs` (`entries`: its tokens' from `offset` on); `echoed`: the prompt's tokens lead."""
     if plan.req.logprobs is None:
         return None
-    return completion_logprobs(ctx.token_texts, entries, plan.req.logprobs, offset)
+    if not echoed:
+        return completion_logprobs(ctx.token_texts, entries, plan.req.logprobs, offset)
+    return echoed_logprobs(ctx.token_texts, prompt.request.prompt_token_ids, prompt.first_choice.prompt_logprobs,
+                           entries, plan.req.logprobs, offset)
+
+
+def _echo_fields(ctx: ServingContext, plan: CompletionPlan, prompt: Prompt) -> dict[str, Any]:
+    """vLLM's `prompt_logprobs` field of a choice, when asked."""
+    if plan.req.prompt_logprobs is None:
+        return {}
+    scored = prompt.first_choice.prompt_logprobs
+    return {"prompt_logprobs": vllm_prompt_logprobs(ctx.token_texts, scored, plan.req.prompt_logprobs)}
 
 
 def _response(ctx: ServingContext, plan: CompletionPlan, choices: list[dict[str, Any]], **extra: Any) -> dict:
@@ -86,8 +109,10 @@ async def complete_text(ctx: ServingContext, plan: CompletionPlan, stream: Reque
         {
             "index": index,
             "text": plan.echo_texts[index // n] + choice.text,
-            "logprobs": _logprobs(ctx, plan, choice.logprobs, len(plan.echo_texts[index // n])),
+            "logprobs": _logprobs(ctx, plan, plan.prompts[index // n], choice.logprobs,
+                                  len(plan.echo_texts[index // n]), plan.req.echo),
             "finish_reason": choice.finish_reason,
+            **_echo_fields(ctx, plan, plan.prompts[index // n]),
         }
         for index, choice in enumerate(choices)
     ]
@@ -102,18 +127,24 @@ async def stream_text(ctx: ServingContext, plan: CompletionPlan, stream: Request
     def chunk(choices_json: list[dict[str, Any]], usage_value: dict[str, Any] | None = None) -> str:
         return sse(_response(ctx, plan, choices_json, **({"usage": usage_value} if include_usage else {})))
 
+    echoed = [False] * len(choices)  # the prompt's chunk is sent with the choice's first output (its logprobs)
     try:
-        if plan.req.echo:
-            for index in range(len(choices)):
-                yield chunk([{"index": index, "text": plan.echo_texts[index // n], "logprobs": None,
-                              "finish_reason": None}])
         async for i, out in outputs(stream, plan.prompts):
             index = i * n + out.index
             choice = choices[index]
             choice.add(out)
+            if plan.req.echo and not echoed[index]:
+                echoed[index] = True
+                prompt = plan.prompts[i]
+                yield chunk([{"index": index, "text": plan.echo_texts[i],
+                              "logprobs": _logprobs(ctx, plan, prompt, [], 0, echoed=True), "finish_reason": None,
+                              **_echo_fields(ctx, plan, prompt)}])
+            elif plan.req.prompt_logprobs is not None and out.prompt_logprobs is not None:
+                yield chunk([{"index": index, "text": "", "logprobs": None, "finish_reason": None,
+                              **_echo_fields(ctx, plan, plan.prompts[i])}])
             if not out.new_text and not out.finished and plan.req.logprobs is None:
                 continue  # a token whose text is held back (partial character, possible stop string)
-            logprobs = _logprobs(ctx, plan, out.new_logprobs, offsets[index])
+            logprobs = _logprobs(ctx, plan, plan.prompts[i], out.new_logprobs, offsets[index], echoed=False)
             if logprobs is not None:
                 offsets[index] += sum(len(t) for t in logprobs["tokens"])
             yield chunk([{"index": index, "text": out.new_text, "logprobs": logprobs,

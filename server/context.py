@@ -94,6 +94,7 @@ class ServingContext:
     def sampling_params(
         self, req: ChatCompletionRequest | CompletionRequest, prompt_len: int, *, skip_special_tokens: bool,
         num_logprobs: int | None, structured_output: StructuredOutputSpec | None = None,
+        prompt_logprobs: int | None = None,
     ) -> SamplingParams:
         if req.n > self.settings.max_n:
             raise APIError(400, f"n is {req.n}; this server allows at most {self.settings.max_n}", param="n")
@@ -111,6 +112,7 @@ class ServingContext:
                 stop=[req.stop] if isinstance(req.stop, str) else list(req.stop or []),
                 ignore_eos=req.ignore_eos,
                 logprobs=num_logprobs,
+                prompt_logprobs=prompt_logprobs,
                 n=req.n,
                 skip_special_tokens=skip_special_tokens,
                 structured_output=structured_output,

@@ -70,12 +70,45 @@ def completion_logprobs(
     """`text_offset` is where the first token's text starts in the choice's text."""
     out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for entry in entries:
+        if entry is not None:
+            text_offset = _add_token(out, texts, entry.token_id, entry, num_top, text_offset)
+    return out
+
+
+def echoed_logprobs(texts: TokenTexts, prompt_ids: list[int], prompt: list[TokenLogprobs | None],
+                    completion: list[TokenLogprobs | None], num_top: int, completion_offset: int) -> dict[str, list]:
+    """`echo` with `logprobs`: the prompt's tokens first (the first one has no logprob: null, as OpenAI and vLLM
+    send), then the completion's, whose text starts at `completion_offset`."""
+    out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    offset = 0
+    for token_id, entry in zip(prompt_ids, prompt):
+        offset = _add_token(out, texts, token_id, entry, num_top, offset)
+    rest = completion_logprobs(texts, completion, num_top, completion_offset)
+    return {key: out[key] + rest[key] for key in out}
+
+
+def _add_token(out: dict[str, list], texts: TokenTexts, token_id: int, entry: TokenLogprobs | None, num_top: int,
+               offset: int) -> int:
+    token, _ = texts.get(token_id)
+    out["tokens"].append(token)
+    out["token_logprobs"].append(None if entry is None else entry.logprob)
+    out["top_logprobs"].append(None if entry is None else {texts.get(t)[0]: lp for t, lp in entry.top[:num_top]})
+    out["text_offset"].append(offset)
+    return offset + len(token)
+
+
+def vllm_prompt_logprobs(texts: TokenTexts, entries: list[TokenLogprobs | None],
+                         num_top: int) -> list[dict[str, dict] | None]:
+    """vLLM's `prompt_logprobs` shape: per prompt token, null for the first, else {token id: {logprob, rank,
+    decoded_token}} for the prompt token and its position's `num_top` most likely tokens."""
+    out: list[dict[str, dict] | None] = []
+    for entry in entries:
         if entry is None:
+            out.append(None)
             continue
-        token, _ = texts.get(entry.token_id)
-        out["tokens"].append(token)
-        out["token_logprobs"].append(entry.logprob)
-        out["top_logprobs"].append({texts.get(t)[0]: lp for t, lp in entry.top[:num_top]})
-        out["text_offset"].append(text_offset)
-        text_offset += len(token)
+        position = {str(t): {"logprob": lp, "rank": rank, "decoded_token": texts.get(t)[0]}
+                    for rank, (t, lp) in enumerate(entry.top[:num_top], start=1)}
+        position[str(entry.token_id)] = {"logprob": entry.logprob, "rank": entry.rank,
+                                         "decoded_token": texts.get(entry.token_id)[0]}
+        out.append(position)
     return out

@@ -75,6 +75,7 @@ class _SamplingFields(_Request):
     stream_options: StreamOptions | None = None
     cache_salt: str | None = Field(None, min_length=1, max_length=256)
     response_format: dict[str, Any] | None = None  # {"type": "text" | "json_object" | "json_schema", ...}
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)  # vLLM's extension: each prompt token's logprob
     structured_outputs: dict[str, Any] | None = None  # vLLM's extension: {"regex" | "grammar" | "json" | "choice": ...}
 
     @property
@@ -109,7 +110,7 @@ class ChatCompletionRequest(_SamplingFields):
 class CompletionRequest(_SamplingFields):
     # One prompt (text or token ids) or a batch of them; each becomes its own engine request.
     prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1)  # the OpenAI default for text completions
+    max_tokens: int | None = Field(16, ge=0)  # the OpenAI default for text completions; 0: scoring only
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
 

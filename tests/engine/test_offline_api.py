@@ -43,7 +43,7 @@ def test_stop_token_ids_end_generation(qwen3_llm: LLM):
         ([], lambda: SamplingParams(), "empty"),
         ([5, 10**7], lambda: SamplingParams(), "outside the vocabulary"),
         ([7] * 40_960, lambda: SamplingParams(), "too long"),
-        ([5, 6], lambda: SamplingParams(max_tokens=0), "max_tokens"),
+        ([5, 6], lambda: SamplingParams(max_tokens=-1), "max_tokens"),
         ([5, 6], lambda: SamplingParams(top_p=0.0), "top_p"),
         ([5, 6], lambda: SamplingParams(top_p=1.5), "top_p"),
     ],
