@@ -10,6 +10,7 @@ from server.rendering.deepseek import (
     DeepSeekV30324Renderer,
     DeepSeekV31Renderer,
 )
+from server.rendering.deepseek_dsml import DeepSeekV4Renderer, DeepSeekV32Renderer
 from server.rendering.qwen import Qwen3CoderRenderer, Qwen3Renderer, Qwen25Renderer
 from server.rendering.qwen35 import Qwen36Renderer
 
@@ -23,6 +24,8 @@ _RENDERERS: dict[str, type[Renderer]] = {
         DeepSeekV3Renderer,
         DeepSeekV30324Renderer,
         DeepSeekV31Renderer,
+        DeepSeekV32Renderer,
+        DeepSeekV4Renderer,
         DeepSeekR1Renderer,
         DeepSeekR10528Renderer,
         DeepSeekR1DistillRenderer,

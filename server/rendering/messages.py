@@ -36,12 +36,16 @@ class MessagePolicy:
         (Qwen2.5 then ``tojson``-encodes it, which is what the model saw in training for such data).
     text_part_separator: what joins a list of text parts: ``"\\n"`` as vLLM does for templates that take strings only;
         Qwen3.5/3.6's template concatenates the parts itself, with nothing between them.
+    extra_roles: roles the template knows beyond system/user/assistant/tool (DeepSeek-V4's ``latest_reminder``).
+    kept_fields: message fields passed through to the template unchanged (DeepSeek-V4's quick-instruction ``task``).
     """
 
     arguments: ArgumentsForm = "as_given"
     null_content_with_calls: bool = False
     lenient_object_arguments: bool = False
     text_part_separator: str = "\n"
+    extra_roles: tuple[str, ...] = ()
+    kept_fields: tuple[str, ...] = ()
 
 
 def flatten_content(content: Any, where: str, separator: str = "\n") -> str:
@@ -124,8 +128,9 @@ def _normalize_message(message: Any, index: int, policy: MessagePolicy) -> dict:
         raise ValueError(f"{where}: a message must be an object")
     role = message.get("role")
     role = _ROLE_ALIASES.get(role, role)
-    if role not in ROLES:
-        raise ValueError(f"{where}: unsupported role {message.get('role')!r} (expected one of {', '.join(ROLES)})")
+    if role not in ROLES + policy.extra_roles:
+        known = ", ".join(ROLES + policy.extra_roles)
+        raise ValueError(f"{where}: unsupported role {message.get('role')!r} (expected one of {known})")
     content = flatten_content(message.get("content"), where, policy.text_part_separator)
     out: dict[str, Any] = {"role": role, "content": content}
     if role == "assistant":
@@ -152,6 +157,9 @@ def _normalize_message(message: Any, index: int, policy: MessagePolicy) -> dict:
         out["tool_call_id"] = message["tool_call_id"]
     if isinstance(message.get("name"), str):
         out["name"] = message["name"]
+    for key in policy.kept_fields:
+        if message.get(key) is not None:
+            out[key] = message[key]
     return out
 
 

@@ -23,8 +23,8 @@ def system(text: Any) -> dict:
     return {"role": "system", "content": text}
 
 
-def user(text: Any) -> dict:
-    return {"role": "user", "content": text}
+def user(text: Any, **extra: Any) -> dict:
+    return {"role": "user", "content": text, **extra}
 
 
 def assistant(content: Any = None, calls: list[dict] | None = None, **extra: Any) -> dict:
@@ -283,6 +283,35 @@ CASES: list[Case] = [
     Case("tools_system_blank", [system(" \n "), user("Weather?")], tools=TOOLS),
     Case("tool_results_then_user_query", [user("Time?"), assistant("", [call("get_time", "{}")]), tool("12:00"),
                                           user("<tool_response>\nhand-written\n</tool_response>")], tools=[NOW]),
+    # --- DeepSeek V3.2 / V4 encoders: thinking with tools, reasoning effort, reminders, quick-instruction tasks ---------
+    Case("thinking_agent_loop_with_tools", [system("You are a coding agent."), user("Fix the bug in app.py"),
+                                            assistant("", [call("search_code", {"query": "def main"}, "a")],
+                                                      reasoning_content="Find main first."),
+                                            tool("app.py:3: def main():", "a"),
+                                            assistant("Found it.", [call("search_code", {"query": "bug"}, "b")],
+                                                      reasoning_content="Now the bug."),
+                                            tool("app.py:9: bug", "b")],
+         tools=[SEARCH], kwargs={"thinking": True, "enable_thinking": True}),
+    Case("thinking_history_without_tools", [system("Be brief."), user("2+2?"), assistant("4", reasoning_content="Add."),
+                                            user("3+3?")], kwargs={"thinking": True}),
+    Case("thinking_keep_history", [user("2+2?"), assistant("4", reasoning_content="Add."), user("3+3?")],
+         kwargs={"thinking": True, "drop_thinking": False}),
+    Case("reasoning_effort_max", [system("Be careful."), user("Prove it.")],
+         kwargs={"thinking": True, "reasoning_effort": "max"}),
+    Case("reasoning_effort_high", [user("Prove it.")], kwargs={"thinking": True, "reasoning_effort": "high"}),
+    Case("reasoning_effort_max_chat_mode", [user("Prove it.")], kwargs={"thinking": False, "reasoning_effort": "max"}),
+    Case("reasoning_effort_invalid", [user("Prove it.")], kwargs={"thinking": True, "reasoning_effort": "low"}),
+    Case("latest_reminder", [system("You are DeepSeek."), {"role": "latest_reminder", "content": "2026-12-01, Paris"},
+                             user("What day is it?")], kwargs={"thinking": True}),
+    Case("quick_task_action", [user("Who won the 2026 final?", task="action")]),
+    Case("quick_task_query", [user("Best pizza in Naples", task="query")], kwargs={"thinking": True}),
+    Case("quick_task_title", [user("Hi"), assistant("Hello! How can I help?", task="title")]),
+    Case("tool_results_out_of_call_order", [user("Paris and Rome?"),
+                                            assistant("", [call("get_weather", {"city": "Paris"}, "a"),
+                                                           call("get_weather", {"city": "Rome"}, "b")]),
+                                            tool("20C", "b"), tool("18C", "a")], tools=TOOLS),
+    Case("tool_result_then_user_text", _weather_loop() + [user("Also Rome, please.")], tools=TOOLS,
+         kwargs={"thinking": True}),
     # --- invalid requests (every family must refuse them with ValueError) ------------------------------------------------
     Case("invalid_image_part", [user([{"type": "text", "text": "What is this?"},
                                       {"type": "image_url", "image_url": {"url": "http://x/y.png"}}])]),

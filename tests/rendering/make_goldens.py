@@ -13,14 +13,18 @@ from; the golden file repeats it.
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
+import importlib.util
 import json
 import shutil
 from pathlib import Path
+from types import ModuleType
 
 from transformers.utils.chat_template_utils import render_jinja_template
 
 from server.rendering import get_renderer
+from server.rendering.deepseek_dsml import thinking_on
 from tests.rendering.corpus import CASES
 
 HERE = Path(__file__).resolve().parent
@@ -44,6 +48,9 @@ OFFICIAL: dict[str, tuple[str, dict]] = {
     "deepseek-r1": ("deepseek-ai-DeepSeek-R1.jinja", _DEEPSEEK_TOKENS),
     "deepseek-r1-0528": ("deepseek-ai-DeepSeek-R1-0528.jinja", _DEEPSEEK_TOKENS),
     "deepseek-r1-distill": ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", _DEEPSEEK_TOKENS),
+    # No Jinja template: the official Python encoders, run on the prepared messages.
+    "deepseek-v3.2": ("encoding_dsv32.py", {}),
+    "deepseek-v4": ("encoding_dsv4.py", {}),
 }
 
 _SHARED_SOURCES = "see /work/shared/reference/chat_templates/SOURCES.md"
@@ -58,7 +65,46 @@ SOURCES: dict[str, str] = {
         "local edit (a `force_thinking` generation prompt) is reverted to the official `enable_thinking` block, as "
         "quoted in ggml-org/llama.cpp PR #22507; the result hashes to the official SHA256 above."
     ),
+    "deepseek-v3.2": (
+        "encoding/encoding_dsv32.py of deepseek-ai/DeepSeek-V3.2 (MIT licence, Copyright (c) 2023 DeepSeek), recovered "
+        "from the verbatim copy in GitHub papkdvvoetochie/aboba (encoding_dsv32.py, commit "
+        "7d7804828183d80a86189c36fb8ef7617ebdad76, Jan 2026). vLLM (vllm/tokenizers/deepseek_v32_encoding.py) and "
+        "SGLang (encoding_dsv32.py, 'adapted') keep older copies whose tool prompt lacks the blank lines between its "
+        "paragraphs; this one has them, as does llama.cpp's DeepSeek-V3.2 template derived from the release."
+    ),
+    "deepseek-v4": (
+        "encoding/encoding_dsv4.py of deepseek-ai/DeepSeek-V4 (MIT licence, Copyright (c) 2023 DeepSeek), recovered "
+        "from GitHub supermy/ds4rs encoding/ (commit 2ecc534c2423f589fd2c3f04b76b46dc41f6f162), a copy of the model "
+        "repo's encoding folder with Chinese comments added to the code; DeepSeek's own README and four test cases "
+        "(tests/rendering/deepseek_v4_cases/) come with it, and this encoder reproduces all four byte for byte. "
+        "DeepSeek's logic is followed where vLLM's copy differs (vLLM reads `reasoning` instead of "
+        "`reasoning_content`, and encodes object arguments directly instead of the string form)."
+    ),
 }
+
+
+def load_encoder(path: Path) -> ModuleType:
+    """An official DeepSeek encoder module, loaded from its file."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def encode_official(family: str, encoder: ModuleType, case) -> dict:
+    """The DeepSeek encoders in place of a template: ``thinking`` picks the mode, V4 takes ``reasoning_effort``."""
+    try:
+        prepared = get_renderer(family).prepare(case.messages, case.tools)
+    except ValueError as exc:
+        return {"error": f"normalization: {exc}"}
+    options: dict = {"drop_thinking": case.kwargs.get("drop_thinking", True)}
+    if family == "deepseek-v4":
+        options["reasoning_effort"] = case.kwargs.get("reasoning_effort")
+    mode = "thinking" if thinking_on(case.kwargs) else "chat"
+    try:
+        return {"prompt": encoder.encode_messages(copy.deepcopy(prepared.messages), mode, **options)}
+    except Exception as exc:  # noqa: BLE001 - an encoder failure is a recorded outcome
+        return {"error": f"encoder: {type(exc).__name__}: {exc}"}
 
 
 def render_official(family: str, template: str, case) -> dict:
@@ -93,12 +139,17 @@ def main(argv: list[str] | None = None) -> int:
         if source.is_file():
             shutil.copyfile(source, TEMPLATES / filename)
         template = (TEMPLATES / filename).read_text(encoding="utf-8")
+        if filename.endswith(".py"):
+            encoder = load_encoder(TEMPLATES / filename)
+            cases = {case.name: encode_official(family, encoder, case) for case in CASES}
+        else:
+            cases = {case.name: render_official(family, template, case) for case in CASES}
         golden = {
             "family": family,
             "template": filename,
             "source": SOURCES.get(family, _SHARED_SOURCES),
-            "template_sha256": hashlib.sha256(template.encode("utf-8")).hexdigest(),
-            "cases": {case.name: render_official(family, template, case) for case in CASES},
+            "template_sha256": hashlib.sha256((TEMPLATES / filename).read_bytes()).hexdigest(),
+            "cases": cases,
         }
         text = json.dumps(golden, ensure_ascii=False, indent=1) + "\n"
         (GOLDENS / f"{family}.json").write_text(text, encoding="utf-8")
