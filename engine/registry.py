@@ -13,7 +13,12 @@ from typing import Any
 import yaml
 
 from engine.model_sources import cache, hub
-from engine.model_sources.templates import TEMPLATE_DIR, load_template, stored_template_families
+from engine.model_sources.templates import (
+    FAMILY_OF_MODEL_TYPE,
+    TEMPLATE_DIR,
+    load_template,
+    stored_template_families,
+)
 
 TEMPLATE_FAMILIES = (
     "qwen2.5",
@@ -106,14 +111,20 @@ def guess_template_family(model_dir: Path) -> str:
     """The native family whose stored official template the directory's chat template equals, else `jinja`.
 
     Only an exact match counts: `jinja` renders the model's own template, so it is always right, while a wrong
-    native family would silently change what the model sees.
+    native family would silently change what the model sees. DeepSeek-V3.2 / V4 checkpoints ship no template (an
+    encoder instead): their `model_type` names the family.
     """
     template = _read_chat_template(model_dir)
     if template is not None:
         for family in stored_template_families():
             if load_template(family).strip() == template.strip():
                 return family
-    return "jinja"
+        return "jinja"
+    try:
+        model_type = json.loads((model_dir / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError):
+        return "jinja"
+    return FAMILY_OF_MODEL_TYPE.get(model_type, "jinja")
 
 
 def get_model_spec(name_or_path: str) -> ModelSpec:

@@ -59,6 +59,8 @@ class Conversation(_Request):
     tool_choice: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
     cached_content: str | None = Field(None, max_length=128)  # a named cache this request continues (/v1/caches)
+    # {"format": {"type": "json_schema", "schema": ...}, "effort": ...}; the effort can change the prompt (DeepSeek-V4)
+    output_config: dict[str, Any] | None = None
 
 
 class MessagesRequest(Conversation):
@@ -69,7 +71,6 @@ class MessagesRequest(Conversation):
     top_k: int | None = Field(None, ge=0)
     stream: bool = False
     metadata: dict[str, Any] | None = None
-    output_config: dict[str, Any] | None = None  # {"format": {"type": "json_schema", "schema": ...}, "effort": ...}
     output_format: dict[str, Any] | None = None  # the structured-outputs beta's name for output_config.format
 
 

@@ -27,7 +27,13 @@ from server.protocol import APIError, ChatCompletionRequest, TokenizeRequest
 from server.rendering import serving_template_kwargs
 
 # The template kwarg that switches thinking, per family with a switch.
-_THINKING_SWITCH = {"qwen3": "enable_thinking", "qwen3.6": "enable_thinking", "deepseek-v3.1": "thinking"}
+_THINKING_SWITCH = {
+    "qwen3": "enable_thinking", "qwen3.6": "enable_thinking",
+    "deepseek-v3.1": "thinking", "deepseek-v3.2": "thinking", "deepseek-v4": "thinking",
+}
+# Families whose template takes a `reasoning_effort` kwarg of its own.
+_EFFORT_KWARG_FAMILIES = ("deepseek-v4",)
+OFF_EFFORTS = ("none", "minimal")
 
 
 @dataclass
@@ -62,10 +68,29 @@ def thinking_kwargs(family: str, thinking: bool | None) -> dict[str, Any]:
     return {key: thinking} if key and thinking is not None else {}
 
 
+def effort_kwargs(family: str, effort: str | None) -> dict[str, Any]:
+    """A reasoning effort (OpenAI's `reasoning_effort` / Responses' `reasoning.effort`, Anthropic's
+    `output_config.effort`) as template kwargs: `none` and `minimal` turn thinking off, any other on; DeepSeek-V4 also
+    takes the effort itself, `max` (from `max` or `xhigh`, which adds V4's maximum-effort prefix) or `high`."""
+    if effort is None:
+        return {}
+    on = effort not in OFF_EFFORTS
+    kwargs = thinking_kwargs(family, on)
+    if on and family in _EFFORT_KWARG_FAMILIES:
+        kwargs["reasoning_effort"] = "max" if effort in ("max", "xhigh") else "high"
+    return kwargs
+
+
+def template_kwargs(family: str, req: ChatCompletionRequest | TokenizeRequest) -> dict[str, Any]:
+    """A chat request's template kwargs: its `chat_template_kwargs` over what its `reasoning_effort` asks for."""
+    effort = req.reasoning_effort if isinstance(req, ChatCompletionRequest) else None
+    return {**effort_kwargs(family, effort), **(req.chat_template_kwargs or {})}
+
+
 def render_chat(ctx: ServingContext, req: ChatCompletionRequest | TokenizeRequest) -> str:
     """The prompt text of a chat request, after the cache-stability rules (server/normalize.py)."""
     try:
-        return _render(ctx, req.messages, req.tools, req.add_generation_prompt, req.chat_template_kwargs or {})
+        return _render(ctx, req.messages, req.tools, req.add_generation_prompt, template_kwargs(ctx.family, req))
     except ValueError as exc:
         raise APIError(400, str(exc), param="tools" if str(exc).startswith("tools") else "messages") from None
 
@@ -108,7 +133,7 @@ def plan_chat(
     (Anthropic's); by default the chat content parts' marks."""
     points = chat_breakpoints(req.messages, req.tools) if breakpoints is None else breakpoints
     req, points, text = chat_prompt_text(ctx, req, cache_salt, points)
-    kwargs = req.chat_template_kwargs or {}
+    kwargs = template_kwargs(ctx.family, req)
     thinking = request_thinking(ctx.family, kwargs)
     try:
         constraint = output_constraint(

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from server.anthropic_protocol import AnthropicMessage, Conversation, MessagesRequest
 from server.cache_control import Breakpoint, checked, mark_ttl
-from server.chat import thinking_kwargs
+from server.chat import effort_kwargs, thinking_kwargs
 from server.protocol import APIError, ChatCompletionRequest, validation_error
 
 _MEDIA_BLOCKS = ("image", "document")
@@ -197,6 +197,14 @@ def thinking_on(thinking: dict | None) -> bool:
     return isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive")
 
 
+def template_kwargs(family: str, req: Conversation) -> dict[str, Any]:
+    """`thinking` turns the template's thinking on or off; with it on, `output_config.effort` picks the effort of a
+    family that takes one (DeepSeek-V4)."""
+    on = thinking_on(req.thinking)
+    effort = (req.output_config or {}).get("effort") if on else None
+    return {**thinking_kwargs(family, on), **effort_kwargs(family, effort)}
+
+
 def to_chat_request(req: Conversation, family: str) -> ChatCompletionRequest:
     tool_choice, parallel = chat_tool_choice(req.tool_choice)
     fields: dict[str, Any] = {
@@ -205,7 +213,7 @@ def to_chat_request(req: Conversation, family: str) -> ChatCompletionRequest:
         "tools": chat_tools(req.tools),
         "tool_choice": tool_choice,
         "parallel_tool_calls": parallel,
-        "chat_template_kwargs": thinking_kwargs(family, thinking_on(req.thinking)),
+        "chat_template_kwargs": template_kwargs(family, req),
         "cached_content": req.cached_content,
     }
     if isinstance(req, MessagesRequest):

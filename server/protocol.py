@@ -101,6 +101,8 @@ class ChatCompletionRequest(_SamplingFields):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
+    # OpenAI's effort for reasoning models: `none`/`minimal` turn thinking off, others on (server.chat.effort_kwargs)
+    reasoning_effort: str | None = Field(None, max_length=32)
 
     @property
     def requested_max_tokens(self) -> int | None:

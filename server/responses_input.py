@@ -8,6 +8,7 @@
 - `tools`: `function` tools; the functions of a `namespace` tool are flattened to `<namespace>__<name>` (mapped back
   on output); hosted tools (`web_search`, `custom`, `local_shell`, ...) are accepted and left out of the prompt.
 - `reasoning.effort`: `none` / `minimal` turn thinking off, any other effort on; absent, the model's default.
+  DeepSeek-V4 also takes the effort (`high`, or `max` from `xhigh`); see `server.chat.effort_kwargs`.
 - `text.format` (`json_schema` flat, as `{type, name, schema, strict}`, or `json_object`) becomes chat's
   `response_format`: the same grammar guarantees it; errors name the Responses field (`FORMAT_PARAMS`).
 """
@@ -20,7 +21,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from server.chat import thinking_kwargs
+from server.chat import effort_kwargs
 from server.protocol import APIError, ChatCompletionRequest, validation_error
 from server.rendering.messages import flatten_content
 from server.responses_protocol import ResponsesRequest
@@ -28,7 +29,6 @@ from server.responses_protocol import ResponsesRequest
 NAMESPACE_SEPARATOR = "__"
 # Chat's name of a field -> its name in a Responses request, for errors.
 FORMAT_PARAMS = {"response_format.json_schema.schema": "text.format.schema", "response_format": "text.format"}
-_OFF_EFFORTS = ("none", "minimal")
 
 
 def _bad(message: str, param: str) -> APIError:
@@ -150,9 +150,8 @@ def response_format(text: dict | None) -> dict | None:
     return {"type": "json_schema", "json_schema": spec}
 
 
-def thinking(reasoning: dict | None) -> bool | None:
-    effort = reasoning.get("effort") if isinstance(reasoning, dict) else None
-    return None if effort is None else effort not in _OFF_EFFORTS
+def reasoning_effort(reasoning: dict | None) -> str | None:
+    return reasoning.get("effort") if isinstance(reasoning, dict) else None
 
 
 @dataclass
@@ -190,7 +189,7 @@ def to_chat_request(req: ResponsesRequest, family: str, history: list[dict]) -> 
         "model": req.model, "messages": messages or [{"role": "user", "content": ""}], "tools": tools,
         "tool_choice": chat_tool_choice(req.tool_choice, names), "parallel_tool_calls": req.parallel_tool_calls,
         "max_tokens": req.max_output_tokens, "temperature": req.temperature, "top_p": req.top_p,
-        "chat_template_kwargs": thinking_kwargs(family, thinking(req.reasoning)),
+        "chat_template_kwargs": effort_kwargs(family, reasoning_effort(req.reasoning)),
         "prompt_cache_key": req.prompt_cache_key, "response_format": response_format(req.text),
     }
     try:

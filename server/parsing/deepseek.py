@@ -42,6 +42,10 @@ class _DeepSeekTokens(ABC):
     block_close = CALLS_END
     trims_around_calls = False
     argument_style = "json"
+    calls_prefix = ""
+
+    def block_tag(self) -> tuple[str, str]:
+        return CALLS_BEGIN, CALLS_END
 
     def body_is_open(self, body: str) -> bool:
         # A marker inside a string value (code that mentions it) is text; the name part holds no quotes.

@@ -35,6 +35,7 @@ class Qwen3CoderFormat:
     call_close = TOOL_CALL_CLOSE
     block_open = None
     block_close = None
+    calls_prefix = ""
     trims_around_calls = True
     call_separator = "\n"
     argument_style = "qwen_xml"

@@ -22,6 +22,7 @@ class QwenJsonFormat:
     call_close = TOOL_CALL_CLOSE
     block_open = None
     block_close = None
+    calls_prefix = ""
     trims_around_calls = True
     call_separator = "\n"
     argument_style = "json"

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from server.parsing.deltas import ParsedMessage
 from server.parsing.deepseek import DeepSeekV3Format, DeepSeekV31Format
+from server.parsing.dsml import DsmlFormat
 from server.parsing.qwen3_coder_xml import Qwen3CoderFormat
 from server.parsing.qwen_json import QwenJsonFormat
 from server.parsing.reasoning import ThinkReasoningParser
@@ -35,6 +36,7 @@ class FamilyParsing:
 _QWEN_JSON = lambda tools: QwenJsonFormat()  # noqa: E731
 _DEEPSEEK_V3 = lambda tools: DeepSeekV3Format()  # noqa: E731
 _R1_THINKING = Thinking(switchable=False, default=True, starts_inside=True)
+_DEEPSEEK_THINKING = Thinking(switchable=True, default=False, starts_inside=True)
 
 FAMILIES: dict[str, FamilyParsing] = {
     "qwen2.5": FamilyParsing(_QWEN_JSON),
@@ -44,10 +46,10 @@ FAMILIES: dict[str, FamilyParsing] = {
     "qwen3.6": FamilyParsing(Qwen3CoderFormat, Thinking(switchable=True, default=True, starts_inside=True)),
     "deepseek-v3": FamilyParsing(_DEEPSEEK_V3),
     "deepseek-v3-0324": FamilyParsing(_DEEPSEEK_V3),
-    "deepseek-v3.1": FamilyParsing(
-        lambda tools: DeepSeekV31Format(),
-        Thinking(switchable=True, default=False, starts_inside=True),
-    ),
+    "deepseek-v3.1": FamilyParsing(lambda tools: DeepSeekV31Format(), _DEEPSEEK_THINKING),
+    # V3.2 / V4: DSML calls; thinking (off unless asked for) starts inside the <think> the prompt opened.
+    "deepseek-v3.2": FamilyParsing(lambda tools: DsmlFormat("function_calls", tools), _DEEPSEEK_THINKING),
+    "deepseek-v4": FamilyParsing(lambda tools: DsmlFormat("tool_calls", tools), _DEEPSEEK_THINKING),
     "deepseek-r1": FamilyParsing(_DEEPSEEK_V3, _R1_THINKING),
     # R1-0528's generation prompt does not open <think>; the model writes it itself.
     "deepseek-r1-0528": FamilyParsing(_DEEPSEEK_V3, Thinking(switchable=False, default=True, starts_inside=True)),

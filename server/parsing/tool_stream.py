@@ -75,7 +75,9 @@ class ToolFormat(Protocol):
     # For constrained decoding (server/parsing/call_grammar.py): what the template writes between two calls (inside
     # the block, for DeepSeek), and how arguments are written.
     call_separator: str
-    argument_style: Literal["json", "qwen_xml"]
+    argument_style: Literal["json", "qwen_xml", "deepseek_xml"]
+    # What the template writes before a turn's calls when the turn has no text (DSML: a blank line).
+    calls_prefix: str
 
     def new_call(self) -> CallParser:
         """A parser for the body of one call."""
@@ -86,6 +88,9 @@ class ToolFormat(Protocol):
     def body_is_open(self, body: str) -> bool:
         """True when the body is an unfinished call, so a closing tag here is part of a value (a string that
         mentions `</tool_call>`), not the end of the call."""
+
+    def block_tag(self) -> tuple[str, str]:
+        """With a block: the exact text around its calls, as the template renders it (starting with `block_open`)."""
 
 
 class PlainContent:

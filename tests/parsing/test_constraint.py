@@ -55,6 +55,14 @@ def v31_calls(*calls: tuple[str, str]) -> str:
     return CALLS_BEGIN + "".join(f"{CALL_BEGIN}{n}{SEP}{a}{CALL_END}" for n, a in calls) + CALLS_END
 
 
+def dsml_calls(block: str, *invokes: tuple[str, dict]) -> str:
+    d = "｜DSML｜"
+    body = "\n".join(f'<{d}invoke name="{n}">\n' + "\n".join(
+        f'<{d}parameter name="{k}" string="true">{v}</{d}parameter>' for k, v in p.items()) + f"\n</{d}invoke>"
+        for n, p in invokes)
+    return f"\n\n<{d}{block}>\n{body}\n</{d}{block}>"
+
+
 PARIS = '{"city": "Paris"}'
 # family -> (one call to get_weather, two calls: get_weather then now), in the bytes the template renders
 CALLS = {
@@ -64,6 +72,10 @@ CALLS = {
     "qwen3.6": (coder_call("get_weather", city="Paris"),
                 coder_call("get_weather", city="Paris") + "\n" + coder_call("now")),
     "deepseek-v3-0324": (v3_calls(("get_weather", PARIS)), v3_calls(("get_weather", PARIS), ("now", "{}"))),
+    "deepseek-v3.2": (dsml_calls("function_calls", ("get_weather", {"city": "Paris"})),
+                      dsml_calls("function_calls", ("get_weather", {"city": "Paris"}), ("now", {}))),
+    "deepseek-v4": (dsml_calls("tool_calls", ("get_weather", {"city": "Paris"})),
+                    dsml_calls("tool_calls", ("get_weather", {"city": "Paris"}), ("now", {}))),
     "deepseek-v3.1": (v31_calls(("get_weather", PARIS)), v31_calls(("get_weather", PARIS), ("now", "{}"))),
 }
 

