@@ -211,11 +211,12 @@ class DeepSeekV32Renderer(_DsmlRenderer):
         start = index
         while start > 0 and messages[start - 1]["role"] == "tool":
             start -= 1
-        calls = messages[start - 1].get("tool_calls") if start > 0 and messages[start - 1]["role"] == "assistant" else None
-        order = index - start + 1
+        answered = messages[start - 1] if start > 0 and messages[start - 1]["role"] == "assistant" else {}
+        calls, order = answered.get("tool_calls"), index - start + 1
         if not calls or len(calls) < order:
             raise ValueError(f"messages[{index}]: a tool result needs the assistant tool call it answers")
-        out = ("\n\n<function_results>" if order == 1 else "") + f"\n<result>{messages[index].get('content') or ''}</result>"
+        result = f"\n<result>{messages[index].get('content') or ''}</result>"
+        out = ("\n\n<function_results>" if order == 1 else "") + result
         if order == len(calls):
             out += "\n</function_results>\n\n" + think
         return out
@@ -232,7 +233,7 @@ class DeepSeekV4Renderer(_DsmlRenderer):
         thinking = thinking_on(kwargs)
         effort = kwargs.get("reasoning_effort")
         if effort is not None and effort not in REASONING_EFFORTS:
-            raise ValueError(f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)} (or absent), not {effort!r}")
+            raise ValueError(f"reasoning_effort must be {' or '.join(REASONING_EFFORTS)} (or absent), not {effort!r}")
         messages = _tool_results_in_user_turns(prepared.messages)
         # With tools in the prompt the reasoning of every turn stays (agent prefixes remain stable).
         drop = kwargs.get("drop_thinking", True) and not any(m.get("tools") for m in messages)

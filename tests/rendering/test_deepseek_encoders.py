@@ -77,8 +77,8 @@ def test_native_renderer_equals_the_official_encoder(family: str, case) -> None:
     if family == "deepseek-v4":
         options["reasoning_effort"] = kwargs["reasoning_effort"]
     try:
-        expected = encoder.encode_messages(copy.deepcopy(prepared.messages), "thinking" if kwargs["thinking"] else "chat",
-                                           **options)
+        mode = "thinking" if kwargs["thinking"] else "chat"
+        expected = encoder.encode_messages(copy.deepcopy(prepared.messages), mode, **options)
     except Exception:  # noqa: BLE001 - what the encoder refuses, the renderer must refuse too
         with pytest.raises(ValueError):
             renderer.render_prepared(prepared, True, kwargs)

@@ -61,7 +61,8 @@ def test_reasoning_effort_on_every_api(server: LiveServer) -> None:
                                              reasoning={"effort": effort}).usage.input_tokens
              for effort in ("high", "xhigh")}
     assert usage["xhigh"] > usage["high"]  # `xhigh` is V4's maximum effort: its prefix heads the prompt
-    body = {"model": model, "max_tokens": 8, "messages": QUESTION, "thinking": {"type": "enabled", "budget_tokens": 1024}}
+    body = {"model": model, "max_tokens": 8, "messages": QUESTION,
+            "thinking": {"type": "enabled", "budget_tokens": 1024}}
     headers = {"x-api-key": "unused", "anthropic-version": "2023-06-01"}
     counts = {effort: httpx.post(f"{server.base_url}/v1/messages/count_tokens", headers=headers, timeout=60,
                                  json={**body, "output_config": {"effort": effort}}).json()["input_tokens"]
