@@ -15,7 +15,7 @@ import json
 import re
 
 from server.parsing.deltas import ParsedCall
-from server.parsing.param_types import coerce_parameter
+from server.parsing.param_types import coerce_parameter, tool_properties
 
 DSML = "｜DSML｜"
 INVOKE_OPEN = f"<{DSML}invoke"
@@ -42,12 +42,7 @@ class DsmlFormat:
     def __init__(self, block: str, tools: list[dict] | None):
         self.block_open = f"<{DSML}{block}>"
         self.block_close = f"</{DSML}{block}>"
-        self._properties: dict[str, dict] = {}
-        for tool in tools or []:
-            function = tool.get("function") or {}
-            properties = (function.get("parameters") or {}).get("properties")
-            if isinstance(function.get("name"), str) and isinstance(properties, dict):
-                self._properties[function["name"]] = properties
+        self._properties = tool_properties(tools)
 
     def new_call(self) -> DsmlCallParser:
         return DsmlCallParser(self._properties)

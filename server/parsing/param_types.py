@@ -1,4 +1,4 @@
-"""Typing Qwen3-Coder parameter text by the tool's JSON schema (the model writes raw text, not JSON)."""
+"""Typing raw parameter text (Qwen3-Coder XML, DSML values that are not JSON) by the tool's JSON schema."""
 from __future__ import annotations
 
 import ast
@@ -37,6 +37,17 @@ def schema_types(schema: dict | None) -> list[str]:
         name = _ALIASES.get(name.lower(), name.lower())
         if name not in out:
             out.append(name)
+    return out
+
+
+def tool_properties(tools: list[dict] | None) -> dict[str, dict]:
+    """Function name -> its parameters' schemas (`properties`), for the formats that write values as raw text."""
+    out: dict[str, dict] = {}
+    for tool in tools or []:
+        function = tool.get("function") or {}
+        properties = (function.get("parameters") or {}).get("properties")
+        if isinstance(function.get("name"), str) and isinstance(properties, dict):
+            out[function["name"]] = properties
     return out
 
 

@@ -12,7 +12,7 @@ import json
 import re
 
 from server.parsing.deltas import ParsedCall
-from server.parsing.param_types import coerce_parameter
+from server.parsing.param_types import coerce_parameter, tool_properties
 from server.parsing.qwen_json import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
 FUNCTION_OPEN = "<function="
@@ -41,12 +41,7 @@ class Qwen3CoderFormat:
     argument_style = "qwen_xml"
 
     def __init__(self, tools: list[dict] | None):
-        self._properties: dict[str, dict] = {}
-        for tool in tools or []:
-            function = tool.get("function") or {}
-            properties = (function.get("parameters") or {}).get("properties")
-            if isinstance(function.get("name"), str) and isinstance(properties, dict):
-                self._properties[function["name"]] = properties
+        self._properties = tool_properties(tools)
 
     def new_call(self) -> CoderCallParser:
         return CoderCallParser(self._properties)
