@@ -62,8 +62,9 @@ class EngineConfig:
                                        "of bf16 pages in the same memory, with a small logprob drift (docs/FP8.md)",
                                        choices=("auto", "fp8")))
     attention_backend: str | None = field(
-        default=None, metadata=_help("kernels: torch or triton (default: triton on CUDA, torch elsewhere)",
-                                     choices=("torch", "triton")))
+        default=None, metadata=_help("kernels: torch (the pure-torch reference), cpu (the reference with a native decode-"
+                                     "attention kernel that reads the pages in place) or triton (default: triton on "
+                                     "CUDA, cpu elsewhere)", choices=("torch", "cpu", "triton")))
     enforce_eager: bool = field(default=False, metadata=_help("CUDA: run decode batches eagerly, without CUDA graphs"))
     async_scheduling: bool | None = field(
         default=None, metadata=_help("prepare step N+1 on the host while step N runs on the device "
@@ -122,13 +123,13 @@ class EngineConfig:
         if self.dtype is None:
             self.dtype = "bfloat16" if on_cuda else "float32"
         if self.attention_backend is None:
-            self.attention_backend = "triton" if on_cuda else "torch"
+            self.attention_backend = "triton" if on_cuda else "cpu"
         if self.kv_cache_dtype not in ("auto", "fp8"):
             raise ValueError(f"kv_cache_dtype must be 'auto' or 'fp8', got {self.kv_cache_dtype!r}")
         if self.load_format not in ("auto", "dummy"):
             raise ValueError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}")
-        if self.attention_backend not in ("torch", "triton"):
-            raise ValueError(f"attention_backend must be 'torch' or 'triton', got {self.attention_backend!r}")
+        if self.attention_backend not in ("torch", "cpu", "triton"):
+            raise ValueError(f"attention_backend must be 'torch', 'cpu' or 'triton', got {self.attention_backend!r}")
         if self.async_scheduling is None:
             self.async_scheduling = on_cuda
         if self.tensor_parallel_size < 1:

@@ -1,12 +1,20 @@
-"""The one dispatch point: ``get_ops("torch")`` or ``get_ops("triton")`` returns the op set the model calls."""
+"""The one dispatch point: ``get_ops("torch" | "cpu" | "triton")`` returns the op set the model calls.
+
+- ``torch``: the pure-torch reference (kernels/reference.py), on any device; the oracle every other op set is
+  tested against.
+- ``cpu``: the reference, with decode attention read in place from the pages by a native kernel
+  (kernels/cpu_attention.py; falls back to the reference where it cannot build or run). The default on a CPU.
+- ``triton``: the Triton kernels (GPU; on a CPU under ``TRITON_INTERPRET=1`` for tests).
+"""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from kernels import reference
+from kernels import cpu_attention, reference
 from kernels.triton_utils import interpreting
 
 
@@ -34,14 +42,21 @@ TORCH_OPS = Ops(
 )
 
 
+CPU_OPS = dataclasses.replace(TORCH_OPS, paged_attention=cpu_attention.paged_attention,
+                              mla_decode=cpu_attention.mla_decode)
+BACKENDS = ("torch", "cpu", "triton")
+
+
 def get_ops(backend: str) -> Ops:
     if backend == "torch":
         return TORCH_OPS
+    if backend == "cpu":
+        return CPU_OPS
     if backend == "triton":
         from kernels import triton_ops  # imported lazily: triton is an optional dependency
 
         return triton_ops.TRITON_OPS
-    raise ValueError(f"unknown attention backend {backend!r}; choose 'torch' or 'triton'")
+    raise ValueError(f"unknown attention backend {backend!r}; choose one of {', '.join(BACKENDS)}")
 
 
 def fp8_gemm_supported(backend: str, device: torch.device) -> bool:

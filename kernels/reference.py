@@ -12,6 +12,7 @@ Shapes (T = tokens in the flattened batch, B = sequences):
 """
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from dataclasses import dataclass
@@ -87,6 +88,9 @@ def gather_context(cache: torch.Tensor, block_table: torch.Tensor, length: int) 
     return pages.reshape(-1, *cache.shape[2:])[:length]
 
 
+DecodeRows = Callable[[torch.Tensor, "_AttentionPlan"], torch.Tensor]  # (decode query rows [n, Hq, D], plan) -> out
+
+
 def paged_attention(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -107,15 +111,29 @@ def paged_attention(
     prefill chunks one sequence at a time. The keyword-only arguments are the Triton kernel's launch hints, accepted
     so that both backends share one call site; the reference has no launch to size and reads exact lengths anyway.
     """
+    return attend(query, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale,
+                  lambda q, plan: _batched_decode(q, k_cache, v_cache, plan.padded_contexts, scale))
+
+
+def attend(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    decode_rows: DecodeRows,
+) -> torch.Tensor:
+    """`paged_attention` with the decode rows attended by ``decode_rows`` (the reference's padded gather, or a native
+    kernel that reads the pages in place); prefill chunks go through SDPA one sequence at a time."""
     plan = _ATTENTION_PLANS.get((block_tables, context_lens, query_start_loc), k_cache.shape[1],
-                                lambda: _AttentionPlan.build(block_tables, context_lens, query_start_loc,
-                                                             k_cache.shape[1]))
-    decode = plan.decode
-    if decode is not None and decode.query_rows is None:  # a decode-only step: every query row, in order
-        return _batched_decode(query, k_cache, v_cache, decode.contexts, scale)
+                                lambda: _AttentionPlan(block_tables, context_lens, query_start_loc, k_cache.shape[1]))
+    if plan.decode_seqs and plan.query_rows is None:  # a decode-only step: every query row, in order
+        return decode_rows(query, plan)
     out = torch.empty_like(query)
-    if decode is not None:
-        out[decode.query_rows] = _batched_decode(query[decode.query_rows], k_cache, v_cache, decode.contexts, scale)
+    if plan.decode_seqs:
+        out[plan.query_rows] = decode_rows(query[plan.query_rows], plan)
     for b in plan.one_by_one:
         ctx_len, q_start, q_len = plan.lens[b], plan.starts[b], plan.starts[b + 1] - plan.starts[b]
         k = gather_context(k_cache, block_tables[b], ctx_len).transpose(0, 1).to(query.dtype)
@@ -175,37 +193,32 @@ class _PaddedContexts:
         return rows[:, : self.length].transpose(1, 2)
 
 
-@dataclass
-class _DecodeRows:
-    """The sequences with a single query row: their rows in the flattened query (None: all rows, in order), and
-    their padded contexts."""
-
-    query_rows: torch.Tensor | None
-    contexts: _PaddedContexts
-
-
-@dataclass
 class _AttentionPlan:
-    """What `paged_attention` derives from a step's metadata, once per step (see `_LastStepMemo`)."""
+    """What attention derives from a step's metadata, once per step (see `_LastStepMemo`): the sequences' query
+    starts and context lengths, which sequences decode (one query row: attended together) and which prefill (more
+    rows: one by one), and, built on first use, what a decode kernel needs of the decode rows."""
 
-    starts: list[int]
-    lens: list[int]
-    decode: _DecodeRows | None  # the decode rows, attended in one batched call
-    one_by_one: list[int]  # the sequences with more than one query row (prefill chunks)
+    def __init__(self, block_tables: torch.Tensor, context_lens: torch.Tensor, query_start_loc: torch.Tensor,
+                 block_size: int) -> None:
+        self.block_tables, self.block_size = block_tables, block_size
+        self.starts, self.lens = query_start_loc.tolist(), context_lens.tolist()
+        q_lens = [self.starts[b + 1] - self.starts[b] for b in range(len(self.lens))]
+        self.decode_seqs = [b for b, n in enumerate(q_lens) if n == 1]
+        self.one_by_one = [b for b, n in enumerate(q_lens) if n > 1]
+        # The decode rows in the flattened query; None when every row decodes, in order.
+        self.query_rows: torch.Tensor | None = None
+        if self.decode_seqs and len(self.decode_seqs) < self.starts[-1]:
+            self.query_rows = torch.tensor([self.starts[b] for b in self.decode_seqs], device=block_tables.device)
 
-    @classmethod
-    def build(cls, block_tables: torch.Tensor, context_lens: torch.Tensor, query_start_loc: torch.Tensor,
-              block_size: int) -> _AttentionPlan:
-        starts, lens = query_start_loc.tolist(), context_lens.tolist()
-        q_lens = [starts[b + 1] - starts[b] for b in range(len(lens))]
-        decodes = [b for b, n in enumerate(q_lens) if n == 1]
-        decode = None
-        if decodes:
-            query_rows = None
-            if len(decodes) < starts[-1]:
-                query_rows = torch.tensor([starts[b] for b in decodes], device=block_tables.device)
-            decode = _DecodeRows(query_rows, _PaddedContexts.build(block_tables, lens, decodes, block_size))
-        return cls(starts, lens, decode, [b for b, n in enumerate(q_lens) if n > 1])
+    @functools.cached_property
+    def padded_contexts(self) -> _PaddedContexts:
+        """The decode rows' contexts as the reference gathers them."""
+        return _PaddedContexts.build(self.block_tables, self.lens, self.decode_seqs, self.block_size)
+
+    @functools.cached_property
+    def decode_seq_ids(self) -> torch.Tensor:
+        """The decode rows' sequences (rows of the block tables), int32."""
+        return torch.tensor(self.decode_seqs, dtype=torch.int32)
 
 
 _ATTENTION_PLANS: _LastStepMemo[_AttentionPlan] = _LastStepMemo()

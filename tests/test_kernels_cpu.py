@@ -1,0 +1,50 @@
+"""The native CPU decode-attention kernel (kernels/cpu_attention.py) against the pure-torch reference: the "cpu" op
+set must equal the "torch" one on every batch shape, reading pages in place (every slot outside a context holds NaN,
+so a read past a context poisons the output)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.test_kernels import ATTENTION_TOL, MIXED_CONTEXT, MIXED_QUERY, assert_close, make_batch
+from tests.test_kernels_mla import CONTEXTS, latent_batch
+from kernels import cpu_attention, reference  # noqa: I001 - after the interpreter switch
+from kernels.ops import get_ops
+
+CPU = get_ops("cpu")
+
+
+def on_cpu(items) -> tuple:
+    return tuple(t.cpu() if isinstance(t, torch.Tensor) else t for t in items)
+
+
+def test_the_kernel_builds_here() -> None:
+    """The project's machines have a C compiler: the op set must not silently fall back to the reference."""
+    assert cpu_attention.available()
+
+
+@pytest.mark.parametrize("group", [1, 3, 4])
+@pytest.mark.parametrize("head_dim,block_size", [(64, 16), (40, 4), (128, 1)])
+def test_decode_only_step_matches_reference(group: int, head_dim: int, block_size: int) -> None:
+    contexts = [1, block_size, block_size + 1, 37, 5]  # one token, a full page, a page boundary crossed, ragged
+    args = on_cpu(make_batch(contexts, [1] * len(contexts), 2, group, head_dim, block_size, torch.float32,
+                             seed=group).args())
+    assert_close(CPU.paged_attention(*args), reference.paged_attention(*args), ATTENTION_TOL[torch.float32])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mixed_step_decodes_natively_and_prefills_like_the_reference(dtype: torch.dtype) -> None:
+    args = on_cpu(make_batch(MIXED_CONTEXT, MIXED_QUERY, 2, 3, 64, 4, dtype, seed=7).args())
+    assert_close(CPU.paged_attention(*args), reference.paged_attention(*args), ATTENTION_TOL[dtype])
+
+
+def test_pages_it_cannot_read_fall_back_to_the_reference() -> None:
+    args = on_cpu(make_batch([5, 9], [1, 1], 2, 2, 64, 4, torch.float16).args())
+    assert not cpu_attention.supports(args[1])
+    assert torch.equal(CPU.paged_attention(*args), reference.paged_attention(*args))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mla_decode_matches_reference(dtype: torch.dtype) -> None:
+    batch = on_cpu(latent_batch(CONTEXTS, 16, 32, 16, 4, dtype, seed=3))
+    assert_close(CPU.mla_decode(*batch), reference.mla_decode(*batch), ATTENTION_TOL[dtype])
