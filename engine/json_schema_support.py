@@ -54,6 +54,9 @@ def _walk(schema: Any, path: str) -> None:
     for keyword, reason in _IGNORED.items():
         if keyword in schema:
             raise ValueError(f"{where}: {reason} by constrained decoding")
+    if "format" in schema and ("minLength" in schema or "maxLength" in schema):
+        raise ValueError(f"{where}: 'format' combined with 'minLength'/'maxLength' is not supported by constrained "
+                         "decoding; drop the bounds or the format, or write a 'pattern'")
     if schema.get("uniqueItems") is True:
         raise ValueError(f"{where}: 'uniqueItems' is not supported by constrained decoding")
     if isinstance(schema.get("allOf"), list) and len(schema["allOf"]) > 1:
@@ -85,21 +88,85 @@ _JSON_STRING_CHAR = " !#-\\[\\]-\ud7ff\ue000-\U0010ffff"
 
 
 def enforceable_schema(schema: Any) -> Any:
-    """`schema` rewritten around two xgrammar 0.2.8 flaws in strings: one with minLength/maxLength is compiled to a
-    run of any characters but `"`, `\\`, CR and LF, so a raw tab (invalid inside a JSON string) can be generated;
-    and every string accepts the UTF-8-style bytes of surrogate code points (ED A0..BF ..), so the text is not valid
-    UTF-8. A pattern over the code points JSON allows unescaped, with the same bounds, gives valid JSON whose value
-    meets the lengths."""
+    """`schema` rewritten around xgrammar's flaws in strings (0.2.8, 0.2.9): one with minLength/maxLength is compiled
+    to a run of any characters but `"`, `\\`, CR and LF, so a raw tab (invalid inside a JSON string) can be
+    generated; every string accepts the UTF-8-style bytes of surrogate code points (ED A0..BF ..), so the text is not
+    valid UTF-8; and a `pattern` loses its string's minLength/maxLength. A pattern over the code points JSON allows
+    unescaped, with the same bounds, gives valid JSON whose value meets the lengths; a `pattern` with bounds gets
+    them composed into its regex (`bounded_pattern`). The bounds then leave the schema: the pattern holds them."""
     if isinstance(schema, list):
         return [enforceable_schema(item) for item in schema]
     if not isinstance(schema, dict):
         return schema
     out = {k: v if k in _LITERALS else enforceable_schema(v) for k, v in schema.items()}
-    free_text = not any(key in out for key in ("pattern", "format", "enum", "const"))
-    if out.get("type") == "string" and free_text:
-        low, high = out.get("minLength", 0), out.get("maxLength", "")
+    bounded = "minLength" in out or "maxLength" in out
+    if isinstance(out.get("pattern"), str) and bounded:
+        out["pattern"] = bounded_pattern(out["pattern"], out.pop("minLength", 0), out.pop("maxLength", None))
+    elif out.get("type") == "string" and not any(key in out for key in ("pattern", "format", "enum", "const")):
+        low, high = out.pop("minLength", 0), out.pop("maxLength", "")
         out["pattern"] = f"^[{_JSON_STRING_CHAR}]{{{low},{high}}}$"
     return out
+
+
+# One regex atom that matches exactly one character: an escape (\d, \., \u00e9, \x41), a class, `.`, a literal.
+_ATOM = re.compile(r"\\u[0-9a-fA-F]{4}|\\x[0-9a-fA-F]{2}|\\.|\[(?:\\.|[^\]\\])(?:\\.|[^\]\\])*\]|\.|[^\\()|*+?{}\[\]^$]")
+_QUANTIFIER = re.compile(r"\*|\+|\?|\{(\d+)\}|\{(\d+),(\d*)\}")
+
+
+def bounded_pattern(pattern: str, min_length: int, max_length: int | None) -> str:
+    """`pattern` with the string length held to [min_length, max_length] inside the regex itself. Composable when
+    the pattern is a sequence of one-character atoms, each with an optional quantifier, at most one of them of
+    variable count (`^[a-z]+$`, `[A-Z][a-z0-9_]*`, `\\d{3}-\\d{2,4}`): that atom's count takes the bounds' slack.
+    Anything else (groups, alternation, two variable runs) raises ValueError: the length cannot be enforced."""
+    body = pattern[1:] if pattern.startswith("^") else pattern
+    body = body[:-1] if body.endswith("$") and not body.endswith("\\$") else body
+    atoms: list[tuple[str, int, int | None]] = []  # (atom, min count, max count)
+    at = 0
+    while at < len(body):
+        atom = _ATOM.match(body, at)
+        if atom is None:
+            raise ValueError(f"'pattern' {pattern!r} combined with 'minLength'/'maxLength' can be enforced only when "
+                             "it is a sequence of single characters or classes, each with an optional quantifier")
+        at = atom.end()
+        count = _QUANTIFIER.match(body, at)
+        low, high = _counts(count)
+        at = count.end() if count else at
+        atoms.append((atom.group(), low, high))
+    variable = [i for i, (_, low, high) in enumerate(atoms) if low != high]
+    if len(variable) > 1:
+        raise ValueError(f"'pattern' {pattern!r} has more than one run of variable length: combined with "
+                         "'minLength'/'maxLength' it cannot be enforced")
+    fixed = sum(low for i, (_, low, _) in enumerate(atoms) if i not in variable)
+    if variable:
+        [i] = variable
+        atom, low, high = atoms[i]
+        new_low = max(low, min_length - fixed)
+        caps = [c for c in (high, None if max_length is None else max_length - fixed) if c is not None]
+        new_high = min(caps) if caps else None
+        if new_high is not None and new_high < new_low:
+            raise ValueError(f"'pattern' {pattern!r} cannot match a string of length {min_length} to {max_length}")
+        atoms[i] = (atom, new_low, new_high)
+    elif fixed < min_length or (max_length is not None and fixed > max_length):
+        raise ValueError(f"'pattern' {pattern!r} matches only strings of length {fixed}, outside "
+                         f"'minLength'/'maxLength'")
+    return "^" + "".join(_quantified(*part) for part in atoms) + "$"
+
+
+def _quantified(atom: str, low: int, high: int | None) -> str:
+    if low == high:
+        return atom if low == 1 else f"{atom}{{{low}}}"
+    return f"{atom}{{{low},{'' if high is None else high}}}"
+
+
+def _counts(quantifier: re.Match | None) -> tuple[int, int | None]:
+    if quantifier is None:
+        return 1, 1
+    text = quantifier.group()
+    if text in ("*", "+", "?"):
+        return {"*": (0, None), "+": (1, None), "?": (0, 1)}[text]
+    if quantifier.group(1) is not None:
+        return int(quantifier.group(1)), int(quantifier.group(1))
+    return int(quantifier.group(2)), int(quantifier.group(3)) if quantifier.group(3) else None
 
 
 def clean_error(exc: Exception) -> str:

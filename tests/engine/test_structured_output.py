@@ -113,3 +113,34 @@ def test_strings_are_valid_utf8_and_json(qwen3_llm: LLM):
     assert all(accepted("륤 😀 ok".encode()))
     assert accepted(b"\xed\xbd\x94") == [True, True, False, True, False]  # a surrogate: refused at its 2nd byte
     assert accepted(b"\t") == [True, False, True]
+
+
+BOUNDED = {"type": "object", "properties": {
+    "code": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 5},  # the bound goes into the regex
+    "tag": {"type": "string", "pattern": "[A-Z][a-z]*", "minLength": 3, "maxLength": 4},
+    "note": {"type": "string", "minLength": 2, "maxLength": 6},  # kvserve's own rewrite: pattern, no warning
+}, "required": ["code", "tag", "note"], "additionalProperties": False}
+
+
+def test_pattern_with_length_bounds_holds_both_without_warnings(qwen3_llm: LLM, capfd):
+    spec = StructuredOutputSpec("json_schema", json.dumps(BOUNDED))
+    params = [SamplingParams(max_tokens=120, temperature=1.0, seed=seed, structured_output=spec) for seed in range(8)]
+    outs = qwen3_llm.generate(random_prompts(50_000, [9] * 8, seed=8), params)
+    for out in outs:
+        value = json.loads(out.text)
+        jsonschema.validate(value, BOUNDED)  # maxLength included: xgrammar alone drops it beside a pattern
+        assert re.fullmatch("[a-z]{1,5}", value["code"]) and re.fullmatch("[A-Z][a-z]{2,3}", value["tag"])
+    assert "not supported" not in capfd.readouterr().err  # xgrammar's "ignoring minLength/maxLength" warning
+
+
+@pytest.mark.parametrize("schema, message", [
+    ({"type": "string", "pattern": "^(ab)+$", "maxLength": 4}, "single characters"),
+    ({"type": "string", "pattern": "^a+b+$", "maxLength": 4}, "more than one run"),
+    ({"type": "string", "pattern": "^abc$", "maxLength": 2}, "only strings of length 3"),
+    ({"type": "string", "format": "email", "maxLength": 20}, "'format' combined"),
+])
+def test_length_bounds_that_cannot_be_composed_are_refused(schema, message):
+    from engine.json_schema_support import check_json_schema
+
+    with pytest.raises(ValueError, match=message):
+        check_json_schema({"type": "object", "properties": {"s": schema}})
