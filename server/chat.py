@@ -6,7 +6,7 @@ as SSE chunks.
 `ChatCompletionRequest` (the internal chat form) and format `server.chat_stream.parsed_updates` their own way.
 The engine detokenizes with special tokens kept, so tool-call and thinking markers reach the parsers; the parsers
 are split-independent, so the streamed deltas concatenate to the non-streamed message (except for a call the output
-cuts off: streamed, its arguments are closed into valid JSON; not streamed, it stays content).
+cuts off: streamed, its arguments are closed into valid JSON; not streamed, it is dropped).
 """
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from engine.output_processor import CompletionOutput
+from engine.outputs import FinishReason
 from server.async_engine import RequestStream
 from server.context import ServingContext
 from server.generation import outputs
@@ -107,8 +108,8 @@ class ChoiceUpdate:
 
 
 def choice_states(ctx: ServingContext, plan: ChatPlan, streaming: bool) -> list[ChoiceState]:
-    """One parser per choice. ``streaming``: a call the output cuts off is closed into valid JSON (its start was
-    sent already); not streaming, it stays content. tool_choice was validated when the prompt was planned; one id
+    """One parser per choice. ``streaming``: a call the output cuts off once its name was sent is closed into valid
+    JSON; otherwise such a call is dropped (never content). tool_choice was validated when the prompt was planned; one id
     prefix per choice keeps call ids unique."""
     req = plan.req
     max_calls = 1 if req.parallel_tool_calls is False else None
@@ -139,7 +140,7 @@ async def parsed_updates(
         state.unsent_logprobs += out.new_logprobs
         deltas = state.parser.feed(out.new_text) if out.new_text else []
         if out.finished:
-            deltas += state.parser.finish()
+            deltas += state.parser.finish(cut=out.finish_reason == FinishReason.LENGTH)
         deltas = state.take(deltas)
         if state.cut and not out.finished:
             state.parser.finish()

@@ -90,8 +90,8 @@ def get_output_parser(
 ) -> OutputParser:
     """The parser for one request's output. `reasoning`: thinking is on for this request (Qwen3 `enable_thinking`,
     V3.1 `thinking`; the R1 family always thinks). `streaming`: calls stream as they are written (a call the output
-    cuts off still ends with valid JSON arguments); else a call is reported once it is complete, and one the output
-    cuts off stays content. Raises ValueError for an unknown family or an invalid tool_choice."""
+    cuts off still ends with valid JSON arguments); else a call is reported once it is complete. A call the output
+    cuts off never becomes content when `finish(cut=True)` says a token limit ended it. Raises ValueError for an unknown family or an invalid tool_choice."""
     spec = family_parsing(family)
     choice: ToolChoice = parse_tool_choice(tool_choice, tools)
     fmt = spec.tool_format(tools) if choice.parses_calls else None

@@ -48,11 +48,12 @@ class OutputParser:
             raise RuntimeError("OutputParser.feed after finish")
         return _merge(self._run(delta, final=False))
 
-    def finish(self) -> list[dict]:
+    def finish(self, cut: bool = False) -> list[dict]:
+        """The end of the output; ``cut``: a token limit ended it (a call it cut off is dropped, never content)."""
         if self._finished:
             return []
         self._finished = True
-        return _merge(self._run("", final=True))
+        return _merge(self._run("", final=True, cut=cut))
 
     def result(self) -> ParsedMessage:
         if not self._finished:
@@ -66,7 +67,7 @@ class OutputParser:
             finish_reason_override="tool_calls" if self._calls else None,
         )
 
-    def _run(self, text: str, final: bool) -> list[dict]:
+    def _run(self, text: str, final: bool, cut: bool = False) -> list[dict]:
         text = self._end_of_turn.feed(text)
         if final:
             text += self._end_of_turn.finish()
@@ -82,7 +83,7 @@ class OutputParser:
             else:
                 deltas += self._tool_deltas(self._tools.feed(piece))
         if final:
-            deltas += self._tool_deltas(self._tools.finish())
+            deltas += self._tool_deltas(self._tools.finish(cut))
         return deltas
 
     def _tool_deltas(self, events: list[ToolEvent]) -> list[dict]:

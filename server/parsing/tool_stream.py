@@ -9,7 +9,9 @@ Late-malformed calls: OpenAI clients cannot retract a delta, so a call that has 
 whatever follows. It ends at its closing tag, at the next call's opening (once its arguments are complete), or at
 the end of the stream; its arguments are the text streamed so far, closed into valid JSON when the output cut them
 off (`json_closer`), and any text in the call after its arguments is markup, not content. Without streaming
-(`streaming=False`), a call is reported only once it is whole: one the output cuts off stays content.
+(`streaming=False`), a call is reported only once it is whole. A call the output cuts off (`finish(cut=True)`: the
+token limit, not the model, ended the output) never becomes content: held back, it is dropped with its markup, and
+so is a partial tag at the very end (`<too`); the calls completed before it stay.
 
 Markup that is not a call: a call opening whose body can no longer become a call (`<tool_call>` in prose) is content
 as soon as that shows, so a real call after it is still found; inside a markdown code fence call tags are text.
@@ -99,7 +101,7 @@ class PlainContent:
     def feed(self, text: str) -> list[ToolEvent]:
         return [text] if text else []
 
-    def finish(self) -> list[ToolEvent]:
+    def finish(self, cut: bool = False) -> list[ToolEvent]:
         return []
 
 
@@ -126,14 +128,16 @@ class ToolCallStream:
     def feed(self, text: str) -> list[ToolEvent]:
         return self._handle(self._splitter.feed(text))
 
-    def finish(self) -> list[ToolEvent]:
-        out = self._handle(self._splitter.finish())
+    def finish(self, cut: bool = False) -> list[ToolEvent]:
+        """``cut``: the output was cut off, so unfinished markup at its end is dropped, not made content."""
+        held = self._splitter.finish()  # the start of a tag, if any
+        out = self._handle([] if cut else held)
         if self._state == "call":  # the output ended inside a call
             if self._call.complete(self._body) or (self._streaming and self._call.name is not None):
                 self._end_or_abandon_call(out)
-            else:
+            elif not cut:
                 out.append(self._text.push(self._raw + self._body))
-        elif self._state == "block" and not self._calls_in_block:
+        elif self._state == "block" and not self._calls_in_block and not cut:
             out.append(self._text.push(self._raw))
         out.append(self._text.take_held())
         return [event for event in out if event != ""]

@@ -216,3 +216,35 @@ def test_call_tags_inside_a_code_fence_are_code(fence):
     block = f"Like this:\n{fence}\n{call('now', '{}')}\n{fence.strip()[:3]}\n"
     message = qwen(block + call("get_weather", '{"city": "Rome"}'))
     assert message.content == block.rstrip("\n") and names_and_args(message) == [("get_weather", '{"city": "Rome"}')]
+
+
+@pytest.mark.parametrize("family", ["qwen2.5", "deepseek-v3", "qwen3-coder"])
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_call_cut_off_by_max_tokens_leaves_no_markup_in_content(family, streaming):
+    """Every cut point inside a second call: the first (complete) call stays, nothing of the second reaches content
+    (not `<tool_call>`, not a partial `<too`), and every call's arguments parse."""
+    from server.parsing.registry import family_parsing
+
+    fmt = family_parsing(family).tool_format(TOOLS)
+    opening, closing = fmt.call_tag("get_weather")
+    first = opening + '{"city": "Paris"}' + closing if fmt.argument_style == "json" else None
+    if first is None:  # Qwen3-Coder's XML arguments
+        first = opening + "<parameter=city>\nParis\n</parameter>\n" + closing
+    blocks = (fmt.block_open or "", fmt.block_close or "")
+    second = fmt.call_separator + (opening + '{"city": "Rome", "unit": "c"}' + closing
+                                   if fmt.argument_style == "json" else opening + "<parameter=city>\nRome\n")
+    for cut in range(len(second)):
+        text = blocks[0] + first + second[:cut]
+        parser = get_output_parser(family, TOOLS, reasoning=False, id_prefix="t", streaming=streaming)
+        deltas = parser.feed(text) + parser.finish(cut=True)
+        message = parser.result()
+        assert not message.content, (cut, message.content)
+        assert all("content" not in d for d in deltas)
+        assert 1 <= len(message.tool_calls) <= 2  # the second stays once its arguments are whole (or streaming)
+        assert message.tool_calls[0]["function"]["name"] == "get_weather"
+        assert all(json.loads(c["function"]["arguments"]) is not None for c in message.tool_calls)
+    # Without a cut (the model itself stopped there), an unfinished call is content, as before.
+    parser = get_output_parser(family, TOOLS, reasoning=False, id_prefix="t", streaming=False)
+    parser.feed(blocks[0] + first + fmt.call_separator + opening[:-1])
+    parser.finish()
+    assert parser.result().content

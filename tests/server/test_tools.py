@@ -131,3 +131,22 @@ def test_tool_choice_none_and_required_validate_against_tools(qwen_server: LiveS
     with pytest.raises(openai.BadRequestError) as err:
         qwen_server.chat(messages=AGENT_HISTORY, tool_choice="required", max_tokens=2)
     assert err.value.body["param"] == "tool_choice"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_cut_by_max_tokens_leaves_no_markup_in_content(qwen_server: LiveServer, stream: bool) -> None:
+    """The grammar makes qwen3-tiny open a call at once; 4 tokens cut it before its name is out."""
+    kwargs = dict(model="qwen3-tiny", messages=[{"role": "user", "content": "Weather in Paris?"}], tools=[WEATHER],
+                  tool_choice="required", max_tokens=4, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    client = qwen_server.client()
+    if not stream:
+        choice = client.chat.completions.create(**kwargs).choices[0]
+        content, calls, finish = choice.message.content, choice.message.tool_calls, choice.finish_reason
+    else:
+        content, calls, finish = "", [], None
+        for chunk in client.chat.completions.create(stream=True, **kwargs):
+            for choice in chunk.choices:
+                content += choice.delta.content or ""
+                calls += choice.delta.tool_calls or []
+                finish = choice.finish_reason or finish
+    assert not content and not calls and finish == "length"
