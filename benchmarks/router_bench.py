@@ -36,6 +36,9 @@ POLICIES: dict[str, RouterSpec] = {
                                      "request text (its own tree)"),
     "dynamo_indexer": RouterSpec("dynamo_indexer", "dynamo-indexer", "longest indexed prefix",
                                  "KV events (+ /render token ids)"),
+    # for the fault run: what a client sees of a replica's death when the router does not retry
+    "kv_aware_no_retries": RouterSpec("kv_aware_no_retries", "vllm-router", "kv_aware",
+                                      "KV events (+ /render token ids)", ("--disable-retries",)),
 }
 
 
@@ -43,7 +46,7 @@ POLICIES: dict[str, RouterSpec] = {
 class RouterBenchOptions:
     replica: ReplicaConfig = field(default_factory=ReplicaConfig)
     replicas: int = 2
-    policies: tuple[str, ...] = tuple(POLICIES)
+    policies: tuple[str, ...] = ("round_robin", "cache_aware", "kv_aware", "sglang_cache_aware", "dynamo_indexer")
     workload: WorkloadParams = WorkloadParams(sessions=8, projects=2, session_steps=6, head_words=600,
                                               result_words=(20, 200))
     router_instances: tuple[int, ...] = (1, 2)  # each policy runs behind this many instances of its router
