@@ -122,16 +122,26 @@ def stop_reason(ctx: ServingContext, plan: ChatPlan, state: ChoiceState) -> tupl
     return "end_turn", None
 
 
-def messages_usage(plan: ChatPlan, output_tokens: int) -> dict[str, int]:
-    """Anthropic's split of the prompt: read from the cache, written to it at a `cache_control` breakpoint (the
-    tokens up to the last breakpoint that were not read), and the rest; the three sum to the prompt. kvserve caches
-    every full block anyway; only a breakpoint's pin counts as a cache write."""
-    cached = plan.prompt.num_cached_tokens
-    created = max(0, plan.pinned_tokens - cached)
+def messages_usage(ctx: ServingContext, plan: ChatPlan, output_tokens: int) -> dict[str, int]:
+    """Anthropic's split of the prompt, which sums to it: `cache_read_input_tokens` (served by the cache),
+    `cache_creation_input_tokens` (written at a `cache_control` breakpoint: the tokens up to the last breakpoint that
+    were not read) and `input_tokens` (the rest). As Anthropic reports them: a prefix up to the last breakpoint that
+    the cache holds is read whole (an identical repeat creates 0), although kvserve recomputes the part of it in its
+    last, partly filled block (only full blocks are shared); a breakpoint prefix shorter than one block is never
+    cached (as below Anthropic's minimum length): neither read nor written. Without breakpoints, what every request's
+    full blocks gave is read, and nothing is written: only a breakpoint's pin counts as a cache write."""
+    prompt, cached, pinned = len(plan.prompt.request.prompt_token_ids), plan.prompt.num_cached_tokens, plan.pinned_tokens
+    block_size = ctx.engine.engine.cfg.block_size
+    cacheable = min(pinned, prompt - 1) // block_size * block_size  # the breakpoint prefix's whole blocks
+    read, created = cached, 0
+    if cacheable and cached >= cacheable:
+        read = max(cached, pinned)
+    elif cacheable:
+        created = pinned - cached
     return {
-        "input_tokens": len(plan.prompt.request.prompt_token_ids) - cached - created,
+        "input_tokens": prompt - read - created,
         "cache_creation_input_tokens": created,
-        "cache_read_input_tokens": cached,
+        "cache_read_input_tokens": read,
         "output_tokens": output_tokens,
     }
 
@@ -141,7 +151,7 @@ def _message(ctx: ServingContext, plan: ChatPlan, content: list[dict], state: Ch
     return {
         "id": plan.request_id, "type": "message", "role": "assistant", "model": ctx.model_name, "content": content,
         "stop_reason": reason, "stop_sequence": sequence,
-        "usage": messages_usage(plan, len(state.choice.token_ids) if state else 0),
+        "usage": messages_usage(ctx, plan, len(state.choice.token_ids) if state else 0),
     }
 
 
@@ -178,5 +188,5 @@ async def stream_messages(ctx: ServingContext, plan: ChatPlan, stream: RequestSt
         yield anthropic_sse(event, payload)
     reason, sequence = stop_reason(ctx, plan, state)
     yield anthropic_sse("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": sequence},
-                                          "usage": messages_usage(plan, len(state.choice.token_ids))})
+                                          "usage": messages_usage(ctx, plan, len(state.choice.token_ids))})
     yield anthropic_sse("message_stop", {})

@@ -159,3 +159,19 @@ def test_auth_by_x_api_key_and_models_in_anthropic_shape(qwen_server: LiveServer
     assert ok.status_code == 200
     models = httpx.get(f"{qwen_server.base_url}/v1/models", headers={"x-api-key": KEY_A}, timeout=60).json()
     assert models["object"] == "list"
+
+
+def test_an_identical_repeat_reads_its_whole_breakpoint_prefix(qwen_server: LiveServer) -> None:
+    """Anthropic's cache accounting: the first request writes the prefix up to its last breakpoint, an identical
+    repeat reads all of it and writes nothing (though kvserve recomputes the tail of its last, partial block)."""
+    client = qwen_server.anthropic()
+    text = "Summarize the design of a paged KV cache with a radix prefix tree, in three sentences, for a newcomer."
+    kwargs = dict(model="qwen3-tiny", max_tokens=1, system="You are terse.", messages=[{"role": "user", "content": [
+        {"type": "text", "text": text + " (breakpoint accounting)", "cache_control": {"type": "ephemeral"}}]}])
+    first, repeat = client.messages.create(**kwargs).usage, client.messages.create(**kwargs).usage
+    assert first.cache_read_input_tokens == 0 and first.cache_creation_input_tokens > 4
+    assert repeat.cache_creation_input_tokens == 0
+    # At least the whole breakpoint prefix is read; kvserve's automatic block cache may serve a little past it.
+    assert first.cache_creation_input_tokens <= repeat.cache_read_input_tokens < first.cache_creation_input_tokens + 8
+    assert sum(dict(repeat).get(k) for k in ("input_tokens", "cache_read_input_tokens")) == \
+        first.input_tokens + first.cache_creation_input_tokens
