@@ -9,6 +9,7 @@ variables. The tests compare this class with transformers itself.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import datetime
 from functools import lru_cache
@@ -21,6 +22,7 @@ import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from server.rendering.base import Prepared, Renderer
+from server.rendering.generic_tools import ToolSupport, with_generic_tools
 from server.rendering.messages import MessagePolicy
 
 
@@ -76,14 +78,18 @@ def _dict(*args: Any, **kwargs: Any) -> dict:
     return dict(*args, **kwargs)
 
 
-@lru_cache(maxsize=32)
-def compile_template(chat_template: str) -> jinja2.Template:
+def _environment() -> jinja2.Environment:
     env = ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
     )
     env.filters["tojson"] = _tojson
     env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now, dict=_dict, namespace=_Namespace)
-    return env.from_string(chat_template)
+    return env
+
+
+@lru_cache(maxsize=32)
+def compile_template(chat_template: str) -> jinja2.Template:
+    return _environment().from_string(chat_template)
 
 
 def _template_view(message: dict) -> dict:
@@ -96,7 +102,9 @@ def _template_view(message: dict) -> dict:
 
 
 class JinjaRenderer(Renderer):
-    """Renders with a model's own chat template. Errors raised by the template become ``ValueError``.
+    """Renders with a model's own chat template. Errors raised by the template become ``ValueError``. What a template
+    cannot show of tools (it never reads `tools`, or messages' `tool_calls`) is rendered the generic way
+    (server/rendering/generic_tools.py) rather than dropped.
 
     ``policy`` defaults to the transformers convention of tool-call arguments as objects (what vLLM passes); a
     template that concatenates arguments as text (the official DeepSeek ones) needs ``MessagePolicy("string")``.
@@ -117,11 +125,15 @@ class JinjaRenderer(Renderer):
             self.template = compile_template(chat_template)
         except jinja2.exceptions.TemplateSyntaxError as exc:
             raise ValueError(f"invalid chat template: {exc}") from None
+        self.tool_support = ToolSupport.of(_environment(), chat_template)
+        if self.tool_support.none:  # calls render as text: their arguments keep the bytes the model wrote
+            self.policy = dataclasses.replace(policy, arguments="as_given")
         self.bos_token = bos_token
         self.eos_token = eos_token
         self.special_tokens = {"bos_token": bos_token, "eos_token": eos_token, **(special_tokens or {})}
 
     def render_prepared(self, prepared: Prepared, add_generation_prompt: bool, kwargs: dict[str, Any]) -> str:
+        prepared = with_generic_tools(prepared, self.tool_support)
         variables = {**self.special_tokens, **kwargs}
         try:
             return self.template.render(

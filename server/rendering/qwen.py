@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 from server.rendering.base import Prepared, Renderer
+from server.rendering.generic_tools import tools_text
 from server.rendering.messages import MessagePolicy
 
 IM_START = "<|im_start|>"
@@ -16,15 +17,6 @@ IM_END = "<|im_end|>"
 QWEN25_DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 CODER_DEFAULT_SYSTEM = "You are Qwen, a helpful AI assistant that can interact with a computer to solve tasks."
 
-_JSON_TOOLS_HEAD = (
-    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
-)
-_JSON_TOOLS_TAIL = (
-    "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
-    '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n'
-    "</tool_call><|im_end|>\n"
-)
 # The call-format instructions after the tool list, shared by Qwen3-Coder and Qwen3.5/3.6.
 CODER_TOOLS_TAIL = (
     "\n</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n"
@@ -56,8 +48,9 @@ def turn(role: str, content: str) -> str:
 
 
 def json_tools_block(tools: list[dict]) -> str:
-    """The ``# Tools`` section shared by Qwen2.5 and Qwen3 (whole tool objects, one JSON per line)."""
-    return _JSON_TOOLS_HEAD + "".join("\n" + tojson(tool) for tool in tools) + _JSON_TOOLS_TAIL
+    """The ``# Tools`` section shared by Qwen2.5 and Qwen3 (whole tool objects, one JSON per line): the Hermes text
+    that generic tool rendering uses too, ending the system turn."""
+    return tools_text(tools) + IM_END + "\n"
 
 
 def json_tool_call(function: dict, arguments: str) -> str:

@@ -169,9 +169,9 @@ def test_an_identical_repeat_reads_its_whole_breakpoint_prefix(qwen_server: Live
     kwargs = dict(model="qwen3-tiny", max_tokens=1, system="You are terse.", messages=[{"role": "user", "content": [
         {"type": "text", "text": text + " (breakpoint accounting)", "cache_control": {"type": "ephemeral"}}]}])
     first, repeat = client.messages.create(**kwargs).usage, client.messages.create(**kwargs).usage
-    assert first.cache_read_input_tokens == 0 and first.cache_creation_input_tokens > 4
+    assert first.cache_creation_input_tokens > 4  # (the start of the prompt may be cached by earlier tests)
     assert repeat.cache_creation_input_tokens == 0
     # At least the whole breakpoint prefix is read; kvserve's automatic block cache may serve a little past it.
-    assert first.cache_creation_input_tokens <= repeat.cache_read_input_tokens < first.cache_creation_input_tokens + 8
-    assert sum(dict(repeat).get(k) for k in ("input_tokens", "cache_read_input_tokens")) == \
-        first.input_tokens + first.cache_creation_input_tokens
+    prefix = first.cache_read_input_tokens + first.cache_creation_input_tokens
+    assert prefix <= repeat.cache_read_input_tokens < prefix + 8
+    assert repeat.input_tokens + repeat.cache_read_input_tokens == first.input_tokens + prefix

@@ -27,8 +27,8 @@ def call_text(city: str) -> str:
     return f'<tool_call>\n{{"name": "get_weather", "arguments": {{"city": "{city}"}}}}\n</tool_call>'
 
 
-# SmolLM2's own template does not show tools, so two earlier turns show it the call format (plain assistant text,
-# as that template renders history) and their tool results.
+# SmolLM2's own template knows no tools: kvserve renders them the generic way (server/rendering/generic_tools.py),
+# and two earlier turns show the call format (plain assistant text) and their tool results.
 FEW_SHOT = [
     {"role": "user", "content": "What is the weather in London?"},
     {"role": "assistant", "content": call_text("London")},
@@ -150,3 +150,24 @@ def test_a_call_cut_by_max_tokens_leaves_no_markup_in_content(qwen_server: LiveS
                 calls += choice.delta.tool_calls or []
                 finish = choice.finish_reason or finish
     assert not content and not calls and finish == "length"
+
+
+def test_a_template_without_tools_gets_them_rendered_generically_and_calls_round_trip(smol_server: LiveServer) -> None:
+    """SmolLM2's template reads neither `tools` nor `tool_calls`: the tools reach the prompt, the model's call comes
+    back parsed, and on the next turn the call renders as the text the model wrote, after the same prompt."""
+    question = [{"role": "user", "content": "What is the weather in Paris?"}]
+    with smol_server.http() as http:
+        prompt = http.post("/tokenize", json={"messages": question, "tools": [WEATHER]}).json()["prompt"]
+    assert '<tools>\n{"type": "function", "function": {"name": "get_weather"' in prompt
+    first = smol_server.chat(messages=question, tools=[WEATHER], tool_choice=NAMED, max_tokens=48, temperature=0)
+    message = first.choices[0].message
+    assert first.choices[0].finish_reason == "tool_calls" and message.tool_calls[0].function.name == "get_weather"
+    raw = smol_server.ctx.tokenizer.decode(smol_server.last_record()["output_token_ids"], skip_special_tokens=False)
+    follow = [*question, message.model_dump(exclude_none=True),
+              {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "Paris: sunny, 24 C"}]
+    with smol_server.http() as http:
+        rendered = http.post("/tokenize", json={"messages": follow, "tools": [WEATHER]}).json()["prompt"]
+    assert rendered.startswith(prompt + raw) and raw.startswith("<tool_call>\n")
+    assert rendered.endswith("<tool_response>\nParis: sunny, 24 C\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    second = smol_server.chat(messages=follow, tools=[WEATHER], max_tokens=4, temperature=0)
+    assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens // 16 * 16
