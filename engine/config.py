@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "qwen3_moe", "deepseek_v2", "deepseek_v3")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "qwen3_moe", "deepseek_v2", "deepseek_v3",
+                           "deepseek_v32")
+DEEPSEEK_V3_ROUTING = ("deepseek_v3", "deepseek_v32")  # sigmoid scores, correction bias, grouped top-k
 
 
 class SchedulingPolicy(enum.StrEnum):
@@ -199,13 +201,15 @@ class MoEConfig:
                 intermediate_size=cfg["moe_intermediate_size"], moe_layers=tuple(layers),
                 norm_topk_prob=cfg.get("norm_topk_prob", False),
             )
-        if arch not in ("deepseek_v2", "deepseek_v3"):
+        if arch != "deepseek_v2" and arch not in DEEPSEEK_V3_ROUTING:
             return None
         first, freq = cfg.get("first_k_dense_replace", 0), cfg.get("moe_layer_freq", 1)
         layers = [i for i in range(first, num_layers) if i % freq == 0]
+        if cfg.get("mlp_layer_types"):  # transformers 5 writes the schedule out (DeepSeek-V3.2)
+            layers = [i for i, kind in enumerate(cfg["mlp_layer_types"]) if kind == "sparse"]
         if not num_experts or not layers:
             return None
-        v3 = arch == "deepseek_v3"
+        v3 = arch in DEEPSEEK_V3_ROUTING
         method = cfg.get("topk_method", "noaux_tc" if v3 else "greedy")
         grouped = method in ("noaux_tc", "group_limited_greedy")
         scoring = cfg.get("scoring_func", "sigmoid" if v3 else "softmax")
@@ -248,9 +252,24 @@ class MLAConfig:
         )
 
 
+@dataclass(frozen=True)
+class IndexerConfig:
+    """DeepSeek-V3.2's lightning indexer (DeepSeek Sparse Attention): ``num_heads`` index queries of ``head_dim``
+    per token from the q-LoRA latent, one index key of ``head_dim`` per token (cached beside the MLA latent), and
+    the ``topk`` best-scored context tokens each query attends to."""
+
+    num_heads: int
+    head_dim: int
+    topk: int
+
+    @classmethod
+    def from_dict(cls, cfg: dict[str, Any]) -> "IndexerConfig":
+        return cls(num_heads=cfg["index_n_heads"], head_dim=cfg["index_head_dim"], topk=cfg["index_topk"])
+
+
 @dataclass
 class ModelConfig:
-    """The decoder's shape, from an HF config.json: Llama / Qwen2 / Qwen3 (dense), Qwen3-MoE, DeepSeek-V2/V3."""
+    """The decoder's shape, from an HF config.json: Llama / Qwen2 / Qwen3 (dense), Qwen3-MoE, DeepSeek-V2/V3/V3.2."""
 
     architecture: str
     vocab_size: int
@@ -270,6 +289,7 @@ class ModelConfig:
     eos_token_ids: list[int] = field(default_factory=list)
     moe: MoEConfig | None = None
     mla: MLAConfig | None = None
+    indexer: IndexerConfig | None = None  # DeepSeek-V3.2's sparse attention
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> "ModelConfig":
@@ -305,6 +325,7 @@ class ModelConfig:
             eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
             moe=MoEConfig.from_dict(arch, cfg),
             mla=MLAConfig.from_dict(cfg) if arch.startswith("deepseek") else None,
+            indexer=IndexerConfig.from_dict(cfg) if arch == "deepseek_v32" else None,
         )
 
     @classmethod

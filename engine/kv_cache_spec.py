@@ -9,14 +9,15 @@ from dataclasses import dataclass
 
 import torch
 
-KVCaches = list[tuple[torch.Tensor, ...]]  # per layer, its page tensors (GQA: K and V; MLA: one latent tensor)
+KVCaches = list[tuple[torch.Tensor, ...]]  # per layer, its page tensors (GQA: K and V; MLA: one latent tensor;
+# DeepSeek-V3.2: the latent and the index keys)
 
 
 @dataclass(frozen=True)
 class KVCacheSpec:
     """Each layer owns one page tensor per entry of ``token_shapes``, shaped ``[num_blocks, block_size, *shape]``."""
 
-    kind: str  # "gqa" or "mla", for logs
+    kind: str  # "gqa", "mla" or "sparse_mla", for logs
     num_layers: int
     token_shapes: tuple[tuple[int, ...], ...]
 
@@ -30,6 +31,14 @@ class KVCacheSpec:
         """One row per token: the compressed latent then the rotary key shared by every head (576 values for
         DeepSeek-V3, about 1/7 of a same-size GQA cache)."""
         return cls("mla", num_layers, ((1, kv_lora_rank + rope_dim),))
+
+    @classmethod
+    def sparse_mla(cls, num_layers: int, kv_lora_rank: int, rope_dim: int, index_head_dim: int) -> KVCacheSpec:
+        """MLA's latent row plus DeepSeek-V3.2's index key (``index_head_dim`` values) per token, in a page tensor of
+        its own under the same block ids: whatever holds, shares, offloads or evicts a block's latents does the
+        same to its index keys (the "index-key cache group" of DeepSeek's design, allocated per token like the
+        latent it sits beside)."""
+        return cls("sparse_mla", num_layers, ((1, kv_lora_rank + rope_dim), (1, index_head_dim)))
 
     def bytes_per_token(self, dtype: torch.dtype) -> int:
         return self.num_layers * sum(math.prod(shape) for shape in self.token_shapes) * dtype.itemsize

@@ -14,6 +14,7 @@ import yaml
 
 from engine.model_sources import cache, hub
 from engine.model_sources.templates import (
+    ENCODER_FAMILIES,
     FAMILY_OF_MODEL_TYPE,
     TEMPLATE_DIR,
     load_template,
@@ -30,6 +31,7 @@ TEMPLATE_FAMILIES = (
     "deepseek-r1",
     "deepseek-r1-0528",
     "deepseek-r1-distill",
+    *ENCODER_FAMILIES,  # DeepSeek-V3.2 / V4: rendered by their encoders (server/rendering), no Jinja template
     "jinja",  # the model's own chat_template, rendered with transformers' semantics
 )
 SOURCES = ("tiny", "gguf", "hf", "local")

@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from kernels import cpu_attention, reference
+from kernels import cpu_attention, reference, reference_sparse
 from kernels.triton_utils import interpreting
 
 
@@ -28,6 +28,8 @@ class Ops:
     fp8_linear: Callable  # x @ W.T + b for a block-scaled e4m3 weight
     fused_moe: Callable
     mla_decode: Callable
+    index_topk: Callable  # DeepSeek-V3.2's lightning indexer: the slots each query attends to
+    sparse_mla: Callable  # absorbed MLA over those slots
 
 
 TORCH_OPS = Ops(
@@ -39,6 +41,8 @@ TORCH_OPS = Ops(
     fp8_linear=reference.fp8_block_linear,
     fused_moe=reference.fused_moe,
     mla_decode=reference.mla_decode,
+    index_topk=reference_sparse.index_topk,
+    sparse_mla=reference_sparse.sparse_mla,
 )
 
 

@@ -9,6 +9,7 @@ from kernels.triton_mla import mla_decode
 from kernels.triton_moe import fused_moe
 from kernels.triton_rms_norm import rms_norm
 from kernels.triton_rotary import rotary_embedding
+from kernels.triton_sparse import index_topk, sparse_mla
 from kernels.triton_store_kv import store_kv
 
 TRITON_OPS = Ops(
@@ -20,4 +21,6 @@ TRITON_OPS = Ops(
     fp8_linear=fp8_block_linear,
     fused_moe=fused_moe,
     mla_decode=mla_decode,
+    index_topk=index_topk,
+    sparse_mla=sparse_mla,
 )

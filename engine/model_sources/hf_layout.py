@@ -11,6 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+_DEEPSEEK_V3_ROUTING = {
+    "attention_bias": False, "scoring_func": "sigmoid", "topk_method": "noaux_tc", "norm_topk_prob": True,
+    "moe_layer_freq": 1, "n_shared_experts": 1, "num_nextn_predict_layers": 0, "ep_size": 1, "aux_loss_alpha": 0.001,
+    "seq_aux": True, "pretraining_tp": 1,
+}
+
 # model_type -> (architectures entry, keys that only this family's config.json carries)
 _FAMILY_KEYS: dict[str, tuple[str, dict[str, Any]]] = {
     "llama": ("LlamaForCausalLM", {"attention_bias": False, "mlp_bias": False, "pretraining_tp": 1}),
@@ -29,12 +35,8 @@ _FAMILY_KEYS: dict[str, tuple[str, dict[str, Any]]] = {
          "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True, "output_router_logits": False,
          "router_aux_loss_coef": 0.001},
     ),
-    "deepseek_v3": (
-        "DeepseekV3ForCausalLM",
-        {"attention_bias": False, "scoring_func": "sigmoid", "topk_method": "noaux_tc", "norm_topk_prob": True,
-         "moe_layer_freq": 1, "n_shared_experts": 1, "num_nextn_predict_layers": 0, "ep_size": 1,
-         "aux_loss_alpha": 0.001, "seq_aux": True, "pretraining_tp": 1},
-    ),
+    "deepseek_v3": ("DeepseekV3ForCausalLM", _DEEPSEEK_V3_ROUTING),
+    "deepseek_v32": ("DeepseekV32ForCausalLM", _DEEPSEEK_V3_ROUTING),  # + the indexer's sizes, from the recipe
 }
 SUPPORTED_MODEL_TYPES = tuple(_FAMILY_KEYS)
 

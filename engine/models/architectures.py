@@ -8,6 +8,7 @@ from torch import nn
 
 from engine.config import SUPPORTED_ARCHITECTURES, ModelConfig
 from engine.models.deepseek_v3 import DeepseekV3ForCausalLM
+from engine.models.deepseek_v32 import DeepseekV32ForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.parallel.state import SINGLE, TensorParallel
 from kernels.ops import Ops
@@ -20,6 +21,7 @@ MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
     "qwen3_moe": LlamaForCausalLM,  # the Qwen3 decoder; its MoE layers come from the config
     "deepseek_v2": DeepseekV3ForCausalLM,
     "deepseek_v3": DeepseekV3ForCausalLM,
+    "deepseek_v32": DeepseekV32ForCausalLM,
 }
 assert set(MODEL_CLASSES) == set(SUPPORTED_ARCHITECTURES)
 

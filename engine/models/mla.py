@@ -62,13 +62,34 @@ class MLAAttention(nn.Module):
                                    unit_size=self.v_dim)
         self.scale = (self.nope_dim + self.rope_dim) ** -0.5 * yarn_softmax_scale(cfg.rope_scaling)
 
-    def _queries(self, ops: Ops, x: torch.Tensor) -> torch.Tensor:
+    def _queries(self, ops: Ops, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Every head's query ``[T, H, nope + rope]`` and the normalized q-LoRA latent it came from (None without
+        q-LoRA; DeepSeek-V3.2's indexer reads it)."""
         if hasattr(self, "q_proj"):
-            q = self.q_proj(x)
+            q, q_latent = self.q_proj(x), None
         else:
             norm = self.q_a_layernorm
-            q = self.q_b_proj(ops.rms_norm(self.q_a_proj(x), norm.weight, norm.eps))
-        return q.view(x.shape[0], self.num_heads, self.nope_dim + self.rope_dim)
+            q_latent = ops.rms_norm(self.q_a_proj(x), norm.weight, norm.eps)
+            q = self.q_b_proj(q_latent)
+        return q.view(x.shape[0], self.num_heads, self.nope_dim + self.rope_dim), q_latent
+
+    def project_and_store(
+        self, ops: Ops, x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Write the new tokens' latent rows into ``cache``; returns the queries ``(q_nope, q_rope)`` (rotated) and
+        the q-LoRA latent."""
+        q, q_latent = self._queries(ops, x)
+        q_nope, q_rope = q.split([self.nope_dim, self.rope_dim], dim=-1)
+        latent, k_rope = self.kv_a_proj_with_mqa(x).split([self.latent_dim, self.rope_dim], dim=-1)
+        latent = ops.rms_norm(latent, self.kv_a_layernorm.weight, self.kv_a_layernorm.eps)
+        k_rope = k_rope.unsqueeze(1)  # one rotary key for every head
+        if self.interleaved:
+            q_rope, k_rope = deinterleave(q_rope), deinterleave(k_rope)
+        q_rope, k_rope = ops.rotary_embedding(positions, q_rope, k_rope, cos_sin)
+        ops.store_kv(latent.unsqueeze(1), k_rope, cache[..., : self.latent_dim], cache[..., self.latent_dim :],
+                     meta.slot_mapping)
+        return q_nope, q_rope, q_latent
 
     def forward(
         self,
@@ -79,16 +100,8 @@ class MLAAttention(nn.Module):
         kv_cache: tuple[torch.Tensor],
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        q_nope, q_rope = self._queries(ops, x).split([self.nope_dim, self.rope_dim], dim=-1)
-        latent, k_rope = self.kv_a_proj_with_mqa(x).split([self.latent_dim, self.rope_dim], dim=-1)
-        latent = ops.rms_norm(latent, self.kv_a_layernorm.weight, self.kv_a_layernorm.eps)
-        k_rope = k_rope.unsqueeze(1)  # one rotary key for every head
-        if self.interleaved:
-            q_rope, k_rope = deinterleave(q_rope), deinterleave(k_rope)
-        q_rope, k_rope = ops.rotary_embedding(positions, q_rope, k_rope, cos_sin)
         (cache,) = kv_cache
-        ops.store_kv(latent.unsqueeze(1), k_rope, cache[..., : self.latent_dim], cache[..., self.latent_dim :],
-                     meta.slot_mapping)
+        q_nope, q_rope, _ = self.project_and_store(ops, x, positions, cos_sin, cache, meta)
         if meta.max_query_len == 1:  # decode-only: no host sync, CUDA-graph safe
             out = self._absorbed(ops, q_nope, q_rope, cache, meta.block_tables, meta.context_lens, meta.max_context_len)
         else:
@@ -103,10 +116,19 @@ class MLAAttention(nn.Module):
     def _absorbed(self, ops: Ops, q_nope: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tensor,
                   block_tables: torch.Tensor, context_lens: torch.Tensor, max_context_len: int) -> torch.Tensor:
         """One query row per sequence -> ``[rows, H, v]``."""
-        w_uk, w_uv = self._split_kv_b()
-        q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [rows, H, latent]
-        out_latent = ops.mla_decode(torch.cat([q_latent, q_rope], dim=-1), cache, block_tables, context_lens,
+        out_latent = ops.mla_decode(self.absorb_query(q_nope, q_rope), cache, block_tables, context_lens,
                                     self.scale, self.latent_dim, max_context_len=max_context_len)
+        return self.values_from_latent(out_latent)
+
+    def absorb_query(self, q_nope: torch.Tensor, q_rope: torch.Tensor) -> torch.Tensor:
+        """``[rows, H, latent + rope]``: each head's ``q_nope W_uk[h]`` (its query in the latent space), then its
+        rotary query."""
+        w_uk, _ = self._split_kv_b()
+        return torch.cat([torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1), q_rope], dim=-1)
+
+    def values_from_latent(self, out_latent: torch.Tensor) -> torch.Tensor:
+        """Attention outputs in the latent space ``[rows, H, latent]`` -> each head's value ``W_uv[h] o``."""
+        _, w_uv = self._split_kv_b()
         return torch.bmm(out_latent.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)
 
     def _mixed(self, ops: Ops, q_nope: torch.Tensor, q_rope: torch.Tensor, cache: torch.Tensor,

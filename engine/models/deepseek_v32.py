@@ -1,0 +1,49 @@
+"""DeepSeek-V3.2: DeepSeek-V3 whose MLA attends, per query, only to the tokens the lightning indexer picks
+(`engine.models.indexer`). Attention runs in MLA's absorbed form for every row, prefill and decode alike, over the
+chosen slots (`ops.sparse_mla`), as DeepSeek's sparse FlashMLA does."""
+from __future__ import annotations
+
+import torch
+
+from engine.config import ModelConfig
+from engine.kv_cache_spec import KVCacheSpec
+from engine.models.deepseek_v3 import DeepseekV3ForCausalLM
+from engine.models.indexer import Indexer
+from engine.models.llama import AttentionMetadata
+from engine.models.mla import MLAAttention
+from engine.parallel.state import TensorParallel
+from kernels.ops import Ops
+
+
+class SparseMLAAttention(MLAAttention):
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel) -> None:
+        super().__init__(cfg, tp)
+        mla, indexer = cfg.mla, cfg.indexer
+        assert mla is not None and indexer is not None
+        if mla.q_lora_rank is None:
+            raise ValueError("DeepSeek-V3.2's indexer reads the q-LoRA latent: q_lora_rank must be set")
+        self.indexer = Indexer(cfg.hidden_size, mla.q_lora_rank, mla.qk_rope_head_dim, indexer)
+
+    def forward(
+        self,
+        ops: Ops,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        cos_sin: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        cache, index_cache = kv_cache
+        q_nope, q_rope, q_latent = self.project_and_store(ops, x, positions, cos_sin, cache, meta)
+        slots = self.indexer(ops, x, q_latent, positions, cos_sin, index_cache, meta)
+        out_latent = ops.sparse_mla(self.absorb_query(q_nope, q_rope), cache, slots, self.scale, self.latent_dim)
+        return self.o_proj(self.values_from_latent(out_latent).flatten(1))
+
+
+class DeepseekV32ForCausalLM(DeepseekV3ForCausalLM):
+    attention_class = SparseMLAAttention
+
+    def kv_cache_spec(self) -> KVCacheSpec:
+        mla, indexer = self.cfg.mla, self.cfg.indexer
+        assert mla is not None and indexer is not None
+        return KVCacheSpec.sparse_mla(self.cfg.num_layers, mla.kv_lora_rank, mla.qk_rope_head_dim, indexer.head_dim)
