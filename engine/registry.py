@@ -35,6 +35,8 @@ TEMPLATE_FAMILIES = (
     "jinja",  # the model's own chat_template, rendered with transformers' semantics
 )
 SOURCES = ("tiny", "gguf", "hf", "local")
+GPU_MEMORY_GB = 141  # the GPUs models.yaml's `gpus:` counts (H200)
+GPUS_PER_MACHINE = 8
 _MODEL_SOURCES_DIR = Path(cache.__file__).parent
 
 
@@ -48,6 +50,18 @@ class ModelSpec:
     path: Path | None = None  # source local
     build: dict[str, Any] = field(default_factory=dict)  # source tiny/gguf: the recipe
     description: str = ""
+    gpus: int | None = None  # source hf: GPUs of GPU_MEMORY_GB its weights take as kvserve holds them
+
+    def gpu_requirement(self) -> str | None:
+        """What a real checkpoint of this size needs, in a sentence for `kvserve serve` (None: one GPU or less)."""
+        if not self.gpus or self.gpus < 2:
+            return None
+        text = (f"{self.name} needs {self.gpus} GPUs of {GPU_MEMORY_GB} GB (H200) for its weights as kvserve holds "
+                f"them (MoE experts in bf16), one rank each: --tensor-parallel-size {self.gpus}")
+        if self.gpus > GPUS_PER_MACHINE:
+            text += (f"; that is more than one {GPUS_PER_MACHINE}-GPU machine, and kvserve's tensor parallelism "
+                     "runs on one machine")
+        return text
 
 
 def registry_file() -> Path:
@@ -57,7 +71,7 @@ def registry_file() -> Path:
 
 
 def _parse_spec(name: str, entry: dict[str, Any]) -> ModelSpec:
-    unknown = set(entry) - {"source", "template", "repo_id", "revision", "build", "description"}
+    unknown = set(entry) - {"source", "template", "repo_id", "revision", "build", "description", "gpus"}
     if unknown:
         raise ValueError(f"models.yaml: {name}: unknown keys {sorted(unknown)}")
     spec = ModelSpec(
@@ -68,6 +82,7 @@ def _parse_spec(name: str, entry: dict[str, Any]) -> ModelSpec:
         revision=entry.get("revision"),
         build=dict(entry.get("build") or {}),
         description=entry.get("description", ""),
+        gpus=entry.get("gpus"),
     )
     if spec.source not in SOURCES[:3]:
         raise ValueError(f"models.yaml: {name}: source must be one of {SOURCES[:3]}, not {spec.source!r}")

@@ -76,6 +76,16 @@ def _say(message: str) -> None:
     print(f"kvserve: {message}", file=sys.stderr, flush=True)
 
 
+def _say_gpu_requirement(model: str | None, tensor_parallel_size: int) -> None:
+    """Before a large model downloads or loads: how many GPUs it takes, when the run asks for fewer."""
+    from engine.registry import default_model_name, get_model_spec
+
+    spec = get_model_spec(model or default_model_name())
+    requirement = spec.gpu_requirement()
+    if requirement and tensor_parallel_size < (spec.gpus or 0):
+        _say(requirement)
+
+
 def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -92,6 +102,7 @@ def run_serve(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     try:
         config = engine_config_from_args(args)
+        _say_gpu_requirement(args.model, config.tensor_parallel_size)
         ctx = load_context(args.model, config, settings, args.record, progress=_say)
     except (ValueError, RuntimeError, OSError) as exc:
         _say(f"cannot serve: {exc}")

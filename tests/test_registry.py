@@ -48,6 +48,28 @@ def test_registry_lists_the_required_models() -> None:
                                                                                 "deepseek-v3.1")
 
 
+def test_todays_deepseek_models_and_the_gpus_they_need(capsys) -> None:
+    """V3.2 and V4 by HF id with their encoders' families; `kvserve serve` says how many GPUs a real one needs
+    before it downloads anything, and when they outgrow one machine."""
+    from server.cli_serve import _say_gpu_requirement
+
+    specs = {spec.name: spec for spec in list_models()}
+    assert (specs["deepseek-v3.2-tiny"].source, specs["deepseek-v3.2-tiny"].template) == ("tiny", "deepseek-v3.2")
+    for name, repo, family, gpus in [("deepseek-v3.2", "deepseek-ai/DeepSeek-V3.2", "deepseek-v3.2", 16),
+                                     ("deepseek-v4-flash", "deepseek-ai/DeepSeek-V4-Flash", "deepseek-v4", 8),
+                                     ("deepseek-v4-pro", "deepseek-ai/DeepSeek-V4-Pro", "deepseek-v4", 32)]:
+        assert (specs[name].repo_id, specs[name].template, specs[name].gpus) == (repo, family, gpus)
+    assert specs["qwen3-8b"].gpu_requirement() is None
+    _say_gpu_requirement("deepseek-v4-flash", 1)
+    flash = capsys.readouterr().err
+    assert "deepseek-v4-flash needs 8 GPUs" in flash and "--tensor-parallel-size 8" in flash
+    assert "more than one" not in flash
+    _say_gpu_requirement("deepseek-v4-flash", 8)
+    assert capsys.readouterr().err == ""  # enough ranks asked for: nothing to say
+    _say_gpu_requirement("deepseek-ai/DeepSeek-V4-Pro", 8)
+    assert "more than one 8-GPU machine" in capsys.readouterr().err
+
+
 def test_a_registered_model_is_found_by_its_repo_id() -> None:
     assert get_model_spec("Qwen/Qwen3-8B").name == "qwen3-8b"
 

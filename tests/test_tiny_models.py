@@ -1,4 +1,5 @@
-"""The models that kvserve builds itself: qwen3-tiny, deepseek-tiny, qwen3-moe-tiny, deepseek-v3-tiny (random
+"""The models that kvserve builds itself: qwen3-tiny, deepseek-tiny, qwen3-moe-tiny, deepseek-v3-tiny,
+deepseek-v3.2-tiny (random
 weights, real tokenizers) and smollm2-135m (converted from GGUF). Checked with HF transformers and the tokenizer
 packages' own implementations."""
 from __future__ import annotations
@@ -173,7 +174,8 @@ def _greedy(model, ids: list[int], steps: int = 20) -> list[int]:
     return out[0, len(ids):].tolist()
 
 
-@pytest.mark.parametrize("name", ["qwen3-tiny", "deepseek-tiny", "qwen3-moe-tiny", "deepseek-v3-tiny"])
+@pytest.mark.parametrize("name", ["qwen3-tiny", "deepseek-tiny", "qwen3-moe-tiny", "deepseek-v3-tiny",
+                                  "deepseek-v3.2-tiny"])
 def test_random_weights_give_varied_context_dependent_greedy_output(name: str) -> None:
     model_dir = resolve_model(name)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -188,7 +190,8 @@ def test_random_weights_give_varied_context_dependent_greedy_output(name: str) -
         assert _greedy(model, edited) != output
 
 
-@pytest.mark.parametrize("name", ["qwen3-tiny", "deepseek-tiny", "qwen3-moe-tiny", "deepseek-v3-tiny"])
+@pytest.mark.parametrize("name", ["qwen3-tiny", "deepseek-tiny", "qwen3-moe-tiny", "deepseek-v3-tiny",
+                                  "deepseek-v3.2-tiny"])
 def test_tiny_build_is_deterministic(name: str, tmp_path: Path) -> None:
     spec = get_model_spec(name)
     recipe = TinyRecipe.from_mapping(spec.build)

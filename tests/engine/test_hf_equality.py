@@ -1,5 +1,5 @@
 """Greedy tokens and final-position log-probabilities equal HF transformers on the same weights: dense, MoE and
-MLA models, cold and with the prefix cache hot."""
+MLA models (DeepSeek-V3.2's sparse MLA too), cold and with the prefix cache hot."""
 from __future__ import annotations
 
 import pytest
@@ -13,7 +13,7 @@ NEW_TOKENS = 10
 
 
 @pytest.fixture(scope="module", params=["qwen3-tiny", "deepseek-tiny", "smollm2-135m", "qwen3-moe-tiny",
-                                        "deepseek-v3-tiny"])
+                                        "deepseek-v3-tiny", "deepseek-v3.2-tiny"])
 def model_case(request):
     name = request.param
     llm = LLM(name, block_size=4, num_kv_blocks=1024, max_num_batched_tokens=256)

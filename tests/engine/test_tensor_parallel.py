@@ -89,6 +89,7 @@ CASES = [
     Case("qwen3-moe-tiny", 2, expert_parallel=True, async_scheduling=True),
     Case("deepseek-v3-tiny", 2),
     Case("deepseek-v3-tiny", 2, expert_parallel=True),
+    Case("deepseek-v3.2-tiny", 2),  # the indexer and its index keys replicated, as the latent
 ]
 
 
@@ -126,7 +127,7 @@ def test_each_rank_holds_its_share(runs):
     assert [m.rank for m in parallel.memory] == list(range(case.size))
     assert len({m.pid for m in parallel.memory}) == case.size  # one process per rank
     replicated_kv_heads = case.model == "qwen3-tiny" and case.size == 4
-    mla = case.model == "deepseek-v3-tiny"
+    mla = case.model.startswith("deepseek-v3")
     for rank in parallel.memory:
         assert rank.replicated_weight_bytes == whole.replicated_weight_bytes
         if replicated_kv_heads:  # the KV part of qkv_proj and the pages: 1/2 each, the rest 1/4

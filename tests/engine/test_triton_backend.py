@@ -1,5 +1,6 @@
 """End to end: the Triton kernels (under the interpreter on CPU) give the torch backend's greedy tokens, for the dense
-decoder, Qwen3-MoE (fused MoE) and the DeepSeek-V3 architecture (fused MoE, MLA decode)."""
+decoder, Qwen3-MoE (fused MoE), the DeepSeek-V3 architecture (fused MoE, MLA decode) and DeepSeek-V3.2 (the
+indexer's scores and the sparse MLA)."""
 from __future__ import annotations
 
 import pytest
@@ -8,7 +9,7 @@ from engine import LLM, SamplingParams
 from tests.engine.conftest import random_prompts
 
 
-@pytest.mark.parametrize("name", ["qwen3-tiny", "qwen3-moe-tiny", "deepseek-v3-tiny"])
+@pytest.mark.parametrize("name", ["qwen3-tiny", "qwen3-moe-tiny", "deepseek-v3-tiny", "deepseek-v3.2-tiny"])
 def test_triton_backend_matches_torch_on_mixed_batch_with_cache_hits(name: str) -> None:
     base = random_prompts(50_000, [13], seed=41)[0]
     tails = random_prompts(50_000, [2, 6, 1], seed=42)
