@@ -8,6 +8,7 @@ so greedy continuations are varied and depend on the whole context.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,6 +139,12 @@ def random_tensor(name: str, shape: tuple[int, ...], seed: int, scales: InitScal
     return gain / shape[-1] ** 0.5 * values
 
 
+def hash_routes(name: str, shape: tuple[int, ...], seed: int, num_experts: int) -> torch.Tensor:
+    """DeepSeek-V4's hash routing table ``[vocab, top_k]``: each token's fixed, distinct experts (int64)."""
+    draws = torch.rand(shape[0], num_experts, generator=_generator(seed, name))
+    return draws.argsort(dim=-1)[:, : shape[1]].contiguous()
+
+
 def build_tiny_model(recipe: TinyRecipe, template: str, out_dir: Path, scales: InitScales = InitScales()) -> None:
     """Write a complete HF model directory (configs, tokenizer, fp32 model.safetensors) into `out_dir`."""
     tokens = TOKENIZER_WRITERS[recipe.tokenizer](out_dir, template)
@@ -148,8 +155,10 @@ def build_tiny_model(recipe: TinyRecipe, template: str, out_dir: Path, scales: I
 def write_random_weights(out_dir: Path, seed: int, scales: InitScales = InitScales()) -> None:
     """model.safetensors (fp32) for the config.json in ``out_dir``, every tensor drawn from ``seed``."""
     shapes = _parameter_shapes(out_dir)
+    num_experts = json.loads((out_dir / "config.json").read_text()).get("n_routed_experts")
     tensors = {
-        name: random_tensor(name, shape, seed, scales)
+        name: hash_routes(name, shape, seed, num_experts) if name.endswith("tid2eid")
+        else random_tensor(name, shape, seed, scales)
         for name, shape in tqdm(sorted(shapes.items()), desc="random weights", disable=None)
     }
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
