@@ -7,7 +7,7 @@ that is wrong, so a malformed block is a 400, never a 500.
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -64,6 +64,7 @@ class Conversation(_Request):
 
 
 class MessagesRequest(Conversation):
+    api: ClassVar[str] = "messages"  # its fields in server/request_fields.py
     max_tokens: int | None = Field(None, ge=1)  # required by Anthropic; here it defaults to the room left
     stop_sequences: list[str] | None = None
     temperature: float | None = Field(None, ge=0.0, le=1.0)

@@ -110,6 +110,7 @@ class ServingContext:
                 frequency_penalty=req.frequency_penalty or 0.0,
                 repetition_penalty=req.repetition_penalty or 1.0,
                 stop=[req.stop] if isinstance(req.stop, str) else list(req.stop or []),
+                stop_token_ids=list(req.stop_token_ids or []),
                 ignore_eos=req.ignore_eos,
                 logprobs=num_logprobs,
                 prompt_logprobs=prompt_logprobs,

@@ -15,6 +15,7 @@ from starlette.types import Receive, Scope, Send
 
 from server.generation import SSE_DONE, sse
 from server.protocol import APIError, validation_error
+from server.request_fields import refuse_unsupported
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
@@ -47,6 +48,9 @@ async def read_json(request: Request, limit: int) -> Any:
 def parse_body(model: type[M], body: Any) -> M:
     if not isinstance(body, dict):
         raise APIError(400, "request body must be a JSON object", code="invalid_json")
+    api = getattr(model, "api", None)
+    if api is not None:
+        refuse_unsupported(api, body)
     try:
         return model.model_validate(body)
     except ValidationError as exc:

@@ -1,14 +1,15 @@
 """The OpenAI wire format: request bodies (pydantic, validated before anything reaches the engine) and error bodies.
 
 Unknown fields are ignored (agents send many OpenAI options we have no use for, such as `user` or `store`), but a
-known field of the wrong type or out of range is a 400 naming the field. `response_format` and `tool_choice` are
+known field of the wrong type or out of range is a 400 naming the field, and so is a field that would change the
+result if it were ignored (server/request_fields.py lists every field of each API). `response_format` and `tool_choice` are
 checked in depth by server.parsing (they become the grammar the output must match). Responses are plain dicts built
 by the handlers: their optional keys must be absent rather than null.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -71,6 +72,7 @@ class _SamplingFields(_Request):
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(None, gt=0.0)
     ignore_eos: bool = False
+    stop_token_ids: list[Annotated[int, Field(ge=0, lt=2**31)]] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     cache_salt: str | None = Field(None, min_length=1, max_length=256)
@@ -89,6 +91,8 @@ class _SamplingFields(_Request):
 
 
 class ChatCompletionRequest(_SamplingFields):
+    api: ClassVar[str] = "chat"  # its fields in server/request_fields.py
+    api: ClassVar[str] = "chat"  # its fields in server/request_fields.py
     # Messages and tools stay dicts: the renderer validates them precisely, and their key order is prompt bytes.
     messages: list[dict[str, Any]] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = None
@@ -110,6 +114,7 @@ class ChatCompletionRequest(_SamplingFields):
 
 
 class CompletionRequest(_SamplingFields):
+    api: ClassVar[str] = "completions"
     # One prompt (text or token ids) or a batch of them; each becomes its own engine request.
     prompt: str | list[int] | list[str] | list[list[int]]
     max_tokens: int | None = Field(16, ge=0)  # the OpenAI default for text completions; 0: scoring only

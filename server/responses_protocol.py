@@ -7,7 +7,7 @@ accepts item and tool types it has no use for (hosted tools such as `web_search`
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -16,6 +16,7 @@ from server.protocol import APIError
 
 class ResponsesRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
+    api: ClassVar[str] = "responses"  # its fields in server/request_fields.py
 
     model: str | None = None
     input: str | list[dict[str, Any]]
