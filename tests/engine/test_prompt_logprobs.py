@@ -32,15 +32,22 @@ def assert_matches_hf(name: str, prompt: list[int], entries: list[TokenLogprobs 
         assert torch.allclose(torch.tensor([v for _, v in entry.top]), top.values, atol=1e-4)
 
 
-def test_prompt_logprobs_equal_transformers_in_one_step_in_chunks_and_overlapped(qwen3_llm: LLM):
+def _check_scores(llm: LLM) -> None:
     prompts = random_prompts(50_000, [2, 9, 37], seed=41)
-    chunked = LLM("qwen3-tiny", block_size=4, num_kv_blocks=512, max_num_batched_tokens=8)
-    overlapped = LLM("qwen3-tiny", block_size=4, num_kv_blocks=512, max_num_batched_tokens=8, async_scheduling=True)
-    for llm in (qwen3_llm, chunked, overlapped):
-        llm.reset_prefix_cache()
-        for prompt, out in zip(prompts, llm.generate(prompts, SCORE)):
-            assert out.token_ids == [] and out.finish_reason == "length"
-            assert_matches_hf("qwen3-tiny", prompt, out.outputs[0].prompt_logprobs)
+    llm.reset_prefix_cache()
+    for prompt, out in zip(prompts, llm.generate(prompts, SCORE)):
+        assert out.token_ids == [] and out.finish_reason == "length"
+        assert_matches_hf("qwen3-tiny", prompt, out.outputs[0].prompt_logprobs)
+
+
+def test_prompt_logprobs_equal_transformers_in_chunks():
+    _check_scores(LLM("qwen3-tiny", block_size=4, num_kv_blocks=512, max_num_batched_tokens=8))
+
+
+@pytest.mark.slow
+def test_prompt_logprobs_equal_transformers_in_one_step_and_overlapped(qwen3_llm: LLM):
+    _check_scores(qwen3_llm)
+    _check_scores(LLM("qwen3-tiny", block_size=4, num_kv_blocks=512, max_num_batched_tokens=8, async_scheduling=True))
 
 
 def test_a_cached_prompt_is_recomputed_not_dropped(qwen3_llm: LLM):
@@ -57,6 +64,7 @@ def test_a_cached_prompt_is_recomputed_not_dropped(qwen3_llm: LLM):
     assert out.outputs[0].token_ids == plain.token_ids
 
 
+@pytest.mark.slow
 def test_preempted_scoring_recomputes_and_merges():
     """A pool too small for both sequences: the second is preempted mid-prefill (while the first decodes), comes back
     with part of its prompt cached, recomputes from its first unscored position, and scores some tokens twice; its
