@@ -14,6 +14,9 @@ from typing import Annotated, Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 
+TokenId = Annotated[int, Field(ge=0, lt=2**31)]  # out-of-vocabulary ids are the engine's 400
+
+
 class APIError(Exception):
     """An error answered with the OpenAI shape `{"error": {"message", "type", "param", "code"}}`."""
 
@@ -72,7 +75,7 @@ class _SamplingFields(_Request):
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(None, gt=0.0)
     ignore_eos: bool = False
-    stop_token_ids: list[Annotated[int, Field(ge=0, lt=2**31)]] | None = None
+    stop_token_ids: list[TokenId] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     cache_salt: str | None = Field(None, min_length=1, max_length=256)
@@ -116,7 +119,7 @@ class ChatCompletionRequest(_SamplingFields):
 class CompletionRequest(_SamplingFields):
     api: ClassVar[str] = "completions"
     # One prompt (text or token ids) or a batch of them; each becomes its own engine request.
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
     max_tokens: int | None = Field(16, ge=0)  # the OpenAI default for text completions; 0: scoring only
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
