@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     import torch
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "qwen3_moe", "deepseek_v2", "deepseek_v3",
-                           "deepseek_v32")
+                           "deepseek_v32", "deepseek_v4")
 DEEPSEEK_V3_ROUTING = ("deepseek_v3", "deepseek_v32")  # sigmoid scores, correction bias, grouped top-k
 
 
@@ -178,13 +178,31 @@ class MoEConfig:
     intermediate_size: int  # per expert
     moe_layers: tuple[int, ...]  # indices of the layers whose MLP is the MoE (the others are dense)
     norm_topk_prob: bool
-    scoring: str = "softmax"  # or "sigmoid"
+    scoring: str = "softmax"  # or "sigmoid", or "sqrtsoftplus" (DeepSeek-V4)
     num_shared_experts: int = 0  # always-on experts added to the routed ones (DeepSeek)
     n_group: int = 1
     topk_group: int = 1
     group_score: str = "top2_sum"  # how a group is ranked: "top2_sum" (V3) or "max" (V2 group_limited_greedy)
     correction_bias: bool = False  # DeepSeek-V3's e_score_correction_bias
     routed_scaling_factor: float = 1.0
+    hash_layers: tuple[int, ...] = ()  # DeepSeek-V4: layers routing by a fixed token -> experts table (tid2eid)
+    swiglu_limit: float | None = None  # DeepSeek-V4: gate clamped to <= limit, up to [-limit, limit]
+
+    @classmethod
+    def _deepseek_v4(cls, cfg: dict[str, Any], num_experts: int) -> "MoEConfig":
+        """Every layer is an MoE: the first ``num_hash_layers`` route by a fixed token -> experts table, the rest
+        by sqrt(softplus) scores with a correction bias, renormalized and scaled; SwiGLU inputs clamped."""
+        num_layers = cfg["num_hidden_layers"]
+        kinds = cfg.get("mlp_layer_types") or (
+            ["hash_moe"] * cfg.get("num_hash_layers", 3) + ["moe"] * num_layers)[:num_layers]
+        return cls(
+            num_experts=num_experts, top_k=cfg["num_experts_per_tok"], intermediate_size=cfg["moe_intermediate_size"],
+            moe_layers=tuple(range(num_layers)), norm_topk_prob=True, scoring=cfg.get("scoring_func", "sqrtsoftplus"),
+            num_shared_experts=cfg.get("n_shared_experts") or 0, correction_bias=True,
+            routed_scaling_factor=float(cfg.get("routed_scaling_factor", 1.0)),
+            hash_layers=tuple(i for i, kind in enumerate(kinds) if kind == "hash_moe"),
+            swiglu_limit=cfg.get("swiglu_limit"),
+        )
 
     @classmethod
     def from_dict(cls, arch: str, cfg: dict[str, Any]) -> "MoEConfig | None":
@@ -201,6 +219,8 @@ class MoEConfig:
                 intermediate_size=cfg["moe_intermediate_size"], moe_layers=tuple(layers),
                 norm_topk_prob=cfg.get("norm_topk_prob", False),
             )
+        if arch == "deepseek_v4":
+            return cls._deepseek_v4(cfg, num_experts)
         if arch != "deepseek_v2" and arch not in DEEPSEEK_V3_ROUTING:
             return None
         first, freq = cfg.get("first_k_dense_replace", 0), cfg.get("moe_layer_freq", 1)
@@ -267,6 +287,73 @@ class IndexerConfig:
         return cls(num_heads=cfg["index_n_heads"], head_dim=cfg["index_head_dim"], topk=cfg["index_topk"])
 
 
+V4_LAYER_TYPES = {0: "sliding_attention", 4: "compressed_sparse_attention", 128: "heavily_compressed_attention"}
+
+
+@dataclass(frozen=True)
+class V4Config:
+    """DeepSeek-V4's attention and residual stream, from its config.json (transformers' keys and the checkpoints'
+    older ones: compress_ratios, num_hash_layers, qk_rope_head_dim, flat rope_scaling).
+
+    Every layer attends to a ``sliding_window`` of its single K = V head, plus, by layer, nothing more (rate 0),
+    compressed entries pooled from overlapping windows of ``2 x csa_rate`` tokens every ``csa_rate`` tokens and
+    chosen by a lightning indexer (``index_topk`` of them), or every entry pooled from ``hca_rate`` tokens."""
+
+    head_dim: int
+    rope_dim: int  # the last rope_dim of each head are rotary (interleaved pairs)
+    q_lora_rank: int
+    sliding_window: int
+    compress_rates: tuple[int, ...]  # per layer: 0, csa_rate or hca_rate
+    csa_rate: int
+    hca_rate: int
+    o_groups: int
+    o_lora_rank: int
+    index_num_heads: int
+    index_head_dim: int
+    index_topk: int
+    compress_rope_theta: float
+    compress_rope_scaling: dict[str, Any]  # YaRN of the compressed layers (sliding-only layers: plain RoPE)
+    hc_mult: int
+    hc_sinkhorn_iters: int
+    hc_eps: float
+
+    @classmethod
+    def from_dict(cls, cfg: dict[str, Any]) -> "V4Config":
+        rates = dict(cfg.get("compress_rates") or {})
+        csa = rates.get("compressed_sparse_attention", cfg.get("compress_rate_csa", 4))
+        hca = rates.get("heavily_compressed_attention", cfg.get("compress_rate_hca", 128))
+        rate_of = {"sliding_attention": 0, "compressed_sparse_attention": csa, "heavily_compressed_attention": hca}
+        num_layers = cfg["num_hidden_layers"]
+        if cfg.get("layer_types"):
+            layer_rates = [rate_of[kind] for kind in cfg["layer_types"]]
+        elif cfg.get("compress_ratios"):  # older checkpoints: 0 / 4 / 128 per layer
+            layer_rates = [rate_of[V4_LAYER_TYPES[r]] for r in cfg["compress_ratios"]]
+        else:  # transformers' default: two HCA layers, then CSA and HCA alternating
+            layer_rates = [hca] * min(num_layers, 2) + [csa if i % 2 else hca for i in range(max(num_layers - 2, 0))]
+        head_dim = cfg["head_dim"]
+        rope_dim = cfg.get("qk_rope_head_dim") or int(head_dim * (cfg.get("partial_rotary_factor") or 64 / 512))
+        rope = cfg.get("rope_parameters") or {}
+        if isinstance(rope.get("compress"), dict):
+            scaling = dict(rope["compress"])
+        else:
+            scaling = {k: v for k, v in (cfg.get("rope_scaling") or rope).items() if k not in ("main", "compress")}
+        theta = float(scaling.pop("rope_theta", cfg.get("compress_rope_theta", 160000.0)))
+        scaling.pop("partial_rotary_factor", None)
+        if scaling.get("rope_type", scaling.get("type", "default")) == "default":
+            scaling = {}
+        else:  # V4 leaves cos/sin unscaled by YaRN's magnitude factor
+            scaling.setdefault("attention_factor", 1.0)
+            scaling.setdefault("original_max_position_embeddings", cfg.get("max_position_embeddings", 2048))
+        return cls(
+            head_dim=head_dim, rope_dim=rope_dim, q_lora_rank=cfg["q_lora_rank"],
+            sliding_window=cfg.get("sliding_window", 128), compress_rates=tuple(layer_rates[:num_layers]),
+            csa_rate=csa, hca_rate=hca, o_groups=cfg["o_groups"], o_lora_rank=cfg["o_lora_rank"],
+            index_num_heads=cfg["index_n_heads"], index_head_dim=cfg["index_head_dim"], index_topk=cfg["index_topk"],
+            compress_rope_theta=theta, compress_rope_scaling=scaling, hc_mult=cfg.get("hc_mult", 4),
+            hc_sinkhorn_iters=cfg.get("hc_sinkhorn_iters", 20), hc_eps=cfg.get("hc_eps", 1e-6),
+        )
+
+
 @dataclass
 class ModelConfig:
     """The decoder's shape, from an HF config.json: Llama / Qwen2 / Qwen3 (dense), Qwen3-MoE, DeepSeek-V2/V3/V3.2."""
@@ -290,6 +377,7 @@ class ModelConfig:
     moe: MoEConfig | None = None
     mla: MLAConfig | None = None
     indexer: IndexerConfig | None = None  # DeepSeek-V3.2's sparse attention
+    v4: V4Config | None = None  # DeepSeek-V4's attention and hyper-connections
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> "ModelConfig":
@@ -310,7 +398,7 @@ class ModelConfig:
             architecture=arch,
             vocab_size=cfg["vocab_size"],
             hidden_size=cfg["hidden_size"],
-            intermediate_size=cfg["intermediate_size"],
+            intermediate_size=cfg.get("intermediate_size") or cfg["moe_intermediate_size"],  # V4: only experts
             num_layers=cfg["num_hidden_layers"],
             num_heads=num_heads,
             num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
@@ -324,8 +412,9 @@ class ModelConfig:
             rope_scaling=rope,
             eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
             moe=MoEConfig.from_dict(arch, cfg),
-            mla=MLAConfig.from_dict(cfg) if arch.startswith("deepseek") else None,
+            mla=MLAConfig.from_dict(cfg) if arch in ("deepseek_v2", *DEEPSEEK_V3_ROUTING) else None,
             indexer=IndexerConfig.from_dict(cfg) if arch == "deepseek_v32" else None,
+            v4=V4Config.from_dict(cfg) if arch == "deepseek_v4" else None,
         )
 
     @classmethod

@@ -14,12 +14,33 @@ KVCaches = list[tuple[torch.Tensor, ...]]  # per layer, its page tensors (GQA: K
 
 
 @dataclass(frozen=True)
+class PageTensor:
+    """One page tensor of a layer whose layers differ (DeepSeek-V4): ``[num_blocks, block_size, *shape]`` per token,
+    or ``[num_blocks, *shape]`` with ``per_block`` (state kept once per block), fp32 whatever the KV dtype with
+    ``fp32``."""
+
+    shape: tuple[int, ...]
+    per_block: bool = False
+    fp32: bool = False
+
+    def bytes_per_block(self, block_size: int, dtype: torch.dtype) -> int:
+        rows = 1 if self.per_block else block_size
+        return rows * math.prod(self.shape) * (4 if self.fp32 else dtype.itemsize)
+
+    def allocate(self, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        rows = () if self.per_block else (block_size,)
+        return torch.zeros(num_blocks, *rows, *self.shape, dtype=torch.float32 if self.fp32 else dtype, device=device)
+
+
+@dataclass(frozen=True)
 class KVCacheSpec:
     """Each layer owns one page tensor per entry of ``token_shapes``, shaped ``[num_blocks, block_size, *shape]``."""
 
-    kind: str  # "gqa", "mla" or "sparse_mla", for logs
+    kind: str  # "gqa", "mla", "sparse_mla" or "compressed", for logs
     num_layers: int
     token_shapes: tuple[tuple[int, ...], ...]
+    layers: tuple[tuple[PageTensor, ...], ...] = ()  # per layer, when layers differ (then token_shapes is unused)
+    block_multiple: int = 1  # the block size must be a multiple of this (V4: its largest compression rate)
 
     @classmethod
     def gqa(cls, num_layers: int, num_kv_heads: int, head_dim: int) -> KVCacheSpec:
@@ -40,13 +61,28 @@ class KVCacheSpec:
         latent it sits beside)."""
         return cls("sparse_mla", num_layers, ((1, kv_lora_rank + rope_dim), (1, index_head_dim)))
 
-    def bytes_per_token(self, dtype: torch.dtype) -> int:
+    @classmethod
+    def per_layer(cls, kind: str, layers: list[tuple[PageTensor, ...]], block_multiple: int) -> KVCacheSpec:
+        return cls(kind, len(layers), (), tuple(layers), block_multiple)
+
+    def bytes_per_token(self, dtype: torch.dtype, block_size: int = 1) -> int:
+        """Per token; per-block tensors count a ``block_size``-th of theirs."""
+        if self.layers:
+            return self.bytes_per_block(block_size, dtype) // block_size
         return self.num_layers * sum(math.prod(shape) for shape in self.token_shapes) * dtype.itemsize
 
     def bytes_per_block(self, block_size: int, dtype: torch.dtype) -> int:
+        if self.layers:
+            return sum(t.bytes_per_block(block_size, dtype) for layer in self.layers for t in layer)
         return block_size * self.bytes_per_token(dtype)
 
     def allocate(self, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device) -> KVCaches:
+        if block_size % self.block_multiple:
+            raise ValueError(f"this model's KV cache needs a block size that is a multiple of {self.block_multiple} "
+                             f"(its compressed entries and pooling state are kept per block); got {block_size}: "
+                             f"pass --block-size {self.block_multiple}")
+        if self.layers:
+            return [tuple(t.allocate(num_blocks, block_size, dtype, device) for t in layer) for layer in self.layers]
         return [
             tuple(torch.zeros(num_blocks, block_size, *shape, dtype=dtype, device=device) for shape in self.token_shapes)
             for _ in range(self.num_layers)

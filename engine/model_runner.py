@@ -172,7 +172,7 @@ class ModelRunner:
         # Graphs need kernels without host syncs: the Triton ops (the torch reference reads lengths on the host).
         # Under tensor parallelism decode runs eagerly: capturing the NCCL collectives is not verified yet.
         use_graphs = (self.device.type == "cuda" and cfg.attention_backend == "triton" and not cfg.enforce_eager
-                      and tp.size == 1)
+                      and tp.size == 1 and getattr(model, "cuda_graphs", True))
         # Every rank holds its shard of every page, so all ranks agree on the pool: the smallest that fits.
         self.num_blocks = tp.min(cfg.num_kv_blocks or self._blocks_from_memory_budget(use_graphs), self.device)
         self.kv_caches = self._new_caches(self.num_blocks)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,10 +98,36 @@ def _shard_sizes(model: nn.Module, path: str) -> list[int]:
     return [module.weight.shape[0]]
 
 
-def _target(model: nn.Module, name: str) -> _Target | None:
-    """Where checkpoint tensor ``name`` goes; None for tensors we do not use."""
+# DeepSeek-V4 checkpoints keep DeepSeek's own names; these renames (applied in order, as transformers' conversion
+# mapping does) give transformers' module names, which the model follows.
+_DEEPSEEK_V4_RENAMES = [(re.compile(pattern), repl) for pattern, repl in [
+    (r"\.attn\.", ".self_attn."), (r"\.ffn\.", ".mlp."), (r"\.indexer\.compressor\.", ".compressor.indexer."),
+    (r"^embed\.weight", "embed_tokens.weight"), (r"^head\.weight", "lm_head.weight"),
+    (r"^hc_head_(fn|base|scale)", r"hc_head.hc_\1"), (r"\.attn_norm\.", ".input_layernorm."),
+    (r"\.ffn_norm\.", ".post_attention_layernorm."), (r"\.hc_attn_(fn|base|scale)", r".attn_hc.\1"),
+    (r"\.hc_ffn_(fn|base|scale)", r".ffn_hc.\1"), (r"\.attn_sink", ".sinks"),
+    (r"\.indexer\.weights_proj\.", ".compressor.indexer.scorer.weights_proj."),
+    (r"\.indexer\.wq_b\.", ".compressor.indexer.q_b_proj."), (r"\.norm\.", ".kv_norm."), (r"\.ape$", ".position_bias"),
+    (r"\.wq_a\.", ".q_a_proj."), (r"\.self_attn\.wq_b\.", ".self_attn.q_b_proj."), (r"\.wkv\.", ".kv_proj."),
+    (r"\.wgate\.", ".gate_proj."), (r"\.wo_a\.", ".o_a_proj."), (r"\.wo_b\.", ".o_b_proj."),
+    (r"\.q_norm\.", ".q_a_norm."), (r"\.gate\.bias$", ".gate.e_score_correction_bias"),
+    (r"\.w1\.", ".gate_proj."), (r"\.w2\.", ".down_proj."), (r"\.w3\.", ".up_proj."),  # experts, shared experts
+]]
+_CHECKPOINT_RENAMES = {"deepseek_v4": _DEEPSEEK_V4_RENAMES}
+
+
+def _model_name(model: nn.Module, name: str) -> str:
+    """Checkpoint tensor ``name`` under the model's module names."""
     if name.startswith("model."):
         name = name[len("model.") :]
+    for pattern, repl in _CHECKPOINT_RENAMES.get(model.cfg.architecture, ()):
+        name = pattern.sub(repl, name)
+    return name
+
+
+def _target(model: nn.Module, name: str) -> _Target | None:
+    """Where checkpoint tensor ``name`` goes; None for tensors we do not use."""
+    name = _model_name(model, name)
     if "rotary_emb" in name:
         return None
     parts = name.split(".")

@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from kernels import cpu_attention, reference, reference_sparse
+from kernels import cpu_attention, reference, reference_compressed, reference_sparse
 from kernels.triton_utils import interpreting
 
 
@@ -30,6 +30,8 @@ class Ops:
     mla_decode: Callable
     index_topk: Callable  # DeepSeek-V3.2's lightning indexer: the slots each query attends to
     sparse_mla: Callable  # absorbed MLA over those slots
+    pool_windows: Callable  # DeepSeek-V4's compressors: gated pooling of token windows, state in the pages
+    sink_attention: Callable  # DeepSeek-V4's attention over gathered slots, with per-head sinks
 
 
 TORCH_OPS = Ops(
@@ -43,6 +45,8 @@ TORCH_OPS = Ops(
     mla_decode=reference.mla_decode,
     index_topk=reference_sparse.index_topk,
     sparse_mla=reference_sparse.sparse_mla,
+    pool_windows=reference_compressed.pool_windows,
+    sink_attention=reference_compressed.sink_attention,
 )
 
 

@@ -300,6 +300,7 @@ def fused_moe(
     down_proj: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
+    swiglu_limit: float | None = None,
 ) -> torch.Tensor:
     """The routed experts' weighted sum: ``sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(hidden[t])``.
 
@@ -307,6 +308,7 @@ def fused_moe(
     ``topk_weights`` ``[T, K]`` (float32) and ``topk_ids`` ``[T, K]``. An expert is
     ``down @ silu_and_mul(gate_up @ x)``, computed in the activation dtype; the weighted sum accumulates in fp32.
     An id of -1 marks a pair whose expert this rank does not hold (expert parallelism): it adds nothing.
+    ``swiglu_limit`` (DeepSeek-V4): `clamp_swiglu` before the activation.
     """
     num_tokens, top_k = topk_ids.shape
     out = torch.zeros(num_tokens, hidden.shape[1], dtype=torch.float32, device=hidden.device)
@@ -321,7 +323,8 @@ def fused_moe(
         pairs = order[start : start + count]
         start += count
         tokens = pairs // top_k
-        y = F.linear(silu_and_mul(F.linear(hidden[tokens], gate_up_proj[expert])), down_proj[expert])
+        gate_up = clamp_swiglu(F.linear(hidden[tokens], gate_up_proj[expert]), swiglu_limit)
+        y = F.linear(silu_and_mul(gate_up), down_proj[expert])
         out.index_add_(0, tokens, y.float() * weights[pairs, None])
     return out.to(hidden.dtype)
 
@@ -363,6 +366,15 @@ def rotary_embedding(
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
     return rotate(query), rotate(key)
+
+
+def clamp_swiglu(gate_up: torch.Tensor, limit: float | None) -> torch.Tensor:
+    """DeepSeek-V4's clamped SwiGLU inputs: the gate half at most ``limit``, the up half within ``[-limit, limit]``
+    (``gate_up`` ``[..., 2I]``; unchanged when ``limit`` is None)."""
+    if limit is None:
+        return gate_up
+    gate, up = gate_up.chunk(2, dim=-1)
+    return torch.cat([gate.clamp(max=limit), up.clamp(-limit, limit)], dim=-1)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

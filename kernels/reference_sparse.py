@@ -58,29 +58,34 @@ def index_topk(
     weights: torch.Tensor,
     key_cache: torch.Tensor,
     block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
+    row_seq: torch.Tensor,
+    row_last: torch.Tensor,
     scale: float,
     topk: int,
     *,
     max_context_len: int | None = None,
 ) -> torch.Tensor:
-    """The slots ``[T, topk]`` int32 of the ``topk`` context tokens each query row scores highest (`index_scores`
-    against the index keys cached in ``key_cache`` ``[num_blocks, block_size, 1, D]``), among the tokens it may
-    see (its own and earlier). ``query`` ``[T, H, D]``, ``weights`` ``[T, H]``. ``max_context_len`` is the Triton
-    kernel's launch hint."""
+    """The slots ``[T, topk]`` int32 of the ``topk`` cached keys each query row scores highest (`index_scores`
+    against ``key_cache`` ``[num_blocks, block_size, 1, D]``) among those it may see: positions ``0..row_last`` of
+    its sequence ``row_seq`` (`query_rows`: a token sees itself and what precedes it; DeepSeek-V4's indexer sees
+    the compressed entries its token has closed). Rows of one sequence are contiguous. ``query`` ``[T, H, D]``,
+    ``weights`` ``[T, H]``; ``max_context_len`` (a bound on ``row_last + 1``) is the Triton kernel's launch hint."""
     num_rows = query.shape[0]
     out = torch.full((num_rows, topk), -1, dtype=torch.int32, device=query.device)
-    seq, pos = query_rows(query_start_loc, context_lens, num_rows)
-    starts, lens = query_start_loc.tolist(), context_lens.tolist()
+    seqs, lasts = row_seq.tolist(), row_last.tolist()
     block_size = key_cache.shape[1]
-    for b, ctx_len in enumerate(lens):
-        start, end = starts[b], starts[b + 1]
-        if start == end:
-            continue
-        keys = gather_context(key_cache, block_tables[b], ctx_len)[:, 0]
-        best = top_positions(index_scores(query[start:end], weights[start:end], keys, scale), pos[start:end], topk)
-        out[start:end] = positions_to_slots(best, seq[start:end], block_tables, block_size)
+    start = 0
+    while start < num_rows:
+        end = start + 1
+        while end < num_rows and seqs[end] == seqs[start]:
+            end += 1
+        visible = max(lasts[start:end]) + 1
+        if visible > 0:
+            keys = gather_context(key_cache, block_tables[seqs[start]], visible)[:, 0]
+            best = top_positions(index_scores(query[start:end], weights[start:end], keys, scale), row_last[start:end],
+                                 topk)
+            out[start:end] = positions_to_slots(best, row_seq[start:end], block_tables, block_size)
+        start = end
     return out
 
 

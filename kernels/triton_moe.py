@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.reference import clamp_swiglu
 from kernels.triton_activation import silu_and_mul
 from kernels.triton_utils import upcast_bf16_dot
 
@@ -117,6 +118,7 @@ def fused_moe(
     down_proj: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
+    swiglu_limit: float | None = None,
 ) -> torch.Tensor:
     """The routed experts' weighted sum; same contract as ``kernels.reference.fused_moe``."""
     num_tokens, top_k = topk_ids.shape
@@ -131,5 +133,5 @@ def fused_moe(
     _grouped_gemm(hidden, gate_up_proj, gate_up, alignment, top_k, None, block_m)
     down = hidden.new_zeros(num_pairs, hidden_size)  # zeros: the rows of skipped (-1) pairs are never written
     weights = topk_weights.float().flatten()
-    _grouped_gemm(silu_and_mul(gate_up), down_proj, down, alignment, 1, weights, block_m)
+    _grouped_gemm(silu_and_mul(clamp_swiglu(gate_up, swiglu_limit)), down_proj, down, alignment, 1, weights, block_m)
     return down.view(num_tokens, top_k, hidden_size).sum(1)

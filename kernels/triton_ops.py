@@ -1,6 +1,7 @@
 """The Triton op set returned by ``kernels.ops.get_ops("triton")``; one module per kernel."""
 from __future__ import annotations
 
+from kernels import reference_compressed
 from kernels.ops import Ops
 from kernels.triton_activation import silu_and_mul
 from kernels.triton_attention import paged_attention
@@ -23,4 +24,7 @@ TRITON_OPS = Ops(
     mla_decode=mla_decode,
     index_topk=index_topk,
     sparse_mla=sparse_mla,
+    # DeepSeek-V4's pooling and sink attention have no Triton kernels yet: the reference runs on the device
+    pool_windows=reference_compressed.pool_windows,
+    sink_attention=reference_compressed.sink_attention,
 )

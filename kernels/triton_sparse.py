@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.reference_sparse import positions_to_slots, query_rows
+from kernels.reference_sparse import positions_to_slots
 from kernels.triton_utils import upcast_bf16_dot
 
 BLOCK_N = 32  # context positions (index_topk) or slots (sparse_mla) per tile
@@ -63,23 +63,23 @@ def index_topk(
     weights: torch.Tensor,
     key_cache: torch.Tensor,
     block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
+    row_seq: torch.Tensor,
+    row_last: torch.Tensor,
     scale: float,
     topk: int,
     *,
     max_context_len: int | None = None,
 ) -> torch.Tensor:
-    """Same contract as ``kernels.reference_sparse.index_topk``. ``max_context_len``: the host-side bound of the
-    contexts (avoids a device sync; under CUDA-graph capture a fixed upper bound)."""
+    """Same contract as ``kernels.reference_sparse.index_topk``. ``max_context_len``: the host-side bound of
+    ``row_last + 1`` (avoids a device sync; under CUDA-graph capture a fixed upper bound)."""
     num_rows, num_heads, dim = query.shape
     page_size = key_cache.shape[1]
     assert query.stride(-1) == 1 and key_cache.stride(-1) == 1 and block_tables.stride(-1) == 1
     out = torch.full((num_rows, topk), -1, dtype=torch.int32, device=query.device)
     if num_rows == 0:
         return out
-    width = max_context_len if max_context_len is not None else int(context_lens.max())
-    seq, pos = query_rows(query_start_loc, context_lens, num_rows)
+    width = max(1, max_context_len if max_context_len is not None else int(row_last.max()) + 1)
+    seq, pos = row_seq, row_last
     weights = weights.float().contiguous()
     dot_precision = "ieee" if query.dtype == torch.float32 else "tf32"
     rows_per_chunk = max(1, MAX_SCORES // width)

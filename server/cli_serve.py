@@ -108,7 +108,7 @@ def run_serve(args: argparse.Namespace) -> int:
         _say(f"cannot serve: {exc}")
         return 1
     blocks, runner = ctx.engine.engine.stats().kv_blocks_total, ctx.engine.engine.runner
-    kv_bytes = runner.kv_spec.bytes_per_token(config.kv_cache_torch_dtype)
+    kv_bytes = runner.kv_spec.bytes_per_token(config.kv_cache_torch_dtype, config.block_size)
     ranks = config.tensor_parallel_size
     _say(f"loaded {ctx.model_name} in {time.perf_counter() - started:.1f}s: context {ctx.max_model_len} tokens, "
          f"{blocks} KV blocks of {config.block_size} tokens = {blocks * config.block_size:,} tokens fit "

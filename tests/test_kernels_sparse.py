@@ -73,8 +73,8 @@ def indexer_inputs(batch: Batch, heads: int, dim: int, dtype: torch.dtype, seed:
 
 
 def _index_args(batch: Batch, query, weights, cache, topk: int) -> tuple:
-    return (query, weights, cache, batch.block_tables, batch.context_lens, batch.query_start_loc,
-            query.shape[-1] ** -0.5, topk)
+    seq, pos = reference_sparse.query_rows(batch.query_start_loc, batch.context_lens, batch.num_rows)
+    return query, weights, cache, batch.block_tables, seq, pos, query.shape[-1] ** -0.5, topk
 
 
 @pytest.mark.parametrize("topk", [8, 16, 128])  # fewer than most contexts, a page multiple, more than any

@@ -9,11 +9,12 @@ from torch import nn
 from engine.config import SUPPORTED_ARCHITECTURES, ModelConfig
 from engine.models.deepseek_v3 import DeepseekV3ForCausalLM
 from engine.models.deepseek_v32 import DeepseekV32ForCausalLM
+from engine.models.deepseek_v4 import DeepseekV4ForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.parallel.state import SINGLE, TensorParallel
 from kernels.ops import Ops
 
-MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
+MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "llama": LlamaForCausalLM,
     "mistral": LlamaForCausalLM,
     "qwen2": LlamaForCausalLM,
@@ -22,6 +23,7 @@ MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
     "deepseek_v2": DeepseekV3ForCausalLM,
     "deepseek_v3": DeepseekV3ForCausalLM,
     "deepseek_v32": DeepseekV32ForCausalLM,
+    "deepseek_v4": DeepseekV4ForCausalLM,
 }
 assert set(MODEL_CLASSES) == set(SUPPORTED_ARCHITECTURES)
 
@@ -55,5 +57,7 @@ def random_weights_(model: nn.Module, seed: int = 0, std: float = 0.02) -> None:
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
                 param.fill_(1.0)
+            elif not param.is_floating_point():  # DeepSeek-V4's hash routes: experts 0..k-1 for every token
+                param.copy_(torch.arange(param.shape[-1]).expand_as(param))
             else:
                 param.normal_(0.0, std, generator=gen)

@@ -19,6 +19,7 @@ from torch import nn
 from engine.config import IndexerConfig
 from engine.models.llama import AttentionMetadata
 from kernels.ops import Ops
+from kernels.reference_sparse import query_rows
 
 INDEX_KEY_NORM_EPS = 1e-6
 
@@ -47,6 +48,6 @@ class Indexer(nn.Module):
         ops.store_kv(k_rope, k_pass, key_cache[..., : self.rope_dim], key_cache[..., self.rope_dim :],
                      meta.slot_mapping)
         weights = self.weights_proj(x.float()) * self.num_heads**-0.5
-        return ops.index_topk(torch.cat([q_rope, q_pass], dim=-1), weights, key_cache, meta.block_tables,
-                              meta.context_lens, meta.query_start_loc, self.scale, self.topk,
-                              max_context_len=meta.max_context_len)
+        seq, pos = query_rows(meta.query_start_loc, meta.context_lens, x.shape[0])
+        return ops.index_topk(torch.cat([q_rope, q_pass], dim=-1), weights, key_cache, meta.block_tables, seq, pos,
+                              self.scale, self.topk, max_context_len=meta.max_context_len)

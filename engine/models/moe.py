@@ -1,7 +1,8 @@
 """Mixture-of-experts MLP layers: a router picks each token's top-k experts, `ops.fused_moe` runs them.
 
-One module serves Qwen3-MoE (softmax top-k, optionally renormalized) and DeepSeek-V2/V3 (shared experts; V3's
-sigmoid scores with a correction bias, group-limited top-k and a routed scaling factor). The routing variants are
+One module serves Qwen3-MoE (softmax top-k, optionally renormalized), DeepSeek-V2/V3 (shared experts; V3's
+sigmoid scores with a correction bias, group-limited top-k and a routed scaling factor) and DeepSeek-V4 (sqrt-softplus
+scores, hash-routed first layers, clamped SwiGLU). The routing variants are
 configuration (`engine.config.MoEConfig`), not subclasses.
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ def select_experts(
     logits: torch.Tensor, correction_bias: torch.Tensor | None, moe: MoEConfig
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(weights [T, K] fp32, ids [T, K])`` from router logits ``[T, E]`` (fp32), as the HF implementations do."""
-    scores = logits.softmax(-1) if moe.scoring == "softmax" else logits.sigmoid()
+    scores = expert_scores(logits, moe)
     choice = scores if correction_bias is None else scores + correction_bias  # the bias steers only the choice
     if moe.n_group > 1:
         grouped = choice.view(choice.shape[0], moe.n_group, -1)
@@ -29,7 +30,19 @@ def select_experts(
         best_groups = group_scores.topk(moe.topk_group, dim=-1).indices
         keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best_groups, True)
         choice = choice.masked_fill(~keep.repeat_interleave(grouped.shape[-1], dim=1), float("-inf"))
-    ids = choice.topk(moe.top_k, dim=-1).indices
+    return weigh_experts(scores, choice.topk(moe.top_k, dim=-1).indices, moe)
+
+
+def expert_scores(logits: torch.Tensor, moe: MoEConfig) -> torch.Tensor:
+    if moe.scoring == "softmax":
+        return logits.softmax(-1)
+    if moe.scoring == "sqrtsoftplus":
+        return F.softplus(logits).sqrt()
+    return logits.sigmoid()
+
+
+def weigh_experts(scores: torch.Tensor, ids: torch.Tensor, moe: MoEConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chosen experts' scores, renormalized where the config says, times the routed scaling factor."""
     weights = scores.gather(1, ids)
     if moe.norm_topk_prob:
         weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
@@ -52,6 +65,23 @@ class Router(nn.Module):
         return select_experts(F.linear(x.float(), self.weight), self.e_score_correction_bias, self.moe)
 
 
+class HashRouter(nn.Module):
+    """DeepSeek-V4's first layers: each token id's experts are fixed (``tid2eid`` ``[vocab, top_k]``, from the
+    checkpoint); the learned gate only weighs them."""
+
+    keep_fp32 = True
+
+    def __init__(self, hidden_size: int, vocab_size: int, moe: MoEConfig) -> None:
+        super().__init__()
+        self.moe = moe
+        self.weight = nn.Parameter(torch.empty(moe.num_experts, hidden_size))
+        self.tid2eid = nn.Parameter(torch.empty(vocab_size, moe.top_k, dtype=torch.long), requires_grad=False)
+
+    def forward(self, x: torch.Tensor, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        scores = expert_scores(F.linear(x.float(), self.weight), self.moe)
+        return weigh_experts(scores, self.tid2eid[input_ids], self.moe)
+
+
 class Experts(nn.Module):
     """Every routed expert's weights stacked: ``gate_up_proj`` ``[E, 2I, H]`` (gate rows, then up) and ``down_proj``
     ``[E, H, I]``, as transformers holds them; checkpoints store them per expert (weights.py stacks them). Under
@@ -71,18 +101,21 @@ class SparseMoE(nn.Module):
     Every rank routes every token (the router is replicated) and returns its partial sum: its experts' (or expert
     slices') contributions plus its slice of the shared experts."""
 
-    def __init__(self, hidden_size: int, moe: MoEConfig, tp: TensorParallel) -> None:
+    def __init__(self, hidden_size: int, moe: MoEConfig, tp: TensorParallel, hash_vocab: int | None = None) -> None:
         super().__init__()
-        self.gate = Router(hidden_size, moe)
+        self.gate = Router(hidden_size, moe) if hash_vocab is None else HashRouter(hidden_size, hash_vocab, moe)
         self.experts = Experts(hidden_size, moe, tp)
+        self.swiglu_limit = moe.swiglu_limit
         self.shared_experts = (
-            MLP(hidden_size, moe.intermediate_size * moe.num_shared_experts, tp) if moe.num_shared_experts else None
+            MLP(hidden_size, moe.intermediate_size * moe.num_shared_experts, tp, moe.swiglu_limit)
+            if moe.num_shared_experts else None
         )
 
-    def forward(self, ops: Ops, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = self.gate(x)
+    def forward(self, ops: Ops, x: torch.Tensor, input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        weights, ids = self.gate(x) if isinstance(self.gate, Router) else self.gate(x, input_ids)
         ids = self.experts.sharding.localize(ids)
-        out = ops.fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids)
+        limit = {} if self.swiglu_limit is None else {"swiglu_limit": self.swiglu_limit}
+        out = ops.fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids, **limit)
         if self.shared_experts is not None:
             out = out + self.shared_experts(ops, x)
         return out
@@ -91,5 +124,5 @@ class SparseMoE(nn.Module):
 def make_mlp(cfg: ModelConfig, layer_idx: int, tp: TensorParallel) -> MLP | SparseMoE:
     """Layer ``layer_idx``'s MLP: the MoE where the config puts one, else the dense MLP."""
     if cfg.moe is not None and layer_idx in cfg.moe.moe_layers:
-        return SparseMoE(cfg.hidden_size, cfg.moe, tp)
+        return SparseMoE(cfg.hidden_size, cfg.moe, tp, cfg.vocab_size if layer_idx in cfg.moe.hash_layers else None)
     return MLP(cfg.hidden_size, cfg.intermediate_size, tp)

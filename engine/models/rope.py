@@ -83,3 +83,19 @@ def build_cos_sin_cache(head_dim: int, max_positions: int, theta: float, scaling
         raise ValueError(f"RoPE scaling {rope_type!r} is not supported (default, linear, llama3, yarn are)")
     angles = torch.outer(torch.arange(max_positions, dtype=torch.float64), inv_freq)
     return torch.cat((angles.cos() * mscale, angles.sin() * mscale), dim=-1).float()
+
+
+def rotate_pairs(x: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+                 inverse: bool = False) -> torch.Tensor:
+    """DeepSeek-V4's RoPE: interleaved pairs ``(x0, x1), (x2, x3), ...`` of the *last* ``R`` dims of ``x``
+    ``[T, ..., D]`` rotated by position (``R`` = the cache's width), in fp32; ``inverse`` rotates back (V4 undoes
+    the keys' rotation on the attention output, since its values are its keys)."""
+    cos_sin = cos_sin_cache.index_select(0, positions.long())
+    half = cos_sin.shape[-1] // 2
+    shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (2 * half,)
+    cos = cos_sin[:, :half].repeat_interleave(2, dim=-1).view(shape)
+    sin = cos_sin[:, half:].repeat_interleave(2, dim=-1).view(shape)
+    rope = x[..., -2 * half :].float()
+    swapped = torch.stack((-rope[..., 1::2], rope[..., 0::2]), dim=-1).flatten(-2)
+    rotated = rope * cos + swapped * (-sin if inverse else sin)
+    return torch.cat([x[..., : -2 * half], rotated.to(x.dtype)], dim=-1)
