@@ -22,9 +22,16 @@ from torch import nn
 from tqdm import tqdm
 
 from engine.models.quant import SCALE_SUFFIX, Fp8Format, Fp8Linear, swap_in_fp8_linears
+from kernels.reference import dequantize_fp4_blocks
 from engine.parallel.linear import Sharding
 
 log = logging.getLogger(__name__)
+
+_SAFETENSORS_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
+                       "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+                       "U8": torch.uint8, "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn,
+                       "F8_E5M2": torch.float8_e5m2, "F8_E8M0": torch.float8_e8m0fnu,
+                       "F4": torch.float4_e2m1fn_x2}
 
 # checkpoint projection name -> (fused parameter, index of the shard within it)
 _FUSED = {
@@ -61,6 +68,10 @@ class _Checkpoint:
         """The tensor, or only its part ``index`` (read from disk without the rest)."""
         handle = self._handles[self._file_of[name]]
         return handle.get_tensor(name) if index is None else handle.get_slice(name)[index]
+
+    def dtype(self, name: str) -> torch.dtype:
+        """The stored dtype, read from the header without the data."""
+        return _SAFETENSORS_DTYPES[self._handles[self._file_of[name]].get_slice(name).get_dtype()]
 
     def bounds(self, name: str, index: tuple[slice, ...] | None) -> tuple[slice, slice]:
         """``index`` of a 2-D tensor as explicit (rows, columns) bounds."""
@@ -202,6 +213,8 @@ def use_fp8_layers(model: nn.Module, model_dir: Path) -> int:
 def _read(ckpt: _Checkpoint, name: str, target: _Target, fmt: Fp8Format | None) -> torch.Tensor:
     """This rank's part of checkpoint tensor ``name`` as ``target`` stores it: FP8 bytes for an `Fp8Linear` (whose
     scales are loaded here too), else dequantized when the checkpoint quantized it."""
+    if ckpt.dtype(name) in FP4_PACKED_DTYPES:
+        return _read_fp4(ckpt, name, target)
     tensor = ckpt.get(name, target.source)
     if tensor.dtype != torch.float8_e4m3fn:
         if isinstance(target.module, Fp8Linear) and target.attr == "weight":
@@ -221,6 +234,18 @@ def _read(ckpt: _Checkpoint, name: str, target: _Target, fmt: Fp8Format | None) 
         target.module.load_scales(scale_name, scale_inv, target.rows)
         return tensor
     return fmt.dequantize(scale_name, tensor, scale_inv, target.destination().dtype, offset)
+
+
+FP4_PACKED_DTYPES = (torch.int8, torch.float4_e2m1fn_x2)
+
+
+def _read_fp4(ckpt: _Checkpoint, name: str, target: _Target) -> torch.Tensor:
+    """An FP4 weight (DeepSeek-V4's experts), dequantized whole, then this rank's part of it."""
+    scale_name = name.removesuffix(".weight") + SCALE_SUFFIX
+    if scale_name not in ckpt:
+        raise ValueError(f"{name} is packed FP4 ({ckpt.dtype(name)}) but the checkpoint has no {scale_name}")
+    values = dequantize_fp4_blocks(ckpt.get(name), ckpt.get(scale_name))
+    return values[target.source or ()].to(target.destination().dtype)
 
 
 @torch.no_grad()

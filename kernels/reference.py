@@ -419,6 +419,33 @@ def dequantize_fp8_blocks(values: torch.Tensor, scale_inv: torch.Tensor, block: 
     return values.float() * scale
 
 
+# FP4 (e2m1) values of a nibble, as DeepSeek-V4's MoE experts store them: two a byte, the first in the low nibble.
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def scales_as_float(scales: torch.Tensor) -> torch.Tensor:
+    """Block scales as float32: float ones as they are, UE8M0 exponents (``float8_e8m0fnu``, or raw bytes as
+    ``uint8``) as the powers of two they stand for."""
+    if scales.dtype == torch.uint8:
+        return (scales.float() - 127.0).exp2()
+    return scales.float()
+
+
+def dequantize_fp4_blocks(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """float32 values of an FP4 weight: ``packed`` int8 ``[rows, cols / 2]`` (two e2m1 values a byte) times
+    ``scales`` ``[rows / block_rows, cols / block_cols]`` (DeepSeek-V4's experts: one scale per row and 32 columns),
+    each scale spread over its block."""
+    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=packed.device)
+    nibbles = packed.contiguous().view(torch.uint8)
+    values = torch.stack([table[(nibbles & 0xF).long()], table[(nibbles >> 4).long()]], dim=-1).flatten(-2)
+    rows, cols = values.shape
+    grid_rows, grid_cols = scales.shape
+    if rows % grid_rows or cols % grid_cols:
+        raise ValueError(f"an FP4 weight of ({rows}, {cols}) values is not blocked by a {tuple(scales.shape)} scale grid")
+    scale = scales_as_float(scales).repeat_interleave(rows // grid_rows, 0).repeat_interleave(cols // grid_cols, 1)
+    return values * scale
+
+
 def fp8_block_linear(
     x: torch.Tensor,
     weight: torch.Tensor,

@@ -151,3 +151,22 @@ def test_paged_attention_reads_fp8_pages(dtype: torch.dtype, split_k: bool) -> N
     expected = reference.paged_attention(*batch.args())
     got = TRITON.paged_attention(*batch.args(), split_k=split_k, **({"partition_size": 16} if split_k else {}))
     assert_close(got, expected, {torch.float32: 1e-5, torch.bfloat16: 3e-2}[dtype])
+
+
+def test_fp4_blocks_dequantize_nibbles_with_ue8m0_scales() -> None:
+    """DeepSeek-V4's FP4 experts: two e2m1 values a byte (low nibble first), one power-of-two scale per row and 32
+    columns; values on the e2m1 grid come back exactly, others within half a grid step."""
+    from kernels.reference import E2M1_VALUES, dequantize_fp4_blocks
+    from tests.engine.fp8_checkpoint import quantize_fp4_rows
+
+    grid = torch.tensor(E2M1_VALUES)
+    exact = grid[torch.randint(0, 16, (4, 64), generator=torch.Generator().manual_seed(0))] * 0.25
+    exact[:, ::32] = 1.5  # every group's largest magnitude within 6 x its power-of-two scale
+    packed, scales = quantize_fp4_rows(exact)
+    assert packed.dtype == torch.int8 and packed.shape == (4, 32) and scales.dtype == torch.float8_e8m0fnu
+    assert torch.equal(dequantize_fp4_blocks(packed, scales), exact)
+    assert torch.equal(dequantize_fp4_blocks(packed, scales.view(torch.uint8)), exact)  # raw exponent bytes
+    weight = torch.randn(8, 64, generator=torch.Generator().manual_seed(1))
+    packed, scales = quantize_fp4_rows(weight)
+    step = scales.float().repeat_interleave(32, dim=1)  # e2m1's widest gap is 2 (between 4 and 6)
+    assert ((dequantize_fp4_blocks(packed, scales) - weight).abs() <= step).all()

@@ -1,5 +1,5 @@
 """The models that kvserve builds itself: qwen3-tiny, deepseek-tiny, qwen3-moe-tiny, deepseek-v3-tiny,
-deepseek-v3.2-tiny (random
+deepseek-v3.2-tiny, deepseek-v4-tiny (random
 weights, real tokenizers) and smollm2-135m (converted from GGUF). Checked with HF transformers and the tokenizer
 packages' own implementations."""
 from __future__ import annotations
@@ -149,6 +149,7 @@ def test_deepseek_v3_tiny_has_mla_grouped_routing_with_bias_and_yarn() -> None:
     assert tokenizer_config["chat_template"] == load_template("deepseek-v3.1")
 
 
+SLOW_TINY = [pytest.param(name, marks=pytest.mark.slow) for name in ("deepseek-v3.2-tiny", "deepseek-v4-tiny")]
 PROMPTS = [
     "Hello, my name is",
     "def fibonacci(n):\n    ",
@@ -175,7 +176,7 @@ def _greedy(model, ids: list[int], steps: int = 20) -> list[int]:
 
 
 @pytest.mark.parametrize("name", ["qwen3-tiny", "deepseek-tiny", "qwen3-moe-tiny", "deepseek-v3-tiny",
-                                  "deepseek-v3.2-tiny"])
+                                  *SLOW_TINY])
 def test_random_weights_give_varied_context_dependent_greedy_output(name: str) -> None:
     model_dir = resolve_model(name)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -191,7 +192,7 @@ def test_random_weights_give_varied_context_dependent_greedy_output(name: str) -
 
 
 @pytest.mark.parametrize("name", ["qwen3-tiny", "deepseek-tiny", "qwen3-moe-tiny", "deepseek-v3-tiny",
-                                  "deepseek-v3.2-tiny"])
+                                  *SLOW_TINY])
 def test_tiny_build_is_deterministic(name: str, tmp_path: Path) -> None:
     spec = get_model_spec(name)
     recipe = TinyRecipe.from_mapping(spec.build)

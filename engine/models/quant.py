@@ -4,7 +4,9 @@ The format: config.json carries ``quantization_config`` ``{"quant_method": "fp8"
 "weight_block_size": [block_n, block_k], "activation_scheme": "dynamic"}``; each quantized linear stores ``weight``
 as float8_e4m3fn ``[out, in]`` next to a float32 ``weight_scale_inv`` ``[ceil(out / block_n), ceil(in / block_k)]``,
 and its value is ``fp8 * scale_inv`` block by block. Embeddings, norms, the output head and router gates stay
-unquantized: a tensor is quantized exactly when the checkpoint has a ``weight_scale_inv`` next to it.
+unquantized: a tensor is quantized exactly when the checkpoint has a ``weight_scale_inv`` next to it. DeepSeek-V4 adds
+``"expert_dtype": "fp4"`` (MoE experts packed two e2m1 values a byte, int8 ``[out, in / 2]``, one scale per row and
+32 columns) and ``"scale_fmt": "ue8m0"`` (scales stored as powers of two); FP4 weights are always dequantized.
 
 Where the Triton FP8 GEMM runs (``kernels.ops.fp8_gemm_supported``) quantized linears become :class:`Fp8Linear` and
 keep their FP8 bytes; elsewhere the loader dequantizes them to the engine dtype (see ``engine.weights``).
@@ -19,7 +21,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from kernels.reference import dequantize_fp8_blocks
+from kernels.reference import dequantize_fp8_blocks, scales_as_float
 
 SCALE_SUFFIX = ".weight_scale_inv"
 
@@ -43,6 +45,8 @@ class Fp8Format:
                              "block-scaled FP8 ones (quant_method 'fp8', as DeepSeek-V3 and the Qwen3 -FP8 releases)")
         if quant.get("fmt", "e4m3") != "e4m3":
             raise ValueError(f"FP8 format {quant['fmt']!r} is not supported; only e4m3 weights are")
+        if quant.get("expert_dtype", "fp8") not in ("fp8", "fp4"):
+            raise ValueError(f"expert_dtype {quant['expert_dtype']!r} is not supported; FP8 and FP4 experts are")
         if quant.get("activation_scheme", "dynamic") != "dynamic":
             raise ValueError("static FP8 activation scales are not supported; kvserve quantizes activations "
                              "dynamically (activation_scheme 'dynamic')")
@@ -77,7 +81,7 @@ class Fp8Format:
         if tuple(scale_inv.shape) != want:
             raise ValueError(f"{scale_name}: shape {tuple(scale_inv.shape)} does not block a {tuple(weight.shape)} "
                              f"weight by {list(self.block)} (expected {want})")
-        return dequantize_fp8_blocks(weight, scale_inv, self.block, offset).to(dtype)
+        return dequantize_fp8_blocks(weight, scales_as_float(scale_inv), self.block, offset).to(dtype)
 
 
 class Fp8Linear(nn.Module):
@@ -115,7 +119,7 @@ class Fp8Linear(nn.Module):
         if tuple(scale_inv.shape) != want:
             raise ValueError(f"{scale_name}: shape {tuple(scale_inv.shape)} does not block a ({size}, "
                              f"{self.weight.shape[1]}) weight by {[self.block_n, self.block_k]} (expected {want})")
-        spread = scale_inv.repeat_interleave(self.block_n // self.scale_rows, dim=0)[: -(-size // self.scale_rows)]
+        spread = scales_as_float(scale_inv).repeat_interleave(self.block_n // self.scale_rows, dim=0)[: -(-size // self.scale_rows)]
         start = rows.start // self.scale_rows
         self.weight_scale_inv[start : start + spread.shape[0]].copy_(spread)
 

@@ -58,6 +58,7 @@ def test_chunked_prefill_and_preemption_match_hf() -> None:
     assert [o.token_ids for o in outs] == [hf_greedy(NAME, p, params.max_tokens) for p in prompts]
 
 
+@pytest.mark.slow
 def test_top20_logprobs_within_1e_4() -> None:
     prompts = random_prompts(50_000, [5, 33, 60], seed=7)
     llm = LLM(NAME, block_size=4, num_kv_blocks=128, max_num_batched_tokens=16)  # chunked prefills

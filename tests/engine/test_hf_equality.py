@@ -13,7 +13,8 @@ NEW_TOKENS = 10
 
 
 @pytest.fixture(scope="module", params=["qwen3-tiny", "deepseek-tiny", "smollm2-135m", "qwen3-moe-tiny",
-                                        "deepseek-v3-tiny", "deepseek-v3.2-tiny"])
+                                        "deepseek-v3-tiny",
+                                        pytest.param("deepseek-v3.2-tiny", marks=pytest.mark.slow)])
 def model_case(request):
     name = request.param
     llm = LLM(name, block_size=4, num_kv_blocks=1024, max_num_batched_tokens=256)

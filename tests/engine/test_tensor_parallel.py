@@ -89,7 +89,8 @@ CASES = [
     Case("qwen3-moe-tiny", 2, expert_parallel=True, async_scheduling=True),
     Case("deepseek-v3-tiny", 2),
     Case("deepseek-v3-tiny", 2, expert_parallel=True),
-    Case("deepseek-v3.2-tiny", 2),  # the indexer and its index keys replicated, as the latent
+    # the indexer and its index keys replicated, as the latent
+    pytest.param(Case("deepseek-v3.2-tiny", 2), marks=pytest.mark.slow, id="deepseek-v3.2-tiny-tp2"),
 ]
 
 

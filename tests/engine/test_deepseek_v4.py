@@ -1,0 +1,160 @@
+"""DeepSeek-V4 (sliding window + compressed sparse / heavily compressed attention, hyper-connections, hash and
+sqrt-softplus MoE) equals transformers' ``DeepseekV4ForCausalLM`` on deepseek-v4-tiny (window 16, CSA windows of 4
+with the top 4 entries, HCA pools of 16): one at a time, together, with the prefix cache hot, in chunks with
+preemption, top-20 logprobs within 1e-4, and an agent conversation whose next turn reads the last from the cache."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.kv_cache_spec import PageTensor
+from tests.engine.conftest import hf_greedy, hf_model, random_prompts
+
+NAME = "deepseek-v4-tiny"
+BLOCK = 16  # a multiple of the largest compression rate (16 here, 128 in the real models)
+LENGTHS = [1, 15, 17, 33, 50]  # one token, under and across the window (16), pools of 4 and 16
+NEW = 8
+
+
+@pytest.fixture(scope="module")
+def case():
+    llm = LLM(NAME, block_size=BLOCK, num_kv_blocks=128, max_num_batched_tokens=256)
+    prompts = random_prompts(50_000, LENGTHS, seed=5)
+    return llm, prompts, [hf_greedy(NAME, p, NEW) for p in prompts]
+
+
+def test_pages_hold_keys_entries_and_pooling_state() -> None:
+    llm = LLM(NAME, block_size=BLOCK, num_kv_blocks=8)
+    spec, caches = llm.engine.runner.kv_spec, llm.engine.runner.kv_caches
+    # sliding layer: keys; CSA (rate 4): keys, entries, index entries, two pooling states; HCA (rate 16): keys,
+    # entries, pooling state
+    assert [len(layer) for layer in caches] == [1, 5, 3, 5]
+    assert [tuple(t.shape) for t in caches[1]] == [(8, 16, 1, 32), (8, 16, 8), (8, 16, 8), (8, 9 * 32), (8, 9 * 32)]
+    assert [tuple(t.shape) for t in caches[2]] == [(8, 16, 1, 32), (8, 16, 2), (8, 3 * 32)]
+    assert spec.layers[2][2] == PageTensor((96,), per_block=True, fp32=True)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        LLM(NAME, block_size=8, num_kv_blocks=8)
+
+
+@pytest.mark.slow
+def test_outputs_are_varied(case) -> None:
+    _, _, expected = case
+    assert len({tuple(e) for e in expected}) == len(expected)
+    assert sum(len(set(e)) for e in expected) > 5 * len(expected)
+
+
+@pytest.mark.slow
+def test_greedy_one_at_a_time(case) -> None:
+    llm, prompts, expected = case
+    llm.reset_prefix_cache()
+    greedy = SamplingParams(max_tokens=NEW, temperature=0, ignore_eos=True)
+    assert [llm.generate([p], greedy)[0].token_ids for p in prompts] == expected
+
+
+def test_greedy_together_with_the_prefix_cache_hot(case) -> None:
+    llm, prompts, expected = case
+    llm.reset_prefix_cache()
+    params = [SamplingParams(max_tokens=1 + (3 * i) % NEW, temperature=0, ignore_eos=True) for i in range(len(prompts))]
+    outs = llm.generate(prompts, params)  # together, finishing at different steps
+    assert [o.token_ids for o in outs] == [e[: p.max_tokens] for e, p in zip(expected, params)]
+    outs = llm.generate(prompts, SamplingParams(max_tokens=NEW, temperature=0, ignore_eos=True))
+    assert [o.num_cached_tokens for o in outs] == [(len(p) - 1) // BLOCK * BLOCK for p in prompts]
+    assert sum(o.num_cached_tokens for o in outs) > 0
+    assert [o.token_ids for o in outs] == expected
+
+
+def test_chunked_prefill_and_preemption() -> None:
+    """7 tokens a step (chunks end mid-window and mid-block) and 8 blocks for 4 requests needing 12: prefills run in
+    chunks beside decodes, and running requests are preempted and recomputed from their cached blocks."""
+    prompts = random_prompts(50_000, [40, 29, 51, 18], seed=9)
+    llm = LLM(NAME, block_size=BLOCK, num_kv_blocks=8, max_num_batched_tokens=7)
+    params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+    outs = llm.generate(prompts, params)
+    assert llm.stats.preemptions > 0
+    assert [o.token_ids for o in outs] == [hf_greedy(NAME, p, params.max_tokens) for p in prompts]
+
+
+@pytest.mark.slow
+def test_top20_logprobs_within_1e_4() -> None:
+    prompts = random_prompts(50_000, [6, 37, 66], seed=7)
+    llm = LLM(NAME, block_size=BLOCK, num_kv_blocks=64, max_num_batched_tokens=24)
+    outs = llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0, logprobs=20))
+    model = hf_model(NAME)
+    for prompt, out in zip(prompts, outs):
+        with torch.no_grad():
+            ref = torch.log_softmax(model(torch.tensor([prompt])).logits[0, -1].float(), -1)
+        top = out.outputs[0].logprobs[0].top
+        ids = torch.tensor([t for t, _ in top])
+        assert ids.tolist() == ref.topk(20).indices.tolist()
+        torch.testing.assert_close(torch.tensor([lp for _, lp in top]), ref[ids], atol=1e-4, rtol=0)
+
+
+def test_agent_turn_reads_the_previous_prompt_and_reply_from_the_cache() -> None:
+    """An agent's second turn (the V4 encoder's rendering: the first prompt, the reply, the next user message)
+    finds the first prompt and the reply in the cache, up to the last partial block, and continues as
+    transformers does."""
+    from server.rendering import get_renderer
+    from transformers import AutoTokenizer
+
+    from engine.registry import resolve_model
+
+    renderer = get_renderer("deepseek-v4")
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(NAME)))
+    tools = [{"type": "function", "function": {"name": "read_file", "description": "Read a file",
+                                               "parameters": {"type": "object", "properties": {
+                                                   "path": {"type": "string"}}, "required": ["path"]}}}]
+    first = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "Fix the bug."}]
+    prompt = renderer.render(first, tools)
+    ids = tokenizer(prompt, add_special_tokens=False).input_ids
+    llm = LLM(NAME, block_size=BLOCK, num_kv_blocks=64)
+    greedy = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    reply = llm.generate([ids], greedy)[0]
+    text = tokenizer.decode(reply.token_ids)
+    second = renderer.render(first + [{"role": "assistant", "content": text},
+                                      {"role": "user", "content": "Now run the tests."}], tools)
+    assert second.startswith(prompt + text)  # V4's rendering only appends
+    follow = ids + reply.token_ids + tokenizer(second[len(prompt + text):], add_special_tokens=False).input_ids
+    out = llm.generate([follow], greedy)[0]
+    assert out.num_cached_tokens >= len(ids) + len(reply.token_ids) - BLOCK
+    assert out.token_ids == hf_greedy(NAME, follow, greedy.max_tokens)
+
+
+@pytest.mark.slow
+def test_tensor_parallel_2_equals_one_rank() -> None:
+    """Experts and the vocabulary split over two ranks (gloo), attention replicated: the same tokens, logprobs
+    within 1e-4, on a batch with chunked prefills and prefix hits."""
+    prompts = random_prompts(50_000, [20, 45, 9], seed=13)
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=3)
+    runs = []
+    for size in (1, 2):
+        with LLM(NAME, block_size=BLOCK, num_kv_blocks=32, max_num_batched_tokens=24,
+                 tensor_parallel_size=size) as llm:
+            llm.generate(prompts[:1], SamplingParams(max_tokens=1))
+            runs.append(llm.generate(prompts, params))
+    single, parallel = runs
+    assert [o.num_cached_tokens for o in parallel] == [o.num_cached_tokens for o in single]
+    assert parallel[0].num_cached_tokens == 16
+    assert [o.token_ids for o in parallel] == [o.token_ids for o in single]
+    lp = [(a.logprob, b.logprob) for x, y in zip(single, parallel)
+          for a, b in zip(x.outputs[0].logprobs, y.outputs[0].logprobs)]
+    assert max(abs(a - b) for a, b in lp) < 1e-4
+
+
+@pytest.mark.slow
+def test_fp4_experts_and_fp8_projections_load_dequantized(tmp_path) -> None:
+    """DeepSeek's release format: FP4 routed experts (UE8M0 scales per row and 32 columns) and FP8 block-scaled
+    projections, dequantized on load on a CPU, give exactly the tokens and logprobs of the same values stored in
+    fp32, and the quantization really changed the weights."""
+    from engine.registry import resolve_model
+    from tests.engine.fp8_checkpoint import write_v4_fp8_fp4_checkpoint
+
+    quantized, plain = tmp_path / "fp4", tmp_path / "plain"
+    write_v4_fp8_fp4_checkpoint(resolve_model(NAME), quantized, plain, (16, 16))
+    prompts = random_prompts(50_000, [30], seed=17)
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=5)
+    runs = [LLM(str(d), block_size=BLOCK, num_kv_blocks=16).generate(prompts, params)[0] for d in (quantized, plain)]
+    assert runs[0].token_ids == runs[1].token_ids
+    assert [lp.top for lp in runs[0].outputs[0].logprobs] == [lp.top for lp in runs[1].outputs[0].logprobs]
+    original = LLM(NAME, block_size=BLOCK, num_kv_blocks=16).generate(prompts, params)[0]
+    assert original.outputs[0].logprobs[0].top != runs[0].outputs[0].logprobs[0].top
