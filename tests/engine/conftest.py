@@ -28,6 +28,15 @@ def hf_greedy(name: str, prompt: list[int], max_new_tokens: int) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
+def assert_top_logprobs_equal_hf(name: str, prompt: list[int], top: list[tuple[int, float]], atol: float) -> None:
+    """The engine's top logprobs after ``prompt`` are transformers' top tokens, in order, within ``atol``."""
+    with torch.no_grad():
+        ref = torch.log_softmax(hf_model(name)(torch.tensor([prompt])).logits[0, -1].float(), -1)
+    ids = torch.tensor([t for t, _ in top])
+    assert ids.tolist() == ref.topk(len(top)).indices.tolist()
+    torch.testing.assert_close(torch.tensor([lp for _, lp in top]), ref[ids], atol=atol, rtol=0)
+
+
 def random_prompts(vocab: int, lengths: list[int], seed: int = 0) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(100, min(vocab, 50_000)) for _ in range(n)] for n in lengths]

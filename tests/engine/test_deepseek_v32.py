@@ -12,7 +12,7 @@ import torch
 from engine import LLM, SamplingParams
 from engine.models.indexer import Indexer
 from engine.registry import resolve_model
-from tests.engine.conftest import hf_greedy, hf_model, random_prompts
+from tests.engine.conftest import assert_top_logprobs_equal_hf, hf_greedy, hf_model, random_prompts
 from tests.engine.test_moe_mla_models import _save_pretrained_copy
 
 NAME = "deepseek-v3.2-tiny"
@@ -63,14 +63,8 @@ def test_top20_logprobs_within_1e_4() -> None:
     prompts = random_prompts(50_000, [5, 33, 60], seed=7)
     llm = LLM(NAME, block_size=4, num_kv_blocks=128, max_num_batched_tokens=16)  # chunked prefills
     outs = llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0, logprobs=20))
-    model = hf_model(NAME)
     for prompt, out in zip(prompts, outs):
-        with torch.no_grad():
-            ref = torch.log_softmax(model(torch.tensor([prompt])).logits[0, -1].float(), -1)
-        top = out.outputs[0].logprobs[0].top
-        ids = torch.tensor([t for t, _ in top])
-        assert ids.tolist() == ref.topk(20).indices.tolist()
-        torch.testing.assert_close(torch.tensor([lp for _, lp in top]), ref[ids], atol=1e-4, rtol=0)
+        assert_top_logprobs_equal_hf(NAME, prompt, out.outputs[0].logprobs[0].top, atol=1e-4)
 
 
 @pytest.mark.slow

@@ -5,11 +5,10 @@ preemption, top-20 logprobs within 1e-4, and an agent conversation whose next tu
 from __future__ import annotations
 
 import pytest
-import torch
 
 from engine import LLM, SamplingParams
 from engine.kv_cache_spec import PageTensor
-from tests.engine.conftest import hf_greedy, hf_model, random_prompts
+from tests.engine.conftest import assert_top_logprobs_equal_hf, hf_greedy, random_prompts
 
 NAME = "deepseek-v4-tiny"
 BLOCK = 16  # a multiple of the largest compression rate (16 here, 128 in the real models)
@@ -64,6 +63,7 @@ def test_greedy_together_with_the_prefix_cache_hot(case) -> None:
     assert [o.token_ids for o in outs] == expected
 
 
+@pytest.mark.slow
 def test_chunked_prefill_and_preemption() -> None:
     """7 tokens a step (chunks end mid-window and mid-block) and 8 blocks for 4 requests needing 12: prefills run in
     chunks beside decodes, and running requests are preempted and recomputed from their cached blocks."""
@@ -80,14 +80,8 @@ def test_top20_logprobs_within_1e_4() -> None:
     prompts = random_prompts(50_000, [6, 37, 66], seed=7)
     llm = LLM(NAME, block_size=BLOCK, num_kv_blocks=64, max_num_batched_tokens=24)
     outs = llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0, logprobs=20))
-    model = hf_model(NAME)
     for prompt, out in zip(prompts, outs):
-        with torch.no_grad():
-            ref = torch.log_softmax(model(torch.tensor([prompt])).logits[0, -1].float(), -1)
-        top = out.outputs[0].logprobs[0].top
-        ids = torch.tensor([t for t, _ in top])
-        assert ids.tolist() == ref.topk(20).indices.tolist()
-        torch.testing.assert_close(torch.tensor([lp for _, lp in top]), ref[ids], atol=1e-4, rtol=0)
+        assert_top_logprobs_equal_hf(NAME, prompt, out.outputs[0].logprobs[0].top, atol=1e-4)
 
 
 def test_agent_turn_reads_the_previous_prompt_and_reply_from_the_cache() -> None:
@@ -158,3 +152,18 @@ def test_fp4_experts_and_fp8_projections_load_dequantized(tmp_path) -> None:
     assert [lp.top for lp in runs[0].outputs[0].logprobs] == [lp.top for lp in runs[1].outputs[0].logprobs]
     original = LLM(NAME, block_size=BLOCK, num_kv_blocks=16).generate(prompts, params)[0]
     assert original.outputs[0].logprobs[0].top != runs[0].outputs[0].logprobs[0].top
+
+
+@pytest.mark.slow
+def test_directory_written_by_transformers_save_pretrained(tmp_path) -> None:
+    """transformers writes DeepSeek's own tensor names (``attn.wq_a``, ``ffn.experts.0.w1``, ``hc_attn_fn``); the
+    engine reads them into its modules."""
+    from engine.registry import resolve_model
+    from tests.engine.conftest import hf_model
+    from tests.engine.test_moe_mla_models import _save_pretrained_copy
+
+    model_dir = _save_pretrained_copy(hf_model(NAME), resolve_model(NAME), tmp_path / NAME)
+    prompts = random_prompts(50_000, [7, 35], seed=31)
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    outs = LLM(str(model_dir), block_size=BLOCK, num_kv_blocks=32).generate(prompts, params)
+    assert [o.token_ids for o in outs] == [hf_greedy(NAME, p, params.max_tokens) for p in prompts]
