@@ -95,6 +95,10 @@ class EngineConfig:
         default=None, metadata=_help("directory for a disk KV tier behind the host pool (needs --kv-offload-gb); "
                                      "it survives restarts of the same model and settings"))
     kv_disk_gb: float = field(default=16.0, metadata=_help("size of the disk KV tier in GiB"))
+    json_whitespace: int = field(
+        default=0, metadata=_help("whitespace characters allowed between the tokens of JSON in constrained output "
+                                  "(response_format, tool arguments); 0: compact JSON, so that a model cannot spend "
+                                  "its budget on blank space"))
     kv_events_endpoint: str | None = field(
         default=None, metadata=_help("publish vLLM-format KV cache events on this ZMQ PUB endpoint, e.g. tcp://*:5557 "
                                      "(docs/ROUTERS.md)"))
@@ -113,6 +117,8 @@ class EngineConfig:
             raise ValueError(f"max_pinned_fraction must be in [0, 1], got {self.max_pinned_fraction}")
         if self.tool_call_ttl < 0 or self.kv_offload_gb < 0 or self.kv_disk_gb <= 0:
             raise ValueError("tool_call_ttl and kv_offload_gb must be >= 0, kv_disk_gb > 0")
+        if self.json_whitespace < 0:
+            raise ValueError(f"json_whitespace must be >= 0, got {self.json_whitespace}")
         if self.kv_disk_dir and not self.kv_offload_gb:
             raise ValueError("the disk KV tier (kv_disk_dir) is written through the host pool: set kv_offload_gb too")
         self.scheduling_policy = _enum_value(SchedulingPolicy, self.scheduling_policy, "scheduling_policy")

@@ -5,9 +5,12 @@ The loop blocks on the command queue while the engine is idle (no spinning), and
 before each step, so requests that arrive together are admitted together and batched by the scheduler. It hands
 out token-level outputs only: text is made by an `OutputProcessor` on the receiving side.
 
-A step that fails is one bad batch: its requests fail and the loop goes on. A `FatalEngineError` (a tensor-parallel
-worker died) ends the loop instead, as does `fail()` from another thread (the workers' watcher); ``on_death`` hears
-of it once, and a server exits on it.
+What one request carries can fail only that request: its rejection at admission (`RequestRejected`, or any error
+while adding it) fails its submission alone, and a failure of its own inside a step (its grammar; a lower-tier block
+it would read is a miss instead) ends it alone with `FinishReason.ERROR`. Anything else that breaks a step is a fault
+of the engine itself: the loop fails every request, stops, and reports the error (`alive` turns false, so /health
+says so), as it does on a `FatalEngineError` (a tensor-parallel worker died) or `fail()` from another thread (the
+workers' watcher); ``on_death`` hears of it once, and a server exits on it.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from engine.errors import FatalEngineError, RequestRejected
+from engine.errors import RequestRejected
 from engine.llm_engine import LLMEngine
 from engine.outputs import SequenceOutput
 from engine.retention import Retention
@@ -222,7 +225,9 @@ class EngineLoop:
                 self.engine.add_request(request.request_id, request.prompt_token_ids, request.params,
                                         request.cache_salt, request.retention)
                 self._sinks[request.request_id] = command.sink
-        except RequestRejected as exc:  # validated first, so only a duplicate id can get here after an add
+        except Exception as exc:  # noqa: BLE001 - a rejection (or a failure) of this submission alone
+            if not isinstance(exc, RequestRejected):
+                log.exception("adding request %s failed", command.requests[0].request_id)
             for request in command.requests:
                 self._abort(request.request_id, None)
             command.accepted.set_exception(exc)
@@ -241,15 +246,7 @@ class EngineLoop:
             if self.listener is not None:
                 self.listener.on_step(self.engine)
             return
-        try:
-            outputs = self.engine.step()
-        except FatalEngineError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - one bad batch must not take the server down
-            log.exception("engine step failed; aborting the running requests")
-            self._fail_all(EngineDeadError(f"engine step failed: {exc!r}"))
-            self._abort_all()
-            return
+        outputs = self.engine.step()  # raising here is an engine fault: `_run` fails everyone and stops
         if self.listener is not None:  # before the outputs leave: a client that saw its response sees it counted
             self.listener.on_step(self.engine)
         by_request: dict[str, list[SequenceOutput]] = {}

@@ -78,7 +78,7 @@ class LLMEngine:
                                    self.eos_token_ids, host_blocks=host_blocks, disk_blocks=disk_blocks,
                                    record_events=self.kv_events is not None, clock=clock)
         self.structured_outputs = StructuredOutputs(self.tokenizer, self.model_cfg.vocab_size, self.eos_token_ids,
-                                                    self.runner.device)
+                                                    self.runner.device, cfg.json_whitespace)
         if offload and offload.disk:  # blocks a previous run left on disk
             self.scheduler.kv.load_disk_tier((b.block_hash, b.token_ids, b.parent_hash) for b in offload.disk.scan())
             self._publish_events()
@@ -194,6 +194,7 @@ class LLMEngine:
             offload.close()
         if self.kv_events is not None:
             self.kv_events.close()
+        self.structured_outputs.close()
         if self.workers is not None:
             self.workers.close()
 
@@ -254,8 +255,10 @@ class LLMEngine:
         requests = self.scheduler.requests
         live = [(requests[r], t) for r, t in zip(out.req_ids, out.sampled_token_ids) if r in requests]
         ends = self.structured_outputs.accept([r for r, _ in live], [t for _, t in live])
+        failed = {GrammarEnd.REJECTED: lambda req, token: f"token {token} is outside the grammar",
+                  GrammarEnd.FAILED: lambda req, token: self.structured_outputs.failure(req.request_id)}
         grammar_ends = {
-            req.request_id: (f"token {token} is outside the grammar" if end is GrammarEnd.REJECTED else None)
+            req.request_id: failed[end](req, token) if end in failed else None
             for (req, token), end in zip(live, ends) if end is not None
         }
         self.scheduler.update(out, grammar_ends)

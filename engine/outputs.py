@@ -15,6 +15,7 @@ class FinishReason(enum.StrEnum):
     STOP = "stop"  # a stop token or stop string
     LENGTH = "length"  # max_tokens, the context length, or (with an error) the KV pool
     ABORT = "abort"  # the caller went away
+    ERROR = "error"  # this request alone failed inside a step (its `SequenceOutput.error` says why)
 
 
 @dataclass(slots=True)

@@ -22,6 +22,10 @@ class StructuredOutputSpec:
             raise ValueError(f"structured output kind must be one of {get_args(Kind)}, got {self.kind!r}")
 
 
+# What a random generator can be seeded with (a signed or unsigned 64-bit integer).
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+
+
 @dataclass
 class SamplingParams:
     max_tokens: int = 16  # 0: prefill only (scoring with prompt_logprobs, warming the cache); nothing is generated
@@ -58,6 +62,8 @@ class SamplingParams:
             (-2 <= self.frequency_penalty <= 2, f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}"),
             (self.repetition_penalty > 0, f"repetition_penalty must be > 0, got {self.repetition_penalty}"),
             (self.n >= 1, f"n must be at least 1, got {self.n}"),
+            (self.seed is None or SEED_MIN <= self.seed <= SEED_MAX,
+             f"seed must be an integer in [{SEED_MIN}, {SEED_MAX}], got {self.seed}"),
             (self.logprobs is None or 0 <= self.logprobs <= 20, f"logprobs must be in [0, 20], got {self.logprobs}"),
             (self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20,
              f"prompt_logprobs must be in [0, 20], got {self.prompt_logprobs}"),

@@ -255,8 +255,9 @@ class Scheduler:
     def update(self, runner_output: ModelRunnerOutput, grammar_ends: dict[str, str | None] | None = None) -> None:
         """Append each sequence's sampled token and finish those that stop; outputs are collected by `take_outputs`.
 
-        ``grammar_ends``: sequences whose grammar ended with this token (whole: None; the token broke it: why),
-        which stop whatever ``ignore_eos`` says, since nothing may follow a whole structured output."""
+        ``grammar_ends``: sequences whose grammar ended with this token: whole (None), which stop whatever
+        ``ignore_eos`` says, since nothing may follow a whole structured output; or failed (why), which end alone
+        with `FinishReason.ERROR`, the token dropped."""
         grammar_ends = grammar_ends or {}
         now = time.perf_counter()
         for req_id, first, entries in runner_output.prompt_logprobs:  # before the tokens the same step sampled
@@ -272,6 +273,9 @@ class Scheduler:
             if req.params.max_tokens == 0:  # prefill only: the sampled token is no output
                 self._finish_prefill_only(req)
                 continue
+            if grammar_ends.get(req_id) is not None:  # its grammar failed: this request ends here, alone
+                self._finish(req, FinishReason.ERROR, error=grammar_ends[req_id])
+                continue
             req.token_ids.append(token)
             self.num_generation_tokens += 1
             if req.timings.first_token is None:
@@ -282,7 +286,6 @@ class Scheduler:
                     self._commit(req)
             reason = FinishReason.STOP if req_id in grammar_ends else self._stop_reason(req, token)
             out = self._output(req, [token], [logprob], reason)
-            out.error = grammar_ends.get(req_id)
             out.prompt_logprobs, req.prompt_logprobs = req.prompt_logprobs, None  # with the first token
             if reason is not None:
                 self._finish(req, reason)

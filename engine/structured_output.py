@@ -1,8 +1,12 @@
 """Grammar-constrained decoding with xgrammar: the output of a request can be made to match a JSON schema, an
 xgrammar structural tag (free text with constrained tool calls, thinking before JSON...), a regex or an EBNF grammar.
 
-`StructuredOutputs` is the engine's one object for it. Grammars are compiled once per spec and tokenizer (xgrammar's
-compiler cache; compiling is thread-safe, so a server can compile off the engine thread first). Each constrained
+`StructuredOutputs` is the engine's one object for it. Grammars are compiled once per spec (a cache keyed by the
+spec, bounded in bytes): `compile` in this process (thread-safe), `compile_isolated` in a worker process with a time
+limit and a cancel flag (engine/grammar_compile.py: what a server uses, off the engine thread, so that the engine
+then finds the grammar cached). JSON in constrained output is compact by default (no whitespace between its tokens,
+as `json.dumps(separators=(",", ":"))` writes it): a model cannot spend its budget on blank space; the
+``json_whitespace`` option allows up to that many whitespace characters between tokens instead. Each constrained
 sequence owns a matcher. A step makes three calls, in this order:
 
     pending = start_masks(rows)               # before the forward pass: the masks are filled in a worker thread
@@ -21,19 +25,20 @@ import enum
 import json
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Container, Iterable, Protocol, Sequence
 
 import torch
 
-from engine.json_schema_support import clean_error, enforceable_schema
+from engine.grammar_compile import CompileWorkers, compile_spec
 from engine.sampling_params import StructuredOutputSpec
 
 if TYPE_CHECKING:
     import xgrammar
 
-_CACHE_LIMIT_BYTES = 512 * 1024**2  # compiled grammars kept for reuse (xgrammar evicts beyond this)
+_CACHE_LIMIT_BYTES = 512 * 1024**2  # compiled grammars kept for reuse, least recently used dropped beyond this
 
 
 class GrammarEnd(enum.Enum):
@@ -41,6 +46,7 @@ class GrammarEnd(enum.Enum):
 
     COMPLETE = "complete"  # the grammar accepted a stop token: the output is whole
     REJECTED = "rejected"  # the sampled token is outside the grammar (cannot happen with the mask applied)
+    FAILED = "failed"  # the sequence's grammar broke (its matcher could not be made or advanced): `failure` says why
 
 
 class ConstrainedRow(Protocol):
@@ -74,45 +80,83 @@ class PendingMasks:
 class StructuredOutputs:
     """Grammar compilation and per-sequence matchers for one engine (one tokenizer, one vocabulary)."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Iterable[int], device: torch.device) -> None:
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Iterable[int], device: torch.device,
+                 json_whitespace: int = 0) -> None:
         self._tokenizer = tokenizer
+        self.json_whitespace = json_whitespace
         self._vocab_size = vocab_size  # the model's (padded) vocabulary: the mask covers every logit
         self._stop_token_ids = sorted(stop_token_ids)
         self._device = torch.device(device)
         self._lock = threading.Lock()
         self._compiler: xgrammar.GrammarCompiler | None = None
+        self._info: xgrammar.TokenizerInfo | None = None
+        self._compiled: OrderedDict[StructuredOutputSpec, xgrammar.CompiledGrammar] = OrderedDict()
+        self._compiled_bytes = 0
+        self._workers = CompileWorkers(lambda: self._tokenizer_info().serialize_json())
         self._batch: xgrammar.BatchGrammarMatcher | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._matchers: dict[str, xgrammar.GrammarMatcher] = {}
+        self._failed: dict[str, str] = {}  # request id -> why its grammar broke (that request alone ends)
         self.stats = MaskStats()
 
     # ---- compilation (any thread) ----------------------------------------------------------------------------------
     def compile(self, spec: StructuredOutputSpec) -> xgrammar.CompiledGrammar:
-        """The compiled grammar (cached by xgrammar per spec). ValueError when it cannot be compiled."""
-        compiler = self._get_compiler()
-        try:
-            if spec.kind == "json_schema":
-                schema = json.dumps(enforceable_schema(_json(spec.value)))
-                return compiler.compile_json_schema(schema, any_whitespace=False)
-            if spec.kind == "structural_tag":
-                return compiler.compile_structural_tag(spec.value)
-            if spec.kind == "regex":
-                return compiler.compile_regex(spec.value)
-            return compiler.compile_grammar(spec.value)
-        except RuntimeError as exc:  # xgrammar reports every grammar error as a RuntimeError subclass
-            raise ValueError(f"the {spec.kind.replace('_', ' ')} cannot be enforced: {clean_error(exc)}") from None
+        """The compiled grammar, from the cache or compiled here. ValueError when it cannot be compiled."""
+        compiled = self._cached(spec)
+        if compiled is None:
+            compiled = self._remember(spec, compile_spec(self._get_compiler(), (spec, self.json_whitespace)))
+        return compiled
+
+    def compile_isolated(self, spec: StructuredOutputSpec, timeout_s: float,
+                         cancelled: threading.Event | None = None) -> xgrammar.CompiledGrammar:
+        """`compile`, but a grammar not cached yet compiles in a worker process: `CompileTimeout` (a ValueError)
+        past ``timeout_s`` seconds, `CompileCancelled` once ``cancelled`` is set or `close` was called."""
+        compiled = self._cached(spec)
+        if compiled is None:
+            import xgrammar as xgr
+
+            serialized = self._workers.compile((spec, self.json_whitespace), timeout_s, cancelled)
+            compiled = self._remember(spec, xgr.CompiledGrammar.deserialize_json(serialized, self._tokenizer_info()))
+        return compiled
+
+    def close(self) -> None:
+        """Stop the compile workers (compiles in progress end with `CompileCancelled`)."""
+        self._workers.close()
+
+    def _cached(self, spec: StructuredOutputSpec) -> xgrammar.CompiledGrammar | None:
+        with self._lock:
+            compiled = self._compiled.get(spec)
+            if compiled is not None:
+                self._compiled.move_to_end(spec)
+            return compiled
+
+    def _remember(self, spec: StructuredOutputSpec, compiled: xgrammar.CompiledGrammar) -> xgrammar.CompiledGrammar:
+        with self._lock:
+            if spec not in self._compiled:
+                self._compiled[spec] = compiled
+                self._compiled_bytes += compiled.memory_size_bytes
+                while self._compiled_bytes > _CACHE_LIMIT_BYTES and len(self._compiled) > 1:
+                    self._compiled_bytes -= self._compiled.popitem(last=False)[1].memory_size_bytes
+            return self._compiled[spec]
 
     def _get_compiler(self) -> xgrammar.GrammarCompiler:
+        info = self._tokenizer_info()
         with self._lock:
             if self._compiler is None:
                 import xgrammar as xgr
 
-                self._compiler = xgr.GrammarCompiler(
-                    self._tokenizer_info(xgr), max_threads=4, cache_limit_bytes=_CACHE_LIMIT_BYTES
-                )
+                self._compiler = xgr.GrammarCompiler(info, max_threads=4, cache_enabled=False)
             return self._compiler
 
-    def _tokenizer_info(self, xgr) -> xgrammar.TokenizerInfo:
+    def _tokenizer_info(self) -> xgrammar.TokenizerInfo:
+        with self._lock:
+            if self._info is None:
+                import xgrammar as xgr
+
+                self._info = self._make_tokenizer_info(xgr)
+            return self._info
+
+    def _make_tokenizer_info(self, xgr) -> xgrammar.TokenizerInfo:
         """The vocabulary as the grammar sees it: control tokens (`<|im_start|>`, `<|endoftext|>`...) can never be
         part of matched text, only the engine's stop tokens may end it; tool-call and thinking markers
         (`<tool_call>`, `<think>`, DeepSeek's call tokens) are ordinary text, so a grammar produces them as the
@@ -131,12 +175,13 @@ class StructuredOutputs:
     # ---- the step hooks (engine thread) ----------------------------------------------------------------------------
     def start_masks(self, rows: Sequence[ConstrainedRow]) -> PendingMasks | None:
         """Start filling the masks of the rows about to sample; None when no row is constrained."""
-        constrained = [i for i, row in enumerate(rows) if row.params.structured_output is not None]
+        constrained = [i for i, row in enumerate(rows) if row.params.structured_output is not None
+                       and self._matcher(row) is not None]
         if not constrained:
             return None
         import xgrammar as xgr
 
-        matchers = [self._matcher(rows[i]) for i in constrained]
+        matchers = [self._matchers[rows[i].request_id] for i in constrained]
         shape = xgr.get_bitmask_shape(len(rows), self._vocab_size)
         bitmask = torch.full(shape, -1, dtype=torch.int32, pin_memory=self._device.type == "cuda")
         if self._pool is None:
@@ -178,32 +223,42 @@ class StructuredOutputs:
                 ends.append(None)
                 continue
             matcher = self._matcher(row)
-            if not matcher.accept_token(token):
-                ends.append(GrammarEnd.REJECTED)
-            else:
-                ends.append(GrammarEnd.COMPLETE if matcher.is_terminated() else None)
+            try:
+                if matcher is None:
+                    ends.append(GrammarEnd.FAILED)
+                elif not matcher.accept_token(token):
+                    ends.append(GrammarEnd.REJECTED)
+                else:
+                    ends.append(GrammarEnd.COMPLETE if matcher.is_terminated() else None)
+            except Exception as exc:  # noqa: BLE001 - this sequence's grammar broke: it alone ends
+                self._failed[row.request_id] = f"its grammar failed: {exc!r}"
+                ends.append(GrammarEnd.FAILED)
         return ends
+
+    def failure(self, request_id: str) -> str | None:
+        """Why the sequence's grammar broke (`GrammarEnd.FAILED`), if it did."""
+        return self._failed.get(request_id)
 
     def retain(self, live: Container[str]) -> None:
         """Drop the matchers of sequences that finished or were aborted (not in ``live``)."""
-        for request_id in [r for r in self._matchers if r not in live]:
-            del self._matchers[request_id]
+        for kept in (self._matchers, self._failed):
+            for request_id in [r for r in kept if r not in live]:
+                del kept[request_id]
 
     @property
     def num_active(self) -> int:
-        return len(self._matchers)
+        return len(self._matchers) + len(self._failed)
 
-    def _matcher(self, row: ConstrainedRow) -> xgrammar.GrammarMatcher:
+    def _matcher(self, row: ConstrainedRow) -> xgrammar.GrammarMatcher | None:
+        """The row's matcher, made on first use; None once its grammar failed (recorded in `failure`)."""
         matcher = self._matchers.get(row.request_id)
-        if matcher is None:
+        if matcher is None and row.request_id not in self._failed:
             import xgrammar as xgr
 
-            matcher = self._matchers[row.request_id] = xgr.GrammarMatcher(self.compile(row.params.structured_output))
+            try:
+                matcher = xgr.GrammarMatcher(self.compile(row.params.structured_output))
+            except Exception as exc:  # noqa: BLE001 - one request's grammar must not fail the step
+                self._failed[row.request_id] = f"its grammar could not be prepared: {exc}"
+                return None
+            self._matchers[row.request_id] = matcher
         return matcher
-
-
-def _json(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise ValueError(f"the json schema is not valid JSON: {exc}") from None

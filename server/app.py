@@ -110,6 +110,7 @@ def create_app(ctx: ServingContext) -> FastAPI:
         try:
             yield
         finally:
+            ctx.close()  # compiles in progress end now: nothing that prepares a request outlives the shutdown
             await asyncio.to_thread(ctx.engine.shutdown)
             if ctx.recorder is not None:
                 ctx.recorder.close()
@@ -131,11 +132,12 @@ def create_app(ctx: ServingContext) -> FastAPI:
 
     @api.post("/v1/chat/completions", openapi_extra=request_body(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
-        body = await read_json(request, ctx.settings.max_body_bytes)
+        body = await read_json(request, ctx.settings.limits)
         req = parse_body(ChatCompletionRequest, body)
-        plan = await ctx.prepare(plan_chat, ctx, req, body, salt_for(request, req.cache_salt), int(time.time()),
-                                 session=prompt_cache_key_session(req.prompt_cache_key, request.headers))
-        stream = await submit(ctx, [plan.prompt])
+        plan = await until_disconnect(request, ctx.prepare(
+            plan_chat, ctx, req, body, salt_for(request, req.cache_salt), int(time.time()),
+            session=prompt_cache_key_session(req.prompt_cache_key, request.headers)))
+        stream = await until_disconnect(request, submit(ctx, [plan.prompt]))
         if req.stream:
             return EngineStreamingResponse(stream_chat(ctx, plan, stream), on_close=stream.abort)
         try:
@@ -146,10 +148,11 @@ def create_app(ctx: ServingContext) -> FastAPI:
     @api.post("/v1/messages", openapi_extra=request_body(MessagesRequest))
     async def messages(request: Request) -> Response:
         """Anthropic Messages (Claude Code also sends `?beta=true`, which changes nothing here)."""
-        body = await read_json(request, ctx.settings.max_body_bytes)
+        body = await read_json(request, ctx.settings.limits)
         req = parse_body(MessagesRequest, body)
-        plan = await ctx.prepare(plan_messages, ctx, req, body, salt_for(request, None), request.headers)
-        stream = await submit(ctx, [plan.prompt])
+        plan = await until_disconnect(request, ctx.prepare(plan_messages, ctx, req, body, salt_for(request, None),
+                                                           request.headers))
+        stream = await until_disconnect(request, submit(ctx, [plan.prompt]))
         if req.stream:
             return EngineStreamingResponse(stream_messages(ctx, plan, stream), on_close=stream.abort,
                                            error_event=anthropic_error_event)
@@ -163,11 +166,11 @@ def create_app(ctx: ServingContext) -> FastAPI:
     @api.post("/v1/responses", openapi_extra=request_body(ResponsesRequest))
     async def responses(request: Request) -> Response:
         """OpenAI Responses, stateless unless `store` (then `previous_response_id` can continue it)."""
-        body = await read_json(request, ctx.settings.max_body_bytes)
+        body = await read_json(request, ctx.settings.limits)
         req = parse_body(ResponsesRequest, body)
-        plan = await ctx.prepare(plan_response, ctx, req, body, salt_for(request, None), responses_store,
-                                 request.headers)
-        stream = await submit(ctx, [plan.chat.prompt])
+        plan = await until_disconnect(request, ctx.prepare(plan_response, ctx, req, body, salt_for(request, None),
+                                                           responses_store, request.headers))
+        stream = await until_disconnect(request, submit(ctx, [plan.chat.prompt]))
         if req.stream:
             return EngineStreamingResponse(stream_response(ctx, plan, stream, responses_store), on_close=stream.abort,
                                            error_event=responses_error_event)
@@ -178,15 +181,16 @@ def create_app(ctx: ServingContext) -> FastAPI:
 
     @api.post("/v1/messages/count_tokens", openapi_extra=request_body(CountTokensRequest))
     async def messages_count_tokens(request: Request) -> dict[str, int]:
-        body = await read_json(request, ctx.settings.max_body_bytes)
+        body = await read_json(request, ctx.settings.limits)
         return await ctx.prepare(count_tokens, ctx, parse_body(CountTokensRequest, body), salt_for(request, None))
 
     @api.post("/v1/completions", openapi_extra=request_body(CompletionRequest))
     async def completions(request: Request) -> Response:
-        body = await read_json(request, ctx.settings.max_body_bytes)
+        body = await read_json(request, ctx.settings.limits)
         req = parse_body(CompletionRequest, body)
-        plan = await ctx.prepare(plan_completion, ctx, req, body, salt_for(request, req.cache_salt), int(time.time()))
-        stream = await submit(ctx, plan.prompts)
+        plan = await until_disconnect(request, ctx.prepare(plan_completion, ctx, req, body,
+                                                           salt_for(request, req.cache_salt), int(time.time())))
+        stream = await until_disconnect(request, submit(ctx, plan.prompts))
         if req.stream:
             return EngineStreamingResponse(stream_text(ctx, plan, stream), on_close=stream.abort)
         try:
@@ -228,7 +232,7 @@ def create_app(ctx: ServingContext) -> FastAPI:
     async def tokenize(request: Request) -> dict[str, Any]:
         """Token ids of a text prompt, or of a chat request's rendered prompt (shown too), and how many of them the
         caller's prefix cache holds right now."""
-        body = await read_json(request, ctx.settings.max_body_bytes)
+        body = await read_json(request, ctx.settings.limits)
         req = parse_body(TokenizeRequest, body)
         ctx.check_model(req.model)
         if (req.prompt is None) == (req.messages is None):
@@ -249,7 +253,7 @@ def create_app(ctx: ServingContext) -> FastAPI:
 
     @api.post("/detokenize", openapi_extra=request_body(DetokenizeRequest))
     async def detokenize(request: Request) -> dict[str, Any]:
-        req = parse_body(DetokenizeRequest, await read_json(request, ctx.settings.max_body_bytes))
+        req = parse_body(DetokenizeRequest, await read_json(request, ctx.settings.limits))
         ctx.check_model(req.model)
 
         def decode() -> str:

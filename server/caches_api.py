@@ -32,7 +32,7 @@ def add_cache_routes(api: APIRouter, ctx: ServingContext, salt_for: SaltFor) -> 
     @api.post("/v1/caches", openapi_extra=request_body(CreateCacheRequest))
     async def create_cache(request: Request) -> dict[str, Any]:
         """Prefill a prefix once and pin it under a name; requests continue it with `cached_content`."""
-        req = parse_body(CreateCacheRequest, await read_json(request, ctx.settings.max_body_bytes))
+        req = parse_body(CreateCacheRequest, await read_json(request, ctx.settings.limits))
         ctx.check_model(req.model)
         ttl = req.ttl_seconds()
         salt = salt_for(request, None)

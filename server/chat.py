@@ -18,7 +18,8 @@ from server.async_engine import EngineRequest, RequestStream
 from server.cache_control import Breakpoint, breakpoint_pins, chat_breakpoints
 from server.chat_stream import ChoiceState, choice_states, parsed_updates
 from server.context import ServingContext, new_request_id
-from server.generation import SSE_DONE, Prompt, compiled_constraint, record, sse, usage
+from server.generation import SSE_DONE, Prompt, record, sse, usage
+from server.limits import check_request
 from server.logprobs import chat_logprobs, vllm_prompt_logprobs
 from server.normalize import normalize_for_cache
 from server.parsing import default_thinking
@@ -87,8 +88,18 @@ def template_kwargs(family: str, req: ChatCompletionRequest | TokenizeRequest) -
     return {**effort_kwargs(family, effort), **(req.chat_template_kwargs or {})}
 
 
+# The renderer's own arguments: a template kwarg cannot take their place.
+_RESERVED_TEMPLATE_KWARGS = frozenset({"self", "messages", "tools", "add_generation_prompt"})
+
+
 def render_chat(ctx: ServingContext, req: ChatCompletionRequest | TokenizeRequest) -> str:
     """The prompt text of a chat request, after the cache-stability rules (server/normalize.py)."""
+    kwargs = req.chat_template_kwargs or {}
+    reserved = sorted(_RESERVED_TEMPLATE_KWARGS & kwargs.keys())
+    if reserved:
+        raise APIError(400, f"chat_template_kwargs may not set {', '.join(reserved)}: send them as request fields",
+                       param="chat_template_kwargs")
+    check_request(ctx.settings.limits, messages=req.messages, tools=req.tools)
     try:
         return _render(ctx, req.messages, req.tools, req.add_generation_prompt, template_kwargs(ctx.family, req))
     except ValueError as exc:
@@ -131,6 +142,8 @@ def plan_chat(
 ) -> ChatPlan:
     """``breakpoints``: the request's `cache_control` marks, for APIs whose marks the chat form does not carry
     (Anthropic's); by default the chat content parts' marks."""
+    # Messages and tools are checked where they are rendered (`render_chat`).
+    check_request(ctx.settings.limits, response_format=req.response_format, structured_outputs=req.structured_outputs)
     points = chat_breakpoints(req.messages, req.tools) if breakpoints is None else breakpoints
     req, points, text = chat_prompt_text(ctx, req, cache_salt, points)
     kwargs = template_kwargs(ctx.family, req)
@@ -142,7 +155,6 @@ def plan_chat(
         )
     except ConstraintError as exc:
         raise APIError(400, str(exc), param=exc.param) from None
-    constraint = compiled_constraint(ctx, constraint, "tools", optional=guards_only_auto_calls(req))
     prompt_ids = ctx.encode(text)
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
@@ -157,7 +169,8 @@ def plan_chat(
     pins = breakpoint_pins(points, text, prompt_ids, lambda m, t: _render(ctx, m, t, False, kwargs), ctx.encode)
     request_id = new_request_id(id_prefix)
     request = EngineRequest(request_id, prompt_ids, params, cache_salt, ctx.retention(pins, session))
-    return ChatPlan(request_id, created, req, body, Prompt(request), thinking, num_top, session, endpoint,
+    prompt = Prompt(request, constraint_param="tools", constraint_optional=guards_only_auto_calls(req))
+    return ChatPlan(request_id, created, req, body, prompt, thinking, num_top, session, endpoint,
                     max((p.num_tokens for p in pins), default=0))
 
 

@@ -9,8 +9,10 @@ import socket
 import sys
 import threading
 import time
+from dataclasses import fields
 
 from server.engine_args import add_engine_args, engine_config_from_args
+from server.limits import RequestLimits
 
 _EPILOG = """\
 examples:
@@ -60,13 +62,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="the most tokens one request may generate: larger requests and agents' large defaults "
                      "are clamped to it (default: the room left in the context)")
     api.add_argument("--max-n", type=int, default=16, help="largest n (choices per request) (default: %(default)s)")
-    api.add_argument("--max-request-bytes", type=int, default=32 * 1024 * 1024, metavar="BYTES",
-                     help="larger request bodies get 413 (default: %(default)s)")
     api.add_argument("--no-preserve-thinking", action="store_true",
                      help="Qwen3.6: drop the reasoning of turns before the last user message, as the template does "
                      "by default (kvserve keeps it, so each agent turn extends the cached prompt; docs/SERVER.md)")
     api.add_argument("--record", metavar="FILE.jsonl",
                      help="append every request (body, token ids, cached tokens, timings) for `kvserve bench replay`")
+
+    limits = parser.add_argument_group("request limits", "checked before any work on a request (docs/SERVER.md)")
+    for f in fields(RequestLimits):
+        limits.add_argument(f.metadata["flag"], dest=f"limit_{f.name}", type=type(f.default), default=f.default,
+                            metavar="S" if isinstance(f.default, float) else "N",
+                            help=f"{f.metadata['help']} (default: %(default)s)")
 
     add_engine_args(parser)  # --model and the engine flags, shared with `kvserve generate`
     parser.set_defaults(func=run_serve)
@@ -97,7 +103,8 @@ def run_serve(args: argparse.Namespace) -> int:
     settings = ServerSettings(
         api_keys=keys, allow_request_cache_salt=args.allow_request_cache_salt,
         strict_max_tokens=args.strict_max_tokens, max_output_tokens=args.max_output_tokens, max_n=args.max_n,
-        max_body_bytes=args.max_request_bytes, preserve_thinking=not args.no_preserve_thinking,
+        preserve_thinking=not args.no_preserve_thinking,
+        limits=RequestLimits(**{f.name: getattr(args, f"limit_{f.name}") for f in fields(RequestLimits)}),
     )
     started = time.perf_counter()
     try:

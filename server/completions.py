@@ -15,7 +15,8 @@ from typing import Any
 from engine.output_processor import CompletionOutput
 from server.async_engine import EngineRequest, RequestStream
 from server.context import ServingContext, new_request_id
-from server.generation import SSE_DONE, Prompt, compiled_constraint, outputs, record, sse, usage
+from server.generation import SSE_DONE, Prompt, outputs, record, sse, usage
+from server.limits import check_request
 from server.logprobs import completion_logprobs, echoed_logprobs, vllm_prompt_logprobs
 from server.parsing.constraint import ConstraintError, completion_constraint
 from server.protocol import APIError, CompletionRequest
@@ -45,12 +46,12 @@ def plan_completion(
     ctx: ServingContext, req: CompletionRequest, body: dict[str, Any], cache_salt: str | None, created: int
 ) -> CompletionPlan:
     ctx.check_model(req.model)
+    check_request(ctx.settings.limits, response_format=req.response_format, structured_outputs=req.structured_outputs)
     try:
         constraint = completion_constraint(req.response_format, req.structured_outputs)
     except ConstraintError as exc:
         raise APIError(400, str(exc), param=exc.param) from None
     param = "structured_outputs" if req.structured_outputs is not None else "response_format"
-    constraint = compiled_constraint(ctx, constraint, param)
     token_lists = _prompt_ids(ctx, req.prompt)
     request_id = new_request_id("cmpl")
     prompts = []
@@ -60,7 +61,7 @@ def plan_completion(
             prompt_logprobs=_prompt_logprobs(req),
         )
         engine_id = request_id if len(token_lists) == 1 else f"{request_id}-{i}"
-        prompts.append(Prompt(EngineRequest(engine_id, ids, params, cache_salt)))
+        prompts.append(Prompt(EngineRequest(engine_id, ids, params, cache_salt), constraint_param=param))
     echo = [ctx.tokenizer.decode(ids) if req.echo else "" for ids in token_lists]
     return CompletionPlan(request_id, created, req, body, prompts, echo)
 

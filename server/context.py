@@ -1,13 +1,17 @@
 """What every handler needs: the served model, its engine thread, the operator's settings, and request-independent
-helpers (model-name check, sampling parameters with the max_tokens policy, request ids, and the thread that renders
-and tokenizes prompts off the event loop)."""
+helpers (model-name check, sampling parameters with the max_tokens policy, request ids), and the work that prepares
+a request off the event loop: rendering and tokenizing on two lanes of threads (a request whose body is larger than
+`LARGE_REQUEST_BYTES` takes the second lane, so small requests never wait behind a large one), and grammar
+compilation in worker processes, with a time limit, cancelled when its request goes away."""
 from __future__ import annotations
 
 import asyncio
 import secrets
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
@@ -16,6 +20,7 @@ from engine.retention import CachePin, Retention
 from engine.sampling_params import SamplingParams
 from engine.structured_output import StructuredOutputs, StructuredOutputSpec
 from server.async_engine import AsyncEngine
+from server.limits import RequestLimits
 from server.logprobs import TokenTexts
 from server.metrics import Metrics
 from server.named_caches import NamedCaches
@@ -25,6 +30,9 @@ from server.rendering import Renderer
 
 P = ParamSpec("P")
 R = TypeVar("R")
+LARGE_REQUEST_BYTES = 256 * 1024  # bodies above this are parsed off the event loop and prepared on the large lane
+# The size of the request being handled (set when its body is read): which lane prepares it.
+body_bytes: ContextVar[int] = ContextVar("body_bytes", default=0)
 # A session's blocks are held this long after its reply ends, until the server has parsed the reply: a reply that
 # ends in tool calls extends the hold to --tool-call-ttl (the engine may run a step or two in between).
 TOOL_CALL_GRACE_S = 2.0
@@ -37,19 +45,37 @@ class ServerSettings:
     strict_max_tokens: bool = False  # max_tokens beyond the context's room: 400 instead of clamping
     max_output_tokens: int | None = None  # the operator's cap on one request's output (None: the context's room)
     max_n: int = 16
-    max_body_bytes: int = 32 * 1024 * 1024
     preserve_thinking: bool = True  # keep past turns' reasoning where the template can (Qwen3.6; docs/SERVER.md)
+    limits: RequestLimits = RequestLimits()
+
+
+@dataclass
+class PrepareTools:
+    """What one prepare thread renders and tokenizes with: a Rust tokenizer used from two threads at once can fail
+    ("Already borrowed"), so each lane has its own."""
+
+    tokenizer: Any
+    renderer: Renderer
+
+
+class _Lane:
+    """One thread and its own tokenizer and renderer."""
+
+    def __init__(self, name: str, tools: PrepareTools, current: threading.local) -> None:
+        self.tools = tools
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name,
+                                           initializer=lambda: setattr(current, "tools", tools))
 
 
 @dataclass
 class ServingContext:
-    """``tokenizer`` and ``renderer`` run on the prepare thread only (`prepare`); the event loop detokenizes with
-    the engine client's own tokenizer: a Rust tokenizer used from two threads at once can fail."""
+    """``tokenizer`` and ``renderer`` are the current prepare lane's (`prepare`); elsewhere (the event loop)
+    ``tokenizer`` is the engine client's own, which detokenizes there. ``large_lane``: the tools of the lane that
+    prepares large requests (None: they share the one lane)."""
 
     model_name: str
     family: str  # the chat template family: picks the tool-call and reasoning parsers
-    renderer: Renderer
-    tokenizer: Any
+    lane_tools: PrepareTools
     max_model_len: int
     engine: AsyncEngine
     metrics: Metrics
@@ -62,17 +88,59 @@ class ServingContext:
     # This process's identity, new at every start (a restarted replica's cache is empty): responses carry it as
     # `system_fingerprint`, routers read it from /get_server_info.
     instance_id: str = field(default_factory=lambda: f"kvserve-{secrets.token_hex(6)}")
+    large_lane: PrepareTools | None = None
     token_texts: TokenTexts = field(init=False)  # token id -> text and bytes, for logprobs (event loop)
-    _prepare_thread: ThreadPoolExecutor = field(init=False, repr=False)
+    _current: threading.local = field(init=False, repr=False)
+    _lanes: tuple[_Lane, _Lane] = field(init=False, repr=False)
+    _compile_waits: ThreadPoolExecutor = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.token_texts = TokenTexts(self.engine.tokenizer)
-        self._prepare_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvserve-prepare")
+        self._current = threading.local()
+        small = _Lane("kvserve-prepare", self.lane_tools, self._current)
+        self._lanes = (small, _Lane("kvserve-prepare-large", self.large_lane, self._current)
+                       if self.large_lane is not None else small)
+        # Threads that only wait for compile workers (a compile takes no thread of the lanes).
+        self._compile_waits = ThreadPoolExecutor(max_workers=16, thread_name_prefix="kvserve-compile-wait")
+
+    @property
+    def tokenizer(self) -> Any:
+        tools = getattr(self._current, "tools", None)
+        return self.engine.tokenizer if tools is None else tools.tokenizer
+
+    @property
+    def renderer(self) -> Renderer:
+        tools = getattr(self._current, "tools", None)
+        if tools is None:
+            raise RuntimeError("rendering runs on a prepare lane only (ServingContext.prepare)")
+        return tools.renderer
 
     async def prepare(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
-        """Run ``fn`` (rendering, tokenizing: a 40k-token agent prompt takes a while) on the prepare thread, so the
-        event loop keeps streaming other requests meanwhile."""
-        return await asyncio.get_running_loop().run_in_executor(self._prepare_thread, lambda: fn(*args, **kwargs))
+        """Run ``fn`` (rendering, tokenizing: a 40k-token agent prompt takes a while) on a prepare lane, so the event
+        loop keeps streaming other requests meanwhile: the large lane for a request whose body is over
+        `LARGE_REQUEST_BYTES`, else the small one. Cancelled before it starts, it never runs."""
+        lane = self._lanes[body_bytes.get() > LARGE_REQUEST_BYTES]
+        return await asyncio.get_running_loop().run_in_executor(lane.executor, lambda: fn(*args, **kwargs))
+
+    async def compile_grammar(self, spec: StructuredOutputSpec) -> None:
+        """Compile ``spec`` (unless cached) in a compile worker, within the operator's time limit, so that the
+        engine finds it cached. ValueError (`CompileTimeout` too) when it cannot be compiled; a cancelled caller
+        stops the compile (its worker is killed)."""
+        cancelled = threading.Event()
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._compile_waits, self.grammars.compile_isolated, spec,
+                                       self.settings.limits.compile_timeout_s, cancelled)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    def close(self) -> None:
+        """Stop preparing: compiles end at once; queued preparations are dropped."""
+        self.grammars.close()
+        for lane in set(self._lanes):
+            lane.executor.shutdown(wait=False, cancel_futures=True)
+        self._compile_waits.shutdown(wait=False, cancel_futures=True)
 
     def check_model(self, requested: str | None) -> None:
         if requested is not None and requested != self.model_name and requested not in self.aliases:
@@ -162,18 +230,20 @@ def load_context(
     model_dir = resolve_model(model or spec.name)
     progress(f"loading {model_dir} onto {engine_config.device} ({engine_config.dtype})")
     engine = LLMEngine(model_dir, engine_config, model_id=model_identity(spec, model_dir))
-    # Each thread that touches a tokenizer has its own: the prepare thread renders and encodes with one, the event loop
+    # Each thread that touches a tokenizer has its own: each prepare lane renders and encodes with one, the event loop
     # detokenizes with another, and the engine's serves grammar compilation. A Rust tokenizer shared across threads
     # can fail with "Already borrowed" when one thread encodes while another decodes.
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    def lane_tools() -> PrepareTools:
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        return PrepareTools(tokenizer, renderer_for_model(spec.template, tokenizer))
+
     output_tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    renderer = renderer_for_model(spec.template, tokenizer)
     metrics = Metrics(spec.name)
     return ServingContext(
         model_name=spec.name,
         family=spec.template,
-        renderer=renderer,
-        tokenizer=tokenizer,
+        lane_tools=lane_tools(),
+        large_lane=lane_tools(),
         max_model_len=engine.max_model_len,
         engine=AsyncEngine(engine, output_tokenizer, metrics),
         metrics=metrics,

@@ -2,6 +2,7 @@
 SSE framing and recording."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -11,8 +12,8 @@ from typing import Any
 
 from engine.errors import RequestRejected
 from engine.output_processor import CompletionOutput
-from engine.outputs import RequestTimings, SequenceOutput
-from engine.structured_output import StructuredOutputSpec
+from engine.outputs import FinishReason, RequestTimings, SequenceOutput
+from engine.grammar_compile import CompileCancelled
 from server.async_engine import EngineDeadError, EngineRequest, RequestStream
 from server.context import ServingContext
 from server.protocol import APIError
@@ -31,6 +32,8 @@ class Prompt:
     """One engine request of an HTTP request, and what came back for it."""
 
     request: EngineRequest
+    constraint_param: str = "response_format"  # the field a grammar that cannot be compiled came from (its 400)
+    constraint_optional: bool = False  # the grammar only guards optional tool calls: without it the request runs
     num_cached_tokens: int = 0
     timings: RequestTimings | None = None
     first_choice: CompletionOutput = field(default_factory=CompletionOutput)  # choice 0's tokens, for the record
@@ -52,27 +55,31 @@ def usage(prompts: list[Prompt], completion_tokens: int) -> dict[str, Any]:
     }
 
 
-def compiled_constraint(
-    ctx: ServingContext, spec: StructuredOutputSpec | None, param: str, optional: bool = False
-) -> StructuredOutputSpec | None:
-    """``spec`` once its grammar is compiled (on the calling thread, the prepare thread: on the engine thread a new
-    grammar would stall every running request; the engine then finds it cached). A grammar xgrammar cannot compile
-    is a 400 naming ``param``, unless it is ``optional`` (it only guards tool calls the model may open under
-    tool_choice auto): then the request runs unconstrained, as without a grammar."""
-    if spec is None:
-        return None
+async def _compile_constraint(ctx: ServingContext, prompt: Prompt) -> None:
+    """Compile the prompt's grammar, if any, before the engine sees it (in a compile worker, within the time limit:
+    on the engine thread a new grammar would stall every running request; the engine then finds it cached). A
+    grammar that cannot be compiled is a 400 naming its field, unless it is optional (it only guards tool calls the
+    model may open under tool_choice auto): then the request runs unconstrained, as without a grammar."""
+    params = prompt.request.params
+    if params.structured_output is None:
+        return
     try:
-        ctx.grammars.compile(spec)
+        await ctx.compile_grammar(params.structured_output)
+    except CompileCancelled as exc:
+        raise APIError(503, f"the grammar was not compiled: {exc}", type="server_error",
+                       code="server_shutting_down") from None
     except ValueError as exc:
-        if optional:
-            log.warning("tool calls run unconstrained: %s", exc)
-            return None
-        raise APIError(400, str(exc), param=param) from None
-    return spec
+        if not prompt.constraint_optional:
+            raise APIError(400, str(exc), param=prompt.constraint_param) from None
+        log.warning("tool calls run unconstrained: %s", exc)
+        prompt.request.params = dataclasses.replace(params, structured_output=None)
 
 
 async def submit(ctx: ServingContext, prompts: list[Prompt]) -> RequestStream:
-    """Hand the prompts to the engine; its rejections (prompt too long for the context or the KV pool) are 400s."""
+    """Compile the prompts' grammars, then hand the prompts to the engine; its rejections (prompt too long for the
+    context or the KV pool) are 400s."""
+    for prompt in prompts:
+        await _compile_constraint(ctx, prompt)
     try:
         return await ctx.engine.submit([p.request for p in prompts])
     except RequestRejected as exc:
@@ -82,11 +89,15 @@ async def submit(ctx: ServingContext, prompts: list[Prompt]) -> RequestStream:
 
 
 async def outputs(stream: RequestStream, prompts: list[Prompt]) -> AsyncIterator[tuple[int, SequenceOutput]]:
-    """(prompt index, output) for every sequence output, in step order; aborts what is left if the consumer stops."""
+    """(prompt index, output) for every sequence output, in step order; aborts what is left if the consumer stops.
+    A sequence that failed in the engine (alone: the others went on) fails its HTTP request with a 500."""
     index = {p.request.request_id: i for i, p in enumerate(prompts)}
     try:
         async for batch in stream:
             for out in batch:
+                if out.finish_reason is FinishReason.ERROR:
+                    raise APIError(500, f"the request failed in the engine: {out.error}", type="server_error",
+                                   code="request_failed")
                 i = index[out.request_id]
                 prompts[i].observe(out)
                 yield i, out

@@ -13,7 +13,9 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from server.context import LARGE_REQUEST_BYTES, body_bytes
 from server.generation import SSE_DONE, sse
+from server.limits import RequestLimits, check_body
 from server.protocol import APIError, validation_error
 from server.request_fields import refuse_unsupported
 
@@ -21,9 +23,11 @@ M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
 
 
-async def read_json(request: Request, limit: int) -> Any:
-    """The body as JSON: 413 past `limit` bytes (checked before reading when Content-Length says so), 400 for bytes
-    that are not UTF-8 or not JSON."""
+async def read_json(request: Request, limits: RequestLimits) -> Any:
+    """The body as JSON: 413 past the body limit (checked before reading when Content-Length says so), 400 for
+    bytes that are not UTF-8 or not JSON, nested too deep, or holding a lone surrogate. A large body is parsed off
+    the event loop, and its size chooses the lane that prepares the request (`ServingContext.prepare`)."""
+    limit = limits.body_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise APIError(413, f"request body is {declared} bytes; the limit is {limit}", code="request_too_large")
@@ -34,15 +38,27 @@ async def read_json(request: Request, limit: int) -> Any:
             raise APIError(413, f"request body exceeds the limit of {limit} bytes", code="request_too_large")
         chunks.append(chunk)
     raw = b"".join(chunks)
+    body_bytes.set(len(raw))
+    if len(raw) > LARGE_REQUEST_BYTES:
+        return await asyncio.to_thread(_parse_json, raw, limits)
+    return _parse_json(raw, limits)
+
+
+def _parse_json(raw: bytes, limits: RequestLimits) -> Any:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise APIError(400, f"request body is not valid UTF-8 (byte {exc.start})", code="invalid_encoding") from None
     try:
-        return json.loads(text)
+        body = json.loads(text)
     except json.JSONDecodeError as exc:
         raise APIError(400, f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
                        code="invalid_json") from None
+    except RecursionError:
+        raise APIError(400, f"the request body nests arrays and objects deeper than {limits.json_depth} levels",
+                       code="limit_exceeded") from None
+    check_body(raw, body, limits)
+    return body
 
 
 def parse_body(model: type[M], body: Any) -> M:

@@ -13,6 +13,8 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from engine.sampling_params import SEED_MAX, SEED_MIN
+
 
 TokenId = Annotated[int, Field(ge=0, lt=2**31)]  # out-of-vocabulary ids are the engine's 400
 
@@ -68,7 +70,7 @@ class _SamplingFields(_Request):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=-1)
     min_p: float | None = Field(None, ge=0.0, le=1.0)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     stop: str | list[str] | None = None
     max_tokens: int | None = Field(None, ge=1)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)

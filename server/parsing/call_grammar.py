@@ -17,11 +17,6 @@ from server.parsing.tool_stream import ToolFormat
 
 Format = dict[str, Any]  # one xgrammar structural-tag format, as JSON
 
-# Runs of whitespace inside JSON are bounded: a model that drifts into blank space must still close its object (a
-# random-weight model otherwise fills its budget with it). Four allow `, ` and `: ` (the templates' own spacing) and a
-# newline with a short indent.
-MAX_JSON_WHITESPACE = 4
-
 
 def tool_schema(tool: dict) -> dict:
     """A tool's parameters schema; a tool without one takes an object of any shape."""
@@ -35,8 +30,8 @@ def json_format(schema: dict | bool, *, style: str = "json") -> Format:
     String values are not filtered (xgrammar's `excludes` would drop their length limits): the parsers read call
     markup inside a string value as text, and end-of-turn markers are control tokens that no grammar produces."""
     if style == "json":
-        return {"type": "json_schema", "json_schema": enforceable_schema(schema), "style": style,
-                "max_whitespace_cnt": MAX_JSON_WHITESPACE}
+        # The whitespace between its tokens is the engine's policy (EngineConfig.json_whitespace: none by default).
+        return {"type": "json_schema", "json_schema": enforceable_schema(schema), "style": style}
     # Qwen3-Coder values are raw text framed by whitespace the grammar treats as layout (the template writes one
     # newline on each side): one character of it, which the parser strips (qwen3_coder_xml._unframe). DSML
     # parameters are separated by one newline.

@@ -21,6 +21,7 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from server.app import create_app
 from server.context import ServerSettings, ServingContext, load_context
+from server.limits import RequestLimits
 
 T = TypeVar("T")
 KEY_A, KEY_B = "sk-tenant-a", "sk-tenant-b"
@@ -118,7 +119,7 @@ def qwen_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer
     yield from _live_server(
         tmp_path_factory, "qwen3-tiny",
         EngineConfig(block_size=4, num_kv_blocks=2048, max_num_seqs=64, max_model_len=512),
-        ServerSettings(api_keys=(KEY_A, KEY_B), max_n=4, max_body_bytes=256 * 1024), api_key=KEY_A,
+        ServerSettings(api_keys=(KEY_A, KEY_B), max_n=4, limits=RequestLimits(body_bytes=256 * 1024)), api_key=KEY_A,
     )
 
 
