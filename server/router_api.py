@@ -51,7 +51,7 @@ def add_router_routes(app: FastAPI, api: APIRouter, ctx: ServingContext,
     @api.post("/v1/chat/completions/render", openapi_extra=request_body(ChatCompletionRequest))
     async def render_chat_completion(request: Request) -> dict[str, Any]:
         """Render and tokenize only: the same steps, in the same order, as /v1/chat/completions."""
-        body = await read_json(request, ctx.settings.max_body_bytes)
+        body = await read_json(request, ctx.settings.limits)
         req = parse_body(ChatCompletionRequest, body)
 
         def token_ids() -> list[int]:
