@@ -44,7 +44,7 @@ class RequestLimits:
         "--max-enum-values", "most enum values (all schemas) plus structured_outputs.choice entries of one request"))
     grammar_bytes: int = field(default=64 * 1024, metadata=_flag(
         "--max-grammar-bytes", "largest structured_outputs regex or EBNF grammar"))
-    compile_timeout_s: float = field(default=10.0, metadata=_flag(
+    compile_timeout_s: float = field(default=30.0, metadata=_flag(
         "--grammar-compile-timeout", "seconds one grammar may take to compile (in a worker process) before its "
         "request gets a 400"))
 

@@ -164,3 +164,31 @@ def test_a_grammar_that_compiles_too_long_is_a_400_while_a_bystander_streams(
     assert response.status_code == 400 and "longer than 2 s" in response.json()["error"]["message"], response.text
     assert took < 30, took
     assert bystander.result() == "length" and bystander.worst_gap < 5.0, bystander.worst_gap
+
+
+def _outside_strings(text: str) -> str:
+    """The JSON text with every string literal removed."""
+    out, in_string, escaped = [], False, False
+    for char in text:
+        if in_string:
+            escaped, in_string = (not escaped and char == "\\"), in_string and (escaped or char != '"')
+        elif char == '"':
+            in_string = True
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+def test_constrained_json_is_compact_so_a_model_cannot_spend_its_budget_on_whitespace(qwen_server: LiveServer):
+    """Random weights looped on `{\\r\\n\\r\\n"city":"",\\n  \\n"days"\\r\\n ...` until max_tokens."""
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
+                                               "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+              "required": ["city", "days"], "additionalProperties": False}
+    for seed in range(6):
+        reply = qwen_server.chat(messages=HI, max_tokens=64, temperature=1.0, seed=seed,
+                                 extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+                                 response_format={"type": "json_schema", "json_schema": {"name": "w", "schema": schema}})
+        text = reply.choices[0].message.content
+        assert reply.choices[0].finish_reason == "stop", text
+        assert json.loads(text).keys() == {"city", "days"}
+        assert not any(c.isspace() for c in _outside_strings(text)), repr(text)
