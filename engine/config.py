@@ -97,8 +97,8 @@ class EngineConfig:
     kv_disk_gb: float = field(default=16.0, metadata=_help("size of the disk KV tier in GiB"))
     json_whitespace: int = field(
         default=0, metadata=_help("whitespace characters allowed between the tokens of JSON in constrained output "
-                                  "(response_format, tool arguments); 0: compact JSON, so that a model cannot spend "
-                                  "its budget on blank space"))
+                                  "(response_format, tool arguments); 0: compact, json.dumps' one layout (', ' and "
+                                  "': '), so that a model cannot spend its budget on blank space"))
     kv_events_endpoint: str | None = field(
         default=None, metadata=_help("publish vLLM-format KV cache events on this ZMQ PUB endpoint, e.g. tcp://*:5557 "
                                      "(docs/ROUTERS.md)"))

@@ -49,7 +49,7 @@ def compile_spec(compiler: xgrammar.GrammarCompiler, job: tuple[StructuredOutput
             schema = json.dumps(enforceable_schema(_json(spec.value)))
             if whitespace:
                 return compiler.compile_json_schema(schema, any_whitespace=True, max_whitespace_cnt=whitespace)
-            return compiler.compile_json_schema(schema, any_whitespace=False, separators=(",", ":"))
+            return compiler.compile_json_schema(schema, any_whitespace=False)  # json.dumps' layout: ", " and ": "
         if spec.kind == "structural_tag":
             return compiler.compile_structural_tag(json.dumps(_with_json_whitespace(_json(spec.value), whitespace)))
         if spec.kind == "regex":
@@ -61,7 +61,8 @@ def compile_spec(compiler: xgrammar.GrammarCompiler, job: tuple[StructuredOutput
 
 def _with_json_whitespace(tag: Any, whitespace: int) -> Any:
     """The structural tag with every JSON part ("json" style) allowing ``whitespace`` characters between tokens;
-    with none, a part becomes the grammar of its schema's compact JSON (a structural tag's JSON allows at least one)."""
+    with none, a part becomes the grammar of its schema's JSON in one layout, json.dumps' (a structural tag's JSON
+    allows at least one whitespace character anywhere)."""
     import xgrammar as xgr
 
     stack = [tag]
@@ -72,8 +73,7 @@ def _with_json_whitespace(tag: Any, whitespace: int) -> Any:
                 if whitespace:
                     node["max_whitespace_cnt"] = whitespace
                 else:
-                    compact = xgr.Grammar.from_json_schema(json.dumps(node["json_schema"]), any_whitespace=False,
-                                                           separators=(",", ":"))
+                    compact = xgr.Grammar.from_json_schema(json.dumps(node["json_schema"]), any_whitespace=False)
                     node.clear()
                     node.update(type="grammar", grammar=str(compact))
                 continue

@@ -4,9 +4,9 @@ xgrammar structural tag (free text with constrained tool calls, thinking before 
 `StructuredOutputs` is the engine's one object for it. Grammars are compiled once per spec (a cache keyed by the
 spec, bounded in bytes): `compile` in this process (thread-safe), `compile_isolated` in a worker process with a time
 limit and a cancel flag (engine/grammar_compile.py: what a server uses, off the engine thread, so that the engine
-then finds the grammar cached). JSON in constrained output is compact by default (no whitespace between its tokens,
-as `json.dumps(separators=(",", ":"))` writes it): a model cannot spend its budget on blank space; the
-``json_whitespace`` option allows up to that many whitespace characters between tokens instead. Each constrained
+then finds the grammar cached). JSON in constrained output is compact by default: one layout, the one `json.dumps`
+writes and the chat templates render (`, ` and `: `, no other whitespace), so a model cannot spend its budget on
+blank space; the ``json_whitespace`` option allows up to that many whitespace characters between tokens instead. Each constrained
 sequence owns a matcher. A step makes three calls, in this order:
 
     pending = start_masks(rows)               # before the forward pass: the masks are filled in a worker thread
