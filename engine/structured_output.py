@@ -27,7 +27,7 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Container, Iterable, Protocol, Sequence
 
 import torch
@@ -77,6 +77,12 @@ class PendingMasks:
     row_of: dict[str, int]  # request id -> its row
 
 
+@dataclass
+class _CachedGrammar:
+    compiled: xgrammar.CompiledGrammar
+    scopes: set[str | None] = field(default_factory=set)  # who compiled it (`compile_isolated`)
+
+
 class StructuredOutputs:
     """Grammar compilation and per-sequence matchers for one engine (one tokenizer, one vocabulary)."""
 
@@ -90,7 +96,7 @@ class StructuredOutputs:
         self._lock = threading.Lock()
         self._compiler: xgrammar.GrammarCompiler | None = None
         self._info: xgrammar.TokenizerInfo | None = None
-        self._compiled: OrderedDict[StructuredOutputSpec, xgrammar.CompiledGrammar] = OrderedDict()
+        self._compiled: OrderedDict[StructuredOutputSpec, _CachedGrammar] = OrderedDict()
         self._compiled_bytes = 0
         self._workers = CompileWorkers(lambda: self._tokenizer_info().serialize_json())
         self._batch: xgrammar.BatchGrammarMatcher | None = None
@@ -102,42 +108,51 @@ class StructuredOutputs:
     # ---- compilation (any thread) ----------------------------------------------------------------------------------
     def compile(self, spec: StructuredOutputSpec) -> xgrammar.CompiledGrammar:
         """The compiled grammar, from the cache or compiled here. ValueError when it cannot be compiled."""
-        compiled = self._cached(spec)
+        compiled = self._cached(spec, any_scope=True)
         if compiled is None:
             compiled = self._remember(spec, compile_spec(self._get_compiler(), (spec, self.json_whitespace)))
         return compiled
 
-    def compile_isolated(self, spec: StructuredOutputSpec, timeout_s: float,
-                         cancelled: threading.Event | None = None) -> xgrammar.CompiledGrammar:
+    def compile_isolated(self, spec: StructuredOutputSpec, timeout_s: float, cancelled: threading.Event | None = None,
+                         scope: str | None = None) -> xgrammar.CompiledGrammar:
         """`compile`, but a grammar not cached yet compiles in a worker process: `CompileTimeout` (a ValueError)
-        past ``timeout_s`` seconds, `CompileCancelled` once ``cancelled`` is set or `close` was called."""
-        compiled = self._cached(spec)
+        past ``timeout_s`` seconds, `CompileCancelled` once ``cancelled`` is set or `close` was called.
+
+        ``scope`` (a tenant): a grammar counts as cached only for the scopes that compiled it, so that no tenant
+        can tell from the time a compile takes whether another one used the same grammar; each pays its own."""
+        compiled = self._cached(spec, scope)
         if compiled is None:
             import xgrammar as xgr
 
             serialized = self._workers.compile((spec, self.json_whitespace), timeout_s, cancelled)
-            compiled = self._remember(spec, xgr.CompiledGrammar.deserialize_json(serialized, self._tokenizer_info()))
+            compiled = xgr.CompiledGrammar.deserialize_json(serialized, self._tokenizer_info())
+            compiled = self._remember(spec, compiled, scope)
         return compiled
 
     def close(self) -> None:
         """Stop the compile workers (compiles in progress end with `CompileCancelled`)."""
         self._workers.close()
 
-    def _cached(self, spec: StructuredOutputSpec) -> xgrammar.CompiledGrammar | None:
+    def _cached(self, spec: StructuredOutputSpec, scope: str | None = None,
+                any_scope: bool = False) -> xgrammar.CompiledGrammar | None:
         with self._lock:
-            compiled = self._compiled.get(spec)
-            if compiled is not None:
-                self._compiled.move_to_end(spec)
-            return compiled
+            entry = self._compiled.get(spec)
+            if entry is None or not (any_scope or scope in entry.scopes):
+                return None
+            self._compiled.move_to_end(spec)
+            return entry.compiled
 
-    def _remember(self, spec: StructuredOutputSpec, compiled: xgrammar.CompiledGrammar) -> xgrammar.CompiledGrammar:
+    def _remember(self, spec: StructuredOutputSpec, compiled: xgrammar.CompiledGrammar,
+                  scope: str | None = None) -> xgrammar.CompiledGrammar:
         with self._lock:
-            if spec not in self._compiled:
-                self._compiled[spec] = compiled
+            entry = self._compiled.get(spec)
+            if entry is None:
+                entry = self._compiled[spec] = _CachedGrammar(compiled)
                 self._compiled_bytes += compiled.memory_size_bytes
                 while self._compiled_bytes > _CACHE_LIMIT_BYTES and len(self._compiled) > 1:
-                    self._compiled_bytes -= self._compiled.popitem(last=False)[1].memory_size_bytes
-            return self._compiled[spec]
+                    self._compiled_bytes -= self._compiled.popitem(last=False)[1].compiled.memory_size_bytes
+            entry.scopes.add(scope)
+            return entry.compiled
 
     def _get_compiler(self) -> xgrammar.GrammarCompiler:
         info = self._tokenizer_info()

@@ -34,7 +34,7 @@ from server.generation import submit
 from server.http_io import EngineStreamingResponse, parse_body, read_json, until_disconnect
 from server.messages import complete_messages, count_tokens, plan_messages, stream_messages
 from server.named_caches import CreateCacheRequest
-from server.openapi import declare_request_bodies, request_body
+from server.openapi import add_openapi_route, declare_request_bodies, request_body
 from server.protocol import (
     APIError,
     ChatCompletionRequest,
@@ -115,7 +115,7 @@ def create_app(ctx: ServingContext) -> FastAPI:
             if ctx.recorder is not None:
                 ctx.recorder.close()
 
-    app = FastAPI(title="kvserve", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(title="kvserve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.ctx = ctx
     _install_error_handlers(app)
     auth = _Auth(ctx.settings.api_keys)
@@ -267,6 +267,7 @@ def create_app(ctx: ServingContext) -> FastAPI:
 
     add_cache_routes(api, ctx, salt_for)
     add_router_routes(app, api, ctx, salt_for)
+    add_openapi_route(app, api, ctx.settings.openapi)
     app.include_router(api)
     declare_request_bodies(app, [ChatCompletionRequest, CompletionRequest, MessagesRequest, CountTokensRequest,
                                  ResponsesRequest, TokenizeRequest, DetokenizeRequest, CreateCacheRequest])

@@ -13,6 +13,7 @@ from dataclasses import fields
 
 from server.engine_args import add_engine_args, engine_config_from_args
 from server.limits import RequestLimits
+from server.openapi import OPENAPI_MODES
 
 _EPILOG = """\
 examples:
@@ -66,7 +67,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="Qwen3.6: drop the reasoning of turns before the last user message, as the template does "
                      "by default (kvserve keeps it, so each agent turn extends the cached prompt; docs/SERVER.md)")
     api.add_argument("--record", metavar="FILE.jsonl",
-                     help="append every request (body, token ids, cached tokens, timings) for `kvserve bench replay`")
+                     help="append every request (body, token ids, cached tokens, timings) for `kvserve bench replay`; "
+                     "a path with {salt} writes one file per tenant (cache salt)")
+    api.add_argument("--openapi", choices=OPENAPI_MODES, default="key",
+                     help="GET /openapi.json: behind the API key like every endpoint (key), to anyone who can "
+                     "connect (public), or not served (off) (default: %(default)s)")
 
     limits = parser.add_argument_group("request limits", "checked before any work on a request (docs/SERVER.md)")
     for f in fields(RequestLimits):
@@ -105,6 +110,7 @@ def run_serve(args: argparse.Namespace) -> int:
         strict_max_tokens=args.strict_max_tokens, max_output_tokens=args.max_output_tokens, max_n=args.max_n,
         preserve_thinking=not args.no_preserve_thinking,
         limits=RequestLimits(**{f.name: getattr(args, f"limit_{f.name}") for f in fields(RequestLimits)}),
+        openapi=args.openapi,
     )
     started = time.perf_counter()
     try:

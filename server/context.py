@@ -47,6 +47,7 @@ class ServerSettings:
     max_n: int = 16
     preserve_thinking: bool = True  # keep past turns' reasoning where the template can (Qwen3.6; docs/SERVER.md)
     limits: RequestLimits = RequestLimits()
+    openapi: str = "key"  # GET /openapi.json: "key" (behind the API key), "public" or "off" (server/openapi.py)
 
 
 @dataclass
@@ -122,15 +123,15 @@ class ServingContext:
         lane = self._lanes[body_bytes.get() > LARGE_REQUEST_BYTES]
         return await asyncio.get_running_loop().run_in_executor(lane.executor, lambda: fn(*args, **kwargs))
 
-    async def compile_grammar(self, spec: StructuredOutputSpec) -> None:
-        """Compile ``spec`` (unless cached) in a compile worker, within the operator's time limit, so that the
-        engine finds it cached. ValueError (`CompileTimeout` too) when it cannot be compiled; a cancelled caller
-        stops the compile (its worker is killed)."""
+    async def compile_grammar(self, spec: StructuredOutputSpec, tenant: str | None) -> None:
+        """Compile ``spec`` (unless ``tenant`` compiled it before) in a compile worker, within the operator's time
+        limit, so that the engine finds it cached. ValueError (`CompileTimeout` too) when it cannot be compiled; a
+        cancelled caller stops the compile (its worker is killed)."""
         cancelled = threading.Event()
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(self._compile_waits, self.grammars.compile_isolated, spec,
-                                       self.settings.limits.compile_timeout_s, cancelled)
+                                       self.settings.limits.compile_timeout_s, cancelled, tenant)
         except asyncio.CancelledError:
             cancelled.set()
             raise

@@ -64,7 +64,7 @@ async def _compile_constraint(ctx: ServingContext, prompt: Prompt) -> None:
     if params.structured_output is None:
         return
     try:
-        await ctx.compile_grammar(params.structured_output)
+        await ctx.compile_grammar(params.structured_output, prompt.request.cache_salt)
     except CompileCancelled as exc:
         raise APIError(503, f"the grammar was not compiled: {exc}", type="server_error",
                        code="server_shutting_down") from None

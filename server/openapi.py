@@ -5,11 +5,30 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
+from fastapi.responses import JSONResponse
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
 _REF = "#/components/schemas/{model}"
+
+
+OPENAPI_MODES = ("key", "public", "off")
+
+
+def add_openapi_route(app: FastAPI, api: APIRouter, mode: str) -> None:
+    """`GET /openapi.json` as the operator chooses: behind the API key like every endpoint (``key``, the default),
+    to anyone who can connect (``public``), or not at all (``off``). Call before ``api`` is included in ``app``."""
+    if mode not in OPENAPI_MODES:
+        raise ValueError(f"openapi must be one of {OPENAPI_MODES}, got {mode!r}")
+    if mode == "off":
+        return
+
+    async def openapi_json() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    (api if mode == "key" else app).add_api_route("/openapi.json", openapi_json, methods=["GET"],
+                                                 include_in_schema=False)
 
 
 def request_body(model: type[BaseModel]) -> dict[str, Any]:

@@ -6,10 +6,16 @@ Each line: `body` (the request as the client sent it), `prompt_token_ids` (exact
 `session` (the agent session the client named: `prompt_cache_key`, Claude Code's session id; see server/session.py),
 `timings` (seconds), plus `request_id`, `endpoint`, `model`, `finish_reason` and `time` (unix seconds). A batched
 text completion writes one line per prompt.
+
+A path with `{salt}` writes one file per cache salt (a tenant, or an end user behind a request `cache_salt`): the
+placeholder becomes a hash of the salt (`shared` without one), so that each tenant's traffic can be handed to it
+alone. Files are created readable by their owner only (they hold prompts).
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -40,21 +46,41 @@ def timing_fields(timings: RequestTimings | None) -> dict[str, float | None]:
     return {"queue_s": timings.queue_s, "ttft_s": timings.ttft_s, "e2e_s": timings.e2e_s}
 
 
+SALT_PLACEHOLDER = "{salt}"
+
+
 class Recorder:
-    """Appends records to a JSONL file; one line per write, flushed, so a crash loses at most the line in flight."""
+    """Appends records to a JSONL file (one per cache salt when the path has `{salt}`); one line per write, flushed,
+    so a crash loses at most the line in flight."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file: TextIO = self.path.open("a", encoding="utf-8")
+        self._files: dict[Path, TextIO] = {}
         self._lock = threading.Lock()
+        if SALT_PLACEHOLDER not in str(path):
+            self._file_for(None)  # created at once, so a bad path fails at start-up
+
+    def _file_for(self, salt: str | None) -> TextIO:
+        path = self.path
+        if SALT_PLACEHOLDER in str(path):
+            name = "shared" if salt is None else hashlib.sha256(salt.encode()).hexdigest()[:16]
+            path = Path(str(path).replace(SALT_PLACEHOLDER, name))
+        file = self._files.get(path)
+        if file is None:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            file = self._files[path] = os.fdopen(fd, "a", encoding="utf-8")
+        return file
 
     def write(self, record: RequestRecord) -> None:
         line = json.dumps(asdict(record), ensure_ascii=False) + "\n"
         with self._lock:
-            self._file.write(line)
-            self._file.flush()
+            file = self._file_for(record.cache_salt)
+            file.write(line)
+            file.flush()
 
     def close(self) -> None:
         with self._lock:
-            self._file.close()
+            for file in self._files.values():
+                file.close()
+            self._files.clear()

@@ -39,7 +39,7 @@ def plan_response(
     ctx: ServingContext, req: ResponsesRequest, body: dict[str, Any], cache_salt: str | None, store: ResponseStore,
     headers: Mapping[str, str],
 ) -> ResponsePlan:
-    previous = store.history(req.previous_response_id) if req.previous_response_id else []
+    previous = store.history(cache_salt, req.previous_response_id) if req.previous_response_id else []
     chat, names = to_chat_request(req, ctx.family, previous)
     try:
         plan = plan_chat(ctx, chat, body, cache_salt, int(time.time()), session=prompt_cache_key_session(
@@ -173,7 +173,7 @@ async def _run(ctx: ServingContext, plan: ResponsePlan, stream: RequestStream, i
 
 def _remember(plan: ResponsePlan, state: ChoiceState, store: ResponseStore) -> None:
     if plan.req.store:
-        store.put(plan.chat.request_id, [*plan.history, state.message()])
+        store.put(plan.chat.prompt.request.cache_salt, plan.chat.request_id, [*plan.history, state.message()])
 
 
 async def complete_response(

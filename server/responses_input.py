@@ -157,21 +157,23 @@ def reasoning_effort(reasoning: dict | None) -> str | None:
 @dataclass
 class ResponseStore:
     """`store: true` responses, as the conversation they end (chat messages, without `instructions`), bounded:
-    the oldest are forgotten first. Read on the prepare thread, written on the event loop: one lock."""
+    the oldest are forgotten first. Each belongs to its tenant (the cache salt of its API key): another tenant's id
+    is unknown, exactly like an id that never existed. Read on the prepare thread, written on the event loop: one
+    lock."""
 
     capacity: int = 1024
     _items: OrderedDict = field(default_factory=OrderedDict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def put(self, response_id: str, messages: list[dict]) -> None:
+    def put(self, tenant: str | None, response_id: str, messages: list[dict]) -> None:
         with self._lock:
-            self._items[response_id] = messages
+            self._items[tenant, response_id] = messages
             while len(self._items) > self.capacity:
                 self._items.popitem(last=False)
 
-    def history(self, response_id: str) -> list[dict]:
+    def history(self, tenant: str | None, response_id: str) -> list[dict]:
         with self._lock:
-            messages = self._items.get(response_id)
+            messages = self._items.get((tenant, response_id))
         if messages is None:
             raise _bad(f"previous response {response_id!r} is unknown or was evicted (this server keeps the last "
                        f"{self.capacity} stored responses in memory); resend the conversation instead",

@@ -9,9 +9,13 @@ from dataclasses import replace
 
 import httpx
 import pytest
+from starlette.testclient import TestClient
 
+from engine.sampling_params import StructuredOutputSpec
+from server.app import create_app
 from server.limits import RequestLimits
-from tests.server.conftest import KEY_A, LiveServer
+from server.recorder import Recorder, RequestRecord
+from tests.server.conftest import KEY_A, KEY_B, LiveServer
 
 HI = [{"role": "user", "content": "hi"}]
 
@@ -193,3 +197,58 @@ def test_constrained_json_is_compact_so_a_model_cannot_spend_its_budget_on_white
         assert json.loads(text).keys() == {"city", "days"}
         layout = _outside_strings(text).replace(", ", ",").replace(": ", ":")  # json.dumps' separators
         assert not any(c.isspace() for c in layout), repr(text)
+
+
+# ---- tenant scope: nothing stored for one API key is visible to another ----------------------------------------------
+
+
+def test_a_stored_response_belongs_to_its_tenant(qwen_server: LiveServer) -> None:
+    """Key B continued key A's stored response with previous_response_id and got A's history in its prompt."""
+    first = post(qwen_server, "/v1/responses", {"input": "my secret is 1234", "max_output_tokens": 2, "store": True})
+    assert first.status_code == 200, first.text
+    previous = first.json()["id"]
+    headers = {"Authorization": f"Bearer {KEY_B}"}
+    stolen = httpx.post(f"{qwen_server.base_url}/v1/responses", headers=headers, timeout=120,
+                        json={"input": "what was it?", "max_output_tokens": 2, "previous_response_id": previous})
+    assert stolen.status_code == 400 and stolen.json()["error"]["param"] == "previous_response_id", stolen.text
+    unknown = httpx.post(f"{qwen_server.base_url}/v1/responses", headers=headers, timeout=120,
+                         json={"input": "x", "max_output_tokens": 2, "previous_response_id": "resp-nonexistent"})
+    assert stolen.json()["error"]["message"].replace(previous, "ID") == \
+        unknown.json()["error"]["message"].replace("resp-nonexistent", "ID")  # indistinguishable from no such id
+    own = post(qwen_server, "/v1/responses", {"input": "what was it?", "max_output_tokens": 2,
+                                              "previous_response_id": previous})
+    assert own.status_code == 200, own.text
+
+
+@pytest.mark.parametrize("mode, without_key, with_key", [("key", 401, 200), ("public", 200, 200), ("off", 404, 404)])
+def test_openapi_json_as_the_operator_chooses(qwen_server: LiveServer, monkeypatch: pytest.MonkeyPatch, mode: str,
+                                              without_key: int, with_key: int) -> None:
+    monkeypatch.setattr(qwen_server.ctx, "settings", replace(qwen_server.ctx.settings, openapi=mode))
+    client = TestClient(create_app(qwen_server.ctx))  # no lifespan: the served engine is untouched
+    assert client.get("/openapi.json").status_code == without_key
+    response = client.get("/openapi.json", headers={"Authorization": f"Bearer {KEY_B}"})
+    assert response.status_code == with_key
+    if with_key == 200:
+        assert "/v1/chat/completions" in response.json()["paths"]
+
+
+def test_recordings_per_tenant_are_private(tmp_path) -> None:
+    recorder = Recorder(tmp_path / "trace-{salt}.jsonl")
+    for salt in ("tenant-a", "tenant-b", "tenant-a", None):
+        recorder.write(RequestRecord("r", "chat", "m", {}, [1], [2], 0, salt, None, "stop", {}, 0.0))
+    recorder.close()
+    files = sorted(tmp_path.iterdir())
+    assert len(files) == 3 and any(f.name == "trace-shared.jsonl" for f in files)
+    for f in files:
+        salts = {json.loads(line)["cache_salt"] for line in f.read_text().splitlines()}
+        assert len(salts) == 1 and (f.stat().st_mode & 0o777) == 0o600, (f, salts)
+
+
+def test_a_compiled_grammar_is_a_hit_only_for_the_tenant_that_compiled_it(qwen_server: LiveServer) -> None:
+    """Else a tenant could tell from a compile's speed that another tenant used the same schema."""
+    grammars = qwen_server.ctx.grammars
+    spec = StructuredOutputSpec("regex", "tenant-scope-[0-9]{3}")
+    compiled = grammars.compile(spec)  # compiled in-process (the engine's path): no tenant has compiled it
+    assert grammars._cached(spec, "tenant-a") is None
+    grammars._remember(spec, compiled, "tenant-a")
+    assert grammars._cached(spec, "tenant-a") is compiled and grammars._cached(spec, "tenant-b") is None
