@@ -105,6 +105,13 @@ class EngineConfig:
     kv_events_replay_endpoint: str | None = field(
         default=None, metadata=_help("ZMQ ROUTER endpoint that replays missed KV event batches, e.g. tcp://*:5558"))
     kv_events_topic: str = field(default="", metadata=_help("topic frame of every KV event message"))
+    kv_events_all_interfaces: bool = field(
+        default=False, metadata=_help("bind a KV event endpoint's '*' to every network interface (by default '*' "
+                                      "means 127.0.0.1: the events carry every tenant's blocks)"))
+    kv_events_token_ids: bool = field(
+        default=True, metadata=_help("publish each stored block's token ids in the KV events (without them routers "
+                                     "still match by block hash, and no prompt text leaves the server)",
+                                     flag="no-kv-events-token-ids"))
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):

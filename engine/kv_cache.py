@@ -139,6 +139,8 @@ class KVCacheManager:
             hit = self.tiers.find(block_hash)
             if hit is None or block_hash in self.by_hash or hit[1].token_ids != tuple(token_ids[i * bs:(i + 1) * bs]):
                 break
+            if not self.tiers.usable(hit[0], block_hash):  # an unreadable disk block: a miss from here on
+                break
             found.append((block_hash, *hit))
         return found
 

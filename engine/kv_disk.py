@@ -9,6 +9,10 @@ checks the tokens as the device tree does), the payload size and its blake2b-128
 temporary name and renamed, so a crash never leaves half a block under a real name. The block hash already
 carries the model identity and the cache salt (engine/block_hashing.py); the layout id keeps a different dtype or
 block size from reading the bytes wrongly. Bytes only: the model runner turns tensors into payloads.
+
+Every tenant's token ids are in these files: directories are created 0700 and files 0600. Whatever else is found
+under the directory is skipped at start-up without blocking (a directory or a FIFO named like a block is never
+opened), and a block that fails its checksum is deleted if it can be, skipped either way.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 from dataclasses import dataclass
 from hashlib import blake2b
 from pathlib import Path
@@ -43,12 +48,29 @@ def _checksum(payload: bytes) -> str:
     return blake2b(payload, digest_size=16).hexdigest()
 
 
+def _write_private(path: Path, chunks: list[bytes]) -> None:
+    """Write ``path`` readable by its owner only."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        for chunk in chunks:
+            f.write(chunk)
+
+
+def _read_regular(path: Path) -> bytes:
+    """The bytes of a regular file; OSError for anything else, never blocking on a FIFO or following a link."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        return f.read()
+
+
 class DiskStore:
     def __init__(self, root: str | Path, layout: dict[str, Any]) -> None:
         described = json.dumps(layout, sort_keys=True)
         self.dir = Path(root) / blake2b(described.encode(), digest_size=8).hexdigest()
-        self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / "layout.json").write_text(described + "\n")
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _write_private(self.dir / "layout.json", [described.encode() + b"\n"])
 
     def path(self, block_hash: BlockHash) -> Path:
         name = block_hash.hex()
@@ -61,25 +83,24 @@ class DiskStore:
             "tokens": list(token_ids), "size": len(payload), "blake2b": _checksum(payload),
         }).encode()
         path = self.path(block_hash)
-        path.parent.mkdir(exist_ok=True)
+        path.parent.mkdir(exist_ok=True, mode=0o700)
         tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            f.write(len(header).to_bytes(4, "little"))
-            f.write(header)
-            f.write(payload)
+        _write_private(tmp, [len(header).to_bytes(4, "little"), header, payload])
         os.replace(tmp, path)
 
     def read(self, block_hash: BlockHash) -> bytes:
+        """The block's payload; `DiskBlockError` when its file is missing, unreadable or fails its checksum."""
         try:
             header, payload = self._read(self.path(block_hash))
-        except (OSError, ValueError) as exc:
+            intact = _checksum(payload) == header["blake2b"] and len(payload) == header["size"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
             raise DiskBlockError(f"KV block file for {block_hash.hex()} is unreadable: {exc}") from None
-        if _checksum(payload) != header["blake2b"] or len(payload) != header["size"]:
+        if not intact:
             raise DiskBlockError(f"KV block file {self.path(block_hash)} does not match its checksum")
         return payload
 
     def delete(self, block_hash: BlockHash) -> None:
-        self.path(block_hash).unlink(missing_ok=True)
+        self._remove(self.path(block_hash))
 
     def clear(self) -> None:
         for sub in self.dir.iterdir():
@@ -87,25 +108,48 @@ class DiskStore:
                 shutil.rmtree(sub, ignore_errors=True)
 
     def scan(self) -> list[DiskBlock]:
-        """Every intact block file, oldest first; files that fail their checksum are deleted (and logged)."""
+        """Every intact block file, oldest first. Entries that are not regular files are skipped; files that fail
+        their checksum are deleted where possible; both are logged."""
         blocks = []
-        for path in self.dir.glob(f"*/*{SUFFIX}"):
+        for path in self._entries():
             try:
                 header, payload = self._read(path)
                 if _checksum(payload) != header["blake2b"] or path.stem != header["hash"]:
                     raise ValueError("checksum or name mismatch")
                 parent = bytes.fromhex(header["parent"]) if header["parent"] else None
                 blocks.append(DiskBlock(bytes.fromhex(header["hash"]), tuple(header["tokens"]), parent,
-                                        path.stat().st_mtime))
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                log.warning("dropping corrupt KV block file %s: %s", path, exc)
-                path.unlink(missing_ok=True)
+                                        path.lstat().st_mtime))
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+                log.warning("dropping unusable KV block file %s: %s", path, exc)
+                self._remove(path)
         blocks.sort(key=lambda b: b.mtime)
         return blocks
 
+    def _entries(self) -> list[Path]:
+        """The regular files named like blocks, one directory level down; anything else there is logged and left."""
+        found = []
+        for sub in self.dir.iterdir():
+            if not sub.is_dir() or sub.is_symlink():
+                continue
+            for entry in os.scandir(sub):
+                if not entry.name.endswith(SUFFIX):
+                    continue
+                if entry.is_file(follow_symlinks=False):
+                    found.append(Path(entry.path))
+                else:
+                    log.warning("skipping %s in the KV disk tier: not a regular file", entry.path)
+        return found
+
+    @staticmethod
+    def _remove(path: Path) -> None:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("cannot delete KV block file %s (%s); it stays unused", path, exc)
+
     @staticmethod
     def _read(path: Path) -> tuple[dict[str, Any], bytes]:
-        data = path.read_bytes()
+        data = _read_regular(path)
         size = int.from_bytes(data[:4], "little")
         if len(data) < 4 + size:
             raise ValueError("truncated header")

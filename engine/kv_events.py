@@ -68,12 +68,14 @@ def external_block_hash(block_hash: BlockHash) -> int:
     return int.from_bytes(block_hash[:8], "big")
 
 
-def wire_event(event: KVEvent, block_size: int) -> dict[str, Any]:
-    """One event as vLLM's msgspec encodes it: a map tagged with ``type``, fields named as vLLM names them."""
+def wire_event(event: KVEvent, block_size: int, token_ids: bool = True) -> dict[str, Any]:
+    """One event as vLLM's msgspec encodes it: a map tagged with ``type``, fields named as vLLM names them.
+    ``token_ids`` False: a stored block's tokens go out empty (block hashes only)."""
     if isinstance(event, BlockStored):
         parent = None if event.parent_block_hash is None else external_block_hash(event.parent_block_hash)
         return {"type": "BlockStored", "block_hashes": [external_block_hash(h) for h in event.block_hashes],
-                "parent_block_hash": parent, "token_ids": list(event.token_ids), "block_size": block_size,
+                "parent_block_hash": parent, "token_ids": list(event.token_ids) if token_ids else [],
+                "block_size": block_size,
                 "lora_id": None, "medium": event.medium, "lora_name": None}
     if isinstance(event, BlockRemoved):
         return {"type": "BlockRemoved", "block_hashes": [external_block_hash(h) for h in event.block_hashes],
@@ -129,10 +131,13 @@ class KVEventPublisher:
     router drops the dead process's blocks then, not when the new process first stores one, and credits it with
     nothing it lost in between.
 
-    An endpoint with ``*`` (or ``ipc://`` / ``inproc://``) is bound, any other is connected to, as vLLM does."""
+    An endpoint with ``*`` (or ``ipc://`` / ``inproc://``) is bound, any other is connected to, as vLLM does; but a
+    ``*`` binds 127.0.0.1 unless ``all_interfaces``: the stream and the replay socket have no access control, and
+    the events describe every tenant's blocks (``token_ids`` False leaves their token ids out)."""
 
     def __init__(self, endpoint: str, replay_endpoint: str | None = None, topic: str = "", block_size: int = 16,
-                 buffer_steps: int = 10_000, data_parallel_rank: int = 0) -> None:
+                 buffer_steps: int = 10_000, data_parallel_rank: int = 0, all_interfaces: bool = False,
+                 token_ids: bool = True) -> None:
         import msgpack
         import zmq
 
@@ -140,15 +145,16 @@ class KVEventPublisher:
         self.block_size = block_size
         self.topic = topic.encode()
         self.data_parallel_rank = data_parallel_rank
+        self.token_ids = token_ids
         self._ctx = zmq.Context.instance()
         self._pub = self._ctx.socket(zmq.XPUB)
         self._pub.setsockopt(zmq.LINGER, 0)
-        _bind_or_connect(self._pub, endpoint)
+        _bind_or_connect(self._pub, endpoint, all_interfaces)
         self._replay = None
         if replay_endpoint:
             self._replay = self._ctx.socket(zmq.ROUTER)
             self._replay.setsockopt(zmq.LINGER, 0)
-            self._replay.bind(replay_endpoint)
+            self._replay.bind(_local_unless(replay_endpoint, all_interfaces))
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._queue: queue.SimpleQueue[list[KVEvent] | None] = queue.SimpleQueue()
         self._next_seq = 0
@@ -183,7 +189,8 @@ class KVEventPublisher:
             self._send(events)
 
     def _send(self, events: list[KVEvent]) -> None:
-        batch = [time.time(), [wire_event(e, self.block_size) for e in events], self.data_parallel_rank]
+        batch = [time.time(), [wire_event(e, self.block_size, self.token_ids) for e in events],
+                 self.data_parallel_rank]
         payload = self._pack(batch)
         seq = self._next_seq
         self._next_seq += 1
@@ -208,8 +215,17 @@ class KVEventPublisher:
         self._replay.send_multipart([client, b"", b"", END_SEQ, b""])
 
 
-def _bind_or_connect(socket: Any, endpoint: str) -> None:
+def _local_unless(endpoint: str, all_interfaces: bool) -> str:
+    """``tcp://*:PORT`` as ``tcp://127.0.0.1:PORT`` unless every interface is asked for."""
+    if all_interfaces or not endpoint.startswith("tcp://*:"):
+        return endpoint
+    local = endpoint.replace("tcp://*:", "tcp://127.0.0.1:", 1)
+    log.info("KV events: binding %s as %s (--kv-events-all-interfaces binds every interface)", endpoint, local)
+    return local
+
+
+def _bind_or_connect(socket: Any, endpoint: str, all_interfaces: bool = False) -> None:
     if "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://")):
-        socket.bind(endpoint)
+        socket.bind(_local_unless(endpoint, all_interfaces))
     else:
         socket.connect(endpoint)

@@ -6,20 +6,26 @@ queued on the compute stream (a block is offloaded only after the step that wrot
 for the side stream before the forward (a restored block is there before anything reads it). On CPU the copies are
 plain and run where the step's device part runs, in step order. Disk writes happen on a writer thread from the host
 slot just filled; a later copy into that slot, or a read of that block's file, waits for the write.
+
+A disk block is read when admission wants it (`read_disk_block`, called by the KV manager), not when the step copies
+it: a block whose file fails its checksum or cannot be read is then a miss, dropped and recomputed, and no step
+ever fails on it. The payload waits in memory until the step's copy takes it.
 """
 from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
 
-from engine.kv_disk import DiskStore
+from engine.kv_disk import DiskBlockError, DiskStore
 from engine.outputs import KVTransfer, TransferKind
 
 log = logging.getLogger(__name__)
+_READ_AHEAD_BLOCKS = 4096  # disk payloads read for admissions whose copies have not run yet
 
 
 @dataclass
@@ -58,6 +64,7 @@ class KVOffload:
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="kvserve-kv-disk") if disk is not None else None
         self._slot_reads: dict[int, Future] = {}  # host slot -> the disk write still reading it
         self._file_writes: dict[bytes, Future] = {}  # block hash -> its pending disk write
+        self._read_ahead: OrderedDict[bytes, bytes] = OrderedDict()  # block hash -> payload admission checked
 
     @staticmethod
     def host_slots_for(gb: float, bytes_per_block: int) -> int:
@@ -97,14 +104,32 @@ class KVOffload:
             self._slot_reads[t.slot] = self._file_writes[t.block_hash] = future
             self.stats.disk_write_bytes += self.bytes_per_block
         elif kind is TransferKind.DISK_READ:
-            self._wait(self._file_writes.pop(t.block_hash, None))
-            payload = self.disk.read(t.block_hash)
+            payload = self._read_ahead.pop(t.block_hash, None)
+            if payload is None:
+                self._wait(self._file_writes.pop(t.block_hash, None))
+                payload = self.disk.read(t.block_hash)
             self._timed(lambda: self._load_payload(payload, t.block_id))
             self.stats.disk_read_bytes += self.bytes_per_block
         elif kind is TransferKind.DISK_DELETE:
             self._writer.submit(self.disk.delete, t.block_hash)
         elif kind is TransferKind.DISK_CLEAR:
             self._writer.submit(self.disk.clear)
+
+    def read_disk_block(self, block_hash: bytes) -> bool:
+        """Read and check a disk block that admission is about to restore; False (logged) when its file fails its
+        checksum or cannot be read: then it is a miss. The payload waits for the step's `DISK_READ`."""
+        if block_hash in self._read_ahead:
+            return True
+        self._wait(self._file_writes.pop(block_hash, None))
+        try:
+            payload = self.disk.read(block_hash)
+        except DiskBlockError as exc:
+            log.warning("KV disk tier: %s; recomputing the block instead", exc)
+            return False
+        self._read_ahead[block_hash] = payload
+        while len(self._read_ahead) > _READ_AHEAD_BLOCKS:  # admissions that never came back for theirs
+            self._read_ahead.popitem(last=False)
+        return True
 
     def _write_file(self, t: KVTransfer, written: torch.cuda.Event | None) -> None:
         if written is not None:

@@ -9,7 +9,7 @@ lower-tier copy, so evicting it again costs no copy.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
 from engine.block_hashing import BlockHash
@@ -63,16 +63,19 @@ class TierIndex:
         self._free_slots.append(block.slot)
         return block
 
-    def load(self, blocks: Iterable[tuple[BlockHash, tuple[int, ...], BlockHash | None]]) -> list[BlockHash]:
-        """Index blocks found at startup (the disk tier after a restart), oldest first, as far as they fit; returns
-        the hashes taken."""
+    def load(self, blocks: Iterable[tuple[BlockHash, tuple[int, ...], BlockHash | None]]
+             ) -> tuple[list[BlockHash], list[BlockHash]]:
+        """Index blocks found at startup (the disk tier after a restart), given oldest first: the newest that fit
+        are taken (in LRU order), the rest are left over (a restart with a smaller tier). Returns (taken, left)."""
+        blocks = list(blocks)
+        left = [b[0] for b in blocks[: max(0, len(blocks) - len(self._free_slots))]]
         taken = []
-        for block_hash, token_ids, parent_hash in blocks:
-            if block_hash in self.blocks or not self._free_slots:
+        for block_hash, token_ids, parent_hash in blocks[len(left):]:
+            if block_hash in self.blocks:
                 continue
             self.blocks[block_hash] = TierBlock(self._free_slots.pop(), token_ids, parent_hash)
             taken.append(block_hash)
-        return taken
+        return taken, left
 
     def clear(self) -> list[BlockHash]:
         hashes = list(self.blocks)
@@ -98,6 +101,8 @@ class LowerTiers:
             raise ValueError("the disk tier is written through the host pool: give the host pool blocks too")
         self.host = TierIndex(MEDIUM_HOST, host_blocks) if host_blocks else None
         self.disk = TierIndex(MEDIUM_DISK, disk_blocks) if disk_blocks else None
+        # Reads and checks a disk block before admission counts on it (the runner's `KVOffload.read_disk_block`).
+        self.disk_reader: Callable[[BlockHash], bool] | None = None
         self.events = events
         self.transfers: list[KVTransfer] = []
         self.offloads = 0  # blocks copied device -> host
@@ -150,6 +155,16 @@ class LowerTiers:
             self.events.stored(block_hash, parent, token_ids, tier.medium)
         return block
 
+    def usable(self, tier: TierIndex, block_hash: BlockHash) -> bool:
+        """Whether an admission can restore this block; a disk block whose file cannot be read or fails its
+        checksum is dropped instead (a miss: the block is recomputed), its file deleted."""
+        if tier is not self.disk or self.disk_reader is None or self.disk_reader(block_hash):
+            return True
+        self.disk.remove(block_hash)
+        self.events.removed(block_hash, MEDIUM_DISK)
+        self.transfers.append(KVTransfer(TransferKind.DISK_DELETE, block_hash=block_hash))
+        return False
+
     def restore(self, tier: TierIndex, block_hash: BlockHash, block_id: int) -> None:
         """Copy a lower-tier block into device block ``block_id`` (before the step's forward reads it)."""
         tier.touch(block_hash)
@@ -160,13 +175,15 @@ class LowerTiers:
             self.transfers.append(KVTransfer(TransferKind.DISK_READ, block_id=block_id, block_hash=block_hash))
 
     def load_disk(self, blocks: Iterable[tuple[BlockHash, tuple[int, ...], BlockHash | None]]) -> int:
-        """Index the block files a previous run left (oldest first); returns how many were taken."""
+        """Index the block files a previous run left (oldest first); the oldest beyond the tier's size are deleted
+        (a restart with a smaller tier keeps to it). Returns how many were taken."""
         if self.disk is None:
             return 0
-        taken = self.disk.load(blocks)
+        taken, left = self.disk.load(blocks)
         for block_hash in taken:
             block = self.disk.blocks[block_hash]
             self.events.stored(block_hash, block.parent_hash, block.token_ids, MEDIUM_DISK)
+        self.transfers += [KVTransfer(TransferKind.DISK_DELETE, block_hash=h) for h in left]
         return len(taken)
 
     def clear(self) -> None:

@@ -73,14 +73,17 @@ class LLMEngine:
         host_blocks = offload.host_tensors[0].shape[0] if offload else 0
         disk_blocks = offload.host_slots_for(cfg.kv_disk_gb, offload.bytes_per_block) if offload and offload.disk else 0
         self.kv_events = (KVEventPublisher(cfg.kv_events_endpoint, cfg.kv_events_replay_endpoint, cfg.kv_events_topic,
-                                           cfg.block_size) if cfg.kv_events_endpoint else None)
+                                           cfg.block_size, all_interfaces=cfg.kv_events_all_interfaces,
+                                           token_ids=cfg.kv_events_token_ids) if cfg.kv_events_endpoint else None)
         self.scheduler = Scheduler(cfg, self.runner.num_blocks, model_id or str(self.model_dir), self.max_model_len,
                                    self.eos_token_ids, host_blocks=host_blocks, disk_blocks=disk_blocks,
                                    record_events=self.kv_events is not None, clock=clock)
         self.structured_outputs = StructuredOutputs(self.tokenizer, self.model_cfg.vocab_size, self.eos_token_ids,
                                                     self.runner.device, cfg.json_whitespace)
         if offload and offload.disk:  # blocks a previous run left on disk
+            self.scheduler.kv.tiers.disk_reader = offload.read_disk_block
             self.scheduler.kv.load_disk_tier((b.block_hash, b.token_ids, b.parent_hash) for b in offload.disk.scan())
+            self._run_transfers(self.scheduler.kv.take_transfers())  # deletes what no longer fits
             self._publish_events()
         # async scheduling: the launched step whose tokens are not back yet waits in the pipeline
         self._pipeline = StepPipeline(bool(cfg.async_scheduling))

@@ -31,7 +31,7 @@ from server.chat import complete_chat, plan_chat, render_chat, stream_chat
 from server.completions import complete_text, plan_completion, stream_text
 from server.context import ServingContext
 from server.generation import submit
-from server.http_io import EngineStreamingResponse, parse_body, read_json, until_disconnect
+from server.http_io import Draining, EngineStreamingResponse, parse_body, read_json, until_disconnect
 from server.messages import complete_messages, count_tokens, plan_messages, stream_messages
 from server.named_caches import CreateCacheRequest
 from server.openapi import add_openapi_route, declare_request_bodies, request_body
@@ -117,6 +117,7 @@ def create_app(ctx: ServingContext) -> FastAPI:
 
     app = FastAPI(title="kvserve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.ctx = ctx
+    app.state.draining = Draining()  # started by the server at shutdown (server/graceful.py)
     _install_error_handlers(app)
     auth = _Auth(ctx.settings.api_keys)
 

@@ -51,7 +51,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     net.add_argument("--api-key", action="append", default=[], metavar="KEY",
                      help="require 'Authorization: Bearer KEY' (or 'x-api-key: KEY'); repeat for several tenants")
     net.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="S",
-                     help="on SIGTERM/SIGINT, seconds to let running requests finish (default: %(default)s)")
+                     help="on SIGTERM/SIGINT, seconds to let running requests finish; what still runs a moment "
+                     "before then ends with a 503 (a stream with its API's error event) (default: %(default)s)")
     net.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
     api = parser.add_argument_group("API behaviour")
@@ -98,10 +99,9 @@ def _say_gpu_requirement(model: str | None, tensor_parallel_size: int) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from server.app import create_app
     from server.context import ServerSettings, load_context
+    from server.graceful import GracefulServer
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     keys = tuple(args.api_key) + ((os.environ["KVSERVE_API_KEY"],) if os.environ.get("KVSERVE_API_KEY") else ())
@@ -140,9 +140,8 @@ def run_serve(args: argparse.Namespace) -> int:
     shown = f"[{host}]" if ":" in host else host
     auth = f"{len(keys)} API key(s)" if keys else "no API key: anyone who can connect may use it"
     _say(f"serving {ctx.model_name} at http://{shown}:{port}/v1 ({auth}). Ctrl-C or SIGTERM stops it")
-    server = uvicorn.Server(uvicorn.Config(
-        create_app(ctx), log_level=args.log_level, timeout_graceful_shutdown=args.shutdown_timeout,
-    ))
+    server = GracefulServer(create_app(ctx), log_level=args.log_level,
+                            timeout_graceful_shutdown=args.shutdown_timeout)
     ctx.engine.on_death(lambda error: _exit_soon(server, error))
     # uvicorn handles SIGINT/SIGTERM itself (stop accepting, drain, shut down), then re-raises the signal to whatever
     # handler was there before; with nothing left to interrupt by then, that handler just lets serve return (exit 0).

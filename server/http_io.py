@@ -1,5 +1,6 @@
 """HTTP plumbing: bounded, strict body reading, and responses that abort their engine requests the moment the client
-goes away (freeing the KV pages at once instead of generating into a closed socket)."""
+goes away (freeing the KV pages at once instead of generating into a closed socket) or the server's shutdown grace
+period runs out (`Draining`: then they end with the API's 503, a stream with its error event, never cut off)."""
 from __future__ import annotations
 
 import asyncio
@@ -73,24 +74,55 @@ def parse_body(model: type[M], body: Any) -> M:
         raise validation_error(exc) from None
 
 
+SHUTTING_DOWN = APIError(503, "the server is shutting down; send the request again (to another replica, or once "
+                         "this one is back)", type="server_error", code="server_shutting_down")
+
+
+class Draining:
+    """A server's shutdown, as its app sees it (``app.state.draining``): `start` is called when the shutdown begins,
+    with the grace period that running requests get; `cutoff` is set a moment before that period ends, and whatever
+    still runs then ends with `SHUTTING_DOWN` in its API's shape, before the server would cut its connection."""
+
+    MARGIN_S = 1.0  # at most; a quarter of a short grace period
+
+    def __init__(self) -> None:
+        self.cutoff = asyncio.Event()
+
+    def start(self, grace_s: float | None) -> None:
+        if grace_s is not None:  # None: the server waits for every request, however long
+            delay = max(0.0, grace_s - min(self.MARGIN_S, grace_s / 4))
+            asyncio.get_running_loop().call_later(delay, self.cutoff.set)
+
+
+def _draining(app: Any) -> Draining | None:
+    return getattr(getattr(app, "state", None), "draining", None)
+
+
 async def _wait_for_disconnect(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
 
 
 async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
-    """Run `work` (a non-streaming completion) but cancel it if the client disconnects first; its cleanup aborts the
-    engine request. The body must have been read already, so the next ASGI message is the disconnect."""
+    """Run `work` (preparing a request, a non-streaming completion) but cancel it if the client disconnects first
+    (499) or the server's shutdown reaches its cutoff (503); its cleanup aborts the engine request. The body must
+    have been read already, so the next ASGI message is the disconnect."""
     task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_wait_for_disconnect(request.receive))
+    watchers = [asyncio.ensure_future(_wait_for_disconnect(request.receive))]
+    draining = _draining(request.scope.get("app"))
+    if draining is not None:
+        watchers.append(asyncio.ensure_future(draining.cutoff.wait()))
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({task, *watchers}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        watcher.cancel()
+        for watcher in watchers:
+            watcher.cancel()
         if not task.done():
             task.cancel()  # its cleanup (the abort) runs inside it: wait for that
             await asyncio.wait({task})
     if task.cancelled():
+        if draining is not None and draining.cutoff.is_set():
+            raise SHUTTING_DOWN
         raise APIError(499, "client disconnected", code="client_disconnected")
     return task.result()
 
@@ -111,7 +143,8 @@ async def _sse_errors(events: AsyncIterator[str], error_event: Callable[[APIErro
 
 class EngineStreamingResponse(StreamingResponse):
     """SSE that watches for the client's disconnect while generating (whatever the ASGI version) and calls
-    `on_close` however the stream ends, so an abandoned request never keeps running or holding pages."""
+    `on_close` however the stream ends, so an abandoned request never keeps running or holding pages. At the
+    server's shutdown cutoff (`Draining`) it ends with the API's error event for `SHUTTING_DOWN`."""
 
     def __init__(
         self, events: AsyncIterator[str], on_close: Callable[[], None],
@@ -121,14 +154,24 @@ class EngineStreamingResponse(StreamingResponse):
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self._events = events
         self._on_close = on_close
+        self._error_event = error_event
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        draining = _draining(scope.get("app"))
+        sent = {"start": False, "end": False}
+        cut = False
+
+        async def tracked(message: dict) -> None:
+            sent["start"] = sent["start"] or message["type"] == "http.response.start"
+            sent["end"] = message["type"] == "http.response.body" and not message.get("more_body", False)
+            await send(message)
+
         try:
             async with anyio.create_task_group() as group:
 
                 async def stream() -> None:
                     try:
-                        await self.stream_response(send)
+                        await self.stream_response(tracked)
                     except OSError:  # the client went away mid-write
                         pass
                     group.cancel_scope.cancel()
@@ -137,8 +180,22 @@ class EngineStreamingResponse(StreamingResponse):
                     await _wait_for_disconnect(receive)
                     group.cancel_scope.cancel()
 
+                async def shutdown() -> None:
+                    nonlocal cut
+                    await draining.cutoff.wait()
+                    cut = True
+                    group.cancel_scope.cancel()
+
                 group.start_soon(stream)
                 group.start_soon(watch)
+                if draining is not None:
+                    group.start_soon(shutdown)
+            if cut and sent["start"] and not sent["end"]:
+                await tracked({"type": "http.response.body", "body": self._error_event(SHUTTING_DOWN).encode(),
+                               "more_body": True})
+                await tracked({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError:  # the client went away meanwhile
+            pass
         finally:
             self._on_close()
             await self.body_iterator.aclose()  # type: ignore[attr-defined]

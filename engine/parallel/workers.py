@@ -8,6 +8,7 @@ good; nothing waits forever on a dead rank, at start-up included.
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import signal
 import threading
@@ -80,6 +81,9 @@ class TensorParallelWorkers:
             raise
         workers._watcher = threading.Thread(target=workers._watch, name="kvserve-tp-watch", daemon=True)
         workers._watcher.start()
+        # A script that never closes its engine must still end: the workers ignore SIGTERM (rank 0 drains first),
+        # so multiprocessing's own exit handler would terminate them in vain, then join them forever.
+        atexit.register(workers.close)
         return runner, workers
 
     # ---- the engine thread -----------------------------------------------------------------------------------------
@@ -99,6 +103,7 @@ class TensorParallelWorkers:
         if self._closing.is_set():
             return
         self._closing.set()
+        atexit.unregister(self.close)
         self._wake_writer.send(None)
         if self.error is None and self.channel is not None:  # else the survivors may wait on the dead: kill them
             try:

@@ -15,12 +15,12 @@ import anthropic
 import httpx
 import openai
 import pytest
-import uvicorn
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from server.app import create_app
 from server.context import ServerSettings, ServingContext, load_context
+from server.graceful import GracefulServer
 from server.limits import RequestLimits
 
 T = TypeVar("T")
@@ -88,7 +88,7 @@ class LiveServer:
 @contextmanager
 def serve(ctx: ServingContext) -> Iterator[str]:
     sock = socket.create_server(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(create_app(ctx), log_level="warning", timeout_graceful_shutdown=5))
+    server = GracefulServer(create_app(ctx), log_level="warning", timeout_graceful_shutdown=5)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 60
