@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Callable
 
 from engine.config import EvictionPolicy, SchedulingPolicy
 
-from benchmarks import router_bench, step_bench, structured, throughput
+from benchmarks import hostile, router_bench, step_bench, structured, throughput
 from benchmarks.prefix.report import write_json
 
 if TYPE_CHECKING:
@@ -176,6 +176,9 @@ def _register_all() -> None:
                       "context", step_bench.configure, step_bench.run)
     add_bench_command("structured", "cost of grammar masks: decode tok/s with 0%, 50% and 100% of a batch constrained",
                       structured.configure, structured.run)
+    add_bench_command("hostile", "one request never hurts another: each hostile input of issue 22 sent while bystander "
+                      "streams of another tenant run; their worst wait vs their baseline, and server memory",
+                      hostile.configure, hostile.run)
     add_bench_command("router", "kvserve replicas behind real routers (vLLM's, SGLang's, Dynamo's KV indexer): "
                       "prefix-cache hit rate and TTFT per routing policy side by side, then a replica killed mid-run",
                       router_bench.configure, router_bench.run)
