@@ -31,7 +31,11 @@ from kernels import reference
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_attention.c")
-FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC"]
+# The parts of -ffast-math the loops need (reassociated, vectorized sums; no errno), not -ffast-math itself: a shared
+# library linked with it sets the CPU to flush denormals to zero in the whole process that loads it (crtfastmath),
+# changing every other float operation there (torch's, hypothesis').
+FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros", "-fassociative-math",
+         "-freciprocal-math", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC"]
 PAGE_DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # fp16 / fp8 pages: the reference
 
 

@@ -3,6 +3,8 @@ set must equal the "torch" one on every batch shape, reading pages in place (eve
 so a read past a context poisons the output)."""
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -48,3 +50,10 @@ def test_pages_it_cannot_read_fall_back_to_the_reference() -> None:
 def test_mla_decode_matches_reference(dtype: torch.dtype) -> None:
     batch = on_cpu(latent_batch(CONTEXTS, 16, 32, 16, 4, dtype, seed=3))
     assert_close(CPU.mla_decode(*batch), reference.mla_decode(*batch), ATTENTION_TOL[dtype])
+
+
+def test_loading_the_kernel_leaves_the_process_floats_alone() -> None:
+    """Built with -ffast-math, the library switched the whole process to flush denormals to zero."""
+    assert cpu_attention.available()
+    assert torch.tensor([1e-40]).mul(1.0).item() > 0  # a subnormal survives a multiplication
+    assert sys.float_info.min / 4 > 0
