@@ -78,8 +78,6 @@ CASES = [
     Case("completion with an empty prompt", 400, body={"prompt": ""}, path="/v1/completions"),
     Case("completion with a token outside the vocabulary", 400, body={"prompt": [1, 10**9]},
          path="/v1/completions", message_has="vocabulary"),
-    Case("echoed completion with a negative token", 400, body={"prompt": [1, -5], "echo": True},
-         path="/v1/completions", message_has="vocabulary", param="prompt"),
     Case("completion prompt of the wrong type", 400, body={"prompt": {"text": "x"}}, path="/v1/completions",
          param="prompt"),
     Case("detokenize outside the vocabulary", 400, body={"tokens": [-1]}, path="/detokenize", param="tokens"),
