@@ -49,7 +49,7 @@ def _post(body: Any = None, raw: bytes | None = None, path: str = "/v1/chat/comp
 
 def _disconnect_while_compiling(url: str, headers: dict) -> int:
     """A slow grammar's client that leaves after a second: the compile must stop with it."""
-    body = {"messages": HI, "max_tokens": 2, "response_format": _schema(_slow_string())}
+    body = {"messages": HI, "max_tokens": 2, "response_format": _schema(_slow_string(min_length=130))}
     try:
         httpx.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=1.0)
     except httpx.TimeoutException:
@@ -76,9 +76,9 @@ def _enum(n: int) -> dict:
     return {"type": "string", "enum": [f"value number {i}" for i in range(n)]}
 
 
-def _slow_string() -> dict:
+def _slow_string(min_length: int = 120) -> dict:
     """Within every limit, yet a compile of seconds: a string of at least 120 characters (a long regex repetition)."""
-    return {"type": "object", "properties": {"q": {"type": "string", "minLength": 120}}, "required": ["q"]}
+    return {"type": "object", "properties": {"q": {"type": "string", "minLength": min_length}}, "required": ["q"]}
 
 
 def _nested_schema(depth: int) -> str:
@@ -150,7 +150,7 @@ class Bystander:
                     now = time.monotonic()
                     self.worst_wait_s, last = max(self.worst_wait_s, now - last), now
                     self.tokens += 1
-                    if "error" in line:
+                    if "error" in json.loads(line[6:]):  # the stream's own error event
                         self.error = line[6:200]
                     self._first.set()
                     if self._stop.is_set():
