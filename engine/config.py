@@ -346,11 +346,13 @@ class V4Config:
         head_dim = cfg["head_dim"]
         rope_dim = cfg.get("qk_rope_head_dim") or int(head_dim * (cfg.get("partial_rotary_factor") or 64 / 512))
         rope = cfg.get("rope_parameters") or {}
-        if isinstance(rope.get("compress"), dict):
+        theta = float(cfg.get("compress_rope_theta", 160000.0))
+        if isinstance(rope.get("compress"), dict):  # transformers' layout: per rope type
             scaling = dict(rope["compress"])
-        else:
+            theta = float(scaling.get("rope_theta", theta))
+        else:  # a flat YaRN of the compressed layers: their theta is compress_rope_theta, whatever it says
             scaling = {k: v for k, v in (cfg.get("rope_scaling") or rope).items() if k not in ("main", "compress")}
-        theta = float(scaling.pop("rope_theta", cfg.get("compress_rope_theta", 160000.0)))
+        scaling.pop("rope_theta", None)
         scaling.pop("partial_rotary_factor", None)
         if scaling.get("rope_type", scaling.get("type", "default")) == "default":
             scaling = {}

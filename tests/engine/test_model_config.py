@@ -2,6 +2,7 @@
 MLA's softmax scale equal transformers' for DeepSeek and Qwen3 configs."""
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -47,6 +48,25 @@ DEEPSEEK_V2_LITE = {
 }
 
 
+# DeepSeek-V3.2: V3 plus the indexer's sizes. DeepSeek-V4-Flash, in the keys its checkpoint's config carries
+# (compress_ratios per layer, num_hash_layers, qk_rope_head_dim, a flat YaRN rope_scaling for the compressed layers):
+# two sliding-only layers, then compressed sparse and heavily compressed attention alternating; 284B parameters.
+DEEPSEEK_V32 = {**DEEPSEEK_V3, "model_type": "deepseek_v32", "index_n_heads": 64, "index_head_dim": 128,
+                "index_topk": 2048}
+DEEPSEEK_V4_FLASH = {
+    "model_type": "deepseek_v4", "vocab_size": 129280, "hidden_size": 4096, "moe_intermediate_size": 2048,
+    "num_hidden_layers": 43, "num_attention_heads": 64, "num_key_value_heads": 1, "head_dim": 512,
+    "qk_rope_head_dim": 64, "q_lora_rank": 1024, "o_groups": 8, "o_lora_rank": 1024, "n_routed_experts": 256,
+    "n_shared_experts": 1, "num_experts_per_tok": 6, "scoring_func": "sqrtsoftplus", "routed_scaling_factor": 1.5,
+    "num_hash_layers": 3, "compress_ratios": [0, 0] + [4, 128] * 20 + [4], "sliding_window": 128,
+    "index_n_heads": 64, "index_head_dim": 128, "index_topk": 512, "hc_mult": 4, "hc_sinkhorn_iters": 20,
+    "hc_eps": 1e-6, "rope_theta": 10000, "compress_rope_theta": 160000, "swiglu_limit": 10.0,
+    "max_position_embeddings": 1048576, "rope_scaling": {"type": "yarn", "factor": 16, "beta_fast": 32,
+                                                         "beta_slow": 1, "original_max_position_embeddings": 65536},
+    "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 1,
+}
+
+
 def _meta_model(config: dict):
     cfg = ModelConfig.from_dict(config)
     with torch.device("meta"):
@@ -89,6 +109,53 @@ def test_deepseek_v3() -> None:
     assert spec.bytes_per_token(torch.bfloat16) == 61 * 576 * 2  # one 576-value latent row per layer
     gqa_equivalent = 61 * 128 * (192 + 128) * 2  # the decompressed K (nope + rope) and V of every head
     assert spec.bytes_per_token(torch.bfloat16) < gqa_equivalent / 60
+
+
+def test_deepseek_v32() -> None:
+    cfg = ModelConfig.from_dict(DEEPSEEK_V32)
+    assert (cfg.indexer.num_heads, cfg.indexer.head_dim, cfg.indexer.topk) == (64, 128, 2048)
+    assert cfg.moe.moe_layers == tuple(range(3, 61)) and cfg.moe.correction_bias
+    spec = _meta_model(DEEPSEEK_V32).kv_cache_spec()
+    assert spec.bytes_per_token(torch.bfloat16) == 61 * (576 + 128) * 2  # the latent row and the index key
+
+
+def test_deepseek_v4_flash() -> None:
+    """The legacy keys read as transformers reads them; 284B parameters; its pages per token at block 128."""
+    from transformers import DeepseekV4Config
+
+    cfg = ModelConfig.from_dict(DEEPSEEK_V4_FLASH)
+    v4, moe = cfg.v4, cfg.moe
+    hf = DeepseekV4Config(**copy.deepcopy(DEEPSEEK_V4_FLASH))  # it normalizes the rope dicts in place
+    rate_of = {"sliding_attention": 0, "compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
+    assert v4.compress_rates == tuple(rate_of[kind] for kind in hf.layer_types)
+    assert (v4.rope_dim, v4.sliding_window, v4.index_topk, v4.hc_mult) == (hf.qk_rope_head_dim, 128, 512, 4)
+    assert moe.hash_layers == tuple(i for i, kind in enumerate(hf.mlp_layer_types) if kind == "hash_moe") == (0, 1, 2)
+    assert (moe.scoring, moe.top_k, moe.swiglu_limit, moe.moe_layers) == ("sqrtsoftplus", 6, 10.0, tuple(range(43)))
+    model = _meta_model(DEEPSEEK_V4_FLASH)
+    assert _params(model) == pytest.approx(284e9, rel=0.01)
+    # every layer's keys (512), plus per token on a CSA layer 128 + 32 entry values and 45 floats of pooling state,
+    # on an HCA layer 4 entry values and 12 floats of state
+    per_token = 43 * 512 * 2 + 21 * ((128 + 32) * 2 + 45 * 4) + 20 * (4 * 2 + 12 * 4)
+    assert model.kv_cache_spec().bytes_per_token(torch.bfloat16, 128) == per_token == 55_652
+
+
+def test_deepseek_v4_rope_equals_transformers() -> None:
+    """Sliding-only layers: plain RoPE at rope_theta; compressed layers: YaRN at compress_rope_theta without YaRN's
+    magnitude factor; both on the last qk_rope_head_dim dims in interleaved pairs."""
+    from transformers import DeepseekV4Config
+    from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4RotaryEmbedding, apply_rotary_pos_emb
+
+    from engine.models.rope import rotate_pairs
+
+    hf_rope = DeepseekV4RotaryEmbedding(DeepseekV4Config(**copy.deepcopy(DEEPSEEK_V4_FLASH)))
+    model = _meta_model(DEEPSEEK_V4_FLASH)
+    model.init_rope(200_000, torch.device("cpu"))
+    positions = torch.tensor([0, 1, 127, 500])  # transformers computes angles in fp32: 2e-4 off by 4096
+    x = torch.randn(len(positions), 2, 512, generator=torch.Generator().manual_seed(0))
+    for kind in ("main", "compress"):
+        cos, sin = hf_rope(x, positions[None], layer_type=kind)
+        expected = apply_rotary_pos_emb(x[None].transpose(1, 2), cos, sin).transpose(1, 2)[0]
+        torch.testing.assert_close(rotate_pairs(x, positions, model.cos_sin[kind]), expected, atol=1e-4, rtol=0)
 
 
 def test_deepseek_v2_lite() -> None:
