@@ -5,6 +5,7 @@ preemption, top-20 logprobs within 1e-4, and an agent conversation whose next tu
 from __future__ import annotations
 
 import pytest
+import torch
 
 from engine import LLM, SamplingParams
 from engine.kv_cache_spec import PageTensor
@@ -167,3 +168,31 @@ def test_directory_written_by_transformers_save_pretrained(tmp_path) -> None:
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
     outs = LLM(str(model_dir), block_size=BLOCK, num_kv_blocks=32).generate(prompts, params)
     assert [o.token_ids for o in outs] == [hf_greedy(NAME, p, params.max_tokens) for p in prompts]
+
+
+def test_checkpoint_with_an_mtp_layer_loads(tmp_path) -> None:
+    """Released V4 checkpoints carry one multi-token-prediction layer (``mtp.0.*``), which decoding does not use:
+    the checkpoint loads as it is and generates as without it."""
+    import json
+    import os
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from engine.registry import resolve_model
+
+    src, dst = resolve_model(NAME), tmp_path / "with-mtp"
+    dst.mkdir()
+    for f in src.iterdir():
+        os.symlink(f, dst / f.name)
+    mtp = {"mtp.0.attn.wq_a.weight": torch.ones(48, 64), "mtp.0.enorm.weight": torch.ones(64),
+           "mtp.0.ffn.experts.0.w1.weight": torch.ones(32, 64), "mtp.0.hc_head_fn": torch.ones(4, 256)}
+    save_file(mtp, str(dst / "mtp.safetensors"))
+    with safe_open(str(src / "model.safetensors"), "pt") as f:
+        names = {"model.safetensors": list(f.keys()), "mtp.safetensors": list(mtp)}
+    index = {"metadata": {}, "weight_map": {name: file for file, keys in names.items() for name in keys}}
+    (dst / "model.safetensors.index.json").write_text(json.dumps(index))
+    prompt = random_prompts(50_000, [20], seed=23)
+    greedy = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    outs = [LLM(str(d), block_size=BLOCK, num_kv_blocks=8).generate(prompt, greedy)[0].token_ids for d in (src, dst)]
+    assert outs[0] == outs[1]
