@@ -1,0 +1,37 @@
+"""A DeepSeek-V4 agent conversation through the server and the real openai client: the next turn (rendered by V4's
+encoder, a tool call and its result on the way) reads the previous prompt and reply from the cache, at most one block
+short, with V4's compressed entries and pooling state resumed from the cached blocks."""
+from __future__ import annotations
+
+from engine.config import EngineConfig
+from server.context import ServerSettings, load_context
+from tests.server.conftest import serve
+
+BLOCK = 16
+READ_FILE = {"type": "function", "function": {
+    "name": "read_file", "description": "Read a file of the repository",
+    "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}
+
+
+def test_next_turn_reads_the_last_from_the_cache() -> None:
+    from openai import OpenAI
+
+    ctx = load_context("deepseek-v4-tiny", EngineConfig(block_size=BLOCK, num_kv_blocks=64),
+                       ServerSettings(max_output_tokens=8))
+    with serve(ctx) as url:
+        client = OpenAI(base_url=f"{url}/v1", api_key="unused")
+        messages = [{"role": "system", "content": "You are a coding agent in a Python repository."},
+                    {"role": "user", "content": "Why does main.py crash?"}]
+        cached_before = 0
+        for turn in range(3):
+            reply = client.chat.completions.create(model="deepseek-v4-tiny", messages=messages, tools=[READ_FILE],
+                                                   temperature=0, max_tokens=8)
+            usage = reply.usage
+            assert usage.prompt_tokens_details.cached_tokens >= cached_before
+            assert usage.prompt_tokens_details.cached_tokens <= usage.prompt_tokens
+            cached_before = usage.prompt_tokens + usage.completion_tokens - BLOCK  # at most one block short
+            call = {"id": f"call_{turn}", "type": "function",
+                    "function": {"name": "read_file", "arguments": '{"path": "main.py"}'}}
+            messages += [{"role": "assistant", "content": reply.choices[0].message.content, "tool_calls": [call]},
+                         {"role": "tool", "tool_call_id": call["id"], "content": f"print({turn})"}]
+        assert cached_before > 100
