@@ -110,22 +110,20 @@ class V4Attention(nn.Module):
                     kv_cache: tuple[torch.Tensor, ...], meta: AttentionMetadata, cos_sin: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Pool this step's tokens; returns the compressed entries' rows and each query row's picks of them."""
-        compressor, indexers = self.compressor, self._indexer()
-        entries, *rest = kv_cache[1:]
-        index_entries = rest[0] if indexers else None
-        states = rest[len(indexers):]
-        compressor(ops, x, entries, states[0], meta, cos_sin)
-        block_size = kv_cache[0].shape[1]
-        if indexers:
-            indexer = indexers[0]
-            indexer(ops, x, index_entries, states[1], meta, cos_sin)
-            picks = indexer.choose(ops, x, q_latent, seq, pos, index_entries.view(index_entries.shape[0], block_size,
-                                                                                   -1), meta, cos_sin)
+        if self._indexer():  # page tensors in `page_tensors` order
+            _, entries, index_entries, state, index_state = kv_cache
+        else:
+            _, entries, state = kv_cache
+        self.compressor(ops, x, entries, state, meta, cos_sin)
+        if self._indexer():
+            indexer = self._indexer()[0]
+            indexer(ops, x, index_entries, index_state, meta, cos_sin)
+            picks = indexer.choose(ops, x, q_latent, seq, pos, index_entries, meta, cos_sin)
         else:  # every entry the token has closed
             closed = (pos + 1) // self.rate
             windows = torch.arange(max(1, meta.max_context_len // self.rate), device=pos.device)[None, :]
             windows = torch.where(windows < closed[:, None], windows, -1)
-            picks = entry_rows(windows, seq, meta.block_tables, block_size, self.rate)
+            picks = entry_rows(windows, seq, meta.block_tables, entries.shape[1], self.rate)
         return entry_view(entries, self.head_dim), picks
 
 
