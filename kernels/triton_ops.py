@@ -5,6 +5,7 @@ from kernels import reference_compressed
 from kernels.ops import Ops
 from kernels.triton_activation import silu_and_mul
 from kernels.triton_attention import paged_attention
+from kernels.triton_compressed import sink_attention
 from kernels.triton_fp8 import fp8_block_linear
 from kernels.triton_mla import mla_decode
 from kernels.triton_moe import fused_moe
@@ -24,7 +25,6 @@ TRITON_OPS = Ops(
     mla_decode=mla_decode,
     index_topk=index_topk,
     sparse_mla=sparse_mla,
-    # DeepSeek-V4's pooling and sink attention have no Triton kernels yet: the reference runs on the device
-    pool_windows=reference_compressed.pool_windows,
-    sink_attention=reference_compressed.sink_attention,
+    pool_windows=reference_compressed.pool_windows,  # no Triton kernel yet: the reference runs on the device
+    sink_attention=sink_attention,
 )

@@ -1,12 +1,13 @@
 """DeepSeek-V4's reference ops against direct formulas: gated window pooling whatever the step, chunk and block
 boundaries (the pooling state carried in the pages, also through a prefix shared by another sequence), and
-attention with sinks over gathered slots."""
+attention with sinks over gathered slots (and its Triton kernel, under the interpreter on CPU, against it)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from kernels.reference_compressed import pool_windows, pooling_state_size, sink_attention
+from tests.test_kernels import ATTENTION_TOL, DEVICE, TRITON, assert_close  # sets TRITON_INTERPRET first
+from kernels.reference_compressed import pool_windows, pooling_state_size, sink_attention  # noqa: I001
 
 BLOCK = 8
 DIM = 6
@@ -87,3 +88,25 @@ def test_sink_attention_matches_the_formula() -> None:
         logits = query[row].double() @ keys.T * dim**-0.5
         probs = torch.cat([logits, sinks.double()[:, None]], dim=-1).softmax(dim=-1)[:, :-1]
         torch.testing.assert_close(out[row].double(), probs @ keys, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads,dim,two_sources", [(4, 32, True), (16, 64, False), (20, 32, True)])
+def test_triton_sink_attention_matches_reference(dtype: torch.dtype, heads: int, dim: int, two_sources: bool) -> None:
+    """Rows with windows of 40 slots (several tiles, -1 where a row is younger than its window) and 6 picked
+    entries (some rows none)."""
+    gen = torch.Generator().manual_seed(heads)
+    rows = 7
+    query = torch.randn(rows, heads, dim, generator=gen).to(DEVICE, dtype)
+    tokens = torch.randn(300, dim, generator=gen).to(DEVICE, dtype)
+    window = torch.randint(0, 300, (rows, 40), generator=gen, dtype=torch.int32)
+    window[:, :rows] = torch.where(torch.arange(rows)[:, None] > torch.arange(rows)[None, :], -1, window[:, :rows])
+    sources = [(tokens, window.to(DEVICE))]
+    if two_sources:
+        entries = torch.randn(30, dim, generator=gen).to(DEVICE, dtype)
+        picked = torch.randint(0, 30, (rows, 6), generator=gen, dtype=torch.int32)
+        picked[::3] = -1
+        sources.append((entries, picked.to(DEVICE)))
+    sinks = torch.randn(heads, generator=gen).to(DEVICE)
+    got = TRITON.sink_attention(query, sources, sinks, dim**-0.5)
+    assert_close(got, sink_attention(query, sources, sinks, dim**-0.5), ATTENTION_TOL[dtype])

@@ -196,3 +196,19 @@ def test_checkpoint_with_an_mtp_layer_loads(tmp_path) -> None:
     greedy = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
     outs = [LLM(str(d), block_size=BLOCK, num_kv_blocks=8).generate(prompt, greedy)[0].token_ids for d in (src, dst)]
     assert outs[0] == outs[1]
+
+
+@pytest.mark.slow
+def test_triton_backend_matches_torch() -> None:
+    """The Triton op set (under the interpreter on CPU: sink attention, MoE, norms, stores) gives the torch
+    backend's tokens on a mixed batch with chunked prefills and a prefix hit."""
+    prompts = random_prompts(50_000, [35, 6, 20], seed=29)
+    params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
+    results = {}
+    for backend in ("torch", "triton"):
+        llm = LLM(NAME, block_size=BLOCK, num_kv_blocks=32, max_num_batched_tokens=12, attention_backend=backend)
+        llm.generate(prompts[:1], SamplingParams(max_tokens=1))
+        outs = llm.generate(prompts, params)
+        assert outs[0].num_cached_tokens == 32
+        results[backend] = [o.token_ids for o in outs]
+    assert results["triton"] == results["torch"]
