@@ -203,7 +203,9 @@ def use_fp8_layers(model: nn.Module, model_dir: Path) -> int:
     for names in _Checkpoint(checkpoint_files(model_dir)).names.values():
         for name in names:
             target = _target(model, name.removesuffix(SCALE_SUFFIX) + ".weight") if name.endswith(SCALE_SUFFIX) else None
-            if target is not None and isinstance(target.module, nn.Linear):  # MoE experts are dequantized on load
+            # MoE experts and layers with a GEMM of their own (V4's grouped o_a_proj) are dequantized on load
+            keeps_fp8 = target is not None and isinstance(target.module, nn.Linear)
+            if keeps_fp8 and getattr(target.module, "fp8_gemm", True):
                 layers[target.path] = _shard_sizes(model, target.path)
     swapped = swap_in_fp8_linears(model, layers, fmt, model.ops.fp8_linear)
     log.info("FP8 checkpoint: %d linear layers keep e4m3 weights with %s block scales", swapped, list(fmt.block))

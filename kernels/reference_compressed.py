@@ -97,13 +97,14 @@ def pool_windows(
     (before V4's norm and RoPE), with each one's sequence and window index ``[E]``."""
     dim = kv.shape[1] // (2 if overlap else 1)
     starts, lens = query_start_loc.tolist(), context_lens.tolist()
-    tables = block_tables.tolist()
     pooled, seqs, windows = [], [], []
     for b, ctx in enumerate(lens):
         first, last = starts[b], starts[b + 1]
         if first == last:
             continue
         p0 = ctx - (last - first)
+        first_block = max(p0 - 1, 0) // block_size  # from the block of the last cached token (its state)
+        pages = block_tables[b, first_block : (ctx - 1) // block_size + 1].tolist()  # not the whole table: O(step)
         w0 = p0 // rate
         n_windows = (ctx - 1) // rate - w0 + 1
         pad = (p0 - w0 * rate, (w0 + n_windows) * rate - ctx)
@@ -115,7 +116,7 @@ def pool_windows(
         empty = Accumulator.empty(dim, kv.device)
         before = empty  # Ca of the window before the first one touched (overlap)
         if p0 > 0:  # resume from the state after the last cached token
-            saved = [Accumulator.unpack(r) for r in state[tables[b][(p0 - 1) // block_size]].view(-1, 3 * dim)]
+            saved = [Accumulator.unpack(r) for r in state[pages[(p0 - 1) // block_size - first_block]].view(-1, 3 * dim)]
             if overlap:
                 before, open_a, open_b = saved
             else:
@@ -145,7 +146,7 @@ def pool_windows(
                 last_a = (a_acc[i - 1] if i > 0 else before) if overlap else None
                 open_a, open_b = (a_acc[i] if overlap else None), b_acc[i]
             parts = [last_a, open_a, open_b] if overlap else [open_b]
-            state[tables[b][block]] = torch.cat([p.pack() for p in parts])
+            state[pages[block - first_block]] = torch.cat([p.pack() for p in parts])
     if not pooled:
         empty_out = kv.new_zeros(0, dim)
         return empty_out, torch.zeros(0, dtype=torch.long, device=kv.device), torch.zeros(0, dtype=torch.long,

@@ -37,6 +37,8 @@ class GroupedLinear(nn.Linear):
     """``o_a_proj``: the heads' outputs in ``groups`` groups, each projected by its own block of the weight
     (``[groups * out, in_per_group]``)."""
 
+    fp8_gemm = False  # its FP8 checkpoint weights are dequantized on load: the block GEMM is not grouped
+
     def __init__(self, in_per_group: int, out_features: int, groups: int) -> None:
         super().__init__(in_per_group, out_features, bias=False)
         self.groups = groups

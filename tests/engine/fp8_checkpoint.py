@@ -42,7 +42,7 @@ def write_fp8_checkpoint(src: Path, dst: Path, block: tuple[int, int]) -> None:
 
 
 _V4_EXPERT = re.compile(r"\.ffn\.experts\.\d+\.w[123]\.weight$")
-_V4_LINEAR = re.compile(r"\.attn\.(wq_a|wq_b|wkv|wo_b)\.weight$|\.ffn\.shared_experts\.w[123]\.weight$")
+_V4_LINEAR = re.compile(r"\.attn\.(wq_a|wq_b|wkv|wo_a|wo_b)\.weight$|\.ffn\.shared_experts\.w[123]\.weight$")
 
 
 def quantize_fp4_rows(weight: torch.Tensor, group: int = 32) -> tuple[torch.Tensor, torch.Tensor]:

@@ -153,6 +153,14 @@ def test_fp4_experts_and_fp8_projections_load_dequantized(tmp_path) -> None:
     assert [lp.top for lp in runs[0].outputs[0].logprobs] == [lp.top for lp in runs[1].outputs[0].logprobs]
     original = LLM(NAME, block_size=BLOCK, num_kv_blocks=16).generate(prompts, params)[0]
     assert original.outputs[0].logprobs[0].top != runs[0].outputs[0].logprobs[0].top
+    # Where the FP8 GEMM runs (Triton; here its interpreter) projections keep their FP8 bytes, but the grouped
+    # output projection, which has a GEMM of its own, is dequantized.
+    from engine.models.deepseek_v4 import GroupedLinear
+    from engine.models.quant import Fp8Linear
+
+    attn = LLM(str(quantized), block_size=BLOCK, num_kv_blocks=16, attention_backend="triton").engine.runner.model \
+        .layers[1].self_attn
+    assert isinstance(attn.q_a_proj, Fp8Linear) and type(attn.o_a_proj) is GroupedLinear
 
 
 @pytest.mark.slow
