@@ -93,10 +93,30 @@ def _configure_prefix(p: argparse.ArgumentParser) -> None:
     _sim_options(p, capacity=4096, max_num_seqs=8)
     p.add_argument("--no-engine", action="store_true", help="simulator only (skip the engine-backed run)")
     p.add_argument("--ttft-prompt-tokens", type=int, default=4096, help="prompt length of the cold/warm TTFT probe")
+    p.add_argument("--hybrid", action="store_true",
+                   help="hybrid models (give a hybrid --model, e.g. qwen3.6-tiny): hit rate against snapshot memory "
+                        "for kvserve's snapshot policy, vLLM's align mode and llama.cpp's checkpoints (simulated; "
+                        "docs/HYBRID_CACHE.md)")
+    p.add_argument("--hybrid-shape", default="Qwen3.6-27B", choices=["Qwen3.6-27B", "Qwen3.6-35B-A3B"],
+                   help="--hybrid: whose state and K/V sizes price the snapshots")
+    p.add_argument("--snapshot-slots", type=_ints, default=[4, 8, 16, 32, 64],
+                   help="--hybrid: snapshot pool sizes to compare, comma-separated")
+    p.add_argument("--checkpoints", type=int, default=3, help="--hybrid: llama.cpp's checkpoints per slot")
 
 
 def _run_prefix(args: argparse.Namespace) -> dict:
     from benchmarks.prefix.bench import PrefixOptions, run_prefix
+
+    if args.hybrid:
+        from benchmarks.prefix.hybrid import HybridOptions, run_hybrid
+
+        workloads = ("claude_code", "codex", "subagents", "tool_loop") if args.workload == "all" else tuple(
+            w.strip() for w in args.workload.split(","))
+        figures = run_hybrid(HybridOptions(model=args.model, workloads=workloads, shape=args.hybrid_shape,
+                                           slot_counts=tuple(args.snapshot_slots), checkpoints=args.checkpoints,
+                                           seed=args.seed, out_dir=args.out_dir))
+        print(figures["markdown"])
+        return figures
 
     return run_prefix(PrefixOptions(
         model=args.model, workloads=tuple(w.strip() for w in args.workload.split(",")), seed=args.seed,

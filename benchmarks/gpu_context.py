@@ -11,10 +11,11 @@ from typing import Any
 import torch
 
 from benchmarks.gpu_measure import greedy, memory_snapshot
-from benchmarks.gpu_models import QWEN3_0_6B, QWEN3_30B_A3B, build_bench_model, kv_bytes_per_token
+from benchmarks.gpu_models import QWEN3_0_6B, QWEN3_30B_A3B, QWEN36_35B_A3B, build_bench_model, kv_bytes_per_token
 from benchmarks.throughput import Workload
 
 DENSE, MOE = "qwen3-0.6b", "qwen3-30b-a3b"  # the benchmark models, built from their shapes on first use
+HYBRID = "qwen3.6-35b-a3b"  # Gated DeltaNet + gated attention + MoE (docs/HYBRID_CACHE.md)
 NANO_VLLM = dict(max_num_seqs=256, max_num_batched_tokens=16384, max_model_len=4096)  # nano-vllm's bench settings
 
 
@@ -50,6 +51,7 @@ ENGINES = {
     "eager": EngineKind(DENSE, {**NANO_VLLM, "enforce_eager": True}),
     "long_context": EngineKind(DENSE, {"max_num_batched_tokens": 16384}),  # the model's 40,960 positions
     "moe": EngineKind(MOE, {**NANO_VLLM, "load_format": "dummy"}),  # 61 GB of bf16 weights, drawn on the GPU
+    "hybrid_moe": EngineKind(HYBRID, {**NANO_VLLM, "load_format": "dummy"}),  # about 70 GB, drawn on the GPU
 }
 
 
@@ -75,7 +77,7 @@ class Context:
 
     def __post_init__(self) -> None:
         moe = {**QWEN3_30B_A3B, "num_hidden_layers": self.plan.moe_layers}
-        self.models = {DENSE: QWEN3_0_6B, MOE: moe, **self.models}
+        self.models = {DENSE: QWEN3_0_6B, MOE: moe, HYBRID: QWEN36_35B_A3B, **self.models}
 
     def remaining(self) -> float:
         return self.deadline - time.perf_counter()

@@ -28,6 +28,21 @@ QWEN3_30B_A3B: dict[str, Any] = dict(
     decoder_sparse_step=1, mlp_only_layers=[], num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
     head_dim=128, max_position_embeddings=40960, rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
 )
+# Qwen/Qwen3.6-27B and Qwen/Qwen3.6-35B-A3B: the language models of the released checkpoints (their text_config),
+# hybrids of Gated DeltaNet and gated attention.
+QWEN36_27B: dict[str, Any] = dict(
+    model_type="qwen3_5_text", vocab_size=248320, hidden_size=5120, intermediate_size=17408, num_hidden_layers=64,
+    num_attention_heads=24, num_key_value_heads=4, head_dim=256, full_attention_interval=4,
+    linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128, linear_num_key_heads=16,
+    linear_num_value_heads=48, max_position_embeddings=262144,
+)
+QWEN36_35B_A3B: dict[str, Any] = dict(
+    model_type="qwen3_5_moe_text", vocab_size=248320, hidden_size=2048, num_hidden_layers=40,
+    num_attention_heads=16, num_key_value_heads=2, head_dim=256, full_attention_interval=4,
+    linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128, linear_num_key_heads=16,
+    linear_num_value_heads=32, num_experts=256, num_experts_per_tok=8, moe_intermediate_size=512,
+    shared_expert_intermediate_size=512, max_position_embeddings=262144,
+)
 # Keys every released Qwen3 config.json carries besides the shape.
 _COMMON_CONFIG = dict(attention_bias=False, hidden_act="silu", bos_token_id=151643, eos_token_id=151645,
                       torch_dtype="bfloat16")

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import torch
 
 from benchmarks import gpu_env
-from benchmarks.gpu_context import DENSE, MOE, Context, nano_vllm_workload
+from benchmarks.gpu_context import DENSE, HYBRID, MOE, Context, nano_vllm_workload
 from benchmarks.gpu_measure import (
     check_engine_against_hf,
     check_tensor_parallel,
@@ -230,6 +230,24 @@ def resolve_moe_throughput(ctx: Context) -> dict[str, Any]:
             **({"unavailable": model["unsupported"]} if model["unsupported"] else {}), "passed": True}
 
 
+def _hybrid_summary(config: dict[str, Any]) -> dict[str, Any]:
+    from benchmarks.prefix.hybrid import StateCost
+
+    cost = StateCost.of(config)
+    return {"model_type": config["model_type"], "layers": config["num_hidden_layers"],
+            "kv_bytes_per_token": cost.kv_bytes_per_token, "state_bytes_per_sequence": cost.state_bytes}
+
+
+def hybrid_moe_throughput(ctx: Context) -> dict[str, Any]:
+    """The nano-vllm workload on a Qwen3.6-35B-A3B-shaped model (random bf16 weights drawn on the GPU). Its
+    linear-attention layers run the torch reference of the recurrent ops (no Triton kernels of their own yet)."""
+    return {"model": _hybrid_summary(ctx.models[HYBRID]), **_throughput(ctx, "hybrid_moe")}
+
+
+def resolve_hybrid_moe_throughput(ctx: Context) -> dict[str, Any]:
+    return {"model": _hybrid_summary(ctx.models[HYBRID]), "engine": ctx.engines["hybrid_moe"].options, "passed": True}
+
+
 TP_SIZE = 2
 TP_MODELS = ("qwen3-tiny", "deepseek-tiny", "qwen3-moe-tiny", "deepseek-v3-tiny")
 
@@ -278,5 +296,6 @@ STEPS = (
     Step("ttft_32k", ttft_32k, resolve_ttft_32k, 30),
     Step("memory", memory, resolve_memory, 1),
     Step("moe_throughput", moe_throughput, resolve_moe_throughput, 120),
+    Step("hybrid_moe_throughput", hybrid_moe_throughput, resolve_hybrid_moe_throughput, 120),
     Step("tensor_parallel", tensor_parallel, resolve_tensor_parallel, 60),
 )

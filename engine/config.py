@@ -16,8 +16,12 @@ if TYPE_CHECKING:
     import torch
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "qwen3_moe", "deepseek_v2", "deepseek_v3",
-                           "deepseek_v32", "deepseek_v4")
+                           "deepseek_v32", "deepseek_v4", "qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text",
+                           "qwen3_5_moe_text")
 DEEPSEEK_V3_ROUTING = ("deepseek_v3", "deepseek_v32")  # sigmoid scores, correction bias, grouped top-k
+# Hybrid decoders: Gated DeltaNet linear attention (a recurrent state per sequence) between gated full attention.
+# qwen3_5 / qwen3_5_moe are the released VLM checkpoints (text_config); the *_text types their language models alone.
+HYBRID_ARCHITECTURES = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text")
 
 
 class SchedulingPolicy(enum.StrEnum):
@@ -112,6 +116,13 @@ class EngineConfig:
         default=True, metadata=_help("publish each stored block's token ids in the KV events (without them routers "
                                      "still match by block hash, and no prompt text leaves the server)",
                                      flag="no-kv-events-token-ids"))
+    state_snapshot_fraction: float = field(
+        default=0.2, metadata=_help("hybrid models (Qwen3.5 / 3.6, Qwen3-Next): the share of the KV cache memory, "
+                                    "after the running sequences' states, that keeps recurrent-state snapshots for "
+                                    "prefix hits; pages take the rest (docs/HYBRID_CACHE.md)"))
+    num_state_snapshots: int | None = field(
+        default=None, metadata=_help("hybrid models: recurrent-state snapshots to keep (default: from "
+                                     "--state-snapshot-fraction)"))
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -122,6 +133,10 @@ class EngineConfig:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
         if not 0 <= self.max_pinned_fraction <= 1:
             raise ValueError(f"max_pinned_fraction must be in [0, 1], got {self.max_pinned_fraction}")
+        if not 0 <= self.state_snapshot_fraction < 1:
+            raise ValueError(f"state_snapshot_fraction must be in [0, 1), got {self.state_snapshot_fraction}")
+        if self.num_state_snapshots is not None and self.num_state_snapshots < 0:
+            raise ValueError(f"num_state_snapshots must be >= 0, got {self.num_state_snapshots}")
         if self.tool_call_ttl < 0 or self.kv_offload_gb < 0 or self.kv_disk_gb <= 0:
             raise ValueError("tool_call_ttl and kv_offload_gb must be >= 0, kv_disk_gb > 0")
         if self.json_whitespace < 0:
@@ -216,6 +231,7 @@ class MoEConfig:
             hash_layers=tuple(i for i, kind in enumerate(kinds) if kind == "hash_moe"),
             swiglu_limit=cfg.get("swiglu_limit"),
         )
+    gated_shared_expert: int = 0  # Qwen3-Next / 3.5: width of one shared expert scaled by sigmoid(shared_expert_gate)
 
     @classmethod
     def from_dict(cls, arch: str, cfg: dict[str, Any]) -> "MoEConfig | None":
@@ -234,6 +250,17 @@ class MoEConfig:
             )
         if arch == "deepseek_v4":
             return cls._deepseek_v4(cfg, num_experts)
+        if arch in HYBRID_ARCHITECTURES:
+            step, dense = cfg.get("decoder_sparse_step", 1), set(cfg.get("mlp_only_layers") or [])
+            layers = [i for i in range(num_layers) if i not in dense and (i + 1) % step == 0]
+            if not num_experts or not layers:
+                return None
+            return cls(
+                num_experts=num_experts, top_k=cfg["num_experts_per_tok"],
+                intermediate_size=cfg["moe_intermediate_size"], moe_layers=tuple(layers),
+                norm_topk_prob=cfg.get("norm_topk_prob", True),
+                gated_shared_expert=cfg.get("shared_expert_intermediate_size") or 0,
+            )
         if arch != "deepseek_v2" and arch not in DEEPSEEK_V3_ROUTING:
             return None
         first, freq = cfg.get("first_k_dense_replace", 0), cfg.get("moe_layer_freq", 1)
@@ -368,6 +395,50 @@ class V4Config:
             hc_sinkhorn_iters=cfg.get("hc_sinkhorn_iters", 20), hc_eps=cfg.get("hc_eps", 1e-6),
         )
 
+@dataclass(frozen=True)
+class LinearAttentionConfig:
+    """Gated DeltaNet layers of a hybrid model (Qwen3-Next, Qwen3.5 / 3.6): which layers they are and their sizes.
+
+    Each keeps a recurrent state per sequence instead of K/V pages: a conv window of the last ``conv_kernel - 1``
+    projected inputs and a ``[value_heads, key_head_dim, value_head_dim]`` fp32 delta-rule state."""
+
+    layer_types: tuple[str, ...]  # per layer: "linear_attention" or "full_attention"
+    conv_kernel: int
+    num_key_heads: int
+    num_value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    grouped_projections: bool  # Qwen3-Next: in_proj_qkvz / in_proj_ba interleaved per key head (3.5: separate)
+
+    @classmethod
+    def from_dict(cls, arch: str, cfg: dict[str, Any]) -> "LinearAttentionConfig":
+        num_layers = cfg["num_hidden_layers"]
+        types = cfg.get("layer_types") or [
+            "full_attention" if (i + 1) % cfg.get("full_attention_interval", 4) == 0 else "linear_attention"
+            for i in range(num_layers)]
+        return cls(
+            layer_types=tuple(types), conv_kernel=cfg.get("linear_conv_kernel_dim", 4),
+            num_key_heads=cfg["linear_num_key_heads"], num_value_heads=cfg["linear_num_value_heads"],
+            key_head_dim=cfg["linear_key_head_dim"], value_head_dim=cfg["linear_value_head_dim"],
+            grouped_projections=arch == "qwen3_next",
+        )
+
+    @property
+    def key_dim(self) -> int:
+        return self.num_key_heads * self.key_head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_value_heads * self.value_head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels through the causal conv: q, k and v of every head."""
+        return 2 * self.key_dim + self.value_dim
+
+    def is_linear(self, layer: int) -> bool:
+        return self.layer_types[layer] == "linear_attention"
+
 
 @dataclass
 class ModelConfig:
@@ -393,10 +464,24 @@ class ModelConfig:
     mla: MLAConfig | None = None
     indexer: IndexerConfig | None = None  # DeepSeek-V3.2's sparse attention
     v4: V4Config | None = None  # DeepSeek-V4's attention and hyper-connections
+    linear: LinearAttentionConfig | None = None  # hybrid models' Gated DeltaNet layers
+    partial_rotary_factor: float = 1.0  # RoPE turns the first head_dim * this dims of each head (Qwen3-Next: 0.25)
+    attn_output_gate: bool = False  # q_proj also gives a per-head gate: attention output * sigmoid(gate)
+    zero_centered_norms: bool = False  # RMSNorm weights w apply as (1 + w) (Qwen3-Next / 3.5)
+    has_vision_tower: bool = False  # a VLM checkpoint (Qwen3.5 / 3.6): kvserve serves its language model, text only
+
+    @property
+    def is_hybrid(self) -> bool:
+        return self.linear is not None
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> "ModelConfig":
         arch = cfg.get("model_type", "")
+        vision = False
+        if arch in ("qwen3_5", "qwen3_5_moe") and "text_config" in cfg:
+            # The released VLM layout: the language model's shape sits in text_config (ids may sit outside it).
+            vision = cfg.get("vision_config") is not None
+            cfg = {**{k: v for k, v in cfg.items() if k != "text_config"}, **cfg["text_config"], "model_type": arch}
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ValueError(
                 f"model_type {arch!r} is not supported; kvserve runs {', '.join(SUPPORTED_ARCHITECTURES)} decoders"
@@ -404,6 +489,12 @@ class ModelConfig:
         num_heads = cfg["num_attention_heads"]
         rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
         rope_theta = float(rope.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
+        # mRoPE's sections only matter for image positions; text positions are equal in all three, i.e. plain RoPE.
+        for key in ("mrope_section", "mrope_interleaved"):
+            rope.pop(key, None)
+        hybrid = arch in HYBRID_ARCHITECTURES
+        partial_rotary = float(rope.pop("partial_rotary_factor", cfg.get("partial_rotary_factor",
+                                                                           0.25 if hybrid else 1.0)))
         if rope.get("rope_type", rope.get("type", "default")) == "default":
             rope = {}
         elif "original_max_position_embeddings" not in rope:  # as transformers: the trained length
@@ -413,7 +504,7 @@ class ModelConfig:
             architecture=arch,
             vocab_size=cfg["vocab_size"],
             hidden_size=cfg["hidden_size"],
-            intermediate_size=cfg.get("intermediate_size") or cfg["moe_intermediate_size"],  # V4: only experts
+            intermediate_size=cfg.get("intermediate_size") or cfg["moe_intermediate_size"],  # V4, 3.5-MoE: only experts
             num_layers=cfg["num_hidden_layers"],
             num_heads=num_heads,
             num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
@@ -422,7 +513,7 @@ class ModelConfig:
             max_position_embeddings=cfg.get("max_position_embeddings", 2048),
             tie_word_embeddings=cfg.get("tie_word_embeddings", False),
             attention_bias=cfg.get("attention_bias", arch == "qwen2"),
-            qk_norm=arch in ("qwen3", "qwen3_moe"),
+            qk_norm=arch in ("qwen3", "qwen3_moe") or hybrid,
             rope_theta=rope_theta,
             rope_scaling=rope,
             eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
@@ -430,6 +521,11 @@ class ModelConfig:
             mla=MLAConfig.from_dict(cfg) if arch in ("deepseek_v2", *DEEPSEEK_V3_ROUTING) else None,
             indexer=IndexerConfig.from_dict(cfg) if arch == "deepseek_v32" else None,
             v4=V4Config.from_dict(cfg) if arch == "deepseek_v4" else None,
+            linear=LinearAttentionConfig.from_dict(arch, cfg) if hybrid else None,
+            partial_rotary_factor=partial_rotary,
+            attn_output_gate=hybrid,
+            zero_centered_norms=hybrid,
+            has_vision_tower=vision,
         )
 
     @classmethod

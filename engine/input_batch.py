@@ -29,6 +29,7 @@ class RunnerRequest:
     params: SamplingParams
     generator: torch.Generator | None
     block_ids: list[int] = field(default_factory=list)
+    state_slot: int = -1  # hybrid models: the recurrent-state slot it runs in
     output_counts: torch.Tensor | None = None  # [V] on the device: penalties only
     prompt_seen: torch.Tensor | None = None  # [V] bool: repetition penalty only
 
@@ -43,6 +44,7 @@ class InputBatch:
         self.num_known = np.zeros(max_rows, dtype=np.int32)  # token ids of the row present in token_ids
         self.block_table = np.zeros((max_rows, max_blocks_per_row), dtype=np.int32)
         self.num_blocks = np.zeros(max_rows, dtype=np.int32)
+        self.state_slots = np.zeros(max_rows, dtype=np.int32)  # hybrid models: each row's recurrent-state slot
         self.num_computed = np.zeros(max_rows, dtype=np.int32)
         self.num_new = np.zeros(max_rows, dtype=np.int32)  # tokens scheduled this step
         self.samples = np.zeros(max_rows, dtype=bool)  # the row's chunk this step ends at its last token
@@ -69,6 +71,7 @@ class InputBatch:
         n = len(req.token_ids)
         self.token_ids[row, :n] = req.token_ids
         self.num_known[row] = n
+        self.state_slots[row] = req.state_slot
         self.num_blocks[row] = 0
         self.append_blocks(row, req.block_ids)
 
@@ -108,6 +111,7 @@ class InputBatch:
         self.token_ids[dst, :n] = self.token_ids[src, :n]
         self.num_known[dst] = n
         self.pending_src[dst] = self.pending_src[src]
+        self.state_slots[dst] = self.state_slots[src]
         self.num_blocks[dst] = 0
         self.append_blocks(dst, self.block_table[src, :b].tolist())
 

@@ -23,6 +23,8 @@ class CachedBlock:
     retained: bool = False  # pinned or held (see engine.kv_eviction); counted against the cap
     retained_until: float = 0.0
     retain_ttl: float = 0.0  # a pin's TTL, which every hit renews (0: a hold, not renewed)
+    snapshot_slot: int = -1  # hybrid models: the state slot holding the recurrent state at this block's end
+    snapshot_step: int = 0  # ... taken in this scheduler step (usable from the next one)
 
     @property
     def parent_hash(self) -> BlockHash | None:
@@ -38,6 +40,9 @@ class SequenceBlocks:
     cacheable: bool = True  # false after a hash collision: later blocks stay private
     retention: Retention | None = None
     num_pinned: int = 0  # leading nodes its pins have been applied to
+    state_slot: int = -1  # hybrid models: the recurrent-state slot it runs in (engine.kv.state_pool)
+    pending_snapshots: list[tuple[int, int]] = field(default_factory=list)  # (block index, slot) not in the tree yet
+    reply_snapshot: int = -1  # the block index of its latest reply-end snapshot (replaced as decoding goes on)
 
     def private_block_ids(self) -> list[int]:
         nodes = self.nodes

@@ -16,6 +16,13 @@ Eviction (`engine.kv_eviction`) takes ordinary unreferenced leaves first, blocks
 hold last. With lower tiers (`engine.kv_tiers`), an evicted block is offloaded to the host pool instead of lost, and
 admission continues a device match in the host and disk tiers: those blocks are restored into fresh device blocks
 (copy instructions for the runner), counted as cached. Every change to what a tier holds is recorded as a KV event.
+
+Hybrid models (``state_slots`` > 0) add a second cache group, the recurrent-state slots of `engine.kv.state_pool`:
+a running sequence holds one, and a node may own a *snapshot* (the state at its block's end). A prefix is
+resumable only where every group can resume it, so a hit ends at the deepest matched block with a snapshot;
+admission copies that snapshot into the sequence's slot (`StateCopy`, before the step's forward). Where snapshots
+are taken is the scheduler's policy (`engine.kv.snapshot_policy`); `take_snapshot` records one (a copy after the
+step's forward) and attaches it to its block once the block is in the tree.
 """
 from __future__ import annotations
 
@@ -29,9 +36,10 @@ from engine.config import EvictionPolicy
 from engine.kv_blocks import CachedBlock, CacheStats, SequenceBlocks
 from engine.kv_events import MEDIUM_DEVICE, EventRecorder, KVEvent
 from engine.kv_eviction import EvictionQueue
+from engine.kv.state_pool import StatePool
 from engine.kv_invariants import check_invariants
 from engine.kv_tiers import LowerTiers, TierBlock, TierIndex
-from engine.outputs import KVTransfer
+from engine.outputs import KVTransfer, StateCopy
 from engine.retention import Retention
 
 
@@ -50,7 +58,13 @@ class KVCacheManager:
         disk_blocks: int = 0,
         record_events: bool = False,
         clock: Callable[[], float] = time.monotonic,
+        state_slots: int = 0,
+        demote_dominated_snapshots: bool = True,
     ) -> None:
+        """``state_slots`` > 0: a hybrid model, whose recurrent layers keep a state per sequence in that many slots
+        (`engine.kv.state_pool`); a cached prefix is then resumable only where its state is known.
+        ``demote_dominated_snapshots``: a snapshot with a deeper one below it and no branch between them goes
+        first when slots run short (False: plain LRU, as the simulator models other engines)."""
         self.eviction_policy = EvictionPolicy(eviction_policy)
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -64,6 +78,10 @@ class KVCacheManager:
         self.events = EventRecorder(record_events)
         self.tiers = LowerTiers(host_blocks, disk_blocks, self.events)
         self.queue = EvictionQueue(self.eviction_policy, self._now, int(max_retained_fraction * num_blocks))
+        self.states = StatePool(state_slots) if state_slots else None
+        self.demote_dominated_snapshots = demote_dominated_snapshots
+        self.state_restores: list[StateCopy] = []  # for the step being scheduled: before its forward ...
+        self.state_snapshots: list[StateCopy] = []  # ... and after it
         self._num_unreferenced = 0  # tree nodes with ref_count 0: all of them can be evicted, leaves first
         self._counter = itertools.count(1)
 
@@ -91,6 +109,10 @@ class KVCacheManager:
     def block_table(self, seq_id: Hashable) -> list[int]:
         return self.seqs[seq_id].block_ids
 
+    def state_slot(self, seq_id: Hashable) -> int:
+        """The recurrent-state slot the sequence runs in (-1: not a hybrid model)."""
+        return self.seqs[seq_id].state_slot
+
     def _shareable_blocks(self, block_hashes: Sequence[BlockHash], num_tokens: int) -> int:
         """Blocks of a prefix that admission may take from the cache: full ones, leaving at least one token."""
         if not self.enable_prefix_caching:
@@ -101,7 +123,17 @@ class KVCacheManager:
         """How many leading blocks of a sequence the device tree holds now (no side effects; O(log blocks)).
 
         The cached blocks of any hash chain form a prefix of it (blocks enter parent first and leave leaf first),
-        so a binary search over the chain finds the match length."""
+        so a binary search over the chain finds the match length. A hybrid model's match ends at the deepest of
+        those blocks with a usable snapshot (a walk down the chain)."""
+        if self.states is not None:
+            resumable = 0
+            for i, block_hash in enumerate(block_hashes[: self._shareable_blocks(block_hashes, num_tokens)]):
+                node = self.by_hash.get(block_hash)
+                if node is None:
+                    break
+                if self.states.usable(node):
+                    resumable = i + 1
+            return resumable
         lo, hi = 0, self._shareable_blocks(block_hashes, num_tokens)
         while lo < hi:
             mid = (lo + hi + 1) // 2
@@ -127,6 +159,9 @@ class KVCacheManager:
             if node.token_ids != tuple(token_ids[i * bs : (i + 1) * bs]):
                 break
             matched.append(node)
+        if self.states is not None:  # resumable only where the recurrent state is known
+            while matched and not self.states.usable(matched[-1]):
+                matched.pop()
         return matched
 
     def _match_lower(self, block_hashes: Sequence[BlockHash], token_ids: Sequence[int],
@@ -171,10 +206,18 @@ class KVCacheManager:
         unreferenced_matched = sum(node.ref_count == 0 for node in matched)
         if need - len(matched) > self.num_free_blocks - unreferenced_matched:
             return None
+        source = matched[-1].snapshot_slot if matched and self.states is not None else -1
+        if self.states is not None and not self.states.num_available(keep=source):
+            return None
         for node in matched:
             self._ref(node)
             self.queue.refresh(node)
         seq = self.seqs[seq_id] = SequenceBlocks([node.block_id for node in matched], matched, retention=retention)
+        if self.states is not None:
+            seq.state_slot = self.states.take(keep=source)
+            if source >= 0:  # resume from the snapshot at the end of the hit
+                self.states.touch(source)
+                self.state_restores.append(StateCopy(source, seq.state_slot))
         self._restore(seq, lower)
         self.allocate(seq_id, num_cached + min(len(token_ids) - num_cached, max_new_tokens))
         self._apply_pins(seq)
@@ -241,11 +284,81 @@ class KVCacheManager:
                 break
             seq.nodes.append(node)
         self._apply_pins(seq)
+        if seq.pending_snapshots:
+            self._attach_snapshots(seq)
+
+    def take_snapshot(self, seq_id: Hashable, num_tokens: int, replaces_reply: bool = False) -> bool:
+        """Keep the state the sequence has after its first ``num_tokens`` tokens (a block boundary, reached by the
+        step being scheduled) as a snapshot of that block: a copy after the step's forward, attached to the block's
+        node once it is in the tree. ``replaces_reply``: a reply-end snapshot, which drops the sequence's previous
+        one. False when no slot could be had or the block has one already."""
+        seq, states = self.seqs[seq_id], self.states
+        assert states is not None and num_tokens % self.block_size == 0
+        index = num_tokens // self.block_size - 1
+        if index < len(seq.nodes) and seq.nodes[index].snapshot_slot >= 0:
+            states.touch(seq.nodes[index].snapshot_slot)
+            return False
+        slot = states.take()
+        if slot is None:
+            return False
+        self.state_snapshots.append(StateCopy(seq.state_slot, slot))
+        seq.pending_snapshots.append((index, slot))
+        if replaces_reply:
+            self._drop_reply_snapshot(seq)
+            seq.reply_snapshot = index
+        self._attach_snapshots(seq)
+        return True
+
+    def _demote_dominated(self, node: CachedBlock) -> None:
+        """A new snapshot at ``node``: the nearest one above it, if no branch lies between them, serves only what
+        the new one serves better (a conversation continues from its deepest state), so it goes first when slots
+        run short. Snapshots at branch points (a shared system prompt) keep their place."""
+        parent = node.parent
+        while parent is not None and parent.snapshot_slot < 0 and len(parent.children) == 1:
+            parent = parent.parent
+        if parent is not None and parent.snapshot_slot >= 0 and len(parent.children) == 1:
+            self.states.demote(parent.snapshot_slot)
+
+    def _attach_snapshots(self, seq: SequenceBlocks) -> None:
+        pending = []
+        for index, slot in seq.pending_snapshots:
+            if index >= len(seq.nodes):
+                pending.append((index, slot))
+            elif seq.nodes[index].snapshot_slot >= 0:  # another sequence snapshotted this block first
+                self.states.release(slot)
+            else:
+                self.states.attach(slot, seq.nodes[index])
+                if self.demote_dominated_snapshots:
+                    self._demote_dominated(seq.nodes[index])
+        seq.pending_snapshots = pending
+
+    def _drop_reply_snapshot(self, seq: SequenceBlocks) -> None:
+        """A newer reply end replaces the previous one, unless a prompt point put it there or it is this step's."""
+        index = seq.reply_snapshot
+        if 0 <= index < len(seq.nodes):
+            node = seq.nodes[index]
+            if node.snapshot_slot >= 0 and self.states.usable(node):
+                self.states.drop(node.snapshot_slot)
+
+    def begin_step(self) -> None:
+        """A new scheduler step: the snapshots of the previous one are usable now (their copies ran)."""
+        if self.states is not None:
+            self.states.step += 1
+
+    def take_state_copies(self) -> tuple[list[StateCopy], list[StateCopy]]:
+        """The step's state copies: (restores before its forward, snapshots after it)."""
+        copies = (self.state_restores, self.state_snapshots)
+        self.state_restores, self.state_snapshots = [], []
+        return copies
 
     def free(self, seq_id: Hashable, hold_s: float = 0.0) -> None:
         """Release a finished, aborted or preempted sequence. Its cached blocks stay in the tree for later hits;
         ``hold_s`` > 0 retains them that long (an agent session waiting on a tool)."""
         seq = self.seqs.pop(seq_id)
+        if self.states is not None:
+            self.states.release(seq.state_slot)
+            for _, slot in seq.pending_snapshots:  # blocks that never reached the tree (a hash collision)
+                self.states.release(slot)
         if hold_s > 0:
             self._retain(seq.nodes, self._now() + hold_s)
         self.free_block_ids.extend(reversed(seq.private_block_ids()))
@@ -345,6 +458,8 @@ class KVCacheManager:
         del (parent.children if parent else self.roots)[node.block_hash]
         del self.by_hash[node.block_hash]
         node.in_tree = False
+        if node.snapshot_slot >= 0:
+            self.states.drop(node.snapshot_slot)
         self.queue.forget(node)
         self._num_unreferenced -= 1
         self.stats.evictions += 1

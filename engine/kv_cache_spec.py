@@ -10,7 +10,26 @@ from dataclasses import dataclass
 import torch
 
 KVCaches = list[tuple[torch.Tensor, ...]]  # per layer, its page tensors (GQA: K and V; MLA: one latent tensor;
-# DeepSeek-V3.2: the latent and the index keys)
+# DeepSeek-V3.2: the latent and the index keys) or, for a recurrent layer of a hybrid model, its state tensors indexed
+# by state slot
+
+
+@dataclass(frozen=True)
+class RecurrentStateSpec:
+    """What one sequence's state takes in each recurrent layer (Gated DeltaNet): one tensor per entry of
+    ``shapes``, shaped ``[num_slots, *shape]``; those marked ``fp32`` stay fp32 whatever the model dtype (the delta
+    rule's state), the others take the model dtype (the conv window)."""
+
+    num_layers: int
+    shapes: tuple[tuple[int, ...], ...]
+    fp32: tuple[bool, ...]
+
+    def dtypes(self, dtype: torch.dtype) -> list[torch.dtype]:
+        return [torch.float32 if f else dtype for f in self.fp32]
+
+    def bytes_per_state(self, dtype: torch.dtype) -> int:
+        """One slot over every recurrent layer: what a running sequence's state, or one snapshot, costs."""
+        return self.num_layers * sum(math.prod(s) * d.itemsize for s, d in zip(self.shapes, self.dtypes(dtype)))
 
 
 @dataclass(frozen=True)
@@ -34,13 +53,17 @@ class PageTensor:
 
 @dataclass(frozen=True)
 class KVCacheSpec:
-    """Each layer owns one page tensor per entry of ``token_shapes``, shaped ``[num_blocks, block_size, *shape]``."""
+    """Each layer with pages owns one page tensor per entry of ``token_shapes``, shaped
+    ``[num_blocks, block_size, *shape]``. A hybrid model's recurrent layers (``layer_is_recurrent``) own state
+    tensors instead (``recurrent``), one row per state slot; ``num_layers`` counts the layers with pages."""
 
     kind: str  # "gqa", "mla", "sparse_mla" or "compressed", for logs
     num_layers: int
     token_shapes: tuple[tuple[int, ...], ...]
     layers: tuple[tuple[PageTensor, ...], ...] = ()  # per layer, when layers differ (then token_shapes is unused)
     block_multiple: int = 1  # the block size must be a multiple of this (V4: its largest compression rate)
+    recurrent: RecurrentStateSpec | None = None
+    layer_is_recurrent: tuple[bool, ...] = ()  # per model layer (empty: every layer has pages)
 
     @classmethod
     def gqa(cls, num_layers: int, num_kv_heads: int, head_dim: int) -> KVCacheSpec:
@@ -76,14 +99,34 @@ class KVCacheSpec:
             return sum(t.bytes_per_block(block_size, dtype) for layer in self.layers for t in layer)
         return block_size * self.bytes_per_token(dtype)
 
-    def allocate(self, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device) -> KVCaches:
+    def allocate(self, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device,
+                 num_state_slots: int = 0, state_dtype: torch.dtype | None = None) -> KVCaches:
+        """Per model layer: its pages (``dtype``), or a hybrid model's recurrent states (``num_state_slots`` rows;
+        ``state_dtype``, the model dtype, for the non-fp32 ones)."""
         if block_size % self.block_multiple:
             raise ValueError(f"this model's KV cache needs a block size that is a multiple of {self.block_multiple} "
                              f"(its compressed entries and pooling state are kept per block); got {block_size}: "
                              f"pass --block-size {self.block_multiple}")
         if self.layers:
             return [tuple(t.allocate(num_blocks, block_size, dtype, device) for t in layer) for layer in self.layers]
-        return [
+        pages = [
             tuple(torch.zeros(num_blocks, block_size, *shape, dtype=dtype, device=device) for shape in self.token_shapes)
             for _ in range(self.num_layers)
         ]
+        if self.recurrent is None:
+            return pages
+        dtypes = self.recurrent.dtypes(state_dtype or dtype)
+        states = [tuple(torch.zeros(num_state_slots, *shape, dtype=d, device=device)
+                        for shape, d in zip(self.recurrent.shapes, dtypes)) for _ in range(self.recurrent.num_layers)]
+        pages_left, states_left = iter(pages), iter(states)
+        return [next(states_left) if recurrent else next(pages_left) for recurrent in self.layer_is_recurrent]
+
+    def page_layers(self, kv_caches: KVCaches) -> KVCaches:
+        """The layers whose tensors are pages (what the KV tiers copy by block)."""
+        if not self.layer_is_recurrent:
+            return kv_caches
+        return [layer for layer, recurrent in zip(kv_caches, self.layer_is_recurrent) if not recurrent]
+
+    def state_layers(self, kv_caches: KVCaches) -> KVCaches:
+        """The recurrent layers' state tensors (what a snapshot copies by slot)."""
+        return [layer for layer, recurrent in zip(kv_caches, self.layer_is_recurrent) if recurrent]

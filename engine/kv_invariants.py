@@ -46,3 +46,6 @@ def check_invariants(kv: KVCacheManager) -> None:
     assert len(free) + len(tree_blocks) + len(private) == kv.num_blocks, "a block is lost"
     for tier in kv.tiers.tiers():
         tier.check_invariants()
+    if kv.states is not None:
+        kv.states.check_invariants([seq.state_slot for seq in kv.seqs.values()],
+                                   [slot for seq in kv.seqs.values() for _, slot in seq.pending_snapshots])

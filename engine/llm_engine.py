@@ -59,6 +59,11 @@ class LLMEngine:
         self.cfg = cfg
         self.model_dir = Path(model_dir)
         self.model_cfg = ModelConfig.from_dir(self.model_dir)
+        if self.model_cfg.is_hybrid and cfg.kv_events_endpoint:
+            # vLLM's events describe pages; a router would count a hybrid model's pages as hits without knowing
+            # where its recurrent state can be resumed
+            raise ValueError("KV events (kv_events_endpoint) do not describe the recurrent-state snapshots of hybrid "
+                             "models (Qwen3.5 / 3.6, Qwen3-Next) yet; run this model without them")
         self.max_model_len = min(cfg.max_model_len or self.model_cfg.max_position_embeddings,
                                  self.model_cfg.max_position_embeddings)
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(self.model_dir))
@@ -77,7 +82,8 @@ class LLMEngine:
                                            token_ids=cfg.kv_events_token_ids) if cfg.kv_events_endpoint else None)
         self.scheduler = Scheduler(cfg, self.runner.num_blocks, model_id or str(self.model_dir), self.max_model_len,
                                    self.eos_token_ids, host_blocks=host_blocks, disk_blocks=disk_blocks,
-                                   record_events=self.kv_events is not None, clock=clock)
+                                   record_events=self.kv_events is not None, clock=clock,
+                                   state_slots=self.runner.num_state_slots)
         self.structured_outputs = StructuredOutputs(self.tokenizer, self.model_cfg.vocab_size, self.eos_token_ids,
                                                     self.runner.device, cfg.json_whitespace)
         if offload and offload.disk:  # blocks a previous run left on disk

@@ -31,7 +31,7 @@ from engine.kv_disk import DiskStore
 from engine.kv_offload import KVOffload, flat_caches
 from engine.models.architectures import build_model, random_weights_
 from engine.models.llama import AttentionMetadata
-from engine.outputs import KVTransfer, ModelRunnerOutput, NewRequestData, SchedulerOutput
+from engine.outputs import KVTransfer, ModelRunnerOutput, NewRequestData, SchedulerOutput, StateCopy
 from engine.parallel.memory import RankMemory, measure
 from engine.parallel.state import SINGLE, TensorParallel
 from engine.prompt_logprobs import PromptScoring, PromptSpan, ScoredSpan, score_spans
@@ -40,6 +40,7 @@ from engine.sampling_params import SamplingParams
 from engine.step_inputs import DeviceInputs, HostInputs, flatten
 from engine.weights import load_weights, use_fp8_layers
 from kernels.ops import fp8_gemm_supported, get_ops
+from kernels.reference_recurrent import StateBatch
 
 log = logging.getLogger(__name__)
 LogitsProcessor = Callable[[torch.Tensor, list[str]], None]  # (logits [rows, vocab] changed in place, row req ids)
@@ -73,6 +74,8 @@ class _DeviceWork:
     logits_processor: LogitsProcessor | None  # e.g. grammar masks, applied to the logits before sampling
     transfers: list[KVTransfer] = field(default_factory=list)  # copies between KV tiers, before the forward
     prompt_spans: list[PromptSpan] = field(default_factory=list)  # rows that score prompt tokens
+    state_restores: list[StateCopy] = field(default_factory=list)  # hybrid models: snapshot -> slot, before it
+    state_snapshots: list[StateCopy] = field(default_factory=list)  # ... slot -> snapshot, after it
 
 
 @dataclass
@@ -154,9 +157,14 @@ class ModelRunner:
             load_weights(model, model_dir, progress=tp.is_first)
         self.model = model.eval()
         self.kv_spec = model.kv_cache_spec()
+        recurrent = self.kv_spec.recurrent is not None
+        if recurrent and cfg.kv_offload_gb:
+            raise ValueError("the host and disk KV tiers (kv_offload_gb, kv_disk_dir) do not carry the recurrent "
+                             "states of hybrid models (Qwen3.5 / 3.6, Qwen3-Next) yet; run this model without them")
         rows = cfg.max_num_seqs
         self.max_blocks_per_row = -(-max_model_len // cfg.block_size)
-        self.inputs = DeviceInputs(max(cfg.max_num_batched_tokens, rows), rows, self.max_blocks_per_row, self.device)
+        self.inputs = DeviceInputs(max(cfg.max_num_batched_tokens, rows), rows, self.max_blocks_per_row, self.device,
+                                   recurrent)
         self.batch = InputBatch(rows, max_model_len, self.max_blocks_per_row)
         self.requests: dict[str, RunnerRequest] = {}
         self.scoring = PromptScoring()
@@ -171,10 +179,14 @@ class ModelRunner:
                                if cfg.async_scheduling and self.device.type != "cuda" else None)
         # Graphs need kernels without host syncs: the Triton ops (the torch reference reads lengths on the host).
         # Under tensor parallelism decode runs eagerly: capturing the NCCL collectives is not verified yet.
+        # Hybrid models run eagerly: their recurrent ops plan on the host (the torch reference).
         use_graphs = (self.device.type == "cuda" and cfg.attention_backend == "triton" and not cfg.enforce_eager
-                      and tp.size == 1 and getattr(model, "cuda_graphs", True))
+                      and tp.size == 1 and getattr(model, "cuda_graphs", True) and not recurrent)
         # Every rank holds its shard of every page, so all ranks agree on the pool: the smallest that fits.
-        self.num_blocks = tp.min(cfg.num_kv_blocks or self._blocks_from_memory_budget(use_graphs), self.device)
+        blocks, snapshots = self._size_cache(use_graphs)
+        self.num_blocks = tp.min(blocks, self.device)
+        # Hybrid models: a recurrent-state slot per running sequence, and the snapshots' (engine.kv.state_pool)
+        self.num_state_slots = cfg.max_num_seqs + tp.min(snapshots, self.device) if recurrent else 0
         self.kv_caches = self._new_caches(self.num_blocks)
         self.memory: RankMemory = measure(tp.rank, self.model, self.kv_caches)
         self.kv_offload = self._new_offload(model_dir) if cfg.kv_offload_gb else None
@@ -182,19 +194,21 @@ class ModelRunner:
         if use_graphs:
             self.decode_graphs = self._capture_decode_graphs()
 
-    def _new_caches(self, num_blocks: int) -> KVCaches:
-        return self.kv_spec.allocate(num_blocks, self.cfg.block_size, self.cfg.kv_cache_torch_dtype, self.device)
+    def _new_caches(self, num_blocks: int, num_state_slots: int | None = None) -> KVCaches:
+        slots = self.num_state_slots if num_state_slots is None else num_state_slots
+        return self.kv_spec.allocate(num_blocks, self.cfg.block_size, self.cfg.kv_cache_torch_dtype, self.device,
+                                     slots, self.dtype)
 
     def _new_offload(self, model_dir: Path) -> KVOffload:
         """The host pool (and disk tier) for blocks evicted from the device pool."""
-        tensors = flat_caches(self.kv_caches)
+        tensors = flat_caches(self.kv_spec.page_layers(self.kv_caches))
         per_block = sum(t[0].numel() * t.element_size() for t in tensors)
         disk = None
         if self.cfg.kv_disk_dir:
             layout = {"model": str(Path(model_dir).resolve()), "block_size": self.cfg.block_size,
                       "dtype": str(tensors[0].dtype), "shapes": [list(t.shape[1:]) for t in tensors]}
             disk = DiskStore(self.cfg.kv_disk_dir, layout)
-        return KVOffload(self.kv_caches, KVOffload.host_slots_for(self.cfg.kv_offload_gb, per_block), disk)
+        return KVOffload(self.kv_spec.page_layers(self.kv_caches), KVOffload.host_slots_for(self.cfg.kv_offload_gb, per_block), disk)
 
     def make_decode_graphs(self, kv_caches: KVCaches, use_graphs: bool) -> DecodeGraphRunner:
         """The padded decode path over ``kv_caches``; ``use_graphs=False`` runs it eagerly (CPU tests, profiling)."""
@@ -216,7 +230,8 @@ class ModelRunner:
         host = flatten(batch, self.cfg.block_size, pad_to)
         all_ids = batch.req_ids
         req_ids = [all_ids[r] for r in host.sample_rows.tolist()]
-        work = _DeviceWork(host, pad_to, None, None, req_ids, logits_processor, sched.kv_transfers)
+        work = _DeviceWork(host, pad_to, None, None, req_ids, logits_processor, sched.kv_transfers,
+                           state_restores=sched.state_restores, state_snapshots=sched.state_snapshots)
         if self.scoring:
             work.prompt_spans = self.scoring.spans(sched.scheduled, batch.row_of, host.query_start_loc)
         handle = StepHandle(self, req_ids, rows=host.sample_rows, batch_version=batch.version)
@@ -241,6 +256,7 @@ class ModelRunner:
         start, start_cpu = time.perf_counter(), time.thread_time()
         if work.transfers:
             self.kv_offload.run(work.transfers)
+        self._copy_states(work.state_restores)
         host = work.host
         input_ids, positions = self.inputs.upload(host, self._prev_sampled)
         started = None
@@ -251,6 +267,7 @@ class ModelRunner:
             hidden = self.decode_graphs.run(work.pad_to)
         else:
             hidden = self.model(input_ids, positions, self.kv_caches, self.inputs.metadata(host))
+        self._copy_states(work.state_snapshots)
         sampled = self._sample(hidden, host, work) if len(host.sample_index) else None
         scored = score_spans(hidden, work.prompt_spans, self.model.compute_logits) if work.prompt_spans else []
         launched = self._to_host(sampled, scored, timed=started is not None)
@@ -259,6 +276,16 @@ class ModelRunner:
         self.profile.launch_s += time.perf_counter() - start
         self.profile.launch_cpu_s += time.thread_time() - start_cpu
         return launched
+
+    def _copy_states(self, copies: list[StateCopy]) -> None:
+        """Copy recurrent-state slots in every recurrent layer (a list never reads a slot it writes)."""
+        if not copies:
+            return
+        src = torch.tensor([c.src for c in copies], device=self.device)
+        dst = torch.tensor([c.dst for c in copies], device=self.device)
+        for layer in self.kv_spec.state_layers(self.kv_caches):
+            for states in layer:
+                states.index_copy_(0, dst, states.index_select(0, src))
 
     def run_transfers(self, transfers: list[KVTransfer]) -> None:
         """Copies between KV tiers outside a step (a reset's disk clear), in order with the steps' device work."""
@@ -285,6 +312,8 @@ class ModelRunner:
             if not (s.new_block_ids or s.resumed) and s.req_id in batch.row_of:
                 continue  # the steady decode case: nothing changes but the counts below
             req = self.requests[s.req_id]
+            if s.state_slot >= 0:  # (re)admitted: the slot its recurrent layers' state lives in
+                req.state_slot = s.state_slot
             if s.resumed:
                 req.block_ids = list(s.new_block_ids)
             else:
@@ -388,8 +417,33 @@ class ModelRunner:
                  len(graphs.sizes), graphs.sizes[-1], time.perf_counter() - start, used / 2**30)
         return graphs
 
-    def _blocks_from_memory_budget(self, use_graphs: bool) -> int:
-        """KV blocks that fit the budget. On CUDA: ``total * gpu_memory_utilization`` minus the peak of tensors
+    def _size_cache(self, use_graphs: bool) -> tuple[int, int]:
+        """``(KV blocks, state snapshots)``: as configured, or from the memory budget. A hybrid model's running
+        sequences' states come out of the budget first; of the rest, snapshots take ``state_snapshot_fraction``
+        and pages the remainder (with ``num_kv_blocks`` given, snapshots take that fraction of pages + snapshots)."""
+        cfg, spec = self.cfg, self.kv_spec.recurrent
+        per_block = self.kv_spec.bytes_per_block(cfg.block_size, cfg.kv_cache_torch_dtype)
+        state = spec.bytes_per_state(self.dtype) if spec is not None else 0
+        fraction = cfg.state_snapshot_fraction
+        if cfg.num_kv_blocks:
+            snapshots = cfg.num_state_snapshots
+            if snapshots is None:
+                snapshots = int(fraction / (1 - fraction) * cfg.num_kv_blocks * per_block) // state if state else 0
+            return cfg.num_kv_blocks, snapshots
+        budget = self._kv_memory_budget(use_graphs) - cfg.max_num_seqs * state
+        snapshots = cfg.num_state_snapshots
+        if snapshots is None:
+            snapshots = int(fraction * budget) // state if state else 0
+        blocks = int(budget - snapshots * state) // per_block
+        if blocks < 1:
+            raise ValueError("no memory left for the KV cache; raise --gpu-memory-utilization / --kv-cache-memory-gb "
+                             "or use a smaller model")
+        log.info("KV cache: %d blocks of %d tokens (%.1f GiB)%s", blocks, cfg.block_size, blocks * per_block / 2**30,
+                 f"; {snapshots} state snapshots ({snapshots * state / 2**30:.1f} GiB)" if state else "")
+        return blocks, snapshots
+
+    def _kv_memory_budget(self, use_graphs: bool) -> int:
+        """Bytes for KV pages and recurrent states. On CUDA: ``total * gpu_memory_utilization`` minus the peak of tensors
         (weights plus a profiled full-size step), minus memory outside torch's allocator (CUDA context, other
         processes), minus the decode graphs' pool.
 
@@ -398,9 +452,8 @@ class ModelRunner:
         pool holds exactly that forward's intermediates, which smaller graphs reuse, plus the small outputs). What
         the graph executables themselves take is left to the utilization headroom; the capture logs its real cost.
         """
-        per_block = self.kv_spec.bytes_per_block(self.cfg.block_size, self.cfg.kv_cache_torch_dtype)
         if self.device.type != "cuda":
-            return max(1, int(self.cfg.kv_cache_memory_gb * 2**30) // per_block)
+            return int(self.cfg.kv_cache_memory_gb * 2**30)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
         self._profile_run()
@@ -409,13 +462,9 @@ class ModelRunner:
         graph_pool = self._profile_decode_graphs() if use_graphs else 0
         free, total = torch.cuda.mem_get_info(self.device)
         outside_torch = total - free - torch.cuda.memory_reserved(self.device)
-        budget = total * self.cfg.gpu_memory_utilization - peak - graph_pool - outside_torch
-        blocks = int(budget) // per_block
-        if blocks < 1:
-            raise ValueError("no GPU memory left for the KV cache; raise --gpu-memory-utilization or use a smaller model")
-        log.info("KV cache: %d blocks of %d tokens (%.1f GiB); reserved %.2f GiB for decode graphs",
-                 blocks, self.cfg.block_size, blocks * per_block / 2**30, graph_pool / 2**30)
-        return blocks
+        if use_graphs:
+            log.info("reserved %.2f GiB for decode graphs", graph_pool / 2**30)
+        return int(total * self.cfg.gpu_memory_utilization - peak - graph_pool - outside_torch)
 
     @torch.inference_mode()
     def _profile_run(self) -> None:
@@ -430,14 +479,20 @@ class ModelRunner:
         lengths = [min(longest, n - first) for first in range(0, n, longest)]
         positions = torch.cat([torch.arange(length) for length in lengths]).to(dev)
         ends = torch.tensor(lengths).cumsum(0)
+        starts = np.concatenate([[0], ends.numpy()]).astype(np.int32)
         meta = AttentionMetadata(
             slot_mapping=positions % bs,
             block_tables=torch.zeros(len(lengths), -(-longest // bs), dtype=torch.int32, device=dev),
             context_lens=torch.tensor(lengths, dtype=torch.int32, device=dev),
-            query_start_loc=torch.cat([torch.zeros(1, dtype=torch.long), ends]).to(dev, torch.int32),
+            query_start_loc=torch.from_numpy(starts).to(dev),
             max_query_len=max(lengths), max_context_len=max(lengths),
         )
-        hidden = self.model(torch.zeros(n, dtype=torch.long, device=dev), positions, self._new_caches(1), meta)
+        if self.kv_spec.recurrent is not None:  # every sequence in state slot 0 of a one-slot scratch state
+            none = np.zeros(len(lengths), dtype=np.int32)
+            meta.states = StateBatch(meta.query_start_loc, torch.zeros(len(lengths), dtype=torch.long, device=dev),
+                                     torch.zeros(len(lengths), dtype=torch.bool, device=dev), starts, none,
+                                     none.astype(bool))
+        hidden = self.model(torch.zeros(n, dtype=torch.long, device=dev), positions, self._new_caches(1, 1), meta)
         rows = min(self.cfg.max_num_seqs, n)
         logits = self.model.compute_logits(hidden[-rows:])
         if logits is None:  # sampled on rank 0

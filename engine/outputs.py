@@ -70,6 +70,7 @@ class ScheduledRequest:
     new_block_ids: list[int]
     samples: bool  # the chunk ends at the sequence's last token: this step samples its next one
     resumed: bool = False
+    state_slot: int = -1  # hybrid models, at (re)admission: the recurrent-state slot the sequence runs in
 
 
 class TransferKind(enum.Enum):
@@ -94,6 +95,16 @@ class KVTransfer:
     token_ids: tuple[int, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class StateCopy:
+    """Copy one recurrent-state slot into another (every recurrent layer's conv and delta-rule state): a snapshot
+    into a running sequence's slot at admission (before the step's forward), or a running slot into a new snapshot
+    (after the step's forward, which brought it to a block boundary)."""
+
+    src: int
+    dst: int
+
+
 @dataclass
 class SchedulerOutput:
     """One step's work as deltas against what the runner already holds."""
@@ -105,6 +116,8 @@ class SchedulerOutput:
     # the batch anyway; the list is there for observers.)
     preempted_req_ids: list[str] = field(default_factory=list)
     kv_transfers: list[KVTransfer] = field(default_factory=list)  # before the forward, in order
+    state_restores: list[StateCopy] = field(default_factory=list)  # hybrid models: before the forward
+    state_snapshots: list[StateCopy] = field(default_factory=list)  # hybrid models: after the forward
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -158,6 +171,8 @@ class SchedulerStats:
     prefix_cache_evictions: int = 0
     prefix_cache_host_hits_tokens: int = 0  # of the hits (first admissions and re-admissions), restored from host
     prefix_cache_disk_hits_tokens: int = 0  # ... and from disk
+    state_snapshots_cached: int = 0  # hybrid models: recurrent-state snapshots in the prefix tree
+    state_snapshot_evictions: int = 0
     kv_blocks_total: int = 0
     kv_blocks_free: int = 0  # an allocation can take them: never-used blocks plus cached blocks nobody holds
     kv_blocks_cached: int = 0

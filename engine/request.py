@@ -43,6 +43,7 @@ class Request:
     retention: Retention | None = None  # pins and hold (n > 1: the leader's; siblings share its pinned blocks)
     # `params.prompt_logprobs`: one entry per prompt token scored so far (None for the first), until delivered
     prompt_logprobs: list[TokenLogprobs | None] | None = None
+    snapshot_points: list[int] = field(default_factory=list)  # hybrid models: prompt boundaries to snapshot at
 
     @property
     def seed(self) -> int | None:

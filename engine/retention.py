@@ -32,6 +32,9 @@ class CachePin:
 class Retention:
     pins: tuple[CachePin, ...] = ()
     hold_after_finish_s: float = 0.0
+    # Hybrid models: message boundaries (token counts) where the recurrent state is worth a snapshot, e.g. the end of
+    # the system prompt and tools, the start of the last user turn (engine.kv.snapshot_policy)
+    snapshot_hints: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.hold_after_finish_s < 0:

@@ -18,6 +18,7 @@ from typing import TypeVar
 
 from engine.block_hashing import BlockHash, BlockHasher
 from engine.config import EngineConfig, SchedulingPolicy
+from engine.kv.snapshot_policy import DEFAULT_POLICY, SnapshotPolicy
 from engine.kv_cache import KVCacheManager
 from engine.outputs import (
     FinishReason,
@@ -53,14 +54,18 @@ class Scheduler:
     def __init__(
         self, cfg: EngineConfig, num_blocks: int, model_id: str, max_model_len: int, eos_token_ids: set[int],
         *, host_blocks: int = 0, disk_blocks: int = 0, record_events: bool = False,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.monotonic, state_slots: int = 0,
+        snapshot_policy: SnapshotPolicy = DEFAULT_POLICY,
     ) -> None:
         self.cfg = cfg
+        # hybrid models (state slots): where to snapshot the recurrent state, so that prefixes can be resumed
+        self.snapshot_policy = snapshot_policy if state_slots and cfg.enable_prefix_caching else None
         self.max_model_len = max_model_len
         self.eos_token_ids = eos_token_ids
         self.kv = KVCacheManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching, cfg.eviction_policy,
                                  max_retained_fraction=cfg.max_pinned_fraction, host_blocks=host_blocks,
-                                 disk_blocks=disk_blocks, record_events=record_events, clock=clock)
+                                 disk_blocks=disk_blocks, record_events=record_events, clock=clock,
+                                 state_slots=state_slots)
         self.hasher = BlockHasher(cfg.block_size, model_id)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # in admission order: the last one is preempted first
@@ -78,21 +83,24 @@ class Scheduler:
     def add_request(self, group_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     cache_salt: str | None = None, retention: Retention | None = None) -> None:
         """Queue a request; its n - 1 siblings are queued once its prompt is scheduled (they then hit its blocks)."""
-        leader = self._new_sequence(group_id, 0, list(prompt_token_ids), params, cache_salt)
-        leader.retention = retention
+        leader = self._new_sequence(group_id, 0, list(prompt_token_ids), params, cache_salt, retention)
         leader.pending_siblings = params.n - 1
         self.groups[group_id] = []
         self._enqueue(leader)
 
     def _new_sequence(self, group_id: str, index: int, prompt: list[int], params: SamplingParams,
-                      cache_salt: str | None) -> Request:
+                      cache_salt: str | None, retention: Retention | None) -> Request:
         req = Request(f"{group_id}#{index}" if index else group_id, prompt, len(prompt), params, cache_salt,
                       group_id=group_id, index=index,
                       # a prefill-only request (max_tokens 0) samples one token and drops it
                       max_num_tokens=min(len(prompt) + max(params.max_tokens, 1), self.max_model_len),
-                      prompt_logprobs=None if params.prompt_logprobs is None else [None])
+                      prompt_logprobs=None if params.prompt_logprobs is None else [None], retention=retention)
         if self.cfg.enable_prefix_caching:
             self.hasher.extend(req.block_hashes, req.token_ids, cache_salt)
+        if self.snapshot_policy is not None:
+            pins = [p.num_tokens for p in retention.pins] if retention else []
+            req.snapshot_points = self.snapshot_policy.prompt_points(
+                len(prompt), self.cfg.block_size, retention.snapshot_hints if retention else (), pins)
         return req
 
     def _enqueue(self, req: Request, front: bool = False) -> None:
@@ -140,6 +148,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput(finished_req_ids=self._finished_ids)
         self._finished_ids = []
+        self.kv.begin_step()
         budget = self.cfg.max_num_batched_tokens
         # Decodes first (one token each, latency-critical), then continuing chunked prefills.
         for req in sorted(self.running, key=_is_prefilling):
@@ -149,7 +158,7 @@ class Scheduler:
             # Preempted earlier in this loop, or done: the tokens in flight reach max_tokens or the context length.
             if req.status is not RequestStatus.RUNNING or num_tokens >= req.max_num_tokens:
                 continue
-            n = min(num_tokens - req.num_computed_tokens, budget)
+            n = self._chunk(req, min(num_tokens - req.num_computed_tokens, budget))
             new_block_ids = self._make_room(req, n, out)
             if new_block_ids is None:
                 continue
@@ -158,7 +167,25 @@ class Scheduler:
         if not out.preempted_req_ids:  # blocks just ran short: admitting new work would only thrash
             self._admit_waiting(budget, out)
         out.kv_transfers = self.kv.take_transfers()
+        out.state_restores, out.state_snapshots = self.kv.take_state_copies()
         return out
+
+    def _chunk(self, req: Request, n: int) -> int:
+        """Hybrid models: end a prefill chunk at the first snapshot point inside it (the state there exists only at
+        the end of a step)."""
+        start = req.num_computed_tokens
+        for point in req.snapshot_points:
+            if start < point < start + n:
+                return point - start
+        return n
+
+    def _snapshot(self, req: Request) -> None:
+        """Hybrid models: keep the state the step being scheduled leaves ``req`` in, if the policy wants it."""
+        end, policy = req.num_computed_tokens, self.snapshot_policy
+        if end in req.snapshot_points:
+            self.kv.take_snapshot(req.request_id, end)
+        elif policy.in_reply(end, req.num_prompt_tokens, self.cfg.block_size):
+            self.kv.take_snapshot(req.request_id, end, replaces_reply=True)
 
     def _make_room(self, req: Request, n: int, out: SchedulerOutput) -> list[int] | None:
         """Blocks for ``n`` more tokens of ``req``, preempting the newest other unscheduled requests if needed."""
@@ -187,16 +214,18 @@ class Scheduler:
         out.preempted_req_ids.append(req.request_id)
 
     def _schedule(self, req: Request, n: int, new_block_ids: list[int], out: SchedulerOutput,
-                  resumed: bool = False) -> None:
+                  resumed: bool = False, state_slot: int = -1) -> None:
         start = req.num_computed_tokens
         end = start + n
         samples = end == len(req.token_ids) + req.num_output_placeholders  # reaches the last token: samples the next
-        out.scheduled.append(ScheduledRequest(req.request_id, n, start, new_block_ids, samples, resumed))
+        out.scheduled.append(ScheduledRequest(req.request_id, n, start, new_block_ids, samples, resumed, state_slot))
         req.num_computed_tokens = end
         if start < req.num_prompt_tokens:
             self.num_prompt_tokens += min(req.num_prompt_tokens, end) - start
         if end // self.cfg.block_size > start // self.cfg.block_size:  # this step fills a block
             self._commit(req)
+            if self.snapshot_policy is not None and end % self.cfg.block_size == 0:
+                self._snapshot(req)
         if samples:
             req.num_output_placeholders += 1
             if req.pending_siblings:
@@ -212,7 +241,7 @@ class Scheduler:
         them, recomputing only the last partial block."""
         params = replace(leader.params, prompt_logprobs=None)  # the leader scores the prompt
         siblings = [
-            self._new_sequence(leader.group_id, i, leader.prompt_token_ids, params, leader.cache_salt)
+            self._new_sequence(leader.group_id, i, leader.prompt_token_ids, params, leader.cache_salt, None)
             for i in range(1, leader.pending_siblings + 1)
         ]
         leader.pending_siblings = 0
@@ -238,9 +267,10 @@ class Scheduler:
                 out.new_requests.append(NewRequestData(req.request_id, req.prompt_token_ids, req.params, req.seed))
             req.status = RequestStatus.RUNNING
             req.num_computed_tokens = cached
-            n = min(req.num_uncomputed_tokens, budget)
+            n = self._chunk(req, min(req.num_uncomputed_tokens, budget))
             self.running.append(req)
-            self._schedule(req, n, list(self.kv.block_table(req.request_id)), out, resumed)
+            self._schedule(req, n, list(self.kv.block_table(req.request_id)), out, resumed,
+                           self.kv.state_slot(req.request_id))
             budget -= n
 
     def _next_waiting(self) -> Request:
@@ -359,6 +389,8 @@ class Scheduler:
             prefix_cache_evictions=cache.evictions,
             prefix_cache_host_hits_tokens=cache.host_hits,
             prefix_cache_disk_hits_tokens=cache.disk_hits,
+            state_snapshots_cached=len(kv.states.snapshots) if kv.states is not None else 0,
+            state_snapshot_evictions=kv.states.evictions if kv.states is not None else 0,
             kv_blocks_total=kv.num_blocks,
             kv_blocks_free=kv.num_free_blocks,
             kv_blocks_cached=kv.num_cached_blocks,

@@ -15,6 +15,7 @@ import torch
 
 from engine.input_batch import InputBatch
 from engine.models.llama import AttentionMetadata
+from kernels.reference_recurrent import StateBatch
 
 
 @dataclass
@@ -31,6 +32,8 @@ class HostInputs:
     pending_dst: np.ndarray  # token rows whose id is still on the device (async scheduling) ...
     pending_src: np.ndarray  # ... and where it is in the previous step's sampled ids
     block_table_deltas: np.ndarray  # [3, D]
+    state_slots: np.ndarray  # hybrid models: each row's recurrent-state slot ...
+    has_initial_state: np.ndarray  # ... and whether it continues the state there (tokens computed before)
     num_real_rows: int
     max_query_len: int
     max_context_len: int
@@ -63,7 +66,8 @@ def flatten(batch: InputBatch, block_size: int, pad_rows_to: int | None = None) 
         input_ids=input_ids, positions=positions, slot_mapping=slots,
         query_start_loc=np.concatenate([np.zeros(1, dtype=np.int32), ends]), context_lens=context_lens,
         sample_index=ends[sample_rows] - 1, sample_rows=sample_rows, pending_dst=pending_dst, pending_src=pending_src,
-        block_table_deltas=batch.take_block_table_deltas(), num_real_rows=rows,
+        block_table_deltas=batch.take_block_table_deltas(), state_slots=batch.state_slots[:rows].copy(),
+        has_initial_state=start > 0, num_real_rows=rows,
         max_query_len=int(n.max()) if rows else 0, max_context_len=int(context_lens.max()) if rows else 0,
     )
     if pad_rows_to is not None and pad_rows_to > rows:
@@ -84,14 +88,18 @@ def _pad_decode(host: HostInputs, size: int) -> None:
 class DeviceInputs:
     """Persistent device buffers for the model's inputs, and the staging that fills them with one copy per step."""
 
-    def __init__(self, max_tokens: int, max_rows: int, max_blocks_per_row: int, device: torch.device) -> None:
+    def __init__(self, max_tokens: int, max_rows: int, max_blocks_per_row: int, device: torch.device,
+                 recurrent: bool = False) -> None:
         self.device = device
+        self.recurrent = recurrent  # a hybrid model: ship each row's state slot too
         self.input_ids = torch.zeros(max_tokens, dtype=torch.long, device=device)
         self.positions = torch.zeros(max_tokens, dtype=torch.long, device=device)
         self.slot_mapping = torch.full((max_tokens,), -1, dtype=torch.long, device=device)
         self.query_start_loc = torch.arange(max_rows + 1, dtype=torch.int32, device=device)
         self.context_lens = torch.ones(max_rows, dtype=torch.int32, device=device)
         self.block_tables = torch.zeros(max_rows, max_blocks_per_row, dtype=torch.int32, device=device)
+        self.state_slots = torch.zeros(max_rows, dtype=torch.long, device=device)
+        self.has_initial_state = torch.zeros(max_rows, dtype=torch.bool, device=device)
         self.tokens_from_device = 0  # input ids taken from the previous step's device output (async scheduling)
         self._pinned = device.type == "cuda"
         self._staging: list[torch.Tensor] = [torch.empty(0, dtype=torch.int32)] * 2  # alternate: one may be in flight
@@ -101,9 +109,11 @@ class DeviceInputs:
         """Ship the step's inputs; returns (input_ids, positions) views. Block tables are updated in place."""
         parts = [host.input_ids, host.positions, host.slot_mapping, host.query_start_loc, host.context_lens,
                  host.pending_dst, host.pending_src, host.block_table_deltas.reshape(-1)]
+        if self.recurrent:
+            parts += [host.state_slots, host.has_initial_state.astype(np.int32)]
         sizes = [len(p) for p in parts]
         staged = self._stage(np.concatenate(parts))
-        ids, pos, slots, qsl, ctx, pdst, psrc, deltas = staged.split(sizes)
+        ids, pos, slots, qsl, ctx, pdst, psrc, deltas, *states = staged.split(sizes)
         t, b = host.num_tokens, host.num_rows
         self.input_ids[:t].copy_(ids)
         self.positions[:t].copy_(pos)
@@ -117,6 +127,9 @@ class DeviceInputs:
         if deltas.numel():
             rows, cols, values = deltas.view(3, -1)
             self.block_tables[rows.long(), cols.long()] = values
+        if states:
+            self.state_slots[:b].copy_(states[0])
+            self.has_initial_state[:b].copy_(states[1])
         return self.input_ids[:t], self.positions[:t]
 
     def _stage(self, values: np.ndarray) -> torch.Tensor:
@@ -140,4 +153,10 @@ class DeviceInputs:
             query_start_loc=self.query_start_loc[: b + 1],
             max_query_len=host.max_query_len,
             max_context_len=max_context_len or host.max_context_len,
+            states=self._state_batch(host) if self.recurrent else None,
         )
+
+    def _state_batch(self, host: HostInputs) -> StateBatch:
+        b = host.num_rows
+        return StateBatch(self.query_start_loc[: b + 1], self.state_slots[:b], self.has_initial_state[:b],
+                          host.query_start_loc, host.state_slots, host.has_initial_state)

@@ -33,14 +33,25 @@ _SAFETENSORS_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch
                        "F8_E5M2": torch.float8_e5m2, "F8_E8M0": torch.float8_e8m0fnu,
                        "F4": torch.float4_e2m1fn_x2}
 
-# checkpoint projection name -> (fused parameter, index of the shard within it)
+# checkpoint projection name -> (fused parameter, index of its first part, parts it covers)
 _FUSED = {
-    "q_proj": ("qkv_proj", 0),
-    "k_proj": ("qkv_proj", 1),
-    "v_proj": ("qkv_proj", 2),
-    "gate_proj": ("gate_up_proj", 0),
-    "up_proj": ("gate_up_proj", 1),
+    "q_proj": ("qkv_proj", 0, 1),
+    "k_proj": ("qkv_proj", 1, 1),
+    "v_proj": ("qkv_proj", 2, 1),
+    "gate_proj": ("gate_up_proj", 0, 1),
+    "up_proj": ("gate_up_proj", 1, 1),
+    # Gated DeltaNet: Qwen3.5 / 3.6 (in_proj_qkv packs q, k and v) and Qwen3-Next (grouped per key head)
+    "in_proj_qkv": ("in_proj", 0, 3),
+    "in_proj_z": ("in_proj", 3, 1),
+    "in_proj_b": ("in_proj", 4, 1),
+    "in_proj_a": ("in_proj", 5, 1),
+    "in_proj_qkvz": ("in_proj", 0, 1),
+    "in_proj_ba": ("in_proj", 1, 1),
 }
+# Checkpoint prefixes kvserve does not run: a VLM's vision tower (Qwen3.5 / 3.6 serve text only)
+_SKIPPED_PREFIXES = ("model.visual.", "visual.")
+# Multi-token-prediction weights (Qwen3.5 / 3.6, DeepSeek-V3 layer 61): kept as read, for speculative decoding
+MTP_PREFIX = "mtp."
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:
@@ -128,7 +139,8 @@ _CHECKPOINT_RENAMES = {"deepseek_v4": _DEEPSEEK_V4_RENAMES}
 
 
 def _model_name(model: nn.Module, name: str) -> str:
-    """Checkpoint tensor ``name`` under the model's module names."""
+    """Checkpoint tensor ``name`` under the model's module names (a VLM checkpoint's language model as the model)."""
+    name = name.replace("model.language_model.", "model.", 1)
     if name.startswith("model."):
         name = name[len("model.") :]
     for pattern, repl in _CHECKPOINT_RENAMES.get(model.cfg.architecture, ()):
@@ -136,16 +148,41 @@ def _model_name(model: nn.Module, name: str) -> str:
     return name
 
 
-def _target(model: nn.Module, name: str) -> _Target | None:
-    """Where checkpoint tensor ``name`` goes; None for tensors we do not use."""
+def _target(model: nn.Module, name: str) -> list[_Target]:
+    """Where checkpoint tensor ``name`` goes (one target per part of a layer it fills); empty for tensors we do not
+    use."""
     name = _model_name(model, name)
     if "rotary_emb" in name:
-        return None
+        return []
     parts = name.split(".")
     try:
-        return _expert_target(model, parts) or _layer_target(model, parts)
+        stacked = _stacked_expert_targets(model, parts)
+        if stacked is not None:
+            return stacked
+        if parts[-4:-3] == ["experts"] and parts[-3].isdigit():
+            expert = _expert_target(model, parts)
+            return [expert] if expert is not None else []
+        return _layer_targets(model, parts)
     except (AttributeError, KeyError):  # a module this model does not have, e.g. DeepSeek-V3's extra MTP layer
+        return []
+
+
+def _stacked_expert_targets(model: nn.Module, parts: list[str]) -> list[_Target] | None:
+    """``...mlp.experts.{gate_up,down}_proj`` stored stacked, as transformers holds them (``[E, 2I, H]`` /
+    ``[E, H, I]``; Qwen3.5 / 3.6 MoE checkpoints) -> this rank's experts and slices of them; None for other names."""
+    if len(parts) < 3 or parts[-2] != "experts" or parts[-1] not in ("gate_up_proj", "down_proj"):
         return None
+    path = ".".join(parts[:-1])
+    experts = model.get_submodule(path)
+    sharding = experts.sharding
+    local = sharding.local_experts
+    mine = slice(local.start, local.stop)
+    if parts[-1] == "down_proj":
+        return [_Target(path, experts, "down_proj", None, (mine, *sharding.checkpoint_index("down_proj")))]
+    full, inter = sharding.intermediate_size, experts.gate_up_proj.shape[1] // 2
+    rows = sharding.checkpoint_index("gate_proj")[0]
+    return [_Target(path, experts, "gate_up_proj", (slice(None), slice(h * inter, (h + 1) * inter)),
+                    (mine, slice(rows.start + h * full, rows.stop + h * full))) for h in (0, 1)]
 
 
 def _expert_target(model: nn.Module, parts: list[str]) -> _Target | None:
@@ -166,29 +203,39 @@ def _expert_target(model: nn.Module, parts: list[str]) -> _Target | None:
     return _Target(path, experts, "gate_up_proj", (expert, half), source)
 
 
-def _layer_target(model: nn.Module, parts: list[str]) -> _Target | None:
-    """A parameter the model has under the same name, or ``...{q,k,v}_proj.*`` / ``...{gate,up}_proj.*`` -> its
-    rows of the fused ``qkv_proj`` / ``gate_up_proj``."""
+def _layer_targets(model: nn.Module, parts: list[str]) -> list[_Target]:
+    """A parameter the model has under the same name (filling all its parts), or ``...{q,k,v}_proj.*`` /
+    ``...{gate,up}_proj.*`` (and the other `_FUSED` names) -> its parts of the fused parameter."""
     path, attr = ".".join(parts[:-1]), parts[-1]
     try:
         module = model.get_submodule(path)
-        part = 0
+        first, count = 0, None
     except AttributeError:
         if len(parts) < 4 or parts[-2] not in _FUSED:
             raise
-        fused, part = _FUSED[parts[-2]]
+        fused, first, count = _FUSED[parts[-2]]
         path = ".".join(parts[:-2] + [fused])
         module = model.get_submodule(path)
     if not isinstance(getattr(module, attr, None), nn.Parameter):
-        return None
+        return []
     sharding = getattr(module, "sharding", None)
     if sharding is None:  # replicated: every rank reads all of it
-        return _Target(path, module, attr, None)
-    source = sharding.checkpoint_index(attr, part)
-    if source is None:
-        return _Target(path, module, attr, None, zero=True)
-    rows = sharding.local_rows(part, source[0].stop - source[0].start) if sharding.dim == 0 else None
-    return _Target(path, module, attr, rows, source)
+        return [_Target(path, module, attr, None)]
+    count = count or len(sharding.parts)
+    targets = []
+    offset = 0  # a tensor packing several parts (in_proj_qkv, a conv over q/k/v): each part's rows follow the last
+    for part in range(first, first + count):
+        source = sharding.checkpoint_index(attr, part)
+        if source is None:
+            targets.append(_Target(path, module, attr, None, zero=True))
+        elif sharding.dim == 0:
+            rows = slice(source[0].start + offset, source[0].stop + offset)
+            targets.append(_Target(path, module, attr, sharding.local_rows(part, rows.stop - rows.start),
+                                   (rows, *source[1:])))
+        else:
+            targets.append(_Target(path, module, attr, None, source))
+        offset += sharding.full_size(part)
+    return targets
 
 
 def use_fp8_layers(model: nn.Module, model_dir: Path) -> int:
@@ -202,11 +249,11 @@ def use_fp8_layers(model: nn.Module, model_dir: Path) -> int:
     layers = {}
     for names in _Checkpoint(checkpoint_files(model_dir)).names.values():
         for name in names:
-            target = _target(model, name.removesuffix(SCALE_SUFFIX) + ".weight") if name.endswith(SCALE_SUFFIX) else None
-            # MoE experts and layers with a GEMM of their own (V4's grouped o_a_proj) are dequantized on load
-            keeps_fp8 = target is not None and isinstance(target.module, nn.Linear)
-            if keeps_fp8 and getattr(target.module, "fp8_gemm", True):
-                layers[target.path] = _shard_sizes(model, target.path)
+            targets = _target(model, name.removesuffix(SCALE_SUFFIX) + ".weight") if name.endswith(SCALE_SUFFIX) else []
+            for target in targets:
+                # MoE experts and layers with a GEMM of their own (V4's grouped o_a_proj) are dequantized on load
+                if isinstance(target.module, nn.Linear) and getattr(target.module, "fp8_gemm", True):
+                    layers[target.path] = _shard_sizes(model, target.path)
     swapped = swap_in_fp8_linears(model, layers, fmt, model.ops.fp8_linear)
     log.info("FP8 checkpoint: %d linear layers keep e4m3 weights with %s block scales", swapped, list(fmt.block))
     return swapped
@@ -262,6 +309,7 @@ def load_weights(model: nn.Module, model_dir: Path, progress: bool = True) -> No
     if model.cfg.tie_word_embeddings:
         expected.discard("lm_head.weight")  # shares embed_tokens.weight; named_parameters lists it once anyway
     filled: set[int] = set()
+    skipped = {prefix: 0 for prefix in (*_SKIPPED_PREFIXES, MTP_PREFIX)}
     _zero_vocab_padding(model)
     for path in tqdm(files, desc="Loading weights", unit="file", disable=not progress or len(files) < 2):
         for name in ckpt.names[path]:
@@ -269,24 +317,42 @@ def load_weights(model: nn.Module, model_dir: Path, progress: bool = True) -> No
                 continue
             if name.endswith(SCALE_SUFFIX):  # read with its weight
                 continue
-            target = _target(model, name)
-            if target is None:
+            prefix = next((p for p in skipped if name.startswith(p)), None)
+            if prefix is not None:
+                skipped[prefix] += 1
                 continue
-            dst = target.destination()
-            if target.zero:
-                dst.zero_()
-                filled.add(id(getattr(target.module, target.attr)))
-                continue
-            tensor = _read(ckpt, name, target, fmt)
-            if dst.shape != tensor.shape:
-                raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(dst.shape)}")
-            dst.copy_(tensor)
-            filled.add(id(getattr(target.module, target.attr)))
-            if isinstance(target.module, Fp8Linear) and target.attr == "weight":
-                filled.add(id(target.module.weight_scale_inv))
+            for target in _target(model, name):
+                _fill(ckpt, name, target, fmt, filled)
+    if any(skipped[p] for p in _SKIPPED_PREFIXES) and progress:
+        log.info("skipped the vision tower (%d tensors): kvserve serves this model's language model, text only",
+                 sum(skipped[p] for p in _SKIPPED_PREFIXES))
+    if skipped[MTP_PREFIX] and progress:
+        log.info("left %d multi-token-prediction tensors (mtp.*) in the checkpoint: read_mtp_weights() loads them "
+                 "for speculative decoding", skipped[MTP_PREFIX])
     missing = [n for n, p in model.named_parameters() if id(p) not in filled and n in expected]
     if missing:
         raise ValueError(f"checkpoint in {model_dir} lacks {len(missing)} tensors, e.g. {missing[:3]}")
+
+
+def _fill(ckpt: _Checkpoint, name: str, target: _Target, fmt: Fp8Format | None, filled: set[int]) -> None:
+    dst = target.destination()
+    filled.add(id(getattr(target.module, target.attr)))
+    if target.zero:
+        dst.zero_()
+        return
+    tensor = _read(ckpt, name, target, fmt)
+    if dst.shape != tensor.shape:
+        raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(dst.shape)}")
+    dst.copy_(tensor)
+    if isinstance(target.module, Fp8Linear) and target.attr == "weight":
+        filled.add(id(target.module.weight_scale_inv))
+
+
+def read_mtp_weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    """The multi-token-prediction tensors (``mtp.*``) of a checkpoint, as stored: what a speculative decoder built
+    on the model's MTP head loads (the main model leaves them on disk)."""
+    ckpt = _Checkpoint(checkpoint_files(Path(model_dir)))
+    return {name: ckpt.get(name) for names in ckpt.names.values() for name in names if name.startswith(MTP_PREFIX)}
 
 
 def _zero_vocab_padding(model: nn.Module) -> None:

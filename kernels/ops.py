@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from kernels import cpu_attention, reference, reference_compressed, reference_sparse
+from kernels import cpu_attention, reference, reference_compressed, reference_recurrent, reference_sparse
 from kernels.triton_utils import interpreting
 
 
@@ -32,6 +32,8 @@ class Ops:
     sparse_mla: Callable  # absorbed MLA over those slots
     pool_windows: Callable  # DeepSeek-V4's compressors: gated pooling of token windows, state in the pages
     sink_attention: Callable  # DeepSeek-V4's attention over gathered slots, with per-head sinks
+    causal_conv1d: Callable  # recurrent layers (Gated DeltaNet): conv over each sequence's state slot
+    gated_delta_rule: Callable
 
 
 TORCH_OPS = Ops(
@@ -47,6 +49,8 @@ TORCH_OPS = Ops(
     sparse_mla=reference_sparse.sparse_mla,
     pool_windows=reference_compressed.pool_windows,
     sink_attention=reference_compressed.sink_attention,
+    causal_conv1d=reference_recurrent.causal_conv1d,
+    gated_delta_rule=reference_recurrent.gated_delta_rule,
 )
 
 

@@ -334,13 +334,20 @@ def rms_norm(
     weight: torch.Tensor,
     eps: float,
     residual: torch.Tensor | None = None,
+    zero_centered: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """RMSNorm over the last dim, in fp32. With ``residual``: returns ``(norm(x + residual), x + residual)``."""
+    """RMSNorm over the last dim, in fp32. With ``residual``: returns ``(norm(x + residual), x + residual)``.
+
+    ``zero_centered`` (Qwen3-Next / 3.5, Gemma): the gain is ``1 + weight``, applied in fp32 before one rounding."""
     if residual is not None:
         x = x + residual
         residual = x
     xf = x.float()
-    out = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if zero_centered:
+        out = (normed * (1.0 + weight.float())).to(x.dtype)
+    else:
+        out = normed.to(x.dtype) * weight
     return out if residual is None else (out, residual)
 
 

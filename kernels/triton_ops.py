@@ -1,7 +1,7 @@
 """The Triton op set returned by ``kernels.ops.get_ops("triton")``; one module per kernel."""
 from __future__ import annotations
 
-from kernels import reference_compressed
+from kernels import reference_compressed, reference_recurrent
 from kernels.ops import Ops
 from kernels.triton_activation import silu_and_mul
 from kernels.triton_attention import paged_attention
@@ -27,4 +27,7 @@ TRITON_OPS = Ops(
     sparse_mla=sparse_mla,
     pool_windows=reference_compressed.pool_windows,  # no Triton kernel yet: the reference runs on the device
     sink_attention=sink_attention,
+    # No Triton kernels of their own yet: the torch reference (correct on any device, not fast on a GPU)
+    causal_conv1d=reference_recurrent.causal_conv1d,
+    gated_delta_rule=reference_recurrent.gated_delta_rule,
 )

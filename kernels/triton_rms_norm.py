@@ -23,6 +23,7 @@ def _rms_norm_kernel(
     x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr,
     num_rows, heads, stride_xo, stride_xi, stride_ro, stride_ri, stride_o, stride_res_o, eps,
     HIDDEN: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    ZERO_CENTERED: tl.constexpr,
 ):
     rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)[:, None]
     cols = tl.arange(0, BLOCK)[None, :]
@@ -35,9 +36,12 @@ def _rms_norm_kernel(
         tl.store(residual_out_ptr + rows * stride_res_o + cols, x, mask=mask)
     xf = x.to(tl.float32)
     inv_rms = tl.rsqrt(tl.sum(xf * xf, axis=1) / HIDDEN + eps)[:, None]
-    # The reference rounds the normalized row to the activation dtype before scaling by the weight.
-    normed = (xf * inv_rms).to(x_ptr.dtype.element_ty).to(tl.float32)
     weight = tl.load(weight_ptr + cols, mask=cols < HIDDEN, other=0.0).to(tl.float32)
+    if ZERO_CENTERED:  # gain 1 + weight, one rounding at the end
+        normed = xf * inv_rms
+        weight = weight + 1.0
+    else:  # the reference rounds the normalized row to the activation dtype before scaling by the weight
+        normed = (xf * inv_rms).to(x_ptr.dtype.element_ty).to(tl.float32)
     tl.store(out_ptr + rows * stride_o + cols, (normed * weight).to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -58,8 +62,10 @@ def rms_norm(
     weight: torch.Tensor,
     eps: float,
     residual: torch.Tensor | None = None,
+    zero_centered: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """RMSNorm over the last dim, in fp32. With ``residual``: returns ``(norm(x + residual), x + residual)``."""
+    """RMSNorm over the last dim, in fp32. With ``residual``: returns ``(norm(x + residual), x + residual)``;
+    ``zero_centered``: the gain is ``1 + weight`` (as ``kernels.reference.rms_norm``)."""
     hidden = x.shape[-1]
     x_rows, heads, stride_xo, stride_xi = _as_rows(x)
     num_rows = x.numel() // hidden if hidden else 0
@@ -78,6 +84,6 @@ def rms_norm(
         _rms_norm_kernel[(triton.cdiv(num_rows, rows),)](
             x_rows, res_rows, weight, out, residual_out,
             num_rows, heads, stride_xo, stride_xi, stride_ro, stride_ri, hidden, hidden, eps,
-            HIDDEN=hidden, BLOCK=block, ROWS=rows, HAS_RESIDUAL=residual is not None,
+            HIDDEN=hidden, BLOCK=block, ROWS=rows, HAS_RESIDUAL=residual is not None, ZERO_CENTERED=zero_centered,
         )
     return out if residual is None else (out, residual_out)

@@ -79,20 +79,48 @@ def chat_breakpoints(messages: list[dict], tools: list[dict] | None) -> list[Bre
     return checked(points)
 
 
-def breakpoint_pins(points: list[Breakpoint], prompt_text: str, prompt_ids: list[int],
-                    render: Callable[[list[dict], list[dict] | None], str],
+Render = Callable[[list[dict], list[dict] | None], str]  # (messages, tools) -> prompt text, no generation prompt
+
+
+def shared_prefix_tokens(messages: list[dict], tools: list[dict] | None, prompt_text: str, prompt_ids: list[int],
+                         render: Render, encode: Callable[[str], list[int]]) -> int:
+    """How many leading prompt tokens the conversation cut to ``messages`` (and ``tools``) shares with the full
+    prompt: 0 when the template cannot render the cut alone (tools without any message)."""
+    try:
+        text = render(messages, tools)
+    except ValueError:
+        return 0
+    shared = encode(prompt_text[: len(os.path.commonprefix([prompt_text, text]))])
+    n = 0
+    while n < min(len(shared), len(prompt_ids)) and shared[n] == prompt_ids[n]:
+        n += 1
+    return n
+
+
+def breakpoint_pins(points: list[Breakpoint], prompt_text: str, prompt_ids: list[int], render: Render,
                     encode: Callable[[str], list[int]]) -> tuple[CachePin, ...]:
     """Each breakpoint as a pin on the leading prompt tokens its cut rendering shares with the full prompt."""
     pins = []
     for point in points:
-        try:
-            text = render(point.messages, point.tools)
-        except ValueError:  # a cut the template cannot render alone (tools without any message): nothing to pin
-            continue
-        shared = encode(prompt_text[: len(os.path.commonprefix([prompt_text, text]))])
-        n = 0
-        while n < min(len(shared), len(prompt_ids)) and shared[n] == prompt_ids[n]:
-            n += 1
+        n = shared_prefix_tokens(point.messages, point.tools, prompt_text, prompt_ids, render, encode)
         if n:
             pins.append(CachePin(n, point.ttl_s))
     return tuple(pins)
+
+
+def snapshot_hints(messages: list[dict], tools: list[dict] | None, prompt_text: str, prompt_ids: list[int],
+                   render: Render, encode: Callable[[str], list[int]]) -> tuple[int, ...]:
+    """Hybrid models: the message boundaries (prompt token counts) where the recurrent state is worth a snapshot
+    (engine/kv/snapshot_policy.py): the end of the leading system messages and the tools, where subagents and new
+    sessions branch off, and the start of the last user turn, which agents rewrite (Claude Code's reminders)."""
+    lead = 0
+    while lead < len(messages) and messages[lead].get("role") in ("system", "developer"):
+        lead += 1
+    # The head cut ends with an empty user turn: some templates (Qwen3.6) render nothing without a user query, and
+    # the shared text then runs to that turn's header, where every conversation with this head continues alike
+    cuts = [[*messages[:lead], {"role": "user", "content": ""}]] if lead or tools else []
+    last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=0)
+    if last_user > lead:
+        cuts.append(messages[:last_user])
+    hints = {shared_prefix_tokens(cut, tools, prompt_text, prompt_ids, render, encode) for cut in cuts}
+    return tuple(sorted(hints - {0}))

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from server.async_engine import EngineRequest, RequestStream
-from server.cache_control import Breakpoint, breakpoint_pins, chat_breakpoints
+from server.cache_control import Breakpoint, breakpoint_pins, chat_breakpoints, snapshot_hints
 from server.chat_stream import ChoiceState, choice_states, parsed_updates
 from server.context import ServingContext, new_request_id
 from server.generation import SSE_DONE, Prompt, record, sse, usage
@@ -166,9 +166,12 @@ def plan_chat(
         req, len(prompt_ids), skip_special_tokens=False, num_logprobs=num_top, structured_output=constraint,
         prompt_logprobs=req.prompt_logprobs,
     )
-    pins = breakpoint_pins(points, text, prompt_ids, lambda m, t: _render(ctx, m, t, False, kwargs), ctx.encode)
+    cut = lambda m, t: _render(ctx, m, t, False, kwargs)  # noqa: E731 - a conversation cut, rendered
+    pins = breakpoint_pins(points, text, prompt_ids, cut, ctx.encode)
+    hints = (snapshot_hints(req.messages, req.tools, text, prompt_ids, cut, ctx.encode)
+             if ctx.recurrent_state else ())
     request_id = new_request_id(id_prefix)
-    request = EngineRequest(request_id, prompt_ids, params, cache_salt, ctx.retention(pins, session))
+    request = EngineRequest(request_id, prompt_ids, params, cache_salt, ctx.retention(pins, session, hints))
     prompt = Prompt(request, constraint_param="tools", constraint_optional=guards_only_auto_calls(req))
     return ChatPlan(request_id, created, req, body, prompt, thinking, num_top, session, endpoint,
                     max((p.num_tokens for p in pins), default=0))

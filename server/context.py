@@ -150,11 +150,18 @@ class ServingContext:
                 param="model", code="model_not_found",
             )
 
-    def retention(self, pins: tuple[CachePin, ...], session: str | None) -> Retention | None:
-        """What the engine should keep of a request: its breakpoints' pins and, for an agent session, a hold after
-        it ends (extended when the reply ends in tool calls; see `TOOL_CALL_GRACE_S`)."""
+    @property
+    def recurrent_state(self) -> bool:
+        """The model is a hybrid whose prefix hits need state snapshots (requests carry message-boundary hints)."""
+        return self.engine.engine.model_cfg.is_hybrid
+
+    def retention(self, pins: tuple[CachePin, ...], session: str | None,
+                  snapshot_hints: tuple[int, ...] = ()) -> Retention | None:
+        """What the engine should keep of a request: its breakpoints' pins, for an agent session a hold after it
+        ends (extended when the reply ends in tool calls; see `TOOL_CALL_GRACE_S`), and for a hybrid model where
+        to snapshot its recurrent state."""
         hold = TOOL_CALL_GRACE_S if session and self.engine.engine.cfg.tool_call_ttl > 0 else 0.0
-        return Retention(pins, hold) if pins or hold else None
+        return Retention(pins, hold, snapshot_hints) if pins or hold or snapshot_hints else None
 
     def encode(self, text: str) -> list[int]:
         # The chat templates write BOS and friends themselves; adding special tokens would double them.

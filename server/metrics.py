@@ -26,6 +26,8 @@ _SNAPSHOT_METRICS: dict[str, tuple[str, str]] = {
     "prefix_cache_evictions": ("counter", "Cached KV blocks evicted from the device pool to make room."),
     "prefix_cache_host_hits_tokens": ("counter", "Cached tokens restored from the host tier instead of recomputed."),
     "prefix_cache_disk_hits_tokens": ("counter", "Cached tokens restored from the disk tier instead of recomputed."),
+    "state_snapshots_cached": ("gauge", "Hybrid models: recurrent-state snapshots a prefix hit can resume from."),
+    "state_snapshot_evictions": ("counter", "Hybrid models: state snapshots dropped to make room."),
     "kv_blocks_total": ("gauge", "KV cache blocks in the pool."),
     "kv_blocks_free": ("gauge", "KV blocks an allocation can take (free, or cached and held by no request)."),
     "kv_blocks_cached": ("gauge", "KV blocks holding a cached prefix block (held or not)."),

@@ -150,6 +150,21 @@ def test_deepseek_v3_tiny_has_mla_grouped_routing_with_bias_and_yarn() -> None:
 
 
 SLOW_TINY = [pytest.param(name, marks=pytest.mark.slow) for name in ("deepseek-v3.2-tiny", "deepseek-v4-tiny")]
+@pytest.mark.parametrize("name", ["qwen3.6-tiny", "qwen3.6-moe-tiny"])
+def test_qwen36_tiny_is_qwen36_shaped(name: str) -> None:
+    """Qwen3.6's language model as Qwen3_5ForCausalLM saves it: three Gated DeltaNet layers then gated attention,
+    a quarter of each head rotated, the real vocabulary, context length, tokenizer and template."""
+    model_dir = resolve_model(name)
+    config = AutoConfig.from_pretrained(model_dir)
+    assert config.model_type == ("qwen3_5_text" if name == "qwen3.6-tiny" else "qwen3_5_moe_text")
+    assert config.layer_types == ["linear_attention"] * 3 + ["full_attention"]
+    assert config.rope_parameters["partial_rotary_factor"] == 0.25 and config.max_position_embeddings == 262144
+    assert config.vocab_size == 248320 and not config.tie_word_embeddings
+    tokenizer_config = json.loads((model_dir / "tokenizer_config.json").read_text())
+    assert tokenizer_config["chat_template"] == load_template("qwen3.6")
+    assert AutoTokenizer.from_pretrained(model_dir).convert_tokens_to_ids("<|im_start|>") == 248045
+
+
 PROMPTS = [
     "Hello, my name is",
     "def fibonacci(n):\n    ",
@@ -176,7 +191,7 @@ def _greedy(model, ids: list[int], steps: int = 20) -> list[int]:
 
 
 @pytest.mark.parametrize("name", ["qwen3-tiny", "deepseek-tiny", "qwen3-moe-tiny", "deepseek-v3-tiny",
-                                  *SLOW_TINY])
+                                  "qwen3.6-tiny", "qwen3.6-moe-tiny", *SLOW_TINY])
 def test_random_weights_give_varied_context_dependent_greedy_output(name: str) -> None:
     model_dir = resolve_model(name)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -11,8 +11,10 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from server.cache_control import snapshot_hints
 from server.normalize import normalize_for_cache, strip_billing_nonces
 from server.rendering import Renderer, get_renderer
+from server.rendering.request import serving_template_kwargs
 
 from benchmarks.prefix.trace import (
     CHANGE_BILLING_NONCE,
@@ -27,7 +29,7 @@ from benchmarks.prefix.workloads import ChatRequest, Workload
 
 REASONING_MARKERS = ("<think>",)  # where a dropped reasoning block starts in the rendered text
 # Which template kwarg switches thinking on, per template family (families without one ignore the setting).
-_THINKING_KWARG = {"qwen3": "enable_thinking", "deepseek-v3.1": "thinking"}
+_THINKING_KWARG = {"qwen3": "enable_thinking", "qwen3.6": "enable_thinking", "deepseek-v3.1": "thinking"}
 
 
 @dataclass
@@ -43,8 +45,9 @@ class ModelText:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def template_kwargs(self, enable_thinking: bool) -> dict:
+        """As the server renders (its defaults, e.g. Qwen3.6's preserve_thinking), with thinking switched."""
         key = _THINKING_KWARG.get(self.template)
-        return {key: enable_thinking} if key else {}
+        return {**serving_template_kwargs(self.renderer), **({key: enable_thinking} if key else {})}
 
 
 def load_model_text(model: str) -> ModelText:
@@ -121,17 +124,21 @@ def tokenize_workload(workload: Workload, mt: ModelText) -> list[TokenRequest]:
             change = normalization_change(parent, req, mt.renderer) or change
         if parent is not None and change is None:
             change = template_change("".join(texts[parent.request_id]), prompt)
+        prompt_ids = mt.encode(prompt)
+        cut = lambda m, t: mt.renderer.render(m, t, add_generation_prompt=False,  # noqa: E731
+                                              **mt.template_kwargs(workload.enable_thinking))
         out.append(
             TokenRequest(
                 request_id=req.request_id,
                 session=req.session,
-                prompt=mt.encode(prompt),
+                prompt=prompt_ids,
                 output=mt.encode(reply),
                 salt=req.salt,
                 parent=req.parent,
                 turn=req.turn,
                 change=change,
                 arrival=req.arrival,
+                snapshot_hints=snapshot_hints(req.messages, req.tools, prompt, prompt_ids, cut, mt.encode),
             )
         )
     return out

@@ -41,6 +41,7 @@ class TokenRequest:
     think_s: float = 0.0  # after its parent finished, how long until it arrives (an agent's tool-call gap)
     ends_in_tool_call: bool = False  # its reply is a tool call: the session comes back after the tool ran
     pins: tuple[CachePin, ...] = ()  # cache_control breakpoints (engine/retention.py)
+    snapshot_hints: tuple[int, ...] = ()  # hybrid models: the message boundaries the server would hint
 
     @property
     def prompt_tokens(self) -> int:

@@ -40,6 +40,12 @@ _FAMILY_KEYS: dict[str, tuple[str, dict[str, Any]]] = {
     # V4's attention and routing schedules (layer_types, mlp_layer_types, compress_rates, ...) come with the recipe
     "deepseek_v4": ("DeepseekV4ForCausalLM", {"attention_bias": False, "scoring_func": "sqrtsoftplus",
                                               "norm_topk_prob": True, "num_nextn_predict_layers": 0}),
+    # Qwen3.5 / 3.6's language model alone (what Qwen3_5ForCausalLM saves); the linear-attention sizes come with
+    # the recipe's `config`
+    "qwen3_5_text": ("Qwen3_5ForCausalLM", {"attention_bias": False, "full_attention_interval": 4,
+                                            "linear_conv_kernel_dim": 4, "partial_rotary_factor": 0.25}),
+    "qwen3_5_moe_text": ("Qwen3_5MoeForCausalLM", {"attention_bias": False, "full_attention_interval": 4,
+                                                   "linear_conv_kernel_dim": 4, "partial_rotary_factor": 0.25}),
 }
 SUPPORTED_MODEL_TYPES = tuple(_FAMILY_KEYS)
 

@@ -18,6 +18,8 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
+from engine.config import HYBRID_ARCHITECTURES
+
 from .deepseek_tokenizer import write_deepseek_tokenizer
 from .hf_layout import DecoderDims, TokenizerInfo, write_model_configs
 from .qwen_tokenizer import write_qwen3_tokenizer, write_qwen36_tokenizer
@@ -45,6 +47,11 @@ class InitScales:
     bias: float = 0.5
     norm: float = 0.2  # norm weights are gain * (1 + N(0, norm)): positive, but not all equal
     correction_bias: float = 0.05  # DeepSeek-V3's router bias: shifts sigmoid scores in (0, 1) without ruling them
+    # Gated DeltaNet: log A around -2 (A ~ 0.14): with softplus(a + dt_bias) of a few units a token's state decays
+    # over several tokens, so the recurrent layers carry context instead of forgetting at once
+    a_log: float = -2.0
+    a_log_spread: float = 0.5
+    dt_bias: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -121,12 +128,20 @@ def _generator(seed: int, name: str) -> torch.Generator:
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little"))
 
 
-def random_tensor(name: str, shape: tuple[int, ...], seed: int, scales: InitScales) -> torch.Tensor:
+def random_tensor(name: str, shape: tuple[int, ...], seed: int, scales: InitScales,
+                  zero_centered_norms: bool = False) -> torch.Tensor:
+    """``zero_centered_norms`` (Qwen3-Next / 3.5): norm weights w apply as 1 + w, so the same gains are drawn minus
+    one (the gated norm of the linear-attention layers is an ordinary one)."""
     values = torch.randn(shape, generator=_generator(seed, name), dtype=torch.float32)
+    offset = 1.0 if zero_centered_norms and not name.endswith("linear_attn.norm.weight") else 0.0
     if name.endswith(("q_norm.weight", "k_norm.weight")):
-        return scales.qk_norm * (1.0 + scales.norm * values)
+        return scales.qk_norm * (1.0 + scales.norm * values) - offset
     if name.endswith("norm.weight"):
-        return 1.0 + scales.norm * values
+        return 1.0 + scales.norm * values - offset
+    if name.endswith("A_log"):
+        return scales.a_log + scales.a_log_spread * values
+    if name.endswith("dt_bias"):
+        return scales.dt_bias * values
     if name.endswith(".bias"):
         return scales.bias * values
     if name.endswith("e_score_correction_bias"):
@@ -155,10 +170,12 @@ def build_tiny_model(recipe: TinyRecipe, template: str, out_dir: Path, scales: I
 def write_random_weights(out_dir: Path, seed: int, scales: InitScales = InitScales()) -> None:
     """model.safetensors (fp32) for the config.json in ``out_dir``, every tensor drawn from ``seed``."""
     shapes = _parameter_shapes(out_dir)
-    num_experts = json.loads((out_dir / "config.json").read_text()).get("n_routed_experts")
+    config = json.loads((out_dir / "config.json").read_text())
+    num_experts = config.get("n_routed_experts")
+    zero_centered = config.get("model_type") in HYBRID_ARCHITECTURES  # norm weights w apply as 1 + w
     tensors = {
         name: hash_routes(name, shape, seed, num_experts) if name.endswith("tid2eid")
-        else random_tensor(name, shape, seed, scales)
+        else random_tensor(name, shape, seed, scales, zero_centered)
         for name, shape in tqdm(sorted(shapes.items()), desc="random weights", disable=None)
     }
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})

@@ -11,6 +11,7 @@ from engine.models.deepseek_v3 import DeepseekV3ForCausalLM
 from engine.models.deepseek_v32 import DeepseekV32ForCausalLM
 from engine.models.deepseek_v4 import DeepseekV4ForCausalLM
 from engine.models.llama import LlamaForCausalLM
+from engine.models.qwen3_next import HybridForCausalLM
 from engine.parallel.state import SINGLE, TensorParallel
 from kernels.ops import Ops
 
@@ -24,6 +25,11 @@ MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "deepseek_v3": DeepseekV3ForCausalLM,
     "deepseek_v32": DeepseekV32ForCausalLM,
     "deepseek_v4": DeepseekV4ForCausalLM,
+    "qwen3_next": HybridForCausalLM,
+    "qwen3_5": HybridForCausalLM,  # the language model of Qwen3_5ForConditionalGeneration (Qwen3.5 / 3.6)
+    "qwen3_5_moe": HybridForCausalLM,
+    "qwen3_5_text": HybridForCausalLM,  # Qwen3_5ForCausalLM: the language model alone (qwen3.6-tiny)
+    "qwen3_5_moe_text": HybridForCausalLM,
 }
 assert set(MODEL_CLASSES) == set(SUPPORTED_ARCHITECTURES)
 

@@ -18,6 +18,7 @@ from engine.models.rope import build_cos_sin_cache
 from engine.parallel.linear import VocabParallelEmbedding, lm_head_parallel, qkv_parallel, row_parallel
 from engine.parallel.state import SINGLE, TensorParallel
 from kernels.ops import Ops
+from kernels.reference_recurrent import StateBatch
 
 
 @dataclass
@@ -35,13 +36,22 @@ class AttentionMetadata:
     query_start_loc: torch.Tensor
     max_query_len: int
     max_context_len: int
+    states: StateBatch | None = None  # hybrid models: each sequence's state slot (recurrent layers)
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
+    """``zero_centered``: the checkpoint's weight w applies as ``1 + w`` (Qwen3-Next / 3.5)."""
+
+    def __init__(self, dim: int, eps: float, zero_centered: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.zero_centered = zero_centered
+
+    def forward(self, ops: Ops, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if self.zero_centered:
+            return ops.rms_norm(x, self.weight, self.eps, residual, zero_centered=True)
+        return ops.rms_norm(x, self.weight, self.eps, residual)
 
 
 class Attention(nn.Module):
@@ -87,12 +97,19 @@ class Attention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int, attention_class: type[nn.Module], tp: TensorParallel) -> None:
+    """Pre-norm residual block: a token mixer (``self_attn``, or a hybrid model's ``linear_attn``) then the MLP."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int, mixer: nn.Module, tp: TensorParallel) -> None:
         super().__init__()
-        self.self_attn = attention_class(cfg, tp)
+        self.mixer_name = "linear_attn" if getattr(mixer, "recurrent", False) else "self_attn"  # checkpoint names
+        self.add_module(self.mixer_name, mixer)
         self.mlp = make_mlp(cfg, layer_idx, tp)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.zero_centered_norms)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.zero_centered_norms)
+
+    @property
+    def mixer(self) -> nn.Module:
+        return self._modules[self.mixer_name]
 
 
 class LlamaForCausalLM(nn.Module):
@@ -109,11 +126,15 @@ class LlamaForCausalLM(nn.Module):
         self.ops = ops
         self.tp = tp
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, self.attention_class, tp) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, self.make_mixer(i), tp) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.zero_centered_norms)
         self.lm_head = lm_head_parallel(cfg.hidden_size, cfg.vocab_size, tp)
         self.tie_weights()
         self.cos_sin_cache: torch.Tensor | None = None  # set by init_rope, after the weights have a device
+
+    def make_mixer(self, layer_idx: int) -> nn.Module:
+        """Layer ``layer_idx``'s token mixer (every layer: ``attention_class``)."""
+        return self.attention_class(self.cfg, self.tp)
 
     def tie_weights(self) -> None:
         """Share the embedding with the output head (tied checkpoints); redo after moving off the meta device."""
@@ -145,17 +166,15 @@ class LlamaForCausalLM(nn.Module):
         x = tp.all_reduce(self.embed_tokens(input_ids))
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches):
-            norm = layer.input_layernorm
             if residual is None:
                 residual = x
-                h = ops.rms_norm(x, norm.weight, norm.eps)
+                h = layer.input_layernorm(ops, x)
             else:
-                h, residual = ops.rms_norm(x, norm.weight, norm.eps, residual)
-            h = tp.all_reduce(layer.self_attn(ops, h, positions, self.cos_sin_cache, kv_cache, meta))
-            norm = layer.post_attention_layernorm
-            h, residual = ops.rms_norm(h, norm.weight, norm.eps, residual)
+                h, residual = layer.input_layernorm(ops, x, residual)
+            h = tp.all_reduce(layer.mixer(ops, h, positions, self.cos_sin_cache, kv_cache, meta))
+            h, residual = layer.post_attention_layernorm(ops, h, residual)
             x = tp.all_reduce(layer.mlp(ops, h))
-        out, _ = ops.rms_norm(x, self.norm.weight, self.norm.eps, residual)
+        out, _ = self.norm(ops, x, residual)
         return out
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:

@@ -95,8 +95,21 @@ class Experts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(experts, hidden_size, inter))
 
 
+class SharedExpertGate(nn.Module):
+    """Qwen3-Next / 3.5: the shared expert's output is scaled per token by ``sigmoid(x @ weight.T)`` (one logit).
+    Replicated on every rank: the scale multiplies the rank's partial sum of the shared expert."""
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(1, hidden_size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(F.linear(x, self.weight))
+
+
 class SparseMoE(nn.Module):
-    """Routed experts plus, for DeepSeek, always-on shared experts (one MLP of ``n_shared x`` the expert width).
+    """Routed experts plus, for DeepSeek, always-on shared experts (one MLP of ``n_shared x`` the expert width), or,
+    for Qwen3-Next / 3.5, one ``shared_expert`` behind a sigmoid ``shared_expert_gate``.
 
     Every rank routes every token (the router is replicated) and returns its partial sum: its experts' (or expert
     slices') contributions plus its slice of the shared experts."""
@@ -110,6 +123,11 @@ class SparseMoE(nn.Module):
             MLP(hidden_size, moe.intermediate_size * moe.num_shared_experts, tp, moe.swiglu_limit)
             if moe.num_shared_experts else None
         )
+        if moe.gated_shared_expert:
+            self.shared_expert = MLP(hidden_size, moe.gated_shared_expert, tp)
+            self.shared_expert_gate = SharedExpertGate(hidden_size)
+        else:
+            self.shared_expert = self.shared_expert_gate = None
 
     def forward(self, ops: Ops, x: torch.Tensor, input_ids: torch.Tensor | None = None) -> torch.Tensor:
         weights, ids = self.gate(x) if isinstance(self.gate, Router) else self.gate(x, input_ids)
@@ -118,6 +136,8 @@ class SparseMoE(nn.Module):
         out = ops.fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids, **limit)
         if self.shared_experts is not None:
             out = out + self.shared_experts(ops, x)
+        if self.shared_expert is not None:
+            out = out + self.shared_expert_gate(x) * self.shared_expert(ops, x)
         return out
 
 

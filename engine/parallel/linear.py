@@ -61,6 +61,10 @@ class Sharding:
         rows = slice(units.start * size, units.stop * size)
         return (rows,) if self.dim == 0 else (slice(None), rows)
 
+    def full_size(self, part: int) -> int:
+        """Rows (or columns) of part ``part`` in the checkpoint, over all ranks."""
+        return self.parts[part].units * self.parts[part].unit_size
+
     def local_rows(self, part: int, num_read: int) -> slice:
         """Where ``num_read`` rows read for ``part`` go in this rank's (fused) tensor."""
         start = sum(self.local_sizes[:part])
@@ -89,9 +93,10 @@ def row_parallel(in_features: int, out_features: int, tp: TensorParallel, bias: 
 
 
 def qkv_parallel(hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, tp: TensorParallel,
-                 bias: bool) -> nn.Linear:
-    """The fused q/k/v projection of this rank's query heads and the KV heads they read."""
-    return column_parallel(hidden_size, [Part(num_heads, head_dim), Part(num_kv_heads, head_dim),
+                 bias: bool, q_unit: int | None = None) -> nn.Linear:
+    """The fused q/k/v projection of this rank's query heads and the KV heads they read (``q_unit``: rows per query
+    head, when q_proj gives more than the query, e.g. a gate per head)."""
+    return column_parallel(hidden_size, [Part(num_heads, q_unit or head_dim), Part(num_kv_heads, head_dim),
                                          Part(num_kv_heads, head_dim)], tp, bias)
 
 

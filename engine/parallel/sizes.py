@@ -19,6 +19,11 @@ def shape_problems(model: ModelConfig, size: int, expert_parallel: bool) -> list
     kv = model.num_kv_heads
     if model.mla is None and not (_splits(kv, size) if kv >= size else _splits(size, kv)):
         problems.append(f"its {kv} KV heads neither split over {size} ranks nor repeat evenly on them")
+    lin = model.linear
+    if lin is not None:
+        if not _splits(lin.num_key_heads, size) or not _splits(lin.num_value_heads, size):
+            problems.append(f"its {lin.num_key_heads} linear-attention key heads (and {lin.num_value_heads} value "
+                            f"heads) do not split over {size} ranks")
     moe = model.moe
     has_dense = moe is None or len(moe.moe_layers) < model.num_layers
     if has_dense and not _splits(model.intermediate_size, size):
@@ -30,6 +35,8 @@ def shape_problems(model: ModelConfig, size: int, expert_parallel: bool) -> list
             problems.append(f"its expert width {moe.intermediate_size} does not split over {size} ranks")
         if moe.num_shared_experts and not _splits(moe.intermediate_size * moe.num_shared_experts, size):
             problems.append(f"its shared-expert width does not split over {size} ranks")
+        if moe.gated_shared_expert and not _splits(moe.gated_shared_expert, size):
+            problems.append(f"its shared-expert width {moe.gated_shared_expert} does not split over {size} ranks")
     return problems
 
 

@@ -45,3 +45,24 @@ def random_prompts(vocab: int, lengths: list[int], seed: int = 0) -> list[list[i
 @pytest.fixture(scope="session")
 def qwen3_llm() -> LLM:
     return LLM("qwen3-tiny", block_size=4, num_kv_blocks=2048)
+
+
+class _HybridDirs(dict):
+    """kind -> directory, each written on first use."""
+
+    def __init__(self, root) -> None:
+        super().__init__()
+        self.root = root
+
+    def __missing__(self, kind: str) -> str:
+        from tests.hybrid_models import write_hybrid_checkpoint
+
+        self[kind] = str(write_hybrid_checkpoint(kind, self.root / kind))
+        return self[kind]
+
+
+@pytest.fixture(scope="session")
+def hybrid_dirs(tmp_path_factory) -> dict[str, str]:
+    """Tiny hybrid checkpoints (Qwen3.5 dense with its vision tower, Qwen3.5-MoE, Qwen3-Next) by kind, written
+    once per session, on first use, by transformers' save_pretrained (tests/hybrid_models.py)."""
+    return _HybridDirs(tmp_path_factory.mktemp("hybrid"))

@@ -154,3 +154,11 @@ def qwen36_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(params=["qwen", "smol"])
 def any_server(request: pytest.FixtureRequest) -> LiveServer:
     return request.getfixturevalue(f"{request.param}_server")
+
+
+@pytest.fixture(scope="session")
+def hybrid_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """qwen3.6-tiny: the hybrid architecture (Gated DeltaNet + gated attention), whose prefix hits need recurrent-state
+    snapshots (docs/HYBRID_CACHE.md), with the real Qwen3.6 tokenizer and template."""
+    yield from _live_server(tmp_path_factory, "qwen3.6-tiny",
+                            EngineConfig(block_size=4, num_kv_blocks=1024, max_model_len=2048, num_state_snapshots=32))

@@ -1,0 +1,87 @@
+"""The recurrent-state group of a hybrid model (Gated DeltaNet layers): a pool of state slots.
+
+A slot is one row of every recurrent layer's state tensors (conv window + delta-rule state). Each slot is exactly one
+of:
+  free      -- in the free list;
+  running   -- held by a running sequence, whose steps advance the state in it;
+  pending   -- a snapshot copied from a running slot after a step, waiting for its block to enter the prefix tree;
+  snapshot  -- the state at the end of a cached block, owned by that tree node: a prefix hit can resume there.
+Snapshots leave least recently used first (those of pinned or held blocks last); a snapshot taken in the current
+step is never reused in that step, since its copy runs after the step's forward. Slot ids only: the runner owns the
+tensors and performs the copies the KV manager asks for (`engine.outputs.StateCopy`).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.kv_blocks import CachedBlock
+
+
+class StatePool:
+    def __init__(self, num_slots: int) -> None:
+        self.num_slots = num_slots
+        self._free = list(range(num_slots - 1, -1, -1))  # pop() hands out low slots first
+        self.snapshots: OrderedDict[int, CachedBlock] = OrderedDict()  # slot -> its node, least recently used first
+        self.step = 0  # the scheduler's step counter: snapshots of the current step are not usable yet
+        self.evictions = 0  # snapshots dropped to make room
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def num_available(self, keep: int = -1) -> int:
+        """Slots a sequence could take now: free ones plus evictable snapshots (never ``keep``)."""
+        return len(self._free) + sum(1 for slot, node in self.snapshots.items()
+                                     if slot != keep and node.snapshot_step < self.step)
+
+    def take(self, keep: int = -1) -> int | None:
+        """A free slot, evicting the least recently used snapshot if none is (ordinary blocks' before retained
+        ones', never ``keep`` nor one taken this step); None when every slot is running or pending."""
+        if self._free:
+            return self._free.pop()
+        candidates = [(node.retained, i, slot) for i, (slot, node) in enumerate(self.snapshots.items())
+                      if slot != keep and node.snapshot_step < self.step]
+        if not candidates:
+            return None
+        _, _, slot = min(candidates)
+        self.detach(slot)
+        self.evictions += 1
+        return slot
+
+    def release(self, slot: int) -> None:
+        self._free.append(slot)
+
+    def attach(self, slot: int, node: CachedBlock) -> None:
+        """Slot ``slot`` holds the state at the end of ``node``'s block (usable from the next step on)."""
+        node.snapshot_slot, node.snapshot_step = slot, self.step
+        self.snapshots[slot] = node
+
+    def touch(self, slot: int) -> None:
+        self.snapshots.move_to_end(slot)
+
+    def demote(self, slot: int) -> None:
+        """Make the snapshot the next to go (another one on the same path serves its purpose better)."""
+        self.snapshots.move_to_end(slot, last=False)
+
+    def detach(self, slot: int) -> None:
+        """The snapshot in ``slot`` is gone (its node left the tree, or the slot is reused): the node forgets it."""
+        node = self.snapshots.pop(slot)
+        node.snapshot_slot = -1
+
+    def drop(self, slot: int) -> None:
+        self.detach(slot)
+        self._free.append(slot)
+
+    def usable(self, node: CachedBlock) -> bool:
+        return node.snapshot_slot >= 0 and node.snapshot_step < self.step
+
+    def check_invariants(self, running: list[int], pending: list[int]) -> None:
+        """``running``: the slots sequences run in; ``pending``: snapshots not attached to a node yet."""
+        held = running + pending + list(self.snapshots)
+        assert len(set(held)) == len(held), "a state slot is held twice"
+        assert not set(held) & set(self._free), "a state slot is both free and held"
+        assert len(held) + len(self._free) == self.num_slots, "a state slot is lost"
+        for slot, node in self.snapshots.items():
+            assert node.in_tree and node.snapshot_slot == slot, "a snapshot's node left the tree or forgot it"

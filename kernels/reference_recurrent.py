@@ -1,0 +1,140 @@
+"""Pure-torch reference ops of the recurrent (linear-attention) layers: the causal depthwise conv1d and the gated
+delta rule of Gated DeltaNet (Qwen3-Next, Qwen3.5 / 3.6), over the flattened batch of one step.
+
+Each sequence's recurrent state lives in a *state slot*: row ``slot`` of the layer's ``conv_state``
+``[num_slots, C, K - 1]`` (the last K - 1 conv inputs, model dtype) and ``ssm_state`` ``[num_slots, Hv, Dk, Dv]``
+(fp32). A sequence with ``has_initial_state`` continues from its slot (a previous chunk, or a snapshot copied in
+at admission); one without starts from zeros. Both ops write the state after the sequence's last new token back
+into its slot. A prefill chunk runs the chunked form of the delta rule, a lone decode token the recurrent form;
+decode rows are computed together.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+CHUNK = 64  # tokens per chunk of the chunked delta rule (as FLA and transformers)
+L2NORM_EPS = 1e-6
+
+
+@dataclass
+class StateBatch:
+    """One step's sequences as the recurrent ops see them: device tensors, and host copies to plan with (no
+    device sync)."""
+
+    query_start_loc: torch.Tensor  # [B + 1] int32: sequence b owns rows query_start_loc[b]:query_start_loc[b + 1]
+    state_slots: torch.Tensor  # [B] int64
+    has_initial_state: torch.Tensor  # [B] bool
+    host_starts: np.ndarray  # [B + 1] the same offsets on the host
+    host_slots: np.ndarray  # [B]
+    host_has_initial: np.ndarray  # [B] bool
+
+    @property
+    def decode_rows(self) -> np.ndarray:
+        """Sequences with one new token that continue a state: the recurrent form, all together."""
+        return np.nonzero((np.diff(self.host_starts) == 1) & self.host_has_initial)[0]
+
+    @property
+    def prefill_rows(self) -> np.ndarray:
+        lens = np.diff(self.host_starts)
+        return np.nonzero((lens > 0) & ~((lens == 1) & self.host_has_initial))[0]
+
+
+def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, batch: StateBatch) -> torch.Tensor:
+    """SiLU(depthwise causal conv) of ``x`` ``[T, C]`` with ``weight`` ``[C, K]``, each sequence continuing the
+    inputs kept in its slot of ``conv_state`` ``[S, C, K - 1]``; updates the slots."""
+    out = torch.empty_like(x)
+    kernel = weight.shape[1]
+    decode = batch.decode_rows
+    if len(decode):
+        rows = torch.from_numpy(batch.host_starts[decode]).to(x.device).long()
+        slots = torch.from_numpy(batch.host_slots[decode]).to(x.device).long()
+        window = torch.cat([conv_state[slots], x[rows].unsqueeze(-1).to(conv_state.dtype)], dim=-1)  # [B, C, K]
+        out[rows] = F.silu((window.to(weight.dtype) * weight).sum(-1)).to(x.dtype)
+        conv_state[slots] = window[..., 1:]
+    for b in batch.prefill_rows.tolist():
+        start, end, slot = int(batch.host_starts[b]), int(batch.host_starts[b + 1]), int(batch.host_slots[b])
+        history = conv_state[slot] if batch.host_has_initial[b] else conv_state.new_zeros(conv_state.shape[1:])
+        padded = torch.cat([history, x[start:end].T.to(conv_state.dtype)], dim=-1)  # [C, K - 1 + L]
+        length = end - start
+        acc = sum(padded[:, j : j + length].to(weight.dtype) * weight[:, j : j + 1] for j in range(kernel))
+        out[start:end] = F.silu(acc).T.to(x.dtype)
+        conv_state[slot] = padded[:, length:]
+    return out
+
+
+def _l2norm(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
+
+
+def gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    ssm_state: torch.Tensor,
+    batch: StateBatch,
+) -> torch.Tensor:
+    """The gated delta rule with L2-normalised q/k: per value head, ``S = exp(g_t) S``; ``S += k_t (beta_t (v_t -
+    S^T k_t))^T``; ``o_t = S^T q_t / sqrt(Dk)``.
+
+    ``q``, ``k`` ``[T, Hk, Dk]``, ``v`` ``[T, Hv, Dv]`` (value head h reads key head ``h // (Hv / Hk)``), ``g`` (log
+    decay, <= 0) and ``beta`` ``[T, Hv]``; ``ssm_state`` ``[S, Hv, Dk, Dv]`` fp32. Returns ``[T, Hv, Dv]`` in
+    ``v``'s dtype; every sequence's final state is written back to its slot."""
+    groups = v.shape[1] // k.shape[1]
+    scale = k.shape[-1] ** -0.5
+    qf = _l2norm(q.float()).repeat_interleave(groups, dim=1) * scale
+    kf = _l2norm(k.float()).repeat_interleave(groups, dim=1)
+    vf, gf, bf = v.float(), g.float(), beta.float()
+    out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
+    decode = batch.decode_rows
+    if len(decode):
+        rows = torch.from_numpy(batch.host_starts[decode]).to(v.device).long()
+        slots = torch.from_numpy(batch.host_slots[decode]).to(v.device).long()
+        state = ssm_state[slots] * gf[rows].exp()[..., None, None]  # [B, Hv, Dk, Dv]
+        kt = kf[rows]
+        delta = (vf[rows] - (state * kt[..., None]).sum(-2)) * bf[rows][..., None]
+        state = state + kt[..., None] * delta[..., None, :]
+        out[rows] = (state * qf[rows][..., None]).sum(-2)
+        ssm_state[slots] = state
+    for b in batch.prefill_rows.tolist():
+        start, end, slot = int(batch.host_starts[b]), int(batch.host_starts[b + 1]), int(batch.host_slots[b])
+        initial = ssm_state[slot] if batch.host_has_initial[b] else None
+        out[start:end], ssm_state[slot] = _chunked(qf[start:end], kf[start:end], vf[start:end], gf[start:end],
+                                                   bf[start:end], initial)
+    return out.to(v.dtype)
+
+
+def _chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+             initial: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sequence, chunk by chunk (fp32): within a chunk the delta-rule updates are folded into one triangular
+    solve (the UT transform), between chunks the state carries over. ``q`` is already scaled. Returns the outputs
+    ``[L, Hv, Dv]`` and the final state ``[Hv, Dk, Dv]``."""
+    length, heads, dk = k.shape
+    dv = v.shape[-1]
+    pad = (-length) % CHUNK
+    # [H, N, C, ...]: heads first, then chunks of CHUNK tokens (padding: zero k/v/beta, zero decay, no effect)
+    q, k, v = (F.pad(x, (0, 0, 0, 0, 0, pad)).transpose(0, 1).reshape(heads, -1, CHUNK, x.shape[-1]) for x in (q, k, v))
+    g, beta = (F.pad(x, (0, 0, 0, pad)).T.reshape(heads, -1, CHUNK) for x in (g, beta))
+    decay = g.cumsum(-1)  # log of the decay from the chunk's start to each position
+    causal = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device).tril()
+    pair = (decay[..., :, None] - decay[..., None, :]).masked_fill(~causal, float("-inf")).exp()  # i >= j
+    k_beta, v_beta = k * beta[..., None], v * beta[..., None]
+    # (I + strictly lower part) u = v_beta: the solve reads the lower triangle and takes its diagonal as 1
+    system = (k_beta @ k.transpose(-1, -2)) * pair
+    u = torch.linalg.solve_triangular(system, v_beta, upper=False, unitriangular=True)
+    w = torch.linalg.solve_triangular(system, k_beta * decay.exp()[..., None], upper=False, unitriangular=True)
+    attn = (q @ k.transpose(-1, -2)) * pair
+    q_decayed = q * decay.exp()[..., None]
+    k_to_end = k * (decay[..., -1:] - decay).exp()[..., None]
+    state = initial.clone() if initial is not None else q.new_zeros(heads, dk, dv)
+    out = torch.empty(heads, q.shape[1], CHUNK, dv, device=q.device)
+    for i in range(q.shape[1]):
+        v_new = u[:, i] - w[:, i] @ state  # the part of the chunk's values the carried state does not predict
+        out[:, i] = q_decayed[:, i] @ state + attn[:, i] @ v_new
+        state = state * decay[:, i, -1].exp()[:, None, None] + k_to_end[:, i].transpose(-1, -2) @ v_new
+    return out.reshape(heads, -1, dv)[:, :length].transpose(0, 1), state
