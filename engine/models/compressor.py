@@ -47,8 +47,10 @@ class Compressor(nn.Module):
         entries = ops.rms_norm(pooled, self.kv_norm.weight, self.kv_norm.eps)
         entries = rotate_pairs(entries, window * self.rate, cos_sin)
         rows = entry_rows(window[:, None], seq, meta.block_tables, block_size, self.rate)[:, 0]
-        flat = entry_view(entry_pages, self.head_dim)
-        flat.index_copy_(0, rows.long(), entries.to(flat.dtype))
+        # stored as the keys are (FP8 pages too): the entry rows as one-slot pages, each half an entry
+        pages, half = entry_view(entry_pages, self.head_dim)[:, None, None, :], self.head_dim // 2
+        entries = entries.unsqueeze(1)
+        ops.store_kv(entries[..., :half], entries[..., half:], pages[..., :half], pages[..., half:], rows.long())
 
 
 def entry_view(entry_pages: torch.Tensor, head_dim: int) -> torch.Tensor:

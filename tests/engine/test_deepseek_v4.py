@@ -220,3 +220,13 @@ def test_triton_backend_matches_torch() -> None:
         assert outs[0].num_cached_tokens == 32
         results[backend] = [o.token_ids for o in outs]
     assert results["triton"] == results["torch"]
+
+
+def test_fp8_kv_pages() -> None:
+    """--kv-cache-dtype fp8: keys and compressed entries in e4m3 pages, the pooling state kept in fp32."""
+    llm = LLM(NAME, block_size=BLOCK, num_kv_blocks=16, kv_cache_dtype="fp8")
+    assert [t.dtype for t in llm.engine.runner.kv_caches[2]] == [torch.float8_e4m3fn] * 2 + [torch.float32]
+    prompts = random_prompts(50_000, [40, 23], seed=37)
+    outs = llm.generate(prompts, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
+    assert all(len(set(o.token_ids)) > 3 for o in outs)
+    assert llm.engine.runner.kv_caches[2][1].float().abs().sum() > 0  # entries were written
