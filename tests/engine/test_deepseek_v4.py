@@ -230,3 +230,16 @@ def test_fp8_kv_pages() -> None:
     outs = llm.generate(prompts, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
     assert all(len(set(o.token_ids)) > 3 for o in outs)
     assert llm.engine.runner.kv_caches[2][1].float().abs().sum() > 0  # entries were written
+
+
+def test_host_tier_carries_entries_and_pooling_state() -> None:
+    """A prompt evicted to the host pool and hit again: its blocks come back with their keys, compressed entries
+    and pooling state, and it continues exactly as when computed."""
+    llm = LLM(NAME, block_size=BLOCK, num_kv_blocks=6, kv_offload_gb=0.01)
+    a, b = random_prompts(50_000, [70, 70], seed=41)
+    greedy = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    first = llm.generate([a], greedy)[0]
+    llm.generate([b], greedy)  # the pool holds one prompt: a's blocks move to the host pool
+    again = llm.generate([a], greedy)[0]
+    assert again.num_cached_tokens == 64 and llm.stats.kv_restore_bytes > 0
+    assert again.token_ids == first.token_ids
