@@ -64,8 +64,8 @@ def _check_error_shape(path: str, error: dict) -> None:
 
 def _check_sse(path: str, text: str) -> None:
     """An error after the 200 is an event in the API's shape (Responses: its own `error` event)."""
-    for frame in text.split("\n\n"):
-        data = next((line[6:] for line in frame.splitlines() if line.startswith("data: ")), None)
+    for frame in text.split("\n\n"):  # SSE lines end at \n only (splitlines would also split at U+2028, U+0085...)
+        data = next((line[6:] for line in frame.split("\n") if line.startswith("data: ")), None)
         if data is None or data == "[DONE]":
             continue
         event = json.loads(data)
