@@ -32,6 +32,27 @@ def mla_partition_size(num_seqs: int, head_tiles: int, max_context_len: int, dev
 
 
 @triton.jit
+def latent_tile(q_ptr, q_lat, q_rope, m_i, l_i, acc, rows, valid, lat, lat_valid, rope, rope_valid, qk_scale,
+                LATENT: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One tile of cached latent rows (``rows``: their addresses, ``valid``: which count) folded into every head's
+    online softmax ``(m_i, l_i, acc)``: scores ``q_latent . latent + q_rope . rope_key``, values the latents."""
+    latent = tl.load(rows[:, None] + lat[None, :], mask=valid[:, None] & lat_valid[None, :], other=0.0)
+    rope_key = tl.load(rows[:, None] + LATENT + rope[None, :], mask=valid[:, None] & rope_valid[None, :], other=0.0)
+    latent = latent.to(q_lat.dtype)  # pages may hold another dtype than the query: compute in the query's
+    s = tl.dot(q_lat, tl.trans(latent), input_precision=DOT_PRECISION)
+    s += tl.dot(q_rope, tl.trans(rope_key.to(q_rope.dtype)), input_precision=DOT_PRECISION)
+    s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a tile of padding before any row (sparse slots)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    p = p.to(q_ptr.dtype.element_ty).to(q_lat.dtype)  # rounded to the input dtype, as in flash attention
+    acc = acc * alpha[:, None] + tl.dot(p, latent, input_precision=DOT_PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _mla_decode_kernel(
     q_ptr, cache_ptr, out_ptr, block_tables_ptr, context_lens_ptr,
     part_acc_ptr, part_max_ptr, part_sum_ptr,
@@ -70,21 +91,9 @@ def _mla_decode_kernel(
         pos = start + tl.arange(0, BLOCK_N)
         pos_valid = pos < kv_end
         page = tl.load(table_row + pos // PAGE_SIZE, mask=pos_valid, other=0).to(tl.int64)
-        row = cache_ptr + page * stride_cb + (pos % PAGE_SIZE) * stride_cs
-        latent = tl.load(row[:, None] + lat[None, :], mask=pos_valid[:, None] & lat_valid[None, :], other=0.0)
-        rope_key = tl.load(row[:, None] + LATENT + rope[None, :], mask=pos_valid[:, None] & rope_valid[None, :],
-                           other=0.0)
-        latent = latent.to(q_lat.dtype)  # pages may hold another dtype than the query: compute in the query's
-        s = tl.dot(q_lat, tl.trans(latent), input_precision=DOT_PRECISION)
-        s += tl.dot(q_rope, tl.trans(rope_key.to(q_rope.dtype)), input_precision=DOT_PRECISION)
-        s = tl.where(pos_valid[None, :], s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        p = p.to(q_ptr.dtype.element_ty).to(q_lat.dtype)  # rounded to the input dtype, as in flash attention
-        acc = acc * alpha[:, None] + tl.dot(p, latent, input_precision=DOT_PRECISION)
-        m_i = m_new
+        rows = cache_ptr + page * stride_cb + (pos % PAGE_SIZE) * stride_cs
+        m_i, l_i, acc = latent_tile(q_ptr, q_lat, q_rope, m_i, l_i, acc, rows, pos_valid, lat, lat_valid, rope,
+                                    rope_valid, qk_scale, LATENT, DOT_PRECISION)
 
     if SPLIT:
         # Partials indexed [seq, head, partition], as reduce_partitions reads them; a partition past the context

@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from kernels.reference_sparse import positions_to_slots
+from kernels.triton_mla import latent_tile
 from kernels.triton_utils import upcast_bf16_dot
 
 BLOCK_N = 32  # context positions (index_topk) or slots (sparse_mla) per tile
@@ -134,22 +135,9 @@ def _sparse_mla_kernel(
         slot = tl.load(slots_ptr + row.to(tl.int64) * stride_st + j, mask=j < num_slots, other=-1).to(tl.int64)
         chosen = slot >= 0
         slot = tl.maximum(slot, 0)
-        base = cache_ptr + (slot // PAGE_SIZE) * stride_cb + (slot % PAGE_SIZE) * stride_cs
-        latent = tl.load(base[:, None] + lat[None, :], mask=chosen[:, None] & lat_valid[None, :], other=0.0)
-        rope_key = tl.load(base[:, None] + LATENT + rope[None, :], mask=chosen[:, None] & rope_valid[None, :],
-                           other=0.0)
-        latent = latent.to(q_lat.dtype)
-        s = tl.dot(q_lat, tl.trans(latent), input_precision=DOT_PRECISION)
-        s += tl.dot(q_rope, tl.trans(rope_key.to(q_rope.dtype)), input_precision=DOT_PRECISION)
-        s = tl.where(chosen[None, :], s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a tile of padding before any chosen slot
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        p = p.to(q_ptr.dtype.element_ty).to(q_lat.dtype)  # rounded to the input dtype, as in flash attention
-        acc = acc * alpha[:, None] + tl.dot(p, latent, input_precision=DOT_PRECISION)
-        m_i = m_new
+        rows = cache_ptr + (slot // PAGE_SIZE) * stride_cb + (slot % PAGE_SIZE) * stride_cs
+        m_i, l_i, acc = latent_tile(q_ptr, q_lat, q_rope, m_i, l_i, acc, rows, chosen, lat, lat_valid, rope,
+                                    rope_valid, qk_scale, LATENT, DOT_PRECISION)
     out = acc / l_i[:, None]  # every row chose at least its own token
     tl.store(out_ptr + row.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + lat[None, :],
              out.to(out_ptr.dtype.element_ty), mask=head_valid[:, None] & lat_valid[None, :])
