@@ -72,7 +72,7 @@ class V4Attention(nn.Module):
         elif self.rate:
             self.compressor = Compressor(hidden, v4.head_dim, self.rate, overlap=False, eps=eps)
 
-    def page_tensors(self, v4: V4Config) -> tuple[PageTensor, ...]:
+    def page_tensors(self) -> tuple[PageTensor, ...]:
         """Keys per token; compressed entries per token (``head_dim / rate`` values: ``block / rate`` entries a
         block) and their pooling state per block, for the compressor and, on CSA layers, the indexer's."""
         tensors = [PageTensor((1, self.head_dim))]
@@ -162,7 +162,7 @@ class DeepseekV4ForCausalLM(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
 
     def kv_cache_spec(self) -> KVCacheSpec:
-        layers = [layer.self_attn.page_tensors(self.v4) for layer in self.layers]
+        layers = [layer.self_attn.page_tensors() for layer in self.layers]
         return KVCacheSpec.per_layer("compressed", layers, max(self.v4.csa_rate, self.v4.hca_rate))
 
     def init_rope(self, max_positions: int, device: torch.device) -> None:
