@@ -34,7 +34,7 @@ from benchmarks.gpu_wheels import wheel_status
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # Triton vs the torch reference for every kernel, natively, and CUDA-graph decode vs eager. Only the GPU-marked
 # test of the padding file: its other cases build CPU engines, which need the interpreter (off with CUDA visible).
-KERNEL_TESTS = ("tests/test_kernels.py", "tests/test_kernels_fp8.py",
+KERNEL_TESTS = ("tests/test_kernels.py", "tests/test_kernels_fp8.py", "tests/test_kernels_recurrent.py",
                 "tests/engine/test_decode_graph_padding.py::test_cuda_graph_decode_matches_eager")
 STEP_BENCH = ("server.cli", "bench", "step", "--device", "cuda")  # `kvserve bench step` (issue 9)
 
@@ -239,8 +239,8 @@ def _hybrid_summary(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def hybrid_moe_throughput(ctx: Context) -> dict[str, Any]:
-    """The nano-vllm workload on a Qwen3.6-35B-A3B-shaped model (random bf16 weights drawn on the GPU). Its
-    linear-attention layers run the torch reference of the recurrent ops (no Triton kernels of their own yet)."""
+    """The nano-vllm workload on a Qwen3.6-35B-A3B-shaped model (random bf16 weights drawn on the GPU): its
+    linear-attention layers run the Triton recurrent kernels, decode under CUDA graphs."""
     return {"model": _hybrid_summary(ctx.models[HYBRID]), **_throughput(ctx, "hybrid_moe")}
 
 

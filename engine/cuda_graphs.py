@@ -9,6 +9,7 @@ of the smallest capture size ``>= n``. The extra rows are padding (see `step_inp
 - ``slot_mapping`` -1: the store op writes nothing for them (no KV block is ever touched);
 - context length 1 on whatever block id the row's table holds (always a valid id): attention reads one finite
   value, never an empty context (0/0);
+- state slot -1 (hybrid models): the recurrent kernels neither read nor write a state for them;
 - their hidden states are sliced off before logits.
 
 Everything that sizes a kernel launch is fixed at capture: ``max_query_len=1``, ``max_context_len=max_model_len``
@@ -92,6 +93,8 @@ class DecodeGraphRunner:
         inputs.slot_mapping[:size].fill_(-1)
         inputs.context_lens[:size].fill_(1)
         inputs.query_start_loc[: size + 1].copy_(torch.arange(size + 1, dtype=torch.int32))
+        if inputs.recurrent:
+            inputs.pad_states(size)
         return self._forward_static(size)
 
     def _forward_static(self, size: int) -> torch.Tensor:
@@ -103,5 +106,6 @@ class DecodeGraphRunner:
             query_start_loc=inputs.query_start_loc[: size + 1],
             max_query_len=1,
             max_context_len=self.max_model_len,
+            states=inputs.decode_states(size) if inputs.recurrent else None,
         )
         return self.model(inputs.input_ids[:size], inputs.positions[:size], self.kv_caches, meta)

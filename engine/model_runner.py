@@ -179,9 +179,9 @@ class ModelRunner:
                                if cfg.async_scheduling and self.device.type != "cuda" else None)
         # Graphs need kernels without host syncs: the Triton ops (the torch reference reads lengths on the host).
         # Under tensor parallelism decode runs eagerly: capturing the NCCL collectives is not verified yet.
-        # Hybrid models run eagerly: their recurrent ops plan on the host (the torch reference).
+        # Hybrid models too: the Triton recurrent kernels index state slots on the device (padding rows: slot -1).
         use_graphs = (self.device.type == "cuda" and cfg.attention_backend == "triton" and not cfg.enforce_eager
-                      and tp.size == 1 and getattr(model, "cuda_graphs", True) and not recurrent)
+                      and tp.size == 1 and getattr(model, "cuda_graphs", True))
         # Every rank holds its shard of every page, so all ranks agree on the pool: the smallest that fits.
         blocks, snapshots = self._size_cache(use_graphs)
         self.num_blocks = tp.min(blocks, self.device)
@@ -504,7 +504,7 @@ class ModelRunner:
     def _profile_decode_graphs(self) -> int:
         """Bytes the decode graphs' pool will hold: the allocation peak of the largest padded decode forward (with
         its static buffers), measured eagerly over a one-block scratch cache (padding rows read block 0 only)."""
-        caches = self._new_caches(1)
+        caches = self._new_caches(1, 1)
         torch.cuda.reset_peak_memory_stats(self.device)
         baseline = torch.cuda.memory_allocated(self.device)
         graphs = self.make_decode_graphs(caches, use_graphs=False)

@@ -76,8 +76,11 @@ def flatten(batch: InputBatch, block_size: int, pad_rows_to: int | None = None) 
 
 
 def _pad_decode(host: HostInputs, size: int) -> None:
-    """Padding rows for a decode graph: slot -1 (no block is written), context 1 (one finite value is read)."""
+    """Padding rows for a decode graph: slot -1 (no block is written), context 1 (one finite value is read), state
+    slot -1 (the recurrent kernels skip the row)."""
     pad = size - host.num_rows
+    host.state_slots = np.concatenate([host.state_slots, np.full(pad, -1, dtype=host.state_slots.dtype)])
+    host.has_initial_state = np.concatenate([host.has_initial_state, np.zeros(pad, dtype=bool)])
     host.input_ids = np.concatenate([host.input_ids, np.zeros(pad, dtype=np.int32)])
     host.positions = np.concatenate([host.positions, np.zeros(pad, dtype=np.int32)])
     host.slot_mapping = np.concatenate([host.slot_mapping, np.full(pad, -1, dtype=np.int32)])
@@ -100,6 +103,7 @@ class DeviceInputs:
         self.block_tables = torch.zeros(max_rows, max_blocks_per_row, dtype=torch.int32, device=device)
         self.state_slots = torch.zeros(max_rows, dtype=torch.long, device=device)
         self.has_initial_state = torch.zeros(max_rows, dtype=torch.bool, device=device)
+        self._host_states = (np.zeros(0, dtype=np.int32), np.zeros(0, dtype=bool))  # the last upload's, on the host
         self.tokens_from_device = 0  # input ids taken from the previous step's device output (async scheduling)
         self._pinned = device.type == "cuda"
         self._staging: list[torch.Tensor] = [torch.empty(0, dtype=torch.int32)] * 2  # alternate: one may be in flight
@@ -130,6 +134,7 @@ class DeviceInputs:
         if states:
             self.state_slots[:b].copy_(states[0])
             self.has_initial_state[:b].copy_(states[1])
+            self._host_states = (host.state_slots, host.has_initial_state)
         return self.input_ids[:t], self.positions[:t]
 
     def _stage(self, values: np.ndarray) -> torch.Tensor:
@@ -160,3 +165,18 @@ class DeviceInputs:
         b = host.num_rows
         return StateBatch(self.query_start_loc[: b + 1], self.state_slots[:b], self.has_initial_state[:b],
                           host.query_start_loc, host.state_slots, host.has_initial_state)
+
+    def decode_states(self, size: int) -> StateBatch:
+        """The recurrent ops' view of a padded decode batch of ``size`` rows, one token each (a decode graph's static
+        inputs; the Triton kernels read only the device side). The host side is the last upload's when it was this
+        batch (the eager padded path on CPU), else all padding (a warm-up or capture)."""
+        slots, initial = self._host_states
+        if len(slots) != size:
+            slots, initial = np.full(size, -1, dtype=np.int32), np.zeros(size, dtype=bool)
+        return StateBatch(self.query_start_loc[: size + 1], self.state_slots[:size], self.has_initial_state[:size],
+                          np.arange(size + 1, dtype=np.int32), slots, initial)
+
+    def pad_states(self, size: int) -> None:
+        """Every row of a ``size``-row decode batch padding (state slot -1): graph warm-ups and captures."""
+        self.state_slots[:size].fill_(-1)
+        self._host_states = (np.full(size, -1, dtype=np.int32), np.zeros(size, dtype=bool))

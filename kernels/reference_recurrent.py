@@ -35,12 +35,18 @@ class StateBatch:
     @property
     def decode_rows(self) -> np.ndarray:
         """Sequences with one new token that continue a state: the recurrent form, all together."""
-        return np.nonzero((np.diff(self.host_starts) == 1) & self.host_has_initial)[0]
+        return np.nonzero((np.diff(self.host_starts) == 1) & self.host_has_initial & (self.host_slots >= 0))[0]
 
     @property
     def prefill_rows(self) -> np.ndarray:
+        """The other sequences with new tokens; a row whose slot is < 0 is padding (a decode graph's filler)."""
         lens = np.diff(self.host_starts)
-        return np.nonzero((lens > 0) & ~((lens == 1) & self.host_has_initial))[0]
+        return np.nonzero((lens > 0) & ~((lens == 1) & self.host_has_initial) & (self.host_slots >= 0))[0]
+
+    @property
+    def longest(self) -> int:
+        """New tokens of the longest row (sizes the Triton kernels' grids without reading the device)."""
+        return int(np.diff(self.host_starts).max()) if len(self.host_starts) > 1 else 0
 
 
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, batch: StateBatch) -> torch.Tensor:

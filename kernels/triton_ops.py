@@ -1,7 +1,7 @@
 """The Triton op set returned by ``kernels.ops.get_ops("triton")``; one module per kernel."""
 from __future__ import annotations
 
-from kernels import reference_compressed, reference_recurrent
+from kernels import reference_compressed
 from kernels.ops import Ops
 from kernels.triton_activation import silu_and_mul
 from kernels.triton_attention import paged_attention
@@ -9,6 +9,7 @@ from kernels.triton_compressed import sink_attention
 from kernels.triton_fp8 import fp8_block_linear
 from kernels.triton_mla import mla_decode
 from kernels.triton_moe import fused_moe
+from kernels.triton_recurrent import causal_conv1d, gated_delta_rule
 from kernels.triton_rms_norm import rms_norm
 from kernels.triton_rotary import rotary_embedding
 from kernels.triton_sparse import index_topk, sparse_mla
@@ -27,7 +28,6 @@ TRITON_OPS = Ops(
     sparse_mla=sparse_mla,
     pool_windows=reference_compressed.pool_windows,  # no Triton kernel yet: the reference runs on the device
     sink_attention=sink_attention,
-    # No Triton kernels of their own yet: the torch reference (correct on any device, not fast on a GPU)
-    causal_conv1d=reference_recurrent.causal_conv1d,
-    gated_delta_rule=reference_recurrent.gated_delta_rule,
+    causal_conv1d=causal_conv1d,
+    gated_delta_rule=gated_delta_rule,
 )

@@ -1,8 +1,12 @@
 """The recurrent ops of Gated DeltaNet (kernels/reference_recurrent.py) against independent oracles: transformers'
 torch gated delta rule (chunked and recurrent) and a plain conv1d over each whole sequence, on a flattened batch
 mixing fresh prefills, continued chunks (state from a slot) and decode rows, across 64-token chunk boundaries and with
-grouped value heads. Also the zero-centred RMSNorm the hybrid models use, Triton against the reference."""
+grouped value heads. Then the Triton kernels (kernels/triton_recurrent.py) against that reference, on CPU under the
+interpreter or natively on a GPU (``KVSERVE_KERNEL_TEST_DEVICE``, as tests/test_kernels.py; gpu_check runs this file),
+and the zero-centred RMSNorm the hybrid models use."""
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pytest
@@ -14,12 +18,13 @@ from kernels.ops import get_ops
 from kernels.reference_recurrent import StateBatch, causal_conv1d, gated_delta_rule
 
 HK, HV, DK, DV, KERNEL = 2, 4, 16, 8, 4
+DEVICE = os.environ.get("KVSERVE_KERNEL_TEST_DEVICE", "cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _batch(lengths: list[int], slots: list[int], initial: list[bool]) -> StateBatch:
+def _batch(lengths: list[int], slots: list[int], initial: list[bool], device: str = "cpu") -> StateBatch:
     starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-    return StateBatch(torch.from_numpy(starts), torch.tensor(slots), torch.tensor(initial), starts,
-                      np.array(slots, dtype=np.int32), np.array(initial))
+    return StateBatch(torch.from_numpy(starts).to(device), torch.tensor(slots, device=device),
+                      torch.tensor(initial, device=device), starts, np.array(slots, dtype=np.int32), np.array(initial))
 
 
 # (tokens, continues a state) per sequence: fresh prefills across chunk boundaries, continued chunks, decodes
@@ -91,6 +96,66 @@ def test_causal_conv1d_continues_each_sequences_window() -> None:
         torch.testing.assert_close(out[start:start + n], want, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(conv_state[slot], full[:, -(KERNEL - 1):])
         start += n
+
+
+# Triton vs the reference: fresh and continued prefills across 64-token chunks and 16-token blocks, one-token rows
+# (fresh and continuing), a padding row (slot -1: untouched), ragged lengths
+TRITON_SEQUENCES = [(1, False), (17, True), (64, False), (65, True), (130, False), (1, True), (1, True), (16, True),
+                    (5, False)]
+TRITON_SLOTS = [3, 9, 1, 7, 2, 5, 0, 8, -1]
+
+
+def _triton_inputs(value_heads: int, dtype: torch.dtype, decode_only: bool = False):
+    sequences = [(1, True)] * 5 + [(1, False)] if decode_only else TRITON_SEQUENCES
+    slots = list(range(len(sequences))) if decode_only else TRITON_SLOTS
+    gen = torch.Generator().manual_seed(4)
+    total = sum(n for n, _ in sequences)
+    q, k = (torch.randn(total, HK, DK, generator=gen).to(dtype) for _ in range(2))
+    v = torch.randn(total, value_heads, DV, generator=gen).to(dtype)
+    g = -torch.rand(total, value_heads, generator=gen) * 0.5
+    beta = torch.rand(total, value_heads, generator=gen).to(dtype)
+    states = torch.randn(10, value_heads, DK, DV, generator=gen) * 0.1
+    padded = [sum(n for n, _ in sequences[:i]) + j for i, (n, _) in enumerate(sequences) for j in range(n)
+              if slots[i] < 0]
+    return sequences, slots, (q, k, v, g, beta), states, padded
+
+
+@pytest.mark.parametrize("value_heads,dtype,decode_only", [(4, torch.float32, False), (6, torch.float32, False),
+                                                          (4, torch.bfloat16, False), (6, torch.float32, True)])
+def test_triton_gated_delta_rule_matches_reference(value_heads: int, dtype: torch.dtype, decode_only: bool) -> None:
+    """Value heads per key head 2 and 3; decode-only: the recurrent kernel alone (what a decode graph runs)."""
+    sequences, slots, inputs, states, padded = _triton_inputs(value_heads, dtype, decode_only)
+    lengths, initial = [n for n, _ in sequences], [i for _, i in sequences]
+    want_states = states.clone()
+    want = gated_delta_rule(*inputs, want_states, _batch(lengths, slots, initial))
+    got_states = states.to(DEVICE)
+    got = get_ops("triton").gated_delta_rule(*(x.to(DEVICE) for x in inputs), got_states,
+                                              _batch(lengths, slots, initial, DEVICE))
+    real = torch.ones(len(want), dtype=torch.bool)
+    real[padded] = False
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.cpu()[real], want[real], atol=tol, rtol=tol)
+    torch.testing.assert_close(got_states.cpu(), want_states, atol=1e-5 if dtype == torch.float32 else 1e-2,
+                               rtol=1e-5)  # slots of no sequence (and the padding row's) untouched
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_causal_conv1d_matches_reference(dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(5)
+    channels = 130  # more than one tile of channels
+    lengths, initial = [n for n, _ in TRITON_SEQUENCES], [i for _, i in TRITON_SEQUENCES]
+    x = torch.randn(sum(lengths), channels, generator=gen).to(dtype)
+    weight = torch.randn(channels, KERNEL, generator=gen).to(dtype)
+    conv_state = torch.randn(10, channels, KERNEL - 1, generator=gen).to(dtype)
+    want_state = conv_state.clone()
+    want = causal_conv1d(x, weight, want_state, _batch(lengths, TRITON_SLOTS, initial))
+    got_state = conv_state.to(DEVICE)
+    got = get_ops("triton").causal_conv1d(x.to(DEVICE), weight.to(DEVICE), got_state,
+                                           _batch(lengths, TRITON_SLOTS, initial, DEVICE))
+    real = slice(0, sum(lengths[:-1]))  # the last row is padding (slot -1)
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(got.cpu()[real], want[real], atol=tol, rtol=tol)
+    torch.testing.assert_close(got_state.cpu(), want_state, atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -1,5 +1,5 @@
 """The CUDA-graph decode path, run eagerly on CPU: decode batches padded to a capture size give the unpadded path's
-greedy tokens on both backends, and padding rows never write a KV page."""
+greedy tokens on both backends, and padding rows never write a KV page (nor, in a hybrid model, a state slot)."""
 from __future__ import annotations
 
 import pytest
@@ -14,10 +14,10 @@ BLOCK_SIZE = 4
 ENGINE = {"block_size": BLOCK_SIZE, "num_kv_blocks": 256, "max_num_seqs": 8}
 
 
-def make_llm(backend: str, padded: bool, max_model_len: int = 64) -> tuple[LLM, list[int]]:
+def make_llm(backend: str, padded: bool, max_model_len: int = 64, model: str = "qwen3-tiny") -> tuple[LLM, list[int]]:
     """An engine whose decode batches take the padded static-shape path when ``padded``; the returned list records
     the batch size of every call into that path."""
-    llm = LLM("qwen3-tiny", attention_backend=backend, max_model_len=max_model_len, **ENGINE)
+    llm = LLM(model, attention_backend=backend, max_model_len=max_model_len, **ENGINE)
     sizes: list[int] = []
     if padded:
         runner = llm.engine.runner
@@ -43,17 +43,20 @@ def test_capture_sizes_and_padding_targets():
 
 
 @pytest.mark.parametrize(
-    "backend, split_k, num_seqs, prompt_len, max_model_len",
+    "backend, split_k, num_seqs, prompt_len, max_model_len, model",
     [
-        ("torch", None, 7, 6, 64),
-        ("triton", None, 7, 6, 64),
+        ("torch", None, 7, 6, 64, "qwen3-tiny"),
+        ("triton", None, 7, 6, 64, "qwen3-tiny"),
         # Forced split-K with contexts over one 64-position partition: the padded path's fixed max_context_len
         # (max_model_len) launches partitions past every context, which must contribute nothing.
-        ("triton", "1", 3, 70, 160),
+        ("triton", "1", 3, 70, 160, "qwen3-tiny"),
+        # A hybrid model: the recurrent kernels read each row's state slot on the device, padding rows slot -1
+        pytest.param("torch", None, 5, 6, 64, "qwen3.6-tiny", marks=pytest.mark.slow),
+        pytest.param("triton", None, 5, 6, 64, "qwen3.6-tiny", marks=pytest.mark.slow),
     ],
 )
 def test_padded_decode_matches_unpadded_greedy_tokens(
-    backend, split_k, num_seqs, prompt_len, max_model_len, monkeypatch
+    backend, split_k, num_seqs, prompt_len, max_model_len, model, monkeypatch
 ):
     if split_k is not None:
         monkeypatch.setenv("KVSERVE_SPLIT_K", split_k)
@@ -63,7 +66,7 @@ def test_padded_decode_matches_unpadded_greedy_tokens(
     params = [SamplingParams(max_tokens=m, temperature=0, ignore_eos=True) for m in max_tokens]
     tokens = {}
     for padded in (False, True):
-        llm, sizes = make_llm(backend, padded, max_model_len)
+        llm, sizes = make_llm(backend, padded, max_model_len, model)
         tokens[padded] = [o.token_ids for o in llm.generate(prompts, params)]
     assert sorted(set(sizes)) == list(range(1, num_seqs + 1))
     assert tokens[True] == tokens[False]
@@ -104,14 +107,38 @@ def test_memory_profile_step_fits_contexts_shorter_than_the_token_budget():
     llm.engine.runner._profile_run()
 
 
+def test_padding_rows_write_no_state_slot(monkeypatch):
+    """A hybrid model's padded decode step changes the state slots of its three sequences (and the snapshots it
+    takes) and no other. (The Triton kernels' padding rows: tests/test_kernels_recurrent.py.)"""
+    llm, sizes = make_llm("torch", padded=True, model="qwen3.6-tiny")
+    engine, runner = llm.engine, llm.engine.runner
+    for i, prompt in enumerate(random_prompts(50_000, [5, 9, 3], seed=11)):
+        engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    engine.step()  # prefill (eager)
+    expected = {engine.scheduler.kv.state_slot(f"r{i}") for i in range(3)}
+    copy_states = runner._copy_states
+    monkeypatch.setattr(runner, "_copy_states", lambda copies: (expected.update(c.dst for c in copies),
+                                                                 copy_states(copies)))
+    layers = runner.kv_spec.state_layers(runner.kv_caches)
+    before = [[s.clone() for s in layer] for layer in layers]
+    engine.step()  # one decode step: 3 sequences padded to 4
+    assert sizes == [3]
+    changed = set()
+    for layer, old in zip(layers, before):
+        for new, was in zip(layer, old):
+            changed |= set((new != was).flatten(1).any(-1).nonzero().flatten().tolist())
+    assert changed == expected
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_cuda_graph_decode_matches_eager():
+@pytest.mark.parametrize("model", ["qwen3-tiny", "qwen3.6-tiny"])
+def test_cuda_graph_decode_matches_eager(model):
     prompts = random_prompts(50_000, [5 + 3 * i for i in range(7)], seed=5)
     params = [SamplingParams(max_tokens=m, temperature=0, ignore_eos=True) for m in range(2, 9)]
     tokens = {}
     for eager in (True, False):
-        llm = LLM("qwen3-tiny", device="cuda", attention_backend="triton", enforce_eager=eager, max_model_len=2048,
+        llm = LLM(model, device="cuda", attention_backend="triton", enforce_eager=eager, max_model_len=2048,
                   **ENGINE)
         assert (llm.engine.runner.decode_graphs is None) == eager
         tokens[eager] = [o.token_ids for o in llm.generate(prompts, params)]

@@ -71,6 +71,17 @@ def test_chunked_prefill_ending_off_block_boundaries(case):
     assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == expected
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["qwen3_5"], indirect=True)  # the kernels are the same for every architecture
+def test_triton_kernels_chunked_and_together(case):
+    """The Triton op set (the recurrent kernels of kernels/triton_recurrent.py among them, under the interpreter on
+    CPU): chunked prefills sharing steps with decodes, each chunk continuing its slot's state, give transformers'
+    tokens. (Chunks of more than 64 tokens: tests/test_kernels_recurrent.py.)"""
+    path, prompts, expected = case
+    llm = LLM(path, attention_backend="triton", block_size=4, num_kv_blocks=512, max_num_batched_tokens=48)
+    assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == expected
+
+
 def test_preemption_in_a_small_pool(case):
     """32 blocks of 4 tokens cannot hold every sequence: the newest are preempted, recomputed from scratch (their
     state slot freed and a fresh one taken), and still give transformers' tokens."""
