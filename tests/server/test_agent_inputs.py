@@ -115,10 +115,12 @@ def test_responses_request_becomes_the_chat_form_with_flat_namespaced_tools() ->
 def test_response_store_is_bounded() -> None:
     store = ResponseStore(capacity=2)
     for i in range(3):
-        store.put(f"r{i}", [{"role": "user", "content": str(i)}])
-    assert store.history("r2") == [{"role": "user", "content": "2"}]
+        store.put("tenant-a", f"r{i}", [{"role": "user", "content": str(i)}])
+    assert store.history("tenant-a", "r2") == [{"role": "user", "content": "2"}]
     with pytest.raises(APIError, match="evicted"):
-        store.history("r0")
+        store.history("tenant-a", "r0")
+    with pytest.raises(APIError, match="unknown"):
+        store.history("tenant-b", "r2")  # another tenant's id is unknown, like one that never existed
 
 
 def test_session_ids_from_each_client() -> None:

@@ -27,7 +27,9 @@ FORECAST = {"type": "function", "function": {"name": "forecast", "parameters": {
 def server() -> Iterator[LiveServer]:
     ctx = load_context("deepseek-tiny", EngineConfig(block_size=16, num_kv_blocks=512, max_model_len=4096),
                        ServerSettings())
-    ctx.family, ctx.renderer = "deepseek-v4", get_renderer("deepseek-v4")
+    ctx.family = "deepseek-v4"  # deepseek-tiny's weights behind the V4 template and DSML tool calls
+    for lane in (ctx.lane_tools, ctx.large_lane):
+        lane.renderer = get_renderer("deepseek-v4")
     with serve(ctx) as url:
         yield LiveServer(ctx, url)
 

@@ -53,7 +53,7 @@ def test_vllm_prompt_logprobs_on_both_openai_endpoints(smol_server: LiveServer) 
         mine = position[str(token)]
         assert abs(mine["logprob"] - logprob) < 1e-4
         assert {1, 2, mine["rank"]} == {v["rank"] for v in position.values()}  # the two best, and the token
-    prompt_ids = smol_server.ctx.encode(smol_server.ctx.renderer.render([{"role": "user", "content": TEXT}]))
+    prompt_ids = smol_server.ctx.encode(smol_server.ctx.lane_tools.renderer.render([{"role": "user", "content": TEXT}]))
     assert len(chat["prompt_logprobs"]) == len(prompt_ids) and chat["prompt_logprobs"][0] is None
     assert all(len(p) == 1 for p in chat["prompt_logprobs"][1:])  # prompt_logprobs 0: the prompt token alone
 

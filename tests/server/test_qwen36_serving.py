@@ -34,7 +34,7 @@ def _tokens(server: LiveServer, messages: list[dict], **kwargs) -> list[int]:
 
 
 def test_a_local_checkpoint_is_served_with_the_native_renderer(server: LiveServer) -> None:
-    assert server.ctx.family == "qwen3.6" and type(server.ctx.renderer) is type(get_renderer("qwen3.6"))
+    assert server.ctx.family == "qwen3.6" and type(server.ctx.lane_tools.renderer) is type(get_renderer("qwen3.6"))
 
 
 def test_the_next_turn_extends_the_previous_prompt_and_reply(server: LiveServer) -> None:
