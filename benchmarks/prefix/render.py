@@ -16,18 +16,11 @@ from server.normalize import normalize_for_cache, strip_billing_nonces
 from server.rendering import Renderer, get_renderer
 from server.rendering.request import serving_template_kwargs
 
-from benchmarks.prefix.trace import (
-    CHANGE_BILLING_NONCE,
-    CHANGE_HISTORY,
-    CHANGE_REASONING,
-    CHANGE_SYSTEM_HOISTED,
-    CHANGE_TEMPLATE,
-    CHANGE_TOOLS,
-    TokenRequest,
-)
+from server.miss_causes import CHANGE_BILLING_NONCE, CHANGE_SYSTEM_HOISTED, message_change, template_change
+
+from benchmarks.prefix.trace import TokenRequest
 from benchmarks.prefix.workloads import ChatRequest, Workload
 
-REASONING_MARKERS = ("<think>",)  # where a dropped reasoning block starts in the rendered text
 # Which template kwarg switches thinking on, per template family (families without one ignore the setting).
 _THINKING_KWARG = {"qwen3": "enable_thinking", "qwen3.6": "enable_thinking", "deepseek-v3.1": "thinking"}
 
@@ -70,16 +63,11 @@ def render_texts(req: ChatRequest, mt: ModelText, enable_thinking: bool) -> tupl
     return prompt, full[len(prompt) :].rstrip("\n")  # the model stops at its end-of-turn token, before the newline
 
 
-def message_change(parent: ChatRequest | None, req: ChatRequest) -> str | None:
+def request_change(parent: ChatRequest | None, req: ChatRequest) -> str | None:
     """What the caller changed since ``parent`` at the message level (None: append-only, tools unchanged)."""
     if parent is None:
         return None
-    if req.tools != parent.tools:
-        return CHANGE_TOOLS
-    history = [*parent.messages, parent.reply]
-    if req.messages[: len(history)] != history:
-        return CHANGE_HISTORY
-    return None
+    return message_change([*parent.messages, parent.reply], parent.tools, req.messages, req.tools)
 
 
 def normalization_change(parent: ChatRequest, req: ChatRequest, renderer: Renderer) -> str | None:
@@ -94,19 +82,6 @@ def normalization_change(parent: ChatRequest, req: ChatRequest, renderer: Render
     return None
 
 
-def template_change(parent_context: str, prompt: str) -> str | None:
-    """For append-only messages: did re-rendering change the text the parent's context already had?"""
-    n = min(len(parent_context), len(prompt))
-    i = next((k for k in range(n) if parent_context[k] != prompt[k]), n)
-    if i == len(parent_context):
-        return None
-    # The texts may agree on a marker's first characters ("<t" of "<think>" vs "<tool_call>"): look back a little.
-    dropped_reasoning = any(
-        -1 < parent_context.find(marker, max(0, i - len(marker) + 1)) <= i for marker in REASONING_MARKERS
-    )
-    return CHANGE_REASONING if dropped_reasoning else CHANGE_TEMPLATE
-
-
 def normalized(req: ChatRequest, renderer: Renderer) -> ChatRequest:
     """The request as the server renders it: with the cache-stability rules applied, unless they are off."""
     return replace(req, messages=normalize_for_cache(req.messages, renderer)) if req.normalize else req
@@ -119,7 +94,7 @@ def tokenize_workload(workload: Workload, mt: ModelText) -> list[TokenRequest]:
     for req in by_id.values():
         prompt, reply = texts[req.request_id] = render_texts(req, mt, workload.enable_thinking)
         parent = by_id.get(req.parent) if req.parent else None
-        change = message_change(parent, req)
+        change = request_change(parent, req)
         if parent is not None and not req.normalize:
             change = normalization_change(parent, req, mt.renderer) or change
         if parent is not None and change is None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.prefix.attribution import common_prefix
-from benchmarks.prefix.trace import CHANGE_HISTORY, CHANGE_TOOLS, TokenRequest, read_jsonl
+from benchmarks.prefix.trace import TokenRequest, read_jsonl
+from server.miss_causes import common_prefix, message_change
 
 
 @dataclass
@@ -44,13 +44,17 @@ def _body_salt(body: dict) -> str | None:
     return body.get("cache_salt") or (body.get("extra_body") or {}).get("cache_salt")
 
 
+def _conversation(body: dict) -> list | None:
+    """The messages of a recorded body, Anthropic's top-level system prompt first."""
+    messages = body.get("messages")
+    if "system" in body and isinstance(messages, list):
+        return [{"role": "system", "content": body["system"]}, *messages]
+    return messages
+
+
 def _change(parent: RecordedRequest, rec: RecordedRequest) -> str | None:
-    if rec.body.get("tools") != parent.body.get("tools"):
-        return CHANGE_TOOLS
-    old, new = parent.body.get("messages"), rec.body.get("messages")
-    if isinstance(old, list) and isinstance(new, list) and new[: len(old)] != old:
-        return CHANGE_HISTORY
-    return None
+    return message_change(_conversation(parent.body), parent.body.get("tools"), _conversation(rec.body),
+                          rec.body.get("tools"))
 
 
 def records_to_requests(records: list[RecordedRequest], block_size: int = 16) -> list[TokenRequest]:

@@ -57,16 +57,6 @@ class TokenRequest:
         return prompt + self.output if include_output else list(prompt)
 
 
-# How a request's context differs from its parent's (see ``TokenRequest.change``): the caller changed the tool list
-# or rewrote the history, or the messages only grew but the template rendered earlier turns differently.
-CHANGE_TOOLS = "tool_list"
-CHANGE_HISTORY = "compaction"
-CHANGE_REASONING = "template_reasoning"  # the template dropped earlier turns' reasoning (Qwen3)
-CHANGE_TEMPLATE = "template"
-CHANGE_BILLING_NONCE = "billing_nonce"  # Claude Code's per-request billing nonce (server/normalize.py removes it)
-CHANGE_SYSTEM_HOISTED = "system_hoisted"  # a new mid-conversation system message hoisted into the head (DeepSeek)
-
-
 def read_jsonl(path: str | Path, parse: Callable[[dict], T], what: str) -> Iterator[T]:
     """``parse(row)`` for each non-empty line; a line that does not parse raises ValueError naming file and line."""
     with open(path) as f:

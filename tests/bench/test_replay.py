@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks.prefix.replay import read_records, records_to_requests
 from benchmarks.prefix.simulator import SimConfig, simulate
-from benchmarks.prefix.trace import CHANGE_TOOLS
+from server.miss_causes import CHANGE_SYSTEM, CHANGE_TOOLS
 from server.cli import main as kvserve
 
 MSG0 = [{"role": "user", "content": "hi"}]
@@ -37,6 +37,22 @@ def test_parents_and_changes(record_file: Path):
     assert [r.parent for r in reqs] == [None, "r0", "r0"]
     assert [r.change for r in reqs] == [None, None, CHANGE_TOOLS]
     assert reqs[1].session == reqs[0].session and reqs[1].turn == 1
+
+
+def test_a_changed_system_prompt_is_named(tmp_path: Path):
+    """Chat's system message and Anthropic's top-level system prompt: an edit there is a system-prompt change."""
+    system = [{"role": "system", "content": "rules v1"}, *MSG0]
+    edited = [{"role": "system", "content": "rules v2"}, *MSG0]
+    anthropic = {"system": "rules v1", "messages": MSG0}
+    rows = [{"body": {"messages": system}}, {"body": {"messages": edited}}, {"body": anthropic},
+            {"body": {**anthropic, "system": "rules v2"}}]
+    path = tmp_path / "system.jsonl"
+    heads = [[1, 2, 3, 4], [1, 2, 3, 4], [9, 8, 7, 6], [9, 8, 7, 6]]  # two conversations of two turns
+    path.write_text("".join(json.dumps({**r, "prompt_token_ids": [*head, i], "cached_tokens": 0}) + "\n"
+                            for i, (r, head) in enumerate(zip(rows, heads))))
+    reqs = records_to_requests(read_records(path), block_size=4)
+    assert [r.parent for r in reqs] == [None, "r0", None, "r2"]
+    assert [r.change for r in reqs] == [None, CHANGE_SYSTEM, None, CHANGE_SYSTEM]
 
 
 def test_effective_salt_wins_over_the_body(tmp_path: Path):

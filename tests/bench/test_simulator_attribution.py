@@ -5,7 +5,8 @@ import pytest
 
 from benchmarks.prefix.attribution import attribute, summarize
 from benchmarks.prefix.simulator import SimConfig, simulate
-from benchmarks.prefix.trace import CHANGE_TOOLS, TokenRequest
+from benchmarks.prefix.trace import TokenRequest
+from server.miss_causes import CHANGE_TOOLS
 
 BS = 4
 

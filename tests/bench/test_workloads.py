@@ -5,10 +5,10 @@ from dataclasses import replace
 
 import pytest
 
-from benchmarks.prefix.render import load_model_text, message_change, template_change, tokenize_workload
+from benchmarks.prefix.render import load_model_text, request_change, tokenize_workload
 from benchmarks.prefix.simulator import SimConfig, simulate
-from benchmarks.prefix.trace import CHANGE_HISTORY, CHANGE_REASONING, CHANGE_TOOLS
 from benchmarks.prefix.workloads import WORKLOADS, WorkloadParams, build_workloads
+from server.miss_causes import CHANGE_HISTORY, CHANGE_REASONING, CHANGE_TOOLS, template_change
 
 SMALL = WorkloadParams(
     head_words=120, tasks=2, steps_per_task=2, result_words=(5, 30), reasoning_words=(5, 10), compaction_words=150,
@@ -34,7 +34,7 @@ def test_unknown_workload_is_an_error():
 def _changes(name: str) -> list[str | None]:
     (wl,) = build_workloads(name, SMALL)
     by_id = {r.request_id: r for r in wl.requests}
-    return [message_change(by_id.get(r.parent), r) for r in wl.requests]
+    return [request_change(by_id.get(r.parent), r) for r in wl.requests]
 
 
 def test_message_level_structure():
