@@ -31,6 +31,16 @@ class CachedBlock:
         return self.parent.block_hash if self.parent is not None else None
 
 
+@dataclass(frozen=True)
+class CachedPrefix:
+    """A cached prefix of the device tree: the path from a root to a leaf (`KVCacheManager.cached_prefixes`)."""
+
+    block_hashes: tuple[BlockHash, ...]  # root first
+    num_referenced: int  # blocks of the path live sequences hold now
+    num_retained: int  # blocks of the path pinned or held for a session
+    retained_until: float  # the latest retention end on the path, on the manager's clock (0: none)
+
+
 @dataclass
 class SequenceBlocks:
     """One live sequence's blocks: its block table and the tree path it holds references on."""
@@ -43,6 +53,8 @@ class SequenceBlocks:
     state_slot: int = -1  # hybrid models: the recurrent-state slot it runs in (engine.kv.state_pool)
     pending_snapshots: list[tuple[int, int]] = field(default_factory=list)  # (block index, slot) not in the tree yet
     reply_snapshot: int = -1  # the block index of its latest reply-end snapshot (replaced as decoding goes on)
+    host_hits: int = 0  # tokens of its cached prefix restored from the host tier at admission
+    disk_hits: int = 0  # ... and from the disk tier
 
     def private_block_ids(self) -> list[int]:
         nodes = self.nodes
@@ -55,7 +67,9 @@ class CacheStats:
     hits: int = 0  # of those, tokens served from cached blocks
     preempted_queries: int = 0  # tokens looked up when a preempted sequence was re-admitted (counted apart)
     preempted_hits: int = 0
-    evictions: int = 0  # cached blocks evicted from the tree
+    evictions: int = 0  # cached blocks evicted from the tree (all causes)
+    retained_evictions: int = 0  # of those, pinned or held blocks (no ordinary leaf was left)
+    reset_evictions: int = 0  # of those, dropped by a prefix-cache reset
     host_hits: int = 0  # tokens restored from the host tier (included in hits / preempted_hits)
     disk_hits: int = 0  # tokens restored from the disk tier
 

@@ -26,6 +26,7 @@ step's forward) and attaches it to its block once the block is in the tree.
 """
 from __future__ import annotations
 
+import heapq
 import itertools
 import time
 from collections.abc import Callable, Collection
@@ -33,7 +34,7 @@ from typing import Hashable, Iterable, Sequence
 
 from engine.block_hashing import BlockHash
 from engine.config import EvictionPolicy
-from engine.kv_blocks import CachedBlock, CacheStats, SequenceBlocks
+from engine.kv_blocks import CachedBlock, CachedPrefix, CacheStats, SequenceBlocks
 from engine.kv_events import MEDIUM_DEVICE, EventRecorder, KVEvent
 from engine.kv_eviction import EvictionQueue
 from engine.kv.state_pool import StatePool
@@ -150,6 +151,40 @@ class KVCacheManager:
                                     block_hashes[device : self._shareable_blocks(block_hashes, num_tokens)])
         return (device + sum(1 for _ in lower)) * self.block_size
 
+    def where_cached(self, block_hashes: Sequence[BlockHash]) -> list[str | None]:
+        """Where each block of a chain is cached now: "retained" (on the device, pinned or held), "device", "host",
+        "disk", or None."""
+        self.queue.expire()
+        out: list[str | None] = []
+        for block_hash in block_hashes:
+            node = self.by_hash.get(block_hash)
+            if node is not None:
+                out.append("retained" if node.retained else "device")
+            else:
+                found = self.tiers.find(block_hash)
+                out.append(None if found is None else "host" if found[0] is self.tiers.host else "disk")
+        return out
+
+    def cached_prefixes(self, limit: int) -> list[CachedPrefix]:
+        """The ``limit`` longest root-to-leaf paths of the device tree, longest first. O(cached blocks)."""
+        self.queue.expire()
+        depth: dict[BlockHash, int] = {}
+        for block_hash, node in self.by_hash.items():  # a parent is always inserted before its children
+            depth[block_hash] = depth[node.parent.block_hash] + 1 if node.parent is not None else 1
+        leaves = [node for node in self.by_hash.values() if not node.children]
+        out = []
+        for leaf in heapq.nlargest(limit, leaves, key=lambda n: depth[n.block_hash]):
+            path: list[CachedBlock] = []
+            node: CachedBlock | None = leaf
+            while node is not None:
+                path.append(node)
+                node = node.parent
+            path.reverse()
+            out.append(CachedPrefix(tuple(n.block_hash for n in path), sum(n.ref_count > 0 for n in path),
+                                    sum(n.retained for n in path),
+                                    max((n.retained_until for n in path if n.retained), default=0.0)))
+        return out
+
     def _match(self, block_hashes: Sequence[BlockHash], token_ids: Sequence[int]) -> list[CachedBlock]:
         """The cached blocks of the longest cached prefix, checking their tokens (collision guard)."""
         bs = self.block_size
@@ -242,8 +277,10 @@ class KVCacheManager:
             seq.nodes.append(node)
             if tier is self.tiers.host:
                 self.stats.host_hits += self.block_size
+                seq.host_hits += self.block_size
             else:
                 self.stats.disk_hits += self.block_size
+                seq.disk_hits += self.block_size
 
     def allocate(self, seq_id: Hashable, num_tokens: int) -> list[int] | None:
         """Make the sequence's blocks cover ``num_tokens`` tokens; returns the block ids appended to its table, or
@@ -385,7 +422,7 @@ class KVCacheManager:
         """Drop every cached block no sequence holds, in every tier (e.g. between benchmark runs)."""
         mark = len(self.events.events)
         while self._num_unreferenced:
-            self.free_block_ids.append(self._evict_one(offload=False))
+            self.free_block_ids.append(self._evict_one(reset=True))
         self.tiers.clear()
         if not self.by_hash:
             self.events.cleared(since=mark)
@@ -452,7 +489,8 @@ class KVCacheManager:
             node.last_used = next(self._counter)
             self.queue.push(node)
 
-    def _evict_one(self, offload: bool = True, keep: Collection[BlockHash] = ()) -> int:
+    def _evict_one(self, reset: bool = False, keep: Collection[BlockHash] = ()) -> int:
+        """Evict the next block of the eviction order; offloaded to the lower tiers unless a ``reset`` drops it."""
         node = self.queue.pop()
         parent = node.parent
         del (parent.children if parent else self.roots)[node.block_hash]
@@ -460,11 +498,15 @@ class KVCacheManager:
         node.in_tree = False
         if node.snapshot_slot >= 0:
             self.states.drop(node.snapshot_slot)
+        if reset:
+            self.stats.reset_evictions += 1
+        else:
+            self.stats.retained_evictions += node.retained
         self.queue.forget(node)
         self._num_unreferenced -= 1
         self.stats.evictions += 1
         self.events.removed(node.block_hash, MEDIUM_DEVICE)
-        if offload:
+        if not reset:
             self.tiers.offload(node.block_hash, node.block_id, node.token_ids, node.parent_hash, keep)
         if parent is not None:
             self.queue.push(parent)  # a leaf now, if nothing else holds it

@@ -107,6 +107,8 @@ class LowerTiers:
         self.transfers: list[KVTransfer] = []
         self.offloads = 0  # blocks copied device -> host
         self.disk_writes = 0
+        self.host_drops = 0  # blocks the full host pool gave up (least recently used first)
+        self.disk_drops = 0  # ... and the full disk tier
 
     @property
     def enabled(self) -> bool:
@@ -147,6 +149,10 @@ class LowerTiers:
     def _add(self, tier: TierIndex, block_hash: BlockHash, token_ids: tuple[int, ...], parent: BlockHash | None,
              keep: Collection[BlockHash]) -> TierBlock | None:
         block, dropped = tier.add(block_hash, token_ids, parent, keep)
+        if tier is self.disk:
+            self.disk_drops += len(dropped)
+        else:
+            self.host_drops += len(dropped)
         for dropped_hash, _ in dropped:
             self.events.removed(dropped_hash, tier.medium)
             if tier is self.disk:

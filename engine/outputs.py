@@ -148,12 +148,14 @@ class SequenceOutput:
     new_logprobs: list[TokenLogprobs | None]
     finish_reason: FinishReason | None
     num_prompt_tokens: int
-    num_cached_tokens: int
+    num_cached_tokens: int  # of the prompt, from the prefix cache: the device pool, host and disk tiers together
     timings: RequestTimings
     new_text: str = ""
     error: str | None = None  # why a sequence ended abnormally (e.g. out of KV blocks)
     # `SamplingParams.prompt_logprobs`: one entry per prompt token (None for the first), on index 0's first output
     prompt_logprobs: list[TokenLogprobs | None] | None = None
+    num_host_cached_tokens: int = 0  # of num_cached_tokens, restored from the host tier
+    num_disk_cached_tokens: int = 0  # ... and from the disk tier
 
     @property
     def finished(self) -> bool:
@@ -169,6 +171,8 @@ class SchedulerStats:
     prefix_cache_preempted_queries_tokens: int = 0
     prefix_cache_preempted_hits_tokens: int = 0
     prefix_cache_evictions: int = 0
+    prefix_cache_retained_evictions: int = 0  # of the evictions, pinned or held blocks
+    prefix_cache_reset_evictions: int = 0  # of the evictions, by a prefix-cache reset
     prefix_cache_host_hits_tokens: int = 0  # of the hits (first admissions and re-admissions), restored from host
     prefix_cache_disk_hits_tokens: int = 0  # ... and from disk
     state_snapshots_cached: int = 0  # hybrid models: recurrent-state snapshots in the prefix tree
@@ -182,6 +186,8 @@ class SchedulerStats:
     kv_host_blocks_cached: int = 0
     kv_disk_blocks_total: int = 0
     kv_disk_blocks_cached: int = 0
+    kv_host_dropped_blocks: int = 0  # given up by the full host tier
+    kv_disk_dropped_blocks: int = 0  # given up by the full disk tier
     kv_offload_bytes: int = 0  # device -> host
     kv_restore_bytes: int = 0  # host -> device
     kv_disk_write_bytes: int = 0

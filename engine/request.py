@@ -36,6 +36,8 @@ class Request:
     num_computed_tokens: int = 0  # tokens whose K/V are in blocks (or will be, once the scheduled step ran)
     num_output_placeholders: int = 0  # sampled in a step whose output is not back yet
     num_cached_tokens: int = 0  # of the prompt, served by the prefix cache at first admission
+    num_host_cached_tokens: int = 0  # of those, restored from the host tier
+    num_disk_cached_tokens: int = 0  # ... and from the disk tier
     num_preemptions: int = 0
     pending_siblings: int = 0  # n > 1: siblings to queue once this sequence's prompt is scheduled
     timings: RequestTimings = field(default_factory=RequestTimings)

@@ -263,6 +263,8 @@ class Scheduler:
             self.waiting.remove(req)
             if not resumed:
                 req.num_cached_tokens = min(cached, req.num_prompt_tokens)
+                seq = self.kv.seqs[req.request_id]
+                req.num_host_cached_tokens, req.num_disk_cached_tokens = seq.host_hits, seq.disk_hits
                 req.timings.scheduled = time.perf_counter()
                 out.new_requests.append(NewRequestData(req.request_id, req.prompt_token_ids, req.params, req.seed))
             req.status = RequestStatus.RUNNING
@@ -375,7 +377,8 @@ class Scheduler:
     def _output(req: Request, tokens: list[int], logprobs: list[TokenLogprobs | None],
                 reason: FinishReason | None) -> SequenceOutput:
         return SequenceOutput(req.group_id, req.index, tokens, logprobs, reason, req.num_prompt_tokens,
-                              req.num_cached_tokens, req.timings)
+                              req.num_cached_tokens, req.timings, num_host_cached_tokens=req.num_host_cached_tokens,
+                              num_disk_cached_tokens=req.num_disk_cached_tokens)
 
     # ---- observation -----------------------------------------------------------------------------------------------
     def stats(self) -> SchedulerStats:
@@ -387,6 +390,8 @@ class Scheduler:
             prefix_cache_preempted_queries_tokens=cache.preempted_queries,
             prefix_cache_preempted_hits_tokens=cache.preempted_hits,
             prefix_cache_evictions=cache.evictions,
+            prefix_cache_retained_evictions=cache.retained_evictions,
+            prefix_cache_reset_evictions=cache.reset_evictions,
             prefix_cache_host_hits_tokens=cache.host_hits,
             prefix_cache_disk_hits_tokens=cache.disk_hits,
             state_snapshots_cached=len(kv.states.snapshots) if kv.states is not None else 0,
@@ -400,6 +405,8 @@ class Scheduler:
             kv_host_blocks_cached=len(host) if host is not None else 0,
             kv_disk_blocks_total=disk.capacity if disk is not None else 0,
             kv_disk_blocks_cached=len(disk) if disk is not None else 0,
+            kv_host_dropped_blocks=kv.tiers.host_drops,
+            kv_disk_dropped_blocks=kv.tiers.disk_drops,
             requests_running=len(self.running),
             requests_waiting=len(self.waiting),
             prompt_tokens=self.num_prompt_tokens,

@@ -23,7 +23,10 @@ _SNAPSHOT_METRICS: dict[str, tuple[str, str]] = {
     "prefix_cache_preempted_queries_tokens": (
         "counter", "Tokens looked up when a preempted sequence was re-admitted (not counted as queries)."),
     "prefix_cache_preempted_hits_tokens": ("counter", "Of those, tokens served from cached KV blocks."),
-    "prefix_cache_evictions": ("counter", "Cached KV blocks evicted from the device pool to make room."),
+    "prefix_cache_evictions": ("counter", "Cached KV blocks evicted from the device pool (every cause)."),
+    "prefix_cache_retained_evictions": (
+        "counter", "Of those, pinned or session-held blocks (taken only when no ordinary block was left)."),
+    "prefix_cache_reset_evictions": ("counter", "Of those, blocks dropped by a prefix-cache reset."),
     "prefix_cache_host_hits_tokens": ("counter", "Cached tokens restored from the host tier instead of recomputed."),
     "prefix_cache_disk_hits_tokens": ("counter", "Cached tokens restored from the disk tier instead of recomputed."),
     "state_snapshots_cached": ("gauge", "Hybrid models: recurrent-state snapshots a prefix hit can resume from."),
@@ -37,6 +40,8 @@ _SNAPSHOT_METRICS: dict[str, tuple[str, str]] = {
     "kv_host_blocks_cached": ("gauge", "Blocks in the host KV tier."),
     "kv_disk_blocks_total": ("gauge", "Blocks the disk KV tier (--kv-disk-dir) holds at most."),
     "kv_disk_blocks_cached": ("gauge", "Blocks in the disk KV tier."),
+    "kv_host_dropped_blocks": ("counter", "Blocks the full host KV tier gave up (least recently used first)."),
+    "kv_disk_dropped_blocks": ("counter", "Blocks the full disk KV tier gave up (least recently used first)."),
     "kv_offload_bytes": ("counter", "Bytes of KV blocks copied from the device pool to the host tier."),
     "kv_restore_bytes": ("counter", "Bytes of KV blocks copied back from the host tier to the device pool."),
     "kv_disk_write_bytes": ("counter", "Bytes of KV blocks written to the disk tier."),

@@ -249,3 +249,25 @@ class TieredKVMachine(RuleBasedStateMachine):
 
 TestTieredKVMachine = TieredKVMachine.TestCase
 TestTieredKVMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+def test_what_the_inspector_reads_tier_hits_eviction_causes_where_cached_and_prefixes():
+    kv, clock = make(6, host=2, disk=32)
+    a = seq(0, 9)  # 2 full blocks + 1
+    run(kv, "a", a, retention=Retention((CachePin(4, 300.0),)))  # block 0 pinned
+    assert kv.where_cached(hashes(a)) == ["retained", "device"]
+    [prefix] = kv.cached_prefixes(5)
+    assert prefix.block_hashes == tuple(hashes(a)) and prefix.num_retained == 1 and prefix.num_referenced == 0
+    assert prefix.retained_until == clock.now + 300.0
+    for i in range(3):  # a leaves the device (its pinned block last), then the 2-block host pool
+        run(kv, f"x{i}", seq(1000 * (i + 1), 21))
+    assert kv.stats.retained_evictions == 1 and kv.stats.evictions > 2 and kv.tiers.host_drops > 0
+    assert kv.where_cached(hashes(a)) == ["disk", "disk"]
+    kv.admit("a2", hashes(a), a, len(a))
+    assert (kv.seqs["a2"].host_hits, kv.seqs["a2"].disk_hits) == (0, 8)
+    [held] = [p for p in kv.cached_prefixes(5) if p.block_hashes == tuple(hashes(a))]
+    assert held.num_referenced == 2  # a2 holds the restored blocks
+    kv.free("a2")
+    kv.reset_prefix_cache()
+    assert kv.stats.reset_evictions > 0 and kv.cached_prefixes(5) == []
+    kv.check_invariants()
