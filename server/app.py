@@ -32,6 +32,7 @@ from server.completions import complete_text, plan_completion, stream_text
 from server.context import ServingContext
 from server.generation import submit
 from server.http_io import Draining, EngineStreamingResponse, parse_body, read_json, until_disconnect
+from server.inspector.routes import add_inspector_routes
 from server.messages import complete_messages, count_tokens, plan_messages, stream_messages
 from server.named_caches import CreateCacheRequest
 from server.openapi import add_openapi_route, declare_request_bodies, request_body
@@ -107,9 +108,12 @@ def create_app(ctx: ServingContext) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         ctx.engine.start()
+        sampler = asyncio.create_task(ctx.inspector.sample_forever(ctx.metrics.snapshot)) if ctx.inspector else None
         try:
             yield
         finally:
+            if sampler is not None:
+                sampler.cancel()
             ctx.close()  # compiles in progress end now: nothing that prepares a request outlives the shutdown
             await asyncio.to_thread(ctx.engine.shutdown)
             if ctx.recorder is not None:
@@ -119,7 +123,7 @@ def create_app(ctx: ServingContext) -> FastAPI:
     app.state.ctx = ctx
     app.state.draining = Draining()  # started by the server at shutdown (server/graceful.py)
     _install_error_handlers(app)
-    auth = _Auth(ctx.settings.api_keys)
+    auth = _Auth(ctx.settings.api_keys + ctx.settings.operator_keys)
 
     def authenticate(request: Request) -> None:
         request.state.api_key = auth(request)
@@ -269,6 +273,8 @@ def create_app(ctx: ServingContext) -> FastAPI:
     add_cache_routes(api, ctx, salt_for)
     add_router_routes(app, api, ctx, salt_for)
     add_openapi_route(app, api, ctx.settings.openapi)
+    if ctx.inspector is not None:
+        add_inspector_routes(app, api, ctx)
     app.include_router(api)
     declare_request_bodies(app, [ChatCompletionRequest, CompletionRequest, MessagesRequest, CountTokensRequest,
                                  ResponsesRequest, TokenizeRequest, DetokenizeRequest, CreateCacheRequest])

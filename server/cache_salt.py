@@ -35,6 +35,14 @@ def tenant_salt(api_key: str | None) -> str | None:
     return hashlib.sha256(b"kvserve-tenant\0" + api_key.encode("utf-8")).hexdigest()[:32]
 
 
+def salt_tenant(salt: str | None) -> str | None:
+    """The tenant an effective salt belongs to (what `tenant_salt` gave; None: the server has no keys)."""
+    if salt is None or ":" not in salt:  # a tenant's salt is hex: a colon means a request's salt scoped inside it
+        return salt
+    length, _, rest = salt.partition(":")
+    return rest[: int(length)] or None
+
+
 def effective_salt(tenant: str | None, requested: str | None, allow_request_salt: bool) -> str | None:
     """The salt the engine keys this request's pages with."""
     if requested is None:

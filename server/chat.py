@@ -178,7 +178,7 @@ def plan_chat(
 
 
 def record_plan(ctx: ServingContext, plan: ChatPlan) -> None:
-    record(ctx, plan.endpoint, plan.body, [plan.prompt], session=plan.session)
+    record(ctx, plan.endpoint, plan.body, [plan.prompt], session=plan.session, chat=plan.req)
 
 
 async def complete_chat(ctx: ServingContext, plan: ChatPlan, stream: RequestStream) -> dict[str, Any]:

@@ -16,6 +16,7 @@ SUBCOMMAND_MODULES = [
     "server.cli_generate",  # generate
     "server.cli_chat",  # render, parse
     "server.cli_serve",  # serve
+    "server.cli_inspect",  # inspect
 ]
 ENTRY_POINT_GROUP = "kvserve.commands"
 

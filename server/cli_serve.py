@@ -12,6 +12,7 @@ import time
 from dataclasses import fields
 
 from server.engine_args import add_engine_args, engine_config_from_args
+from server.inspector.store import DEFAULT_MAX_REQUESTS
 from server.limits import RequestLimits
 from server.openapi import OPENAPI_MODES
 
@@ -80,6 +81,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             metavar="S" if isinstance(f.default, float) else "N",
                             help=f"{f.metadata['help']} (default: %(default)s)")
 
+    ui = parser.add_argument_group("cache inspector (docs/INSPECTOR.md)")
+    ui.add_argument("--ui", action="store_true",
+                    help="serve the cache inspector at /ui (sessions, each request's prompt coloured by what the "
+                    "cache served, why a turn missed, the cache over time); `kvserve inspect` reads the same")
+    ui.add_argument("--ui-max-requests", type=int, default=DEFAULT_MAX_REQUESTS, metavar="N",
+                    help="the inspector keeps the last N finished requests (default: %(default)s)")
+    ui.add_argument("--operator-key", action="append", default=[], metavar="KEY",
+                    help="an API key that sees every tenant's sessions in the inspector (a tenant's key sees its "
+                    "own); it is accepted like an --api-key everywhere. KVSERVE_OPERATOR_KEY adds one from the "
+                    "environment")
+
     add_engine_args(parser)  # --model and the engine flags, shared with `kvserve generate`
     parser.set_defaults(func=run_serve)
 
@@ -105,12 +117,18 @@ def run_serve(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     keys = tuple(args.api_key) + ((os.environ["KVSERVE_API_KEY"],) if os.environ.get("KVSERVE_API_KEY") else ())
+    operators = tuple(args.operator_key) + ((os.environ["KVSERVE_OPERATOR_KEY"],)
+                                            if os.environ.get("KVSERVE_OPERATOR_KEY") else ())
+    if args.ui_max_requests < 1:
+        _say(f"cannot serve: --ui-max-requests must be at least 1, not {args.ui_max_requests}")
+        return 2
     settings = ServerSettings(
         api_keys=keys, allow_request_cache_salt=args.allow_request_cache_salt,
         strict_max_tokens=args.strict_max_tokens, max_output_tokens=args.max_output_tokens, max_n=args.max_n,
         preserve_thinking=not args.no_preserve_thinking,
         limits=RequestLimits(**{f.name: getattr(args, f"limit_{f.name}") for f in fields(RequestLimits)}),
         openapi=args.openapi,
+        operator_keys=operators, ui=args.ui, ui_max_requests=args.ui_max_requests,
     )
     started = time.perf_counter()
     try:
@@ -139,7 +157,12 @@ def run_serve(args: argparse.Namespace) -> int:
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     auth = f"{len(keys)} API key(s)" if keys else "no API key: anyone who can connect may use it"
+    if operators:
+        auth += f", {len(operators)} operator key(s)"
     _say(f"serving {ctx.model_name} at http://{shown}:{port}/v1 ({auth}). Ctrl-C or SIGTERM stops it")
+    if args.ui:
+        who = "each key sees its own sessions" if keys or operators else "anyone who can connect sees every prompt"
+        _say(f"cache inspector at http://{shown}:{port}/ui (the last {args.ui_max_requests} requests; {who})")
     server = GracefulServer(create_app(ctx), log_level=args.log_level,
                             timeout_graceful_shutdown=args.shutdown_timeout)
     ctx.engine.on_death(lambda error: _exit_soon(server, error))

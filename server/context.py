@@ -20,6 +20,7 @@ from engine.retention import CachePin, Retention
 from engine.sampling_params import SamplingParams
 from engine.structured_output import StructuredOutputs, StructuredOutputSpec
 from server.async_engine import AsyncEngine
+from server.inspector.store import DEFAULT_MAX_REQUESTS, Inspector
 from server.limits import RequestLimits
 from server.logprobs import TokenTexts
 from server.metrics import Metrics
@@ -48,6 +49,9 @@ class ServerSettings:
     preserve_thinking: bool = True  # keep past turns' reasoning where the template can (Qwen3.6; docs/SERVER.md)
     limits: RequestLimits = RequestLimits()
     openapi: str = "key"  # GET /openapi.json: "key" (behind the API key), "public" or "off" (server/openapi.py)
+    operator_keys: tuple[str, ...] = ()  # API keys that see every tenant in the cache inspector
+    ui: bool = False  # serve the cache inspector (/ui; docs/INSPECTOR.md)
+    ui_max_requests: int = DEFAULT_MAX_REQUESTS  # the inspector keeps this many finished requests
 
 
 @dataclass
@@ -85,6 +89,7 @@ class ServingContext:
     recorder: Recorder | None = None
     aliases: frozenset[str] = frozenset()  # other names clients may use for the model (its HF repo id)
     named_caches: NamedCaches = field(default_factory=NamedCaches)
+    inspector: Inspector | None = None  # the cache inspector (`--ui`)
     created: int = field(default_factory=lambda: int(time.time()))
     # This process's identity, new at every start (a restarted replica's cache is empty): responses carry it as
     # `system_fingerprint`, routers read it from /get_server_info.
@@ -247,6 +252,10 @@ def load_context(
 
     output_tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     metrics = Metrics(spec.name)
+    inspector = None
+    if settings.ui:  # its hook runs on the event loop: it decodes with the event loop's tokenizer
+        inspector = Inspector(engine.scheduler.hasher, spec.name, settings.ui_max_requests,
+                              lambda ids: output_tokenizer.decode(ids, skip_special_tokens=False))
     return ServingContext(
         model_name=spec.name,
         family=spec.template,
@@ -259,4 +268,5 @@ def load_context(
         settings=settings,
         recorder=Recorder(record_path) if record_path else None,
         aliases=frozenset(name for name in (spec.repo_id,) if name),
+        inspector=inspector,
     )

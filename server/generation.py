@@ -16,7 +16,8 @@ from engine.outputs import FinishReason, RequestTimings, SequenceOutput
 from engine.grammar_compile import CompileCancelled
 from server.async_engine import EngineDeadError, EngineRequest, RequestStream
 from server.context import ServingContext
-from server.protocol import APIError
+from server.inspector.hook import inspect_finished
+from server.protocol import APIError, ChatCompletionRequest
 from server.recorder import RequestRecord, timing_fields
 
 log = logging.getLogger("kvserve.server")
@@ -37,10 +38,14 @@ class Prompt:
     num_cached_tokens: int = 0
     timings: RequestTimings | None = None
     first_choice: CompletionOutput = field(default_factory=CompletionOutput)  # choice 0's tokens, for the record
+    num_host_cached_tokens: int = 0  # of num_cached_tokens, restored from the host tier
+    num_disk_cached_tokens: int = 0  # ... and from the disk tier
 
     def observe(self, out: SequenceOutput) -> None:
         if out.index == 0:
             self.num_cached_tokens = out.num_cached_tokens  # siblings (n > 1) share the leader's cached prompt
+            self.num_host_cached_tokens = out.num_host_cached_tokens
+            self.num_disk_cached_tokens = out.num_disk_cached_tokens
             self.timings = out.timings
             self.first_choice.add(out)
 
@@ -108,8 +113,12 @@ async def outputs(stream: RequestStream, prompts: list[Prompt]) -> AsyncIterator
 
 
 def record(
-    ctx: ServingContext, endpoint: str, body: dict[str, Any], prompts: list[Prompt], session: str | None = None
+    ctx: ServingContext, endpoint: str, body: dict[str, Any], prompts: list[Prompt], session: str | None = None,
+    chat: ChatCompletionRequest | None = None,
 ) -> None:
+    """A request finished: record it (`--record`) and show it in the inspector (`--ui`). ``chat``: the chat form of
+    the request, for the inspector's explanation of what changed."""
+    inspect_finished(ctx, endpoint, prompts, session, chat)
     if ctx.recorder is None:
         return
     for p in prompts:

@@ -25,6 +25,7 @@ CHANGE_TEMPLATE = "template"
 CHANGE_BILLING_NONCE = "billing_nonce"  # Claude Code's per-request billing nonce (server/normalize.py removes it)
 CHANGE_SYSTEM_HOISTED = "system_hoisted"  # a new mid-conversation system message hoisted into the head (DeepSeek)
 CHANGE_REPLY = "reply_changed"  # the history carries a reply other than the one the model generated
+CHANGE_PROMPT = "prompt_changed"  # a raw text prompt (no messages to compare) differs from the previous one
 
 CAUSES: dict[str, str] = {
     "first_request": "first request of a session: nothing reusable was computed before",
@@ -42,6 +43,7 @@ CAUSES: dict[str, str] = {
                            "templates; rendered in place by server/normalize.py)",
     CHANGE_REPLY: "prefix changed by the reply: the client sent back another reply than the model generated "
                   "(an edited or replayed history)",
+    CHANGE_PROMPT: "prefix changed by the client: a raw text prompt differs from the previous one",
 }
 REASONING_MARKERS = ("<think>",)  # where a dropped reasoning block starts in the rendered text
 _SYSTEM_ROLES = ("system", "developer")

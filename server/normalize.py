@@ -3,7 +3,7 @@
 Agents resend the whole conversation every turn, and a few things they send (or that a template does to them) change
 text that earlier turns already rendered, so the prefix cache misses everything after it. Each rule here removes one
 such cause; `normalize_for_cache` applies them all, for chat completions, messages and responses alike, and the
-prefix-cache benchmark names each cause they remove (benchmarks/prefix/attribution.py):
+prefix-cache benchmark and the cache inspector name each cause they remove (server/miss_causes.py):
 
 - `strip_billing_nonce` (cause "billing_nonce"): Claude Code's first system block is a billing header,
   `x-anthropic-billing-header: cc_version=...; cc_entrypoint=...;`, to which some versions add a per-request

@@ -1,0 +1,107 @@
+"""One live request against its session's previous one: where its prompt first leaves the previous context (prompt
+and reply) and why, and every missed prompt token's cause, named as the prefix benchmark names them
+(server/miss_causes.py)."""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from server.miss_causes import (
+    CHANGE_PROMPT,
+    CHANGE_REPLY,
+    CHANGE_TEMPLATE,
+    common_prefix,
+    message_change,
+    miss_causes,
+    template_change,
+)
+
+# Tokens decoded on each side of a divergence to tell a template's change apart (the texts agree before it).
+_TEXT_WINDOW = (8, 32)
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    """A request as the client sent it, in the chat form (None for raw text prompts), cache rules applied."""
+
+    messages: list[dict] | None = None
+    tools: list[dict] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Previous:
+    """What the session's previous request left: its tokens, its conversation and the reply's text."""
+
+    prompt: list[int]
+    output: list[int]
+    conversation: Conversation
+    output_text: str
+
+    @property
+    def context(self) -> list[int]:
+        return self.prompt + self.output
+
+
+@dataclass(frozen=True, slots=True)
+class Divergence:
+    index: int  # the first prompt token that differs from the previous context
+    cause: str  # a key of server.miss_causes.CAUSES
+    in_reply: bool  # the previous context differs there in its reply, not in its prompt
+
+
+def attribute(prompt: list[int], cached: int, ideal: int, ideal_unsalted: int, previous: Previous | None,
+              conversation: Conversation, decode: Callable[[list[int]], str]) -> tuple[Divergence | None, Counter]:
+    """``ideal`` / ``ideal_unsalted``: what an unbounded cache over the inspector's window would have served, with
+    salts and ignoring them. ``decode`` turns token ids into text (a few dozen at a time)."""
+    if previous is None:
+        return None, miss_causes(len(prompt), cached, ideal, ideal_unsalted, None, None)
+    context = previous.context
+    index = common_prefix(prompt, context)
+    divergence = None
+    if index < min(len(context), len(prompt)):
+        cause = _cause(prompt, previous, conversation, index, decode)
+        divergence = Divergence(index, cause, index >= len(previous.prompt))
+    misses = miss_causes(len(prompt), cached, ideal, ideal_unsalted, min(len(context), len(prompt)),
+                         divergence.cause if divergence else None)
+    return divergence, misses
+
+
+def _cause(prompt: list[int], previous: Previous, conversation: Conversation, index: int,
+           decode: Callable[[list[int]], str]) -> str:
+    old, new = previous.conversation, conversation
+    if old.messages is None or new.messages is None:
+        if old.messages is None and new.messages is None:
+            return CHANGE_PROMPT
+        return CHANGE_TEMPLATE  # one of them came through another API: rendered differently
+    change = message_change(old.messages, old.tools, new.messages, new.tools)
+    if change is not None:
+        return change
+    if index >= len(previous.prompt) and _reply_differs(previous.output_text, new.messages, len(old.messages)):
+        return CHANGE_REPLY
+    before, after = _TEXT_WINDOW
+    lo = max(0, index - before)
+    return template_change(decode(previous.context[lo : index + after]), decode(prompt[lo : index + after])) \
+        or CHANGE_TEMPLATE
+
+
+def _reply_differs(output_text: str, messages: list[dict], at: int) -> bool:
+    """Whether the message the client put where the model's reply goes is not that reply: not an assistant message,
+    or text or tool calls the model did not write."""
+    message = messages[at] if at < len(messages) else None
+    if not isinstance(message, dict) or message.get("role") != "assistant":
+        return True
+    text = _text(message.get("content")).strip()
+    if text and text not in output_text:
+        return True
+    names = [call.get("function", {}).get("name") for call in message.get("tool_calls") or [] if isinstance(call, dict)]
+    return any(isinstance(name, str) and name not in output_text for name in names)
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return ""

@@ -1,0 +1,104 @@
+"""`kvserve serve --ui`: the inspector's page and its JSON API.
+
+    GET /ui                        the page (static HTML, CSS and a script from server/inspector/static; no data)
+    GET /ui/api/sessions           the sessions the caller may see, newest first
+    GET /ui/api/sessions/{id}      one session's requests, in order
+    GET /ui/api/requests/{id}      one request: its prompt token by token, what the cache served, its divergence
+    GET /ui/api/cache              blocks per tier over time, evictions by cause, the largest cached prefixes
+    GET /ui/api/updates?after=N    the newest request's number and the sessions with requests after N (the page
+                                   polls it: no connection stays open, so a shutdown never waits on a viewer)
+
+The page itself holds nothing, so it loads without a key; everything it shows comes from /ui/api/*, which needs the
+key like every endpoint (the page asks for it, or takes it from the URL's fragment, `/ui#key=...`, which browsers
+never send to the server).
+"""
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import Response
+
+from server.cache_salt import tenant_salt
+from server.context import ServingContext
+from server.inspector import views
+from server.protocol import APIError
+
+STATIC_DIR = Path(__file__).parent / "static"
+_STATIC_TYPES = {"index.html": "text/html; charset=utf-8", "inspector.js": "text/javascript; charset=utf-8",
+                 "inspector.css": "text/css; charset=utf-8"}
+# Nothing from elsewhere (no CDN) and no inline script; inline styles size the bars.
+_CSP = "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; script-src 'self'; base-uri 'none'"
+LARGEST_PREFIXES = 12
+
+
+def add_inspector_routes(app: FastAPI, api: APIRouter, ctx: ServingContext) -> None:
+    """``app`` takes the page (no key), ``api`` the JSON (the key)."""
+    inspector = ctx.inspector
+    assert inspector is not None
+    operators = set(ctx.settings.operator_keys)
+
+    def viewer(request: Request) -> views.Viewer:
+        key = request.state.api_key
+        return views.Viewer(tenant_salt(key), operator=key is not None and key in operators)
+
+    @app.get("/ui", include_in_schema=False)
+    async def page() -> Response:
+        return _static("index.html")
+
+    @app.get("/ui/static/{name}", include_in_schema=False)
+    async def static(name: str) -> Response:
+        return _static(name)
+
+    @api.get("/ui/api/sessions", include_in_schema=False)
+    async def sessions(request: Request) -> dict[str, Any]:
+        return views.sessions_view(inspector, viewer(request))
+
+    @api.get("/ui/api/sessions/{key}", include_in_schema=False)
+    async def session(request: Request, key: str) -> dict[str, Any]:
+        found = views.visible_session(inspector, viewer(request), key)
+        if found is None:
+            raise _not_found(f"no session '{key}' (it may have left the inspector's window of "
+                             f"{inspector.max_requests} requests)")
+        return views.session_view(inspector, found)
+
+    @api.get("/ui/api/requests/{request_id}", include_in_schema=False)
+    async def inspected_request(request: Request, request_id: str) -> dict[str, Any]:
+        record = views.visible_request(inspector, viewer(request), request_id)
+        if record is None:
+            raise _not_found(f"no request '{request_id}' (it may have left the inspector's window of "
+                             f"{inspector.max_requests} requests)")
+        hashes = views.prompt_block_hashes(inspector, record)
+        now = await asyncio.wrap_future(ctx.engine.call(lambda engine: engine.scheduler.kv.where_cached(hashes)))
+        return views.request_view(inspector, record, ctx.token_texts, now)
+
+    @api.get("/ui/api/cache", include_in_schema=False)
+    async def cache(request: Request) -> dict[str, Any]:
+        inspector.sample(ctx.metrics.snapshot())
+
+        def largest(engine) -> tuple[list, float]:
+            kv = engine.scheduler.kv
+            return kv.cached_prefixes(4 * LARGEST_PREFIXES), kv.clock()
+
+        prefixes, now = await asyncio.wrap_future(ctx.engine.call(largest))
+        return views.cache_view(inspector, viewer(request), prefixes, now, LARGEST_PREFIXES)
+
+    @api.get("/ui/api/updates", include_in_schema=False)
+    async def updates(request: Request, after: int = 0) -> dict[str, Any]:
+        who = viewer(request)
+        seq, sessions = inspector.updated_sessions(after)
+        return {"seq": seq, "sessions": [s.key for s in sessions if who.sees(s.tenant)]}
+
+
+def _static(name: str) -> Response:
+    media_type = _STATIC_TYPES.get(name)
+    if media_type is None:
+        raise _not_found(f"no file '{name}'")
+    return Response((STATIC_DIR / name).read_bytes(), media_type=media_type,
+                    headers={"Content-Security-Policy": _CSP, "Cache-Control": "no-cache"})
+
+
+def _not_found(message: str) -> APIError:
+    return APIError(404, message, type="not_found_error")

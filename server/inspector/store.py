@@ -1,0 +1,233 @@
+"""What the inspector keeps: the last N finished requests (a ring), grouped into agent sessions, their tokens in a
+prefix trie (stored once per shared prefix), and the cache's gauges over time.
+
+`Inspector.observe` is the one way in (server/generation.py calls it where a request finishes); the views read under
+the same lock. Memory is bounded: the ring drops its oldest request (and the trie the blocks only it needed) past
+``max_requests``, a session lives while it has a request in the ring, and the timeline is a ring of samples.
+"""
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.block_hashing import BlockHasher
+from engine.outputs import SchedulerStats
+from server.inspector.attribution import Conversation, Divergence, Previous, attribute
+from server.inspector.prompt_trie import PromptTrie, TrieNode
+
+DEFAULT_MAX_REQUESTS = 1000
+TIMELINE_SAMPLES = 3600  # an hour at one sample a second (fewer while nothing changes)
+# An anonymous request (no session id) continues the request that last produced its deepest cached block, if it
+# shares at least this share of that request's prompt; else it starts a session of its own.
+ANONYMOUS_PARENT_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class Observation:
+    """A finished request, as the server hands it over."""
+
+    request_id: str
+    endpoint: str
+    salt: str | None  # the engine's cache salt: the tenant's (server/cache_salt.py), maybe scoped by the request
+    session: str | None  # the client's session id (server/session.py), if it sent one
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    output_text: str
+    cached_tokens: int  # device + host + disk
+    host_cached_tokens: int
+    disk_cached_tokens: int
+    queue_s: float | None
+    ttft_s: float | None
+    e2e_s: float | None
+    finish_reason: str
+    breakpoints: tuple[tuple[int, float], ...] = ()  # (prompt tokens, TTL seconds) of its cache_control pins
+    conversation: Conversation = Conversation()
+    time: float = field(default_factory=time.time)
+
+
+@dataclass(eq=False, slots=True)
+class InspectedRequest:
+    seq: int
+    request_id: str
+    session: Session
+    endpoint: str
+    time: float
+    salt: str | None
+    prompt_tokens: int
+    output_tokens: int
+    cached_tokens: int
+    host_cached_tokens: int
+    disk_cached_tokens: int
+    queue_s: float | None
+    ttft_s: float | None
+    e2e_s: float | None
+    finish_reason: str
+    breakpoints: tuple[tuple[int, float], ...]
+    parent_id: str | None
+    ideal_tokens: int
+    divergence: Divergence | None
+    misses: dict[str, int]
+    end: TrieNode | None = None  # the trie node of its sequence's last full block
+    tail: bytes = b""  # the tokens after it
+
+    @property
+    def device_cached_tokens(self) -> int:
+        return self.cached_tokens - self.host_cached_tokens - self.disk_cached_tokens
+
+
+@dataclass(eq=False)
+class Session:
+    key: str  # the inspector's id for it ("s12"), the same for every viewer
+    client_id: str | None  # what the client called it (None: grouped by shared prefix)
+    tenant: str | None
+    requests: deque[InspectedRequest] = field(default_factory=deque)  # in the ring, oldest first
+    # The last request's conversation and reply text, to explain the next request's divergence.
+    last_conversation: Conversation = Conversation()
+    last_output_text: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CacheSample:
+    time: float
+    stats: SchedulerStats
+
+
+class Inspector:
+    def __init__(self, hasher: BlockHasher, model_name: str, max_requests: int,
+                 decode: Callable[[list[int]], str]) -> None:
+        """``decode``: token ids -> text, on the thread that calls `observe` (it explains template changes)."""
+        if max_requests < 1:
+            raise ValueError(f"the inspector keeps at least one request, not {max_requests}")
+        self.model_name = model_name
+        self.block_size = hasher.block_size
+        self.max_requests = max_requests
+        self.trie = PromptTrie(hasher)
+        self.ring: deque[InspectedRequest] = deque()
+        self.by_id: dict[str, InspectedRequest] = {}
+        self.sessions: dict[str, Session] = {}
+        self._named: dict[tuple[str | None, str], Session] = {}  # (tenant, client id) -> session
+        self.timeline: deque[CacheSample] = deque(maxlen=TIMELINE_SAMPLES)
+        self.lock = threading.RLock()
+        self._decode = decode
+        self._seq = 0
+        self._session_seq = 0
+
+    # ---- in -------------------------------------------------------------------------------------------------------
+    def observe(self, obs: Observation, tenant: str | None) -> InspectedRequest:
+        with self.lock:
+            bs = self.block_size
+            prompt = obs.prompt_token_ids
+            shareable = max(0, (len(prompt) - 1) // bs)  # the engine always recomputes the last prompt token
+            ideal = self.trie.match(obs.salt, prompt, shareable)[0] * bs
+            unsalted = self.trie.best_match_any_salt(prompt, shareable) * bs
+            session, parent = self._session_of(obs, tenant)
+            previous = None
+            if parent is not None:
+                tokens = self.trie.tokens(parent.end, parent.tail)
+                previous = Previous(tokens[: parent.prompt_tokens], tokens[parent.prompt_tokens :],
+                                    session.last_conversation, session.last_output_text)
+            divergence, misses = attribute(prompt, obs.cached_tokens, ideal, unsalted, previous, obs.conversation,
+                                           self._decode)
+            self._seq += 1
+            record = InspectedRequest(
+                self._seq, obs.request_id, session, obs.endpoint, obs.time, obs.salt, len(prompt),
+                len(obs.output_token_ids), obs.cached_tokens, obs.host_cached_tokens, obs.disk_cached_tokens,
+                obs.queue_s, obs.ttft_s, obs.e2e_s, obs.finish_reason, obs.breakpoints,
+                parent.request_id if parent else None, ideal, divergence, dict(Counter(misses).most_common()),
+            )
+            sequence = prompt + obs.output_token_ids
+            record.end = self.trie.insert(obs.salt, sequence, record)
+            record.tail = self.trie.pack(sequence[len(sequence) // bs * bs :])
+            self.ring.append(record)
+            self.by_id[record.request_id] = record
+            session.requests.append(record)
+            session.last_conversation, session.last_output_text = obs.conversation, obs.output_text
+            while len(self.ring) > self.max_requests:
+                self._drop_oldest()
+        return record
+
+    def _session_of(self, obs: Observation, tenant: str | None) -> tuple[Session, InspectedRequest | None]:
+        """The session a request belongs to and the request it follows (None: the session's first)."""
+        if obs.session is not None:
+            session = self._named.get((tenant, obs.session))
+            if session is None:
+                session = self._named[(tenant, obs.session)] = self._new_session(obs.session, tenant)
+            return session, session.requests[-1] if session.requests else None
+        prompt = obs.prompt_token_ids
+        blocks, node = self.trie.match(obs.salt, prompt, len(prompt) // self.block_size)
+        owner: InspectedRequest | None = node.owner if node is not None else None
+        if (owner is not None and owner.session.client_id is None
+                and blocks * self.block_size >= ANONYMOUS_PARENT_SHARE * owner.prompt_tokens):
+            return owner.session, owner
+        return self._new_session(None, tenant), None
+
+    def _new_session(self, client_id: str | None, tenant: str | None) -> Session:
+        self._session_seq += 1
+        session = Session(f"s{self._session_seq}", client_id, tenant)
+        self.sessions[session.key] = session
+        return session
+
+    def _drop_oldest(self) -> None:
+        record = self.ring.popleft()
+        del self.by_id[record.request_id]
+        self.trie.release(record.end, record.salt)
+        session = record.session
+        session.requests.popleft()
+        if not session.requests:
+            del self.sessions[session.key]
+            if session.client_id is not None:
+                del self._named[(session.tenant, session.client_id)]
+
+    # ---- the cache over time -----------------------------------------------------------------------------------
+    def sample(self, stats: SchedulerStats, now: float | None = None, quiet_s: float = 30.0) -> None:
+        """Add the engine's gauges to the timeline, unless nothing changed since the last sample (and it is younger
+        than ``quiet_s``)."""
+        if not stats.kv_blocks_total:  # the engine has not stepped yet
+            return
+        now = time.time() if now is None else now
+        with self.lock:
+            last = self.timeline[-1] if self.timeline else None
+            if last is None or last.stats != stats or now - last.time >= quiet_s:
+                self.timeline.append(CacheSample(now, stats))
+
+    async def sample_forever(self, stats: Callable[[], SchedulerStats], interval_s: float = 1.0) -> None:
+        while True:
+            self.sample(stats())
+            await asyncio.sleep(interval_s)
+
+    def updated_sessions(self, after: int) -> tuple[int, list[Session]]:
+        """The newest request's number, and the sessions with requests newer than ``after`` (newest first)."""
+        with self.lock:
+            sessions: dict[str, Session] = {}
+            for record in reversed(self.ring):
+                if record.seq <= after:
+                    break
+                sessions.setdefault(record.session.key, record.session)
+            return self._seq, list(sessions.values())
+
+    # ---- size ---------------------------------------------------------------------------------------------------
+    def memory_bytes(self) -> int:
+        """An estimate of what the inspector holds: the trie, the records, the sessions' last conversations."""
+        with self.lock:
+            total = self.trie.memory_bytes()
+            for record in self.ring:
+                total += sys.getsizeof(record) + sys.getsizeof(record.tail) + sys.getsizeof(record.misses)
+            for session in self.sessions.values():
+                total += sys.getsizeof(session) + _deep_size(session.last_conversation.messages)
+                total += _deep_size(session.last_conversation.tools) + sys.getsizeof(session.last_output_text)
+            return total
+
+
+def _deep_size(value: Any) -> int:
+    size = sys.getsizeof(value)
+    if isinstance(value, dict):
+        size += sum(_deep_size(k) + _deep_size(v) for k, v in value.items())
+    elif isinstance(value, list | tuple):
+        size += sum(_deep_size(v) for v in value)
+    return size
