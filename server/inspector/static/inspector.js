@@ -47,12 +47,12 @@ function askForKey() {
   if (!dialog.open) dialog.showModal();
 }
 
-function takeKeyFromFragment() {
-  const found = location.hash.match(/^#key=([^&]*)/);
+function takeKeyFromFragment() {  // "#key=KEY" or "#key=KEY&/requests/ID"
+  const found = location.hash.match(/^#key=([^&]*)(?:&(.*))?$/);
   if (!found) return;
   apiKey = decodeURIComponent(found[1]);
   sessionStorage.setItem(KEY_STORE, apiKey);
-  history.replaceState(null, "", `${location.pathname}#/sessions`);  // the key leaves the address bar
+  history.replaceState(null, "", `${location.pathname}#${found[2] || "/sessions"}`);  // the key leaves the address bar
 }
 
 // ---- routing -----------------------------------------------------------------------------------------------------
@@ -68,9 +68,10 @@ async function show(quiet = false) {
     if (r.kind === "cache") await showCache();
     else if (r.kind === "requests") await showRequest(r.id);
     else await showSessions(r.id);
-    if (!document.documentElement.dataset.ready) {
-      document.documentElement.dataset.ready = "1";
+    if (!document.documentElement.dataset.ready) {  // loaded once the first view is painted
+      await new Promise((done) => requestAnimationFrame(() => setTimeout(done)));
       window.inspectorReadyMs = performance.now();
+      document.documentElement.dataset.ready = "1";
     }
   } catch (error) {
     if (error instanceof NeedKey) return;
@@ -79,17 +80,21 @@ async function show(quiet = false) {
 }
 
 // ---- sessions ----------------------------------------------------------------------------------------------------
-async function showSessions(selected) {
-  const list = await api("sessions");
+function describe(list) {  // the header: model, who is looking, how much is kept
   state.causes = list.causes;
   const viewer = list.viewer;
   document.getElementById("who").textContent = `${list.model} · ${viewer.operator ? "operator: every tenant" : viewer.tenant ? `tenant ${viewer.tenant}` : "no API keys: one tenant"} · ${num(list.requests_kept)} of ${num(list.max_requests)} requests kept`;
-  if (!list.sessions.length) {
+}
+
+async function showSessions(selected) {
+  const list = await api("sessions");
+  describe(list);
+  if (!list.sessions.length && !selected) {
     main().innerHTML = `<div class="empty" id="no-sessions">No sessions yet. Requests show up here when they finish.</div>`;
     return;
   }
-  const current = list.sessions.find((s) => s.id === selected) || list.sessions[0];
-  const detail = await api(`sessions/${encodeURIComponent(current.id)}`);
+  const current = selected ? { id: selected } : list.sessions[0];
+  const detail = await api(`sessions/${encodeURIComponent(current.id)}`);  // a session not yours: its 404
   main().innerHTML = `<div class="layout"><aside class="side"><h3>Sessions (${list.sessions.length})</h3>${list.sessions.map((s) => sessionCard(s, s.id === current.id)).join("")}</aside>
     <section class="content">${sessionDetail(detail)}</section></div>`;
 }
@@ -122,7 +127,7 @@ function stat(value, label) { return `<div class="stat"><b>${value}</b><span>${l
 
 function hitChart(requests) {
   const n = requests.length, w = 900, h = 120, left = 40, bottom = 18;
-  const bw = Math.min(28, (w - left) / n), gap = bw > 4 ? 2 : 0;
+  const bw = Math.min(48, (w - left) / n), gap = bw > 4 ? Math.min(6, bw / 5) : 0;
   let bars = "";
   requests.forEach((r, i) => {
     const x = left + i * bw;
@@ -143,8 +148,10 @@ function requestTable(requests) {
   const rows = requests.map((r, i) => {
     const share = r.prompt_tokens ? r.cached_tokens / r.prompt_tokens : 0;
     const bar = [["device", "d"], ["host", "h"], ["disk", "k"]].map(([t, c]) => `<i class="${c}" style="width:${r.prompt_tokens ? (100 * r.cached[t]) / r.prompt_tokens : 0}%"></i>`).join("");
-    const div = r.divergence ? `<span class="badge" title="${esc(r.divergence.description)}">${esc(r.divergence.cause)} @ ${num(r.divergence.index)}</span>` : "";
-    return `<tr data-request-id="${esc(r.id)}" data-prompt-tokens="${r.prompt_tokens}" data-cached-tokens="${r.cached_tokens}">
+    const d = r.divergence;
+    const div = d ? `<span class="badge" title="${esc(d.description)}">${esc(d.cause)}</span> <span class="muted">#${num(d.index)}</span>` : "";
+    const marks = d ? ` data-divergence-cause="${esc(d.cause)}" data-divergence-index="${d.index}"` : "";
+    return `<tr data-request-id="${esc(r.id)}" data-prompt-tokens="${r.prompt_tokens}" data-cached-tokens="${r.cached_tokens}"${marks}>
       <td>${i + 1}</td><td class="l">${clock(r.time)}</td><td class="l mono"><a href="#/requests/${encodeURIComponent(r.id)}">${esc(shortId(r.id))}</a></td><td class="l">${esc(r.endpoint)}</td>
       <td>${num(r.prompt_tokens)}</td><td>${num(r.cached.device)}</td><td>${num(r.cached.host)}</td><td>${num(r.cached.disk)}</td>
       <td class="l"><span class="share">${bar}</span><span class="hit">${pct(share)}</span></td><td>${secs(r.ttft_s)}</td><td>${num(r.output_tokens)}</td><td class="l">${esc(r.finish_reason)}</td><td class="l">${div}</td></tr>`;
@@ -155,7 +162,7 @@ function requestTable(requests) {
 // ---- one request -------------------------------------------------------------------------------------------------
 async function showRequest(id) {
   const v = await api(`requests/${encodeURIComponent(id)}`);
-  if (!Object.keys(state.causes).length) state.causes = (await api("sessions")).causes;
+  if (!Object.keys(state.causes).length) describe(await api("sessions"));
   const r = v.request, bs = v.block_size, n = v.pieces.length;
   const computed = r.prompt_tokens - r.cached_tokens;
   const tierOf = (i) => (i < v.cached_ranges.device[1] ? "device" : i < v.cached_ranges.host[1] ? "host" : i < v.cached_ranges.disk[1] ? "disk" : "computed");
@@ -225,6 +232,7 @@ function divergencePanel(v) {
 // ---- the cache ---------------------------------------------------------------------------------------------------
 async function showCache() {
   const c = await api("cache");
+  if (!Object.keys(state.causes).length) describe(await api("sessions"));
   const t = c.timeline, last = t.time.length - 1;
   const at = (k) => (last >= 0 ? t[k][last] : 0);
   const ev = c.evictions, evMax = Math.max(1, ...Object.values(ev));
@@ -232,8 +240,8 @@ async function showCache() {
   main().innerHTML = `<section class="content" id="cache-view"><h1>The cache</h1><div class="sub">blocks per tier, sampled every second while they change</div>
     <div class="stats">${stat(num(at("device_total")), "device blocks")}${stat(num(at("device_used")), "held by running requests")}${stat(num(at("device_cached")), "cached")}${stat(num(at("device_pinned")), "pinned or held")}${stat(num(at("device_free")), "free (incl. cached, unheld)")}${stat(`${num(at("host_cached"))} / ${num(at("host_total"))}`, "host tier")}${stat(`${num(at("disk_cached"))} / ${num(at("disk_total"))}`, "disk tier")}</div>
     <div class="grid2"><div><h2>Device blocks over time</h2><div class="card">${lineChart(t, [["device_used", "#e8590c", "used"], ["device_cached", "#2f9e44", "cached"], ["device_pinned", "#7048e8", "pinned"], ["device_free", "#adb5bd", "free"]], at("device_total"))}</div></div>
-    <div><h2>Host and disk tiers over time</h2><div class="card">${lineChart(t, [["host_cached", "#1c7ed6", "host"], ["disk_cached", "#9c36b5", "disk"]], Math.max(at("host_total"), at("disk_total"), 1))}</div></div></div>
-    <h2>Blocks that left a tier, by cause</h2><div class="card" id="evictions">${Object.entries(ev).map(([k, n]) => `<div class="row" style="display:flex;gap:10px;align-items:center;margin:3px 0" data-cause="${esc(k)}"><span style="width:260px">${esc(EVICTION_LABELS[k] || k)}</span><span style="flex:1;background:#f1f3f5;border-radius:4px;height:10px"><i style="display:block;height:10px;border-radius:4px;background:#f59f00;width:${(100 * n) / evMax}%"></i></span><span class="mono" style="width:80px;text-align:right">${num(n)}</span></div>`).join("")}</div>
+    <div><h2>Host and disk tiers over time</h2><div class="card">${at("host_total") ? lineChart(t, [["host_cached", "#1c7ed6", "host"], ["disk_cached", "#9c36b5", "disk"]], Math.max(at("host_total"), at("disk_total"))) : '<div class="muted">No tier below the device pool: <span class="mono">--kv-offload-gb</span> adds host memory, <span class="mono">--kv-disk-dir</span> a disk tier.</div>'}</div></div></div>
+    <h2>Blocks that left a tier, by cause</h2><div class="card" id="evictions">${Object.entries(ev).map(([k, n]) => `<div class="row" style="display:flex;gap:10px;align-items:center;margin:3px 0" data-cause="${esc(k)}"><span style="width:320px">${esc(EVICTION_LABELS[k] || k)}</span><span style="flex:1;background:#f1f3f5;border-radius:4px;height:10px"><i style="display:block;height:10px;border-radius:4px;background:#f59f00;width:${(100 * n) / evMax}%"></i></span><span class="mono" style="width:80px;text-align:right">${num(n)}</span></div>`).join("")}</div>
     <h2>Largest cached prefixes</h2>${prefixTable(c.largest_prefixes)}
     <p class="muted">The inspector keeps ${num(inspector.requests)} of ${num(inspector.max_requests)} requests in ${num(inspector.sessions)} sessions, ${num(inspector.trie_blocks)} distinct blocks${inspector.memory_bytes != null ? ` (${(inspector.memory_bytes / 1048576).toFixed(1)} MiB)` : ""}.</p></section>`;
 }
