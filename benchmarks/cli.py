@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Callable
 
 from engine.config import EvictionPolicy, SchedulingPolicy
 
-from benchmarks import hostile, router_bench, step_bench, structured, throughput
+from benchmarks import hostile, inspector_bench, router_bench, step_bench, structured, throughput
 from benchmarks.prefix.report import write_json
 
 if TYPE_CHECKING:
@@ -202,6 +202,9 @@ def _register_all() -> None:
     add_bench_command("router", "kvserve replicas behind real routers (vLLM's, SGLang's, Dynamo's KV indexer): "
                       "prefix-cache hit rate and TTFT per routing policy side by side, then a replica killed mid-run",
                       router_bench.configure, router_bench.run)
+    add_bench_command("inspector", "what the cache inspector (kvserve serve --ui) costs with a full window of requests: "
+                      "server memory with and without it, page load times in headless Chromium",
+                      inspector_bench.configure, inspector_bench.run)
 
 
 _register_all()

@@ -24,6 +24,7 @@ examples:
        -d '{"messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 32}'
 
   kvserve serve --model qwen3-8b --tensor-parallel-size 2    # one process per GPU, cuda:0 and cuda:1
+  kvserve serve --ui --api-key sk-team-a --operator-key sk-ops   # + the cache inspector at http://127.0.0.1:8000/ui
 
 Each --api-key is a tenant with its own prefix-cache salt (see server/cache_salt.py for the timing side channel this
 closes). KVSERVE_API_KEY adds a key from the environment, so it does not show in the process list.

@@ -8,15 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from server.miss_causes import (
-    CHANGE_PROMPT,
-    CHANGE_REPLY,
-    CHANGE_TEMPLATE,
-    common_prefix,
-    message_change,
-    miss_causes,
-    template_change,
-)
+from server.inspector.prompt_trie import common_prefix_packed, num_tokens, unpack
+from server.miss_causes import CHANGE_PROMPT, CHANGE_REPLY, CHANGE_TEMPLATE, message_change, miss_causes, template_change
 
 # Tokens decoded on each side of a divergence to tell a template's change apart (the texts agree before it).
 _TEXT_WINDOW = (8, 32)
@@ -32,16 +25,13 @@ class Conversation:
 
 @dataclass(frozen=True, slots=True)
 class Previous:
-    """What the session's previous request left: its tokens, its conversation and the reply's text."""
+    """What the session's previous request left: its prompt and reply (packed token ids, server/inspector/
+    prompt_trie.py), how much of that is prompt, its conversation and the reply's text."""
 
-    prompt: list[int]
-    output: list[int]
+    context: bytes
+    prompt_tokens: int
     conversation: Conversation
     output_text: str
-
-    @property
-    def context(self) -> list[int]:
-        return self.prompt + self.output
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,24 +41,26 @@ class Divergence:
     in_reply: bool  # the previous context differs there in its reply, not in its prompt
 
 
-def attribute(prompt: list[int], cached: int, ideal: int, ideal_unsalted: int, previous: Previous | None,
+def attribute(prompt: bytes, cached: int, ideal: int, ideal_unsalted: int, previous: Previous | None,
               conversation: Conversation, decode: Callable[[list[int]], str]) -> tuple[Divergence | None, Counter]:
-    """``ideal`` / ``ideal_unsalted``: what an unbounded cache over the inspector's window would have served, with
-    salts and ignoring them. ``decode`` turns token ids into text (a few dozen at a time)."""
+    """``prompt``: packed token ids. ``ideal`` / ``ideal_unsalted``: what an unbounded cache over the inspector's
+    window would have served, with salts and ignoring them. ``decode`` turns token ids into text (a few dozen at a
+    time)."""
+    prompt_tokens = num_tokens(prompt)
     if previous is None:
-        return None, miss_causes(len(prompt), cached, ideal, ideal_unsalted, None, None)
-    context = previous.context
-    index = common_prefix(prompt, context)
+        return None, miss_causes(prompt_tokens, cached, ideal, ideal_unsalted, None, None)
+    context_tokens = num_tokens(previous.context)
+    index = common_prefix_packed(prompt, previous.context)
     divergence = None
-    if index < min(len(context), len(prompt)):
+    if index < min(context_tokens, prompt_tokens):
         cause = _cause(prompt, previous, conversation, index, decode)
-        divergence = Divergence(index, cause, index >= len(previous.prompt))
-    misses = miss_causes(len(prompt), cached, ideal, ideal_unsalted, min(len(context), len(prompt)),
+        divergence = Divergence(index, cause, index >= previous.prompt_tokens)
+    misses = miss_causes(prompt_tokens, cached, ideal, ideal_unsalted, min(context_tokens, prompt_tokens),
                          divergence.cause if divergence else None)
     return divergence, misses
 
 
-def _cause(prompt: list[int], previous: Previous, conversation: Conversation, index: int,
+def _cause(prompt: bytes, previous: Previous, conversation: Conversation, index: int,
            decode: Callable[[list[int]], str]) -> str:
     old, new = previous.conversation, conversation
     if old.messages is None or new.messages is None:
@@ -78,12 +70,12 @@ def _cause(prompt: list[int], previous: Previous, conversation: Conversation, in
     change = message_change(old.messages, old.tools, new.messages, new.tools)
     if change is not None:
         return change
-    if index >= len(previous.prompt) and _reply_differs(previous.output_text, new.messages, len(old.messages)):
+    if index >= previous.prompt_tokens and _reply_differs(previous.output_text, new.messages, len(old.messages)):
         return CHANGE_REPLY
     before, after = _TEXT_WINDOW
-    lo = max(0, index - before)
-    return template_change(decode(previous.context[lo : index + after]), decode(prompt[lo : index + after])) \
-        or CHANGE_TEMPLATE
+    start = max(0, index - before)
+    old_text = decode(unpack(previous.context, start, index + after))
+    return template_change(old_text, decode(unpack(prompt, start, index + after))) or CHANGE_TEMPLATE
 
 
 def _reply_differs(output_text: str, messages: list[dict], at: int) -> bool:

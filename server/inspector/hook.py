@@ -1,17 +1,20 @@
 """Where a request finishes (server/generation.py): hand it to the inspector, if the server runs one."""
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from server.cache_salt import salt_tenant
 from server.context import ServingContext
 from server.inspector.attribution import Conversation
-from server.inspector.store import Observation
+from server.inspector.store import Inspector, Observation
 from server.normalize import normalize_for_cache
 from server.protocol import ChatCompletionRequest
 
 if TYPE_CHECKING:
     from server.generation import Prompt
+
+log = logging.getLogger("kvserve.inspector")
 
 
 def inspect_finished(ctx: ServingContext, endpoint: str, prompts: list[Prompt], session: str | None,
@@ -24,14 +27,21 @@ def inspect_finished(ctx: ServingContext, endpoint: str, prompts: list[Prompt], 
     conversation = Conversation() if chat is None else Conversation(
         normalize_for_cache(chat.messages, ctx.lane_tools.renderer), chat.tools)
     for p in prompts:
-        request, choice, timings = p.request, p.first_choice, p.timings
-        pins = request.retention.pins if request.retention is not None else ()
-        inspector.observe(Observation(
-            request_id=request.request_id, endpoint=endpoint, salt=request.cache_salt, session=session,
-            prompt_token_ids=request.prompt_token_ids, output_token_ids=choice.token_ids, output_text=choice.text,
-            cached_tokens=p.num_cached_tokens, host_cached_tokens=p.num_host_cached_tokens,
-            disk_cached_tokens=p.num_disk_cached_tokens,
-            queue_s=timings.queue_s if timings else None, ttft_s=timings.ttft_s if timings else None,
-            e2e_s=timings.e2e_s if timings else None, finish_reason=choice.finish_reason or "abort",
-            breakpoints=tuple((pin.num_tokens, pin.ttl_s) for pin in pins), conversation=conversation,
-        ), salt_tenant(request.cache_salt))
+        try:
+            _observe(inspector, endpoint, p, session, conversation)
+        except Exception as exc:  # the inspector never fails a request; the log names no prompt text
+            log.error("the inspector could not record request %s: %s", p.request.request_id, type(exc).__name__)
+
+
+def _observe(inspector: Inspector, endpoint: str, p: Prompt, session: str | None, conversation: Conversation) -> None:
+    request, choice, timings = p.request, p.first_choice, p.timings
+    pins = request.retention.pins if request.retention is not None else ()
+    inspector.observe(Observation(
+        request_id=request.request_id, endpoint=endpoint, salt=request.cache_salt, session=session,
+        prompt_token_ids=request.prompt_token_ids, output_token_ids=choice.token_ids, output_text=choice.text,
+        cached_tokens=p.num_cached_tokens, host_cached_tokens=p.num_host_cached_tokens,
+        disk_cached_tokens=p.num_disk_cached_tokens,
+        queue_s=timings.queue_s if timings else None, ttft_s=timings.ttft_s if timings else None,
+        e2e_s=timings.e2e_s if timings else None, finish_reason=choice.finish_reason or "abort",
+        breakpoints=tuple((pin.num_tokens, pin.ttl_s) for pin in pins), conversation=conversation,
+    ), salt_tenant(request.cache_salt))

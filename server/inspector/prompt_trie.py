@@ -12,13 +12,15 @@ window (the inspector's "ideal").
 """
 from __future__ import annotations
 
+import sys
 from array import array
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from engine.block_hashing import BlockHash, BlockHasher, block_extra, hash_block
 
-_TOKEN = "i"  # token ids as 32-bit ints: 4 bytes each
+_TOKEN = "i"  # token ids as 32-bit ints
+_ITEM = array(_TOKEN).itemsize
 
 
 class TrieNode:
@@ -44,35 +46,52 @@ class TrieNode:
 
 
 class PromptTrie:
+    """Sequences go in and come out packed (`pack`: 4 bytes a token), so a block's key is a slice of the bytes."""
+
     def __init__(self, hasher: BlockHasher) -> None:
         self.block_size = hasher.block_size
         self.model_id = hasher.model_id
         self.roots: dict[str | None, TrieNode] = {}
         self.by_hash: dict[BlockHash, TrieNode] = {}
+        self._key_bytes = self.block_size * _ITEM
 
-    def _keys(self, tokens: Sequence[int]) -> Iterator[bytes]:
-        bs = self.block_size
-        for i in range(len(tokens) // bs):
-            yield array(_TOKEN, tokens[i * bs : (i + 1) * bs]).tobytes()
+    def _keys(self, packed: bytes, max_blocks: int | None = None) -> Iterator[bytes]:
+        width = self._key_bytes
+        blocks = len(packed) // width if max_blocks is None else min(max_blocks, len(packed) // width)
+        return (packed[i * width : (i + 1) * width] for i in range(blocks))
 
-    def insert(self, salt: str | None, tokens: Sequence[int], owner: Any) -> TrieNode:
-        """Add a sequence's full blocks; returns the node of its last full block (the root if none), which the
-        caller holds a reference on until it calls `release`."""
+    def known_path(self, salt: str | None, packed: bytes) -> list[TrieNode]:
+        """The nodes the trie already holds of a packed sequence's leading full blocks, root's child first."""
+        path: list[TrieNode] = []
         node = self.roots.get(salt)
         if node is None:
+            return path
+        for key in self._keys(packed):
+            node = node.children.get(key) if node.children else None
+            if node is None:
+                break
+            path.append(node)
+        return path
+
+    def insert(self, salt: str | None, packed: bytes, known: list[TrieNode], owner: Any) -> TrieNode:
+        """Add a sequence's full blocks past ``known`` (its `known_path`, taken just before); ``owner`` becomes the
+        newest owner of all of them. Returns the node of its last full block (the root if none), which the caller
+        holds a reference on until it calls `release`."""
+        for node in known:
+            node.owner = owner
+        node = known[-1] if known else self.roots.get(salt)
+        if node is None:
             node = self.roots[salt] = TrieNode(None, b"", None)
-        for key in self._keys(tokens):
-            children = node.children
-            if children is None:
-                children = node.children = {}
-            child = children.get(key)
-            if child is None:
-                extra = block_extra(self.model_id, salt) if node.parent is None else b""
-                block_hash = hash_block(node.block_hash, array(_TOKEN, key).tolist(), extra)
-                child = children[key] = TrieNode(node, key, block_hash)
-                self.by_hash[block_hash] = child
-                node.refs += 1
+        for key in self._keys(packed[len(known) * self._key_bytes :]):
+            extra = block_extra(self.model_id, salt) if node.parent is None else b""
+            block_hash = hash_block(node.block_hash, unpack(key), extra)
+            child = TrieNode(node, key, block_hash)
+            if node.children is None:
+                node.children = {}
+            node.children[key] = child
+            self.by_hash[block_hash] = child
             child.owner = owner
+            node.refs += 1
             node = child
         node.refs += 1
         return node
@@ -92,41 +111,64 @@ class PromptTrie:
             node = parent
             node.refs -= 1
 
-    def match(self, salt: str | None, tokens: Sequence[int], max_blocks: int) -> tuple[int, TrieNode | None]:
-        """How many leading full blocks of ``tokens`` (at most ``max_blocks``) the trie holds under ``salt``, and the
-        deepest of those nodes."""
+    def match(self, salt: str | None, packed: bytes, max_blocks: int) -> tuple[int, TrieNode | None]:
+        """How many leading full blocks of a packed sequence (at most ``max_blocks``) the trie holds under
+        ``salt``, and the deepest of those nodes."""
         node = self.roots.get(salt)
         matched, deepest = 0, None
         if node is None:
             return 0, None
-        for key in self._keys(tokens[: max_blocks * self.block_size]):
+        for key in self._keys(packed, max_blocks):
             node = node.children.get(key) if node.children else None
             if node is None:
                 break
             matched, deepest = matched + 1, node
         return matched, deepest
 
-    def best_match_any_salt(self, tokens: Sequence[int], max_blocks: int) -> int:
-        """The longest match under any salt (what a cache that ignored salts would have served)."""
-        return max((self.match(salt, tokens, max_blocks)[0] for salt in self.roots), default=0)
+    def best_match_other_salts(self, salt: str | None, packed: bytes, max_blocks: int) -> int:
+        """The longest match under any salt but ``salt`` (what a cache that ignored salts would have served
+        beyond the salt's own)."""
+        return max((self.match(other, packed, max_blocks)[0] for other in self.roots if other != salt), default=0)
+
+    def tail(self, packed: bytes) -> bytes:
+        """What follows the last full block of a packed sequence (`insert` stores the full blocks)."""
+        return packed[len(packed) - len(packed) % self._key_bytes :]
 
     @staticmethod
-    def tokens(node: TrieNode, tail: bytes = b"") -> list[int]:
-        """The sequence ending at ``node``, then ``tail`` (a partial last block, as array bytes)."""
-        out = array(_TOKEN, b"".join(n.key for n in node.path()) + tail)
-        return out.tolist()
-
-    @staticmethod
-    def pack(tokens: Sequence[int]) -> bytes:
-        return array(_TOKEN, tokens).tobytes()
+    def sequence(node: TrieNode, tail: bytes = b"") -> bytes:
+        """The packed sequence ending at ``node``, then ``tail`` (a partial last block)."""
+        return b"".join(n.key for n in node.path()) + tail
 
     def memory_bytes(self) -> int:
         """An estimate of what the trie holds (node objects, their token and hash bytes, the children dicts)."""
-        import sys
-
         total = sys.getsizeof(self.by_hash)
         for node in self.by_hash.values():
             total += sys.getsizeof(node) + sys.getsizeof(node.key) + sys.getsizeof(node.block_hash)
             if node.children is not None:
                 total += sys.getsizeof(node.children)
         return total
+
+
+def pack(tokens: Sequence[int]) -> bytes:
+    return array(_TOKEN, tokens).tobytes()
+
+
+def unpack(packed: bytes, start: int = 0, end: int | None = None) -> list[int]:
+    """The token ids of a packed sequence (from token ``start`` to ``end``)."""
+    return array(_TOKEN, packed[start * _ITEM : None if end is None else end * _ITEM]).tolist()
+
+
+def num_tokens(packed: bytes) -> int:
+    return len(packed) // _ITEM
+
+
+def common_prefix_packed(a: bytes, b: bytes) -> int:
+    """How many tokens two packed sequences share at their start: a binary search over comparisons done in C."""
+    lo, hi = 0, min(len(a), len(b)) // _ITEM
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[: mid * _ITEM] == b[: mid * _ITEM]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

@@ -19,7 +19,7 @@ from typing import Any
 from engine.block_hashing import BlockHasher
 from engine.outputs import SchedulerStats
 from server.inspector.attribution import Conversation, Divergence, Previous, attribute
-from server.inspector.prompt_trie import PromptTrie, TrieNode
+from server.inspector.prompt_trie import PromptTrie, TrieNode, pack
 
 DEFAULT_MAX_REQUESTS = 1000
 TIMELINE_SAMPLES = 3600  # an hour at one sample a second (fewer while nothing changes)
@@ -122,28 +122,31 @@ class Inspector:
     def observe(self, obs: Observation, tenant: str | None) -> InspectedRequest:
         with self.lock:
             bs = self.block_size
-            prompt = obs.prompt_token_ids
-            shareable = max(0, (len(prompt) - 1) // bs)  # the engine always recomputes the last prompt token
-            ideal = self.trie.match(obs.salt, prompt, shareable)[0] * bs
-            unsalted = self.trie.best_match_any_salt(prompt, shareable) * bs
-            session, parent = self._session_of(obs, tenant)
+            prompt = pack(obs.prompt_token_ids)
+            sequence = prompt + pack(obs.output_token_ids)
+            known = self.trie.known_path(obs.salt, sequence)  # one walk: the ideal, the parent, the insert
+            num_prompt = len(obs.prompt_token_ids)
+            shareable = max(0, (num_prompt - 1) // bs)  # the engine always recomputes the last prompt token
+            ideal_blocks = min(len(known), shareable)
+            unsalted_blocks = ideal_blocks if ideal_blocks == shareable else max(
+                ideal_blocks, self.trie.best_match_other_salts(obs.salt, prompt, shareable))
+            ideal, unsalted = ideal_blocks * bs, unsalted_blocks * bs
+            session, parent = self._session_of(obs, tenant, known[: num_prompt // bs])
             previous = None
             if parent is not None:
-                tokens = self.trie.tokens(parent.end, parent.tail)
-                previous = Previous(tokens[: parent.prompt_tokens], tokens[parent.prompt_tokens :],
+                previous = Previous(self.trie.sequence(parent.end, parent.tail), parent.prompt_tokens,
                                     session.last_conversation, session.last_output_text)
             divergence, misses = attribute(prompt, obs.cached_tokens, ideal, unsalted, previous, obs.conversation,
                                            self._decode)
             self._seq += 1
             record = InspectedRequest(
-                self._seq, obs.request_id, session, obs.endpoint, obs.time, obs.salt, len(prompt),
+                self._seq, obs.request_id, session, obs.endpoint, obs.time, obs.salt, num_prompt,
                 len(obs.output_token_ids), obs.cached_tokens, obs.host_cached_tokens, obs.disk_cached_tokens,
                 obs.queue_s, obs.ttft_s, obs.e2e_s, obs.finish_reason, obs.breakpoints,
                 parent.request_id if parent else None, ideal, divergence, dict(Counter(misses).most_common()),
             )
-            sequence = prompt + obs.output_token_ids
-            record.end = self.trie.insert(obs.salt, sequence, record)
-            record.tail = self.trie.pack(sequence[len(sequence) // bs * bs :])
+            record.end = self.trie.insert(obs.salt, sequence, known, record)
+            record.tail = self.trie.tail(sequence)
             self.ring.append(record)
             self.by_id[record.request_id] = record
             session.requests.append(record)
@@ -152,18 +155,18 @@ class Inspector:
                 self._drop_oldest()
         return record
 
-    def _session_of(self, obs: Observation, tenant: str | None) -> tuple[Session, InspectedRequest | None]:
-        """The session a request belongs to and the request it follows (None: the session's first)."""
+    def _session_of(self, obs: Observation, tenant: str | None,
+                    known: list[TrieNode]) -> tuple[Session, InspectedRequest | None]:
+        """The session a request belongs to and the request it follows (None: the session's first). ``known``: the
+        trie's nodes of the prompt's leading blocks."""
         if obs.session is not None:
             session = self._named.get((tenant, obs.session))
             if session is None:
                 session = self._named[(tenant, obs.session)] = self._new_session(obs.session, tenant)
             return session, session.requests[-1] if session.requests else None
-        prompt = obs.prompt_token_ids
-        blocks, node = self.trie.match(obs.salt, prompt, len(prompt) // self.block_size)
-        owner: InspectedRequest | None = node.owner if node is not None else None
+        owner: InspectedRequest | None = known[-1].owner if known else None
         if (owner is not None and owner.session.client_id is None
-                and blocks * self.block_size >= ANONYMOUS_PARENT_SHARE * owner.prompt_tokens):
+                and len(known) * self.block_size >= ANONYMOUS_PARENT_SHARE * owner.prompt_tokens):
             return owner.session, owner
         return self._new_session(None, tenant), None
 

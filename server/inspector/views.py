@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.kv_blocks import CachedPrefix
+from server.inspector.prompt_trie import unpack
 from server.inspector.store import InspectedRequest, Inspector, Session
 from server.logprobs import TokenTexts
 from server.miss_causes import CAUSES
@@ -100,10 +101,9 @@ def request_view(inspector: Inspector, record: InspectedRequest, texts: TokenTex
     """The request's prompt as token texts, with what the cache served (by tier) and what the cache holds of each
     prompt block now (``blocks_now``: `KVCacheManager.where_cached`), and its divergence side by side."""
     with inspector.lock:
-        tokens = inspector.trie.tokens(record.end, record.tail)
-        prompt = tokens[: record.prompt_tokens]
+        prompt = unpack(inspector.trie.sequence(record.end, record.tail), 0, record.prompt_tokens)
         parent = inspector.by_id.get(record.parent_id) if record.parent_id else None
-        parent_tokens = inspector.trie.tokens(parent.end, parent.tail) if parent is not None else None
+        parent_context = inspector.trie.sequence(parent.end, parent.tail) if parent is not None else None
         view = {"model": inspector.model_name, "block_size": inspector.block_size, "request": request_summary(record),
                 "session": session_summary(record.session)}
     device, host = record.device_cached_tokens, record.host_cached_tokens
@@ -117,12 +117,12 @@ def request_view(inspector: Inspector, record: InspectedRequest, texts: TokenTex
         "side_by_side": None,
     })
     divergence = record.divergence
-    if divergence is not None and parent is not None and parent_tokens is not None:
+    if divergence is not None and parent is not None and parent_context is not None:
         start = max(0, divergence.index - SIDE_BY_SIDE_TOKENS)
         end = divergence.index + SIDE_BY_SIDE_TOKENS
         view["side_by_side"] = {
             "previous": {"id": parent.request_id, "start": start, "reply_from": parent.prompt_tokens,
-                         "pieces": token_pieces(texts, parent_tokens[start:end])},
+                         "pieces": token_pieces(texts, unpack(parent_context, start, end))},
             "current": {"id": record.request_id, "start": start, "pieces": token_pieces(texts, prompt[start:end])},
         }
     return view

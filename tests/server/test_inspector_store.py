@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from engine.block_hashing import BlockHasher
 from server.inspector.attribution import Conversation
-from server.inspector.prompt_trie import PromptTrie
+from server.inspector.prompt_trie import PromptTrie, common_prefix_packed, pack, unpack
 from server.inspector.store import Inspector, Observation
 from server.miss_causes import CHANGE_HISTORY, CHANGE_PROMPT, CHANGE_REPLY, CHANGE_SYSTEM, CHANGE_TOOLS
 
@@ -25,14 +25,17 @@ def observe(ins: Inspector, rid: str, prompt: list[int], output: list[int], cach
 def test_trie_shares_prefixes_under_the_engines_block_hashes_and_frees_them():
     trie = PromptTrie(HASHER)
     a, b = list(range(1, 14)), [*range(1, 9), 50, 51, 52, 53, 54]
-    end_a = trie.insert("salt", a, "A")
-    end_b = trie.insert("salt", b, "B")
+    end_a = trie.insert("salt", pack(a), trie.known_path("salt", pack(a)), "A")
+    known = trie.known_path("salt", pack(b))
+    assert known == end_a.path()[:2]
+    end_b = trie.insert("salt", pack(b), known, "B")
     assert len(trie.by_hash) == 3 + 1  # two shared blocks, then one of each
     assert [n.block_hash for n in end_a.path()] == HASHER.hashes(a, "salt")
     assert [n.block_hash for n in end_b.path()] == HASHER.hashes(b, "salt")
-    assert trie.tokens(end_a, trie.pack(a[12:])) == a
-    assert trie.match("salt", b, 10) == (3, end_b) and trie.match(None, b, 10)[0] == 0
-    assert trie.best_match_any_salt(b, 10) == 3
+    assert unpack(trie.sequence(end_a, trie.tail(pack(a)))) == a and unpack(pack(a), 2, 5) == [3, 4, 5]
+    assert trie.match("salt", pack(b), 10) == (3, end_b) and trie.match(None, pack(b), 10)[0] == 0
+    assert trie.best_match_other_salts(None, pack(b), 10) == 3 and trie.best_match_other_salts("salt", pack(b), 10) == 0
+    assert common_prefix_packed(pack(a), pack(b)) == 8 and common_prefix_packed(pack(a), pack(a[:5])) == 5
     assert end_a.path()[0].owner == "B"  # the newest sequence through a block owns it
     trie.release(end_b, "salt")
     assert len(trie.by_hash) == 3
