@@ -158,7 +158,7 @@ def _traced_bytes(model: str, record: Path) -> int:
         conversation = Conversation(normalize_for_cache(row["body"]["messages"], renderer), row["body"].get("tools"))
         inspector.observe(Observation(
             row["request_id"], row["endpoint"], row["cache_salt"], row["session"], row["prompt_token_ids"],
-            row["output_token_ids"], decode(row["output_token_ids"]), row["cached_tokens"], 0, 0, None, None, None,
+            row["output_token_ids"], row["cached_tokens"], 0, 0, None, None, None,
             row["finish_reason"], conversation=conversation), salt_tenant(row["cache_salt"]))
 
     tracemalloc.start()

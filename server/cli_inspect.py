@@ -192,7 +192,7 @@ def _divergence_text(number: int, view: dict[str, Any]) -> str:
 
 
 def _visible(text: str) -> str:
-    return text.replace("\n", "⏎").replace("\t", "⇥")
+    return text.replace("\r", "␍").replace("\n", "⏎").replace("\t", "⇥")
 
 
 def format_request(view: dict[str, Any], color: bool) -> str:

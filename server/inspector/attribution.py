@@ -3,9 +3,11 @@ and reply) and why, and every missed prompt token's cause, named as the prefix b
 (server/miss_causes.py)."""
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from hashlib import blake2b
 from typing import Any
 
 from server.inspector.prompt_trie import common_prefix_packed, num_tokens, unpack
@@ -20,18 +22,29 @@ class Conversation:
     """A request as the client sent it, in the chat form (None for raw text prompts), cache rules applied."""
 
     messages: list[dict] | None = None
-    tools: list[dict] | None = None
+    tools: list[Any] | None = None
+
+    def digest(self) -> Conversation:
+        """The same conversation as each message's role and a hash of it, and a hash of the tools: what comparing
+        it with the next request needs, in a few bytes a message (the text itself is in the trie, as tokens)."""
+        if self.messages is None:
+            return self
+        messages = [{"role": m.get("role") if isinstance(m, dict) else None, "hash": _hash(m)} for m in self.messages]
+        return Conversation(messages, [_hash(self.tools)] if self.tools else None)
+
+
+def _hash(value: Any) -> str:
+    return blake2b(json.dumps(value, sort_keys=True, default=str).encode(), digest_size=12).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
 class Previous:
     """What the session's previous request left: its prompt and reply (packed token ids, server/inspector/
-    prompt_trie.py), how much of that is prompt, its conversation and the reply's text."""
+    prompt_trie.py), how much of that is prompt, and its conversation's digest (`Conversation.digest`)."""
 
     context: bytes
     prompt_tokens: int
     conversation: Conversation
-    output_text: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +75,7 @@ def attribute(prompt: bytes, cached: int, ideal: int, ideal_unsalted: int, previ
 
 def _cause(prompt: bytes, previous: Previous, conversation: Conversation, index: int,
            decode: Callable[[list[int]], str]) -> str:
-    old, new = previous.conversation, conversation
+    old, new = previous.conversation, conversation.digest()
     if old.messages is None or new.messages is None:
         if old.messages is None and new.messages is None:
             return CHANGE_PROMPT
@@ -70,8 +83,10 @@ def _cause(prompt: bytes, previous: Previous, conversation: Conversation, index:
     change = message_change(old.messages, old.tools, new.messages, new.tools)
     if change is not None:
         return change
-    if index >= previous.prompt_tokens and _reply_differs(previous.output_text, new.messages, len(old.messages)):
-        return CHANGE_REPLY
+    if index >= previous.prompt_tokens:
+        reply = decode(unpack(previous.context, previous.prompt_tokens))
+        if _reply_differs(reply, conversation.messages, len(old.messages)):
+            return CHANGE_REPLY
     before, after = _TEXT_WINDOW
     start = max(0, index - before)
     old_text = decode(unpack(previous.context, start, index + after))

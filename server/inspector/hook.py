@@ -38,7 +38,7 @@ def _observe(inspector: Inspector, endpoint: str, p: Prompt, session: str | None
     pins = request.retention.pins if request.retention is not None else ()
     inspector.observe(Observation(
         request_id=request.request_id, endpoint=endpoint, salt=request.cache_salt, session=session,
-        prompt_token_ids=request.prompt_token_ids, output_token_ids=choice.token_ids, output_text=choice.text,
+        prompt_token_ids=request.prompt_token_ids, output_token_ids=choice.token_ids,
         cached_tokens=p.num_cached_tokens, host_cached_tokens=p.num_host_cached_tokens,
         disk_cached_tokens=p.num_disk_cached_tokens,
         queue_s=timings.queue_s if timings else None, ttft_s=timings.ttft_s if timings else None,

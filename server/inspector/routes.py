@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 
 from server.cache_salt import tenant_salt
 from server.context import ServingContext
@@ -52,30 +52,31 @@ def add_inspector_routes(app: FastAPI, api: APIRouter, ctx: ServingContext) -> N
     async def static(name: str) -> Response:
         return _static(name)
 
+    # Views are plain JSON already: JSONResponse skips FastAPI's per-value encoding (a 1,000-request session).
     @api.get("/ui/api/sessions", include_in_schema=False)
-    async def sessions(request: Request) -> dict[str, Any]:
-        return views.sessions_view(inspector, viewer(request))
+    async def sessions(request: Request) -> JSONResponse:
+        return JSONResponse(views.sessions_view(inspector, viewer(request)))
 
     @api.get("/ui/api/sessions/{key}", include_in_schema=False)
-    async def session(request: Request, key: str) -> dict[str, Any]:
+    async def session(request: Request, key: str) -> JSONResponse:
         found = views.visible_session(inspector, viewer(request), key)
         if found is None:
             raise _not_found(f"no session '{key}' (it may have left the inspector's window of "
                              f"{inspector.max_requests} requests)")
-        return views.session_view(inspector, found)
+        return JSONResponse(views.session_view(inspector, found))
 
     @api.get("/ui/api/requests/{request_id}", include_in_schema=False)
-    async def inspected_request(request: Request, request_id: str) -> dict[str, Any]:
+    async def inspected_request(request: Request, request_id: str) -> JSONResponse:
         record = views.visible_request(inspector, viewer(request), request_id)
         if record is None:
             raise _not_found(f"no request '{request_id}' (it may have left the inspector's window of "
                              f"{inspector.max_requests} requests)")
         hashes = views.prompt_block_hashes(inspector, record)
         now = await asyncio.wrap_future(ctx.engine.call(lambda engine: engine.scheduler.kv.where_cached(hashes)))
-        return views.request_view(inspector, record, ctx.token_texts, now)
+        return JSONResponse(views.request_view(inspector, record, ctx.token_texts, now))
 
     @api.get("/ui/api/cache", include_in_schema=False)
-    async def cache(request: Request) -> dict[str, Any]:
+    async def cache(request: Request) -> JSONResponse:
         inspector.sample(ctx.metrics.snapshot())
 
         def largest(engine) -> tuple[list, float]:
@@ -83,7 +84,7 @@ def add_inspector_routes(app: FastAPI, api: APIRouter, ctx: ServingContext) -> N
             return kv.cached_prefixes(4 * LARGEST_PREFIXES), kv.clock()
 
         prefixes, now = await asyncio.wrap_future(ctx.engine.call(largest))
-        return views.cache_view(inspector, viewer(request), prefixes, now, LARGEST_PREFIXES)
+        return JSONResponse(views.cache_view(inspector, viewer(request), prefixes, now, LARGEST_PREFIXES))
 
     @api.get("/ui/api/updates", include_in_schema=False)
     async def updates(request: Request, after: int = 0) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import asyncio
 import sys
 import threading
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,7 +38,6 @@ class Observation:
     session: str | None  # the client's session id (server/session.py), if it sent one
     prompt_token_ids: list[int]
     output_token_ids: list[int]
-    output_text: str
     cached_tokens: int  # device + host + disk
     host_cached_tokens: int
     disk_cached_tokens: int
@@ -87,15 +86,29 @@ class Session:
     client_id: str | None  # what the client called it (None: grouped by shared prefix)
     tenant: str | None
     requests: deque[InspectedRequest] = field(default_factory=deque)  # in the ring, oldest first
-    # The last request's conversation and reply text, to explain the next request's divergence.
-    last_conversation: Conversation = Conversation()
-    last_output_text: str = ""
+    last_conversation: Conversation = Conversation()  # the last request's digest: explains the next one's change
+
+
+# What the timeline keeps of each engine snapshot (blocks per tier, the hit counters), in this order.
+TIMELINE_COLUMNS: dict[str, Callable[[SchedulerStats], int]] = {
+    "device_used": lambda s: s.kv_blocks_total - s.kv_blocks_free,  # held by running sequences
+    "device_cached": lambda s: s.kv_blocks_cached,
+    "device_free": lambda s: s.kv_blocks_free,  # never used, or cached and held by nobody
+    "device_pinned": lambda s: s.kv_blocks_retained,
+    "device_total": lambda s: s.kv_blocks_total,
+    "host_cached": lambda s: s.kv_host_blocks_cached,
+    "host_total": lambda s: s.kv_host_blocks_total,
+    "disk_cached": lambda s: s.kv_disk_blocks_cached,
+    "disk_total": lambda s: s.kv_disk_blocks_total,
+    "hits_tokens": lambda s: s.prefix_cache_hits_tokens,
+    "queries_tokens": lambda s: s.prefix_cache_queries_tokens,
+}
 
 
 @dataclass(frozen=True, slots=True)
 class CacheSample:
     time: float
-    stats: SchedulerStats
+    values: tuple[int, ...]  # TIMELINE_COLUMNS' values
 
 
 class Inspector:
@@ -113,6 +126,7 @@ class Inspector:
         self.sessions: dict[str, Session] = {}
         self._named: dict[tuple[str | None, str], Session] = {}  # (tenant, client id) -> session
         self.timeline: deque[CacheSample] = deque(maxlen=TIMELINE_SAMPLES)
+        self.latest_stats: SchedulerStats | None = None  # the last snapshot sampled (its counters: evictions)
         self.lock = threading.RLock()
         self._decode = decode
         self._seq = 0
@@ -135,7 +149,7 @@ class Inspector:
             previous = None
             if parent is not None:
                 previous = Previous(self.trie.sequence(parent.end, parent.tail), parent.prompt_tokens,
-                                    session.last_conversation, session.last_output_text)
+                                    session.last_conversation)
             divergence, misses = attribute(prompt, obs.cached_tokens, ideal, unsalted, previous, obs.conversation,
                                            self._decode)
             self._seq += 1
@@ -143,14 +157,14 @@ class Inspector:
                 self._seq, obs.request_id, session, obs.endpoint, obs.time, obs.salt, num_prompt,
                 len(obs.output_token_ids), obs.cached_tokens, obs.host_cached_tokens, obs.disk_cached_tokens,
                 obs.queue_s, obs.ttft_s, obs.e2e_s, obs.finish_reason, obs.breakpoints,
-                parent.request_id if parent else None, ideal, divergence, dict(Counter(misses).most_common()),
+                parent.request_id if parent else None, ideal, divergence, dict(misses.most_common()),
             )
             record.end = self.trie.insert(obs.salt, sequence, known, record)
             record.tail = self.trie.tail(sequence)
             self.ring.append(record)
             self.by_id[record.request_id] = record
             session.requests.append(record)
-            session.last_conversation, session.last_output_text = obs.conversation, obs.output_text
+            session.last_conversation = obs.conversation.digest()
             while len(self.ring) > self.max_requests:
                 self._drop_oldest()
         return record
@@ -194,10 +208,12 @@ class Inspector:
         if not stats.kv_blocks_total:  # the engine has not stepped yet
             return
         now = time.time() if now is None else now
+        values = tuple(column(stats) for column in TIMELINE_COLUMNS.values())
         with self.lock:
+            self.latest_stats = stats
             last = self.timeline[-1] if self.timeline else None
-            if last is None or last.stats != stats or now - last.time >= quiet_s:
-                self.timeline.append(CacheSample(now, stats))
+            if last is None or last.values != values or now - last.time >= quiet_s:
+                self.timeline.append(CacheSample(now, values))
 
     async def sample_forever(self, stats: Callable[[], SchedulerStats], interval_s: float = 1.0) -> None:
         while True:
@@ -216,14 +232,14 @@ class Inspector:
 
     # ---- size ---------------------------------------------------------------------------------------------------
     def memory_bytes(self) -> int:
-        """An estimate of what the inspector holds: the trie, the records, the sessions' last conversations."""
+        """An estimate of what the inspector holds: the trie, the records, the sessions' last digests."""
         with self.lock:
             total = self.trie.memory_bytes()
             for record in self.ring:
                 total += sys.getsizeof(record) + sys.getsizeof(record.tail) + sys.getsizeof(record.misses)
             for session in self.sessions.values():
                 total += sys.getsizeof(session) + _deep_size(session.last_conversation.messages)
-                total += _deep_size(session.last_conversation.tools) + sys.getsizeof(session.last_output_text)
+                total += _deep_size(session.last_conversation.tools)
             return total
 
 

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.kv_blocks import CachedPrefix
+from engine.outputs import SchedulerStats
 from server.inspector.prompt_trie import unpack
-from server.inspector.store import InspectedRequest, Inspector, Session
+from server.inspector.store import TIMELINE_COLUMNS, CacheSample, InspectedRequest, Inspector, Session
 from server.logprobs import TokenTexts
 from server.miss_causes import CAUSES
 
@@ -28,6 +29,11 @@ class Viewer:
 
     def sees(self, tenant: str | None) -> bool:
         return self.operator or tenant == self.tenant
+
+    @property
+    def sees_all(self) -> bool:
+        """An operator, or anyone on a server without keys (one tenant)."""
+        return self.operator or self.tenant is None
 
     def describe(self) -> dict[str, Any]:
         return {"tenant": short_tenant(self.tenant), "operator": self.operator}
@@ -140,11 +146,12 @@ def cache_view(inspector: Inspector, viewer: Viewer, prefixes: list[CachedPrefix
     them (only the viewer's own, unless an operator asks)."""
     with inspector.lock:
         samples = list(inspector.timeline)
+        last = inspector.latest_stats
         largest = []
         for prefix in prefixes:
             holder = _holder(inspector, prefix)
             tenant = holder.session.tenant if holder is not None else None
-            if holder is None and not viewer.operator or holder is not None and not viewer.sees(tenant):
+            if not viewer.sees_all and (holder is None or not viewer.sees(tenant)):
                 continue
             largest.append({
                 "blocks": len(prefix.block_hashes), "tokens": len(prefix.block_hashes) * inspector.block_size,
@@ -158,13 +165,11 @@ def cache_view(inspector: Inspector, viewer: Viewer, prefixes: list[CachedPrefix
                 break
         kept = {"requests": len(inspector.ring), "max_requests": inspector.max_requests,
                 "sessions": len(inspector.sessions), "trie_blocks": len(inspector.trie.by_hash)}
-    last = samples[-1].stats if samples else None
     return {
         "timeline": _timeline(samples),
         "evictions": _evictions(last) if last is not None else {},
         "largest_prefixes": largest,
-        "inspector": {**kept, "memory_bytes": inspector.memory_bytes()} if viewer.operator or viewer.tenant is None
-        else kept,
+        "inspector": {**kept, "memory_bytes": inspector.memory_bytes()} if viewer.sees_all else kept,
     }
 
 
@@ -177,25 +182,15 @@ def _holder(inspector: Inspector, prefix: CachedPrefix) -> InspectedRequest | No
     return None
 
 
-def _timeline(samples: list) -> dict[str, list]:
-    columns: dict[str, list] = {name: [] for name in (
-        "time", "device_used", "device_cached", "device_free", "device_pinned", "device_total", "host_cached",
-        "host_total", "disk_cached", "disk_total", "hits_tokens", "queries_tokens")}
-    for sample in samples:
-        s = sample.stats
-        for name, value in (
-            ("time", sample.time), ("device_used", s.kv_blocks_total - s.kv_blocks_free),
-            ("device_cached", s.kv_blocks_cached), ("device_free", s.kv_blocks_free),
-            ("device_pinned", s.kv_blocks_retained), ("device_total", s.kv_blocks_total),
-            ("host_cached", s.kv_host_blocks_cached), ("host_total", s.kv_host_blocks_total),
-            ("disk_cached", s.kv_disk_blocks_cached), ("disk_total", s.kv_disk_blocks_total),
-            ("hits_tokens", s.prefix_cache_hits_tokens), ("queries_tokens", s.prefix_cache_queries_tokens),
-        ):
-            columns[name].append(value)
+def _timeline(samples: list[CacheSample]) -> dict[str, list]:
+    """The samples as columns: "time", then TIMELINE_COLUMNS."""
+    columns = {"time": [sample.time for sample in samples]}
+    for i, name in enumerate(TIMELINE_COLUMNS):
+        columns[name] = [sample.values[i] for sample in samples]
     return columns
 
 
-def _evictions(s) -> dict[str, int]:
+def _evictions(s: SchedulerStats) -> dict[str, int]:
     """Blocks that left a tier since the server started, by why."""
     return {
         "pressure": s.prefix_cache_evictions - s.prefix_cache_retained_evictions - s.prefix_cache_reset_evictions,

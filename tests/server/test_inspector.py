@@ -15,6 +15,7 @@ from server.cli import main as kvserve
 from server.context import ServerSettings
 from server.miss_causes import CHANGE_SYSTEM, common_prefix
 from tests.server.conftest import KEY_A, KEY_B, LiveServer, _live_server
+from tests.server.test_agent_cache import session as words
 
 KEY_OPERATOR = "sk-operator"
 SYSTEM = "You are a careful coding agent.\nThe repository is /srv/app.\nToday's date: 2026-12-01.\nBe brief."
@@ -160,3 +161,26 @@ def test_kvserve_inspect_prints_the_same(ui_server: LiveServer, session: dict, c
 def test_off_without_ui(qwen_server: LiveServer) -> None:
     assert get(qwen_server, "/ui", None).status_code == 404
     assert get(qwen_server, "/ui/api/sessions").status_code == 404
+
+
+@pytest.fixture(scope="module")
+def tiered_ui_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """test_agent_cache.py's 96-block pool with a host tier, and the inspector."""
+    yield from _live_server(tmp_path_factory, "qwen3-tiny", EngineConfig(num_kv_blocks=96, kv_offload_gb=1.0),
+                            ServerSettings(ui=True))
+
+
+def test_tiers_and_evictions_a_b_a(tiered_ui_server: LiveServer) -> None:
+    """Session A, then B (its blocks push A's to the host tier), then A again: the inspector shows A's third request
+    served from the host tier, and why blocks left the device."""
+    server = tiered_ui_server
+    replies = []
+    for name, (system, user) in (("a", words(10, 300, 650)), ("b", words(20, 500, 930)), ("a", words(10, 300, 650))):
+        replies.append(server.chat(messages=[{"role": "system", "content": system}, {"role": "user", "content": user}],
+                                   max_tokens=4, temperature=0, prompt_cache_key=name))
+    third = get(server, f"/ui/api/requests/{replies[2].id}", None).json()["request"]
+    assert third["cached_tokens"] == replies[2].usage.prompt_tokens_details.cached_tokens
+    assert third["cached"]["host"] > 0 and sum(third["cached"].values()) == third["cached_tokens"]
+    assert third["divergence"] is None and third["parent"] == replies[0].id
+    cache = get(server, "/ui/api/cache", None).json()
+    assert cache["evictions"]["pressure"] > 0 and cache["timeline"]["host_total"][-1] > 0

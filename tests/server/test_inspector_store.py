@@ -12,14 +12,17 @@ BS = 4
 HASHER = BlockHasher(BS, "model-x")
 
 
+WORDS = {70: "I will", 71: " run the", 72: " tests"}  # what a few token ids decode to; the rest is "tN"
+
+
 def make(max_requests: int = 100) -> Inspector:
-    return Inspector(HASHER, "model-x", max_requests, lambda ids: " ".join(f"t{i}" for i in ids))
+    return Inspector(HASHER, "model-x", max_requests, lambda ids: "".join(WORDS.get(i, f" t{i}") for i in ids))
 
 
 def observe(ins: Inspector, rid: str, prompt: list[int], output: list[int], cached: int = 0, *, session=None,
-            salt=None, conversation=Conversation(), output_text="", tenant=None):
-    return ins.observe(Observation(rid, "chat", salt, session, prompt, output, output_text, cached, 0, 0, None, None,
-                                   None, "stop", conversation=conversation), tenant)
+            salt=None, conversation=Conversation(), tenant=None):
+    return ins.observe(Observation(rid, "chat", salt, session, prompt, output, cached, 0, 0, None, None, None, "stop",
+                                   conversation=conversation), tenant)
 
 
 def test_trie_shares_prefixes_under_the_engines_block_hashes_and_frees_them():
@@ -76,7 +79,7 @@ def test_divergence_index_and_cause():
     user = {"role": "user", "content": "go"}
     tools = [{"type": "function", "function": {"name": "f"}}]
     base = Conversation([system, user], tools)
-    observe(ins, "r1", list(range(40)), [90, 91, 92], session="s", conversation=base, output_text="the reply")
+    observe(ins, "r1", list(range(40)), [90, 91, 92], session="s", conversation=base)
 
     def next_request(rid, prompt, conversation, cached=0):
         return observe(ins, rid, prompt, [1], cached=cached, session="s", conversation=conversation)
@@ -92,17 +95,17 @@ def test_divergence_index_and_cause():
     r4 = next_request("r4", [*range(10), 557], Conversation([{"role": "system", "content": "rules v2"},
                                                            {"role": "user", "content": "summary"}], []))
     assert r4.divergence.cause == CHANGE_HISTORY
+    kept = r4.session.last_conversation  # a digest: roles and hashes, no text
+    assert [m["role"] for m in kept.messages] == ["system", "user"] and "rules" not in repr(kept)
 
 
 def test_a_history_without_the_models_reply_is_named():
     ins = make()
     conv = Conversation([{"role": "user", "content": "go"}])
-    observe(ins, "r1", list(range(12)), [40, 41, 42, 43, 44], session="s", conversation=conv,
-            output_text="I will run the tests")
+    observe(ins, "r1", list(range(12)), [40, 41, 42, 43, 44], session="s", conversation=conv)
     edited = Conversation([*conv.messages, {"role": "assistant", "content": "something else"},
                            {"role": "user", "content": "next"}])
-    r2 = observe(ins, "r2", [*range(12), 40, 99, 98, 97], [70, 71, 72], session="s", conversation=edited,
-                 output_text="I will run the tests")
+    r2 = observe(ins, "r2", [*range(12), 40, 99, 98, 97], [70, 71, 72], session="s", conversation=edited)
     assert (r2.divergence.index, r2.divergence.cause, r2.divergence.in_reply) == (13, CHANGE_REPLY, True)
     faithful = Conversation([*edited.messages, {"role": "assistant", "content": "I will run the tests"}])
     r3 = observe(ins, "r3", [*range(12), 40, 99, 98, 97, 70, 88, 60, 61], [2], session="s", conversation=faithful)
@@ -129,3 +132,20 @@ def test_memory_stays_bounded():
         observe(ins, f"r{i}", [*range(64), *range(1000 * i, 1000 * i + 64)], list(range(8)), session=f"s{i % 7}")
         sizes.append(ins.memory_bytes())
     assert len(ins.ring) == 50 and sizes[-1] < 1.2 * sizes[60]
+
+
+def test_the_timeline_samples_changes_and_stays_bounded():
+    from engine.outputs import SchedulerStats
+    from server.inspector.store import TIMELINE_SAMPLES
+
+    ins = make()
+    ins.sample(SchedulerStats())  # the engine has not stepped yet: nothing to draw
+    stats = SchedulerStats(kv_blocks_total=64, kv_blocks_free=60, kv_blocks_cached=4)
+    ins.sample(stats, now=100.0)
+    ins.sample(stats, now=101.0)  # unchanged and recent: skipped
+    ins.sample(stats, now=140.0)  # unchanged but quiet for long: kept, so the chart's time axis moves on
+    ins.sample(SchedulerStats(kv_blocks_total=64, kv_blocks_free=50, kv_blocks_cached=14), now=141.0)
+    assert [s.time for s in ins.timeline] == [100.0, 140.0, 141.0] and ins.latest_stats.kv_blocks_cached == 14
+    for i in range(TIMELINE_SAMPLES + 10):
+        ins.sample(SchedulerStats(kv_blocks_total=64, kv_blocks_cached=i % 7), now=200.0 + i)
+    assert len(ins.timeline) == TIMELINE_SAMPLES
