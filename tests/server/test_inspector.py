@@ -25,8 +25,9 @@ _CLIENT_LOGGERS = ("openai", "anthropic", "httpx", "httpcore")  # the test's own
 
 @pytest.fixture(scope="module")
 def ui_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """test_agent_cache.py's 96-block pool (16 tokens a block) with a host tier; two tenants and an operator."""
     yield from _live_server(
-        tmp_path_factory, "qwen3-tiny", EngineConfig(block_size=4, num_kv_blocks=1024, max_model_len=2048),
+        tmp_path_factory, "qwen3-tiny", EngineConfig(num_kv_blocks=96, kv_offload_gb=1.0, max_model_len=2048),
         ServerSettings(api_keys=(KEY_A, KEY_B), operator_keys=(KEY_OPERATOR,), ui=True), api_key=KEY_A)
 
 
@@ -76,13 +77,13 @@ def test_a_changed_system_prompt_line_is_found_on_its_token(ui_server: LiveServe
     before = "".join(view["pieces"][:expected])
     assert before.endswith("Today's date: 2026-12-0") or before.endswith("Today's date: 2026-12-")
     assert view["request"]["misses"][CHANGE_SYSTEM] > 0
-    assert len(view["blocks_now"]) == len(third["prompt_token_ids"]) // 4
+    assert len(view["blocks_now"]) == len(third["prompt_token_ids"]) // view["block_size"]
     sides = view["side_by_side"]
     assert sides["previous"]["id"] == second["request_id"] and sides["current"]["start"] == sides["previous"]["start"]
 
 
 def test_a_tenant_sees_only_its_own_and_an_operator_sees_all(ui_server: LiveServer, session: dict) -> None:
-    ui_server.chat(api_key=KEY_B, messages=[{"role": "user", "content": "hello from b"}], max_tokens=2)
+    ui_server.chat(api_key=KEY_B, messages=[{"role": "user", "content": "hello from b " * 20}], max_tokens=2)
     request_id = session["replies"][0].id
     theirs = get(ui_server, "/ui/api/sessions", KEY_B).json()
     assert theirs["sessions"] and session["id"] not in [s["id"] for s in theirs["sessions"]]
@@ -122,7 +123,7 @@ def test_the_page_is_static_and_holds_no_data(ui_server: LiveServer, session: di
 
 def test_cache_view(ui_server: LiveServer, session: dict) -> None:
     view = get(ui_server, "/ui/api/cache", KEY_OPERATOR).json()
-    assert view["timeline"]["device_total"][-1] == 1024
+    assert view["timeline"]["device_total"][-1] == 96
     assert set(view["evictions"]) == {"pressure", "pressure_retained", "reset", "host_full", "disk_full"}
     largest = view["largest_prefixes"]
     assert largest and largest[0]["tokens"] >= largest[-1]["tokens"]
@@ -163,24 +164,17 @@ def test_off_without_ui(qwen_server: LiveServer) -> None:
     assert get(qwen_server, "/ui/api/sessions").status_code == 404
 
 
-@pytest.fixture(scope="module")
-def tiered_ui_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    """test_agent_cache.py's 96-block pool with a host tier, and the inspector."""
-    yield from _live_server(tmp_path_factory, "qwen3-tiny", EngineConfig(num_kv_blocks=96, kv_offload_gb=1.0),
-                            ServerSettings(ui=True))
-
-
-def test_tiers_and_evictions_a_b_a(tiered_ui_server: LiveServer) -> None:
+def test_tiers_and_evictions_a_b_a(ui_server: LiveServer) -> None:
     """Session A, then B (its blocks push A's to the host tier), then A again: the inspector shows A's third request
-    served from the host tier, and why blocks left the device."""
-    server = tiered_ui_server
+    served from the host tier, and why blocks left the device. (Last: it evicts what the tests above cached.)"""
+    server = ui_server
     replies = []
     for name, (system, user) in (("a", words(10, 300, 650)), ("b", words(20, 500, 930)), ("a", words(10, 300, 650))):
         replies.append(server.chat(messages=[{"role": "system", "content": system}, {"role": "user", "content": user}],
                                    max_tokens=4, temperature=0, prompt_cache_key=name))
-    third = get(server, f"/ui/api/requests/{replies[2].id}", None).json()["request"]
+    third = get(server, f"/ui/api/requests/{replies[2].id}").json()["request"]
     assert third["cached_tokens"] == replies[2].usage.prompt_tokens_details.cached_tokens
     assert third["cached"]["host"] > 0 and sum(third["cached"].values()) == third["cached_tokens"]
     assert third["divergence"] is None and third["parent"] == replies[0].id
-    cache = get(server, "/ui/api/cache", None).json()
+    cache = get(server, "/ui/api/cache").json()
     assert cache["evictions"]["pressure"] > 0 and cache["timeline"]["host_total"][-1] > 0
