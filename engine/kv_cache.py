@@ -165,6 +165,12 @@ class KVCacheManager:
                 out.append(None if found is None else "host" if found[0] is self.tiers.host else "disk")
         return out
 
+    def snapshot_points(self, block_hashes: Sequence[BlockHash]) -> list[int]:
+        """Hybrid models: where a chain can resume now, as token counts (the ends of its device blocks that hold a
+        recurrent-state snapshot)."""
+        return [(i + 1) * self.block_size for i, block_hash in enumerate(block_hashes)
+                if (node := self.by_hash.get(block_hash)) is not None and node.snapshot_slot >= 0]
+
     def cached_prefixes(self, limit: int) -> list[CachedPrefix]:
         """The ``limit`` longest root-to-leaf paths of the device tree, longest first. O(cached blocks)."""
         self.queue.expire()

@@ -210,6 +210,9 @@ def format_request(view: dict[str, Any], color: bool) -> str:
         out.append(f"first change: token {d['index']:,}, {d['cause']} ({d['description']})")
     legend = ("legend: " + " ".join(f"{_TIER_COLORS[t]} {t} {_RESET}" for t in _TIER_COLORS) + f" {_MARK} change "
               f"{_RESET}") if color else "legend: ⟦cached → computed⟧ ⟦!cause⟧ first change, ⟦bp⟧ breakpoint"
+    snapshots = set(view["snapshot_points"])
+    if snapshots:
+        legend += ", ⟦snap⟧ recurrent-state snapshot (can resume here)"
     out += [legend, ""]
     breakpoints = {b["tokens"] for b in r["breakpoints"]}
     text, current = [], None
@@ -218,6 +221,8 @@ def format_request(view: dict[str, Any], color: bool) -> str:
                 else "disk" if i < ranges["disk"][1] else "computed")
         if i in breakpoints:
             text.append("⟦bp⟧")
+        if i in snapshots:
+            text.append("⟦snap⟧")
         if d and i == d["index"]:
             text.append(f"{_MARK}{piece}{_RESET}" if color else f"⟦!{d['cause']}⟧{piece}")
             continue
@@ -228,6 +233,8 @@ def format_request(view: dict[str, Any], color: bool) -> str:
                 text.append(f"⟦{current} → {tier}⟧")
             text.append(piece)
         current = tier
+    if len(view["pieces"]) in snapshots:
+        text.append("⟦snap⟧")
     return "\n".join(out) + "".join(text)
 
 

@@ -271,3 +271,14 @@ def test_what_the_inspector_reads_tier_hits_eviction_causes_where_cached_and_pre
     kv.reset_prefix_cache()
     assert kv.stats.reset_evictions > 0 and kv.cached_prefixes(5) == []
     kv.check_invariants()
+
+
+def test_snapshot_points_are_where_a_hybrid_chain_resumes():
+    kv = KVCacheManager(16, 4, state_slots=4)
+    a = seq(100, 13)  # 3 full blocks
+    kv.admit("a", hashes(a), a, len(a))
+    assert kv.take_snapshot("a", 8)  # the recurrent state at the end of block 1
+    kv.commit("a", hashes(a), a, len(a))
+    kv.free("a")
+    assert kv.snapshot_points(hashes(a)) == [8]
+    assert make(8)[0].snapshot_points(hashes(a)) == []  # a dense model's manager: no snapshots

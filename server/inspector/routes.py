@@ -76,8 +76,13 @@ def add_inspector_routes(app: FastAPI, api: APIRouter, ctx: ServingContext) -> N
             raise _not_found(f"no request '{request_id}' (it may have left the inspector's window of "
                              f"{inspector.max_requests} requests)")
         hashes = views.prompt_block_hashes(inspector, record)
-        now = await asyncio.wrap_future(ctx.engine.call(lambda engine: engine.scheduler.kv.where_cached(hashes)))
-        return JSONResponse(views.request_view(inspector, record, ctx.token_texts, now))
+
+        def now(engine) -> tuple[list[str | None], list[int]]:
+            kv = engine.scheduler.kv
+            return kv.where_cached(hashes), kv.snapshot_points(hashes)
+
+        blocks_now, snapshots = await asyncio.wrap_future(ctx.engine.call(now))
+        return JSONResponse(views.request_view(inspector, record, ctx.token_texts, blocks_now, snapshots))
 
     largest_prefixes = _Recent(PREFIXES_TTL_S)
 

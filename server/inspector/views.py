@@ -103,9 +103,10 @@ def prompt_block_hashes(inspector: Inspector, record: InspectedRequest) -> list[
 
 
 def request_view(inspector: Inspector, record: InspectedRequest, texts: TokenTexts,
-                 blocks_now: Sequence[str | None]) -> dict[str, Any]:
-    """The request's prompt as token texts, with what the cache served (by tier) and what the cache holds of each
-    prompt block now (``blocks_now``: `KVCacheManager.where_cached`), and its divergence side by side."""
+                 blocks_now: Sequence[str | None], snapshot_points: Sequence[int] = ()) -> dict[str, Any]:
+    """The request's prompt as token texts, with what the cache served (by tier), what the cache holds of each
+    prompt block now (``blocks_now``: `KVCacheManager.where_cached`) and where a hybrid model's prompt can resume
+    now (``snapshot_points``: `KVCacheManager.snapshot_points`), and its divergence side by side."""
     with inspector.lock:
         prompt = unpack(inspector.trie.sequence(record.end, record.tail), 0, record.prompt_tokens)
         parent = inspector.by_id.get(record.parent_id) if record.parent_id else None
@@ -119,7 +120,7 @@ def request_view(inspector: Inspector, record: InspectedRequest, texts: TokenTex
         "cached_ranges": {"device": [0, device], "host": [device, device + host],
                           "disk": [device + host, record.cached_tokens]},
         "blocks_now": list(blocks_now),
-        "snapshot_points": [],  # hybrid models (recurrent-state snapshots) mark theirs here
+        "snapshot_points": list(snapshot_points),
         "side_by_side": None,
     })
     divergence = record.divergence

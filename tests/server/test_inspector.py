@@ -12,6 +12,7 @@ import pytest
 
 from engine.config import EngineConfig
 from server.cli import main as kvserve
+from server.cli_inspect import format_request
 from server.context import ServerSettings
 from server.miss_causes import CHANGE_SYSTEM, common_prefix
 from tests.server.conftest import KEY_A, KEY_B, LiveServer, _live_server
@@ -178,3 +179,29 @@ def test_tiers_and_evictions_a_b_a(ui_server: LiveServer) -> None:
     assert third["divergence"] is None and third["parent"] == replies[0].id
     cache = get(server, "/ui/api/cache").json()
     assert cache["evictions"]["pressure"] > 0 and cache["timeline"]["host_total"][-1] > 0
+
+
+@pytest.fixture(scope="module")
+def hybrid_ui_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """qwen3.6-tiny: the hybrid architecture (Gated DeltaNet + attention), whose prefix resumes at snapshots."""
+    yield from _live_server(tmp_path_factory, "qwen3.6-tiny", EngineConfig(block_size=16, num_kv_blocks=256,
+                                                                           max_model_len=2048), ServerSettings(ui=True))
+
+
+@pytest.mark.slow
+def test_snapshot_points_of_a_hybrid_model(hybrid_ui_server: LiveServer) -> None:
+    """The request view (and `kvserve inspect --request`) marks where a hybrid model's prompt can resume (blocks
+    holding a recurrent-state snapshot): the next turn's hit ends on one of them."""
+    server = hybrid_ui_server
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "List the files. " * 8}]
+    first = server.chat(messages=messages, max_tokens=8, temperature=0, prompt_cache_key="hybrid")
+    messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": "And the tests?"}]
+    second = server.chat(messages=messages, max_tokens=8, temperature=0, prompt_cache_key="hybrid")
+    view = get(server, f"/ui/api/requests/{second.id}", None).json()
+    points = view["snapshot_points"]
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert points and all(p % view["block_size"] == 0 and p <= len(view["token_ids"]) for p in points)
+    assert cached > 0 and cached in points
+    assert len(points) < len(view["blocks_now"])  # snapshots sit where the policy took them, not on every block
+    assert format_request(view, color=False).count("⟦snap⟧") == len(points) + 1  # and once in the legend

@@ -167,7 +167,7 @@ async function showRequest(id) {
   const computed = r.prompt_tokens - r.cached_tokens;
   const tierOf = (i) => (i < v.cached_ranges.device[1] ? "device" : i < v.cached_ranges.host[1] ? "host" : i < v.cached_ranges.disk[1] ? "disk" : "computed");
   const marks = { div: r.divergence ? r.divergence.index : -1, cause: r.divergence && r.divergence.cause, id: "divergence",
-    bps: new Map(r.breakpoints.map((b) => [b.tokens - 1, b.ttl_s])) };
+    bps: new Map(r.breakpoints.map((b) => [b.tokens - 1, b.ttl_s])), snaps: new Set(v.snapshot_points.map((t) => t - 1)) };
   const then = [], now = [];
   for (let b = 0; b < Math.floor(n / bs); b++) then.push(tierOf(b * bs + bs - 1));
   v.blocks_now.forEach((s) => now.push(s || "gone"));
@@ -181,7 +181,7 @@ async function showRequest(id) {
       <div class="maplabel">in the cache now</div><div class="blockmap" id="blocks-now">${now.map((t) => `<i class="${t}" title="${NOW_TITLES[t === "gone" ? null : t]}"></i>`).join("")}</div>
       <div class="legend"><span style="--sw:var(--device)">device</span><span style="--sw:var(--host)">host</span><span style="--sw:var(--disk)">disk</span><span style="--sw:var(--computed)">computed</span><span style="--sw:var(--retained)">pinned or held now</span><span style="--sw:#e9ecef">not cached now</span></div></div>
     <h2>Prompt, as the model saw it</h2>
-    <div class="legend"><span style="--sw:var(--device-bg);--swb:var(--device)">cached on device</span><span style="--sw:var(--host-bg);--swb:var(--host)">restored from host</span><span style="--sw:var(--disk-bg);--swb:var(--disk)">restored from disk</span><span style="--sw:var(--computed-bg);--swb:var(--computed)">computed</span><span style="--sw:#fff;--swb:#868e96">│ block boundary</span><span style="--sw:var(--bp)">breakpoint (cache_control)</span><span style="--sw:#ffe3e3;--swb:var(--diverge)">first change</span>${v.snapshot_points.length ? '<span style="--sw:#495057">snapshot</span>' : ""}</div>
+    <div class="legend"><span style="--sw:var(--device-bg);--swb:var(--device)">cached on device</span><span style="--sw:var(--host-bg);--swb:var(--host)">restored from host</span><span style="--sw:var(--disk-bg);--swb:var(--disk)">restored from disk</span><span style="--sw:var(--computed-bg);--swb:var(--computed)">computed</span><span style="--sw:#fff;--swb:#868e96">│ block boundary</span><span style="--sw:var(--bp)">breakpoint (cache_control)</span><span style="--sw:#ffe3e3;--swb:var(--diverge)">first change</span>${v.snapshot_points.length ? '<span style="--sw:var(--snap)">snapshot (can resume here)</span>' : ""}</div>
     <div class="prompt mono" id="prompt">${promptHtml(v.pieces, 0, bs, tierOf, marks)}</div></section>`;
   const marker = document.querySelector("#prompt .div");
   if (marker) marker.scrollIntoView({ block: "center" });
@@ -198,6 +198,7 @@ function promptHtml(pieces, start, bs, tierOf, marks, replyFrom = Infinity) {
     if (i >= replyFrom) cls += " reply";
     let attrs = ` data-i="${i}"`;
     if (marks.bps && marks.bps.has(i)) { cls += " bp"; attrs += ` title="breakpoint: ${num(i + 1)} tokens pinned for ${marks.bps.get(i)} s"`; }
+    if (marks.snaps && marks.snaps.has(i)) { cls += " snap"; attrs += ` data-snapshot="${i + 1}" title="recurrent-state snapshot after ${num(i + 1)} tokens"`; }
     if (i === marks.div) { cls += " div"; attrs += ` id="${marks.id}"${marks.cause ? ` data-cause="${esc(marks.cause)}"` : ""}`; }
     html += `<span class="${cls}"${attrs}>${esc(piece)}</span>`;
   });
