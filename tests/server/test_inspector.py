@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from benchmarks import browser
 from engine.config import EngineConfig
 from server.cli import main as kvserve
 from server.cli_inspect import format_request
@@ -190,8 +191,8 @@ def hybrid_ui_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveS
 
 @pytest.mark.slow
 def test_snapshot_points_of_a_hybrid_model(hybrid_ui_server: LiveServer) -> None:
-    """The request view (and `kvserve inspect --request`) marks where a hybrid model's prompt can resume (blocks
-    holding a recurrent-state snapshot): the next turn's hit ends on one of them."""
+    """The request view, the page (headless Chromium) and `kvserve inspect --request` mark where a hybrid model's
+    prompt can resume (blocks holding a recurrent-state snapshot): the next turn's hit ends on one of them."""
     server = hybrid_ui_server
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "List the files. " * 8}]
     first = server.chat(messages=messages, max_tokens=8, temperature=0, prompt_cache_key="hybrid")
@@ -205,3 +206,9 @@ def test_snapshot_points_of_a_hybrid_model(hybrid_ui_server: LiveServer) -> None
     assert cached > 0 and cached in points
     assert len(points) < len(view["blocks_now"])  # snapshots sit where the policy took them, not on every block
     assert format_request(view, color=False).count("⟦snap⟧") == len(points) + 1  # and once in the legend
+    if (reason := browser.missing()) is not None:
+        pytest.fail(f"the page cannot be checked: {reason}")
+    with browser.chromium() as context:
+        page, _ = browser.open_inspector(context, server.base_url, None, f"/requests/{second.id}")
+        marked = page.locator("#prompt .snap")
+        assert [int(marked.nth(i).get_attribute("data-snapshot")) for i in range(marked.count())] == points
