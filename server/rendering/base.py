@@ -1,11 +1,18 @@
 """The renderer interface: OpenAI messages (+ tools) in, the exact prompt text out."""
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
 from server.rendering.messages import MessagePolicy, normalize_messages, normalize_tools
+
+
+def tojson(value: Any) -> str:
+    """transformers' ``tojson`` filter, as the native renderers write it: no ASCII escaping, default separators,
+    insertion order."""
+    return json.dumps(value, ensure_ascii=False)
 
 
 @dataclass(frozen=True)

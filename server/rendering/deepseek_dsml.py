@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from server.rendering.base import Prepared, Renderer
+from server.rendering.base import Prepared, Renderer, tojson
 from server.rendering.deepseek import ASSISTANT, BOS, EOS, USER
 from server.rendering.messages import MessagePolicy
 
@@ -72,10 +72,6 @@ _V4_TOOLS = (
     "### Available Tool Schemas\n\n{schemas}\n\n"
     "You MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls.\n"
 )
-
-
-def tojson(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False)
 
 
 def dsml_parameter(name: str, value: Any) -> str:

@@ -5,10 +5,9 @@ hurt prefix caching (Qwen3 drops old reasoning); NOTES.md §2.1-2.3 describe the
 """
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from server.rendering.base import Prepared, Renderer
+from server.rendering.base import Prepared, Renderer, tojson
 from server.rendering.generic_tools import tools_text
 from server.rendering.messages import MessagePolicy
 
@@ -31,11 +30,6 @@ CODER_TOOLS_TAIL = (
     "- If there is no function call available, answer the question like normal with your current knowledge and do "
     "not tell the user about function calls\n</IMPORTANT>"
 )
-
-
-def tojson(value: Any) -> str:
-    """transformers' ``tojson`` filter: no ASCII escaping, default separators, insertion order."""
-    return json.dumps(value, ensure_ascii=False)
 
 
 def jinja_str(value: Any) -> str:

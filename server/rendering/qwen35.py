@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from server.rendering.base import Prepared, Renderer
+from server.rendering.base import Prepared, Renderer, tojson
 from server.rendering.messages import MessagePolicy
 from server.rendering.qwen import (
     CODER_TOOLS_TAIL,
@@ -18,7 +18,6 @@ from server.rendering.qwen import (
     IM_START,
     generation_prompt,
     is_tool_response_text,
-    tojson,
 )
 
 _TOOLS_HEAD = "# Tools\n\nYou have access to the following functions:\n\n<tools>"
