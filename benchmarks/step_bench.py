@@ -19,7 +19,6 @@ does not, so the CPU-time ratio is the one that compares the engine's work with 
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -117,9 +116,9 @@ def _admit_point(engine, batch: int, context: int, max_tokens: int, warmup: int)
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
     for i in range(batch):
         engine.add_request(f"s{i}", prefix + [1 + i % (VOCAB - 1)], params)
-    while any(r.num_output_tokens == 0 for r in engine.scheduler.requests.values()):  # admit all, first tokens
+    while any(r.num_output_tokens == 0 for r in engine.scheduler.sequences.values()):  # admit all, first tokens
         engine.step()
-    lengths = {r.num_tokens for r in engine.scheduler.requests.values()}
+    lengths = {r.num_tokens for r in engine.scheduler.sequences.values()}
     assert len(lengths) == 1, f"the batch does not decode in lockstep (lengths {sorted(lengths)})"
     for _ in range(warmup):
         engine.step()
@@ -157,41 +156,36 @@ def _engine_figures(engine, step: dict[str, float]) -> dict[str, float]:
 
 
 class BareDecoder:
-    """The same weights and ops as the engine's model, decoding ``batch`` sequences with a contiguous cache and no
-    scheduler: every sequence shares the prefix, so one copy of its K/V is expanded over the batch (no memory per
-    row), and each row's own tokens go into a small per-row tail. Each layer concatenates prefix and tail into the
-    same two buffers, as the engine's reference attention gathers into scratch buffers (a fresh tensor per layer
-    would page-fault in on CPU and time the allocator rather than the loop)."""
+    """The same weights and ops as the engine's model, decoding ``batch`` sequences with no scheduler and no paging:
+    each layer's K and V live in one preallocated contiguous cache ``[batch, Hkv, context + max_steps, D]``; a step
+    writes each new K/V in place at its position and attends over a slice of the cache (no concatenation, no copy).
+    That is the floor for any engine on the machine. Every row's prefix holds the same random K/V (filled once)."""
 
     def __init__(self, model, batch: int, context: int, max_steps: int) -> None:
         cfg = model.cfg
         self.model, self.batch, self.context, self.cfg = model, batch, context, cfg
         device, dtype = model.embed_tokens.weight.device, model.embed_tokens.weight.dtype
-        shape = (cfg.num_kv_heads, context, cfg.head_dim)
-        self.prefix = [(torch.randn(shape, device=device, dtype=dtype), torch.randn(shape, device=device, dtype=dtype))
-                       for _ in model.layers]
-        tail = (batch, cfg.num_kv_heads, max_steps, cfg.head_dim)
-        self.tails = [(torch.zeros(tail, device=device, dtype=dtype), torch.zeros(tail, device=device, dtype=dtype))
-                      for _ in model.layers]
-        rows = batch * cfg.num_kv_heads * (context + max_steps) * cfg.head_dim
-        self.buffers = (torch.empty(rows, device=device, dtype=dtype), torch.empty(rows, device=device, dtype=dtype))
+        shape = (batch, cfg.num_kv_heads, context + max_steps, cfg.head_dim)
+        self.caches = []
+        for _ in model.layers:
+            k, v = torch.empty(shape, device=device, dtype=dtype), torch.empty(shape, device=device, dtype=dtype)
+            prefix = (cfg.num_kv_heads, context, cfg.head_dim)
+            k[:, :, :context] = torch.randn(prefix, device=device, dtype=dtype)
+            v[:, :, :context] = torch.randn(prefix, device=device, dtype=dtype)
+            self.caches.append((k, v))
         self.tokens = torch.ones(batch, dtype=torch.long, device=device)
         self.pos = context
         self.device = device
-
-    def _buffer(self, i: int, shape: tuple[int, ...]) -> torch.Tensor:
-        return self.buffers[i][: math.prod(shape)].view(shape)
 
     @torch.inference_mode()
     def step(self) -> list[int]:
         from kernels import reference as ops
 
-        model, cfg, batch = self.model, self.cfg, self.batch
-        positions = torch.full((batch,), self.pos, dtype=torch.long, device=self.device)
-        n = self.pos - self.context + 1
+        model, cfg, batch, pos = self.model, self.cfg, self.batch, self.pos
+        positions = torch.full((batch,), pos, dtype=torch.long, device=self.device)
         x = model.embed_tokens(self.tokens)
         residual = None
-        for layer, (pk, pv), (tk, tv) in zip(model.layers, self.prefix, self.tails):
+        for layer, (k_cache, v_cache) in zip(model.layers, self.caches):
             norm = layer.input_layernorm
             if residual is None:
                 residual, h = x, ops.rms_norm(x, norm.weight, norm.eps)
@@ -204,12 +198,12 @@ class BareDecoder:
                 q = ops.rms_norm(q, attn.q_norm.weight, attn.q_norm.eps)
                 k = ops.rms_norm(k, attn.k_norm.weight, attn.k_norm.eps)
             q, k = ops.rotary_embedding(positions, q, k, model.cos_sin_cache)
-            tk[:, :, n - 1], tv[:, :, n - 1] = k, v
-            shape = (batch, cfg.num_kv_heads, self.context + n, cfg.head_dim)
-            keys = torch.cat([pk.expand(batch, -1, -1, -1), tk[:, :, :n]], dim=2, out=self._buffer(0, shape))
-            values = torch.cat([pv.expand(batch, -1, -1, -1), tv[:, :, :n]], dim=2, out=self._buffer(1, shape))
+            k_cache[:, :, pos] = k
+            v_cache[:, :, pos] = v
+            # GQA: each KV head's query group attends as that head's queries (no mask: all see the whole context)
             o = torch.nn.functional.scaled_dot_product_attention(
-                q.view(batch, cfg.num_kv_heads, -1, cfg.head_dim), keys, values, scale=cfg.head_dim**-0.5)
+                q.view(batch, cfg.num_kv_heads, -1, cfg.head_dim), k_cache[:, :, : pos + 1], v_cache[:, :, : pos + 1],
+                scale=cfg.head_dim**-0.5)
             h = attn.o_proj(o.reshape(batch, attn.q_size))
             h, residual = ops.rms_norm(h, layer.post_attention_layernorm.weight,
                                        layer.post_attention_layernorm.eps, residual)

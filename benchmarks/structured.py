@@ -41,7 +41,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> dict:
     from engine import LLM, SamplingParams
-    from engine.structured_output import MaskStats, StructuredOutputSpec
+    from engine.worker.structured_output import MaskStats, StructuredOutputSpec
 
     llm = LLM(args.model, device=args.device, dtype=args.dtype, max_num_seqs=args.batch,
               num_kv_blocks=args.batch * (args.prompt_tokens + args.max_tokens) // 16 + args.batch, block_size=16)

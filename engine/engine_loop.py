@@ -238,7 +238,7 @@ class EngineLoop:
         if request_id not in self._sinks:
             return
         self.engine.abort_request(request_id, index)
-        if request_id not in self.engine.scheduler.groups:
+        if request_id not in self.engine.scheduler.requests:
             del self._sinks[request_id]
 
     def _step(self) -> None:
@@ -254,13 +254,13 @@ class EngineLoop:
             by_request.setdefault(out.request_id, []).append(out)
             if out.error:
                 log.warning("request %s: %s", out.request_id, out.error)
-        groups = self.engine.scheduler.groups
+        live = self.engine.scheduler.requests
         for request_id, outs in by_request.items():
             sink = self._sinks.get(request_id)
             if sink is None:
                 continue
             sink.put(outs)
-            if request_id not in groups:  # every sequence of it finished
+            if request_id not in live:  # every sequence of it finished
                 del self._sinks[request_id]
 
     def _fail_all(self, error: BaseException) -> None:

@@ -27,14 +27,14 @@ from engine.errors import (
     WorkerDiedError,
 )
 from engine.kv_events import KVEventPublisher
-from engine.model_runner import ModelRunner, StepHandle, StepPipeline
+from engine.worker.model_runner import ModelRunner, StepHandle, StepPipeline
 from engine.outputs import KVTransfer, SchedulerOutput, SchedulerStats, SequenceOutput
 from engine.parallel.memory import RankMemory
 from engine.parallel.workers import TensorParallelWorkers
 from engine.retention import Retention
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
-from engine.structured_output import GrammarEnd, StructuredOutputs
+from engine.worker.structured_output import GrammarEnd, StructuredOutputs
 
 
 def _eos_ids(model_dir: Path, model_cfg: ModelConfig, tokenizer) -> set[int]:
@@ -127,7 +127,7 @@ class LLMEngine:
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, cache_salt: str | None = None,
         retention: Retention | None = None,
     ) -> None:
-        if request_id in self.scheduler.groups:
+        if request_id in self.scheduler.requests:
             raise RequestRejected(f"request id {request_id!r} is already in use")
         self.validate(prompt_token_ids, params)
         self.scheduler.add_request(request_id, prompt_token_ids, params, cache_salt, retention)
@@ -136,7 +136,7 @@ class LLMEngine:
         """Finish every sequence of the request (or only sequence ``index``) now; its blocks are free for the next
         step."""
         self.scheduler.abort(request_id, index)
-        self.structured_outputs.retain(self.scheduler.requests)
+        self.structured_outputs.retain(self.scheduler.sequences)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests() or self._pipeline.in_flight is not None
@@ -249,26 +249,26 @@ class LLMEngine:
         what the runner calls on the logits, or None when nothing sampled here is constrained."""
         if not self.scheduler.num_constrained:
             return None
-        requests = self.scheduler.requests
-        rows = [requests[s.req_id] for s in sched.scheduled if s.samples]
+        sequences = self.scheduler.sequences
+        rows = [sequences[s.seq_id] for s in sched.scheduled if s.samples]
         pending = self.structured_outputs.start_masks(rows)
         if pending is None:
             return None
-        return lambda logits, req_ids: self.structured_outputs.apply_masks(pending, logits, req_ids)
+        return lambda logits, seq_ids: self.structured_outputs.apply_masks(pending, logits, seq_ids)
 
     def _collect(self, handle: StepHandle) -> None:
         out = handle.result()
         if not self.structured_outputs.num_active:  # nothing sampled under a grammar (its masks made matchers)
             self.scheduler.update(out)
             return
-        requests = self.scheduler.requests
-        live = [(requests[r], t) for r, t in zip(out.req_ids, out.sampled_token_ids) if r in requests]
+        sequences = self.scheduler.sequences
+        live = [(sequences[s], t) for s, t in zip(out.seq_ids, out.sampled_token_ids) if s in sequences]
         ends = self.structured_outputs.accept([r for r, _ in live], [t for _, t in live])
-        failed = {GrammarEnd.REJECTED: lambda req, token: f"token {token} is outside the grammar",
-                  GrammarEnd.FAILED: lambda req, token: self.structured_outputs.failure(req.request_id)}
+        failed = {GrammarEnd.REJECTED: lambda seq, token: f"token {token} is outside the grammar",
+                  GrammarEnd.FAILED: lambda seq, token: self.structured_outputs.failure(seq.seq_id)}
         grammar_ends = {
-            req.request_id: failed[end](req, token) if end in failed else None
-            for (req, token), end in zip(live, ends) if end is not None
+            seq.seq_id: failed[end](seq, token) if end in failed else None
+            for (seq, token), end in zip(live, ends) if end is not None
         }
         self.scheduler.update(out, grammar_ends)
-        self.structured_outputs.retain(requests)
+        self.structured_outputs.retain(sequences)

@@ -48,23 +48,23 @@ class RequestTimings:
 
 # ---- scheduler -> model runner -------------------------------------------------------------------------------------
 @dataclass
-class NewRequestData:
+class NewSequence:
     """A sequence the runner has not seen: everything it needs to keep its own state for it."""
 
-    req_id: str
+    seq_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
     seed: int | None  # this sequence's sampling seed (n > 1 siblings get seed + index)
 
 
 @dataclass(slots=True)
-class ScheduledRequest:
+class ScheduledSequence:
     """One sequence's share of a step: compute ``num_new_tokens`` tokens from ``num_computed_tokens`` on.
 
     ``new_block_ids`` are appended to the runner's copy of its block table; when ``resumed`` (re-admitted after a
     preemption) they replace it."""
 
-    req_id: str
+    seq_id: str
     num_new_tokens: int
     num_computed_tokens: int
     new_block_ids: list[int]
@@ -109,12 +109,12 @@ class StateCopy:
 class SchedulerOutput:
     """One step's work as deltas against what the runner already holds."""
 
-    new_requests: list[NewRequestData] = field(default_factory=list)
-    scheduled: list[ScheduledRequest] = field(default_factory=list)
-    finished_req_ids: list[str] = field(default_factory=list)  # finished or aborted since the last step: forget them
+    new_sequences: list[NewSequence] = field(default_factory=list)
+    scheduled: list[ScheduledSequence] = field(default_factory=list)
+    finished_seq_ids: list[str] = field(default_factory=list)  # finished or aborted since the last step: forget them
     # Blocks released, state kept for resumption. (The runner needs no action: a sequence not scheduled leaves
     # the batch anyway; the list is there for observers.)
-    preempted_req_ids: list[str] = field(default_factory=list)
+    preempted_seq_ids: list[str] = field(default_factory=list)
     kv_transfers: list[KVTransfer] = field(default_factory=list)  # before the forward, in order
     state_restores: list[StateCopy] = field(default_factory=list)  # hybrid models: before the forward
     state_snapshots: list[StateCopy] = field(default_factory=list)  # hybrid models: after the forward
@@ -129,10 +129,10 @@ class SchedulerOutput:
 class ModelRunnerOutput:
     """The tokens one step sampled, per sequence whose scheduled chunk reached its last known token."""
 
-    req_ids: list[str]
+    seq_ids: list[str]
     sampled_token_ids: list[int]
     logprobs: list[TokenLogprobs | None] | None = None  # None when no sequence asked for logprobs
-    # Prompt logprobs computed by this step: (req id, index of the first prompt token scored, one entry per token).
+    # Prompt logprobs computed by this step: (seq id, index of the first prompt token scored, one entry per token).
     prompt_logprobs: list[tuple[str, int, list[TokenLogprobs]]] = field(default_factory=list)
 
 

@@ -1,5 +1,5 @@
 """Per-request sampling parameters, validated at construction so bad input fails before it reaches the engine, and
-the structured-output constraint one of them carries (plain data: engine/structured_output.py compiles it)."""
+the structured-output constraint one of them carries (plain data: engine/worker/structured_output.py compiles it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -6,14 +6,15 @@ requests in policy order, within a token budget, and returns a `SchedulerOutput`
 them is scheduled (a later step that reads them runs after it), and again when a sampled token completes a block.
 
 With async scheduling, step N+1 is scheduled before step N's tokens are back: a sequence that will sample in a step
-gets a placeholder (``Request.num_output_placeholders``), which `update()` replaces with the real token.
+gets a placeholder (``Sequence.num_output_placeholders``), which `update()` replaces with the real token.
 """
 from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
 from dataclasses import replace
-from collections.abc import Callable, Sequence
+from collections import abc
+from collections.abc import Callable
 from typing import TypeVar
 
 from engine.block_hashing import BlockHash, BlockHasher
@@ -23,14 +24,14 @@ from engine.kv_cache import KVCacheManager
 from engine.outputs import (
     FinishReason,
     ModelRunnerOutput,
-    NewRequestData,
-    ScheduledRequest,
+    NewSequence,
+    ScheduledSequence,
     SchedulerOutput,
     SchedulerStats,
     SequenceOutput,
     TokenLogprobs,
 )
-from engine.request import Request, RequestStatus
+from engine.sequence import Sequence, SequenceStatus
 from engine.retention import Retention
 from engine.sampling_params import SamplingParams
 
@@ -38,11 +39,11 @@ T = TypeVar("T")
 MAX_HELD_REQUESTS = 4096  # finished requests whose hold a caller may still extend (`retain_finished`)
 
 
-def _is_prefilling(req: Request) -> bool:
-    return len(req.token_ids) + req.num_output_placeholders - req.num_computed_tokens > 1
+def _is_prefilling(seq: Sequence) -> bool:
+    return len(seq.token_ids) + seq.num_output_placeholders - seq.num_computed_tokens > 1
 
 
-def admission_order(policy: SchedulingPolicy, candidates: Sequence[T], num_cached_tokens: Callable[[T], int]) -> list[T]:
+def admission_order(policy: SchedulingPolicy, candidates: abc.Sequence[T], num_cached_tokens: Callable[[T], int]) -> list[T]:
     """The one meaning of each policy, shared by the scheduler and the prefix-cache simulator: FCFS keeps arrival
     order; LONGEST_PREFIX puts the candidates with the most cached tokens first (ties in arrival order)."""
     if policy is SchedulingPolicy.FCFS:
@@ -67,12 +68,12 @@ class Scheduler:
                                  disk_blocks=disk_blocks, record_events=record_events, clock=clock,
                                  state_slots=state_slots)
         self.hasher = BlockHasher(cfg.block_size, model_id)
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []  # in admission order: the last one is preempted first
-        self.requests: dict[str, Request] = {}  # every live sequence
-        self.groups: dict[str, list[Request]] = {}  # caller request id -> its live sequences
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in admission order: the last one is preempted first
+        self.sequences: dict[str, Sequence] = {}  # every live sequence
+        self.requests: dict[str, list[Sequence]] = {}  # caller request id -> its live sequences
         self.num_constrained = 0  # live sequences under a grammar: without any, the engine skips grammar work
-        self._finished_ids: list[str] = []  # for the next SchedulerOutput: the runner forgets them
+        self._finished_seq_ids: list[str] = []  # for the next SchedulerOutput: the runner forgets them
         self._held: OrderedDict[str, list[BlockHash]] = OrderedDict()  # finished with a hold: their block chains
         self._outputs: list[SequenceOutput] = []
         self.num_preemptions = 0
@@ -80,49 +81,49 @@ class Scheduler:
         self.num_generation_tokens = 0
 
     # ---- requests ------------------------------------------------------------------------------------------------
-    def add_request(self, group_id: str, prompt_token_ids: list[int], params: SamplingParams,
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     cache_salt: str | None = None, retention: Retention | None = None) -> None:
         """Queue a request; its n - 1 siblings are queued once its prompt is scheduled (they then hit its blocks)."""
-        leader = self._new_sequence(group_id, 0, list(prompt_token_ids), params, cache_salt, retention)
+        leader = self._new_sequence(request_id, 0, list(prompt_token_ids), params, cache_salt, retention)
         leader.pending_siblings = params.n - 1
-        self.groups[group_id] = []
+        self.requests[request_id] = []
         self._enqueue(leader)
 
-    def _new_sequence(self, group_id: str, index: int, prompt: list[int], params: SamplingParams,
-                      cache_salt: str | None, retention: Retention | None) -> Request:
-        req = Request(f"{group_id}#{index}" if index else group_id, prompt, len(prompt), params, cache_salt,
-                      group_id=group_id, index=index,
+    def _new_sequence(self, request_id: str, index: int, prompt: list[int], params: SamplingParams,
+                      cache_salt: str | None, retention: Retention | None) -> Sequence:
+        seq = Sequence(f"{request_id}#{index}" if index else request_id, prompt, len(prompt), params, cache_salt,
+                      request_id=request_id, index=index,
                       # a prefill-only request (max_tokens 0) samples one token and drops it
                       max_num_tokens=min(len(prompt) + max(params.max_tokens, 1), self.max_model_len),
                       prompt_logprobs=None if params.prompt_logprobs is None else [None], retention=retention)
         if self.cfg.enable_prefix_caching:
-            self.hasher.extend(req.block_hashes, req.token_ids, cache_salt)
+            self.hasher.extend(seq.block_hashes, seq.token_ids, cache_salt)
         if self.snapshot_policy is not None:
             pins = [p.num_tokens for p in retention.pins] if retention else []
-            req.snapshot_points = self.snapshot_policy.prompt_points(
+            seq.snapshot_points = self.snapshot_policy.prompt_points(
                 len(prompt), self.cfg.block_size, retention.snapshot_hints if retention else (), pins)
-        return req
+        return seq
 
-    def _enqueue(self, req: Request, front: bool = False) -> None:
-        self.requests[req.request_id] = req
-        self.num_constrained += req.params.structured_output is not None
-        self.groups[req.group_id].append(req)
+    def _enqueue(self, seq: Sequence, front: bool = False) -> None:
+        self.sequences[seq.seq_id] = seq
+        self.num_constrained += seq.params.structured_output is not None
+        self.requests[seq.request_id].append(seq)
         if front:
-            self.waiting.appendleft(req)
+            self.waiting.appendleft(seq)
         else:
-            self.waiting.append(req)
+            self.waiting.append(seq)
 
-    def abort(self, group_id: str, index: int | None = None) -> None:
+    def abort(self, request_id: str, index: int | None = None) -> None:
         """Finish the request's sequences (or only sequence ``index``) now and free their blocks: the caller went
         away, or a stop string ended the sequence."""
-        for req in list(self.groups.get(group_id, ())):
-            if index is None or req.index == index:
-                self._finish(req, FinishReason.ABORT)
+        for seq in list(self.requests.get(request_id, ())):
+            if index is None or seq.index == index:
+                self._finish(seq, FinishReason.ABORT)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.groups)
+        return bool(self.requests)
 
-    def num_cached_tokens(self, token_ids: Sequence[int], cache_salt: str | None) -> int:
+    def num_cached_tokens(self, token_ids: abc.Sequence[int], cache_salt: str | None) -> int:
         """How many tokens of ``token_ids`` the prefix cache would serve now (/tokenize)."""
         return self.kv.num_cached_tokens(self.hasher.hashes(token_ids, cache_salt), len(token_ids))
 
@@ -130,11 +131,11 @@ class Scheduler:
         """Drop every cached block no sequence holds, in every tier (between benchmark runs)."""
         self.kv.reset_prefix_cache()
 
-    def retain_finished(self, group_id: str, seconds: float) -> int:
+    def retain_finished(self, request_id: str, seconds: float) -> int:
         """Extend the hold on a finished request's blocks (prompt and reply) to ``seconds`` from now: its reply
         ended in tool calls, and the next turn will carry the result. Returns the blocks retained (0: the request
         had no hold, or it was forgotten)."""
-        hashes = self._held.pop(group_id, None)
+        hashes = self._held.pop(request_id, None)
         return 0 if hashes is None else self.kv.retain_chain(hashes, seconds)
 
     def blocks_needed(self, num_tokens: int) -> int:
@@ -146,102 +147,102 @@ class Scheduler:
 
     # ---- the step ------------------------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput(finished_req_ids=self._finished_ids)
-        self._finished_ids = []
+        out = SchedulerOutput(finished_seq_ids=self._finished_seq_ids)
+        self._finished_seq_ids = []
         self.kv.begin_step()
         budget = self.cfg.max_num_batched_tokens
         # Decodes first (one token each, latency-critical), then continuing chunked prefills.
-        for req in sorted(self.running, key=_is_prefilling):
+        for seq in sorted(self.running, key=_is_prefilling):
             if budget == 0:
                 break
-            num_tokens = len(req.token_ids) + req.num_output_placeholders
+            num_tokens = len(seq.token_ids) + seq.num_output_placeholders
             # Preempted earlier in this loop, or done: the tokens in flight reach max_tokens or the context length.
-            if req.status is not RequestStatus.RUNNING or num_tokens >= req.max_num_tokens:
+            if seq.status is not SequenceStatus.RUNNING or num_tokens >= seq.max_num_tokens:
                 continue
-            n = self._chunk(req, min(num_tokens - req.num_computed_tokens, budget))
-            new_block_ids = self._make_room(req, n, out)
+            n = self._chunk(seq, min(num_tokens - seq.num_computed_tokens, budget))
+            new_block_ids = self._make_room(seq, n, out)
             if new_block_ids is None:
                 continue
-            self._schedule(req, n, new_block_ids, out)
+            self._schedule(seq, n, new_block_ids, out)
             budget -= n
-        if not out.preempted_req_ids:  # blocks just ran short: admitting new work would only thrash
+        if not out.preempted_seq_ids:  # blocks just ran short: admitting new work would only thrash
             self._admit_waiting(budget, out)
         out.kv_transfers = self.kv.take_transfers()
         out.state_restores, out.state_snapshots = self.kv.take_state_copies()
         return out
 
-    def _chunk(self, req: Request, n: int) -> int:
+    def _chunk(self, seq: Sequence, n: int) -> int:
         """Hybrid models: end a prefill chunk at the first snapshot point inside it (the state there exists only at
         the end of a step)."""
-        start = req.num_computed_tokens
-        for point in req.snapshot_points:
+        start = seq.num_computed_tokens
+        for point in seq.snapshot_points:
             if start < point < start + n:
                 return point - start
         return n
 
-    def _snapshot(self, req: Request) -> None:
-        """Hybrid models: keep the state the step being scheduled leaves ``req`` in, if the policy wants it."""
-        end, policy = req.num_computed_tokens, self.snapshot_policy
-        if end in req.snapshot_points:
-            self.kv.take_snapshot(req.request_id, end)
-        elif policy.in_reply(end, req.num_prompt_tokens, self.cfg.block_size):
-            self.kv.take_snapshot(req.request_id, end, replaces_reply=True)
+    def _snapshot(self, seq: Sequence) -> None:
+        """Hybrid models: keep the state the step being scheduled leaves ``seq`` in, if the policy wants it."""
+        end, policy = seq.num_computed_tokens, self.snapshot_policy
+        if end in seq.snapshot_points:
+            self.kv.take_snapshot(seq.seq_id, end)
+        elif policy.in_reply(end, seq.num_prompt_tokens, self.cfg.block_size):
+            self.kv.take_snapshot(seq.seq_id, end, replaces_reply=True)
 
-    def _make_room(self, req: Request, n: int, out: SchedulerOutput) -> list[int] | None:
-        """Blocks for ``n`` more tokens of ``req``, preempting the newest other unscheduled requests if needed."""
-        while (new_block_ids := self.kv.allocate(req.request_id, req.num_computed_tokens + n)) is None:
-            scheduled = {s.req_id for s in out.scheduled}  # rare: only when blocks run short
-            victims = [r for r in self.running if r is not req and r.request_id not in scheduled]
+    def _make_room(self, seq: Sequence, n: int, out: SchedulerOutput) -> list[int] | None:
+        """Blocks for ``n`` more tokens of ``seq``, preempting the newest other unscheduled requests if needed."""
+        while (new_block_ids := self.kv.allocate(seq.seq_id, seq.num_computed_tokens + n)) is None:
+            scheduled = {s.seq_id for s in out.scheduled}  # rare: only when blocks run short
+            victims = [r for r in self.running if r is not seq and r.seq_id not in scheduled]
             if victims:
                 self._preempt(victims[-1], out)
             elif len(self.running) == 1:  # alone and still no room: the pool is too small for this sequence
-                self._finish(req, FinishReason.LENGTH, error="out of KV blocks")
+                self._finish(seq, FinishReason.LENGTH, error="out of KV blocks")
                 return None
             else:
-                self._preempt(req, out)
+                self._preempt(seq, out)
                 return None
         return new_block_ids
 
-    def _preempt(self, req: Request, out: SchedulerOutput) -> None:
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         """Recompute later: release the blocks now; its full blocks stay cached, so re-admission mostly hits."""
-        self.running.remove(req)
-        self.kv.free(req.request_id)
-        req.status = RequestStatus.PREEMPTED
-        req.num_computed_tokens = 0
-        req.num_preemptions += 1
+        self.running.remove(seq)
+        self.kv.free(seq.seq_id)
+        seq.status = SequenceStatus.PREEMPTED
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(req)
-        out.preempted_req_ids.append(req.request_id)
+        self.waiting.appendleft(seq)
+        out.preempted_seq_ids.append(seq.seq_id)
 
-    def _schedule(self, req: Request, n: int, new_block_ids: list[int], out: SchedulerOutput,
+    def _schedule(self, seq: Sequence, n: int, new_block_ids: list[int], out: SchedulerOutput,
                   resumed: bool = False, state_slot: int = -1) -> None:
-        start = req.num_computed_tokens
+        start = seq.num_computed_tokens
         end = start + n
-        samples = end == len(req.token_ids) + req.num_output_placeholders  # reaches the last token: samples the next
-        out.scheduled.append(ScheduledRequest(req.request_id, n, start, new_block_ids, samples, resumed, state_slot))
-        req.num_computed_tokens = end
-        if start < req.num_prompt_tokens:
-            self.num_prompt_tokens += min(req.num_prompt_tokens, end) - start
+        samples = end == len(seq.token_ids) + seq.num_output_placeholders  # reaches the last token: samples the next
+        out.scheduled.append(ScheduledSequence(seq.seq_id, n, start, new_block_ids, samples, resumed, state_slot))
+        seq.num_computed_tokens = end
+        if start < seq.num_prompt_tokens:
+            self.num_prompt_tokens += min(seq.num_prompt_tokens, end) - start
         if end // self.cfg.block_size > start // self.cfg.block_size:  # this step fills a block
-            self._commit(req)
+            self._commit(seq)
             if self.snapshot_policy is not None and end % self.cfg.block_size == 0:
-                self._snapshot(req)
+                self._snapshot(seq)
         if samples:
-            req.num_output_placeholders += 1
-            if req.pending_siblings:
-                self._queue_siblings(req)
+            seq.num_output_placeholders += 1
+            if seq.pending_siblings:
+                self._queue_siblings(seq)
 
-    def _commit(self, req: Request) -> None:
+    def _commit(self, seq: Sequence) -> None:
         """Cache the blocks whose tokens are known and computed (or being computed by a scheduled step)."""
-        self.kv.commit(req.request_id, req.block_hashes, req.token_ids,
-                       min(req.num_computed_tokens, len(req.token_ids)))
+        self.kv.commit(seq.seq_id, seq.block_hashes, seq.token_ids,
+                       min(seq.num_computed_tokens, len(seq.token_ids)))
 
-    def _queue_siblings(self, leader: Request) -> None:
+    def _queue_siblings(self, leader: Sequence) -> None:
         """n > 1: the leader's prompt is scheduled, so its blocks are cached; the siblings queue first and share
         them, recomputing only the last partial block."""
         params = replace(leader.params, prompt_logprobs=None)  # the leader scores the prompt
         siblings = [
-            self._new_sequence(leader.group_id, i, leader.prompt_token_ids, params, leader.cache_salt, None)
+            self._new_sequence(leader.request_id, i, leader.prompt_token_ids, params, leader.cache_salt, None)
             for i in range(1, leader.pending_siblings + 1)
         ]
         leader.pending_siblings = 0
@@ -250,34 +251,34 @@ class Scheduler:
 
     def _admit_waiting(self, budget: int, out: SchedulerOutput) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
-            req = self._next_waiting()
-            if req.num_output_placeholders:  # preempted with a token still in flight: wait for it
+            seq = self._next_waiting()
+            if seq.num_output_placeholders:  # preempted with a token still in flight: wait for it
                 break
-            resumed = req.status is RequestStatus.PREEMPTED
-            hashes = req.block_hashes
-            if req.prompt_logprobs is not None:  # a position still to score is computed, never read from the cache
-                hashes = hashes[: (len(req.prompt_logprobs) - 1) // self.cfg.block_size]
-            cached = self.kv.admit(req.request_id, hashes, req.token_ids, budget, resumed, req.retention)
+            resumed = seq.status is SequenceStatus.PREEMPTED
+            hashes = seq.block_hashes
+            if seq.prompt_logprobs is not None:  # a position still to score is computed, never read from the cache
+                hashes = hashes[: (len(seq.prompt_logprobs) - 1) // self.cfg.block_size]
+            cached = self.kv.admit(seq.seq_id, hashes, seq.token_ids, budget, resumed, seq.retention)
             if cached is None:
                 break
-            self.waiting.remove(req)
+            self.waiting.remove(seq)
             if not resumed:
-                req.num_cached_tokens = min(cached, req.num_prompt_tokens)
-                seq = self.kv.seqs[req.request_id]
-                req.num_host_cached_tokens, req.num_disk_cached_tokens = seq.host_hits, seq.disk_hits
-                req.timings.scheduled = time.perf_counter()
-                out.new_requests.append(NewRequestData(req.request_id, req.prompt_token_ids, req.params, req.seed))
-            req.status = RequestStatus.RUNNING
-            req.num_computed_tokens = cached
-            n = self._chunk(req, min(req.num_uncomputed_tokens, budget))
-            self.running.append(req)
-            self._schedule(req, n, list(self.kv.block_table(req.request_id)), out, resumed,
-                           self.kv.state_slot(req.request_id))
+                seq.num_cached_tokens = min(cached, seq.num_prompt_tokens)
+                blocks = self.kv.seqs[seq.seq_id]
+                seq.num_host_cached_tokens, seq.num_disk_cached_tokens = blocks.host_hits, blocks.disk_hits
+                seq.timings.scheduled = time.perf_counter()
+                out.new_sequences.append(NewSequence(seq.seq_id, seq.prompt_token_ids, seq.params, seq.seed))
+            seq.status = SequenceStatus.RUNNING
+            seq.num_computed_tokens = cached
+            n = self._chunk(seq, min(seq.num_uncomputed_tokens, budget))
+            self.running.append(seq)
+            self._schedule(seq, n, list(self.kv.block_table(seq.seq_id)), out, resumed,
+                           self.kv.state_slot(seq.seq_id))
             budget -= n
 
-    def _next_waiting(self) -> Request:
+    def _next_waiting(self) -> Sequence:
         head = self.waiting[0]
-        if head.status is RequestStatus.PREEMPTED or self.cfg.scheduling_policy is SchedulingPolicy.FCFS:
+        if head.status is SequenceStatus.PREEMPTED or self.cfg.scheduling_policy is SchedulingPolicy.FCFS:
             return head  # preempted sequences come back first, whatever the policy
         kv = self.kv
         return admission_order(self.cfg.scheduling_policy, self.waiting,
@@ -292,48 +293,48 @@ class Scheduler:
         with `FinishReason.ERROR`, the token dropped."""
         grammar_ends = grammar_ends or {}
         now = time.perf_counter()
-        for req_id, first, entries in runner_output.prompt_logprobs:  # before the tokens the same step sampled
-            req = self.requests.get(req_id)
-            if req is not None and req.prompt_logprobs is not None:  # a recompute may score some tokens again
-                req.prompt_logprobs += entries[len(req.prompt_logprobs) - first :]
-        logprobs = runner_output.logprobs or [None] * len(runner_output.req_ids)
-        for req_id, token, logprob in zip(runner_output.req_ids, runner_output.sampled_token_ids, logprobs):
-            req = self.requests.get(req_id)
-            if req is None:  # finished (stop, abort) after this step was scheduled: its token is moot
+        for seq_id, first, entries in runner_output.prompt_logprobs:  # before the tokens the same step sampled
+            seq = self.sequences.get(seq_id)
+            if seq is not None and seq.prompt_logprobs is not None:  # a recompute may score some tokens again
+                seq.prompt_logprobs += entries[len(seq.prompt_logprobs) - first :]
+        logprobs = runner_output.logprobs or [None] * len(runner_output.seq_ids)
+        for seq_id, token, logprob in zip(runner_output.seq_ids, runner_output.sampled_token_ids, logprobs):
+            seq = self.sequences.get(seq_id)
+            if seq is None:  # finished (stop, abort) after this step was scheduled: its token is moot
                 continue
-            req.num_output_placeholders -= 1
-            if req.params.max_tokens == 0:  # prefill only: the sampled token is no output
-                self._finish_prefill_only(req)
+            seq.num_output_placeholders -= 1
+            if seq.params.max_tokens == 0:  # prefill only: the sampled token is no output
+                self._finish_prefill_only(seq)
                 continue
-            if grammar_ends.get(req_id) is not None:  # its grammar failed: this request ends here, alone
-                self._finish(req, FinishReason.ERROR, error=grammar_ends[req_id])
+            if grammar_ends.get(seq_id) is not None:  # its grammar failed: this request ends here, alone
+                self._finish(seq, FinishReason.ERROR, error=grammar_ends[seq_id])
                 continue
-            req.token_ids.append(token)
+            seq.token_ids.append(token)
             self.num_generation_tokens += 1
-            if req.timings.first_token is None:
-                req.timings.first_token = now
-            if self.cfg.enable_prefix_caching and len(req.token_ids) % self.cfg.block_size == 0:  # a block is full
-                self.hasher.extend(req.block_hashes, req.token_ids, req.cache_salt)
-                if req.status is RequestStatus.RUNNING:
-                    self._commit(req)
-            reason = FinishReason.STOP if req_id in grammar_ends else self._stop_reason(req, token)
-            out = self._output(req, [token], [logprob], reason)
-            out.prompt_logprobs, req.prompt_logprobs = req.prompt_logprobs, None  # with the first token
+            if seq.timings.first_token is None:
+                seq.timings.first_token = now
+            if self.cfg.enable_prefix_caching and len(seq.token_ids) % self.cfg.block_size == 0:  # a block is full
+                self.hasher.extend(seq.block_hashes, seq.token_ids, seq.cache_salt)
+                if seq.status is SequenceStatus.RUNNING:
+                    self._commit(seq)
+            reason = FinishReason.STOP if seq_id in grammar_ends else self._stop_reason(seq, token)
+            out = self._output(seq, [token], [logprob], reason)
+            out.prompt_logprobs, seq.prompt_logprobs = seq.prompt_logprobs, None  # with the first token
             if reason is not None:
-                self._finish(req, reason)
+                self._finish(seq, reason)
             self._outputs.append(out)
 
-    def _finish_prefill_only(self, req: Request) -> None:
-        out = self._output(req, [], [], FinishReason.LENGTH)
-        out.prompt_logprobs = req.prompt_logprobs
-        self._finish(req, FinishReason.LENGTH)
+    def _finish_prefill_only(self, seq: Sequence) -> None:
+        out = self._output(seq, [], [], FinishReason.LENGTH)
+        out.prompt_logprobs = seq.prompt_logprobs
+        self._finish(seq, FinishReason.LENGTH)
         self._outputs.append(out)
 
-    def _stop_reason(self, req: Request, token: int) -> FinishReason | None:
-        params = req.params
+    def _stop_reason(self, seq: Sequence, token: int) -> FinishReason | None:
+        params = seq.params
         if (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
             return FinishReason.STOP
-        if len(req.token_ids) >= req.max_num_tokens:  # max_tokens, or the context length
+        if len(seq.token_ids) >= seq.max_num_tokens:  # max_tokens, or the context length
             return FinishReason.LENGTH
         return None
 
@@ -341,44 +342,44 @@ class Scheduler:
         outputs, self._outputs = self._outputs, []
         return outputs
 
-    def _finish(self, req: Request, reason: FinishReason, error: str | None = None) -> None:
-        if req.status is RequestStatus.RUNNING:
-            self.running.remove(req)
-            hold = req.retention.hold_after_finish_s if req.retention else 0.0
-            if hold > 0 and req.index == 0:
-                self._remember_held(req)
-            self.kv.free(req.request_id, hold)
-        elif req.status is not RequestStatus.FINISHED:
-            self.waiting.remove(req)
-        req.status = RequestStatus.FINISHED
-        req.finish_reason = reason
-        req.timings.finished = time.perf_counter()
-        del self.requests[req.request_id]
-        self.num_constrained -= req.params.structured_output is not None
-        self._finished_ids.append(req.request_id)
-        group = self.groups[req.group_id]
-        group.remove(req)
+    def _finish(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+            hold = seq.retention.hold_after_finish_s if seq.retention else 0.0
+            if hold > 0 and seq.index == 0:
+                self._remember_held(seq)
+            self.kv.free(seq.seq_id, hold)
+        elif seq.status is not SequenceStatus.FINISHED:
+            self.waiting.remove(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        seq.timings.finished = time.perf_counter()
+        del self.sequences[seq.seq_id]
+        self.num_constrained -= seq.params.structured_output is not None
+        self._finished_seq_ids.append(seq.seq_id)
+        group = self.requests[seq.request_id]
+        group.remove(seq)
         if not group:
-            del self.groups[req.group_id]
+            del self.requests[seq.request_id]
         if error is not None:
             # Siblings that were never queued end the same way, so the caller hears of all n sequences.
-            for index in [req.index, *range(1, req.pending_siblings + 1)]:
-                out = self._output(req, [], [], reason)
+            for index in [seq.index, *range(1, seq.pending_siblings + 1)]:
+                out = self._output(seq, [], [], reason)
                 out.index, out.error = index, error
                 self._outputs.append(out)
-        req.pending_siblings = 0
+        seq.pending_siblings = 0
 
-    def _remember_held(self, req: Request) -> None:
-        self._held[req.group_id] = req.block_hashes[: len(self.kv.seqs[req.request_id].nodes)]
+    def _remember_held(self, seq: Sequence) -> None:
+        self._held[seq.request_id] = seq.block_hashes[: len(self.kv.seqs[seq.seq_id].nodes)]
         while len(self._held) > MAX_HELD_REQUESTS:
             self._held.popitem(last=False)
 
     @staticmethod
-    def _output(req: Request, tokens: list[int], logprobs: list[TokenLogprobs | None],
+    def _output(seq: Sequence, tokens: list[int], logprobs: list[TokenLogprobs | None],
                 reason: FinishReason | None) -> SequenceOutput:
-        return SequenceOutput(req.group_id, req.index, tokens, logprobs, reason, req.num_prompt_tokens,
-                              req.num_cached_tokens, req.timings, num_host_cached_tokens=req.num_host_cached_tokens,
-                              num_disk_cached_tokens=req.num_disk_cached_tokens)
+        return SequenceOutput(seq.request_id, seq.index, tokens, logprobs, reason, seq.num_prompt_tokens,
+                              seq.num_cached_tokens, seq.timings, num_host_cached_tokens=seq.num_host_cached_tokens,
+                              num_disk_cached_tokens=seq.num_disk_cached_tokens)
 
     # ---- observation -----------------------------------------------------------------------------------------------
     def stats(self) -> SchedulerStats:

@@ -22,7 +22,7 @@ from torch import nn
 from tqdm import tqdm
 
 from engine.models.quant import SCALE_SUFFIX, Fp8Format, Fp8Linear, swap_in_fp8_linears
-from kernels.reference import dequantize_fp4_blocks
+from kernels.ops import dequantize_fp4_blocks
 from engine.parallel.linear import Sharding
 
 log = logging.getLogger(__name__)

@@ -5,6 +5,10 @@
 - ``cpu``: the reference, with decode attention read in place from the pages by a native kernel
   (kernels/cpu_attention.py; falls back to the reference where it cannot build or run). The default on a CPU.
 - ``triton``: the Triton kernels (GPU; on a CPU under ``TRITON_INTERPRET=1`` for tests).
+
+The models reach the kernels through this module alone: the op set, the step's metadata the ops read
+(`AttentionMetadata`, `StateBatch`, owned by kernels/attention_metadata.py), and the few pure-torch helpers every
+op set shares (below `get_ops`).
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from typing import Callable
 import torch
 
 from kernels import cpu_attention, reference, reference_compressed, reference_recurrent, reference_sparse
+from kernels.attention_metadata import AttentionMetadata, StateBatch
 from kernels.triton_utils import interpreting
 
 
@@ -80,3 +85,18 @@ def fp8_gemm_supported(backend: str, device: torch.device) -> bool:
     if device.type == "cuda":
         return torch.cuda.get_device_capability(device) >= (8, 9)
     return interpreting()
+
+
+# ---- helpers every op set shares (pure torch; no backend has its own) -------------------------------------------
+clamp_swiglu = reference.clamp_swiglu  # DeepSeek-V4's clamped SwiGLU
+gather_context = reference.gather_context  # one sequence's first tokens from its blocks (MLA prefill)
+dequantize_fp8_blocks = reference.dequantize_fp8_blocks  # FP8 block-scaled weights -> dense, at load
+dequantize_fp4_blocks = reference.dequantize_fp4_blocks
+scales_as_float = reference.scales_as_float
+positions_to_slots = reference_sparse.positions_to_slots  # token positions -> KV slots through a block table
+query_rows = reference_sparse.query_rows
+pooling_state_size = reference_compressed.pooling_state_size
+
+__all__ = ["AttentionMetadata", "BACKENDS", "CPU_OPS", "Ops", "StateBatch", "TORCH_OPS", "clamp_swiglu",
+           "dequantize_fp4_blocks", "dequantize_fp8_blocks", "fp8_gemm_supported", "gather_context", "get_ops",
+           "pooling_state_size", "positions_to_slots", "query_rows", "scales_as_float"]

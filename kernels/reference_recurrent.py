@@ -10,43 +10,13 @@ decode rows are computed together.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import numpy as np
 import torch
 import torch.nn.functional as F
 
+from kernels.attention_metadata import StateBatch
+
 CHUNK = 64  # tokens per chunk of the chunked delta rule (as FLA and transformers)
 L2NORM_EPS = 1e-6
-
-
-@dataclass
-class StateBatch:
-    """One step's sequences as the recurrent ops see them: device tensors, and host copies to plan with (no
-    device sync)."""
-
-    query_start_loc: torch.Tensor  # [B + 1] int32: sequence b owns rows query_start_loc[b]:query_start_loc[b + 1]
-    state_slots: torch.Tensor  # [B] int64
-    has_initial_state: torch.Tensor  # [B] bool
-    host_starts: np.ndarray  # [B + 1] the same offsets on the host
-    host_slots: np.ndarray  # [B]
-    host_has_initial: np.ndarray  # [B] bool
-
-    @property
-    def decode_rows(self) -> np.ndarray:
-        """Sequences with one new token that continue a state: the recurrent form, all together."""
-        return np.nonzero((np.diff(self.host_starts) == 1) & self.host_has_initial & (self.host_slots >= 0))[0]
-
-    @property
-    def prefill_rows(self) -> np.ndarray:
-        """The other sequences with new tokens; a row whose slot is < 0 is padding (a decode graph's filler)."""
-        lens = np.diff(self.host_starts)
-        return np.nonzero((lens > 0) & ~((lens == 1) & self.host_has_initial) & (self.host_slots >= 0))[0]
-
-    @property
-    def longest(self) -> int:
-        """New tokens of the longest row (sizes the Triton kernels' grids without reading the device)."""
-        return int(np.diff(self.host_starts).max()) if len(self.host_starts) > 1 else 0
 
 
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, batch: StateBatch) -> torch.Tensor:

@@ -22,7 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.reference_recurrent import CHUNK, L2NORM_EPS, StateBatch
+from kernels.attention_metadata import StateBatch
+from kernels.reference_recurrent import CHUNK, L2NORM_EPS
 
 BLOCK_T_CONV = 16
 BLOCK_C_CONV = 128

@@ -4,7 +4,7 @@ own engine request, and its n choices are numbered `prompt_index * n + i`). No c
 
 Scoring (what lm-eval's `local-completions` sends for loglikelihood tasks): `echo` with `logprobs` returns the
 prompt's tokens and logprobs before the completion's, and vLLM's `prompt_logprobs` adds each prompt token's logprob
-in vLLM's shape; both are computed in the prefill (engine/prompt_logprobs.py). `max_tokens: 0` scores without
+in vLLM's shape; both are computed in the prefill (engine/worker/prompt_logprobs.py). `max_tokens: 0` scores without
 generating."""
 from __future__ import annotations
 

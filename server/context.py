@@ -18,7 +18,7 @@ from typing import Any, ParamSpec, TypeVar
 from engine.config import EngineConfig
 from engine.retention import CachePin, Retention
 from engine.sampling_params import SamplingParams
-from engine.structured_output import StructuredOutputs, StructuredOutputSpec
+from engine.worker.structured_output import StructuredOutputs, StructuredOutputSpec
 from server.async_engine import AsyncEngine
 from server.inspector.store import DEFAULT_MAX_REQUESTS, Inspector
 from server.limits import RequestLimits

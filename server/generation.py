@@ -13,7 +13,7 @@ from typing import Any
 from engine.errors import RequestRejected
 from engine.output_processor import CompletionOutput
 from engine.outputs import FinishReason, RequestTimings, SequenceOutput
-from engine.grammar_compile import CompileCancelled
+from engine.worker.grammar_compile import CompileCancelled
 from server.async_engine import EngineDeadError, EngineRequest, RequestStream
 from server.context import ServingContext
 from server.inspector.hook import inspect_finished

@@ -7,7 +7,7 @@ field and the limit instead. Every bound is a `kvserve serve` flag (docs/SERVER.
 - every JSON schema a request brings (`response_format`, each tool's parameters, `structured_outputs.json`): its
   size in bytes and its nesting depth; all of a request's `enum` / `structured_outputs.choice` values together;
 - `structured_outputs.regex` / `.grammar` (EBNF): their size in bytes;
-- grammar compilation: a time limit (engine/grammar_compile.py enforces it in a worker process).
+- grammar compilation: a time limit (engine/worker/grammar_compile.py enforces it in a worker process).
 """
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from engine.request import RequestTimings
+from engine.outputs import RequestTimings
 
 
 @dataclass

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from engine import sampler
 from engine.outputs import TokenLogprobs
-from engine.sampler import Penalties, SamplingBatch, has_penalties, make_generator
+from engine.worker.sampler import Penalties, SamplingBatch, has_penalties, make_generator
 from engine.sampling_params import SamplingParams
 
 

@@ -8,7 +8,7 @@ import sys
 
 from engine.config import EngineConfig, SchedulingPolicy
 from engine.outputs import FinishReason, ModelRunnerOutput, SchedulerOutput, SequenceOutput
-from engine.request import RequestStatus
+from engine.sequence import SequenceStatus
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 
@@ -27,7 +27,7 @@ def params(max_tokens: int = 8) -> SamplingParams:
 def step(s: Scheduler, token: int = 5) -> tuple[SchedulerOutput, list[SequenceOutput]]:
     """One synchronous step: every sequence whose chunk reaches its end samples ``token``."""
     out = s.schedule()
-    sampled = [x.req_id for x in out.scheduled if x.samples]
+    sampled = [x.seq_id for x in out.scheduled if x.samples]
     s.update(ModelRunnerOutput(sampled, [token] * len(sampled)))
     return out, s.take_outputs()
 
@@ -36,17 +36,17 @@ def test_deltas_new_request_then_appended_blocks_then_finished():
     s = make(32)
     s.add_request("a", list(range(10, 17)), params(max_tokens=3))  # 7 tokens: 2 blocks
     out, outs = step(s)
-    assert [n.req_id for n in out.new_requests] == ["a"]
+    assert [n.seq_id for n in out.new_sequences] == ["a"]
     (first,) = out.scheduled
     assert (first.num_computed_tokens, first.num_new_tokens, first.samples) == (0, 7, True)
     assert first.new_block_ids == s.kv.block_table("a") and len(first.new_block_ids) == 2
     assert [o.new_token_ids for o in outs] == [[5]]
     out, _ = step(s)  # computes position 7, the second block's last slot: no new block yet
-    assert out.new_requests == [] and out.scheduled[0].new_block_ids == []
+    assert out.new_sequences == [] and out.scheduled[0].new_block_ids == []
     out, outs = step(s)  # position 8 starts a third block; max_tokens 3 reached
     assert len(out.scheduled[0].new_block_ids) == 1 and outs[0].finish_reason is FinishReason.LENGTH
     out = s.schedule()
-    assert out.finished_req_ids == ["a"] and out.scheduled == []  # the runner forgets it
+    assert out.finished_seq_ids == ["a"] and out.scheduled == []  # the runner forgets it
     assert not s.has_unfinished_requests() and not s.kv.seqs
     s.kv.check_invariants()
 
@@ -69,20 +69,20 @@ def test_preemption_takes_the_newest_running_request_and_counts_its_lookup_apart
     for name in ("a", "b", "c", "d"):  # 4 tokens each: one block now, a second one at the first decode
         s.add_request(name, [ord(name)] * 3 + [1], params(max_tokens=8))
     out, _ = step(s)
-    assert [x.req_id for x in out.scheduled] == ["a", "b", "c", "d"]
+    assert [x.seq_id for x in out.scheduled] == ["a", "b", "c", "d"]
     queries_before = s.kv.stats.queries
     # Each needs a second block and one is free: a takes it; b preempts the newest other request (d) and takes its
     # block; c finds nobody left to preempt but itself.
     out, _ = step(s)
-    assert out.preempted_req_ids == ["d", "c"]
-    assert [x.req_id for x in out.scheduled] == ["a", "b"]
-    c, d = s.requests["c"], s.requests["d"]
-    assert c.status is d.status is RequestStatus.PREEMPTED and list(s.waiting) == [c, d]
+    assert out.preempted_seq_ids == ["d", "c"]
+    assert [x.seq_id for x in out.scheduled] == ["a", "b"]
+    c, d = s.sequences["c"], s.sequences["d"]
+    assert c.status is d.status is SequenceStatus.PREEMPTED and list(s.waiting) == [c, d]
     resumed_tokens = 0  # counted independently: each re-admission looks up the sequence's tokens so far
     while s.has_unfinished_requests():
         out = s.schedule()
-        resumed_tokens += sum(len(s.requests[x.req_id].token_ids) for x in out.scheduled if x.resumed)
-        sampled = [x.req_id for x in out.scheduled if x.samples]
+        resumed_tokens += sum(len(s.sequences[x.seq_id].token_ids) for x in out.scheduled if x.resumed)
+        sampled = [x.seq_id for x in out.scheduled if x.samples]
         s.update(ModelRunnerOutput(sampled, [5] * len(sampled)))
     assert s.kv.stats.queries == queries_before  # re-admissions are not new queries ...
     assert s.kv.stats.preempted_queries == resumed_tokens > 0  # ... they are counted apart
@@ -100,7 +100,7 @@ def test_longest_prefix_admits_the_request_with_the_most_cached_tokens_first():
         s.add_request("cold", list(range(300, 317)), params(max_tokens=1))
         s.add_request("warm", shared + [7], params(max_tokens=1))
         out, outs = step(s)
-        assert [n.req_id for n in out.new_requests] == [first], policy
+        assert [n.seq_id for n in out.new_sequences] == [first], policy
         assert [o.num_cached_tokens for o in outs] == [16 if first == "warm" else 0]
 
 
@@ -110,7 +110,7 @@ def test_async_placeholders_let_the_next_step_be_scheduled_before_the_tokens_are
     first = s.schedule()  # step N: prefill, samples
     second = s.schedule()  # step N + 1, before N's token is known: decodes the placeholder
     assert first.scheduled[0].samples and second.scheduled[0].samples
-    assert second.scheduled[0].num_computed_tokens == 5 and s.requests["a"].num_output_placeholders == 2
+    assert second.scheduled[0].num_computed_tokens == 5 and s.sequences["a"].num_output_placeholders == 2
     assert s.schedule().scheduled == []  # max_tokens 2 is reached by the tokens in flight: nothing more
     s.update(ModelRunnerOutput(["a"], [EOS]))  # N's token is a stop token: N + 1's token will be dropped
     assert [o.finish_reason for o in s.take_outputs()] == [FinishReason.STOP]
@@ -120,7 +120,7 @@ def test_async_placeholders_let_the_next_step_be_scheduled_before_the_tokens_are
 
 def test_the_scheduler_imports_no_torch_runner_or_kernels():
     code = ("import sys, engine.scheduler; "
-            "bad = [m for m in sys.modules if m == 'torch' or m.startswith(('kernels', 'engine.model_runner'))]; "
+            "bad = [m for m in sys.modules if m == 'torch' or m.startswith(('kernels', 'engine.worker.model_runner'))]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -13,10 +13,9 @@ import torch
 from torch import nn
 
 from engine.config import V4Config
-from engine.models.llama import AttentionMetadata, RMSNorm
+from engine.models.llama import RMSNorm
 from engine.models.rope import rotate_pairs
-from kernels.ops import Ops
-from kernels.reference_sparse import positions_to_slots
+from kernels.ops import AttentionMetadata, Ops, positions_to_slots
 
 
 class Compressor(nn.Module):

@@ -9,10 +9,9 @@ from engine.config import ModelConfig
 from engine.kv_cache_spec import KVCacheSpec
 from engine.models.deepseek_v3 import DeepseekV3ForCausalLM
 from engine.models.indexer import Indexer
-from engine.models.llama import AttentionMetadata
 from engine.models.mla import MLAAttention
 from engine.parallel.state import TensorParallel
-from kernels.ops import Ops
+from kernels.ops import AttentionMetadata, Ops
 
 
 class SparseMLAAttention(MLAAttention):

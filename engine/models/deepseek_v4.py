@@ -23,14 +23,12 @@ from engine.config import ModelConfig, V4Config
 from engine.kv_cache_spec import KVCacheSpec, KVCaches, PageTensor
 from engine.models.compressor import CompressedIndexer, Compressor, entry_rows, entry_view
 from engine.models.hyper_connections import HyperConnection, HyperHead, unweighted_rms_norm
-from engine.models.llama import AttentionMetadata, RMSNorm
+from engine.models.llama import RMSNorm
 from engine.models.moe import make_mlp
 from engine.models.rope import build_cos_sin_cache, rotate_pairs
 from engine.parallel.linear import VocabParallelEmbedding, lm_head_parallel
 from engine.parallel.state import SINGLE, TensorParallel
-from kernels.ops import Ops
-from kernels.reference_compressed import pooling_state_size
-from kernels.reference_sparse import positions_to_slots, query_rows
+from kernels.ops import AttentionMetadata, Ops, pooling_state_size, positions_to_slots, query_rows
 
 
 class GroupedLinear(nn.Linear):

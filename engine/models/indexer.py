@@ -17,9 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.config import IndexerConfig
-from engine.models.llama import AttentionMetadata
-from kernels.ops import Ops
-from kernels.reference_sparse import query_rows
+from kernels.ops import AttentionMetadata, Ops, query_rows
 
 INDEX_KEY_NORM_EPS = 1e-6
 

@@ -6,8 +6,6 @@ paged KV cache through the ops chosen in `kernels.ops`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
@@ -17,26 +15,7 @@ from engine.models.moe import make_mlp
 from engine.models.rope import build_cos_sin_cache
 from engine.parallel.linear import VocabParallelEmbedding, lm_head_parallel, qkv_parallel, row_parallel
 from engine.parallel.state import SINGLE, TensorParallel
-from kernels.ops import Ops
-from kernels.reference_recurrent import StateBatch
-
-
-@dataclass
-class AttentionMetadata:
-    """Where this step's tokens live in the pages; shapes as in `kernels.reference`.
-
-    ``max_query_len`` / ``max_context_len`` are host-side upper bounds (the runner knows them from its Python lists)
-    so the attention kernel sizes its launch without a device-to-host copy per layer; under CUDA-graph capture they
-    are the fixed bounds every replay stays within.
-    """
-
-    slot_mapping: torch.Tensor
-    block_tables: torch.Tensor
-    context_lens: torch.Tensor
-    query_start_loc: torch.Tensor
-    max_query_len: int
-    max_context_len: int
-    states: StateBatch | None = None  # hybrid models: each sequence's state slot (recurrent layers)
+from kernels.ops import AttentionMetadata, Ops
 
 
 class RMSNorm(nn.Module):

@@ -19,12 +19,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.config import ModelConfig
-from engine.models.llama import AttentionMetadata, RMSNorm
+from engine.models.llama import RMSNorm
 from engine.models.rope import yarn_softmax_scale
 from engine.parallel.linear import Part, column_parallel, row_parallel
 from engine.parallel.state import TensorParallel
-from kernels.ops import Ops
-from kernels.reference import gather_context
+from kernels.ops import AttentionMetadata, Ops, gather_context
 
 LATENT_NORM_EPS = 1e-6  # q_a_layernorm / kv_a_layernorm: DeepSeek's (and transformers') default, not rms_norm_eps
 

@@ -6,8 +6,7 @@ from torch import nn
 
 from engine.parallel.linear import Part, column_parallel, row_parallel
 from engine.parallel.state import TensorParallel
-from kernels.ops import Ops
-from kernels.reference import clamp_swiglu
+from kernels.ops import Ops, clamp_swiglu
 
 
 class MLP(nn.Module):

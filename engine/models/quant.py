@@ -21,7 +21,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from kernels.reference import dequantize_fp8_blocks, scales_as_float
+from kernels.ops import dequantize_fp8_blocks, scales_as_float
 
 SCALE_SUFFIX = ".weight_scale_inv"
 

@@ -18,10 +18,10 @@ from torch import nn
 
 from engine.config import ModelConfig
 from engine.kv_cache_spec import KVCacheSpec, RecurrentStateSpec
-from engine.models.llama import Attention, AttentionMetadata, LlamaForCausalLM, RMSNorm
+from engine.models.llama import Attention, LlamaForCausalLM, RMSNorm
 from engine.parallel.linear import Part, Sharding, column_parallel, qkv_parallel, row_parallel
 from engine.parallel.state import TensorParallel
-from kernels.ops import Ops
+from kernels.ops import AttentionMetadata, Ops
 
 
 class GatedAttention(Attention):

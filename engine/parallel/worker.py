@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from engine.config import EngineConfig, ModelConfig
-from engine.model_runner import ModelRunner, StepPipeline
+from engine.worker.model_runner import ModelRunner, StepPipeline
 from engine.parallel.memory import RankMemory
 from engine.parallel.sizes import rank_device
 from engine.parallel.state import StepChannel, connect_store, join_group, leave_group

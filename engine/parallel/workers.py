@@ -22,7 +22,7 @@ import torch.multiprocessing as mp
 
 from engine.config import EngineConfig, ModelConfig
 from engine.errors import WorkerDiedError
-from engine.model_runner import ModelRunner
+from engine.worker.model_runner import ModelRunner
 from engine.outputs import SchedulerOutput
 from engine.parallel.memory import RankMemory
 from engine.parallel.sizes import check_sizes

@@ -20,7 +20,7 @@ import json
 from typing import Any
 
 from engine.json_schema_support import check_json_schema
-from engine.structured_output import StructuredOutputSpec
+from engine.worker.structured_output import StructuredOutputSpec
 from server.parsing.call_grammar import Format, auto_calls_format, json_format, required_calls_format, tool_schema
 from server.parsing.reasoning import THINK_CLOSE, THINK_OPEN
 from server.parsing.registry import Thinking, active_thinking, family_parsing

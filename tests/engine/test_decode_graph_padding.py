@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.cuda_graphs import capture_sizes
+from engine.worker.cuda_graphs import capture_sizes
 from tests.engine.conftest import random_prompts
 
 BLOCK_SIZE = 4
@@ -81,11 +81,11 @@ def test_padding_rows_write_no_kv_page(backend):
         engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
     engine.step()  # prefill (eager): every request samples its first token
     assert sizes == []
-    requests = [engine.scheduler.requests[f"r{i}"] for i in range(3)]
+    sequences = [engine.scheduler.sequences[f"r{i}"] for i in range(3)]
     expected = set()
-    for req in requests:
-        pos = req.num_computed_tokens  # where this decode step's token goes
-        table = engine.scheduler.kv.block_table(req.request_id)
+    for seq in sequences:
+        pos = seq.num_computed_tokens  # where this decode step's token goes
+        table = engine.scheduler.kv.block_table(seq.seq_id)
         expected.add(table[pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE)
     before = [(k.clone(), v.clone()) for k, v in runner.kv_caches]
 

@@ -51,8 +51,8 @@ def test_n_siblings_share_the_prompt_blocks(qwen3_llm: LLM):
     computed_before = engine.stats().prompt_tokens
     engine.step()  # the leader's prompt is scheduled, so the siblings queue behind it and hit its blocks at once
     scheduler = engine.scheduler
-    siblings = [scheduler.requests["n4" if i == 0 else f"n4#{i}"] for i in range(4)]
-    tables = [scheduler.kv.block_table(s.request_id) for s in siblings]
+    siblings = [scheduler.sequences["n4" if i == 0 else f"n4#{i}"] for i in range(4)]
+    tables = [scheduler.kv.block_table(s.seq_id) for s in siblings]
     full_blocks = len(prompt) // 4
     assert all(t[:full_blocks] == tables[0][:full_blocks] for t in tables)
     assert len({t[full_blocks] for t in tables}) == 4  # the partial last block is each sibling's own

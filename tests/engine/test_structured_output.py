@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.structured_output import StructuredOutputSpec
+from engine.worker.structured_output import StructuredOutputSpec
 from tests.engine.conftest import random_prompts
 
 SCHEMA = {

@@ -3,14 +3,14 @@ xgrammar structural tag (free text with constrained tool calls, thinking before 
 
 `StructuredOutputs` is the engine's one object for it. Grammars are compiled once per spec (a cache keyed by the
 spec, bounded in bytes): `compile` in this process (thread-safe), `compile_isolated` in a worker process with a time
-limit and a cancel flag (engine/grammar_compile.py: what a server uses, off the engine thread, so that the engine
+limit and a cancel flag (engine/worker/grammar_compile.py: what a server uses, off the engine thread, so that the engine
 then finds the grammar cached). JSON in constrained output is compact by default: one layout, the one `json.dumps`
 writes and the chat templates render (`, ` and `: `, no other whitespace), so a model cannot spend its budget on
 blank space; the ``json_whitespace`` option allows up to that many whitespace characters between tokens instead. Each constrained
 sequence owns a matcher. A step makes three calls, in this order:
 
     pending = start_masks(rows)               # before the forward pass: the masks are filled in a worker thread
-    apply_masks(pending, logits, req_ids)     # after it: tokens outside each constrained row's grammar get -inf
+    apply_masks(pending, logits, seq_ids)     # after it: tokens outside each constrained row's grammar get -inf
     ends = accept(rows, token_ids)            # with the sampled tokens: advance the matchers
 
 Rows without a constraint are never touched. A row's next mask depends on the token sampled for it in this step, so
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Container, Iterable, Protocol, Sequence
 
 import torch
 
-from engine.grammar_compile import CompileWorkers, compile_spec
+from engine.worker.grammar_compile import CompileWorkers, compile_spec
 from engine.sampling_params import StructuredOutputSpec
 
 if TYPE_CHECKING:
@@ -50,9 +50,9 @@ class GrammarEnd(enum.Enum):
 
 
 class ConstrainedRow(Protocol):
-    """What the hooks need from a row; the engine's requests satisfy it."""
+    """What the hooks need from a row; the scheduler's sequences satisfy it."""
 
-    request_id: str
+    seq_id: str
     params: Any  # SamplingParams (its `structured_output`)
 
 
@@ -74,7 +74,7 @@ class PendingMasks:
     bitmask: torch.Tensor  # int32 [rows, ceil(vocab / 32)], one bit per token; unconstrained rows stay all ones
     rows: list[int]  # the constrained rows
     filled: Future
-    row_of: dict[str, int]  # request id -> its row
+    row_of: dict[str, int]  # seq id -> its row
 
 
 @dataclass
@@ -102,7 +102,7 @@ class StructuredOutputs:
         self._batch: xgrammar.BatchGrammarMatcher | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._matchers: dict[str, xgrammar.GrammarMatcher] = {}
-        self._failed: dict[str, str] = {}  # request id -> why its grammar broke (that request alone ends)
+        self._failed: dict[str, str] = {}  # seq id -> why its grammar broke (that sequence alone ends)
         self.stats = MaskStats()
 
     # ---- compilation (any thread) ----------------------------------------------------------------------------------
@@ -196,22 +196,22 @@ class StructuredOutputs:
             return None
         import xgrammar as xgr
 
-        matchers = [self._matchers[rows[i].request_id] for i in constrained]
+        matchers = [self._matchers[rows[i].seq_id] for i in constrained]
         shape = xgr.get_bitmask_shape(len(rows), self._vocab_size)
         bitmask = torch.full(shape, -1, dtype=torch.int32, pin_memory=self._device.type == "cuda")
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvserve-grammar")
             self._batch = xgr.BatchGrammarMatcher()
         filled = self._pool.submit(self._fill, matchers, bitmask, constrained)
-        return PendingMasks(bitmask, constrained, filled, {row.request_id: i for i, row in enumerate(rows)})
+        return PendingMasks(bitmask, constrained, filled, {row.seq_id: i for i, row in enumerate(rows)})
 
     def _fill(self, matchers: list, bitmask: torch.Tensor, rows: list[int]) -> None:
         start = time.perf_counter()
         self._batch.batch_fill_next_token_bitmask(matchers, bitmask, rows)
         self.stats.fill_s += time.perf_counter() - start
 
-    def apply_masks(self, pending: PendingMasks | None, logits: torch.Tensor, req_ids: Sequence[str]) -> None:
-        """Set the logits of disallowed tokens to -inf, in place; logits row j samples for request ``req_ids[j]``
+    def apply_masks(self, pending: PendingMasks | None, logits: torch.Tensor, seq_ids: Sequence[str]) -> None:
+        """Set the logits of disallowed tokens to -inf, in place; logits row j samples for sequence ``seq_ids[j]``
         (the runner's order, which need not be the prepared rows')."""
         if pending is None:
             return
@@ -220,7 +220,7 @@ class StructuredOutputs:
         start = time.perf_counter()
         pending.filled.result()
         waited = time.perf_counter()
-        row_of = [pending.row_of[r] for r in req_ids]
+        row_of = [pending.row_of[r] for r in seq_ids]
         constrained = set(pending.rows)
         indices = [j for j, i in enumerate(row_of) if i in constrained]
         bitmask = pending.bitmask if list(row_of) == list(range(len(row_of))) else pending.bitmask[list(row_of)]
@@ -246,19 +246,19 @@ class StructuredOutputs:
                 else:
                     ends.append(GrammarEnd.COMPLETE if matcher.is_terminated() else None)
             except Exception as exc:  # noqa: BLE001 - this sequence's grammar broke: it alone ends
-                self._failed[row.request_id] = f"its grammar failed: {exc!r}"
+                self._failed[row.seq_id] = f"its grammar failed: {exc!r}"
                 ends.append(GrammarEnd.FAILED)
         return ends
 
-    def failure(self, request_id: str) -> str | None:
+    def failure(self, seq_id: str) -> str | None:
         """Why the sequence's grammar broke (`GrammarEnd.FAILED`), if it did."""
-        return self._failed.get(request_id)
+        return self._failed.get(seq_id)
 
     def retain(self, live: Container[str]) -> None:
         """Drop the matchers of sequences that finished or were aborted (not in ``live``)."""
         for kept in (self._matchers, self._failed):
-            for request_id in [r for r in kept if r not in live]:
-                del kept[request_id]
+            for seq_id in [s for s in kept if s not in live]:
+                del kept[seq_id]
 
     @property
     def num_active(self) -> int:
@@ -266,14 +266,14 @@ class StructuredOutputs:
 
     def _matcher(self, row: ConstrainedRow) -> xgrammar.GrammarMatcher | None:
         """The row's matcher, made on first use; None once its grammar failed (recorded in `failure`)."""
-        matcher = self._matchers.get(row.request_id)
-        if matcher is None and row.request_id not in self._failed:
+        matcher = self._matchers.get(row.seq_id)
+        if matcher is None and row.seq_id not in self._failed:
             import xgrammar as xgr
 
             try:
                 matcher = xgr.GrammarMatcher(self.compile(row.params.structured_output))
-            except Exception as exc:  # noqa: BLE001 - one request's grammar must not fail the step
-                self._failed[row.request_id] = f"its grammar could not be prepared: {exc}"
+            except Exception as exc:  # noqa: BLE001 - one sequence's grammar must not fail the step
+                self._failed[row.seq_id] = f"its grammar could not be prepared: {exc}"
                 return None
-            self._matchers[row.request_id] = matcher
+            self._matchers[row.seq_id] = matcher
         return matcher

@@ -25,25 +25,24 @@ import numpy as np
 import torch
 
 from engine.config import EngineConfig, ModelConfig
-from engine.cuda_graphs import DecodeGraphRunner, KVCaches
-from engine.input_batch import InputBatch, RunnerRequest
+from engine.worker.cuda_graphs import DecodeGraphRunner, KVCaches
+from engine.worker.input_batch import InputBatch, RunnerSequence
 from engine.kv_disk import DiskStore
 from engine.kv_offload import KVOffload, flat_caches
 from engine.models.architectures import build_model, random_weights_
-from engine.models.llama import AttentionMetadata
-from engine.outputs import KVTransfer, ModelRunnerOutput, NewRequestData, SchedulerOutput, StateCopy
+from engine.outputs import KVTransfer, ModelRunnerOutput, NewSequence, SchedulerOutput, StateCopy
 from engine.parallel.memory import RankMemory, measure
 from engine.parallel.state import SINGLE, TensorParallel
-from engine.prompt_logprobs import PromptScoring, PromptSpan, ScoredSpan, score_spans
-from engine.sampler import Penalties, SamplerOutput, SamplingBatch, has_penalties, make_generator, penalty_parameters, sample
+from engine.worker.prompt_logprobs import PromptScoring, PromptSpan, ScoredSpan, score_spans
+from engine.worker.sampler import Penalties, SamplerOutput, SamplingBatch, has_penalties, make_generator, penalty_parameters, sample
 from engine.sampling_params import SamplingParams
-from engine.step_inputs import DeviceInputs, HostInputs, flatten
+from engine.worker.step_inputs import DeviceInputs, HostInputs, flatten
 from engine.weights import load_weights, use_fp8_layers
 from kernels.ops import fp8_gemm_supported, get_ops
-from kernels.reference_recurrent import StateBatch
+from kernels.attention_metadata import AttentionMetadata, StateBatch
 
 log = logging.getLogger(__name__)
-LogitsProcessor = Callable[[torch.Tensor, list[str]], None]  # (logits [rows, vocab] changed in place, row req ids)
+LogitsProcessor = Callable[[torch.Tensor, list[str]], None]  # (logits [rows, vocab] changed in place, row seq ids)
 
 # The sampler's most expensive path (penalties, top-p over the full vocabulary, min-p, logprobs): what the memory
 # profile samples with.
@@ -70,7 +69,7 @@ class _DeviceWork:
     pad_to: int | None  # run the decode graph of this size
     sampling: SamplingBatch | None  # None: nothing samples this step, or another rank samples
     histories: list[tuple[torch.Tensor | None, torch.Tensor | None]] | None  # penalties: per row (counts, seen)
-    req_ids: list[str]  # of the sampled rows, in order
+    seq_ids: list[str]  # of the sampled rows, in order
     logits_processor: LogitsProcessor | None  # e.g. grammar masks, applied to the logits before sampling
     transfers: list[KVTransfer] = field(default_factory=list)  # copies between KV tiers, before the forward
     prompt_spans: list[PromptSpan] = field(default_factory=list)  # rows that score prompt tokens
@@ -91,7 +90,7 @@ class StepHandle:
     """A launched step; `result()` waits for its sampled ids (the step's one sync) and returns them."""
 
     runner: "ModelRunner"
-    req_ids: list[str] = field(default_factory=list)
+    seq_ids: list[str] = field(default_factory=list)
     rows: np.ndarray | None = None  # the sampled sequences' batch rows when the step was prepared ...
     batch_version: int = -1  # ... valid while the batch keeps this version
     params: list[SamplingParams] = field(default_factory=list)
@@ -116,8 +115,8 @@ class StepHandle:
         if launched.sampled is not None:
             token_ids, logprobs = launched.sampled.host_lists(self.params)
             self.runner.record_sampled(self, token_ids)
-        scored = [(s.req_id, s.first_token, s.entries()) for s in launched.scored]
-        self._output = ModelRunnerOutput(self.req_ids if token_ids else [], token_ids, logprobs, scored)
+        scored = [(s.seq_id, s.first_token, s.entries()) for s in launched.scored]
+        self._output = ModelRunnerOutput(self.seq_ids if token_ids else [], token_ids, logprobs, scored)
         return self._output
 
 
@@ -166,7 +165,7 @@ class ModelRunner:
         self.inputs = DeviceInputs(max(cfg.max_num_batched_tokens, rows), rows, self.max_blocks_per_row, self.device,
                                    recurrent)
         self.batch = InputBatch(rows, max_model_len, self.max_blocks_per_row)
-        self.requests: dict[str, RunnerRequest] = {}
+        self.sequences: dict[str, RunnerSequence] = {}
         self.scoring = PromptScoring()
         self.profile = StepProfile()
         self.time_device = False  # CUDA: time each step's kernels with events (benchmarks)
@@ -228,21 +227,21 @@ class ModelRunner:
         if graphs is not None and graphs.fits(batch.num_rows, int(batch.num_new[: batch.num_rows].max())):
             pad_to = graphs.padded_size(batch.num_rows)
         host = flatten(batch, self.cfg.block_size, pad_to)
-        all_ids = batch.req_ids
-        req_ids = [all_ids[r] for r in host.sample_rows.tolist()]
-        work = _DeviceWork(host, pad_to, None, None, req_ids, logits_processor, sched.kv_transfers,
+        all_ids = batch.seq_ids
+        seq_ids = [all_ids[r] for r in host.sample_rows.tolist()]
+        work = _DeviceWork(host, pad_to, None, None, seq_ids, logits_processor, sched.kv_transfers,
                            state_restores=sched.state_restores, state_snapshots=sched.state_snapshots)
         if self.scoring:
             work.prompt_spans = self.scoring.spans(sched.scheduled, batch.row_of, host.query_start_loc)
-        handle = StepHandle(self, req_ids, rows=host.sample_rows, batch_version=batch.version)
-        if req_ids and self.tp.is_first:  # rank 0 samples (module docstring)
-            work.sampling = self._sampling_batch_for(req_ids)
+        handle = StepHandle(self, seq_ids, rows=host.sample_rows, batch_version=batch.version)
+        if seq_ids and self.tp.is_first:  # rank 0 samples (module docstring)
+            work.sampling = self._sampling_batch_for(seq_ids)
             handle.params = work.sampling.params
             if work.sampling.penalized_rows:
-                requests = self.requests
-                work.histories = [(requests[r].output_counts, requests[r].prompt_seen) for r in req_ids]
-        if req_ids:
-            batch.pending_src[host.sample_rows] = np.arange(len(req_ids), dtype=np.int32)
+                sequences = self.sequences
+                work.histories = [(sequences[r].output_counts, sequences[r].prompt_seen) for r in seq_ids]
+        if seq_ids:
+            batch.pending_src[host.sample_rows] = np.arange(len(seq_ids), dtype=np.int32)
         self.profile.prepare_s += time.perf_counter() - start
         if self._device_thread is not None:
             handle.launched = self._device_thread.submit(self._run_on_device, work)
@@ -297,50 +296,50 @@ class ModelRunner:
             self.kv_offload.run(transfers)
 
     def _apply_deltas(self, sched: SchedulerOutput) -> None:
-        """Bring the runner's request states and batch rows in line with the scheduler's view."""
-        for req_id in sched.finished_req_ids:
-            self.requests.pop(req_id, None)
-            self.scoring.discard(req_id)
-        for new in sched.new_requests:
-            self.requests[new.req_id] = self._new_request(new)
+        """Bring the runner's sequence states and batch rows in line with the scheduler's view."""
+        for seq_id in sched.finished_seq_ids:
+            self.sequences.pop(seq_id, None)
+            self.scoring.discard(seq_id)
+        for new in sched.new_sequences:
+            self.sequences[new.seq_id] = self._new_sequence(new)
             if new.params.prompt_logprobs is not None:
-                self.scoring.add(new.req_id, new.prompt_token_ids, new.params.prompt_logprobs)
+                self.scoring.add(new.seq_id, new.prompt_token_ids, new.params.prompt_logprobs)
         batch = self.batch
         scheduled = sched.scheduled
-        batch.remove_all_but({s.req_id for s in scheduled}, set(sched.finished_req_ids))
+        batch.remove_all_but({s.seq_id for s in scheduled}, set(sched.finished_seq_ids))
         for s in scheduled:
-            if not (s.new_block_ids or s.resumed) and s.req_id in batch.row_of:
+            if not (s.new_block_ids or s.resumed) and s.seq_id in batch.row_of:
                 continue  # the steady decode case: nothing changes but the counts below
-            req = self.requests[s.req_id]
+            seq = self.sequences[s.seq_id]
             if s.state_slot >= 0:  # (re)admitted: the slot its recurrent layers' state lives in
-                req.state_slot = s.state_slot
+                seq.state_slot = s.state_slot
             if s.resumed:
-                req.block_ids = list(s.new_block_ids)
+                seq.block_ids = list(s.new_block_ids)
             else:
-                req.block_ids.extend(s.new_block_ids)
-            row = batch.row_of.get(s.req_id)
+                seq.block_ids.extend(s.new_block_ids)
+            row = batch.row_of.get(s.seq_id)
             assert row is None or not s.resumed, "a preempted sequence still has a row"
             if row is None:
-                batch.add(req)
+                batch.add(seq)
             else:
                 batch.append_blocks(row, s.new_block_ids)
         n, row_of = len(scheduled), batch.row_of
-        rows = np.fromiter([row_of[s.req_id] for s in scheduled], np.intp, n)
+        rows = np.fromiter([row_of[s.seq_id] for s in scheduled], np.intp, n)
         batch.num_computed[rows] = np.fromiter([s.num_computed_tokens for s in scheduled], np.int32, n)
         batch.num_new[rows] = np.fromiter([s.num_new_tokens for s in scheduled], np.int32, n)
         batch.samples[rows] = np.fromiter([s.samples for s in scheduled], bool, n)
 
-    def _new_request(self, new: NewRequestData) -> RunnerRequest:
+    def _new_sequence(self, new: NewSequence) -> RunnerSequence:
         samples_here = self.tp.is_first  # generators and penalty histories live where sampling happens
-        req = RunnerRequest(new.req_id, list(new.prompt_token_ids), new.params,
+        seq = RunnerSequence(new.seq_id, list(new.prompt_token_ids), new.params,
                             None if new.seed is None or not samples_here else make_generator(new.seed, self.device))
         if has_penalties(new.params) and samples_here:
             vocab = self.model_cfg.vocab_size
-            req.output_counts = torch.zeros(vocab, device=self.device)
-            req.prompt_seen = torch.zeros(vocab, dtype=torch.bool, device=self.device)
+            seq.output_counts = torch.zeros(vocab, device=self.device)
+            seq.prompt_seen = torch.zeros(vocab, dtype=torch.bool, device=self.device)
             if new.params.repetition_penalty != 1.0:
-                req.prompt_seen[torch.tensor(new.prompt_token_ids, device=self.device)] = True
-        return req
+                seq.prompt_seen[torch.tensor(new.prompt_token_ids, device=self.device)] = True
+        return seq
 
     def _sample(self, hidden: torch.Tensor, host: HostInputs, work: _DeviceWork) -> SamplerOutput:
         rows = len(host.sample_index)
@@ -352,7 +351,7 @@ class ModelRunner:
             out = SamplerOutput(torch.empty(rows, dtype=torch.long, device=self.device), [])
         else:
             if work.logits_processor is not None:
-                work.logits_processor(logits, work.req_ids)
+                work.logits_processor(logits, work.seq_ids)
             sampling = work.sampling
             penalties = self._penalties(work.histories, sampling.params) if work.histories else None
             out = sample(logits, sampling, penalties)
@@ -371,12 +370,12 @@ class ModelRunner:
         done.record()
         return launched
 
-    def _sampling_batch_for(self, req_ids: list[str]) -> SamplingBatch:
+    def _sampling_batch_for(self, seq_ids: list[str]) -> SamplingBatch:
         """The sampler's per-row tensors, rebuilt only when the set of sampling sequences changes."""
-        key = tuple(req_ids)
+        key = tuple(seq_ids)
         if self._sampling_batch is None or self._sampling_batch[0] != key:
-            reqs = [self.requests[r] for r in req_ids]
-            batch = SamplingBatch([r.params for r in reqs], [r.generator for r in reqs], self.device)
+            seqs = [self.sequences[r] for r in seq_ids]
+            batch = SamplingBatch([r.params for r in seqs], [r.generator for r in seqs], self.device)
             self._sampling_batch = (key, batch)
         return self._sampling_batch[1]
 
@@ -396,13 +395,13 @@ class ModelRunner:
             batch.append_tokens(handle.rows, token_ids)
             return
         rows, row_tokens = [], []
-        for req_id, token in zip(handle.req_ids, token_ids):
-            row = batch.row_of.get(req_id)
+        for seq_id, token in zip(handle.seq_ids, token_ids):
+            row = batch.row_of.get(seq_id)
             if row is not None:
                 rows.append(row)
                 row_tokens.append(token)
-            elif (req := self.requests.get(req_id)) is not None:  # else finished while the step ran
-                req.token_ids.append(token)
+            elif (seq := self.sequences.get(seq_id)) is not None:  # else finished while the step ran
+                seq.token_ids.append(token)
         batch.append_tokens(rows, row_tokens)
 
     # ---- memory budget -----------------------------------------------------------------------------------------

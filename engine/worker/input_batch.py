@@ -1,10 +1,10 @@
 """The model runner's persistent view of the sequences it computes, updated from `SchedulerOutput` deltas.
 
-Each sequence the runner knows has a `RunnerRequest` (sampling state, block table, and its tokens while it has no
+Each sequence the runner knows has a `RunnerSequence` (sampling state, block table, and its tokens while it has no
 row), kept from its first step until it finishes, across preemptions. The sequences scheduled in a step occupy the
 rows ``0..num_rows-1`` of `InputBatch`, whose numpy arrays hold, per row, its token ids and its block table. While a
 sequence has a row, sampled tokens are appended to the row only (one vectorized write per step); its
-`RunnerRequest.token_ids` is brought up to date when the row goes. A row keeps its place while its sequence keeps
+`RunnerSequence.token_ids` is brought up to date when the row goes. A row keeps its place while its sequence keeps
 being scheduled, so a steady decode batch changes nothing but one token and, every ``block_size`` steps, one block
 id per row: per-step host work grows with the tokens scheduled, not with context length.
 
@@ -23,8 +23,8 @@ from engine.sampling_params import SamplingParams
 
 
 @dataclass
-class RunnerRequest:
-    req_id: str
+class RunnerSequence:
+    seq_id: str
     token_ids: list[int]  # prompt + the outputs whose sampled ids reached the host (while rowless; see above)
     params: SamplingParams
     generator: torch.Generator | None
@@ -37,8 +37,8 @@ class RunnerRequest:
 class InputBatch:
     def __init__(self, max_rows: int, max_model_len: int, max_blocks_per_row: int) -> None:
         self.max_rows = max_rows
-        self.req_ids: list[str] = []  # the request in each row
-        self.requests: list[RunnerRequest] = []
+        self.seq_ids: list[str] = []  # the sequence in each row
+        self.sequences: list[RunnerSequence] = []
         self.row_of: dict[str, int] = {}
         self.token_ids = np.zeros((max_rows, max_model_len), dtype=np.int32)
         self.num_known = np.zeros(max_rows, dtype=np.int32)  # token ids of the row present in token_ids
@@ -56,57 +56,57 @@ class InputBatch:
 
     @property
     def num_rows(self) -> int:
-        return len(self.req_ids)
+        return len(self.seq_ids)
 
-    def add(self, req: RunnerRequest) -> int:
-        row = len(self.req_ids)
-        self.req_ids.append(req.req_id)
-        self.requests.append(req)
-        self.row_of[req.req_id] = row
-        self._fill(row, req)
+    def add(self, seq: RunnerSequence) -> int:
+        row = len(self.seq_ids)
+        self.seq_ids.append(seq.seq_id)
+        self.sequences.append(seq)
+        self.row_of[seq.seq_id] = row
+        self._fill(row, seq)
         self.version += 1
         return row
 
-    def _fill(self, row: int, req: RunnerRequest) -> None:
-        n = len(req.token_ids)
-        self.token_ids[row, :n] = req.token_ids
+    def _fill(self, row: int, seq: RunnerSequence) -> None:
+        n = len(seq.token_ids)
+        self.token_ids[row, :n] = seq.token_ids
         self.num_known[row] = n
-        self.state_slots[row] = req.state_slot
+        self.state_slots[row] = seq.state_slot
         self.num_blocks[row] = 0
-        self.append_blocks(row, req.block_ids)
+        self.append_blocks(row, seq.block_ids)
 
     def remove_all_but(self, keep: set[str], finished: Collection[str] = ()) -> None:
         """Drop the rows of sequences not scheduled this step; move the last rows into the holes. The tokens of a
-        dropped row go back to its `RunnerRequest`, unless its sequence is ``finished`` (nothing will read them)."""
+        dropped row go back to its `RunnerSequence`, unless its sequence is ``finished`` (nothing will read them)."""
         if self.row_of.keys() == keep:  # the same sequences as last step
             return
         self.version += 1
-        for row, req_id in enumerate(self.req_ids):
-            if req_id not in keep and req_id not in finished:
+        for row, seq_id in enumerate(self.seq_ids):
+            if seq_id not in keep and seq_id not in finished:
                 self._take_tokens_back(row)
-        kept = [r for r in self.req_ids if r in keep]
-        holes = [i for i, r in enumerate(self.req_ids[: len(kept)]) if r not in keep]
-        movers = [i for i in range(len(kept), len(self.req_ids)) if self.req_ids[i] in keep]
+        kept = [r for r in self.seq_ids if r in keep]
+        holes = [i for i, r in enumerate(self.seq_ids[: len(kept)]) if r not in keep]
+        movers = [i for i in range(len(kept), len(self.seq_ids)) if self.seq_ids[i] in keep]
         for dst, src in zip(holes, movers):
             self._move(src, dst)
-        for req_id in self.req_ids[len(kept):]:
-            if self.row_of.get(req_id, -1) >= len(kept):
-                del self.row_of[req_id]
-        del self.req_ids[len(kept):]
-        del self.requests[len(kept):]
+        for seq_id in self.seq_ids[len(kept):]:
+            if self.row_of.get(seq_id, -1) >= len(kept):
+                del self.row_of[seq_id]
+        del self.seq_ids[len(kept):]
+        del self.sequences[len(kept):]
 
     def _take_tokens_back(self, row: int) -> None:
-        """The row is going: its sequence's tokens move back to its `RunnerRequest`."""
-        self.requests[row].token_ids = self.token_ids[row, : self.num_known[row]].tolist()
+        """The row is going: its sequence's tokens move back to its `RunnerSequence`."""
+        self.sequences[row].token_ids = self.token_ids[row, : self.num_known[row]].tolist()
 
     def _move(self, src: int, dst: int) -> None:
-        req_id = self.req_ids[src]
-        dropped = self.req_ids[dst]
+        seq_id = self.seq_ids[src]
+        dropped = self.seq_ids[dst]
         if self.row_of.get(dropped) == dst:
             del self.row_of[dropped]
-        self.req_ids[dst] = req_id
-        self.requests[dst] = self.requests[src]
-        self.row_of[req_id] = dst
+        self.seq_ids[dst] = seq_id
+        self.sequences[dst] = self.sequences[src]
+        self.row_of[seq_id] = dst
         n, b = self.num_known[src], self.num_blocks[src]
         self.token_ids[dst, :n] = self.token_ids[src, :n]
         self.num_known[dst] = n

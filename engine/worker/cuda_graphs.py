@@ -3,7 +3,7 @@
 A decode step launches a few hundred small kernels whose launch overhead dominates at small batch sizes, so on CUDA
 the model forward of a pure-decode batch (one new token per sequence) is captured once per *capture size* and
 replayed. Graphs have static shapes and addresses: they capture views of the runner's persistent input buffers
-(`engine.step_inputs.DeviceInputs`), which every step fills in place, and a batch of ``n`` sequences runs the graph
+(`engine.worker.step_inputs.DeviceInputs`), which every step fills in place, and a batch of ``n`` sequences runs the graph
 of the smallest capture size ``>= n``. The extra rows are padding (see `step_inputs._pad_decode`):
 
 - ``slot_mapping`` -1: the store op writes nothing for them (no KV block is ever touched);
@@ -24,8 +24,9 @@ import bisect
 import torch
 
 from engine.kv_cache_spec import KVCaches
-from engine.models.llama import AttentionMetadata, LlamaForCausalLM
-from engine.step_inputs import DeviceInputs
+from engine.models.llama import LlamaForCausalLM
+from kernels.attention_metadata import AttentionMetadata
+from engine.worker.step_inputs import DeviceInputs
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:

@@ -1,5 +1,9 @@
 """A sequence's state as it moves through the scheduler: waiting -> running (-> preempted -> running) -> finished.
 
+Words: the caller's *request* (``request_id``) asks for ``n`` completions of one prompt; each is a *sequence*
+(``seq_id``: the request id for the first, ``"<request_id>#<index>"`` for its n - 1 siblings). The scheduler, the KV
+manager and the worker deal in sequences; what leaves the engine carries the request id and the sequence's index.
+
 Owned by the scheduler alone. With async scheduling a step is scheduled before the previous step's sampled tokens
 are known: ``num_output_placeholders`` counts tokens that are sampled on the device but not yet appended here.
 """
@@ -14,7 +18,7 @@ from engine.retention import Retention
 from engine.sampling_params import SamplingParams
 
 
-class RequestStatus(enum.Enum):
+class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     PREEMPTED = "preempted"  # blocks released; waits at the front of the queue to recompute
@@ -22,16 +26,16 @@ class RequestStatus(enum.Enum):
 
 
 @dataclass(eq=False, slots=True)
-class Request:
-    request_id: str  # this sequence's id (n > 1 siblings: "<group_id>#<index>")
+class Sequence:
+    seq_id: str  # this sequence's id (n > 1 siblings: "<request_id>#<index>")
     token_ids: list[int]  # prompt then output: one list, so the hot path never concatenates
     num_prompt_tokens: int
     params: SamplingParams
     cache_salt: str | None = None
-    group_id: str = ""  # the caller's request id: n > 1 sequences share it
+    request_id: str = ""  # the caller's request id: n > 1 sequences share it
     index: int = 0  # which of the n sequences
     block_hashes: list[BlockHash] = field(default_factory=list)  # of every full block of token_ids, grown as they fill
-    status: RequestStatus = RequestStatus.WAITING
+    status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
     num_computed_tokens: int = 0  # tokens whose K/V are in blocks (or will be, once the scheduled step ran)
     num_output_placeholders: int = 0  # sampled in a step whose output is not back yet
@@ -75,4 +79,4 @@ class Request:
 
     @property
     def finished(self) -> bool:
-        return self.status is RequestStatus.FINISHED
+        return self.status is SequenceStatus.FINISHED

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.outputs import ScheduledRequest, TokenLogprobs
-from engine.sampler import token_logprobs
+from engine.outputs import ScheduledSequence, TokenLogprobs
+from engine.worker.sampler import token_logprobs
 
 SLICE_ROWS = 256
 
@@ -26,7 +26,7 @@ SLICE_ROWS = 256
 class PromptSpan:
     """Rows of one step's flattened batch that score prompt tokens of one sequence."""
 
-    req_id: str
+    seq_id: str
     first_token: int  # the prompt index of the first token scored
     first_row: int  # the flattened row of the position that predicts it
     targets: np.ndarray  # the prompt tokens scored
@@ -37,7 +37,7 @@ class PromptSpan:
 class ScoredSpan:
     """A span's logprobs, on the device (or copied to the host)."""
 
-    req_id: str
+    seq_id: str
     first_token: int
     targets: np.ndarray  # the prompt tokens scored (host)
     chosen: torch.Tensor  # [n]
@@ -46,7 +46,7 @@ class ScoredSpan:
     top_values: torch.Tensor | None
 
     def copied(self, copy: Callable[[torch.Tensor | None], torch.Tensor | None]) -> ScoredSpan:
-        return ScoredSpan(self.req_id, self.first_token, self.targets, copy(self.chosen), copy(self.ranks),
+        return ScoredSpan(self.seq_id, self.first_token, self.targets, copy(self.chosen), copy(self.ranks),
                           copy(self.top_ids), copy(self.top_values))
 
     def entries(self) -> list[TokenLogprobs]:
@@ -59,7 +59,7 @@ class ScoredSpan:
 
 
 class PromptScoring:
-    """The runner's sequences whose prompt tokens are still to be scored: {req id: (prompt ids, top alternatives)}."""
+    """The runner's sequences whose prompt tokens are still to be scored: {seq id: (prompt ids, top alternatives)}."""
 
     def __init__(self) -> None:
         self._prompts: dict[str, tuple[np.ndarray, int]] = {}
@@ -67,29 +67,29 @@ class PromptScoring:
     def __bool__(self) -> bool:
         return bool(self._prompts)
 
-    def add(self, req_id: str, prompt_token_ids: Sequence[int], num_top: int) -> None:
+    def add(self, seq_id: str, prompt_token_ids: Sequence[int], num_top: int) -> None:
         if len(prompt_token_ids) > 1:
-            self._prompts[req_id] = (np.asarray(prompt_token_ids, dtype=np.int64), num_top)
+            self._prompts[seq_id] = (np.asarray(prompt_token_ids, dtype=np.int64), num_top)
 
-    def discard(self, req_id: str) -> None:
-        self._prompts.pop(req_id, None)
+    def discard(self, seq_id: str) -> None:
+        self._prompts.pop(seq_id, None)
 
-    def spans(self, scheduled: Sequence[ScheduledRequest], row_of: Mapping[str, int],
+    def spans(self, scheduled: Sequence[ScheduledSequence], row_of: Mapping[str, int],
               query_start_loc: np.ndarray) -> list[PromptSpan]:
         """The spans of this step's chunks; a sequence whose last prompt token is scored leaves the set."""
         spans = []
         for s in scheduled:
-            found = self._prompts.get(s.req_id)
+            found = self._prompts.get(s.seq_id)
             if found is None:
                 continue
             prompt, num_top = found
             start = s.num_computed_tokens
             end = min(start + s.num_new_tokens, len(prompt) - 1)  # the last prompt position predicts no prompt token
             if end > start:
-                first_row = int(query_start_loc[row_of[s.req_id]])
-                spans.append(PromptSpan(s.req_id, start + 1, first_row, prompt[start + 1 : end + 1], num_top))
+                first_row = int(query_start_loc[row_of[s.seq_id]])
+                spans.append(PromptSpan(s.seq_id, start + 1, first_row, prompt[start + 1 : end + 1], num_top))
             if end == len(prompt) - 1:
-                del self._prompts[s.req_id]
+                del self._prompts[s.seq_id]
         return spans
 
 
@@ -108,5 +108,5 @@ def score_spans(hidden: torch.Tensor, spans: list[PromptSpan],
                 parts.append(token_logprobs(logits, targets[i : i + SLICE_ROWS], span.num_top, with_rank=True))
         if parts:
             chosen, top_ids, top_values, ranks = (None if p[0] is None else torch.cat(p) for p in zip(*parts))
-            scored.append(ScoredSpan(span.req_id, span.first_token, span.targets, chosen, ranks, top_ids, top_values))
+            scored.append(ScoredSpan(span.seq_id, span.first_token, span.targets, chosen, ranks, top_ids, top_values))
     return scored

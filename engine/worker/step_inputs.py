@@ -13,9 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.input_batch import InputBatch
-from engine.models.llama import AttentionMetadata
-from kernels.reference_recurrent import StateBatch
+from engine.worker.input_batch import InputBatch
+from kernels.attention_metadata import AttentionMetadata, StateBatch
 
 
 @dataclass

@@ -119,7 +119,7 @@ def _serve(tokenizer_info_path: str, requests: Connection, replies: Connection) 
 
 
 class _Worker:
-    """A compile worker: ``python -m engine.grammar_compile`` (not multiprocessing's spawn, which would import the
+    """A compile worker: ``python -m engine.worker.grammar_compile`` (not multiprocessing's spawn, which would import the
     caller's main module again), talking over two pipes. It starts in the background: `ready` says when it can
     take a job."""
 
@@ -128,7 +128,7 @@ class _Worker:
         from_child, to_parent = os.pipe()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # the parent's modules
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "engine.grammar_compile", tokenizer_info_path, str(from_parent), str(to_parent)],
+            [sys.executable, "-m", "engine.worker.grammar_compile", tokenizer_info_path, str(from_parent), str(to_parent)],
             pass_fds=(from_parent, to_parent), env=env, stdin=subprocess.DEVNULL)
         os.close(from_parent)
         os.close(to_parent)
