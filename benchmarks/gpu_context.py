@@ -12,7 +12,7 @@ import torch
 
 from benchmarks.gpu_measure import greedy, memory_snapshot
 from benchmarks.gpu_models import QWEN3_0_6B, QWEN3_30B_A3B, QWEN36_35B_A3B, build_bench_model, kv_bytes_per_token
-from benchmarks.throughput import Workload
+from benchmarks.throughput import ThroughputWorkload
 
 DENSE, MOE = "qwen3-0.6b", "qwen3-30b-a3b"  # the benchmark models, built from their shapes on first use
 HYBRID = "qwen3.6-35b-a3b"  # Gated DeltaNet + gated attention + MoE (docs/HYBRID_CACHE.md)
@@ -125,5 +125,5 @@ class Context:
             torch.cuda.reset_peak_memory_stats()
 
 
-def nano_vllm_workload(num_seqs: int) -> Workload:
-    return Workload.random(num_seqs, 100, 1024, vocab=10_000, seed=0)
+def nano_vllm_workload(num_seqs: int) -> ThroughputWorkload:
+    return ThroughputWorkload.random(num_seqs, 100, 1024, vocab=10_000, seed=0)

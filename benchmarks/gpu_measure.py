@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 import torch
 
-from benchmarks.throughput import Workload
+from benchmarks.throughput import ThroughputWorkload
 
 GIB = 2**30
 
@@ -139,7 +139,7 @@ def time_decode_step(
     )
 
 
-def run_throughput(llm, work: Workload, deadline: float) -> dict[str, Any]:
+def run_throughput(llm, work: ThroughputWorkload, deadline: float) -> dict[str, Any]:
     """The workload through the engine's step loop, stopped at ``deadline`` (then the figures are partial)."""
     from engine import SamplingParams
 

@@ -59,7 +59,7 @@ class RouterBenchOptions:
 
 
 @dataclass
-class RequestResult:
+class RoutedResult:
     session: str
     turn: int
     start: float  # seconds since the run began
@@ -87,7 +87,7 @@ class Run:
 
     def __init__(self, router: Any, model: str, instances: dict[str, int], stagger_s: float) -> None:
         self.router, self.model, self.instances, self.stagger_s = router, model, instances, stagger_s
-        self.results: list[RequestResult] = []
+        self.results: list[RoutedResult] = []
         self.on_finished = None
         self.gates: dict[int, asyncio.Event] = {}  # session index -> starts once set
         self._t0 = 0.0
@@ -95,7 +95,7 @@ class Run:
     def now(self) -> float:
         return time.perf_counter() - self._t0
 
-    async def request(self, client: httpx.AsyncClient, req: ChatRequest) -> RequestResult:
+    async def request(self, client: httpx.AsyncClient, req: ChatRequest) -> RoutedResult:
         body = {"model": self.model, "messages": req.messages, "tools": req.tools, "max_tokens": 1,
                 "temperature": 0}
         start = self.now()
@@ -106,11 +106,11 @@ class Run:
                 raise RuntimeError(f"HTTP {response.status_code}: {response.text[:200]}")
             reply = response.json()
             usage = reply["usage"]
-            return RequestResult(req.session, req.turn, start, self.now(), True,
+            return RoutedResult(req.session, req.turn, start, self.now(), True,
                                  usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"],
                                  self.instances.get(reply.get("system_fingerprint")))
         except (httpx.HTTPError, RuntimeError, KeyError, ValueError) as exc:
-            return RequestResult(req.session, req.turn, start, self.now(), False,
+            return RoutedResult(req.session, req.turn, start, self.now(), False,
                                  error=f"{type(exc).__name__}: {exc}"[:300])
 
     async def session(self, client: httpx.AsyncClient, index: int, turns: list[ChatRequest]) -> None:
@@ -122,14 +122,14 @@ class Run:
             if self.on_finished is not None:
                 await self.on_finished(len(self.results))
 
-    async def run(self, sessions: list[list[ChatRequest]]) -> list[RequestResult]:
+    async def run(self, sessions: list[list[ChatRequest]]) -> list[RoutedResult]:
         self._t0 = time.perf_counter()
         async with httpx.AsyncClient(timeout=300) as client:
             await asyncio.gather(*(self.session(client, i, turns) for i, turns in enumerate(sessions)))
         return self.results
 
 
-def summarize(results: list[RequestResult], replicas: int) -> dict[str, Any]:
+def summarize(results: list[RoutedResult], replicas: int) -> dict[str, Any]:
     ok = [r for r in results if r.ok]
     ttfts = sorted(r.ttft_s for r in ok)
     prompt, cached = sum(r.prompt_tokens for r in ok), sum(r.cached_tokens for r in ok)
@@ -146,7 +146,7 @@ def summarize(results: list[RequestResult], replicas: int) -> dict[str, Any]:
     }
 
 
-def _hit_rate(results: list[RequestResult]) -> float:
+def _hit_rate(results: list[RoutedResult]) -> float:
     prompt = sum(r.prompt_tokens for r in results)
     return sum(r.cached_tokens for r in results) / prompt if prompt else 0.0
 
@@ -198,7 +198,7 @@ def run_fault(spec: RouterSpec, opts: RouterBenchOptions, sessions: list[list[Ch
                     await asyncio.sleep(0.2)
                 restarted.set()
 
-        async def main() -> list[RequestResult]:
+        async def main() -> list[RoutedResult]:
             watcher = asyncio.create_task(watch_health(router, victim, run, events))
             try:
                 return await run.run(sessions)
@@ -232,7 +232,7 @@ async def watch_health(router: Any, victim: Replica, run: Run, events: dict[str,
             await asyncio.sleep(0.2)
 
 
-def fault_summary(results: list[RequestResult], events: dict[str, float], victim: int) -> dict[str, Any]:
+def fault_summary(results: list[RoutedResult], events: dict[str, float], victim: int) -> dict[str, Any]:
     kill, restart = events.get("kill", float("inf")), events.get("restarted", float("inf"))
     in_flight = [r for r in results if r.start < kill < r.end]
     down = [r for r in results if kill <= r.start < restart]

@@ -19,12 +19,12 @@ from tqdm import tqdm
 
 
 @dataclass
-class Workload:
+class ThroughputWorkload:
     prompts: list[list[int]]
     output_lens: list[int]
 
     @classmethod
-    def random(cls, num_seqs: int, min_len: int, max_len: int, vocab: int, seed: int) -> "Workload":
+    def random(cls, num_seqs: int, min_len: int, max_len: int, vocab: int, seed: int) -> "ThroughputWorkload":
         rng = random.Random(seed)
         prompts = [[rng.randrange(vocab) for _ in range(rng.randint(min_len, max_len))] for _ in range(num_seqs)]
         return cls(prompts, [rng.randint(min_len, max_len) for _ in range(num_seqs)])
@@ -49,7 +49,7 @@ class ThroughputResult:
     ratio: float | None
 
 
-def run_kvserve(model: str, work: Workload, args: argparse.Namespace) -> float:
+def run_kvserve(model: str, work: ThroughputWorkload, args: argparse.Namespace) -> float:
     from engine import LLM, SamplingParams
 
     with LLM(model, device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
@@ -65,7 +65,7 @@ def run_kvserve(model: str, work: Workload, args: argparse.Namespace) -> float:
 
 
 @torch.inference_mode()
-def run_hf(model: str, work: Workload, args: argparse.Namespace) -> float:
+def run_hf(model: str, work: ThroughputWorkload, args: argparse.Namespace) -> float:
     from transformers import AutoModelForCausalLM
 
     from engine.registry import resolve_model
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> dict:
     from engine.registry import resolve_model
 
     vocab = ModelConfig.from_dir(resolve_model(args.model)).vocab_size
-    work = Workload.random(args.num_seqs, args.min_len, args.max_len, vocab, args.seed)
+    work = ThroughputWorkload.random(args.num_seqs, args.min_len, args.max_len, vocab, args.seed)
     kv_s = run_kvserve(args.model, work, args)
     hf_s = None if args.skip_hf else run_hf(args.model, work, args)
     out = work.num_output_tokens

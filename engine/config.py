@@ -64,12 +64,12 @@ class EngineConfig:
     dtype: str | None = field(
         default=None, metadata=_help("float32, bfloat16 or float16 (default: float32 on CPU, bfloat16 on CUDA)"))
     kv_cache_dtype: str = field(
-        default="auto", metadata=_help("KV pages: auto (the model dtype) or fp8 (e4m3, scale 1.0): twice the tokens "
-                                       "of bf16 pages in the same memory, with a small logprob drift (docs/FP8.md)",
+        default="auto", metadata=_help("KV blocks: auto (the model dtype) or fp8 (e4m3, scale 1.0): twice the tokens "
+                                       "of bf16 blocks in the same memory, with a small logprob drift (docs/FP8.md)",
                                        choices=("auto", "fp8")))
     attention_backend: str | None = field(
         default=None, metadata=_help("kernels: torch (the pure-torch reference), cpu (the reference with a native decode-"
-                                     "attention kernel that reads the pages in place) or triton (default: triton on "
+                                     "attention kernel that reads the blocks in place) or triton (default: triton on "
                                      "CUDA, cpu elsewhere)", choices=("torch", "cpu", "triton")))
     enforce_eager: bool = field(default=False, metadata=_help("CUDA: run decode batches eagerly, without CUDA graphs"))
     async_scheduling: bool | None = field(
@@ -86,7 +86,7 @@ class EngineConfig:
     enable_expert_parallel: bool = field(
         default=False, metadata=_help("MoE models under tensor parallelism: each rank holds whole experts (1/N of "
                                       "them) instead of a 1/N slice of every expert"))
-    max_pinned_fraction: float = field(
+    max_retained_fraction: float = field(
         default=0.5, metadata=_help("the largest fraction of the KV pool that retained blocks (cache_control pins, "
                                     "named caches, sessions held across tool calls) may take"))
     tool_call_ttl: float = field(
@@ -119,7 +119,7 @@ class EngineConfig:
     state_snapshot_fraction: float = field(
         default=0.2, metadata=_help("hybrid models (Qwen3.5 / 3.6, Qwen3-Next): the share of the KV cache memory, "
                                     "after the running sequences' states, that keeps recurrent-state snapshots for "
-                                    "prefix hits; pages take the rest (docs/HYBRID_CACHE.md)"))
+                                    "prefix hits; blocks take the rest (docs/HYBRID_CACHE.md)"))
     num_state_snapshots: int | None = field(
         default=None, metadata=_help("hybrid models: recurrent-state snapshots to keep (default: from "
                                      "--state-snapshot-fraction)"))
@@ -131,8 +131,8 @@ class EngineConfig:
             raise ValueError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
-        if not 0 <= self.max_pinned_fraction <= 1:
-            raise ValueError(f"max_pinned_fraction must be in [0, 1], got {self.max_pinned_fraction}")
+        if not 0 <= self.max_retained_fraction <= 1:
+            raise ValueError(f"max_retained_fraction must be in [0, 1], got {self.max_retained_fraction}")
         if not 0 <= self.state_snapshot_fraction < 1:
             raise ValueError(f"state_snapshot_fraction must be in [0, 1), got {self.state_snapshot_fraction}")
         if self.num_state_snapshots is not None and self.num_state_snapshots < 0:
@@ -399,7 +399,7 @@ class V4Config:
 class LinearAttentionConfig:
     """Gated DeltaNet layers of a hybrid model (Qwen3-Next, Qwen3.5 / 3.6): which layers they are and their sizes.
 
-    Each keeps a recurrent state per sequence instead of K/V pages: a conv window of the last ``conv_kernel - 1``
+    Each keeps a recurrent state per sequence instead of K/V blocks: a conv window of the last ``conv_kernel - 1``
     projected inputs and a ``[value_heads, key_head_dim, value_head_dim]`` fp32 delta-rule state."""
 
     layer_types: tuple[str, ...]  # per layer: "linear_attention" or "full_attention"

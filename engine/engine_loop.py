@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from engine.errors import RequestRejected
+from engine.errors import EngineDeadError, RequestRejected
 from engine.llm_engine import LLMEngine
 from engine.outputs import SequenceOutput
 from engine.retention import Retention
@@ -30,10 +30,6 @@ from engine.sampling_params import SamplingParams
 
 log = logging.getLogger("kvserve.engine")
 T = TypeVar("T")
-
-
-class EngineDeadError(RuntimeError):
-    """The engine failed (or stopped) while a request needed it; the request cannot finish."""
 
 
 @dataclass

@@ -21,6 +21,10 @@ class KVCacheTooSmallError(RequestRejected):
     code = "kv_cache_too_small"
 
 
+class EngineDeadError(RuntimeError):
+    """The engine failed (or stopped) while a request needed it; the request cannot finish."""
+
+
 class FatalEngineError(RuntimeError):
     """The engine cannot go on (a step failing this way is not one bad batch): it stops, and a server exits."""
 

@@ -1,6 +1,6 @@
-"""What one token occupies in the KV pages of every layer, by attention kind; the runner allocates and budgets by it.
+"""What one token occupies in the KV blocks of every layer, by attention kind; the runner allocates and budgets by it.
 
-Page ids, block hashing and the prefix cache never look inside a page, so they work unchanged for every kind.
+Block ids, block hashing and the prefix cache never look inside a block, so they work unchanged for every kind.
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-KVCaches = list[tuple[torch.Tensor, ...]]  # per layer, its page tensors (GQA: K and V; MLA: one latent tensor;
+KVCaches = list[tuple[torch.Tensor, ...]]  # per layer, its block tensors (GQA: K and V; MLA: one latent tensor;
 # DeepSeek-V3.2: the latent and the index keys) or, for a recurrent layer of a hybrid model, its state tensors indexed
 # by state slot
 
@@ -33,8 +33,8 @@ class RecurrentStateSpec:
 
 
 @dataclass(frozen=True)
-class PageTensor:
-    """One page tensor of a layer whose layers differ (DeepSeek-V4): ``[num_blocks, block_size, *shape]`` per token,
+class BlockTensor:
+    """One block tensor of a layer whose layers differ (DeepSeek-V4): ``[num_blocks, block_size, *shape]`` per token,
     or ``[num_blocks, *shape]`` with ``per_block`` (state kept once per block), fp32 whatever the KV dtype with
     ``fp32``."""
 
@@ -53,17 +53,17 @@ class PageTensor:
 
 @dataclass(frozen=True)
 class KVCacheSpec:
-    """Each layer with pages owns one page tensor per entry of ``token_shapes``, shaped
+    """Each layer with blocks owns one block tensor per entry of ``token_shapes``, shaped
     ``[num_blocks, block_size, *shape]``. A hybrid model's recurrent layers (``layer_is_recurrent``) own state
-    tensors instead (``recurrent``), one row per state slot; ``num_layers`` counts the layers with pages."""
+    tensors instead (``recurrent``), one row per state slot; ``num_layers`` counts the layers with blocks."""
 
     kind: str  # "gqa", "mla", "sparse_mla" or "compressed", for logs
     num_layers: int
     token_shapes: tuple[tuple[int, ...], ...]
-    layers: tuple[tuple[PageTensor, ...], ...] = ()  # per layer, when layers differ (then token_shapes is unused)
+    layers: tuple[tuple[BlockTensor, ...], ...] = ()  # per layer, when layers differ (then token_shapes is unused)
     block_multiple: int = 1  # the block size must be a multiple of this (V4: its largest compression rate)
     recurrent: RecurrentStateSpec | None = None
-    layer_is_recurrent: tuple[bool, ...] = ()  # per model layer (empty: every layer has pages)
+    layer_is_recurrent: tuple[bool, ...] = ()  # per model layer (empty: every layer has blocks)
 
     @classmethod
     def gqa(cls, num_layers: int, num_kv_heads: int, head_dim: int) -> KVCacheSpec:
@@ -78,14 +78,14 @@ class KVCacheSpec:
 
     @classmethod
     def sparse_mla(cls, num_layers: int, kv_lora_rank: int, rope_dim: int, index_head_dim: int) -> KVCacheSpec:
-        """MLA's latent row plus DeepSeek-V3.2's index key (``index_head_dim`` values) per token, in a page tensor of
+        """MLA's latent row plus DeepSeek-V3.2's index key (``index_head_dim`` values) per token, in a block tensor of
         its own under the same block ids: whatever holds, shares, offloads or evicts a block's latents does the
         same to its index keys (the "index-key cache group" of DeepSeek's design, allocated per token like the
         latent it sits beside)."""
         return cls("sparse_mla", num_layers, ((1, kv_lora_rank + rope_dim), (1, index_head_dim)))
 
     @classmethod
-    def per_layer(cls, kind: str, layers: list[tuple[PageTensor, ...]], block_multiple: int) -> KVCacheSpec:
+    def per_layer(cls, kind: str, layers: list[tuple[BlockTensor, ...]], block_multiple: int) -> KVCacheSpec:
         return cls(kind, len(layers), (), tuple(layers), block_multiple)
 
     def bytes_per_token(self, dtype: torch.dtype, block_size: int = 1) -> int:
@@ -101,7 +101,7 @@ class KVCacheSpec:
 
     def allocate(self, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device,
                  num_state_slots: int = 0, state_dtype: torch.dtype | None = None) -> KVCaches:
-        """Per model layer: its pages (``dtype``), or a hybrid model's recurrent states (``num_state_slots`` rows;
+        """Per model layer: its blocks (``dtype``), or a hybrid model's recurrent states (``num_state_slots`` rows;
         ``state_dtype``, the model dtype, for the non-fp32 ones)."""
         if block_size % self.block_multiple:
             raise ValueError(f"this model's KV cache needs a block size that is a multiple of {self.block_multiple} "
@@ -109,20 +109,20 @@ class KVCacheSpec:
                              f"pass --block-size {self.block_multiple}")
         if self.layers:
             return [tuple(t.allocate(num_blocks, block_size, dtype, device) for t in layer) for layer in self.layers]
-        pages = [
+        blocks = [
             tuple(torch.zeros(num_blocks, block_size, *shape, dtype=dtype, device=device) for shape in self.token_shapes)
             for _ in range(self.num_layers)
         ]
         if self.recurrent is None:
-            return pages
+            return blocks
         dtypes = self.recurrent.dtypes(state_dtype or dtype)
         states = [tuple(torch.zeros(num_state_slots, *shape, dtype=d, device=device)
                         for shape, d in zip(self.recurrent.shapes, dtypes)) for _ in range(self.recurrent.num_layers)]
-        pages_left, states_left = iter(pages), iter(states)
-        return [next(states_left) if recurrent else next(pages_left) for recurrent in self.layer_is_recurrent]
+        blocks_left, states_left = iter(blocks), iter(states)
+        return [next(states_left) if recurrent else next(blocks_left) for recurrent in self.layer_is_recurrent]
 
-    def page_layers(self, kv_caches: KVCaches) -> KVCaches:
-        """The layers whose tensors are pages (what the KV tiers copy by block)."""
+    def block_layers(self, kv_caches: KVCaches) -> KVCaches:
+        """The layers with block tensors (what the KV tiers copy by block)."""
         if not self.layer_is_recurrent:
             return kv_caches
         return [layer for layer, recurrent in zip(kv_caches, self.layer_is_recurrent) if not recurrent]

@@ -5,7 +5,7 @@ On CUDA the copies run on a side stream into pinned host memory: the side stream
 queued on the compute stream (a block is offloaded only after the step that wrote it), and the compute stream waits
 for the side stream before the forward (a restored block is there before anything reads it). On CPU the copies are
 plain and run where the step's device part runs, in step order. Disk writes happen on a writer thread from the host
-slot just filled; a later copy into that slot, or a read of that block's file, waits for the write.
+block just filled; a later copy into that host block, or a read of that block's file, waits for the write.
 
 A disk block is read when admission wants it (`read_disk_block`, called by the KV manager), not when the step copies
 it: a block whose file fails its checksum or cannot be read is then a miss, dropped and recomputed, and no step
@@ -50,24 +50,24 @@ def flat_caches(kv_caches: list) -> list[torch.Tensor]:
 
 
 class KVOffload:
-    def __init__(self, kv_caches: list, host_slots: int, disk: DiskStore | None = None) -> None:
+    def __init__(self, kv_caches: list, host_blocks: int, disk: DiskStore | None = None) -> None:
         self.device_tensors = flat_caches(kv_caches)
         first = self.device_tensors[0]
         self.on_cuda = first.device.type == "cuda"
         pin = self.on_cuda
-        self.host_tensors = [torch.zeros((host_slots, *t.shape[1:]), dtype=t.dtype, pin_memory=pin)
+        self.host_tensors = [torch.zeros((host_blocks, *t.shape[1:]), dtype=t.dtype, pin_memory=pin)
                              for t in self.device_tensors]
         self.bytes_per_block = sum(t[0].numel() * t.element_size() for t in self.device_tensors)
         self.disk = disk
         self.stats = TransferStats()
         self._stream = torch.cuda.Stream(first.device) if self.on_cuda else None
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="kvserve-kv-disk") if disk is not None else None
-        self._slot_reads: dict[int, Future] = {}  # host slot -> the disk write still reading it
+        self._host_block_reads: dict[int, Future] = {}  # host block -> the disk write still reading it
         self._file_writes: dict[bytes, Future] = {}  # block hash -> its pending disk write
         self._read_ahead: OrderedDict[bytes, bytes] = OrderedDict()  # block hash -> payload admission checked
 
     @staticmethod
-    def host_slots_for(gb: float, bytes_per_block: int) -> int:
+    def host_blocks_for(gb: float, bytes_per_block: int) -> int:
         return int(gb * 2**30) // bytes_per_block
 
     def run(self, transfers: list[KVTransfer]) -> None:
@@ -88,12 +88,12 @@ class KVOffload:
     def _one(self, t: KVTransfer) -> None:
         kind = t.kind
         if kind is TransferKind.OFFLOAD:
-            self._wait(self._slot_reads.pop(t.slot, None))
+            self._wait(self._host_block_reads.pop(t.host_block, None))
             for dev, host in zip(self.device_tensors, self.host_tensors):
-                host[t.slot].copy_(dev[t.block_id], non_blocking=self.on_cuda)
+                host[t.host_block].copy_(dev[t.block_id], non_blocking=self.on_cuda)
             self.stats.offload_bytes += self.bytes_per_block
         elif kind is TransferKind.RESTORE:
-            self._timed(lambda: [dev[t.block_id].copy_(host[t.slot], non_blocking=self.on_cuda)
+            self._timed(lambda: [dev[t.block_id].copy_(host[t.host_block], non_blocking=self.on_cuda)
                                  for dev, host in zip(self.device_tensors, self.host_tensors)])
             self.stats.restore_bytes += self.bytes_per_block
         elif kind is TransferKind.DISK_WRITE:
@@ -101,7 +101,7 @@ class KVOffload:
             future = self._writer.submit(self._write_file, t, written)
             if len(self._file_writes) > 1024:  # forget writes that are done
                 self._file_writes = {h: f for h, f in self._file_writes.items() if not f.done()}
-            self._slot_reads[t.slot] = self._file_writes[t.block_hash] = future
+            self._host_block_reads[t.host_block] = self._file_writes[t.block_hash] = future
             self.stats.disk_write_bytes += self.bytes_per_block
         elif kind is TransferKind.DISK_READ:
             payload = self._read_ahead.pop(t.block_hash, None)
@@ -133,8 +133,8 @@ class KVOffload:
 
     def _write_file(self, t: KVTransfer, written: torch.cuda.Event | None) -> None:
         if written is not None:
-            written.synchronize()  # the offload into this slot has landed
-        payload = b"".join(host[t.slot].reshape(-1).view(torch.uint8).numpy().tobytes() for host in self.host_tensors)
+            written.synchronize()  # the offload into this host block has landed
+        payload = b"".join(host[t.host_block].reshape(-1).view(torch.uint8).numpy().tobytes() for host in self.host_tensors)
         try:
             self.disk.write(t.block_hash, t.parent_hash, t.token_ids, payload)
         except OSError:  # a full or broken disk must not stop serving; a later hit on this block fails its step

@@ -2,8 +2,8 @@
 hashes as the prefix tree, with its own LRU order.
 
 Bookkeeping only (no tensors, no files): the KV manager decides what moves where and emits copy instructions; the
-model runner's `engine.kv_offload` moves the bytes. Each block of a tier sits in a slot (the host pool's row; the
-disk tier uses slots only to count its capacity). Tiers are inclusive: a block restored to the device keeps its
+model runner's `engine.kv_offload` moves the bytes. Each block of a tier has an index in it (its row of the host
+pool's tensors; the disk tier uses indexes only to count its capacity). Tiers are inclusive: a block restored to the device keeps its
 lower-tier copy, so evicting it again costs no copy.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from engine.outputs import KVTransfer, TransferKind
 
 @dataclass(slots=True)
 class TierBlock:
-    slot: int
+    index: int  # its row in the tier (the host pool's tensors)
     token_ids: tuple[int, ...]
     parent_hash: BlockHash | None  # the previous block of its chain (for the KV events and the disk files)
 
@@ -29,7 +29,7 @@ class TierIndex:
         self.medium = medium  # its name in the KV events ("CPU", "DISK")
         self.capacity = capacity
         self.blocks: OrderedDict[BlockHash, TierBlock] = OrderedDict()  # least recently used first
-        self._free_slots = list(range(capacity - 1, -1, -1))  # pop() hands out low slots first
+        self._free = list(range(capacity - 1, -1, -1))  # pop() hands out low indexes first
 
     def __contains__(self, block_hash: BlockHash) -> bool:
         return block_hash in self.blocks
@@ -45,22 +45,22 @@ class TierIndex:
 
     def add(self, block_hash: BlockHash, token_ids: tuple[int, ...], parent_hash: BlockHash | None,
             keep: Collection[BlockHash] = ()) -> tuple[TierBlock | None, list[tuple[BlockHash, TierBlock]]]:
-        """Take a slot for a new block, dropping least recently used blocks (never those in ``keep``: an admission
+        """Take an index for a new block, dropping least recently used blocks (never those in ``keep``: an admission
         is about to read them) when the tier is full. Returns the new block (None: no room) and the dropped ones."""
         assert block_hash not in self.blocks
         dropped: list[tuple[BlockHash, TierBlock]] = []
-        if not self._free_slots:
+        if not self._free:
             victim = next((h for h in self.blocks if h not in keep), None)
             if victim is None:
                 return None, dropped
             dropped.append((victim, self.remove(victim)))
-        block = TierBlock(self._free_slots.pop(), token_ids, parent_hash)
+        block = TierBlock(self._free.pop(), token_ids, parent_hash)
         self.blocks[block_hash] = block
         return block, dropped
 
     def remove(self, block_hash: BlockHash) -> TierBlock:
         block = self.blocks.pop(block_hash)
-        self._free_slots.append(block.slot)
+        self._free.append(block.index)
         return block
 
     def load(self, blocks: Iterable[tuple[BlockHash, tuple[int, ...], BlockHash | None]]
@@ -68,27 +68,27 @@ class TierIndex:
         """Index blocks found at startup (the disk tier after a restart), given oldest first: the newest that fit
         are taken (in LRU order), the rest are left over (a restart with a smaller tier). Returns (taken, left)."""
         blocks = list(blocks)
-        left = [b[0] for b in blocks[: max(0, len(blocks) - len(self._free_slots))]]
+        left = [b[0] for b in blocks[: max(0, len(blocks) - len(self._free))]]
         taken = []
         for block_hash, token_ids, parent_hash in blocks[len(left):]:
             if block_hash in self.blocks:
                 continue
-            self.blocks[block_hash] = TierBlock(self._free_slots.pop(), token_ids, parent_hash)
+            self.blocks[block_hash] = TierBlock(self._free.pop(), token_ids, parent_hash)
             taken.append(block_hash)
         return taken, left
 
     def clear(self) -> list[BlockHash]:
         hashes = list(self.blocks)
         self.blocks.clear()
-        self._free_slots = list(range(self.capacity - 1, -1, -1))
+        self._free = list(range(self.capacity - 1, -1, -1))
         return hashes
 
     def check_invariants(self) -> None:
-        slots = [b.slot for b in self.blocks.values()]
-        assert len(set(slots)) == len(slots), f"{self.medium}: a slot holds two blocks"
-        assert all(0 <= s < self.capacity for s in slots)
-        assert not set(slots) & set(self._free_slots), f"{self.medium}: a slot is both free and used"
-        assert len(slots) + len(self._free_slots) == self.capacity, f"{self.medium}: a slot is lost"
+        used = [b.index for b in self.blocks.values()]
+        assert len(set(used)) == len(used), f"{self.medium}: an index holds two blocks"
+        assert all(0 <= i < self.capacity for i in used)
+        assert not set(used) & set(self._free), f"{self.medium}: an index is both free and used"
+        assert len(used) + len(self._free) == self.capacity, f"{self.medium}: an index is lost"
 
 
 class LowerTiers:
@@ -105,8 +105,6 @@ class LowerTiers:
         self.disk_reader: Callable[[BlockHash], bool] | None = None
         self.events = events
         self.transfers: list[KVTransfer] = []
-        self.offloads = 0  # blocks copied device -> host
-        self.disk_writes = 0
         self.host_drops = 0  # blocks the full host pool gave up (least recently used first)
         self.disk_drops = 0  # ... and the full disk tier
 
@@ -132,19 +130,17 @@ class LowerTiers:
         host, disk = self.host, self.disk
         if host is None:
             return
-        slot = host.get(block_hash)
-        if slot is not None:
+        held = host.get(block_hash)
+        if held is not None:
             host.touch(block_hash)  # already there (it was restored from the host): no copy
         else:
-            slot = self._add(host, block_hash, token_ids, parent, keep)
-            if slot is None:
+            held = self._add(host, block_hash, token_ids, parent, keep)
+            if held is None:
                 return
-            self.transfers.append(KVTransfer(TransferKind.OFFLOAD, block_id=block_id, slot=slot.slot))
-            self.offloads += 1
+            self.transfers.append(KVTransfer(TransferKind.OFFLOAD, block_id=block_id, host_block=held.index))
         if disk is not None and block_hash not in disk and self._add(disk, block_hash, token_ids, parent, keep):
-            self.transfers.append(KVTransfer(TransferKind.DISK_WRITE, slot=slot.slot, block_hash=block_hash,
+            self.transfers.append(KVTransfer(TransferKind.DISK_WRITE, host_block=held.index, block_hash=block_hash,
                                              parent_hash=parent, token_ids=token_ids))
-            self.disk_writes += 1
 
     def _add(self, tier: TierIndex, block_hash: BlockHash, token_ids: tuple[int, ...], parent: BlockHash | None,
              keep: Collection[BlockHash]) -> TierBlock | None:
@@ -175,8 +171,8 @@ class LowerTiers:
         """Copy a lower-tier block into device block ``block_id`` (before the step's forward reads it)."""
         tier.touch(block_hash)
         if tier is self.host:
-            slot = tier.blocks[block_hash].slot
-            self.transfers.append(KVTransfer(TransferKind.RESTORE, block_id=block_id, slot=slot))
+            host_block = tier.blocks[block_hash].index
+            self.transfers.append(KVTransfer(TransferKind.RESTORE, block_id=block_id, host_block=host_block))
         else:
             self.transfers.append(KVTransfer(TransferKind.DISK_READ, block_id=block_id, block_hash=block_hash))
 

@@ -17,7 +17,8 @@ from typing import Sequence
 from tqdm import tqdm
 
 from engine.config import EngineConfig
-from engine.engine_loop import EngineDeadError, EngineLoop, EngineRequest
+from engine.engine_loop import EngineLoop, EngineRequest
+from engine.errors import EngineDeadError
 from engine.kv_blocks import CacheStats
 from engine.llm_engine import LLMEngine
 from engine.output_processor import CompletionOutput, OutputProcessor
@@ -25,7 +26,7 @@ from engine.outputs import RequestTimings, SchedulerStats, SequenceOutput
 from engine.retention import Retention
 from engine.sampling_params import SamplingParams
 
-Prompt = str | list[int]
+PromptInput = str | list[int]  # text (tokenized without special tokens) or token ids
 
 
 @dataclass
@@ -136,14 +137,14 @@ class LLM:
         for request_id in request_ids:
             self.engine.retain_after_tool_call(request_id)
 
-    def encode(self, prompt: Prompt) -> list[int]:
+    def encode(self, prompt: PromptInput) -> list[int]:
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt, add_special_tokens=False)
         return list(prompt)
 
     def generate(
         self,
-        prompts: Prompt | Sequence[Prompt],
+        prompts: PromptInput | Sequence[PromptInput],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         cache_salt: str | None | Sequence[str | None] = None,
         use_tqdm: bool = False,

@@ -60,7 +60,7 @@ class LLMEngine:
         self.model_dir = Path(model_dir)
         self.model_cfg = ModelConfig.from_dir(self.model_dir)
         if self.model_cfg.is_hybrid and cfg.kv_events_endpoint:
-            # vLLM's events describe pages; a router would count a hybrid model's pages as hits without knowing
+            # vLLM's events describe blocks; a router would count a hybrid model's blocks as hits without knowing
             # where its recurrent state can be resumed
             raise ValueError("KV events (kv_events_endpoint) do not describe the recurrent-state snapshots of hybrid "
                              "models (Qwen3.5 / 3.6, Qwen3-Next) yet; run this model without them")
@@ -76,7 +76,7 @@ class LLMEngine:
             self.runner = ModelRunner(self.model_dir, self.model_cfg, cfg, self.max_model_len)
         offload = self.runner.kv_offload
         host_blocks = offload.host_tensors[0].shape[0] if offload else 0
-        disk_blocks = offload.host_slots_for(cfg.kv_disk_gb, offload.bytes_per_block) if offload and offload.disk else 0
+        disk_blocks = offload.host_blocks_for(cfg.kv_disk_gb, offload.bytes_per_block) if offload and offload.disk else 0
         self.kv_events = (KVEventPublisher(cfg.kv_events_endpoint, cfg.kv_events_replay_endpoint, cfg.kv_events_topic,
                                            cfg.block_size, all_interfaces=cfg.kv_events_all_interfaces,
                                            token_ids=cfg.kv_events_token_ids) if cfg.kv_events_endpoint else None)
@@ -212,7 +212,7 @@ class LLMEngine:
 
     @property
     def rank_memory(self) -> list[RankMemory]:
-        """What each tensor-parallel rank holds (weights, KV pages); one entry without tensor parallelism."""
+        """What each tensor-parallel rank holds (weights, KV blocks); one entry without tensor parallelism."""
         return self.workers.rank_memory if self.workers is not None else [self.runner.memory]
 
     def watch_workers(self, on_death: Callable[[WorkerDiedError], None] | None) -> None:

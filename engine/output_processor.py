@@ -43,7 +43,7 @@ class _SequenceText:
 
 
 @dataclass
-class _Request:
+class _RequestText:
     prompt_token_ids: list[int]
     params: SamplingParams
     sequences: dict[int, _SequenceText] = field(default_factory=dict)  # by index (n > 1)
@@ -55,13 +55,10 @@ class OutputProcessor:
 
     def __init__(self, tokenizer: SupportsDecode) -> None:
         self.tokenizer = tokenizer
-        self._requests: dict[str, _Request] = {}
+        self._requests: dict[str, _RequestText] = {}
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        self._requests[request_id] = _Request(prompt_token_ids, params)
-
-    def remove_request(self, request_id: str) -> None:
-        self._requests.pop(request_id, None)
+        self._requests[request_id] = _RequestText(prompt_token_ids, params)
 
     def process(self, outputs: list[SequenceOutput]) -> tuple[list[SequenceOutput], list[tuple[str, int]]]:
         """Fill in each output's text; returns the outputs to deliver and the (request id, index) of the sequences
@@ -83,7 +80,7 @@ class OutputProcessor:
                 del self._requests[out.request_id]
         return delivered, stopped
 
-    def _sequence(self, request: _Request, index: int) -> _SequenceText:
+    def _sequence(self, request: _RequestText, index: int) -> _SequenceText:
         seq = request.sequences.get(index)
         if seq is None:
             params = request.params

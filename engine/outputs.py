@@ -74,9 +74,9 @@ class ScheduledSequence:
 
 
 class TransferKind(enum.Enum):
-    OFFLOAD = "offload"  # device block -> host slot (the block leaves the device pool)
-    RESTORE = "restore"  # host slot -> device block (a host hit)
-    DISK_WRITE = "disk_write"  # host slot -> the block's file (written through when a block reaches the host)
+    OFFLOAD = "offload"  # device block -> host block (the block leaves the device pool)
+    RESTORE = "restore"  # host block -> device block (a host hit)
+    DISK_WRITE = "disk_write"  # host block -> the block's file (written through when a block reaches the host)
     DISK_READ = "disk_read"  # the block's file -> device block (a disk hit)
     DISK_DELETE = "disk_delete"  # the disk tier dropped the block
     DISK_CLEAR = "disk_clear"  # every block file (a prefix-cache reset)
@@ -89,7 +89,7 @@ class KVTransfer:
 
     kind: TransferKind
     block_id: int = -1  # device block
-    slot: int = -1  # host slot
+    host_block: int = -1  # the block's row in the host pool
     block_hash: bytes = b""  # disk: the file's name
     parent_hash: bytes | None = None  # disk writes: recorded in the file, so a restart can rebuild the chain
     token_ids: tuple[int, ...] = ()
@@ -118,10 +118,6 @@ class SchedulerOutput:
     kv_transfers: list[KVTransfer] = field(default_factory=list)  # before the forward, in order
     state_restores: list[StateCopy] = field(default_factory=list)  # hybrid models: before the forward
     state_snapshots: list[StateCopy] = field(default_factory=list)  # hybrid models: after the forward
-
-    @property
-    def num_scheduled_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
 
 
 # ---- model runner -> scheduler -------------------------------------------------------------------------------------
@@ -181,7 +177,7 @@ class SchedulerStats:
     kv_blocks_free: int = 0  # an allocation can take them: never-used blocks plus cached blocks nobody holds
     kv_blocks_cached: int = 0
     kv_blocks_retained: int = 0  # pinned (breakpoints, named caches) or held for a session, not expired
-    kv_retention_refused_blocks: int = 0  # retention refused at --max-pinned-fraction
+    kv_retention_refused_blocks: int = 0  # retention refused at --max-retained-fraction
     kv_host_blocks_total: int = 0
     kv_host_blocks_cached: int = 0
     kv_disk_blocks_total: int = 0

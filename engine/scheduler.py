@@ -64,7 +64,7 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.eos_token_ids = eos_token_ids
         self.kv = KVCacheManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching, cfg.eviction_policy,
-                                 max_retained_fraction=cfg.max_pinned_fraction, host_blocks=host_blocks,
+                                 max_retained_fraction=cfg.max_retained_fraction, host_blocks=host_blocks,
                                  disk_blocks=disk_blocks, record_events=record_events, clock=clock,
                                  state_slots=state_slots)
         self.hasher = BlockHasher(cfg.block_size, model_id)

@@ -11,7 +11,8 @@ import concurrent.futures
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
-from engine.engine_loop import EngineDeadError, EngineLoop, EngineRequest
+from engine.engine_loop import EngineLoop, EngineRequest
+from engine.errors import EngineDeadError
 from engine.llm_engine import LLMEngine
 from engine.output_processor import OutputProcessor
 from engine.outputs import SequenceOutput

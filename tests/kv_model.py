@@ -1,5 +1,5 @@
 """Test doubles that follow the KV manager's outputs the way the runner and a router do: `BlockContents` applies
-the copy instructions to a model of the device blocks, host slots and disk files; `EventReplay` rebuilds each
+the copy instructions to a model of the device blocks, host blocks and disk files; `EventReplay` rebuilds each
 tier's block set from the events. Both let a test check the manager against what it told the outside world."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from engine.outputs import KVTransfer, TransferKind
 
 @dataclass
 class BlockContents:
-    """What each device block, host slot and disk file holds (the tokens whose K/V the "model" wrote there)."""
+    """What each device block, host block and disk file holds (the tokens whose K/V the "model" wrote there)."""
 
     device: dict[int, tuple[int, ...]] = field(default_factory=dict)
     host: dict[int, tuple[int, ...]] = field(default_factory=dict)
@@ -21,11 +21,11 @@ class BlockContents:
     def apply(self, transfers: list[KVTransfer]) -> None:
         for t in transfers:
             if t.kind is TransferKind.OFFLOAD:
-                self.host[t.slot] = self.device[t.block_id]
+                self.host[t.host_block] = self.device[t.block_id]
             elif t.kind is TransferKind.RESTORE:
-                self.device[t.block_id] = self.host[t.slot]
+                self.device[t.block_id] = self.host[t.host_block]
             elif t.kind is TransferKind.DISK_WRITE:
-                self.disk[t.block_hash] = self.host[t.slot]
+                self.disk[t.block_hash] = self.host[t.host_block]
             elif t.kind is TransferKind.DISK_READ:
                 self.device[t.block_id] = self.disk[t.block_hash]
             elif t.kind is TransferKind.DISK_DELETE:
@@ -46,7 +46,7 @@ class BlockContents:
             assert self.device.get(node.block_id) == node.token_ids, f"device block {node.block_id} holds other K/V"
         if kv.tiers.host is not None:
             for block in kv.tiers.host.blocks.values():
-                assert self.host.get(block.slot) == block.token_ids, f"host slot {block.slot} holds other K/V"
+                assert self.host.get(block.index) == block.token_ids, f"host block {block.index} holds other K/V"
         if kv.tiers.disk is not None:
             for block_hash, block in kv.tiers.disk.blocks.items():
                 assert self.disk.get(block_hash) == block.token_ids, "a disk file holds other K/V"

@@ -73,7 +73,7 @@ class SimConfig:
     host_blocks: int = 0  # the host tier (engine: --kv-offload-gb)
     disk_blocks: int = 0  # the disk tier (engine: --kv-disk-dir, --kv-disk-gb)
     tool_call_ttl_s: float = 0.0  # hold a session's blocks after a reply that ends in tool calls (0: no holds)
-    max_pinned_fraction: float = 0.5
+    max_retained_fraction: float = 0.5
     costs: CostModel | None = None  # None: one time unit per step
 
     def __post_init__(self) -> None:
@@ -234,7 +234,7 @@ class _Simulation:
         self.cfg = cfg
         self.clock = _Clock()
         self.kv = KVCacheManager(cfg.num_kv_blocks or _pool_size(requests, cfg), cfg.block_size, True,
-                                 cfg.eviction_policy, max_retained_fraction=cfg.max_pinned_fraction,
+                                 cfg.eviction_policy, max_retained_fraction=cfg.max_retained_fraction,
                                  host_blocks=cfg.host_blocks, disk_blocks=cfg.disk_blocks, clock=self.clock)
         self.hasher = BlockHasher(cfg.block_size, cfg.model_id)
         self.hashes: dict[str, list[BlockHash]] = {}

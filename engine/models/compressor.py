@@ -1,10 +1,10 @@
 """DeepSeek-V4's compressors: windows of tokens pooled into compressed KV entries, and the lightning indexer that
 picks which compressed entries a query of a compressed-sparse-attention layer attends to.
 
-A layer's compressed entries live in the pages of the blocks whose tokens they pool: entry w (tokens ``w * rate``
+A layer's compressed entries live in the blocks whose tokens they pool: entry w (tokens ``w * rate``
 onwards) in the block holding token ``w * rate``, at row ``w % (block_size / rate)`` of a ``[block_size / rate, D]``
-view of a per-token ``[D / rate]`` page tensor. The pooling state of the windows still open lives in a per-block
-page row (`kernels.reference_compressed`). So the prefix cache, the KV tiers and preemption treat them as they treat
+view of a per-token ``[D / rate]`` block tensor. The pooling state of the windows still open lives in a row per
+block (`kernels.reference_compressed`). So the prefix cache, the KV tiers and preemption treat them as they treat
 the tokens' K: a hit on a block is a hit on its entries and on the state to resume after it.
 """
 from __future__ import annotations
@@ -33,11 +33,11 @@ class Compressor(nn.Module):
         self.position_bias = nn.Parameter(torch.empty(rate, width))
         self.kv_norm = RMSNorm(head_dim, eps)
 
-    def forward(self, ops: Ops, x: torch.Tensor, entry_pages: torch.Tensor, state: torch.Tensor,
+    def forward(self, ops: Ops, x: torch.Tensor, entry_blocks: torch.Tensor, state: torch.Tensor,
                 meta: AttentionMetadata, cos_sin: torch.Tensor) -> None:
-        """Pool the step's tokens; write the entries they close into ``entry_pages`` and the open windows into
+        """Pool the step's tokens; write the entries they close into ``entry_blocks`` and the open windows into
         ``state``."""
-        block_size = entry_pages.shape[1]
+        block_size = entry_blocks.shape[1]
         pooled, seq, window = ops.pool_windows(
             self.kv_proj(x), self.gate_proj(x), self.position_bias, state, meta.block_tables, meta.context_lens,
             meta.query_start_loc, self.rate, self.overlap, block_size)
@@ -46,15 +46,15 @@ class Compressor(nn.Module):
         entries = ops.rms_norm(pooled, self.kv_norm.weight, self.kv_norm.eps)
         entries = rotate_pairs(entries, window * self.rate, cos_sin)
         rows = entry_rows(window[:, None], seq, meta.block_tables, block_size, self.rate)[:, 0]
-        # stored as the keys are (FP8 pages too): the entry rows as one-slot pages, each half an entry
-        pages, half = entry_view(entry_pages, self.head_dim)[:, None, None, :], self.head_dim // 2
+        # stored as the keys are (FP8 blocks too): the entry rows as one-slot blocks, each half an entry
+        blocks, half = entry_view(entry_blocks, self.head_dim)[:, None, None, :], self.head_dim // 2
         entries = entries.unsqueeze(1)
-        ops.store_kv(entries[..., :half], entries[..., half:], pages[..., :half], pages[..., half:], rows.long())
+        ops.store_kv(entries[..., :half], entries[..., half:], blocks[..., :half], blocks[..., half:], rows.long())
 
 
-def entry_view(entry_pages: torch.Tensor, head_dim: int) -> torch.Tensor:
+def entry_view(entry_blocks: torch.Tensor, head_dim: int) -> torch.Tensor:
     """A layer's compressed entries as ``[num_blocks * block_size / rate, head_dim]`` rows."""
-    return entry_pages.view(-1, head_dim)
+    return entry_blocks.view(-1, head_dim)
 
 
 def entry_rows(windows: torch.Tensor, seq: torch.Tensor, block_tables: torch.Tensor, block_size: int,
@@ -83,12 +83,12 @@ class CompressedIndexer(Compressor):
         self.scorer = IndexScorer(hidden_size, v4.index_num_heads)
 
     def choose(self, ops: Ops, x: torch.Tensor, q_latent: torch.Tensor, seq: torch.Tensor, pos: torch.Tensor,
-               key_pages: torch.Tensor, meta: AttentionMetadata, cos_sin: torch.Tensor) -> torch.Tensor:
+               key_blocks: torch.Tensor, meta: AttentionMetadata, cos_sin: torch.Tensor) -> torch.Tensor:
         """Each query row's chosen compressed entries, as rows of `entry_view` ``[T, topk]`` (-1: none)."""
         q = self.q_b_proj(q_latent).view(x.shape[0], self.num_heads, self.head_dim)
         q = rotate_pairs(q, pos, cos_sin)
         weights = self.scorer.weights_proj(x).float() * self.num_heads**-0.5
-        keys = key_pages.view(key_pages.shape[0], -1, 1, self.head_dim)  # entries as a paged cache of one head
+        keys = key_blocks.view(key_blocks.shape[0], -1, 1, self.head_dim)  # entries as a paged cache of one head
         visible = (pos + 1) // self.rate - 1  # the last entry whose window this token has closed
         return ops.index_topk(q, weights, keys, meta.block_tables, seq, visible, self.head_dim**-0.5, self.topk,
                               max_context_len=max(1, meta.max_context_len // self.rate))

@@ -10,7 +10,7 @@ The output is rotated back at the query's position (values carry the keys' rotat
 heads (``o_a_proj``) then mixed (``o_b_proj``). MLPs are MoEs (`engine.models.moe`: hash routing first, then
 sqrt-softplus top-k; clamped SwiGLU), and the residual is ``hc_mult`` streams (`engine.models.hyper_connections`).
 
-Cache: each layer's pages hold every token's key (``[block, 1, head_dim]``), its compressed entries and their
+Cache: each layer's blocks hold every token's key (``[block, 1, head_dim]``), its compressed entries and their
 pooling state (`engine.models.compressor`), all under the sequence's block ids. Tensor parallelism splits the experts
 and the vocabulary; attention is replicated (one KV head), as transformers' plan has it.
 """
@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from engine.config import ModelConfig, V4Config
-from engine.kv_cache_spec import KVCacheSpec, KVCaches, PageTensor
+from engine.kv_cache_spec import BlockTensor, KVCacheSpec, KVCaches
 from engine.models.compressor import CompressedIndexer, Compressor, entry_rows, entry_view
 from engine.models.hyper_connections import HyperConnection, HyperHead, unweighted_rms_norm
 from engine.models.llama import RMSNorm
@@ -70,15 +70,15 @@ class V4Attention(nn.Module):
         elif self.rate:
             self.compressor = Compressor(hidden, v4.head_dim, self.rate, overlap=False, eps=eps)
 
-    def page_tensors(self) -> tuple[PageTensor, ...]:
+    def block_tensors(self) -> tuple[BlockTensor, ...]:
         """Keys per token; compressed entries per token (``head_dim / rate`` values: ``block / rate`` entries a
         block) and their pooling state per block, for the compressor and, on CSA layers, the indexer's."""
-        tensors = [PageTensor((1, self.head_dim))]
+        tensors = [BlockTensor((1, self.head_dim))]
         compressors = [] if self.compressor is None else [self.compressor, *self._indexer()]
         for c in compressors:
-            tensors.append(PageTensor((c.head_dim // c.rate,)))
+            tensors.append(BlockTensor((c.head_dim // c.rate,)))
         for c in compressors:
-            tensors.append(PageTensor((pooling_state_size(c.head_dim, c.overlap),), per_block=True, fp32=True))
+            tensors.append(BlockTensor((pooling_state_size(c.head_dim, c.overlap),), per_block=True, fp32=True))
         return tuple(tensors)
 
     def _indexer(self) -> list[CompressedIndexer]:
@@ -110,7 +110,7 @@ class V4Attention(nn.Module):
                     kv_cache: tuple[torch.Tensor, ...], meta: AttentionMetadata, cos_sin: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Pool this step's tokens; returns the compressed entries' rows and each query row's picks of them."""
-        if self._indexer():  # page tensors in `page_tensors` order
+        if self._indexer():  # block tensors in `block_tensors` order
             _, entries, index_entries, state, index_state = kv_cache
         else:
             _, entries, state = kv_cache
@@ -160,7 +160,7 @@ class DeepseekV4ForCausalLM(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
 
     def kv_cache_spec(self) -> KVCacheSpec:
-        layers = [layer.self_attn.page_tensors() for layer in self.layers]
+        layers = [layer.self_attn.block_tensors() for layer in self.layers]
         return KVCacheSpec.per_layer("compressed", layers, max(self.v4.csa_rate, self.v4.hca_rate))
 
     def init_rope(self, max_positions: int, device: torch.device) -> None:

@@ -1,13 +1,13 @@
 """DeepSeek-V3.2's lightning indexer (DeepSeek Sparse Attention): which context tokens each query attends to.
 
 Per token it writes one index key (``wk`` then LayerNorm, RoPE on its first ``qk_rope_head_dim`` dims, neox-style
-unlike MLA's interleaved pairs) into its own page tensor beside the MLA latent, and scores every visible cached key
+unlike MLA's interleaved pairs) into its own block tensor beside the MLA latent, and scores every visible cached key
 with ``sum_h w_h * relu(q_h . k / sqrt(D))``: ``index_n_heads`` queries from the q-LoRA latent (``wq_b``) and their
 weights from the hidden state (``weights_proj``, in fp32 as DeepSeek keeps it). The ``index_topk`` best tokens are
 returned as slots for `ops.sparse_mla`. DeepSeek's own code rotates q and k by a Hadamard matrix and scores in FP8;
 a rotation leaves dot products unchanged, so the scores here are those of transformers' bf16/fp32 formulation.
 
-The index keys are a per-token tensor of the same pages as the latent: they share its block ids, its prefix-cache
+The index keys are a per-token tensor of the same blocks as the latent: they share its block ids, its prefix-cache
 entries, its tiers and its eviction, so a prefix hit carries its index keys with its latents.
 """
 from __future__ import annotations

@@ -125,7 +125,7 @@ class LlamaForCausalLM(nn.Module):
         return self.cfg.head_dim
 
     def kv_cache_spec(self) -> KVCacheSpec:
-        """This rank's pages: its KV heads of every token."""
+        """This rank's blocks: its KV heads of every token."""
         return KVCacheSpec.gqa(self.cfg.num_layers, self.tp.split(self.cfg.num_kv_heads), self.cfg.head_dim)
 
     def init_rope(self, max_positions: int, device: torch.device) -> None:

@@ -2,7 +2,7 @@
 of the released VLM checkpoints).
 
 Three of every four layers are Gated DeltaNet linear attention, whose memory of the context is a recurrent state per
-sequence (a causal-conv window and an fp32 delta-rule state, `kernels.reference_recurrent`) instead of K/V pages;
+sequence (a causal-conv window and an fp32 delta-rule state, `kernels.reference_recurrent`) instead of K/V blocks;
 the fourth is full attention with an output gate, partial RoPE and zero-centred q/k norms. Layer norms are
 zero-centred ((1 + w) gains). MLPs are dense (3.5) or MoE with a gated shared expert (Next, 3.5-MoE), from
 `engine.models.moe`. The decoder loop is the Llama one; only the token mixers differ.
@@ -79,7 +79,7 @@ class GatedDeltaNet(nn.Module):
     and z). Both load into one fused ``in_proj``. Under tensor parallelism a rank holds whole key heads and their
     value heads."""
 
-    recurrent = True  # its cache is a state per sequence, not pages
+    recurrent = True  # its cache is a state per sequence, not blocks
 
     def __init__(self, cfg: ModelConfig, tp: TensorParallel) -> None:
         super().__init__()
@@ -150,7 +150,7 @@ class HybridForCausalLM(LlamaForCausalLM):
         return int(self.cfg.head_dim * self.cfg.partial_rotary_factor)
 
     def kv_cache_spec(self) -> KVCacheSpec:
-        """Pages for the attention layers; per recurrent layer a conv window ``[C, K - 1]`` (model dtype) and an
+        """Blocks for the attention layers; per recurrent layer a conv window ``[C, K - 1]`` (model dtype) and an
         fp32 delta-rule state ``[Hv, Dk, Dv]`` per state slot (this rank's heads)."""
         cfg, lin, tp = self.cfg, self.cfg.linear, self.tp
         assert lin is not None
@@ -162,6 +162,6 @@ class HybridForCausalLM(LlamaForCausalLM):
                     (tp.split(lin.num_value_heads), lin.key_head_dim, lin.value_head_dim)),
             fp32=(False, True),
         )
-        pages = KVCacheSpec.gqa(cfg.num_layers - sum(recurrent), tp.split(cfg.num_kv_heads), cfg.head_dim)
-        return KVCacheSpec(pages.kind, pages.num_layers, pages.token_shapes, recurrent=state,
+        blocks = KVCacheSpec.gqa(cfg.num_layers - sum(recurrent), tp.split(cfg.num_kv_heads), cfg.head_dim)
+        return KVCacheSpec(blocks.kind, blocks.num_layers, blocks.token_shapes, recurrent=state,
                            layer_is_recurrent=recurrent)

@@ -1,4 +1,4 @@
-"""What each rank holds: its weights (split across ranks, or replicated on every rank) and its KV pages."""
+"""What each rank holds: its weights (split across ranks, or replicated on every rank) and its KV blocks."""
 from __future__ import annotations
 
 import os
@@ -27,7 +27,7 @@ class RankMemory:
     def describe(self) -> str:
         return (f"rank {self.rank} ({self.device}, pid {self.pid}): weights {self.weight_bytes / MIB:,.1f} MiB "
                 f"({self.sharded_weight_bytes / MIB:,.1f} sharded + {self.replicated_weight_bytes / MIB:,.1f} "
-                f"replicated), KV pages {self.kv_cache_bytes / MIB:,.1f} MiB")
+                f"replicated), KV blocks {self.kv_cache_bytes / MIB:,.1f} MiB")
 
 
 def weight_bytes(model: nn.Module) -> tuple[int, int]:

@@ -1,6 +1,6 @@
 """A tensor-parallel worker: ranks 1..N-1, each in its own process, started by rank 0 (`engine.parallel.workers`).
 
-A worker builds its runner (its shard of the weights, its shard of every KV page) and then applies every
+A worker builds its runner (its shard of the weights, its shard of every KV block) and then applies every
 `SchedulerOutput` rank 0 sends, in order, exactly as rank 0's runner does, until rank 0 sends None. It never
 schedules, samples or detokenizes: it runs its part of each forward pass and receives the sampled ids from rank 0.
 An error is written to rank 0 through ``errors`` before the worker exits non-zero; a worker whose rank 0 is gone

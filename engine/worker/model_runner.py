@@ -181,7 +181,7 @@ class ModelRunner:
         # Hybrid models too: the Triton recurrent kernels index state slots on the device (padding rows: slot -1).
         use_graphs = (self.device.type == "cuda" and cfg.attention_backend == "triton" and not cfg.enforce_eager
                       and tp.size == 1 and getattr(model, "cuda_graphs", True))
-        # Every rank holds its shard of every page, so all ranks agree on the pool: the smallest that fits.
+        # Every rank holds its shard of every block, so all ranks agree on the pool: the smallest that fits.
         blocks, snapshots = self._size_cache(use_graphs)
         self.num_blocks = tp.min(blocks, self.device)
         # Hybrid models: a recurrent-state slot per running sequence, and the snapshots' (engine.kv.state_pool)
@@ -200,14 +200,14 @@ class ModelRunner:
 
     def _new_offload(self, model_dir: Path) -> KVOffload:
         """The host pool (and disk tier) for blocks evicted from the device pool."""
-        tensors = flat_caches(self.kv_spec.page_layers(self.kv_caches))
+        tensors = flat_caches(self.kv_spec.block_layers(self.kv_caches))
         per_block = sum(t[0].numel() * t.element_size() for t in tensors)
         disk = None
         if self.cfg.kv_disk_dir:
             layout = {"model": str(Path(model_dir).resolve()), "block_size": self.cfg.block_size,
                       "dtype": str(tensors[0].dtype), "shapes": [list(t.shape[1:]) for t in tensors]}
             disk = DiskStore(self.cfg.kv_disk_dir, layout)
-        return KVOffload(self.kv_spec.page_layers(self.kv_caches), KVOffload.host_slots_for(self.cfg.kv_offload_gb, per_block), disk)
+        return KVOffload(self.kv_spec.block_layers(self.kv_caches), KVOffload.host_blocks_for(self.cfg.kv_offload_gb, per_block), disk)
 
     def make_decode_graphs(self, kv_caches: KVCaches, use_graphs: bool) -> DecodeGraphRunner:
         """The padded decode path over ``kv_caches``; ``use_graphs=False`` runs it eagerly (CPU tests, profiling)."""
@@ -419,7 +419,7 @@ class ModelRunner:
     def _size_cache(self, use_graphs: bool) -> tuple[int, int]:
         """``(KV blocks, state snapshots)``: as configured, or from the memory budget. A hybrid model's running
         sequences' states come out of the budget first; of the rest, snapshots take ``state_snapshot_fraction``
-        and pages the remainder (with ``num_kv_blocks`` given, snapshots take that fraction of pages + snapshots)."""
+        and blocks the remainder (with ``num_kv_blocks`` given, snapshots take that fraction of blocks + snapshots)."""
         cfg, spec = self.cfg, self.kv_spec.recurrent
         per_block = self.kv_spec.bytes_per_block(cfg.block_size, cfg.kv_cache_torch_dtype)
         state = spec.bytes_per_state(self.dtype) if spec is not None else 0
@@ -442,7 +442,7 @@ class ModelRunner:
         return blocks, snapshots
 
     def _kv_memory_budget(self, use_graphs: bool) -> int:
-        """Bytes for KV pages and recurrent states. On CUDA: ``total * gpu_memory_utilization`` minus the peak of tensors
+        """Bytes for KV blocks and recurrent states. On CUDA: ``total * gpu_memory_utilization`` minus the peak of tensors
         (weights plus a profiled full-size step), minus memory outside torch's allocator (CUDA context, other
         processes), minus the decode graphs' pool.
 

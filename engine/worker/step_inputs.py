@@ -33,7 +33,6 @@ class HostInputs:
     block_table_deltas: np.ndarray  # [3, D]
     state_slots: np.ndarray  # hybrid models: each row's recurrent-state slot ...
     has_initial_state: np.ndarray  # ... and whether it continues the state there (tokens computed before)
-    num_real_rows: int
     max_query_len: int
     max_context_len: int
 
@@ -66,7 +65,7 @@ def flatten(batch: InputBatch, block_size: int, pad_rows_to: int | None = None) 
         query_start_loc=np.concatenate([np.zeros(1, dtype=np.int32), ends]), context_lens=context_lens,
         sample_index=ends[sample_rows] - 1, sample_rows=sample_rows, pending_dst=pending_dst, pending_src=pending_src,
         block_table_deltas=batch.take_block_table_deltas(), state_slots=batch.state_slots[:rows].copy(),
-        has_initial_state=start > 0, num_real_rows=rows,
+        has_initial_state=start > 0,
         max_query_len=int(n.max()) if rows else 0, max_context_len=int(context_lens.max()) if rows else 0,
     )
     if pad_rows_to is not None and pad_rows_to > rows:

@@ -103,7 +103,7 @@ def test_workload_and_bandwidth_math():
 
 def test_timing_functions_drive_the_engine():
     """Full runs generate every requested token; a run past its deadline stops and leaves the engine clean."""
-    from benchmarks.throughput import Workload
+    from benchmarks.throughput import ThroughputWorkload
     from engine import LLM
 
     llm = LLM("qwen3-tiny", attention_backend="torch", num_kv_blocks=128, block_size=4)
@@ -111,7 +111,7 @@ def test_timing_functions_drive_the_engine():
                               peak_bytes_per_s=1e12, seed=0)
     assert timing.step_ms > 0 and timing.tokens_per_s > 0
     assert timing.bytes_per_step == pytest.approx(10**6 + 100 * (9 + 1 + 1.5) * 2)
-    work = Workload.random(3, 3, 6, vocab=10_000, seed=0)
+    work = ThroughputWorkload.random(3, 3, 6, vocab=10_000, seed=0)
     full = run_throughput(llm, work, deadline=float("inf"))
     assert full["complete"] and full["finished"] == 3 and full["output_tokens"] == work.num_output_tokens
     cut = run_throughput(llm, work, deadline=0.0)

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from benchmarks.router_bench import RequestResult, fault_summary, router_log_facts, summarize
+from benchmarks.router_bench import RoutedResult, fault_summary, router_log_facts, summarize
 
 VICTIM = "http://127.0.0.1:9002"
 
 
 def test_summary_counts_hits_failures_and_placement():
-    results = [RequestResult("s0", 0, 0.0, 1.0, True, 1000, 0, 0), RequestResult("s0", 1, 1.0, 1.5, True, 1200, 960, 0),
-               RequestResult("s1", 0, 0.5, 2.5, True, 800, 0, 1), RequestResult("s1", 1, 2.5, 3.0, False, error="x")]
+    results = [RoutedResult("s0", 0, 0.0, 1.0, True, 1000, 0, 0), RoutedResult("s0", 1, 1.0, 1.5, True, 1200, 960, 0),
+               RoutedResult("s1", 0, 0.5, 2.5, True, 800, 0, 1), RoutedResult("s1", 1, 2.5, 3.0, False, error="x")]
     s = summarize(results, replicas=2)
     assert (s["requests"], s["failed"], s["per_replica"]) == (4, 1, [2, 1])
     assert s["hit_rate"] == 960 / 3000 and s["later_turn_hit_rate"] == 960 / 1200
@@ -20,10 +20,10 @@ def test_summary_counts_hits_failures_and_placement():
 
 def test_fault_summary_splits_the_run_at_kill_and_restart():
     events = {"kill": 10.0, "restarted": 20.0}
-    results = [RequestResult("a", 0, 8.0, 11.0, True, 100, 50, 0),  # in flight at the kill, retried
-               RequestResult("b", 0, 9.0, 10.5, False, error="connection reset"),  # in flight, failed
-               RequestResult("a", 1, 12.0, 13.0, True, 200, 150, 0),  # while down
-               RequestResult("c", 0, 21.0, 22.0, True, 300, 0, 1)]  # after the restart, on the victim
+    results = [RoutedResult("a", 0, 8.0, 11.0, True, 100, 50, 0),  # in flight at the kill, retried
+               RoutedResult("b", 0, 9.0, 10.5, False, error="connection reset"),  # in flight, failed
+               RoutedResult("a", 1, 12.0, 13.0, True, 200, 150, 0),  # while down
+               RoutedResult("c", 0, 21.0, 22.0, True, 300, 0, 1)]  # after the restart, on the victim
     f = fault_summary(results, events, victim=1)
     assert (f["in_flight_at_kill"], f["in_flight_failed"], f["failed_outside_kill"]) == (2, 1, 0)
     assert (f["while_down"], f["while_down_to_victim"], f["after_restart_to_victim"]) == (1, 0, 1)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.kv_cache_spec import PageTensor
+from engine.kv_cache_spec import BlockTensor
 from tests.engine.conftest import assert_top_logprobs_equal_hf, hf_greedy, random_prompts
 
 NAME = "deepseek-v4-tiny"
@@ -32,7 +32,7 @@ def test_pages_hold_keys_entries_and_pooling_state() -> None:
     assert [len(layer) for layer in caches] == [1, 5, 3, 5]
     assert [tuple(t.shape) for t in caches[1]] == [(8, 16, 1, 32), (8, 16, 8), (8, 16, 8), (8, 9 * 32), (8, 9 * 32)]
     assert [tuple(t.shape) for t in caches[2]] == [(8, 16, 1, 32), (8, 16, 2), (8, 3 * 32)]
-    assert spec.layers[2][2] == PageTensor((96,), per_block=True, fp32=True)
+    assert spec.layers[2][2] == BlockTensor((96,), per_block=True, fp32=True)
     with pytest.raises(ValueError, match="multiple of 16"):
         LLM(NAME, block_size=8, num_kv_blocks=8)
 

@@ -62,7 +62,7 @@ def test_pinned_prefix_outlives_newer_sessions_without_a_tier(prompts, pin):
 @pytest.mark.parametrize("held", [True, False])
 def test_session_held_across_a_tool_call(prompts, held):
     a, b, c = prompts
-    llm = LLM("qwen3-tiny", block_size=BLOCK, num_kv_blocks=96, tool_call_ttl=30.0, max_pinned_fraction=0.7)
+    llm = LLM("qwen3-tiny", block_size=BLOCK, num_kv_blocks=96, tool_call_ttl=30.0, max_retained_fraction=0.7)
     first = llm.generate([a], GREEDY, retention=Retention(hold_after_finish_s=1.0) if held else None)[0]
     if held:
         assert llm.engine.scheduler._held  # remembered until the caller decides

@@ -11,8 +11,8 @@ import pytest
 
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig, ModelConfig
-from engine.engine_loop import EngineDeadError, EngineLoop
-from engine.errors import ParallelConfigError, WorkerDiedError
+from engine.engine_loop import EngineLoop
+from engine.errors import EngineDeadError, ParallelConfigError, WorkerDiedError
 from engine.parallel.sizes import check_sizes
 from engine.registry import resolve_model
 from tests.engine.conftest import random_prompts
