@@ -25,8 +25,8 @@ import torch
 
 from engine.kv_cache_spec import KVCaches
 from engine.models.llama import LlamaForCausalLM
-from kernels.attention_metadata import AttentionMetadata
 from engine.worker.step_inputs import DeviceInputs
+from kernels.attention_metadata import AttentionMetadata
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
