@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine import sampler
+from engine.worker import sampler
 from engine.outputs import TokenLogprobs
 from engine.worker.sampler import Penalties, SamplingBatch, has_penalties, make_generator
 from engine.sampling_params import SamplingParams
