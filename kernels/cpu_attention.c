@@ -2,8 +2,8 @@
  *
  * One query row per sequence. For each (sequence, KV head), the query heads of its group score every context token
  * of that head, take the softmax, and sum the value rows: one pass over the keys, one over the values, each row read
- * once from its page. Nothing is gathered into a copy first, as the pure-torch reference (kernels/reference.py) must
- * before it can call SDPA.
+ * once from its page, page by page. Nothing is gathered into a copy first, as the pure-torch reference
+ * (kernels/reference.py) must before it can call SDPA.
  *
  * Layout (in elements): token t of sequence s lives in page block_tables[s * bt_stride + t / block_size] at offset
  * t % block_size; its key for KV head h starts at page * k_page + (t % block_size) * k_token + h * k_head, its value
@@ -27,6 +27,26 @@ ALWAYS_INLINE float load(const void *base, int64_t i, int bf16) {
     return ((const float *)base)[i];
 }
 
+/* e^x for x <= 0 (scores minus their maximum), in a form the compiler vectorizes (glibc's expf is a call per
+ * element): x = n ln2 + r with |r| <= ln2 / 2, e^r by its Taylor polynomial to degree 7 (relative error < 2e-7),
+ * 2^n by the exponent bits. Below -87 the result is 0, as expf's underflows to it. */
+ALWAYS_INLINE float exp_nonpositive(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    const float n = __builtin_roundf(x * 1.44269504088896341f);
+    const float r = x - n * 0.693145751953125f - n * 1.428606765330187045e-06f;
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    union { uint32_t u; float f; } scale;
+    scale.u = (uint32_t)((int32_t)n + 127) << 23;
+    return p * scale.f;
+}
+
 typedef struct {
     int64_t n, hq, hkv, dk, dv, block_size, bt_stride;
     int64_t k_page, k_token, k_head, v_page, v_token, v_head;
@@ -36,36 +56,54 @@ typedef struct {
 
 /* One (sequence i, KV head h) task; `bf16` is a constant at each call site, so each page dtype gets its own loop. */
 ALWAYS_INLINE void attend(const Shape *p, const float *q, const void *k, const void *v, const int32_t *table,
-                          int64_t len, int64_t i, int64_t h, float *scores, float *best, float *total, float *out,
-                          int bf16) {
-    const int64_t group = p->hq / p->hkv, dk = p->dk, dv = p->dv;
+                          int64_t len, int64_t i, int64_t h, float *scores, float *out, int bf16) {
+    const int64_t group = p->hq / p->hkv, dk = p->dk, dv = p->dv, bs = p->block_size;
     const float *qrows = q + (i * p->hq + h * group) * dk;
-    for (int64_t g = 0; g < group; g++) best[g] = -INFINITY;
-    for (int64_t t = 0; t < len; t++) {
-        const int64_t row = table[t / p->block_size] * p->k_page + (t % p->block_size) * p->k_token + h * p->k_head;
+    for (int64_t start = 0; start < len; start += bs) {  /* keys, a page at a time; a page's rows stay in L1 */
+        const int64_t page = table[start / bs], rows = len - start < bs ? len - start : bs;
+        const int64_t first = page * p->k_page + h * p->k_head;
         for (int64_t g = 0; g < group; g++) {
-            float dot = 0.0f;
-            for (int64_t d = 0; d < dk; d++) dot += qrows[g * dk + d] * load(k, row + d, bf16);
-            dot *= p->scale;
-            scores[g * len + t] = dot;
-            if (dot > best[g]) best[g] = dot;
+            const float *qg = qrows + g * dk;
+            float *sg = scores + g * len + start;
+            for (int64_t j = 0; j < rows; j++) {
+                const int64_t row = first + j * p->k_token;
+                float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+                for (int64_t d = 0; d < dk; d++) dot += qg[d] * load(k, row + d, bf16);
+                sg[j] = dot * p->scale;
+            }
         }
-    }
-    for (int64_t g = 0; g < group; g++) {
-        float sum = 0.0f;
-        for (int64_t t = 0; t < len; t++) sum += (scores[g * len + t] = expf(scores[g * len + t] - best[g]));
-        total[g] = sum;
     }
     memset(out, 0, sizeof(float) * group * dv);
-    for (int64_t t = 0; t < len; t++) {
-        const int64_t row = table[t / p->block_size] * p->v_page + (t % p->block_size) * p->v_token + h * p->v_head;
+    for (int64_t g = 0; g < group; g++) {
+        float *s = scores + g * len, best = s[0], total = 0.0f;
+#pragma omp simd reduction(max : best)
+        for (int64_t t = 0; t < len; t++) best = s[t] > best ? s[t] : best;
+#pragma omp simd reduction(+ : total)
+        for (int64_t t = 0; t < len; t++) total += (s[t] = exp_nonpositive(s[t] - best));
+        const float inverse = 1.0f / total;
+#pragma omp simd
+        for (int64_t t = 0; t < len; t++) s[t] *= inverse;
+    }
+    for (int64_t start = 0; start < len; start += bs) {  /* values, a page at a time */
+        const int64_t page = table[start / bs], rows = len - start < bs ? len - start : bs;
+        const int64_t first = page * p->v_page + h * p->v_head;
         for (int64_t g = 0; g < group; g++) {
-            const float weight = scores[g * len + t];
-            for (int64_t d = 0; d < dv; d++) out[g * dv + d] += weight * load(v, row + d, bf16);
+            const float *weights = scores + g * len + start;
+            float *o = out + g * dv;
+            for (int64_t d0 = 0; d0 < dv; d0 += 32) {  /* 32 outputs in registers across the page's rows */
+                const int64_t width = dv - d0 < 32 ? dv - d0 : 32;
+                float acc[32] = {0};
+                for (int64_t j = 0; j < rows; j++) {
+                    const int64_t row = first + j * p->v_token + d0;
+                    const float weight = weights[j];
+#pragma omp simd
+                    for (int64_t d = 0; d < 32; d++) acc[d] += weight * (d < width ? load(v, row + d, bf16) : 0.0f);
+                }
+                for (int64_t d = 0; d < width; d++) o[d0 + d] += acc[d];
+            }
         }
     }
-    for (int64_t g = 0; g < group; g++)
-        for (int64_t d = 0; d < dv; d++) out[g * dv + d] /= total[g];
 }
 
 /* dtype: 0 = float32 pages, 1 = bfloat16 pages. seqs[i] is the sequence (row of block_tables / context_lens) that
@@ -79,17 +117,16 @@ void paged_decode_attention(int dtype, const Shape *p, const float *q, const voi
         if (context_lens[seqs[i]] > longest) longest = context_lens[seqs[i]];
 #pragma omp parallel num_threads(p->threads)
     {
-        float *scores = malloc(sizeof(float) * group * (longest + 2));
-        float *best = scores + group * longest, *total = best + group;
+        float *scores = malloc(sizeof(float) * group * longest);
 #pragma omp for schedule(dynamic)
         for (int64_t task = 0; task < p->n * p->hkv; task++) {
             const int64_t i = task / p->hkv, h = task % p->hkv, s = seqs[i];
             const int32_t *table = block_tables + s * p->bt_stride;
             float *rows = out + (i * p->hq + h * group) * p->dv;
             if (dtype == 1)
-                attend(p, q, k, v, table, context_lens[s], i, h, scores, best, total, rows, 1);
+                attend(p, q, k, v, table, context_lens[s], i, h, scores, rows, 1);
             else
-                attend(p, q, k, v, table, context_lens[s], i, h, scores, best, total, rows, 0);
+                attend(p, q, k, v, table, context_lens[s], i, h, scores, rows, 0);
         }
         free(scores);
     }
