@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Callable
 
 from engine.config import EvictionPolicy, SchedulingPolicy
 
-from benchmarks import hostile, inspector_bench, router_bench, step_bench, structured, throughput
+from benchmarks import hostile, inspector_bench, router_bench, serve_bench, step_bench, structured, throughput
 from benchmarks.prefix.report import write_json
 
 if TYPE_CHECKING:
@@ -205,6 +205,8 @@ def _register_all() -> None:
     add_bench_command("inspector", "what the cache inspector (kvserve serve --ui) costs with a full window of requests: "
                       "server memory with and without it, page load times in headless Chromium",
                       inspector_bench.configure, inspector_bench.run)
+    add_bench_command("serve", "N concurrent streaming HTTP clients vs the offline LLM.generate on the same requests: "
+                      "what the server's per-token work costs", serve_bench.configure, serve_bench.run)
 
 
 _register_all()

@@ -1,9 +1,9 @@
 """The engine thread: one background thread owns the (not thread-safe) `LLMEngine`; other threads talk to it only
-through a command queue one way and per-request output sinks the other way.
+through a command queue one way and output sinks (one per submitter: a generate call, a server) the other way.
 
 The loop blocks on the command queue while the engine is idle (no spinning), and drains every queued command
 before each step, so requests that arrive together are admitted together and batched by the scheduler. It hands
-out token-level outputs only: text is made by an `OutputProcessor` on the receiving side.
+out token-level outputs only, one list per sink per step: text is made by an `OutputProcessor` on the receiving side.
 
 What one request carries can fail only that request: its rejection at admission (`RequestRejected`, or any error
 while adding it) fails its submission alone, and a failure of its own inside a step (its grammar; a lower-tier block
@@ -44,8 +44,8 @@ class EngineRequest:
 
 
 class OutputSink(Protocol):
-    """Where one request's outputs go, from the engine thread: lists of outputs in step order, or the error that
-    ended the engine. Must not block."""
+    """Where the outputs of the requests submitted with it go, from the engine thread: once per step, the list of that
+    step's outputs of all of them, or once the error that ended the engine. Must not block."""
 
     def put(self, item: list[SequenceOutput] | BaseException) -> None: ...
 
@@ -245,22 +245,35 @@ class EngineLoop:
         outputs = self.engine.step()  # raising here is an engine fault: `_run` fails everyone and stops
         if self.listener is not None:  # before the outputs leave: a client that saw its response sees it counted
             self.listener.on_step(self.engine)
-        by_request: dict[str, list[SequenceOutput]] = {}
+        self._deliver(outputs)
+
+    def _deliver(self, outputs: list[SequenceOutput]) -> None:
+        """Hand the step's outputs to their sinks: one `put` per sink per step, however many of its requests ran (a
+        server's requests share one sink, so a step crosses to the event loop in one hop)."""
+        by_sink: dict[int, tuple[OutputSink, list[SequenceOutput]]] = {}
+        sinks, ended = self._sinks, []
         for out in outputs:
-            by_request.setdefault(out.request_id, []).append(out)
             if out.error:
                 log.warning("request %s: %s", out.request_id, out.error)
-        live = self.engine.scheduler.requests
-        for request_id, outs in by_request.items():
-            sink = self._sinks.get(request_id)
+            sink = sinks.get(out.request_id)
             if sink is None:
                 continue
+            entry = by_sink.get(id(sink))
+            if entry is None:
+                by_sink[id(sink)] = (sink, [out])
+            else:
+                entry[1].append(out)
+            if out.finished:
+                ended.append(out.request_id)
+        live = self.engine.scheduler.requests
+        for request_id in ended:
+            if request_id not in live:  # every sequence of it finished (n > 1 siblings may end in one step)
+                sinks.pop(request_id, None)
+        for sink, outs in by_sink.values():
             sink.put(outs)
-            if request_id not in live:  # every sequence of it finished
-                del self._sinks[request_id]
 
     def _fail_all(self, error: BaseException) -> None:
-        for sink in self._sinks.values():
+        for sink in {id(sink): sink for sink in self._sinks.values()}.values():
             sink.put(error)
 
     def _abort_all(self) -> None:
