@@ -9,7 +9,9 @@ same model work, and the difference is the server's per-token work: the hand-off
 parsing, JSON and SSE framing, HTTP. On a model whose forward is nearly free (qwen3-tiny) that work is what is
 measured. The clients are deliberately lean (raw sockets; the streams are parsed only after the clock stops), so the
 client process takes as little CPU from the server as it can; the streamed texts are then checked against the offline
-texts. The two sides take turns ``--repeats`` times and each side's fastest run counts.
+texts. The two sides take turns ``--repeats`` times and each side's fastest run counts. Beside the wall-clock ratio,
+each side's CPU time per output token (the offline process's; the whole server process's, engine thread included):
+on a machine shared with other work the ratio drifts with the load, the CPU time much less.
 """
 from __future__ import annotations
 
@@ -40,6 +42,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api", choices=("chat", "completions"), default="chat",
                         help="/v1/chat/completions (rendering, reasoning and tool-call parsing) or /v1/completions")
     parser.add_argument("--repeats", type=int, default=2, help="runs per side; the fastest counts (default: 2)")
+    parser.add_argument("--torch-threads", type=int, default=None,
+                        help="torch's intra-op threads on both sides (default: torch's own choice, the cores)")
     parser.add_argument("--seed", type=int, default=0)
 
 
@@ -152,10 +156,17 @@ def _streamed_text(events: list[dict]) -> tuple[str, int]:
     return "".join(parts), tokens
 
 
-def _offline(llm, requests: list[_PreparedRequest], params) -> tuple[float, list]:
-    start = time.perf_counter()
+def _offline(llm, requests: list[_PreparedRequest], params) -> tuple[float, float, list]:
+    """Wall and CPU seconds of one generate call, and its outputs."""
+    start, cpu = time.perf_counter(), time.process_time()
     outputs = llm.generate([r.prompt_token_ids for r in requests], params)
-    return time.perf_counter() - start, outputs
+    return time.perf_counter() - start, time.process_time() - cpu, outputs
+
+
+def _cpu_seconds(pid: int) -> float:
+    """CPU time (user + system, all threads) a process has used so far (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def load_average() -> str:
@@ -172,7 +183,8 @@ def run(args: argparse.Namespace) -> dict:
     for name, value in flags.items():
         argv += [f"--{name.replace('_', '-')}", str(value)]
     log_dir = Path(tempfile.mkdtemp(prefix="kvserve-bench-serve-"))
-    server = Process("kvserve serve", argv, log_dir / "serve.log")
+    threads = {} if args.torch_threads is None else {"OMP_NUM_THREADS": str(args.torch_threads)}
+    server = Process("kvserve serve", argv, log_dir / "serve.log", env=threads)
     load_before = load_average()
     server.start()
     try:
@@ -183,15 +195,20 @@ def run(args: argparse.Namespace) -> dict:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True,
                                 skip_special_tokens=args.api != "chat")
         path = "/v1/chat/completions" if args.api == "chat" else "/v1/completions"
+        if args.torch_threads is not None:
+            import torch
+
+            torch.set_num_threads(args.torch_threads)
         llm = LLM(args.model, **flags)
         llm.generate([requests[0].prompt_token_ids], SamplingParams(max_tokens=2))  # warm-up, off the clock
         asyncio.run(_all_streams(port, path, requests[:2]))
-        offline_s = http_s = float("inf")
+        offline_s = http_s = offline_cpu = http_cpu = float("inf")
         for _ in range(args.repeats):  # the sides take turns, so a slow spell of the machine hits both alike
-            elapsed, outputs = _offline(llm, requests, params)
-            offline_s = min(offline_s, elapsed)
+            elapsed, cpu, outputs = _offline(llm, requests, params)
+            offline_s, offline_cpu = min(offline_s, elapsed), min(offline_cpu, cpu)
+            cpu = _cpu_seconds(server.proc.pid)
             elapsed, streams = asyncio.run(_all_streams(port, path, requests))
-            http_s = min(http_s, elapsed)
+            http_s, http_cpu = min(http_s, elapsed), min(http_cpu, _cpu_seconds(server.proc.pid) - cpu)
     finally:
         server.stop()
     load_after = load_average()
@@ -203,16 +220,21 @@ def run(args: argparse.Namespace) -> dict:
     ttft = sorted(s.first_byte_s for s in streams)
     figures = {
         "model": args.model, "api": args.api, "streams": args.streams, "max_tokens": args.max_tokens,
+        "torch_threads": args.torch_threads,
         "offline_s": offline_s, "http_s": http_s, "offline_tokens": offline_tokens, "http_tokens": http_tokens,
         "offline_tokens_per_s": offline_tokens / offline_s, "http_tokens_per_s": http_tokens / http_s,
         "ratio": (http_tokens / http_s) / (offline_tokens / offline_s), "same_text": same_text,
+        "offline_cpu_us_per_token": 1e6 * offline_cpu / offline_tokens, "server_cpu_us_per_token": 1e6 * http_cpu / http_tokens,
         "http_first_byte_p50_s": ttft[len(ttft) // 2], "load_average": f"{load_before} -> {load_after}",
         "server_log": str(log_dir / "serve.log"),
     }
-    rows = [["offline `LLM.generate`", f"{offline_s:.2f}", offline_tokens, f"{figures['offline_tokens_per_s']:.0f}", ""],
+    rows = [["offline `LLM.generate`", f"{offline_s:.2f}", offline_tokens, f"{figures['offline_tokens_per_s']:.0f}", "",
+             f"{figures['offline_cpu_us_per_token']:.0f}"],
             [f"HTTP, {args.streams} streams ({path})", f"{http_s:.2f}", http_tokens,
-             f"{figures['http_tokens_per_s']:.0f}", f"**{figures['ratio']:.2f}x**"]]
-    figures["markdown"] = markdown_table(["side", "time (s)", "output tokens", "tokens/s", "HTTP / offline"], rows)
+             f"{figures['http_tokens_per_s']:.0f}", f"**{figures['ratio']:.2f}x**",
+             f"{figures['server_cpu_us_per_token']:.0f}"]]
+    figures["markdown"] = markdown_table(["side", "time (s)", "output tokens", "tokens/s", "HTTP / offline",
+                                          "CPU us per token"], rows)
     print(figures["markdown"])
     print(f"\n{same_text}/{len(streams)} streamed texts equal the offline texts; load average (1/5/15 min) "
           f"{figures['load_average']}")

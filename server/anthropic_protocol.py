@@ -6,12 +6,12 @@ that is wrong, so a malformed block is a 400, never a 500.
 """
 from __future__ import annotations
 
-import json
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from server.protocol import APIError
+from server.sse import sse
 
 # The Anthropic error type of each status this server answers with.
 _ERROR_TYPES = {
@@ -28,7 +28,7 @@ def anthropic_error_body(exc: APIError) -> dict[str, Any]:
 
 def anthropic_sse(event: str, payload: dict[str, Any]) -> str:
     """One SSE event: Anthropic names every event (`event:` line) and repeats the name as `type` in the data."""
-    return f"event: {event}\ndata: {json.dumps({'type': event, **payload}, ensure_ascii=False)}\n\n"
+    return sse({"type": event, **payload}, event)
 
 
 def anthropic_error_event(exc: APIError) -> str:

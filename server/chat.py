@@ -18,7 +18,7 @@ from server.async_engine import EngineRequest, RequestStream
 from server.cache_control import Breakpoint, breakpoint_pins, chat_breakpoints, snapshot_hints
 from server.chat_stream import ChoiceState, choice_states, parsed_updates
 from server.context import ServingContext, new_request_id
-from server.generation import SSE_DONE, Prompt, record, sse, usage
+from server.generation import Prompt, record, usage
 from server.limits import check_request
 from server.logprobs import chat_logprobs, vllm_prompt_logprobs
 from server.normalize import normalize_for_cache
@@ -26,6 +26,7 @@ from server.parsing import default_thinking
 from server.parsing.constraint import ConstraintError, output_constraint
 from server.protocol import APIError, ChatCompletionRequest, TokenizeRequest
 from server.rendering import serving_template_kwargs
+from server.sse import SSE_DONE, sse
 
 # The template kwarg that switches thinking, per family with a switch.
 _THINKING_SWITCH = {

@@ -15,11 +15,12 @@ from typing import Any
 from engine.output_processor import CompletionOutput
 from server.async_engine import EngineRequest, RequestStream
 from server.context import ServingContext, new_request_id
-from server.generation import SSE_DONE, Prompt, outputs, record, sse, usage
+from server.generation import Prompt, outputs, record, usage
 from server.limits import check_request
 from server.logprobs import completion_logprobs, echoed_logprobs, vllm_prompt_logprobs
 from server.parsing.constraint import ConstraintError, completion_constraint
 from server.protocol import APIError, CompletionRequest
+from server.sse import SSE_DONE, sse
 
 
 @dataclass

@@ -3,7 +3,6 @@ SSE framing and recording."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -21,11 +20,6 @@ from server.protocol import APIError, ChatCompletionRequest
 from server.recorder import RequestRecord, timing_fields
 
 log = logging.getLogger("kvserve.server")
-SSE_DONE = "data: [DONE]\n\n"
-
-
-def sse(payload: dict[str, Any]) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
 @dataclass

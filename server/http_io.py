@@ -15,10 +15,10 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from server.context import LARGE_REQUEST_BYTES, body_bytes
-from server.generation import SSE_DONE, sse
 from server.limits import RequestLimits, check_body
 from server.protocol import APIError, validation_error
 from server.request_fields import refuse_unsupported
+from server.sse import SSE_DONE, sse
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")

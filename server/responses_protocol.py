@@ -6,12 +6,12 @@ accepts item and tool types it has no use for (hosted tools such as `web_search`
 """
 from __future__ import annotations
 
-import json
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from server.protocol import APIError
+from server.sse import sse
 
 
 class ResponsesRequest(BaseModel):
@@ -39,7 +39,7 @@ class ResponsesRequest(BaseModel):
 
 def responses_sse(event: dict[str, Any]) -> str:
     """One SSE event; the data repeats the event name as `type`."""
-    return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
+    return sse(event, event["type"])
 
 
 def responses_error_event(exc: APIError) -> str:
