@@ -1,7 +1,88 @@
-"""Test-wide setup. Without a GPU, Triton kernels run under the Triton interpreter (set before triton is imported)."""
+"""Test-wide setup. Without a GPU, Triton kernels run under the Triton interpreter (set before triton is imported).
+
+Test tiers (README, Tests): `python -m pytest -q -m "not slow"` is the fast tier, `python -m pytest -q` (and
+`.ci/run`) runs everything. A test is in the slow tier when it carries `@pytest.mark.slow` in its file, or when the
+rules below mark it: every behaviour keeps one quick case in the fast tier, and the slow tier holds the rest of the
+sweep (the other kernel shapes under the Triton interpreter, the other models of an HF-equality sweep, the other
+tensor-parallel layouts, the Triton-backend twins of engine tests, the real-weights model where a random-weights one
+shows the same).
+"""
 import os
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# Files whose parametrized tests sweep Triton kernels against their references under the interpreter: the first case
+# of each test stays in the fast tier, the others are slow.
+KERNEL_SWEEPS = ("tests/test_kernels.py", "tests/test_kernels_fp8.py", "tests/test_kernels_sparse.py",
+                 "tests/test_kernels_moe.py", "tests/test_kernels_mla.py", "tests/test_kernels_recurrent.py",
+                 "tests/test_kernels_compressed.py")
+
+# Test ids (a prefix of the node id, parameters included) in the slow tier, with why.
+SLOW = (
+    # HF equality: qwen3-tiny, deepseek-tiny and deepseek-v3-tiny stay quick; the others repeat the same checks.
+    "tests/engine/test_hf_equality.py::test_tiny_model_outputs_are_varied[smollm2-135m]",
+    "tests/engine/test_hf_equality.py::test_greedy_one_at_a_time[smollm2-135m]",
+    "tests/engine/test_hf_equality.py::test_greedy_all_together_mixed_finish_times[smollm2-135m]",
+    "tests/engine/test_hf_equality.py::test_greedy_with_prefix_cache_hot[smollm2-135m]",
+    "tests/engine/test_hf_equality.py::test_final_position_logprobs_match[smollm2-135m]",
+    "tests/engine/test_hf_equality.py::test_tiny_model_outputs_are_varied[qwen3-moe-tiny]",
+    "tests/engine/test_hf_equality.py::test_greedy_one_at_a_time[deepseek-v3.2-tiny]",
+    "tests/engine/test_hf_equality.py::test_tiny_model_outputs_are_varied[deepseek-v3.2-tiny]",
+    # Tensor parallelism: one layout (qwen3-tiny over 2 ranks, async) stays quick.
+    "tests/engine/test_tensor_parallel.py::test_tokens_equal_one_rank[qwen3-tiny-tp4]",
+    "tests/engine/test_tensor_parallel.py::test_logprobs_within_1e_4[qwen3-tiny-tp4]",
+    "tests/engine/test_tensor_parallel.py::test_same_schedule_with_preemption_and_prefix_hits[qwen3-tiny-tp4]",
+    "tests/engine/test_tensor_parallel.py::test_each_rank_holds_its_share[qwen3-tiny-tp4]",
+    "tests/engine/test_tensor_parallel.py::test_tokens_equal_one_rank[smollm2-135m-tp3]",
+    "tests/engine/test_tensor_parallel.py::test_logprobs_within_1e_4[smollm2-135m-tp3]",
+    "tests/engine/test_tensor_parallel.py::test_same_schedule_with_preemption_and_prefix_hits[smollm2-135m-tp3]",
+    "tests/engine/test_tensor_parallel.py::test_each_rank_holds_its_share[smollm2-135m-tp3]",
+    "tests/engine/test_tensor_parallel.py::test_tokens_equal_one_rank[deepseek-tiny-tp2]",
+    "tests/engine/test_tensor_parallel.py::test_logprobs_within_1e_4[deepseek-tiny-tp2]",
+    "tests/engine/test_tensor_parallel.py::test_same_schedule_with_preemption_and_prefix_hits[deepseek-tiny-tp2]",
+    "tests/engine/test_tensor_parallel.py::test_each_rank_holds_its_share[deepseek-tiny-tp2]",
+    # The padded decode path: the torch case stays quick; the Triton ones run the attention kernel interpreted.
+    "tests/engine/test_decode_graph_padding.py::test_padded_decode_matches_unpadded_greedy_tokens[triton",
+    "tests/engine/test_decode_graph_padding.py::test_padding_rows_write_no_kv_page[triton]",
+    # FP8: the torch paths and the small block case stay quick.
+    "tests/engine/test_fp8_weights.py::test_triton_backend_keeps_fp8_weights_and_runs_the_fp8_gemm[block0-True]",
+    "tests/engine/test_fp8_weights.py::test_broken_fp8_checkpoints_fail_with_the_tensor_named",
+    "tests/engine/test_fp8_kv_cache.py::test_fp8_kv_cache_stays_within_the_stated_logprob_distance[qwen3-tiny]",
+    "tests/engine/test_fp8_kv_cache.py::test_fp8_kv_cache_triton_backend_gives_the_torch_backends_tokens",
+    # KV tiers: the host tier's round trip stays quick; disk restarts and corruption write and reread files.
+    "tests/engine/test_kv_tiers.py::test_disk_tier_survives_a_restart",
+    "tests/engine/test_kv_tiers.py::test_a_corrupt_block_file_is_dropped_at_startup",
+    "tests/engine/test_kv_tiers.py::test_session_held_across_a_tool_call[False]",
+    # The offline CLI in a subprocess (the API itself is quick); constrained decoding at temperature 1 over seeds.
+    "tests/engine/test_offline_api.py::test_generate_cli_prints_the_greedy_completion",
+    "tests/engine/test_structured_output.py::test_every_output_validates_at_temperature_1",
+    "tests/engine/test_structured_output.py::test_preempted_constrained_requests_resume_their_grammar",
+    "tests/engine/test_scheduling.py::test_chunked_prefill_with_tiny_token_budgets[7]",
+    # Benchmarks run end to end (their report shapes stay quick).
+    "tests/bench/test_gpu_check.py::test_engine_steps_run_on_cpu_with_small_shapes",
+    "tests/bench/test_gpu_check.py::test_dry_run_resolves_every_step_from_carried_wheels",
+    "tests/bench/test_gpu_check.py::test_engine_on_the_triton_backend_matches_hf",
+    "tests/bench/test_gpu_check.py::test_tensor_parallel_step_compares_two_ranks_with_one_and_says_when_gpus_are_missing",
+    "tests/bench/test_agent_sessions.py::test_engine_replay_matches_the_simulator_request_for_request[device-only LRU]",
+    "tests/bench/test_agent_sessions.py::test_engine_replay_matches_the_simulator_request_for_request[+ host tier]",
+    "tests/bench/test_agent_sessions.py::test_engine_replay_matches_the_simulator_request_for_request[+ session",
+    "tests/bench/test_structured_bench.py::test_bench_structured_reports_every_fraction",
+    "tests/bench/test_engine_run.py::test_engine_hits_match_the_simulator",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    first_cases: set[str] = set()
+    for item in items:
+        nodeid = item.nodeid
+        if nodeid.startswith(SLOW):
+            item.add_marker(pytest.mark.slow)
+        elif nodeid.startswith(KERNEL_SWEEPS) and "[" in nodeid:
+            function = nodeid.split("[", 1)[0]
+            if function in first_cases:
+                item.add_marker(pytest.mark.slow)
+            first_cases.add(function)

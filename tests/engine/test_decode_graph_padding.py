@@ -100,11 +100,20 @@ def test_padding_rows_write_no_kv_page(backend):
     assert changed == expected
 
 
-def test_memory_profile_step_fits_contexts_shorter_than_the_token_budget():
+def test_memory_profile_step_fits_contexts_shorter_than_the_token_budget(monkeypatch):
     # The profiled step splits its token budget into sequences no longer than max_model_len: RoPE covers only
     # max_model_len positions (one 40-token sequence would index past the 16-row table).
     llm = LLM("qwen3-tiny", block_size=BLOCK_SIZE, num_kv_blocks=8, max_model_len=16, max_num_batched_tokens=40)
-    llm.engine.runner._profile_run()
+    runner = llm.engine.runner
+    forward, seen = runner.model.forward, []
+
+    def recording_forward(input_ids, positions, *args, **kwargs):
+        seen.append(positions.tolist())
+        return forward(input_ids, positions, *args, **kwargs)
+
+    monkeypatch.setattr(runner.model, "forward", recording_forward)
+    runner._profile_run()
+    assert seen == [list(range(16)) * 2 + list(range(8))]  # the whole budget, as sequences of at most 16
 
 
 def test_padding_rows_write_no_state_slot(monkeypatch):

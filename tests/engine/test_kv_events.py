@@ -165,10 +165,24 @@ def test_malformed_replay_request_is_ignored():
 
 
 def test_an_endpoint_without_a_wildcard_is_connected_to():
+    """Given a plain address, the publisher connects to it, as vLLM's does: a subscriber that bound that address
+    (before or after) hears the publisher's first batch."""
     from engine.kv_events import KVEventPublisher
 
-    publisher = KVEventPublisher("tcp://127.0.0.1:1")  # connect (nothing listens there yet), as vLLM does
-    publisher.close()
+    port = free_port()
+    publisher = KVEventPublisher(f"tcp://127.0.0.1:{port}", topic="kv", block_size=BLOCK)  # nothing listens yet
+    ctx = zmq.Context()
+    try:
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, b"kv")
+        sub.bind(f"tcp://127.0.0.1:{port}")
+        assert sub.poll(5000), "the publisher never connected to the subscriber's address"
+        topic, seq, payload = sub.recv_multipart()
+        assert (topic, int.from_bytes(seq, "big")) == (b"kv", 0)
+        assert msgpack.unpackb(payload)[1] == [{"type": "AllBlocksCleared"}]
+    finally:
+        publisher.close()
+        ctx.destroy(linger=0)
 
 
 def test_a_fresh_publisher_announces_an_empty_cache_to_its_first_subscriber():
