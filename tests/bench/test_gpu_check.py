@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from benchmarks import gpu_check, gpu_env, gpu_steps
-from benchmarks.gpu_context import DENSE, ENGINES, FULL, QUICK, Context, EngineKind, Plan, nano_vllm_workload
+from benchmarks.gpu_context import DENSE, ENGINES, MOE, FULL, QUICK, Context, EngineKind, Plan, nano_vllm_workload
 from benchmarks.gpu_measure import (
     bandwidth_fraction, check_engine_against_hf, check_tensor_parallel, run_throughput, time_decode_step,
 )
@@ -128,7 +128,7 @@ def test_engine_steps_run_on_cpu_with_small_shapes(tmp_path):
     plan = Plan("test", 60, ("qwen3-tiny",), num_seqs=2, throughput_budget_s=1, decode_steps=2,
                 step_bench_timeout_s=5, ttft_prompt_tokens=64, moe_layers=2)
     ctx = Context(plan, time.perf_counter() + 600, tmp_path, 4.8, 0.9, device="cpu", dtype="float32",
-                  models={DENSE: {**QWEN3_0_6B, **SMALL}}, engines=engines)
+                  models={DENSE: {**QWEN3_0_6B, **SMALL}, MOE: {**QWEN3_30B_A3B, **SMALL, **SMALL_MOE}}, engines=engines)
     default = gpu_steps.throughput(ctx)
     assert default["engine"] == "default" and default["output_tokens"] > 0 and default["sequences"] == 2
     decode = gpu_steps.decode_batch1(ctx)  # on the same engine

@@ -24,6 +24,10 @@ pytestmark = pytest.mark.slow
 CLIENTS = {"claude": "@anthropic-ai/claude-code@2.1.328", "codex": "@openai/codex@0.169.0",
            "qwen": "@qwen-code/qwen-code@0.24.4"}
 MODEL = "qwen3-tiny"
+# Under tool_choice auto each turn's tool-call grammar (20+ agent tools) is optional: one that does not compile in
+# time lets the turn run unconstrained. Compiling it takes 10-30 s on two cores (the default limit, 30 s, was paid on
+# every turn), and noise capped at 16 tokens makes no calls to check: give it 2 s.
+GRAMMAR_WAIT = ("--grammar-compile-timeout", "2")
 CODEX_CONFIG = """model = "qwen3-tiny"
 model_provider = "kvserve"
 
@@ -67,7 +71,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with log.open("w") as sink:
         proc = subprocess.Popen(
             [sys.executable, "-m", "server.cli", "serve", "--model", MODEL, "--port", "0", "--max-model-len", "40960",
-             "--max-output-tokens", "16", "--num-kv-blocks", "8192", "--log-level", "warning"],
+             "--max-output-tokens", "16", "--num-kv-blocks", "8192", "--log-level", "warning", *GRAMMAR_WAIT],
             stdout=subprocess.DEVNULL, stderr=sink, text=True,
         )
     try:

@@ -23,7 +23,7 @@ import pytest
 
 from engine.block_hashing import BlockHasher
 from engine.kv_cache import KVCacheManager
-from tests.clients.test_agent_clients import CLIENTS, CODEX_CONFIG, _run, clients_dir
+from tests.clients.test_agent_clients import CLIENTS, CODEX_CONFIG, GRAMMAR_WAIT, _run, clients_dir
 
 # About 5 minutes per client on two cores: run on demand (KVSERVE_HYBRID_CLIENTS=1), not in every suite run.
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.environ.get("KVSERVE_HYBRID_CLIENTS") != "1",
@@ -61,7 +61,7 @@ def serve(model: str, record: Path) -> Iterator[str]:
         proc = subprocess.Popen(
             [sys.executable, "-m", "server.cli", "serve", "--model", model, "--port", "0", "--max-model-len", "40960",
              "--max-output-tokens", "16", "--num-kv-blocks", "8192", "--block-size", str(BLOCK), "--record",
-             str(record), "--log-level", "warning"],
+             str(record), "--log-level", "warning", *GRAMMAR_WAIT],
             stdout=subprocess.DEVNULL, stderr=sink, text=True)
     try:
         deadline = time.monotonic() + 300
