@@ -46,13 +46,14 @@ def test_capture_sizes_and_padding_targets():
     "backend, split_k, num_seqs, prompt_len, max_model_len, model",
     [
         ("torch", None, 7, 6, 64, "qwen3-tiny"),
-        ("triton", None, 7, 6, 64, "qwen3-tiny"),
+        ("triton", None, 5, 6, 64, "qwen3-tiny"),  # interpreted: 5 rows are padded to 8, then 3 to 4
         # Forced split-K with contexts over one 64-position partition: the padded path's fixed max_context_len
         # (max_model_len) launches partitions past every context, which must contribute nothing.
         ("triton", "1", 3, 70, 160, "qwen3-tiny"),
         # A hybrid model: the recurrent kernels read each row's state slot on the device, padding rows slot -1
-        pytest.param("torch", None, 5, 6, 64, "qwen3.6-tiny", marks=pytest.mark.slow),
-        pytest.param("triton", None, 5, 6, 64, "qwen3.6-tiny", marks=pytest.mark.slow),
+        # (three rows, padded to four: the recurrent kernels interpreted are the slowest part of the suite)
+        pytest.param("torch", None, 3, 6, 64, "qwen3.6-tiny", marks=pytest.mark.slow),
+        pytest.param("triton", None, 3, 6, 64, "qwen3.6-tiny", marks=pytest.mark.slow),
     ],
 )
 def test_padded_decode_matches_unpadded_greedy_tokens(
