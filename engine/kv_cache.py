@@ -22,7 +22,10 @@ a running sequence holds one, and a node may own a *snapshot* (the state at its 
 resumable only where every group can resume it, so a hit ends at the deepest matched block with a snapshot;
 admission copies that snapshot into the sequence's slot (`StateCopy`, before the step's forward). Where snapshots
 are taken is the scheduler's policy (`engine.kv.snapshot_policy`); `take_snapshot` records one (a copy after the
-step's forward) and attaches it to its block once the block is in the tree.
+step's forward) and attaches it to its block once the block is in the tree. With lower tiers, a snapshot leaving
+the device (its block evicted, or its slot needed) goes to the host pool with its block, under the block's hash,
+and on to disk; a hit may then end at a block whose snapshot a lower tier holds (restored into the sequence's slot
+by a transfer), and its KV events say which blocks carry snapshots in each medium.
 """
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ from engine.kv_events import MEDIUM_DEVICE, EventRecorder, KVEvent
 from engine.kv_eviction import EvictionQueue
 from engine.kv.state_pool import StatePool
 from engine.kv_invariants import check_invariants
-from engine.kv_tiers import LowerTiers, TierBlock, TierIndex
+from engine.kv_tiers import FoundBlock, LowerTiers, TierBlock, TierIndex
 from engine.outputs import KVTransfer, StateCopy
 from engine.retention import Retention
 
@@ -61,9 +64,12 @@ class KVCacheManager:
         clock: Callable[[], float] = time.monotonic,
         state_slots: int = 0,
         demote_dominated_snapshots: bool = True,
+        host_states: int = 0,
+        disk_states: int = 0,
     ) -> None:
         """``state_slots`` > 0: a hybrid model, whose recurrent layers keep a state per sequence in that many slots
-        (`engine.kv.state_pool`); a cached prefix is then resumable only where its state is known.
+        (`engine.kv.state_pool`); a cached prefix is then resumable only where its state is known. ``host_states``
+        / ``disk_states``: the snapshots the lower tiers keep.
         ``demote_dominated_snapshots``: a snapshot with a deeper one below it and no branch between them goes
         first when slots run short (False: plain LRU, as the simulator models other engines)."""
         self.eviction_policy = EvictionPolicy(eviction_policy)
@@ -76,13 +82,14 @@ class KVCacheManager:
         self.by_hash: dict[BlockHash, CachedBlock] = {}
         self.seqs: dict[Hashable, SequenceBlocks] = {}
         self.stats = CacheStats()
-        self.events = EventRecorder(record_events)
-        self.tiers = LowerTiers(host_blocks, disk_blocks, self.events)
+        self.events = EventRecorder(record_events, snapshots=state_slots > 0)
+        self.tiers = LowerTiers(host_blocks, disk_blocks, self.events, host_states, disk_states)
         self.queue = EvictionQueue(self.eviction_policy, self._now, int(max_retained_fraction * num_blocks))
-        self.states = StatePool(state_slots) if state_slots else None
+        self.states = StatePool(state_slots, on_evict=self._snapshot_evicted) if state_slots else None
         self.demote_dominated_snapshots = demote_dominated_snapshots
         self.state_restores: list[StateCopy] = []  # for the step being scheduled: before its forward ...
         self.state_snapshots: list[StateCopy] = []  # ... and after it
+        self._admission_reads: set[BlockHash] = set()  # lower-tier blocks the admission under way will read
         self._num_unreferenced = 0  # tree nodes with ref_count 0: all of them can be evicted, leaves first
         self._counter = itertools.count(1)
 
@@ -135,6 +142,10 @@ class KVCacheManager:
                 if self.states.usable(node):
                     resumable = i + 1
             return resumable
+        return self._device_prefix(block_hashes, num_tokens)
+
+    def _device_prefix(self, block_hashes: Sequence[BlockHash], num_tokens: int) -> int:
+        """Leading blocks of the chain in the device tree, snapshots or not (a binary search)."""
         lo, hi = 0, self._shareable_blocks(block_hashes, num_tokens)
         while lo < hi:
             mid = (lo + hi + 1) // 2
@@ -146,10 +157,13 @@ class KVCacheManager:
 
     def num_cached_tokens(self, block_hashes: Sequence[BlockHash], num_tokens: int) -> int:
         """How many tokens admission would take from the cache now, lower tiers included."""
-        device = self.num_cached_blocks_of(block_hashes, num_tokens)
-        lower = itertools.takewhile(lambda h: self.tiers.find(h) is not None,
-                                    block_hashes[device : self._shareable_blocks(block_hashes, num_tokens)])
-        return (device + sum(1 for _ in lower)) * self.block_size
+        device = self._device_prefix(block_hashes, num_tokens)
+        lower = list(itertools.takewhile(lambda h: self.tiers.find(h) is not None,
+                                         block_hashes[device : self._shareable_blocks(block_hashes, num_tokens)]))
+        if self.states is None:
+            return (device + len(lower)) * self.block_size
+        nodes = [self.by_hash[h] for h in block_hashes[:device]]
+        return self._resumable_end(nodes, lower) * self.block_size
 
     def where_cached(self, block_hashes: Sequence[BlockHash]) -> list[str | None]:
         """Where each block of a chain is cached now: "retained" (on the device, pinned or held), "device", "host",
@@ -192,18 +206,40 @@ class KVCacheManager:
         return out
 
     def _match(self, block_hashes: Sequence[BlockHash], token_ids: Sequence[int]) -> list[CachedBlock]:
-        """The cached blocks of the longest cached prefix, checking their tokens (collision guard)."""
+        """The cached blocks of the longest cached prefix, checking their tokens (collision guard). A hybrid
+        model's is cut where its state is known by `_resumable`."""
         bs = self.block_size
         matched: list[CachedBlock] = []
-        for i in range(self.num_cached_blocks_of(block_hashes, len(token_ids))):
+        for i in range(self._device_prefix(block_hashes, len(token_ids))):
             node = self.by_hash[block_hashes[i]]
             if node.token_ids != tuple(token_ids[i * bs : (i + 1) * bs]):
                 break
             matched.append(node)
-        if self.states is not None:  # resumable only where the recurrent state is known
-            while matched and not self.states.usable(matched[-1]):
-                matched.pop()
         return matched
+
+    def _resumable_end(self, nodes: Sequence[CachedBlock], lower: Sequence[BlockHash]) -> int:
+        """Blocks up to the deepest one whose state is known: a usable device snapshot, or one a lower tier holds
+        (device blocks ``nodes``, then lower-tier blocks ``lower``)."""
+        chain = [n.block_hash for n in nodes] + list(lower)
+        for i in range(len(chain), 0, -1):
+            if (i <= len(nodes) and self.states.usable(nodes[i - 1])) or self.tiers.find_state(chain[i - 1]):
+                return i
+        return 0
+
+    def _resumable(self, matched: list[CachedBlock], lower: list[tuple[BlockHash, TierIndex, TierBlock]]
+                   ) -> tuple[list[CachedBlock], list[tuple[BlockHash, TierIndex, TierBlock]], int, TierIndex | None]:
+        """A hybrid model's hit: the device and lower-tier blocks up to the deepest one whose state is known, and
+        where that state is: (matched, lower, device snapshot slot or -1, the tier holding it or None). A disk
+        snapshot whose file fails its check is passed over."""
+        chain = [n.block_hash for n in matched] + [h for h, _, _ in lower]
+        for i in range(len(chain), 0, -1):
+            node = matched[i - 1] if i <= len(matched) else None
+            if node is not None and self.states.usable(node):
+                return matched[:i], [], node.snapshot_slot, None
+            tier = self.tiers.find_state(chain[i - 1])
+            if tier is not None and self.tiers.usable(tier, chain[i - 1]) and tier.has_state(chain[i - 1]):
+                return matched[:i], lower[: max(0, i - len(matched))], -1, tier
+        return [], [], -1, None
 
     def _match_lower(self, block_hashes: Sequence[BlockHash], token_ids: Sequence[int],
                      start: int) -> list[tuple[BlockHash, TierIndex, TierBlock]]:
@@ -241,25 +277,34 @@ class KVCacheManager:
         assert seq_id not in self.seqs, f"sequence {seq_id!r} is already admitted"
         matched = self._match(block_hashes, token_ids)
         lower = self._match_lower(block_hashes, token_ids, len(matched))
+        source, source_tier = -1, None
+        if self.states is not None:
+            matched, lower, source, source_tier = self._resumable(matched, lower)
         num_cached = (len(matched) + len(lower)) * self.block_size
         need = self.blocks_needed(num_cached + min(len(token_ids) - num_cached, max_new_tokens) + reserve_tokens)
         # Matched blocks stop being evictable once held: they are not free for the rest.
         unreferenced_matched = sum(node.ref_count == 0 for node in matched)
         if need - len(matched) > self.num_free_blocks - unreferenced_matched:
             return None
-        source = matched[-1].snapshot_slot if matched and self.states is not None else -1
         if self.states is not None and not self.states.num_available(keep=source):
             return None
         for node in matched:
             self._ref(node)
             self.queue.refresh(node)
         seq = self.seqs[seq_id] = SequenceBlocks([node.block_id for node in matched], matched, retention=retention)
+        keep = {block_hash for block_hash, _, _ in lower}
+        if source_tier is not None:
+            keep.add(block_hashes[num_cached // self.block_size - 1])
+        self._admission_reads = keep  # what the state pool's evictions must not push out of the lower tiers
         if self.states is not None:
             seq.state_slot = self.states.take(keep=source)
             if source >= 0:  # resume from the snapshot at the end of the hit
                 self.states.touch(source)
                 self.state_restores.append(StateCopy(source, seq.state_slot))
-        self._restore(seq, lower)
+        self._restore(seq, lower, keep)
+        self._admission_reads = set()
+        if source_tier is not None:  # ... which a lower tier holds: copied in before the step's state restores
+            self.tiers.restore(source_tier, block_hashes[num_cached // self.block_size - 1], -1, seq.state_slot)
         self.allocate(seq_id, num_cached + min(len(token_ids) - num_cached, max_new_tokens))
         self._apply_pins(seq)
         stats = self.stats
@@ -271,10 +316,10 @@ class KVCacheManager:
             stats.hits += num_cached
         return num_cached
 
-    def _restore(self, seq: SequenceBlocks, lower: list[tuple[BlockHash, TierIndex, TierBlock]]) -> None:
+    def _restore(self, seq: SequenceBlocks, lower: list[tuple[BlockHash, TierIndex, TierBlock]],
+                 keep: set[BlockHash]) -> None:
         """Copy lower-tier hits into fresh device blocks, as tree nodes the sequence holds. Taking a block may evict
-        (and offload) others; the tiers never drop a block this admission is about to read."""
-        keep = {block_hash for block_hash, _, _ in lower}
+        (and offload) others; the tiers never drop a block (nor snapshot) in ``keep``: this admission reads them."""
         for block_hash, tier, block in lower:
             block_id = self._take_block(keep)
             self.tiers.restore(tier, block_hash, block_id)
@@ -370,9 +415,11 @@ class KVCacheManager:
             elif seq.nodes[index].snapshot_slot >= 0:  # another sequence snapshotted this block first
                 self.states.release(slot)
             else:
-                self.states.attach(slot, seq.nodes[index])
+                node = seq.nodes[index]
+                self.states.attach(slot, node)
+                self.events.stored(node.block_hash, node.parent_hash, node.token_ids, MEDIUM_DEVICE, snapshot=True)
                 if self.demote_dominated_snapshots:
-                    self._demote_dominated(seq.nodes[index])
+                    self._demote_dominated(node)
         seq.pending_snapshots = pending
 
     def _drop_reply_snapshot(self, seq: SequenceBlocks) -> None:
@@ -382,6 +429,14 @@ class KVCacheManager:
             node = seq.nodes[index]
             if node.snapshot_slot >= 0 and self.states.usable(node):
                 self.states.drop(node.snapshot_slot)
+                self.events.stored(node.block_hash, node.parent_hash, node.token_ids, MEDIUM_DEVICE, snapshot=False)
+
+    def _snapshot_evicted(self, slot: int, node: CachedBlock) -> None:
+        """The state pool drops the snapshot in ``slot`` to make room while its block stays: the lower tiers keep
+        it (with its block), and the events say the device block has none now."""
+        self.tiers.offload(node.block_hash, node.block_id, node.token_ids, node.parent_hash,
+                           self._admission_reads, state_slot=slot)
+        self.events.stored(node.block_hash, node.parent_hash, node.token_ids, MEDIUM_DEVICE, snapshot=False)
 
     def begin_step(self) -> None:
         """A new scheduler step: the snapshots of the previous one are usable now (their copies ran)."""
@@ -437,9 +492,10 @@ class KVCacheManager:
         """Write every device-cached block through to the lower tiers (before a shutdown: the disk tier then holds
         the whole cache for the next run)."""
         for node in list(self.by_hash.values()):  # parents before children: insertion order
-            self.tiers.offload(node.block_hash, node.block_id, node.token_ids, node.parent_hash)
+            self.tiers.offload(node.block_hash, node.block_id, node.token_ids, node.parent_hash,
+                               state_slot=self._usable_snapshot(node))
 
-    def load_disk_tier(self, blocks: Iterable[tuple[BlockHash, tuple[int, ...], BlockHash | None]]) -> int:
+    def load_disk_tier(self, blocks: Iterable[FoundBlock]) -> int:
         """Index the block files a previous run left on disk (oldest first)."""
         return self.tiers.load_disk(blocks)
 
@@ -502,8 +558,9 @@ class KVCacheManager:
         del (parent.children if parent else self.roots)[node.block_hash]
         del self.by_hash[node.block_hash]
         node.in_tree = False
+        snapshot = self._usable_snapshot(node)  # (one taken in this step holds nothing yet: it is not kept)
         if node.snapshot_slot >= 0:
-            self.states.drop(node.snapshot_slot)
+            self.states.drop(node.snapshot_slot)  # its copy to the host, if any, runs before the slot is reused
         if reset:
             self.stats.reset_evictions += 1
         else:
@@ -513,10 +570,13 @@ class KVCacheManager:
         self.stats.evictions += 1
         self.events.removed(node.block_hash, MEDIUM_DEVICE)
         if not reset:
-            self.tiers.offload(node.block_hash, node.block_id, node.token_ids, node.parent_hash, keep)
+            self.tiers.offload(node.block_hash, node.block_id, node.token_ids, node.parent_hash, keep, snapshot)
         if parent is not None:
             self.queue.push(parent)  # a leaf now, if nothing else holds it
         return node.block_id
+
+    def _usable_snapshot(self, node: CachedBlock) -> int:
+        return node.snapshot_slot if self.states is not None and self.states.usable(node) else -1
 
     # ---- invariants (tests and debugging) --------------------------------------------------------------------
     def check_invariants(self) -> None:

@@ -5,7 +5,8 @@ layout, so that a restart of the same model with the same settings finds its blo
     DIR/<layout id>/<h[:2]>/<hash>.kvb   header length (4 bytes, little-endian), header (JSON), payload
 
 The header records the block's parent hash and token ids (a restart rebuilds the chain index from them, and a hit
-checks the tokens as the device tree does), the payload size and its blake2b-128 checksum. Files are written to a
+checks the tokens as the device tree does), the payload size and its blake2b-128 checksum, and how many bytes at the
+payload's end are a hybrid model's recurrent-state snapshot at the block's end (0: none). Files are written to a
 temporary name and renamed, so a crash never leaves half a block under a real name. The block hash already
 carries the model identity and the cache salt (engine/block_hashing.py); the layout id keeps a different dtype or
 block size from reading the bytes wrongly. Bytes only: the model runner turns tensors into payloads.
@@ -42,6 +43,7 @@ class DiskBlock:
     token_ids: tuple[int, ...]
     parent_hash: BlockHash | None
     mtime: float
+    has_state: bool = False  # the file carries the snapshot at the block's end
 
 
 def _checksum(payload: bytes) -> str:
@@ -77,10 +79,12 @@ class DiskStore:
         return self.dir / name[:2] / f"{name}{SUFFIX}"
 
     def write(self, block_hash: BlockHash, parent_hash: BlockHash | None, token_ids: tuple[int, ...],
-              payload: bytes) -> None:
+              payload: bytes, state_bytes: int = 0) -> None:
+        """``state_bytes``: the payload ends with that many bytes of snapshot."""
         header = json.dumps({
             "hash": block_hash.hex(), "parent": parent_hash.hex() if parent_hash else None,
             "tokens": list(token_ids), "size": len(payload), "blake2b": _checksum(payload),
+            "state_bytes": state_bytes,
         }).encode()
         path = self.path(block_hash)
         path.parent.mkdir(exist_ok=True, mode=0o700)
@@ -118,7 +122,7 @@ class DiskStore:
                     raise ValueError("checksum or name mismatch")
                 parent = bytes.fromhex(header["parent"]) if header["parent"] else None
                 blocks.append(DiskBlock(bytes.fromhex(header["hash"]), tuple(header["tokens"]), parent,
-                                        path.lstat().st_mtime))
+                                        path.lstat().st_mtime, header.get("state_bytes", 0) > 0))
             except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
                 log.warning("dropping unusable KV block file %s: %s", path, exc)
                 self._remove(path)

@@ -47,6 +47,8 @@ class BlockStored:
     parent_block_hash: BlockHash | None
     token_ids: list[int]  # every block's tokens, concatenated
     medium: str
+    # Hybrid models: which of these blocks carry a recurrent-state snapshot in this medium (None: not a hybrid)
+    snapshot_hashes: list[BlockHash] | None = None
 
 
 @dataclass
@@ -73,10 +75,13 @@ def wire_event(event: KVEvent, block_size: int, token_ids: bool = True) -> dict[
     ``token_ids`` False: a stored block's tokens go out empty (block hashes only)."""
     if isinstance(event, BlockStored):
         parent = None if event.parent_block_hash is None else external_block_hash(event.parent_block_hash)
-        return {"type": "BlockStored", "block_hashes": [external_block_hash(h) for h in event.block_hashes],
+        wire = {"type": "BlockStored", "block_hashes": [external_block_hash(h) for h in event.block_hashes],
                 "parent_block_hash": parent, "token_ids": list(event.token_ids) if token_ids else [],
                 "block_size": block_size,
                 "lora_id": None, "medium": event.medium, "lora_name": None}
+        if event.snapshot_hashes is not None:  # a key vLLM's decoders skip (docs/HYBRID_CACHE.md)
+            wire["state_snapshots"] = [external_block_hash(h) for h in event.snapshot_hashes]
+        return wire
     if isinstance(event, BlockRemoved):
         return {"type": "BlockRemoved", "block_hashes": [external_block_hash(h) for h in event.block_hashes],
                 "medium": event.medium}
@@ -86,20 +91,32 @@ def wire_event(event: KVEvent, block_size: int, token_ids: bool = True) -> dict[
 @dataclass
 class EventRecorder:
     """Where the KV manager writes its events; consecutive ones of a kind merge (a chain stored block by block
-    becomes one `BlockStored`)."""
+    becomes one `BlockStored`).
+
+    ``snapshots``: a hybrid model. Every `BlockStored` then lists which of its blocks carry a recurrent-state
+    snapshot in that medium, and a snapshot arriving at or leaving a block the medium already holds is a
+    `BlockStored` of that block again, saying whether it has one now (to a reader that knows nothing of
+    snapshots, a repeated store of a block it holds)."""
 
     enabled: bool = False
     events: list[KVEvent] = field(default_factory=list)
+    snapshots: bool = False
 
-    def stored(self, block_hash: BlockHash, parent: BlockHash | None, token_ids: tuple[int, ...], medium: str) -> None:
+    def stored(self, block_hash: BlockHash, parent: BlockHash | None, token_ids: tuple[int, ...], medium: str,
+               snapshot: bool = False) -> None:
         if not self.enabled:
             return
         last = self.events[-1] if self.events else None
-        if isinstance(last, BlockStored) and last.medium == medium and last.block_hashes[-1] == parent:
+        if isinstance(last, BlockStored) and last.medium == medium and last.block_hashes[-1] == block_hash:
+            _flag(last, block_hash, snapshot)  # the block just announced: only its snapshot changed
+        elif isinstance(last, BlockStored) and last.medium == medium and last.block_hashes[-1] == parent:
             last.block_hashes.append(block_hash)
             last.token_ids.extend(token_ids)
+            _flag(last, block_hash, snapshot)
         else:
-            self.events.append(BlockStored([block_hash], parent, list(token_ids), medium))
+            event = BlockStored([block_hash], parent, list(token_ids), medium, [] if self.snapshots else None)
+            _flag(event, block_hash, snapshot)
+            self.events.append(event)
 
     def removed(self, block_hash: BlockHash, medium: str) -> None:
         if not self.enabled:
@@ -119,6 +136,15 @@ class EventRecorder:
     def take(self) -> list[KVEvent]:
         events, self.events = self.events, []
         return events
+
+
+def _flag(event: BlockStored, block_hash: BlockHash, snapshot: bool) -> None:
+    if event.snapshot_hashes is None:
+        return
+    if snapshot and block_hash not in event.snapshot_hashes:
+        event.snapshot_hashes.append(block_hash)
+    elif not snapshot and block_hash in event.snapshot_hashes:
+        event.snapshot_hashes.remove(block_hash)
 
 
 class KVEventPublisher:

@@ -10,6 +10,10 @@ block just filled; a later copy into that host block, or a read of that block's 
 A disk block is read when admission wants it (`read_disk_block`, called by the KV manager), not when the step copies
 it: a block whose file fails its checksum or cannot be read is then a miss, dropped and recomputed, and no step
 ever fails on it. The payload waits in memory until the step's copy takes it.
+
+Hybrid models: the host pool also has *state rows* (one snapshot each: every recurrent layer's conv window and
+delta-rule state), and a block file may end with its block's snapshot after the pages (the file's header says how
+many bytes; the checksum covers both).
 """
 from __future__ import annotations
 
@@ -45,30 +49,53 @@ class TransferStats:
 
 
 def flat_caches(kv_caches: list) -> list[torch.Tensor]:
-    """Every per-layer cache tensor (K and V, or one latent), each indexed by block on dim 0."""
+    """Every per-layer cache tensor (K and V, or one latent; a conv window and a delta-rule state), each indexed by
+    block (or state slot) on dim 0."""
     return [t for layer in kv_caches for t in (layer if isinstance(layer, (tuple, list)) else (layer,))]
 
 
+def row_bytes(tensors: list[torch.Tensor]) -> int:
+    """Bytes of one row (a block, or a state slot) across ``tensors``."""
+    return sum(t[0].numel() * t.element_size() for t in tensors)
+
+
 class KVOffload:
-    def __init__(self, kv_caches: list, host_blocks: int, disk: DiskStore | None = None) -> None:
+    def __init__(self, kv_caches: list, host_blocks: int, disk: DiskStore | None = None, state_layers: list = (),
+                 host_state_rows: int = 0) -> None:
+        """``state_layers``: a hybrid model's recurrent layers' state tensors (indexed by state slot), of which
+        the host keeps ``host_state_rows`` snapshots."""
         self.device_tensors = flat_caches(kv_caches)
+        self.device_states = flat_caches(state_layers)
         first = self.device_tensors[0]
         self.on_cuda = first.device.type == "cuda"
         pin = self.on_cuda
         self.host_tensors = [torch.zeros((host_blocks, *t.shape[1:]), dtype=t.dtype, pin_memory=pin)
                              for t in self.device_tensors]
-        self.bytes_per_block = sum(t[0].numel() * t.element_size() for t in self.device_tensors)
+        self.host_states = [torch.zeros((host_state_rows, *t.shape[1:]), dtype=t.dtype, pin_memory=pin)
+                            for t in self.device_states]
+        self.bytes_per_block = row_bytes(self.device_tensors)
+        self.bytes_per_state = row_bytes(self.device_states)
         self.disk = disk
         self.stats = TransferStats()
         self._stream = torch.cuda.Stream(first.device) if self.on_cuda else None
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="kvserve-kv-disk") if disk is not None else None
         self._host_block_reads: dict[int, Future] = {}  # host block -> the disk write still reading it
+        self._state_reads: dict[int, Future] = {}  # host state row -> the disk write still reading it
         self._file_writes: dict[bytes, Future] = {}  # block hash -> its pending disk write
         self._read_ahead: OrderedDict[bytes, bytes] = OrderedDict()  # block hash -> payload admission checked
 
     @staticmethod
-    def host_blocks_for(gb: float, bytes_per_block: int) -> int:
-        return int(gb * 2**30) // bytes_per_block
+    def tier_capacity(gb: float, bytes_per_block: int, bytes_per_state: int = 0,
+                      state_fraction: float = 0.0) -> tuple[int, int]:
+        """(blocks, snapshots) a tier of ``gb`` GiB holds; a hybrid model's snapshots take ``state_fraction`` of
+        it, as in the device pool."""
+        total = int(gb * 2**30)
+        states = int(total * state_fraction) // bytes_per_state if bytes_per_state else 0
+        return (total - states * bytes_per_state) // bytes_per_block, states
+
+    def disk_capacity(self, gb: float, state_fraction: float) -> tuple[int, int]:
+        """(blocks, snapshots) of the disk tier: a snapshot's file holds its block's pages too."""
+        return self.tier_capacity(gb, self.bytes_per_block, self.bytes_per_state, state_fraction)
 
     def run(self, transfers: list[KVTransfer]) -> None:
         """Perform a step's copies in order, before its forward."""
@@ -88,32 +115,52 @@ class KVOffload:
     def _one(self, t: KVTransfer) -> None:
         kind = t.kind
         if kind is TransferKind.OFFLOAD:
-            self._wait(self._host_block_reads.pop(t.host_block, None))
-            for dev, host in zip(self.device_tensors, self.host_tensors):
-                host[t.host_block].copy_(dev[t.block_id], non_blocking=self.on_cuda)
+            self._offload(self._host_block_reads, self.device_tensors, self.host_tensors, t.block_id, t.host_block)
             self.stats.offload_bytes += self.bytes_per_block
         elif kind is TransferKind.RESTORE:
-            self._timed(lambda: [dev[t.block_id].copy_(host[t.host_block], non_blocking=self.on_cuda)
-                                 for dev, host in zip(self.device_tensors, self.host_tensors)])
+            self._restore(self.device_tensors, self.host_tensors, t.block_id, t.host_block)
             self.stats.restore_bytes += self.bytes_per_block
+        elif kind is TransferKind.OFFLOAD_STATE:
+            self._offload(self._state_reads, self.device_states, self.host_states, t.state_slot, t.state_row)
+            self.stats.offload_bytes += self.bytes_per_state
+        elif kind is TransferKind.RESTORE_STATE:
+            self._restore(self.device_states, self.host_states, t.state_slot, t.state_row)
+            self.stats.restore_bytes += self.bytes_per_state
         elif kind is TransferKind.DISK_WRITE:
             written = self._stream.record_event() if self._stream is not None else None
             future = self._writer.submit(self._write_file, t, written)
             if len(self._file_writes) > 1024:  # forget writes that are done
                 self._file_writes = {h: f for h, f in self._file_writes.items() if not f.done()}
             self._host_block_reads[t.host_block] = self._file_writes[t.block_hash] = future
-            self.stats.disk_write_bytes += self.bytes_per_block
+            if t.state_row >= 0:
+                self._state_reads[t.state_row] = future
+            self.stats.disk_write_bytes += self.bytes_per_block + (self.bytes_per_state if t.state_row >= 0 else 0)
         elif kind is TransferKind.DISK_READ:
             payload = self._read_ahead.pop(t.block_hash, None)
             if payload is None:
                 self._wait(self._file_writes.pop(t.block_hash, None))
                 payload = self.disk.read(t.block_hash)
-            self._timed(lambda: self._load_payload(payload, t.block_id))
-            self.stats.disk_read_bytes += self.bytes_per_block
+            pages, state = payload[: self.bytes_per_block], payload[self.bytes_per_block:]
+            if t.block_id >= 0:
+                self._timed(lambda: self._load_payload(pages, self.device_tensors, t.block_id))
+                self.stats.disk_read_bytes += len(pages)
+            if t.state_slot >= 0:
+                self._timed(lambda: self._load_payload(state, self.device_states, t.state_slot))
+                self.stats.disk_read_bytes += len(state)
         elif kind is TransferKind.DISK_DELETE:
             self._writer.submit(self.disk.delete, t.block_hash)
         elif kind is TransferKind.DISK_CLEAR:
             self._writer.submit(self.disk.clear)
+
+    def _offload(self, reads: dict[int, Future], device: list[torch.Tensor], host: list[torch.Tensor], src: int,
+                 dst: int) -> None:
+        """Row ``src`` of the device tensors into host row ``dst``, once no disk write still reads that row."""
+        self._wait(reads.pop(dst, None))
+        for dev, hst in zip(device, host):
+            hst[dst].copy_(dev[src], non_blocking=self.on_cuda)
+
+    def _restore(self, device: list[torch.Tensor], host: list[torch.Tensor], dst: int, src: int) -> None:
+        self._timed(lambda: [dev[dst].copy_(hst[src], non_blocking=self.on_cuda) for dev, hst in zip(device, host)])
 
     def read_disk_block(self, block_hash: bytes) -> bool:
         """Read and check a disk block that admission is about to restore; False (logged) when its file fails its
@@ -134,19 +181,24 @@ class KVOffload:
     def _write_file(self, t: KVTransfer, written: torch.cuda.Event | None) -> None:
         if written is not None:
             written.synchronize()  # the offload into this host block has landed
-        payload = b"".join(host[t.host_block].reshape(-1).view(torch.uint8).numpy().tobytes() for host in self.host_tensors)
+        rows = [host[t.host_block] for host in self.host_tensors]
+        if t.state_row >= 0:  # the block's snapshot follows its pages
+            rows += [host[t.state_row] for host in self.host_states]
+        payload = b"".join(row.reshape(-1).view(torch.uint8).numpy().tobytes() for row in rows)
         try:
-            self.disk.write(t.block_hash, t.parent_hash, t.token_ids, payload)
+            self.disk.write(t.block_hash, t.parent_hash, t.token_ids, payload,
+                            state_bytes=self.bytes_per_state if t.state_row >= 0 else 0)
         except OSError:  # a full or broken disk must not stop serving; a later hit on this block fails its step
             log.exception("could not write KV block %s to disk", t.block_hash.hex())
 
-    def _load_payload(self, payload: bytes, block_id: int) -> None:
+    def _load_payload(self, payload: bytes, tensors: list[torch.Tensor], row: int) -> None:
+        """Row ``row`` of every tensor in ``tensors`` from ``payload`` (their rows one after another)."""
         data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
         offset = 0
-        for dev in self.device_tensors:
+        for dev in tensors:
             size = dev[0].numel() * dev.element_size()
             block = data[offset : offset + size].view(dev.dtype).view(dev.shape[1:])
-            dev[block_id].copy_(block.pin_memory() if self.on_cuda else block, non_blocking=self.on_cuda)
+            dev[row].copy_(block.pin_memory() if self.on_cuda else block, non_blocking=self.on_cuda)
             offset += size
 
     def _timed(self, copy) -> None:

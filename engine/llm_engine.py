@@ -59,11 +59,6 @@ class LLMEngine:
         self.cfg = cfg
         self.model_dir = Path(model_dir)
         self.model_cfg = ModelConfig.from_dir(self.model_dir)
-        if self.model_cfg.is_hybrid and cfg.kv_events_endpoint:
-            # vLLM's events describe blocks; a router would count a hybrid model's blocks as hits without knowing
-            # where its recurrent state can be resumed
-            raise ValueError("KV events (kv_events_endpoint) do not describe the recurrent-state snapshots of hybrid "
-                             "models (Qwen3.5 / 3.6, Qwen3-Next) yet; run this model without them")
         self.max_model_len = min(cfg.max_model_len or self.model_cfg.max_position_embeddings,
                                  self.model_cfg.max_position_embeddings)
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(self.model_dir))
@@ -76,19 +71,23 @@ class LLMEngine:
             self.runner = ModelRunner(self.model_dir, self.model_cfg, cfg, self.max_model_len)
         offload = self.runner.kv_offload
         host_blocks = offload.host_tensors[0].shape[0] if offload else 0
-        disk_blocks = offload.host_blocks_for(cfg.kv_disk_gb, offload.bytes_per_block) if offload and offload.disk else 0
+        host_states = offload.host_states[0].shape[0] if offload and offload.host_states else 0
+        disk_blocks, disk_states = (offload.disk_capacity(cfg.kv_disk_gb, cfg.state_snapshot_fraction)
+                                    if offload and offload.disk else (0, 0))
         self.kv_events = (KVEventPublisher(cfg.kv_events_endpoint, cfg.kv_events_replay_endpoint, cfg.kv_events_topic,
                                            cfg.block_size, all_interfaces=cfg.kv_events_all_interfaces,
                                            token_ids=cfg.kv_events_token_ids) if cfg.kv_events_endpoint else None)
         self.scheduler = Scheduler(cfg, self.runner.num_blocks, model_id or str(self.model_dir), self.max_model_len,
                                    self.eos_token_ids, host_blocks=host_blocks, disk_blocks=disk_blocks,
                                    record_events=self.kv_events is not None, clock=clock,
-                                   state_slots=self.runner.num_state_slots)
+                                   state_slots=self.runner.num_state_slots, host_states=host_states,
+                                   disk_states=disk_states)
         self.structured_outputs = StructuredOutputs(self.tokenizer, self.model_cfg.vocab_size, self.eos_token_ids,
                                                     self.runner.device, cfg.json_whitespace)
         if offload and offload.disk:  # blocks a previous run left on disk
             self.scheduler.kv.tiers.disk_reader = offload.read_disk_block
-            self.scheduler.kv.load_disk_tier((b.block_hash, b.token_ids, b.parent_hash) for b in offload.disk.scan())
+            self.scheduler.kv.load_disk_tier((b.block_hash, b.token_ids, b.parent_hash, b.has_state)
+                                             for b in offload.disk.scan())
             self._run_transfers(self.scheduler.kv.take_transfers())  # deletes what no longer fits
             self._publish_events()
         # async scheduling: the launched step whose tokens are not back yet waits in the pipeline

@@ -80,12 +80,15 @@ class TransferKind(enum.Enum):
     DISK_READ = "disk_read"  # the block's file -> device block (a disk hit)
     DISK_DELETE = "disk_delete"  # the disk tier dropped the block
     DISK_CLEAR = "disk_clear"  # every block file (a prefix-cache reset)
+    OFFLOAD_STATE = "offload_state"  # hybrid models: device state slot -> host state row (a snapshot leaves)
+    RESTORE_STATE = "restore_state"  # host state row -> device state slot (a sequence resumes there)
 
 
 @dataclass(frozen=True, slots=True)
 class KVTransfer:
-    """One copy between KV tiers. The runner performs a step's transfers in order, before its forward: an offload
-    of a block always precedes any write into that block, and a restore precedes every read of it."""
+    """One copy between KV tiers. The runner performs a step's transfers in order, before its forward (and before
+    the step's state restores): an offload of a block or a snapshot always precedes any write into it, and a restore
+    precedes every read of it. A disk read with ``block_id`` -1 reads only the file's snapshot."""
 
     kind: TransferKind
     block_id: int = -1  # device block
@@ -93,6 +96,10 @@ class KVTransfer:
     block_hash: bytes = b""  # disk: the file's name
     parent_hash: bytes | None = None  # disk writes: recorded in the file, so a restart can rebuild the chain
     token_ids: tuple[int, ...] = ()
+    # Hybrid models' snapshots ride with their block: the device state slot (state copies; a disk read's target,
+    # -1: pages only) and the host state row (state copies; a disk write's snapshot, -1: the block has none)
+    state_slot: int = -1
+    state_row: int = -1
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,7 +55,8 @@ class Scheduler:
     def __init__(
         self, cfg: EngineConfig, num_blocks: int, model_id: str, max_model_len: int, eos_token_ids: set[int],
         *, host_blocks: int = 0, disk_blocks: int = 0, record_events: bool = False,
-        clock: Callable[[], float] = time.monotonic, state_slots: int = 0,
+        clock: Callable[[], float] = time.monotonic, state_slots: int = 0, host_states: int = 0,
+        disk_states: int = 0,
         snapshot_policy: SnapshotPolicy = DEFAULT_POLICY,
     ) -> None:
         self.cfg = cfg
@@ -66,7 +67,7 @@ class Scheduler:
         self.kv = KVCacheManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching, cfg.eviction_policy,
                                  max_retained_fraction=cfg.max_retained_fraction, host_blocks=host_blocks,
                                  disk_blocks=disk_blocks, record_events=record_events, clock=clock,
-                                 state_slots=state_slots)
+                                 state_slots=state_slots, host_states=host_states, disk_states=disk_states)
         self.hasher = BlockHasher(cfg.block_size, model_id)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the last one is preempted first

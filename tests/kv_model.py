@@ -7,16 +7,21 @@ from dataclasses import dataclass, field
 
 from engine.kv_cache import KVCacheManager
 from engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
-from engine.outputs import KVTransfer, TransferKind
+from engine.outputs import KVTransfer, StateCopy, TransferKind
 
 
 @dataclass
 class BlockContents:
-    """What each device block, host block and disk file holds (the tokens whose K/V the "model" wrote there)."""
+    """What each device block, host block and disk file holds (the tokens whose K/V the "model" wrote there); for a
+    hybrid model also what each device state slot, host state row and disk snapshot holds (the hash of the block
+    at whose end the state is)."""
 
     device: dict[int, tuple[int, ...]] = field(default_factory=dict)
     host: dict[int, tuple[int, ...]] = field(default_factory=dict)
     disk: dict[bytes, tuple[int, ...]] = field(default_factory=dict)
+    states: dict[int, bytes] = field(default_factory=dict)
+    host_states: dict[int, bytes] = field(default_factory=dict)
+    disk_states: dict[bytes, bytes] = field(default_factory=dict)
 
     def apply(self, transfers: list[KVTransfer]) -> None:
         for t in transfers:
@@ -24,14 +29,30 @@ class BlockContents:
                 self.host[t.host_block] = self.device[t.block_id]
             elif t.kind is TransferKind.RESTORE:
                 self.device[t.block_id] = self.host[t.host_block]
+            elif t.kind is TransferKind.OFFLOAD_STATE:
+                self.host_states[t.state_row] = self.states[t.state_slot]
+            elif t.kind is TransferKind.RESTORE_STATE:
+                self.states[t.state_slot] = self.host_states[t.state_row]
             elif t.kind is TransferKind.DISK_WRITE:
                 self.disk[t.block_hash] = self.host[t.host_block]
+                self.disk_states.pop(t.block_hash, None)
+                if t.state_row >= 0:
+                    self.disk_states[t.block_hash] = self.host_states[t.state_row]
             elif t.kind is TransferKind.DISK_READ:
-                self.device[t.block_id] = self.disk[t.block_hash]
+                if t.block_id >= 0:
+                    self.device[t.block_id] = self.disk[t.block_hash]
+                if t.state_slot >= 0:
+                    self.states[t.state_slot] = self.disk_states[t.block_hash]
             elif t.kind is TransferKind.DISK_DELETE:
                 del self.disk[t.block_hash]
+                self.disk_states.pop(t.block_hash, None)
             else:
                 self.disk.clear()
+                self.disk_states.clear()
+
+    def copy_states(self, copies: list[StateCopy]) -> None:
+        for copy in copies:
+            self.states[copy.dst] = self.states[copy.src]
 
     def compute(self, kv: KVCacheManager, seq_id, token_ids: list[int]) -> None:
         """The model wrote the sequence's K/V into its blocks (all of them, as a forward over the sequence would)."""
@@ -50,31 +71,55 @@ class BlockContents:
         if kv.tiers.disk is not None:
             for block_hash, block in kv.tiers.disk.blocks.items():
                 assert self.disk.get(block_hash) == block.token_ids, "a disk file holds other K/V"
+        if kv.states is None:
+            return
+        for node in kv.by_hash.values():
+            if node.snapshot_slot >= 0:
+                assert self.states.get(node.snapshot_slot) == node.block_hash, "a snapshot holds another state"
+        for tier, held in ((kv.tiers.host, lambda h, b: self.host_states.get(b.state_row)),
+                           (kv.tiers.disk, lambda h, b: self.disk_states.get(h))):
+            for block_hash, block in (tier.blocks.items() if tier is not None else ()):
+                if block.state_row >= 0:
+                    assert held(block_hash, block) == block_hash, f"a {tier.medium} snapshot holds another state"
 
 
 @dataclass
 class EventReplay:
-    """Each tier's block set, as a router learns it from the event stream."""
+    """Each tier's block set, as a router learns it from the event stream; for a hybrid model also which of those
+    blocks carry a snapshot (a repeated `BlockStored` of a held block updates only that)."""
 
     block_size: int = 4
     tiers: dict[str, set[bytes]] = field(default_factory=dict)
+    snapshots: dict[str, set[bytes]] = field(default_factory=dict)
 
     def apply(self, events: list[KVEvent]) -> None:
         for event in events:
             if isinstance(event, BlockStored):
                 held = self.tiers.setdefault(event.medium, set())
-                assert not held & set(event.block_hashes), "a block was stored twice in one tier"
+                if event.snapshot_hashes is None:
+                    assert not held & set(event.block_hashes), "a block was stored twice in one tier"
+                else:
+                    assert set(event.snapshot_hashes) <= set(event.block_hashes)
+                    flagged = self.snapshots.setdefault(event.medium, set())
+                    flagged.difference_update(event.block_hashes)
+                    flagged.update(event.snapshot_hashes)
                 held.update(event.block_hashes)
                 assert len(event.token_ids) == len(event.block_hashes) * self.block_size
             elif isinstance(event, BlockRemoved):
                 held = self.tiers.setdefault(event.medium, set())
                 assert set(event.block_hashes) <= held, "a block was removed that was never stored"
                 held.difference_update(event.block_hashes)
+                self.snapshots.setdefault(event.medium, set()).difference_update(event.block_hashes)
             else:
                 assert isinstance(event, AllBlocksCleared)
                 self.tiers.clear()
+                self.snapshots.clear()
 
     def check(self, kv: KVCacheManager) -> None:
         assert self.tiers.get("GPU", set()) == set(kv.by_hash)
         for tier in kv.tiers.tiers():
             assert self.tiers.get(tier.medium, set()) == set(tier.blocks), tier.medium
+        if kv.states is not None:
+            assert self.snapshots.get("GPU", set()) == {h for h, n in kv.by_hash.items() if n.snapshot_slot >= 0}
+            for tier in kv.tiers.tiers():
+                assert self.snapshots.get(tier.medium, set()) == set(tier.states), f"{tier.medium} snapshots"

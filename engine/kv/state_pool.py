@@ -13,6 +13,7 @@ tensors and performs the copies the KV manager asks for (`engine.outputs.StateCo
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -20,8 +21,11 @@ if TYPE_CHECKING:
 
 
 class StatePool:
-    def __init__(self, num_slots: int) -> None:
+    def __init__(self, num_slots: int, on_evict: Callable[[int, CachedBlock], None] | None = None) -> None:
+        """``on_evict(slot, node)``: called before a snapshot is dropped to make room (the KV manager offloads
+        it to the lower tiers)."""
         self.num_slots = num_slots
+        self.on_evict = on_evict
         self._free = list(range(num_slots - 1, -1, -1))  # pop() hands out low slots first
         self.snapshots: OrderedDict[int, CachedBlock] = OrderedDict()  # slot -> its node, least recently used first
         self.step = 0  # the scheduler's step counter: snapshots of the current step are not usable yet
@@ -46,6 +50,8 @@ class StatePool:
         if not candidates:
             return None
         _, _, slot = min(candidates)
+        if self.on_evict is not None:
+            self.on_evict(slot, self.snapshots[slot])
         self.detach(slot)
         self.evictions += 1
         return slot

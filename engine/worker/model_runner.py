@@ -28,7 +28,7 @@ from engine.config import EngineConfig, ModelConfig
 from engine.worker.cuda_graphs import DecodeGraphRunner, KVCaches
 from engine.worker.input_batch import InputBatch, RunnerSequence
 from engine.kv_disk import DiskStore
-from engine.kv_offload import KVOffload, flat_caches
+from engine.kv_offload import KVOffload, flat_caches, row_bytes
 from engine.models.architectures import build_model, random_weights_
 from engine.outputs import KVTransfer, ModelRunnerOutput, NewSequence, SchedulerOutput, StateCopy
 from engine.parallel.memory import RankMemory, measure
@@ -157,9 +157,6 @@ class ModelRunner:
         self.model = model.eval()
         self.kv_spec = model.kv_cache_spec()
         recurrent = self.kv_spec.recurrent is not None
-        if recurrent and cfg.kv_offload_gb:
-            raise ValueError("the host and disk KV tiers (kv_offload_gb, kv_disk_dir) do not carry the recurrent "
-                             "states of hybrid models (Qwen3.5 / 3.6, Qwen3-Next) yet; run this model without them")
         rows = cfg.max_num_seqs
         self.max_blocks_per_row = -(-max_model_len // cfg.block_size)
         self.inputs = DeviceInputs(max(cfg.max_num_batched_tokens, rows), rows, self.max_blocks_per_row, self.device,
@@ -199,15 +196,21 @@ class ModelRunner:
                                      slots, self.dtype)
 
     def _new_offload(self, model_dir: Path) -> KVOffload:
-        """The host pool (and disk tier) for blocks evicted from the device pool."""
-        tensors = flat_caches(self.kv_spec.block_layers(self.kv_caches))
-        per_block = sum(t[0].numel() * t.element_size() for t in tensors)
+        """The host pool (and disk tier) for blocks evicted from the device pool, and a hybrid model's snapshots
+        (``state_snapshot_fraction`` of the host memory, as on the device)."""
+        pages = self.kv_spec.block_layers(self.kv_caches)
+        states = self.kv_spec.state_layers(self.kv_caches) if self.kv_spec.recurrent is not None else []
+        tensors, state_tensors = flat_caches(pages), flat_caches(states)
         disk = None
         if self.cfg.kv_disk_dir:
             layout = {"model": str(Path(model_dir).resolve()), "block_size": self.cfg.block_size,
                       "dtype": str(tensors[0].dtype), "shapes": [list(t.shape[1:]) for t in tensors]}
+            if state_tensors:  # a file may end with its block's snapshot
+                layout["state_shapes"] = [[str(t.dtype), *t.shape[1:]] for t in state_tensors]
             disk = DiskStore(self.cfg.kv_disk_dir, layout)
-        return KVOffload(self.kv_spec.block_layers(self.kv_caches), KVOffload.host_blocks_for(self.cfg.kv_offload_gb, per_block), disk)
+        blocks, snapshots = KVOffload.tier_capacity(self.cfg.kv_offload_gb, row_bytes(tensors), row_bytes(state_tensors),
+                                                    self.cfg.state_snapshot_fraction)
+        return KVOffload(pages, blocks, disk, states, snapshots)
 
     def make_decode_graphs(self, kv_caches: KVCaches, use_graphs: bool) -> DecodeGraphRunner:
         """The padded decode path over ``kv_caches``; ``use_graphs=False`` runs it eagerly (CPU tests, profiling)."""

@@ -121,3 +121,31 @@ def test_no_snapshots_no_hits(hybrid_dirs):
     llm.generate([prompt], GREEDY)
     out = llm.generate([prompt], GREEDY)[0]
     assert out.num_cached_tokens == 0 and out.token_ids == hf_greedy(path, prompt, 8)
+
+
+def test_snapshots_ride_the_host_and_disk_tiers(hybrid_dirs, tmp_path):
+    """A small device pool: a prompt's blocks, and its prompt-end snapshot with them, evicted by other prompts come
+    back from the host pool; after a restart, from the disk tier (the snapshot in its block's file). Transformers'
+    tokens every time."""
+    path = hybrid_dirs["qwen3_5"]
+    a, b, c = random_prompts(151_000, [70, 70, 70], seed=12)
+    want = hf_greedy(path, a, 8)
+    settings = dict(num_kv_blocks=24, max_num_seqs=2, max_num_batched_tokens=256, kv_offload_gb=0.002,
+                    kv_disk_dir=str(tmp_path))
+    llm = _llm(path, **settings)
+    for prompt in (a, b, c):
+        llm.generate([prompt], GREEDY)
+    assert not any(n.snapshot_slot >= 0 for n in llm.engine.scheduler.kv.by_hash.values()
+                   if n.block_hash in set(llm.engine.scheduler.hasher.hashes(a, None)))  # a's state left the device
+    warm = llm.generate([a], GREEDY)[0]
+    assert warm.num_cached_tokens == 68 and warm.token_ids == want
+    assert llm.stats.prefix_cache_host_hits_tokens > 0
+    llm.engine.scheduler.kv.check_invariants()
+    llm.close()  # writes the device's blocks and snapshots through to disk
+    llm = _llm(path, **settings)
+    try:
+        cold_start = llm.generate([a], GREEDY)[0]
+        assert cold_start.num_cached_tokens == 68 and cold_start.token_ids == want
+        assert llm.stats.prefix_cache_disk_hits_tokens == 68
+    finally:
+        llm.close()

@@ -1,6 +1,7 @@
 """KV events on the wire: a ZMQ subscriber that joins late, replays what it missed from the replay socket, and then
 follows the stream reconstructs exactly the blocks the KV manager holds in every tier, across evictions, offloads,
-restores and a reset; sequence numbers strictly increase."""
+restores and a reset; sequence numbers strictly increase. For a hybrid model also which blocks carry a
+recurrent-state snapshot in each tier (the ``state_snapshots`` key)."""
 from __future__ import annotations
 
 import socket
@@ -36,6 +37,7 @@ class Subscriber:
         self.seqs: list[int] = []
         self.replayed = 0
         self.tiers: dict[str, set[int]] = {}
+        self.snapshots: dict[str, set[int]] = {}  # hybrid models: the blocks with a snapshot, per tier
 
     def apply(self, seq: int, payload: bytes) -> None:
         assert seq == self.last_seq + 1, f"batch {seq} after {self.last_seq}"
@@ -51,15 +53,22 @@ class Subscriber:
                 assert event["lora_id"] is None and event["lora_name"] is None
                 assert all(isinstance(h, int) and 0 <= h < 2**64 for h in hashes)
                 held = self.tiers.setdefault(medium, set())
-                assert not held & set(hashes)
+                if "state_snapshots" in event:  # a hybrid model: a repeated store updates the block's snapshot
+                    flagged = self.snapshots.setdefault(medium, set())
+                    flagged.difference_update(hashes)
+                    flagged.update(event["state_snapshots"])
+                else:
+                    assert not held & set(hashes)
                 held.update(hashes)
             elif kind == "BlockRemoved":
                 hashes, medium = event["block_hashes"], event["medium"]
                 assert set(hashes) <= self.tiers.get(medium, set())
                 self.tiers[medium].difference_update(hashes)
+                self.snapshots.get(medium, set()).difference_update(hashes)
             else:
                 assert event == {"type": "AllBlocksCleared"}
                 self.tiers.clear()
+                self.snapshots.clear()
 
     def catch_up(self, missing_from: int) -> None:
         self.replay.send_multipart([b"", missing_from.to_bytes(8, "big")])
@@ -112,6 +121,13 @@ def manager_sets(llm: LLM) -> dict[str, set[int]]:
     return {medium: {external_block_hash(h) for h in hashes} for medium, hashes in sets.items()}
 
 
+def manager_snapshots(llm: LLM) -> dict[str, set[int]]:
+    kv = llm.engine.scheduler.kv
+    sets = {"GPU": {h for h, n in kv.by_hash.items() if n.snapshot_slot >= 0}}
+    sets |= {t.medium: set(t.states) for t in kv.tiers.tiers()}
+    return {medium: {external_block_hash(h) for h in hashes} for medium, hashes in sets.items()}
+
+
 def nonempty(tiers: dict[str, set[int]]) -> dict[str, set[int]]:
     return {medium: held for medium, held in tiers.items() if held}
 
@@ -142,6 +158,29 @@ def test_late_subscriber_replays_and_tracks_every_tier(tmp_path):
     finally:
         if sub is not None:
             sub.close()
+        llm.close()
+
+
+def test_a_hybrid_models_events_say_where_its_snapshots_are(hybrid_dirs, tmp_path):
+    """Qwen3.5-shaped hybrid: snapshots taken, evicted to the host with their blocks and on to disk, restored; the
+    subscriber's blocks and snapshots per tier equal the manager's after every request."""
+    port, replay_port = free_port(), free_port()
+    llm = LLM(hybrid_dirs["qwen3_5"], block_size=BLOCK, num_kv_blocks=24, max_num_seqs=2, num_state_snapshots=2,
+              kv_offload_gb=0.002, kv_disk_dir=str(tmp_path), kv_events_endpoint=f"tcp://*:{port}",
+              kv_events_replay_endpoint=f"tcp://*:{replay_port}", kv_events_topic="kv")
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    a, b = random_prompts(llm.engine.model_cfg.vocab_size, [200, 240], seed=4)
+    sub = Subscriber(port, replay_port)
+    try:
+        for prompt in (a, b, a, [*a[:100], *b[:50]]):
+            llm.generate([prompt], params)
+            sub.drain(published(llm))
+            assert nonempty(sub.tiers) == nonempty(manager_sets(llm))
+            assert nonempty(sub.snapshots) == nonempty(manager_snapshots(llm))
+        assert {"GPU", "CPU", "DISK"} <= set(nonempty(sub.snapshots))
+        assert llm.stats.prefix_cache_host_hits_tokens > 0
+    finally:
+        sub.close()
         llm.close()
 
 
