@@ -63,15 +63,16 @@ class KVCacheManager:
         record_events: bool = False,
         clock: Callable[[], float] = time.monotonic,
         state_slots: int = 0,
-        demote_dominated_snapshots: bool = True,
+        weigh_snapshots: bool = True,
         host_states: int = 0,
         disk_states: int = 0,
     ) -> None:
         """``state_slots`` > 0: a hybrid model, whose recurrent layers keep a state per sequence in that many slots
         (`engine.kv.state_pool`); a cached prefix is then resumable only where its state is known. ``host_states``
         / ``disk_states``: the snapshots the lower tiers keep.
-        ``demote_dominated_snapshots``: a snapshot with a deeper one below it and no branch between them goes
-        first when slots run short (False: plain LRU, as the simulator models other engines)."""
+        ``weigh_snapshots``: when slots run short, a snapshot with a deeper one below it and no branch between
+        them goes first, and a new snapshot never evicts one at a branch point (False: plain LRU, as the simulator
+        models other engines)."""
         self.eviction_policy = EvictionPolicy(eviction_policy)
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -86,7 +87,7 @@ class KVCacheManager:
         self.tiers = LowerTiers(host_blocks, disk_blocks, self.events, host_states, disk_states)
         self.queue = EvictionQueue(self.eviction_policy, self._now, int(max_retained_fraction * num_blocks))
         self.states = StatePool(state_slots, on_evict=self._snapshot_evicted) if state_slots else None
-        self.demote_dominated_snapshots = demote_dominated_snapshots
+        self.weigh_snapshots = weigh_snapshots
         self.state_restores: list[StateCopy] = []  # for the step being scheduled: before its forward ...
         self.state_snapshots: list[StateCopy] = []  # ... and after it
         self._admission_reads: set[BlockHash] = set()  # lower-tier blocks the admission under way will read
@@ -386,7 +387,7 @@ class KVCacheManager:
         if index < len(seq.nodes) and seq.nodes[index].snapshot_slot >= 0:
             states.touch(seq.nodes[index].snapshot_slot)
             return False
-        slot = states.take()
+        slot = states.take(spare_branches=self.weigh_snapshots)
         if slot is None:
             return False
         self.state_snapshots.append(StateCopy(seq.state_slot, slot))
@@ -418,7 +419,7 @@ class KVCacheManager:
                 node = seq.nodes[index]
                 self.states.attach(slot, node)
                 self.events.stored(node.block_hash, node.parent_hash, node.token_ids, MEDIUM_DEVICE, snapshot=True)
-                if self.demote_dominated_snapshots:
+                if self.weigh_snapshots:
                     self._demote_dominated(node)
         seq.pending_snapshots = pending
 

@@ -117,7 +117,7 @@ def test_a_snapshot_pushed_out_of_the_state_pool_goes_to_the_host_alone_and_come
     h = Hybrid(num_blocks=24, state_slots=2, host_states=4)
     shared = list(range(1, 9))
     h.run("a", shared + [50, 51, 52, 53, 54], snapshot_at=8)
-    h.run("b", shared + [60, 61, 62, 63, 64], snapshot_at=12)  # takes the last slot: a's snapshot goes to the host
+    h.run("b", [60 + i for i in range(13)], snapshot_at=12)  # takes the last slot: a's snapshot goes to the host
     h.run("c", [70 + i for i in range(13)], snapshot_at=12)
     assert h.kv.by_hash[h.hasher.hashes(shared, None)[1]].snapshot_slot < 0  # the block stays, its snapshot left
     cached, transfers = h.run("d", shared + [80, 81, 82])
@@ -145,3 +145,15 @@ def test_snapshots_travel_through_the_host_and_disk_tiers(script):
             h.kv.check_invariants()
             h.contents.check(h.kv)
             h.replay.check(h.kv)
+
+
+def test_a_new_snapshot_does_not_evict_a_branch_point():
+    """Two sequences branched at a's snapshot: a third, unrelated one's snapshot finds no slot rather than evicting
+    the state both resume from (while branches hold at most half the pool); plain LRU evicts it."""
+    shared = list(range(1, 9))
+    for weigh, kept in ((True, True), (False, False)):
+        h = Hybrid(num_blocks=24, state_slots=2, weigh_snapshots=weigh)
+        h.run("a", shared + [50, 51, 52, 53, 54], snapshot_at=8)
+        assert h.run("b", shared + [60, 61, 62, 63, 64])[0] == 8  # now a branch point
+        h.run("c", [70 + i for i in range(13)], snapshot_at=12)
+        assert (h.kv.by_hash[h.hasher.hashes(shared, None)[1]].snapshot_slot >= 0) is kept

@@ -12,7 +12,8 @@ A hybrid model resumes a cached prefix only where a snapshot of its recurrent st
   - llama.cpp: a slot per session (sessions never share a cache), a checkpoint at each prompt's end, the last
     ``checkpoints`` of a slot kept.
 Snapshots of the first two live in one pool of ``slots`` states, least recently used first (kvserve first drops a
-snapshot that a deeper one on the same unbranched path supersedes; llama.cpp's memory is what its slots keep). Pages are not the bound here: hits are limited only by where states exist and how many are
+snapshot that a deeper one on the same unbranched path supersedes, and a new snapshot never evicts one at a branch
+point; llama.cpp's memory is what its slots keep). Pages are not the bound here: hits are limited only by where states exist and how many are
 kept. Requests run one at a time in arrival order (a parent before its children), each in its own step.
 """
 from __future__ import annotations
@@ -75,13 +76,13 @@ class HybridPolicy:
     hints: bool = True
     every_decode_block: bool = False  # vLLM: a state at each block boundary a step ends on
     checkpoints_per_session: int = 0  # llama.cpp: a slot per session keeping its last N prompt-end checkpoints
-    demote_dominated: bool = False  # kvserve's eviction: a snapshot with a deeper one below it and no branch goes first
+    weigh_snapshots: bool = False  # kvserve's eviction (KVCacheManager): dominated snapshots first, branch points kept
 
 
 def policies(cost: StateCost, checkpoints: int = 3) -> list[HybridPolicy]:
     return [
-        HybridPolicy("kvserve", 16, SnapshotPolicy(), demote_dominated=True),
-        HybridPolicy("kvserve, no server hints", 16, SnapshotPolicy(), hints=False, demote_dominated=True),
+        HybridPolicy("kvserve", 16, SnapshotPolicy(), weigh_snapshots=True),
+        HybridPolicy("kvserve, no server hints", 16, SnapshotPolicy(), hints=False, weigh_snapshots=True),
         HybridPolicy("vLLM align", cost.vllm_align_block, every_decode_block=True),
         HybridPolicy(f"llama.cpp ({checkpoints} checkpoints)", 16, checkpoints_per_session=checkpoints),
     ]
@@ -107,7 +108,7 @@ def run_policy(requests: Sequence[TokenRequest], policy: HybridPolicy, slots: in
     llama = policy.checkpoints_per_session > 0
     pages = sum(-(-len(r.committed_ids(True)) // bs) for r in requests) + 1
     kv = KVCacheManager(pages, bs, state_slots=1 + (len(requests) * 64 if llama else slots),
-                        demote_dominated_snapshots=policy.demote_dominated)
+                        weigh_snapshots=policy.weigh_snapshots)
     hasher = BlockHasher(bs, "hybrid-sim")
     kept: dict[str, deque[int]] = {}  # llama.cpp: each session's checkpoint slots, oldest first
     run = PolicyRun(policy.name, slots)

@@ -40,13 +40,18 @@ class StatePool:
         return len(self._free) + sum(1 for slot, node in self.snapshots.items()
                                      if slot != keep and node.snapshot_step < self.step)
 
-    def take(self, keep: int = -1) -> int | None:
+    def take(self, keep: int = -1, spare_branches: bool = False) -> int | None:
         """A free slot, evicting the least recently used snapshot if none is (ordinary blocks' before retained
-        ones', never ``keep`` nor one taken this step); None when every slot is running or pending."""
+        ones', never ``keep`` nor one taken this step); None when every slot is running or pending.
+        ``spare_branches``: do not evict a snapshot at a branch point (a block with several children: a state
+        several sequences resume from) while such snapshots hold at most half the slots, so stale branches never
+        crowd out the newer snapshots of running conversations."""
         if self._free:
             return self._free.pop()
+        branches = {slot for slot, node in self.snapshots.items() if len(node.children) > 1}
+        spare = branches if spare_branches and len(branches) <= self.num_slots // 2 else set()
         candidates = [(node.retained, i, slot) for i, (slot, node) in enumerate(self.snapshots.items())
-                      if slot != keep and node.snapshot_step < self.step]
+                      if slot != keep and node.snapshot_step < self.step and slot not in spare]
         if not candidates:
             return None
         _, _, slot = min(candidates)
