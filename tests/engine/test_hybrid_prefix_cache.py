@@ -149,3 +149,15 @@ def test_snapshots_ride_the_host_and_disk_tiers(hybrid_dirs, tmp_path):
         assert llm.stats.prefix_cache_disk_hits_tokens == 68
     finally:
         llm.close()
+
+
+def test_n_siblings_resume_from_the_prompts_snapshot(hybrid_dirs):
+    """n > 1: the siblings are admitted once the leader's prompt is scheduled, after the step that snapshotted the
+    prompt's last full block (its chunk ends there), so each resumes from it; every sibling equals transformers."""
+    path = hybrid_dirs["qwen3_5"]
+    prompt = random_prompts(151_000, [70], seed=21)[0]
+    llm = _llm(path)
+    out = llm.generate([prompt], SamplingParams(n=3, max_tokens=6, temperature=0, ignore_eos=True))[0]
+    assert llm.stats.prefix_cache_hits_tokens == 2 * 68
+    assert [o.token_ids for o in out.outputs] == [hf_greedy(path, prompt, 6)] * 3
+    llm.engine.scheduler.kv.check_invariants()
