@@ -102,6 +102,9 @@ def _configure_prefix(p: argparse.ArgumentParser) -> None:
     p.add_argument("--snapshot-slots", type=_ints, default=[4, 8, 16, 32, 64],
                    help="--hybrid: snapshot pool sizes to compare, comma-separated")
     p.add_argument("--checkpoints", type=int, default=3, help="--hybrid: llama.cpp's checkpoints per slot")
+    p.add_argument("--engine-slots", type=_ints, default=[],
+                   help="--hybrid: also run the workloads through the engine with these state pools (slots in all: "
+                        "one running sequence + snapshots), request for request against the simulator, e.g. 4,16")
 
 
 def _run_prefix(args: argparse.Namespace) -> dict:
@@ -114,7 +117,8 @@ def _run_prefix(args: argparse.Namespace) -> dict:
             w.strip() for w in args.workload.split(","))
         figures = run_hybrid(HybridOptions(model=args.model, workloads=workloads, shape=args.hybrid_shape,
                                            slot_counts=tuple(args.snapshot_slots), checkpoints=args.checkpoints,
-                                           seed=args.seed, out_dir=args.out_dir))
+                                           seed=args.seed, out_dir=args.out_dir,
+                                           engine_slots=tuple(args.engine_slots)))
         print(figures["markdown"])
         return figures
 
@@ -165,6 +169,8 @@ def _configure_sessions(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tool-call-ttl", type=float, default=30.0, help="session hold after a tool call, seconds")
     p.add_argument("--no-engine", action="store_true", help="simulator only (skip the engine-vs-simulator run)")
+    p.add_argument("--model", default="qwen3-tiny",
+                   help="model of the engine run (a hybrid one, e.g. qwen3.6-tiny, keeps recurrent-state snapshots)")
     p.add_argument("--engine-blocks", type=int, default=320, help="device pool of the engine run, in blocks")
     p.add_argument("--engine-host-blocks", type=int, default=1200, help="host tier of the engine run, in blocks")
     p.add_argument("--scale-pools", type=_ints, default=[6000, 12000, 24000, 36000],
@@ -175,7 +181,8 @@ def _run_sessions(args: argparse.Namespace) -> dict:
     from benchmarks.prefix.sessions_bench import SessionsOptions, run_sessions
 
     figures = run_sessions(SessionsOptions(
-        seed=args.seed, tool_call_ttl_s=args.tool_call_ttl, engine=not args.no_engine, engine_blocks=args.engine_blocks,
+        seed=args.seed, tool_call_ttl_s=args.tool_call_ttl, engine=not args.no_engine, model=args.model,
+        engine_blocks=args.engine_blocks,
         engine_host_blocks=args.engine_host_blocks, scale_pools=tuple(args.scale_pools), out_dir=args.out_dir))
     print(open(figures["markdown"]).read())
     return figures

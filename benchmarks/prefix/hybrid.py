@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine.block_hashing import BlockHasher
@@ -95,18 +95,21 @@ class PolicyRun:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     peak_snapshots: int = 0
+    per_request: list[int] = field(default_factory=list)  # cached tokens, request by request
 
     @property
     def hit_rate(self) -> float:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
-def run_policy(requests: Sequence[TokenRequest], policy: HybridPolicy, slots: int) -> PolicyRun:
+def run_policy(requests: Sequence[TokenRequest], policy: HybridPolicy, slots: int,
+               include_output: bool = True) -> PolicyRun:
     """Replay ``requests`` through a hybrid KV manager with ``slots`` snapshot slots (llama.cpp: unbounded, its own
-    per-session limit applies) and ``policy``'s snapshot points."""
+    per-session limit applies) and ``policy``'s snapshot points. ``include_output=False``: the replies are not
+    cached (an engine run whose own replies differ from the scripted ones)."""
     bs = policy.block_size
     llama = policy.checkpoints_per_session > 0
-    pages = sum(-(-len(r.committed_ids(True)) // bs) for r in requests) + 1
+    pages = sum(-(-len(r.committed_ids(include_output)) // bs) for r in requests) + 1
     kv = KVCacheManager(pages, bs, state_slots=1 + (len(requests) * 64 if llama else slots),
                         weigh_snapshots=policy.weigh_snapshots)
     hasher = BlockHasher(bs, "hybrid-sim")
@@ -115,13 +118,14 @@ def run_policy(requests: Sequence[TokenRequest], policy: HybridPolicy, slots: in
     for r in requests:
         kv.begin_step()
         salt = r.session if llama else r.salt  # llama.cpp: a slot per session, nothing shared across slots
-        ids = r.committed_ids(True)
+        ids = r.committed_ids(include_output)
         hashes = hasher.hashes(ids, salt)
         cached = kv.admit(r.request_id, hashes, r.prompt, len(r.prompt))
         assert cached is not None, "the simulated pool holds every block"
         run.prompt_tokens += len(r.prompt)
         run.cached_tokens += cached
-        computed = len(ids) - 1  # the reply's last token is never computed
+        run.per_request.append(cached)
+        computed = len(ids) - 1  # the last token is never computed
         kv.allocate(r.request_id, len(ids))
         kv.commit(r.request_id, hashes, ids, computed)
         for point in _points(r, policy, computed):
@@ -170,6 +174,7 @@ class HybridOptions:
     checkpoints: int = 3
     seed: int = 0
     out_dir: str = "results/prefix"
+    engine_slots: tuple[int, ...] = ()  # also run the engine with these state pools (benchmarks/prefix/hybrid_engine.py)
 
 
 def run_hybrid(opts: HybridOptions) -> dict:
@@ -199,8 +204,42 @@ def run_hybrid(opts: HybridOptions) -> dict:
     table = markdown_table(["workload", "policy", "snapshot slots", "hit rate", "peak snapshots",
                             f"snapshot GiB ({opts.shape})"], rows)
     markdown = f"{memory}\n\n{table}\n"
+    engine_rows = _engine_part(opts, mt, cost) if opts.engine_slots else []
+    if engine_rows:
+        from benchmarks.prefix.hybrid_engine import engine_markdown
+
+        markdown += "\n" + engine_markdown(opts.model, engine_rows, opts.shape) + "\n"
     out = Path(opts.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "hybrid.md").write_text(markdown)
-    return {"model": opts.model, "shape": opts.shape, "runs": figures, "markdown": markdown,
+    return {"model": opts.model, "shape": opts.shape, "runs": figures, "engine": engine_rows, "markdown": markdown,
             "costs": {name: vars(c) for name, c in costs.items()}}
+
+
+def _engine_part(opts: HybridOptions, mt, cost: StateCost) -> list[dict]:
+    from engine import LLM
+
+    from benchmarks.prefix.bench import ENGINE_WORKLOAD_PARAMS
+    from benchmarks.prefix.hybrid_engine import compare_with_engine
+    from benchmarks.prefix.render import tokenize_workload
+    from benchmarks.prefix.report import pct
+    from benchmarks.prefix.workloads import build_workloads
+
+    workloads = [(w.name, tokenize_workload(w, mt))
+                 for w in build_workloads(list(opts.workloads), replace(ENGINE_WORKLOAD_PARAMS, seed=opts.seed))]
+    blocks = max(sum(len(r.prompt) for r in requests) for _, requests in workloads) // 16 + 64
+    rows = []
+    for slots in opts.engine_slots:
+        llm = LLM(opts.model, block_size=16, num_kv_blocks=blocks, max_num_seqs=1, num_state_snapshots=slots - 1,
+                  max_num_batched_tokens=2048)
+        try:
+            for name, requests in workloads:
+                row = compare_with_engine(llm, name, requests, cost, slots)
+                rows.append(row)
+                print(f"engine {name:12s} {slots:3d} slots  hit {pct(row['engine_hit_rate']):>6s} (simulator "
+                      f"{pct(row['simulator_hit_rate'])}, {row['requests_equal']}/{row['requests']} requests equal; "
+                      f"vLLM align {pct(row['vllm_align_hit_rate'])})  TTFT p50 {row['engine_ttft_p50_s']:.3f}s",
+                      flush=True)
+        finally:
+            llm.close()
+    return rows

@@ -88,8 +88,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def _run(argv: list[str], home: Path, env: dict[str, str]) -> str:
     project = home / "project"
     project.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(argv, cwd=project, env={**os.environ, "HOME": str(home), **env}, stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=400)
+    # PWD too: OpenCode takes its project directory (where it reads opencode.json) from it, not from the real cwd
+    done = subprocess.run(argv, cwd=project, env={**os.environ, "HOME": str(home), "PWD": str(project), **env},
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, (argv, done.stdout[-2000:], done.stderr[-2000:])
     return done.stdout
 
