@@ -103,8 +103,8 @@ def _configure_prefix(p: argparse.ArgumentParser) -> None:
                    help="--hybrid: snapshot pool sizes to compare, comma-separated")
     p.add_argument("--checkpoints", type=int, default=3, help="--hybrid: llama.cpp's checkpoints per slot")
     p.add_argument("--engine-slots", type=_ints, default=[],
-                   help="--hybrid: also run the workloads through the engine with these state pools (slots in all: "
-                        "one running sequence + snapshots), request for request against the simulator, e.g. 4,16")
+                   help="--hybrid: also run the workloads through the engine with these snapshot pools (besides "
+                        "one running sequence's state), request for request against the simulator, e.g. 4,16")
 
 
 def _run_prefix(args: argparse.Namespace) -> dict:

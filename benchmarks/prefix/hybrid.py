@@ -174,7 +174,7 @@ class HybridOptions:
     checkpoints: int = 3
     seed: int = 0
     out_dir: str = "results/prefix"
-    engine_slots: tuple[int, ...] = ()  # also run the engine with these state pools (benchmarks/prefix/hybrid_engine.py)
+    engine_slots: tuple[int, ...] = ()  # also run the engine with these snapshot pools (benchmarks/prefix/hybrid_engine.py)
 
 
 def run_hybrid(opts: HybridOptions) -> dict:
@@ -230,7 +230,7 @@ def _engine_part(opts: HybridOptions, mt, cost: StateCost) -> list[dict]:
     blocks = max(sum(len(r.prompt) for r in requests) for _, requests in workloads) // 16 + 64
     rows = []
     for slots in opts.engine_slots:
-        llm = LLM(opts.model, block_size=16, num_kv_blocks=blocks, max_num_seqs=1, num_state_snapshots=slots - 1,
+        llm = LLM(opts.model, block_size=16, num_kv_blocks=blocks, max_num_seqs=1, num_state_snapshots=slots,
                   max_num_batched_tokens=2048)
         try:
             for name, requests in workloads:

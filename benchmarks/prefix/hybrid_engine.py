@@ -6,7 +6,7 @@ The engine runs the workloads at the engine sizes of ``bench prefix`` (``ENGINE_
 time in arrival order, as the simulator does, each with the snapshot hints and breakpoints the server would pass
 (`Retention`), generating one token: its own replies would differ from the scripted ones the next turns carry, so
 only prompt blocks can be reused, and both simulations run with the replies not cached. The engine's state pool has
-``slots`` slots in all (one running sequence plus ``slots - 1`` snapshots), as the simulated pool has. The engine
+``slots`` snapshot slots and one running sequence's, as the simulated pool has. The engine
 cuts prefill chunks at snapshot points, so a request's points are snapshotted in successive steps (the simulator
 takes them all in one): with a pool too small for one request's points the two may keep different ones.
 """
@@ -67,7 +67,7 @@ def engine_markdown(model: str, rows: list[dict], shape: str) -> str:
     head = (f"### Engine ({model}, engine workload sizes, one generated token per request, replies not cached; "
             f"vLLM align simulated with {shape}'s block)\n")
     return head + "\n" + markdown_table(
-        ["workload", "requests", "prompt tokens", "state slots", "engine hit rate", "simulator (kvserve)",
+        ["workload", "requests", "prompt tokens", "snapshot slots", "engine hit rate", "simulator (kvserve)",
          "requests equal", "vLLM align (simulated)", "engine TTFT p50 (s)"],
         [[r["workload"], r["requests"], f"{r['prompt_tokens']:,}", r["slots"], pct(r["engine_hit_rate"]),
           pct(r["simulator_hit_rate"]), f"{r['requests_equal']}/{r['requests']}", pct(r["vllm_align_hit_rate"]),

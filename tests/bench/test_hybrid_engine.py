@@ -18,7 +18,7 @@ def test_engine_hits_equal_the_hybrid_simulator():
                             forked_workers=1, fresh_workers=1, worker_steps=1)
     mt = load_model_text("qwen3.6-tiny")
     cost = StateCost.of(HYBRID_SHAPES["Qwen3.6-27B"])
-    llm = LLM("qwen3.6-tiny", block_size=16, num_kv_blocks=1024, max_num_seqs=1, num_state_snapshots=15,
+    llm = LLM("qwen3.6-tiny", block_size=16, num_kv_blocks=1024, max_num_seqs=1, num_state_snapshots=16,
               max_num_batched_tokens=1024)
     try:
         for wl in build_workloads(["tool_loop", "subagents"], params):
