@@ -88,7 +88,7 @@ def bytes_per_block(llm) -> int:
     from engine.kv_offload import flat_caches, row_bytes
 
     runner = llm.engine.runner
-    return row_bytes(flat_caches(runner.kv_spec.page_layers(runner.kv_caches)))
+    return row_bytes(flat_caches(runner.kv_spec.block_layers(runner.kv_caches)))
 
 
 def measure_costs(llm, sizes: tuple[int, int] = (128, 1024), decode_tokens: int = 16) -> CostModel:
