@@ -123,6 +123,17 @@ class EngineConfig:
     num_state_snapshots: int | None = field(
         default=None, metadata=_help("hybrid models: recurrent-state snapshots to keep (default: from "
                                      "--state-snapshot-fraction)"))
+    speculative: str = field(
+        default="off", metadata=_help("speculative decoding: off, ngram (prompt lookup: drafts from the request's own "
+                                      "tokens) or suffix (a suffix tree over the session's earlier prompts and "
+                                      "replies, then prompt lookup); a request may choose its own "
+                                      "(docs/SPECULATIVE.md)", choices=("off", "ngram", "suffix")))
+    num_speculative_tokens: int = field(
+        default=4, metadata=_help("speculative decoding: draft tokens verified per step and sequence at most"))
+    speculative_draft_budget: int = field(
+        default=16, metadata=_help("speculative decoding: draft tokens per step for the whole batch, so speculation "
+                                   "turns itself down as the batch grows (each sequence drafts min(k, budget / "
+                                   "decoding sequences))"))
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -164,6 +175,10 @@ class EngineConfig:
             self.async_scheduling = on_cuda
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be at least 1, got {self.tensor_parallel_size}")
+        if self.speculative not in ("off", "ngram", "suffix"):
+            raise ValueError(f"speculative must be 'off', 'ngram' or 'suffix', got {self.speculative!r}")
+        if self.num_speculative_tokens < 1 or self.speculative_draft_budget < 0:
+            raise ValueError("num_speculative_tokens must be >= 1 and speculative_draft_budget >= 0")
         if self.tensor_parallel_size > 1 and self.kv_disk_dir:  # each rank would need its own files, kept in step
             raise ValueError("the disk KV tier (kv_disk_dir) does not work with tensor_parallel_size > 1 yet; "
                              "use the host tier (kv_offload_gb) alone")

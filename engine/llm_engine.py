@@ -48,6 +48,18 @@ def _eos_ids(model_dir: Path, model_cfg: ModelConfig, tokenizer) -> set[int]:
     return ids
 
 
+def _speculation_refused(model_cfg: ModelConfig, cfg: EngineConfig) -> str | None:
+    """Why this engine cannot speculate (None: it can)."""
+    if model_cfg.is_hybrid:
+        return ("hybrid models (Qwen3.5 / 3.6, Qwen3-Next) cannot speculate yet: their recurrent state would have to "
+                "be rolled back to the last accepted draft (per-draft states or a recompute, not built)")
+    if model_cfg.v4 is not None:
+        return "DeepSeek-V4 cannot speculate yet: its compressors' pooling state would see rejected drafts"
+    if cfg.tensor_parallel_size > 1:
+        return "speculative decoding does not run under tensor parallelism yet (--tensor-parallel-size 1)"
+    return None
+
+
 class LLMEngine:
     """``clock`` is the time the KV cache's retention (pins, session holds) runs on: a benchmark that replays a
     trace in virtual time passes its own."""
@@ -59,6 +71,9 @@ class LLMEngine:
         self.cfg = cfg
         self.model_dir = Path(model_dir)
         self.model_cfg = ModelConfig.from_dir(self.model_dir)
+        self.speculation_refused = _speculation_refused(self.model_cfg, cfg)
+        if self.speculation_refused and cfg.speculative != "off":
+            raise ValueError(f"--speculative {cfg.speculative}: {self.speculation_refused}")
         self.max_model_len = min(cfg.max_model_len or self.model_cfg.max_position_embeddings,
                                  self.model_cfg.max_position_embeddings)
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(self.model_dir))
@@ -116,6 +131,8 @@ class LLMEngine:
                 f"the prompt needs {blocks} KV blocks but the cache has {self.scheduler.num_blocks}; "
                 "give the engine more KV memory (num_kv_blocks / kv_cache_memory_gb)"
             )
+        if self.speculation_refused and params.speculative not in (None, "off"):
+            raise RequestRejected(f"speculative {params.speculative!r}: {self.speculation_refused}")
         if params.structured_output is not None:
             try:
                 self.structured_outputs.compile(params.structured_output)  # cached: a server compiled it already
@@ -224,7 +241,8 @@ class LLMEngine:
     def step(self) -> list[SequenceOutput]:
         try:
             pipeline = self._pipeline
-            if pipeline.in_flight is not None and self._in_flight_constrained:  # its grammars need its tokens first
+            # Grammars need the tokens in flight for the next masks; proposers need them to draft after.
+            if pipeline.in_flight is not None and (self._in_flight_constrained or self.scheduler.num_speculative):
                 self._collect(pipeline.in_flight)
                 pipeline.in_flight = None
             sched = self.scheduler.schedule()

@@ -71,6 +71,9 @@ class ScheduledSequence:
     samples: bool  # the chunk ends at the sequence's last token: this step samples its next one
     resumed: bool = False
     state_slot: int = -1  # hybrid models, at (re)admission: the recurrent-state slot the sequence runs in
+    # Speculative decoding: tokens proposed after the sequence's last one, computed in this step after it (counted in
+    # num_new_tokens) and verified by its sampling; they join the sequence only as far as they are accepted
+    draft_token_ids: list[int] | None = None
 
 
 class TransferKind(enum.Enum):
@@ -137,6 +140,49 @@ class ModelRunnerOutput:
     logprobs: list[TokenLogprobs | None] | None = None  # None when no sequence asked for logprobs
     # Prompt logprobs computed by this step: (seq id, index of the first prompt token scored, one entry per token).
     prompt_logprobs: list[tuple[str, int, list[TokenLogprobs]]] = field(default_factory=list)
+    # Speculative decoding: per sequence every token the step emits (its accepted drafts, then the target's own);
+    # None when no sequence drafted. `sampled_token_ids[i]` is `emitted_token_ids[i][0]`.
+    emitted_token_ids: list[list[int]] | None = None
+
+
+@dataclass
+class DraftStats:
+    """Speculative decoding's counters (a request's, or a proposer's over all requests): a verification is one
+    sequence's step that carried drafts."""
+
+    steps: int = 0  # sequence-steps that sampled, with drafts or not
+    tokens: int = 0  # tokens they emitted
+    verifications: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.tokens / self.steps if self.steps else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens emitted per verification: the accepted drafts plus the target's own token."""
+        return (self.accepted_tokens + self.verifications) / self.verifications if self.verifications else 0.0
+
+    def record(self, drafted: int, emitted: int) -> None:
+        """One sequence-step: ``drafted`` drafts verified, ``emitted`` tokens appended (accepted drafts + 1)."""
+        self.steps += 1
+        self.tokens += emitted
+        if drafted:
+            self.verifications += 1
+            self.draft_tokens += drafted
+            self.accepted_tokens += emitted - 1
+
+    def as_dict(self) -> dict[str, float]:
+        return {"steps": self.steps, "tokens": self.tokens, "draft_tokens": self.draft_tokens,
+                "accepted_tokens": self.accepted_tokens, "acceptance_rate": round(self.acceptance_rate, 4),
+                "mean_accepted_length": round(self.mean_accepted_length, 4),
+                "tokens_per_step": round(self.tokens_per_step, 4)}
 
 
 # ---- engine -> callers --------------------------------------------------------------------------------------------
@@ -159,6 +205,7 @@ class SequenceOutput:
     prompt_logprobs: list[TokenLogprobs | None] | None = None
     num_host_cached_tokens: int = 0  # of num_cached_tokens, restored from the host tier
     num_disk_cached_tokens: int = 0  # ... and from the disk tier
+    speculation: DraftStats | None = None  # speculative decoding: the sequence's counters, on its last output
 
     @property
     def finished(self) -> bool:
@@ -201,3 +248,8 @@ class SchedulerStats:
     prompt_tokens: int = 0  # prompt tokens computed (cache hits excluded)
     generation_tokens: int = 0
     preemptions: int = 0
+    spec_verifications: int = 0  # speculative decoding: sequence-steps that verified drafts
+    spec_draft_tokens: int = 0  # drafts proposed (and verified)
+    spec_accepted_tokens: int = 0  # drafts accepted
+    decode_steps: int = 0  # sequence-steps that sampled a token (with or without drafts): tokens per step is
+    # generation_tokens / decode_steps

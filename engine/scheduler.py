@@ -34,6 +34,7 @@ from engine.outputs import (
 from engine.sequence import Sequence, SequenceStatus
 from engine.retention import Retention
 from engine.sampling_params import SamplingParams
+from engine.spec.drafter import Drafter, Method
 
 T = TypeVar("T")
 MAX_HELD_REQUESTS = 4096  # finished requests whose hold a caller may still extend (`retain_finished`)
@@ -74,6 +75,11 @@ class Scheduler:
         self.sequences: dict[str, Sequence] = {}  # every live sequence
         self.requests: dict[str, list[Sequence]] = {}  # caller request id -> its live sequences
         self.num_constrained = 0  # live sequences under a grammar: without any, the engine skips grammar work
+        # Speculative decoding (engine/spec/): proposes drafts for decoding sequences; the engine collects a step
+        # before scheduling the next while any live sequence speculates (drafts continue its known tokens)
+        self.drafter = Drafter(cfg.num_speculative_tokens, cfg.speculative_draft_budget)
+        self.num_speculative = 0
+        self.num_decode_steps = 0
         self._finished_seq_ids: list[str] = []  # for the next SchedulerOutput: the runner forgets them
         self._held: OrderedDict[str, list[BlockHash]] = OrderedDict()  # finished with a hold: their block chains
         self._outputs: list[SequenceOutput] = []
@@ -105,9 +111,25 @@ class Scheduler:
                 len(prompt), self.cfg.block_size, retention.snapshot_hints if retention else (), pins)
         return seq
 
+    def speculation(self, seq: Sequence) -> Method:
+        """The proposer a sequence drafts with: its own choice, else the engine's. Penalties and logprobs (which
+        would need every draft's distribution) and grammars (whose matcher would need to follow the drafts) keep a
+        sequence to one token per step."""
+        p = seq.params
+        method = p.speculative or self.cfg.speculative
+        if method == "off" or p.structured_output is not None or p.logprobs is not None or p.max_tokens == 0 \
+                or p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0:
+            return "off"
+        return method
+
+    def _session(self, seq: Sequence) -> tuple[str | None, str | None]:
+        """Whose earlier text the suffix proposer drafts from: the tenant's (cache salt) session."""
+        return seq.cache_salt, seq.params.speculative_session
+
     def _enqueue(self, seq: Sequence, front: bool = False) -> None:
         self.sequences[seq.seq_id] = seq
         self.num_constrained += seq.params.structured_output is not None
+        self.num_speculative += self.speculation(seq) != "off"
         self.requests[seq.request_id].append(seq)
         if front:
             self.waiting.appendleft(seq)
@@ -152,7 +174,9 @@ class Scheduler:
         self._finished_seq_ids = []
         self.kv.begin_step()
         budget = self.cfg.max_num_batched_tokens
-        # Decodes first (one token each, latency-critical), then continuing chunked prefills.
+        # speculation turns itself down as the batch grows (engine/spec/drafter.py)
+        k = self.drafter.drafts_per_sequence(len(self.running)) if self.num_speculative else 0
+        # Decodes first (one token each, latency-critical, plus any drafts), then continuing chunked prefills.
         for seq in sorted(self.running, key=_is_prefilling):
             if budget == 0:
                 break
@@ -161,16 +185,29 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING or num_tokens >= seq.max_num_tokens:
                 continue
             n = self._chunk(seq, min(num_tokens - seq.num_computed_tokens, budget))
-            new_block_ids = self._make_room(seq, n, out)
+            drafts = self._drafts(seq, n, min(k, budget - n)) if k else []
+            new_block_ids = self._make_room(seq, n + len(drafts), out)
             if new_block_ids is None:
                 continue
-            self._schedule(seq, n, new_block_ids, out)
-            budget -= n
+            self._schedule(seq, n, new_block_ids, out, drafts=drafts)
+            budget -= n + len(drafts)
         if not out.preempted_seq_ids:  # blocks just ran short: admitting new work would only thrash
             self._admit_waiting(budget, out)
         out.kv_transfers = self.kv.take_transfers()
         out.state_restores, out.state_snapshots = self.kv.take_state_copies()
         return out
+
+    def _drafts(self, seq: Sequence, n: int, k: int) -> list[int]:
+        """Up to ``k`` drafts after a decoding sequence's last token; never more than its max_tokens leaves room for
+        (the step emits one token beyond the accepted drafts)."""
+        decoding = n == 1 and seq.num_computed_tokens == len(seq.token_ids) - 1 and not seq.num_output_placeholders
+        k = min(k, seq.max_num_tokens - len(seq.token_ids) - 1)
+        if not decoding or k <= 0:
+            return []
+        drafts = self.drafter.propose(seq.seq_id, self.speculation(seq), seq.token_ids, k, self._session(seq))
+        # drafts never cost a preemption: without free blocks for them the sequence decodes one token
+        extra = self.kv.blocks_needed(seq.num_computed_tokens + n + len(drafts)) - len(self.kv.block_table(seq.seq_id))
+        return drafts if extra <= self.kv.num_free_blocks else []
 
     def _chunk(self, seq: Sequence, n: int) -> int:
         """Hybrid models: end a prefill chunk at the first snapshot point inside it (the state there exists only at
@@ -216,12 +253,15 @@ class Scheduler:
         out.preempted_seq_ids.append(seq.seq_id)
 
     def _schedule(self, seq: Sequence, n: int, new_block_ids: list[int], out: SchedulerOutput,
-                  resumed: bool = False, state_slot: int = -1) -> None:
+                  resumed: bool = False, state_slot: int = -1, drafts: list[int] | None = None) -> None:
         start = seq.num_computed_tokens
         end = start + n
         samples = end == len(seq.token_ids) + seq.num_output_placeholders  # reaches the last token: samples the next
-        out.scheduled.append(ScheduledSequence(seq.seq_id, n, start, new_block_ids, samples, resumed, state_slot))
-        seq.num_computed_tokens = end
+        out.scheduled.append(ScheduledSequence(seq.seq_id, n + len(drafts or ()), start, new_block_ids, samples,
+                                               resumed, state_slot, drafts or None))
+        # Drafts are computed too, but never enter token_ids unless accepted, so nothing below commits them to the
+        # prefix cache; update() rolls num_computed_tokens back to what was accepted.
+        seq.num_computed_tokens = end + len(drafts or ())
         if start < seq.num_prompt_tokens:
             self.num_prompt_tokens += min(seq.num_prompt_tokens, end) - start
         if end // self.cfg.block_size > start // self.cfg.block_size:  # this step fills a block
@@ -299,7 +339,8 @@ class Scheduler:
             if seq is not None and seq.prompt_logprobs is not None:  # a recompute may score some tokens again
                 seq.prompt_logprobs += entries[len(seq.prompt_logprobs) - first :]
         logprobs = runner_output.logprobs or [None] * len(runner_output.seq_ids)
-        for seq_id, token, logprob in zip(runner_output.seq_ids, runner_output.sampled_token_ids, logprobs):
+        emitted = runner_output.emitted_token_ids or [[t] for t in runner_output.sampled_token_ids]
+        for seq_id, tokens, logprob in zip(runner_output.seq_ids, emitted, logprobs):
             seq = self.sequences.get(seq_id)
             if seq is None:  # finished (stop, abort) after this step was scheduled: its token is moot
                 continue
@@ -310,20 +351,38 @@ class Scheduler:
             if grammar_ends.get(seq_id) is not None:  # its grammar failed: this request ends here, alone
                 self._finish(seq, FinishReason.ERROR, error=grammar_ends[seq_id])
                 continue
-            seq.token_ids.append(token)
-            self.num_generation_tokens += 1
+            self._record_speculation(seq, tokens)
+            self.num_decode_steps += 1
             if seq.timings.first_token is None:
                 seq.timings.first_token = now
-            if self.cfg.enable_prefix_caching and len(seq.token_ids) % self.cfg.block_size == 0:  # a block is full
-                self.hasher.extend(seq.block_hashes, seq.token_ids, seq.cache_salt)
-                if seq.status is SequenceStatus.RUNNING:
-                    self._commit(seq)
-            reason = FinishReason.STOP if seq_id in grammar_ends else self._stop_reason(seq, token)
-            out = self._output(seq, [token], [logprob], reason)
+            new_tokens, reason = [], None
+            for token in tokens:  # one token, or the accepted drafts and the target's own
+                seq.token_ids.append(token)
+                new_tokens.append(token)
+                self.num_generation_tokens += 1
+                if self.cfg.enable_prefix_caching and len(seq.token_ids) % self.cfg.block_size == 0:  # a block is full
+                    self.hasher.extend(seq.block_hashes, seq.token_ids, seq.cache_salt)
+                    if seq.status is SequenceStatus.RUNNING:
+                        self._commit(seq)
+                reason = FinishReason.STOP if seq_id in grammar_ends else self._stop_reason(seq, token)
+                if reason is not None:  # a stop token or max_tokens among them: what follows is dropped
+                    break
+            out = self._output(seq, new_tokens, [logprob] * len(new_tokens), reason)
             out.prompt_logprobs, seq.prompt_logprobs = seq.prompt_logprobs, None  # with the first token
             if reason is not None:
+                out.speculation = self.drafter.request_stats.get(seq.seq_id)
                 self._finish(seq, reason)
             self._outputs.append(out)
+
+    def _record_speculation(self, seq: Sequence, tokens: list[int]) -> None:
+        """A decoding sequence's step came back with ``tokens``: roll its computed tokens back to the accepted ones
+        (the rejected drafts' K/V slots are garbage, overwritten by later steps) and count the drafts."""
+        method = self.speculation(seq)
+        if method == "off":  # (which, with async scheduling, may have the next step in flight already)
+            return
+        drafted = seq.num_computed_tokens - len(seq.token_ids)  # the step computed the last token + its drafts
+        seq.num_computed_tokens = len(seq.token_ids) + len(tokens) - 1
+        self.drafter.record(seq.seq_id, method, drafted, len(tokens))
 
     def _finish_prefill_only(self, seq: Sequence) -> None:
         out = self._output(seq, [], [], FinishReason.LENGTH)
@@ -357,6 +416,9 @@ class Scheduler:
         seq.timings.finished = time.perf_counter()
         del self.sequences[seq.seq_id]
         self.num_constrained -= seq.params.structured_output is not None
+        method = self.speculation(seq)
+        self.num_speculative -= method != "off"
+        self.drafter.finished(seq.seq_id, seq.token_ids if method == "suffix" else None, self._session(seq))
         self._finished_seq_ids.append(seq.seq_id)
         group = self.requests[seq.request_id]
         group.remove(seq)
@@ -414,4 +476,8 @@ class Scheduler:
             prompt_tokens=self.num_prompt_tokens,
             generation_tokens=self.num_generation_tokens,
             preemptions=self.num_preemptions,
+            spec_verifications=sum(s.verifications for s in self.drafter.stats.values()),
+            spec_draft_tokens=sum(s.draft_tokens for s in self.drafter.stats.values()),
+            spec_accepted_tokens=sum(s.accepted_tokens for s in self.drafter.stats.values()),
+            decode_steps=self.num_decode_steps,
         )

@@ -48,6 +48,8 @@ class InputBatch:
         self.num_computed = np.zeros(max_rows, dtype=np.int32)
         self.num_new = np.zeros(max_rows, dtype=np.int32)  # tokens scheduled this step
         self.samples = np.zeros(max_rows, dtype=bool)  # the row's chunk this step ends at its last token
+        # speculative decoding: drafts scheduled after the row's last token, written past its known tokens
+        self.num_drafts = np.zeros(max_rows, dtype=np.int32)
         # Where the row's last sampled token sits in the previous step's device output: with async scheduling its
         # id is not on the host yet when the next step is prepared, so the device copies it into the inputs.
         self.pending_src = np.zeros(max_rows, dtype=np.int32)
@@ -129,6 +131,23 @@ class InputBatch:
         """One token each at the end of the rows' known tokens (rows distinct)."""
         self.token_ids[rows, self.num_known[rows]] = tokens
         self.num_known[rows] += 1
+
+    def set_drafts(self, row: int, drafts: list[int]) -> None:
+        """The row's drafts for this step, after its known tokens (they become known only once accepted)."""
+        known = int(self.num_known[row])
+        self.token_ids[row, known : known + len(drafts)] = drafts
+        self.num_drafts[row] = len(drafts)
+
+    def drafts(self, row: int) -> list[int]:
+        known = int(self.num_known[row])
+        return self.token_ids[row, known : known + int(self.num_drafts[row])].tolist()
+
+    def append_token_lists(self, rows: list[int], tokens: list[list[int]]) -> None:
+        """Several tokens per row (speculative decoding: accepted drafts and the target's token)."""
+        for row, row_tokens in zip(rows, tokens):
+            known = int(self.num_known[row])
+            self.token_ids[row, known : known + len(row_tokens)] = row_tokens
+            self.num_known[row] = known + len(row_tokens)
 
     def take_block_table_deltas(self) -> np.ndarray:
         """``[3, D]`` int32 (rows, columns, block ids) of every table change since the last call."""

@@ -36,6 +36,7 @@ from engine.parallel.state import SINGLE, TensorParallel
 from engine.worker.prompt_logprobs import PromptScoring, PromptSpan, ScoredSpan, score_spans
 from engine.worker.sampler import Penalties, SamplerOutput, SamplingBatch, has_penalties, make_generator, penalty_parameters, sample
 from engine.sampling_params import SamplingParams
+from engine.spec.verify import verify
 from engine.worker.step_inputs import DeviceInputs, HostInputs, flatten
 from engine.weights import load_weights, use_fp8_layers
 from kernels.ops import fp8_gemm_supported, get_ops
@@ -75,6 +76,7 @@ class _DeviceWork:
     prompt_spans: list[PromptSpan] = field(default_factory=list)  # rows that score prompt tokens
     state_restores: list[StateCopy] = field(default_factory=list)  # hybrid models: snapshot -> slot, before it
     state_snapshots: list[StateCopy] = field(default_factory=list)  # ... slot -> snapshot, after it
+    drafts: list[list[int]] | None = None  # speculative decoding: per sampled row its drafts (None: no row drafts)
 
 
 @dataclass
@@ -112,11 +114,13 @@ class StepHandle:
         if launched.started is not None:
             profile.device_s += launched.started.elapsed_time(launched.done) / 1e3
         token_ids, logprobs = [], None
+        emitted = None
         if launched.sampled is not None:
             token_ids, logprobs = launched.sampled.host_lists(self.params)
-            self.runner.record_sampled(self, token_ids)
+            emitted = launched.sampled.emitted
+            self.runner.record_sampled(self, token_ids, emitted)
         scored = [(s.seq_id, s.first_token, s.entries()) for s in launched.scored]
-        self._output = ModelRunnerOutput(self.seq_ids if token_ids else [], token_ids, logprobs, scored)
+        self._output = ModelRunnerOutput(self.seq_ids if token_ids else [], token_ids, logprobs, scored, emitted)
         return self._output
 
 
@@ -245,6 +249,8 @@ class ModelRunner:
                 work.histories = [(sequences[r].output_counts, sequences[r].prompt_seen) for r in seq_ids]
         if seq_ids:
             batch.pending_src[host.sample_rows] = np.arange(len(seq_ids), dtype=np.int32)
+        if host.sample_counts is not None:
+            work.drafts = [batch.drafts(r) for r in host.sample_rows.tolist()]
         self.profile.prepare_s += time.perf_counter() - start
         if self._device_thread is not None:
             handle.launched = self._device_thread.submit(self._run_on_device, work)
@@ -331,6 +337,10 @@ class ModelRunner:
         batch.num_computed[rows] = np.fromiter([s.num_computed_tokens for s in scheduled], np.int32, n)
         batch.num_new[rows] = np.fromiter([s.num_new_tokens for s in scheduled], np.int32, n)
         batch.samples[rows] = np.fromiter([s.samples for s in scheduled], bool, n)
+        batch.num_drafts[rows] = 0
+        for s in scheduled:
+            if s.draft_token_ids:
+                batch.set_drafts(row_of[s.seq_id], s.draft_token_ids)
 
     def _new_sequence(self, new: NewSequence) -> RunnerSequence:
         samples_here = self.tp.is_first  # generators and penalty histories live where sampling happens
@@ -353,16 +363,41 @@ class ModelRunner:
         if logits is None:  # rank 0 samples; this rank receives the ids
             out = SamplerOutput(torch.empty(rows, dtype=torch.long, device=self.device), [])
         else:
+            all_logits = logits
+            if host.sample_counts is not None:  # each row samples at its first position; drafts are verified below
+                firsts = np.cumsum(host.sample_counts) - host.sample_counts
+                logits = logits.index_select(0, torch.from_numpy(firsts).to(self.device).long())
             if work.logits_processor is not None:
                 work.logits_processor(logits, work.seq_ids)
             sampling = work.sampling
             penalties = self._penalties(work.histories, sampling.params) if work.histories else None
             out = sample(logits, sampling, penalties)
+            if work.drafts is not None:
+                out.emitted = self._verify(all_logits, host.sample_counts, out, work)
             for i in sampling.penalized_rows:  # count the new token in the sequence's history, on the device
                 work.histories[i][0].index_add_(0, out.token_ids[i : i + 1], torch.ones(1, device=self.device))
         self.tp.broadcast_from_first(out.token_ids)
         self._prev_sampled = out.token_ids
         return out
+
+    def _verify(self, logits: torch.Tensor, counts: np.ndarray, out: SamplerOutput, work: _DeviceWork
+                ) -> list[list[int]]:
+        """Speculative decoding: the drafting rows' tokens by the exact acceptance rules (engine/spec/verify.py);
+        a row without drafts emits the token sampled for it. Returns every sampled row's tokens (host lists: a
+        sync, which a speculative step takes anyway before the next is scheduled)."""
+        drafted = np.nonzero(counts > 1)[0]
+        firsts = np.cumsum(counts) - counts
+        index = np.concatenate([np.arange(firsts[i], firsts[i] + counts[i]) for i in drafted])
+        params, generators = work.sampling.params, work.sampling.generators
+        emitted_drafted = verify(logits.index_select(0, torch.from_numpy(index).to(self.device).long()),
+                                 [work.drafts[i] for i in drafted], [params[i] for i in drafted],
+                                 [generators[i] for i in drafted])
+        emitted = [[t] for t in out.token_ids.tolist()]
+        for i, tokens in zip(drafted.tolist(), emitted_drafted):
+            emitted[i] = tokens
+        out.token_ids[torch.from_numpy(drafted).to(self.device).long()] = torch.tensor(
+            [tokens[0] for tokens in emitted_drafted], device=self.device)
+        return emitted
 
     def _to_host(self, sampled: SamplerOutput | None, scored: list[ScoredSpan], timed: bool) -> _Launched:
         """On CUDA, start copying the step's results into pinned host memory; the event marks the copies done."""
@@ -391,9 +426,15 @@ class ModelRunner:
         seen = torch.stack([s if s is not None else unseen for _, s in histories])
         return Penalties(*penalty_parameters(params, self.device), counts, seen)
 
-    def record_sampled(self, handle: StepHandle, token_ids: list[int]) -> None:
-        """A step's sampled ids reached the host: append them to each sequence's row (or, rowless, its tokens)."""
+    def record_sampled(self, handle: StepHandle, token_ids: list[int], emitted: list[list[int]] | None = None
+                       ) -> None:
+        """A step's sampled ids reached the host: append them to each sequence's row (or, rowless, its tokens).
+        ``emitted``: speculative decoding's tokens per row, which replace the one sampled id each."""
         batch = self.batch
+        if emitted is not None:  # a speculative step is collected before the next is scheduled: rows unchanged
+            assert batch.version == handle.batch_version, "rows moved under a speculative step"
+            batch.append_token_lists(handle.rows.tolist(), emitted)
+            return
         if batch.version == handle.batch_version:  # the rows are as the step left them (always, without overlap)
             batch.append_tokens(handle.rows, token_ids)
             return
@@ -526,4 +567,4 @@ def _pinned(t: torch.Tensor | None) -> torch.Tensor | None:
 def _to_pinned(out: SamplerOutput) -> SamplerOutput:
     """The sampled ids (and logprobs), copied to pinned host memory."""
     return SamplerOutput(_pinned(out.token_ids), out.logprob_rows, _pinned(out.chosen_logprobs), _pinned(out.top_ids),
-                         _pinned(out.top_logprobs))
+                         _pinned(out.top_logprobs), out.emitted)

@@ -121,6 +121,7 @@ class SamplerOutput:
     chosen_logprobs: torch.Tensor | None = None  # [L]
     top_ids: torch.Tensor | None = None  # [L, N]
     top_logprobs: torch.Tensor | None = None  # [L, N]
+    emitted: list[list[int]] | None = None  # speculative decoding: every row's tokens, on the host (engine/spec/)
 
     def host_lists(self, params: Sequence[SamplingParams]) -> tuple[list[int], list[TokenLogprobs | None] | None]:
         """Python lists (call on host tensors): the ids, and per row its `TokenLogprobs` (None if not asked)."""
@@ -154,7 +155,7 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, penalties: Penalties | No
         if batch.random_params:
             index = batch.random_rows
             sub = logits if index is None else logits.index_select(0, index)
-            drawn = _draw(_sampling_probs(sub, batch), batch.random_generators)
+            drawn = _draw(sampling_probs(sub, batch), batch.random_generators)
             if index is None:
                 token_ids = drawn
             else:
@@ -162,7 +163,7 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, penalties: Penalties | No
     return _with_logprobs(raw, token_ids, batch)
 
 
-def _sampling_probs(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+def sampling_probs(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """Temperature, then top-k, top-p and min-p masks; returns the normalized distribution to draw from."""
     logits = logits / batch.temperature
     vocab = logits.shape[1]

@@ -28,6 +28,7 @@ class HostInputs:
     context_lens: np.ndarray
     sample_index: np.ndarray  # token rows whose hidden state is sampled, in row order
     sample_rows: np.ndarray  # the batch rows they belong to
+    sample_counts: np.ndarray | None  # speculative decoding: per sampled row, its positions (1 + drafts); else None
     pending_dst: np.ndarray  # token rows whose id is still on the device (async scheduling) ...
     pending_src: np.ndarray  # ... and where it is in the previous step's sampled ids
     block_table_deltas: np.ndarray  # [3, D]
@@ -56,14 +57,23 @@ def flatten(batch: InputBatch, block_size: int, pad_rows_to: int | None = None) 
     positions = np.arange(total, dtype=np.int32) - np.repeat(ends - n, n) + start[row_of_token]
     input_ids = batch.token_ids[row_of_token, positions]
     slots = batch.block_table[row_of_token, positions // block_size] * block_size + positions % block_size
-    pending_dst = np.nonzero(positions >= batch.num_known[row_of_token])[0].astype(np.int32)
+    drafts = batch.num_drafts[:rows]
+    known = batch.num_known[row_of_token] + drafts[row_of_token]  # a row's drafts are written after its known tokens
+    pending_dst = np.nonzero(positions >= known)[0].astype(np.int32)
     pending_src = batch.pending_src[row_of_token[pending_dst]]
     sample_rows = np.nonzero(batch.samples[:rows])[0].astype(np.int32)
+    sample_index, sample_counts = ends[sample_rows] - 1, None
+    if drafts.any():  # a row with d drafts samples its last d + 1 positions: the last known token's and each draft's
+        sample_counts = drafts[sample_rows] + 1
+        firsts = np.cumsum(sample_counts) - sample_counts
+        offsets = np.arange(int(sample_counts.sum()), dtype=np.int32) - np.repeat(firsts, sample_counts)
+        sample_index = (np.repeat(ends[sample_rows] - sample_counts, sample_counts) + offsets).astype(np.int32)
     context_lens = start + n
     host = HostInputs(
         input_ids=input_ids, positions=positions, slot_mapping=slots,
         query_start_loc=np.concatenate([np.zeros(1, dtype=np.int32), ends]), context_lens=context_lens,
-        sample_index=ends[sample_rows] - 1, sample_rows=sample_rows, pending_dst=pending_dst, pending_src=pending_src,
+        sample_index=sample_index, sample_rows=sample_rows, sample_counts=sample_counts, pending_dst=pending_dst,
+        pending_src=pending_src,
         block_table_deltas=batch.take_block_table_deltas(), state_slots=batch.state_slots[:rows].copy(),
         has_initial_state=start > 0,
         max_query_len=int(n.max()) if rows else 0, max_context_len=int(context_lens.max()) if rows else 0,

@@ -1,0 +1,145 @@
+"""Speculative decoding through the engine: drafts verified in one forward over the paged cache.
+
+Tiny random models rarely repeat themselves, so most tests draft with an *oracle* proposer: the reference (non-
+speculative) continuation with deliberate mistakes, which exercises acceptance, rejection and the roll-back of
+rejected drafts' K/V slots on every step. The real proposers are covered by tests/spec/test_proposers.py and, end to
+end, by the suffix test below (a session that asks the same thing twice) and `kvserve bench spec` on real weights.
+"""
+from __future__ import annotations
+
+import pytest
+from scipy.stats import chi2_contingency
+
+from engine import LLM, SamplingParams
+from engine.errors import RequestRejected
+from tests.engine.conftest import random_prompts
+
+P_VALUE_THRESHOLD = 1e-3  # the two-sample chi-square test passes above this
+
+
+class OracleDrafts:
+    """Proposes the next tokens of the reference continuation that the context is a prefix of, with the draft at
+    position ``step % k`` of every step replaced by a wrong token (so every step rejects somewhere, or not at all)."""
+
+    def __init__(self, references: list[list[int]], wrong_every: int = 3) -> None:
+        self.references = references
+        self.wrong_every = wrong_every
+        self.calls = 0
+
+    def __call__(self, seq_id, method, tokens, k, session) -> list[int]:
+        if method == "off":
+            return []
+        self.calls += 1
+        for ref in self.references:
+            if len(tokens) < len(ref) and ref[: len(tokens)] == list(tokens):
+                drafts = ref[len(tokens) : len(tokens) + k]
+                if drafts and self.calls % self.wrong_every == 0:
+                    wrong = self.calls % len(drafts)
+                    drafts[wrong] = (drafts[wrong] + 1) % 1000 + 100
+                return drafts
+        return []
+
+
+def _speculating(llm: LLM, references: list[list[int]], **kwargs) -> OracleDrafts:
+    oracle = OracleDrafts(references, **kwargs)
+    llm.engine.scheduler.drafter.propose = oracle
+    return oracle
+
+
+@pytest.fixture(scope="module")
+def dense() -> LLM:
+    return LLM("qwen3-tiny", block_size=4, num_kv_blocks=512, speculative_draft_budget=64)
+
+
+def _greedy_equal(llm: LLM, prompts: list[list[int]], max_tokens: int = 16, **params) -> None:
+    base = llm.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0, **params))
+    refs = [p + o.token_ids for p, o in zip(prompts, base)]
+    oracle = _speculating(llm, refs)
+    spec = llm.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0, speculative="ngram", **params))
+    del llm.engine.scheduler.drafter.propose
+    assert oracle.calls > 0
+    for b, s in zip(base, spec):
+        assert [c.token_ids for c in s.outputs] == [c.token_ids for c in b.outputs]
+        assert [c.finish_reason for c in s.outputs] == [c.finish_reason for c in b.outputs]
+    llm.engine.scheduler.kv.check_invariants()
+
+
+def test_greedy_tokens_identical_dense_with_hot_prefix_cache(dense):
+    prompts = random_prompts(1000, [9, 30], seed=1)
+    before = dense.engine.scheduler.drafter.stats["ngram"].verifications
+    _greedy_equal(dense, prompts)
+    _greedy_equal(dense, prompts)  # the same prompts again: prompts and replies now come from the prefix cache
+    stats = dense.engine.scheduler.drafter.stats["ngram"]
+    assert stats.verifications > before and 0 < stats.accepted_tokens < stats.draft_tokens  # accepted and rejected
+    assert dense.stats.spec_draft_tokens == stats.draft_tokens
+
+
+def test_max_tokens_stop_tokens_and_n_behave_as_without_speculation(dense):
+    prompts = random_prompts(1000, [11, 6], seed=2)
+    _greedy_equal(dense, prompts, max_tokens=7)  # drafts must not run past max_tokens
+    ref = dense.generate(prompts[:1], SamplingParams(max_tokens=20, temperature=0))[0].token_ids
+    _greedy_equal(dense, prompts[:1], max_tokens=20, stop_token_ids=[ref[6]])  # a stop token among the accepted
+    _greedy_equal(dense, prompts, max_tokens=12, n=2)
+
+
+def test_speculation_is_refused_where_it_cannot_be_exact(dense, tmp_path):
+    with pytest.raises(ValueError, match="speculative"):
+        SamplingParams(speculative="eagle")
+    # Grammars, penalties and logprobs decode one token a step (their state would have to follow the drafts).
+    sched = dense.engine.scheduler
+    from engine.request import Request
+    for params in (SamplingParams(speculative="ngram", logprobs=2),
+                   SamplingParams(speculative="ngram", presence_penalty=0.5)):
+        assert sched.speculation(Request("x", [1], 1, params)) == "off"
+
+
+@pytest.mark.parametrize("model", [pytest.param("qwen3-moe-tiny", marks=pytest.mark.slow), "deepseek-v3-tiny"])
+def test_greedy_tokens_identical_moe_and_mla(model):
+    llm = LLM(model, block_size=4, num_kv_blocks=256, speculative_draft_budget=64)
+    _greedy_equal(llm, random_prompts(1000, [13, 22], seed=3), max_tokens=16)
+
+
+def test_suffix_drafts_from_the_sessions_earlier_replies(dense):
+    prompts = random_prompts(1000, [10, 15], seed=4)
+    base = dense.generate(prompts, SamplingParams(max_tokens=24, temperature=0))
+    params = SamplingParams(max_tokens=24, temperature=0, speculative="suffix", speculative_session="s1")
+    first = dense.generate(prompts, params, cache_salt="tenant")
+    stats = dense.engine.scheduler.drafter.stats["suffix"]
+    accepted_before = stats.accepted_tokens
+    second = dense.generate(prompts, params, cache_salt="tenant")  # the session has seen these replies
+    assert [o.token_ids for o in first] == [o.token_ids for o in second] == [o.token_ids for o in base]
+    assert stats.accepted_tokens - accepted_before >= 30
+    other = dense.engine.scheduler.drafter.session_tree(("other tenant", "s1"))
+    assert other is None  # another tenant's session with the same id shares nothing
+
+
+def test_hybrid_models_refuse_speculation_with_a_clear_error():
+    llm = LLM("qwen3.6-tiny", block_size=16, num_kv_blocks=64)
+    with pytest.raises(RequestRejected, match="hybrid models .* cannot speculate"):
+        llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2, speculative="ngram"))
+    with pytest.raises(ValueError, match="--speculative ngram: hybrid"):
+        LLM("qwen3.6-tiny", block_size=16, num_kv_blocks=64, speculative="ngram")
+
+
+@pytest.mark.slow
+def test_sampled_tokens_keep_the_target_distribution(dense):
+    """Temperature 1 (top-k 3, so 800 seeds fill every cell): the joint distribution of the first two
+    sampled tokens and the marginal of the third, with drafts verified by rejection sampling, against plain
+    sampling; two-sample chi-square, p > 1e-3."""
+    prompt = random_prompts(1000, [12], seed=5)[0]
+    seeds = 800
+    params = dict(max_tokens=3, temperature=1.0, top_k=3)
+    plain = dense.generate([prompt] * seeds, [SamplingParams(seed=s, **params) for s in range(seeds)])
+    # Drafts: for each possible first token, the greedy continuation after it (often, not always, accepted).
+    firsts = sorted({o.token_ids[0] for o in plain})
+    greedy = dense.generate([prompt + [t] for t in firsts], SamplingParams(max_tokens=2, temperature=0))
+    refs = [prompt + [t] + g.token_ids for t, g in zip(firsts, greedy)]
+    oracle = _speculating(dense, refs, wrong_every=10**9)
+    spec = dense.generate([prompt] * seeds, [SamplingParams(seed=10**6 + s, speculative="ngram", **params)
+                                             for s in range(seeds)])
+    del dense.engine.scheduler.drafter.propose
+    assert oracle.calls >= seeds // 2
+    for key in (lambda t: tuple(t[:2]), lambda t: t[2]):
+        cells = sorted({key(o.token_ids) for o in plain + spec})
+        table = [[sum(key(o.token_ids) == c for o in run) for c in cells] for run in (plain, spec)]
+        assert chi2_contingency(table).pvalue > P_VALUE_THRESHOLD
