@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Callable
 
 from engine.config import EvictionPolicy, SchedulingPolicy
 
-from benchmarks import hostile, inspector_bench, router_bench, serve_bench, step_bench, structured, throughput
+from benchmarks import (hostile, inspector_bench, router_bench, serve_bench, spec_bench, step_bench, structured,
+                        throughput)
 from benchmarks.prefix.report import write_json
 
 if TYPE_CHECKING:
@@ -203,6 +204,9 @@ def _register_all() -> None:
                       "context", step_bench.configure, step_bench.run)
     add_bench_command("structured", "cost of grammar masks: decode tok/s with 0%, 50% and 100% of a batch constrained",
                       structured.configure, structured.run)
+    add_bench_command("spec", "speculative decoding at batch 1: output tok/s with no speculation, prompt lookup and "
+                      "suffix decoding side by side on an edit-like and an agent workload; acceptance per proposer",
+                      spec_bench.configure, spec_bench.run)
     add_bench_command("hostile", "one request never hurts another: each hostile input of issue 22 sent while bystander "
                       "streams of another tenant run; their worst wait vs their baseline, and server memory",
                       hostile.configure, hostile.run)

@@ -93,9 +93,11 @@ class OutputProcessor:
     def _fill_text(seq: _SequenceText, out: SequenceOutput) -> bool:
         """Set ``out.new_text``; True when a stop string ended the sequence (its finish reason becomes STOP)."""
         stop_token = out.finish_reason is FinishReason.STOP  # the engine stops on tokens only: no text for it
+        # one token, or several with speculative decoding (accepted drafts, then the model's own)
+        tokens = out.new_token_ids[:-1] if stop_token else out.new_token_ids
         text = ""
-        if out.new_token_ids and not stop_token:
-            text = seq.detok.add(out.new_token_ids[-1])
+        if tokens:
+            text = "".join([seq.detok.add(token) for token in tokens])
             if seq.stops is not None:
                 text, hit = seq.stops.feed(text)
                 if hit:

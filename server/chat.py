@@ -165,7 +165,7 @@ def plan_chat(
                        param="prompt_logprobs")
     params = ctx.sampling_params(
         req, len(prompt_ids), skip_special_tokens=False, num_logprobs=num_top, structured_output=constraint,
-        prompt_logprobs=req.prompt_logprobs,
+        prompt_logprobs=req.prompt_logprobs, session=session,
     )
     cut = lambda m, t: _render(ctx, m, t, False, kwargs)  # noqa: E731 - a conversation cut, rendered
     pins = breakpoint_pins(points, text, prompt_ids, cut, ctx.encode)

@@ -175,8 +175,9 @@ class ServingContext:
     def sampling_params(
         self, req: ChatCompletionRequest | CompletionRequest, prompt_len: int, *, skip_special_tokens: bool,
         num_logprobs: int | None, structured_output: StructuredOutputSpec | None = None,
-        prompt_logprobs: int | None = None,
+        prompt_logprobs: int | None = None, session: str | None = None,
     ) -> SamplingParams:
+        """``session``: the agent session (server/session.py), whose earlier text the suffix proposer drafts from."""
         if req.n > self.settings.max_n:
             raise APIError(400, f"n is {req.n}; this server allows at most {self.settings.max_n}", param="n")
         try:
@@ -198,6 +199,8 @@ class ServingContext:
                 n=req.n,
                 skip_special_tokens=skip_special_tokens,
                 structured_output=structured_output,
+                speculative=req.speculative,
+                speculative_session=session,
             )
         except ValueError as exc:
             raise APIError(400, str(exc)) from None

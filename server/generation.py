@@ -11,7 +11,7 @@ from typing import Any
 
 from engine.errors import RequestRejected
 from engine.output_processor import CompletionOutput
-from engine.outputs import FinishReason, RequestTimings, SequenceOutput
+from engine.outputs import DraftStats, FinishReason, RequestTimings, SequenceOutput
 from engine.worker.grammar_compile import CompileCancelled
 from server.async_engine import EngineDeadError, EngineRequest, RequestStream
 from server.context import ServingContext
@@ -34,6 +34,7 @@ class Prompt:
     first_choice: CompletionOutput = field(default_factory=CompletionOutput)  # choice 0's tokens, for the record
     num_host_cached_tokens: int = 0  # of num_cached_tokens, restored from the host tier
     num_disk_cached_tokens: int = 0  # ... and from the disk tier
+    speculation: DraftStats | None = None  # choice 0's speculative decoding counters, for the record
 
     def observe(self, out: SequenceOutput) -> None:
         if out.index == 0:
@@ -42,6 +43,8 @@ class Prompt:
             self.num_disk_cached_tokens = out.num_disk_cached_tokens
             self.timings = out.timings
             self.first_choice.add(out)
+            if out.speculation is not None:
+                self.speculation = out.speculation
 
 
 def usage(prompts: list[Prompt], completion_tokens: int) -> dict[str, Any]:
@@ -129,4 +132,5 @@ def record(
             finish_reason=p.first_choice.finish_reason or "abort",
             timings=timing_fields(p.timings),
             time=time.time(),
+            speculation=p.speculation.as_dict() if p.speculation is not None else None,
         ))

@@ -52,6 +52,11 @@ _SNAPSHOT_METRICS: dict[str, tuple[str, str]] = {
     "prompt_tokens": ("counter", "Prompt tokens prefilled (cache hits excluded)."),
     "generation_tokens": ("counter", "Tokens generated."),
     "preemptions": ("counter", "Sequences preempted for lack of KV blocks (recomputed later)."),
+    "spec_verifications": ("counter", "Speculative decoding: sequence-steps that verified drafts."),
+    "spec_draft_tokens": ("counter", "Speculative decoding: draft tokens verified (acceptance rate: accepted / drafts)."),
+    "spec_accepted_tokens": ("counter", "Speculative decoding: draft tokens accepted (mean accepted length: "
+                                        "(accepted + verifications) / verifications)."),
+    "decode_steps": ("counter", "Sequence-steps that produced tokens (tokens per step: generation_tokens / this)."),
 }
 assert set(_SNAPSHOT_METRICS) == {f.name for f in fields(SchedulerStats)}
 

@@ -4,7 +4,8 @@
 Each line: `body` (the request as the client sent it), `prompt_token_ids` (exactly what the engine prefilled),
 `output_token_ids` (choice 0), `cached_tokens`, `cache_salt` (the effective salt: a tenant hash, never an API key),
 `session` (the agent session the client named: `prompt_cache_key`, Claude Code's session id; see server/session.py),
-`timings` (seconds), plus `request_id`, `endpoint`, `model`, `finish_reason` and `time` (unix seconds). A batched
+`timings` (seconds), `speculation` (speculative decoding's counters for choice 0: drafts, accepted, acceptance rate,
+mean accepted length, tokens per step; null when it did not speculate), plus `request_id`, `endpoint`, `model`, `finish_reason` and `time` (unix seconds). A batched
 text completion writes one line per prompt.
 
 A path with `{salt}` writes one file per cache salt (a tenant, or an end user behind a request `cache_salt`): the
@@ -38,6 +39,7 @@ class RequestRecord:
     finish_reason: str | None
     timings: dict[str, float | None]
     time: float
+    speculation: dict[str, float] | None = None  # speculative decoding: acceptance rate, mean accepted length, ...
 
 
 def timing_fields(timings: RequestTimings | None) -> dict[str, float | None]:

@@ -48,6 +48,8 @@ _SAMPLING = {
     "structured_outputs": _honoured("vLLM's: `regex`, `grammar`, `json`, `choice`"),
     "prompt_logprobs": _honoured("vLLM's; chat: not streamed"),
     "cache_salt": _honoured("with --allow-request-cache-salt, else a 400"),
+    # kvserve's own
+    "speculative": _honoured("kvserve's: `off`, `ngram` or `suffix` speculative decoding for this request"),
     # vLLM's extensions that would change the result
     "guided_json": _refused("vLLM's older name: send structured_outputs", {"type": "object"}),
     "guided_regex": _refused("vLLM's older name: send structured_outputs", "a+"),

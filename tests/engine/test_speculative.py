@@ -59,7 +59,7 @@ def _greedy_equal(llm: LLM, prompts: list[list[int]], max_tokens: int = 16, **pa
     del llm.engine.scheduler.drafter.propose
     assert oracle.calls > 0
     for b, s in zip(base, spec):
-        assert [c.token_ids for c in s.outputs] == [c.token_ids for c in b.outputs]
+        assert [(c.token_ids, c.text) for c in s.outputs] == [(c.token_ids, c.text) for c in b.outputs]
         assert [c.finish_reason for c in s.outputs] == [c.finish_reason for c in b.outputs]
     llm.engine.scheduler.kv.check_invariants()
 

@@ -1,0 +1,33 @@
+"""Speculative decoding through the server: the per-request `speculative` field, the session's suffix tree, the
+counters in /metrics and --record, and a clear 400 for a bad value."""
+from __future__ import annotations
+
+from tests.server.conftest import LiveServer
+
+MESSAGES = [{"role": "user", "content": "Write the list of the first primes, then say it again."}]
+
+
+def test_a_session_drafts_from_its_earlier_reply_and_the_tokens_do_not_change(qwen_server: LiveServer) -> None:
+    client = qwen_server.client()
+    plain = client.chat.completions.create(model="qwen3-tiny", messages=MESSAGES, max_tokens=24, temperature=0)
+    accepted = qwen_server.metric("kvserve_spec_accepted_tokens_total")
+    headers = {"X-Session-Id": "spec-session-1"}
+    replies = [
+        client.chat.completions.create(model="qwen3-tiny", messages=MESSAGES, max_tokens=24, temperature=0,
+                                       extra_body={"speculative": "suffix"}, extra_headers=headers)
+        for _ in range(2)
+    ]
+    assert [r.choices[0].message.content for r in replies] == [plain.choices[0].message.content] * 2
+    # the second request drafted the first one's reply from the session's suffix tree
+    assert qwen_server.metric("kvserve_spec_accepted_tokens_total") - accepted >= 10
+    record = qwen_server.last_record()
+    assert record["session"] == "spec-session-1"
+    assert record["speculation"]["accepted_tokens"] >= 10 and record["speculation"]["acceptance_rate"] > 0.5
+    assert qwen_server.metric("kvserve_decode_steps_total") > 0
+
+
+def test_a_bad_speculative_value_is_a_400(qwen_server: LiveServer) -> None:
+    response = qwen_server.http().post("/v1/chat/completions", json={
+        "model": "qwen3-tiny", "messages": MESSAGES, "max_tokens": 1, "speculative": "eagle"})
+    assert response.status_code == 400, response.text
+    assert "speculative" in response.text
