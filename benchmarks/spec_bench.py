@@ -76,7 +76,7 @@ def agent_prompts(n: int, seed: int) -> list[tuple[str, list[dict]]]:
 def run(args: argparse.Namespace) -> dict:
     from engine import LLM, SamplingParams
 
-    llm = LLM(args.model, num_kv_blocks=4096, block_size=16, num_speculative_tokens=args.num_speculative_tokens)
+    llm = LLM(args.model, num_kv_blocks=1024, block_size=16, num_speculative_tokens=args.num_speculative_tokens)
     workloads = {"edit": lambda: edit_prompts(args.requests, args.code_lines, args.seed),
                  "agent": lambda: agent_prompts(args.requests, args.seed)}
     names = list(workloads) if args.workload == "all" else [args.workload]
@@ -102,8 +102,10 @@ def _run_workload(llm, prompts: list[tuple[str, list[dict]]], max_tokens: int, S
                                     speculative_session=session)
             start = time.perf_counter()
             out = llm.generate([ids], params, cache_salt=f"{method}")[0]
-            figures[method]["seconds"] += time.perf_counter() - start
+            seconds = time.perf_counter() - start
+            figures[method]["seconds"] += seconds
             figures[method]["tokens"] += len(out.token_ids)
+            print(f"  {session} {method}: {len(out.token_ids)} tokens in {seconds:.1f} s", flush=True)
             outputs[method].append(out.token_ids)
     base = figures["off"]["tokens"] / figures["off"]["seconds"]
     for method in METHODS:

@@ -25,12 +25,6 @@ MAX_SESSIONS = 256  # session trees kept (least recently used dropped)
 MAX_DOCUMENT_TOKENS = 4096  # of a finished request's new text, the tail that goes into its session's tree
 
 
-def check_method(method: str) -> Method:
-    if method not in METHODS:
-        raise ValueError(f"speculative method must be one of {', '.join(METHODS)}, got {method!r}")
-    return method  # type: ignore[return-value]
-
-
 @dataclass
 class Drafter:
     num_speculative_tokens: int = 4
