@@ -8,7 +8,7 @@ Two workloads, greedy, one request at a time (an agent's own loop):
   of code, logs and listings), flattened into the model's own chat template; turn after turn of one session, so the
   suffix proposer drafts from the session's earlier prompts and replies.
 
-Every request runs once per method in turn (off, ngram, suffix), each method with a cache salt of its own, so no
+Every request runs once per method in turn (the order rotating), each method with a cache salt of its own, so no
 method reads another's prefix cache or session text, and the load of a shared machine falls on all alike. The
 outputs must be identical across methods (greedy); the figures are each method's output tokens/s, its ratio to
 `off`, the drafts' acceptance rate and the mean accepted length (tokens per verification step).
@@ -94,10 +94,10 @@ def _run_workload(llm, prompts: list[tuple[str, list[dict]]], max_tokens: int, S
     figures = {m: {"seconds": 0.0, "tokens": 0} for m in METHODS}
     outputs: dict[str, list[list[int]]] = {m: [] for m in METHODS}
     spec = llm.engine.scheduler.drafter
-    for session, messages in prompts:
+    for i, (session, messages) in enumerate(prompts):
         text = llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         ids = llm.encode(text)
-        for method in METHODS:
+        for method in METHODS[i % 3:] + METHODS[: i % 3]:  # the order rotates: no method always runs first
             params = SamplingParams(max_tokens=max_tokens, temperature=0, speculative=method,
                                     speculative_session=session)
             start = time.perf_counter()

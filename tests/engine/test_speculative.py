@@ -87,10 +87,10 @@ def test_speculation_is_refused_where_it_cannot_be_exact(dense, tmp_path):
         SamplingParams(speculative="eagle")
     # Grammars, penalties and logprobs decode one token a step (their state would have to follow the drafts).
     sched = dense.engine.scheduler
-    from engine.request import Request
+    from engine.sequence import Sequence
     for params in (SamplingParams(speculative="ngram", logprobs=2),
                    SamplingParams(speculative="ngram", presence_penalty=0.5)):
-        assert sched.speculation(Request("x", [1], 1, params)) == "off"
+        assert sched.speculation(Sequence("x", [1], 1, params)) == "off"
 
 
 @pytest.mark.parametrize("model", [pytest.param("qwen3-moe-tiny", marks=pytest.mark.slow), "deepseek-v3-tiny"])
