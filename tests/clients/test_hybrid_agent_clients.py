@@ -120,9 +120,9 @@ def _dense_uncached(rows: list[dict]) -> list[int]:
     return uncached
 
 
-# Measured 2026-12-01: Codex passes; Claude Code's second request (sharing only part of the system prompt with the
-# first) read 144 tokens less than a dense cache would, and OpenCode 1.18.33 did not reach the server from its
-# sandboxed HOME; both are kept here as the check to pass (docs/HYBRID_CACHE.md).
+# Measured 2026-12-01: Codex and OpenCode pass (OpenCode once tests/clients set PWD); Claude Code's retry request (one
+# more content part on its first user message) reads 144 tokens less than a dense cache would, kept here as the check
+# to pass (docs/HYBRID_CACHE.md says why and what would fix it).
 @pytest.mark.parametrize("client", ["codex", "claude", "opencode"])
 def test_hybrid_model_reads_the_cache_as_the_dense_one(client: str, bins: Path, tmp_path: Path) -> None:
     rows = {}
