@@ -1,6 +1,7 @@
 /* Decode attention on a CPU, read straight from the KV pages (kernels/cpu_attention.py builds and calls it).
  *
- * One query row per sequence. For each (sequence, KV head), the query heads of its group score every context token
+ * Query row i attends to the first row_lens[i] tokens of sequence seqs[i]: one row per decoding sequence, or a few
+ * rows of one sequence (speculative drafts being verified). For each (row, KV head), the query heads of its group score every context token
  * of that head, take the softmax, and sum the value rows: one pass over the keys, one over the values, each row read
  * once from its page, page by page. Nothing is gathered into a copy first, as the pure-torch reference
  * (kernels/reference.py) must before it can call SDPA.
@@ -106,15 +107,15 @@ ALWAYS_INLINE void attend(const Shape *p, const float *q, const void *k, const v
     }
 }
 
-/* dtype: 0 = float32 pages, 1 = bfloat16 pages. seqs[i] is the sequence (row of block_tables / context_lens) that
- * query row i belongs to. */
+/* dtype: 0 = float32 pages, 1 = bfloat16 pages. seqs[i] is the sequence (row of block_tables) that query row i
+ * belongs to, row_lens[i] how many of its tokens the row sees. */
 void paged_decode_attention(int dtype, const Shape *p, const float *q, const void *k, const void *v,
-                            const int32_t *block_tables, const int32_t *context_lens, const int32_t *seqs,
+                            const int32_t *block_tables, const int32_t *row_lens, const int32_t *seqs,
                             float *out) {
     const int64_t group = p->hq / p->hkv;
     int64_t longest = 1;
     for (int64_t i = 0; i < p->n; i++)
-        if (context_lens[seqs[i]] > longest) longest = context_lens[seqs[i]];
+        if (row_lens[i] > longest) longest = row_lens[i];
 #pragma omp parallel num_threads(p->threads)
     {
         float *scores = malloc(sizeof(float) * group * longest);
@@ -124,9 +125,9 @@ void paged_decode_attention(int dtype, const Shape *p, const float *q, const voi
             const int32_t *table = block_tables + s * p->bt_stride;
             float *rows = out + (i * p->hq + h * group) * p->dv;
             if (dtype == 1)
-                attend(p, q, k, v, table, context_lens[s], i, h, scores, rows, 1);
+                attend(p, q, k, v, table, row_lens[i], i, h, scores, rows, 1);
             else
-                attend(p, q, k, v, table, context_lens[s], i, h, scores, rows, 0);
+                attend(p, q, k, v, table, row_lens[i], i, h, scores, rows, 0);
         }
         free(scores);
     }

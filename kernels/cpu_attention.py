@@ -37,6 +37,9 @@ SOURCE = Path(__file__).with_name("cpu_attention.c")
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros", "-fassociative-math",
          "-freciprocal-math", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC"]
 PAGE_DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # fp16 / fp8 pages: the reference
+# A sequence with up to this many query rows after its cached context (speculative drafts being verified) is read in
+# place a row at a time, not gathered into a copy for SDPA as a prefill chunk is.
+MAX_DECODE_ROWS = 16
 
 
 class _Shape(ctypes.Structure):
@@ -107,12 +110,14 @@ def supports(cache: torch.Tensor) -> bool:
 
 def paged_decode(
     query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-    context_lens: torch.Tensor, seqs: torch.Tensor, scale: float, value_dim: int | None = None,
+    row_lens: torch.Tensor, seqs: torch.Tensor, scale: float, value_dim: int | None = None,
 ) -> torch.Tensor:
-    """Attention of one query row per sequence: ``query`` ``[n, Hq, Dk]``, row i belonging to sequence ``seqs[i]``
-    (int32, indexing ``block_tables`` / ``context_lens``), over pages ``[num_blocks, block_size, Hkv, D]`` ->
-    ``[n, Hq, Dv]`` in the query's dtype. ``value_dim``: MLA, where ``v_cache`` is ``k_cache`` and the value is the
-    first ``value_dim`` entries of each row. Callers check `available()` and `supports()` first."""
+    """Attention of query rows over their sequences' first tokens: ``query`` ``[n, Hq, Dk]``, row i attending to the
+    first ``row_lens[i]`` tokens of sequence ``seqs[i]`` (int32, indexing ``block_tables``), over pages
+    ``[num_blocks, block_size, Hkv, D]`` -> ``[n, Hq, Dv]`` in the query's dtype. One row per decoding sequence, or
+    a few rows of one sequence (drafts being verified), each a token longer than the one before. ``value_dim``: MLA,
+    where ``v_cache`` is ``k_cache`` and the value is the first ``value_dim`` entries of each row. Callers check
+    `available()` and `supports()` first."""
     num_blocks, block_size, num_kv_heads, dk = k_cache.shape
     dv = value_dim if value_dim is not None else v_cache.shape[-1]
     n, num_heads = query.shape[0], query.shape[1]
@@ -120,7 +125,7 @@ def paged_decode(
     out = torch.empty(n, num_heads, dv, dtype=torch.float32)
     tables = block_tables if block_tables.dtype == torch.int32 and block_tables.is_contiguous() else \
         block_tables.to(torch.int32).contiguous()
-    lens = context_lens.to(torch.int32).contiguous()
+    lens = row_lens.to(torch.int32).contiguous()
     seqs = seqs.to(torch.int32).contiguous()
     k_strides, v_strides = k_cache.stride(), v_cache.stride()
     shape = _Shape(n, num_heads, num_kv_heads, dk, dv, block_size, tables.stride(0), k_strides[0], k_strides[1],
@@ -142,7 +147,9 @@ def paged_attention(
         return reference.paged_attention(query, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale)
     return reference.attend(
         query, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale,
-        lambda q, plan: paged_decode(q, k_cache, v_cache, block_tables, context_lens, plan.decode_seq_ids, scale))
+        lambda q, plan: paged_decode(q, k_cache, v_cache, block_tables, plan.decode_row_lens, plan.decode_seq_ids,
+                                     scale),
+        max_decode_rows=MAX_DECODE_ROWS)
 
 
 def mla_decode(

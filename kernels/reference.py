@@ -124,11 +124,15 @@ def attend(
     query_start_loc: torch.Tensor,
     scale: float,
     decode_rows: DecodeRows,
+    max_decode_rows: int = 1,
 ) -> torch.Tensor:
     """`paged_attention` with the decode rows attended by ``decode_rows`` (the reference's padded gather, or a native
-    kernel that reads the pages in place); prefill chunks go through SDPA one sequence at a time."""
-    plan = _ATTENTION_PLANS.get((block_tables, context_lens, query_start_loc), k_cache.shape[1],
-                                lambda: _AttentionPlan(block_tables, context_lens, query_start_loc, k_cache.shape[1]))
+    kernel that reads the pages in place); prefill chunks go through SDPA one sequence at a time. A sequence with up
+    to ``max_decode_rows`` query rows after its cached context (speculative drafts being verified) is decode rows
+    too, each row with its own causal length (`_AttentionPlan.decode_row_lens`), for kernels that take them."""
+    plan = _ATTENTION_PLANS.get((block_tables, context_lens, query_start_loc), (k_cache.shape[1], max_decode_rows),
+                                lambda: _AttentionPlan(block_tables, context_lens, query_start_loc, k_cache.shape[1],
+                                                       max_decode_rows))
     if plan.decode_seqs and plan.query_rows is None:  # a decode-only step: every query row, in order
         return decode_rows(query, plan)
     out = torch.empty_like(query)
@@ -195,30 +199,42 @@ class _PaddedContexts:
 
 class _AttentionPlan:
     """What attention derives from a step's metadata, once per step (see `_LastStepMemo`): the sequences' query
-    starts and context lengths, which sequences decode (one query row: attended together) and which prefill (more
-    rows: one by one), and, built on first use, what a decode kernel needs of the decode rows."""
+    starts and context lengths, which sequences decode (one query row, or up to ``max_decode_rows`` after a cached
+    context: attended together) and which prefill (more rows: one by one), and, built on first use, what a decode
+    kernel needs of the decode rows."""
 
     def __init__(self, block_tables: torch.Tensor, context_lens: torch.Tensor, query_start_loc: torch.Tensor,
-                 block_size: int) -> None:
+                 block_size: int, max_decode_rows: int = 1) -> None:
         self.block_tables, self.block_size = block_tables, block_size
         self.starts, self.lens = query_start_loc.tolist(), context_lens.tolist()
         q_lens = [self.starts[b + 1] - self.starts[b] for b in range(len(self.lens))]
-        self.decode_seqs = [b for b, n in enumerate(q_lens) if n == 1]
-        self.one_by_one = [b for b, n in enumerate(q_lens) if n > 1]
+        self.decode_seqs = [b for b, n in enumerate(q_lens)
+                            if n == 1 or 1 < n <= max_decode_rows and n < self.lens[b]]
+        decoding = set(self.decode_seqs)
+        self.one_by_one = [b for b, n in enumerate(q_lens) if n > 0 and b not in decoding]
         # The decode rows in the flattened query; None when every row decodes, in order.
         self.query_rows: torch.Tensor | None = None
-        if self.decode_seqs and len(self.decode_seqs) < self.starts[-1]:
-            self.query_rows = torch.tensor([self.starts[b] for b in self.decode_seqs], device=block_tables.device)
+        if self.decode_seqs and self.one_by_one:
+            rows = [r for b in self.decode_seqs for r in range(self.starts[b], self.starts[b + 1])]
+            self.query_rows = torch.tensor(rows, device=block_tables.device)
 
     @functools.cached_property
     def padded_contexts(self) -> _PaddedContexts:
-        """The decode rows' contexts as the reference gathers them."""
+        """The decode rows' contexts as the reference gathers them (one row per sequence)."""
         return _PaddedContexts.build(self.block_tables, self.lens, self.decode_seqs, self.block_size)
 
     @functools.cached_property
     def decode_seq_ids(self) -> torch.Tensor:
-        """The decode rows' sequences (rows of the block tables), int32."""
-        return torch.tensor(self.decode_seqs, dtype=torch.int32)
+        """Each decode row's sequence (row of the block tables), int32."""
+        return torch.tensor([b for b in self.decode_seqs for _ in range(self.starts[b + 1] - self.starts[b])],
+                            dtype=torch.int32)
+
+    @functools.cached_property
+    def decode_row_lens(self) -> torch.Tensor:
+        """Each decode row's context length, int32: a sequence's last row sees its whole context, the one before it
+        one token less, and so on (causal)."""
+        return torch.tensor([self.lens[b] - (self.starts[b + 1] - r) + 1 for b in self.decode_seqs
+                             for r in range(self.starts[b], self.starts[b + 1])], dtype=torch.int32)
 
 
 _ATTENTION_PLANS: _LastStepMemo[_AttentionPlan] = _LastStepMemo()

@@ -40,6 +40,19 @@ def test_mixed_step_decodes_natively_and_prefills_like_the_reference(dtype: torc
     assert_close(CPU.paged_attention(*args), reference.paged_attention(*args), ATTENTION_TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_drafts_being_verified_are_read_in_place_each_row_causal(dtype: torch.dtype) -> None:
+    """A sequence with a few query rows after its cached context (speculative drafts): each row sees one token more
+    than the one before, as SDPA's causal chunk does; beside decode rows, a prompt prefilled whole, and a chunk too
+    long to count as drafts."""
+    contexts, queries = [40, 7, 9, 12, 30, 5], [4, 1, 9, 2, 20, 5]
+    args = on_cpu(make_batch(contexts, queries, 2, 3, 64, 4, dtype, seed=11).args())
+    plan = reference._AttentionPlan(args[3], args[4], args[5], 4, cpu_attention.MAX_DECODE_ROWS)
+    assert plan.decode_seqs == [0, 1, 3] and plan.one_by_one == [2, 4, 5]  # drafts after a context: in place
+    assert plan.decode_row_lens.tolist() == [37, 38, 39, 40, 7, 11, 12]
+    assert_close(CPU.paged_attention(*args), reference.paged_attention(*args), ATTENTION_TOL[dtype])
+
+
 def test_pages_it_cannot_read_fall_back_to_the_reference() -> None:
     args = on_cpu(make_batch([5, 9], [1, 1], 2, 2, 64, 4, torch.float16).args())
     assert not cpu_attention.supports(args[1])
