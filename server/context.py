@@ -2,7 +2,8 @@
 helpers (model-name check, sampling parameters with the max_tokens policy, request ids), and the work that prepares
 a request off the event loop: rendering and tokenizing on two lanes of threads (a request whose body is larger than
 `LARGE_REQUEST_BYTES` takes the second lane, so small requests never wait behind a large one), and grammar
-compilation in worker processes, with a time limit, cancelled when its request goes away."""
+compilation in worker processes, with a time limit, cancelled when its request goes away (an optional grammar is
+never waited for: server/optional_grammars.py compiles it in the background)."""
 from __future__ import annotations
 
 import asyncio
@@ -25,6 +26,7 @@ from server.limits import RequestLimits
 from server.logprobs import TokenTexts
 from server.metrics import Metrics
 from server.named_caches import NamedCaches
+from server.optional_grammars import OptionalGrammars
 from server.protocol import APIError, ChatCompletionRequest, CompletionRequest
 from server.recorder import Recorder
 from server.rendering import Renderer
@@ -96,12 +98,14 @@ class ServingContext:
     instance_id: str = field(default_factory=lambda: f"kvserve-{secrets.token_hex(6)}")
     large_lane: PrepareTools | None = None
     token_texts: TokenTexts = field(init=False)  # token id -> text and bytes, for logprobs (event loop)
+    optional_grammars: OptionalGrammars = field(init=False)  # tool_choice auto's grammars, compiled in the background
     _current: threading.local = field(init=False, repr=False)
     _lanes: tuple[_Lane, _Lane] = field(init=False, repr=False)
     _compile_waits: ThreadPoolExecutor = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.token_texts = TokenTexts(self.engine.tokenizer)
+        self.optional_grammars = OptionalGrammars(self.grammars)
         self._current = threading.local()
         small = _Lane("kvserve-prepare", self.lane_tools, self._current)
         self._lanes = (small, _Lane("kvserve-prepare-large", self.large_lane, self._current)
@@ -141,8 +145,14 @@ class ServingContext:
             cancelled.set()
             raise
 
+    def optional_grammar_missing(self, spec: StructuredOutputSpec, tenant: str | None) -> str | None:
+        """None when ``tenant`` has the optional grammar ``spec`` compiled; else why its request runs without it (its
+        compile goes on in the background, within the operator's background limit)."""
+        return self.optional_grammars.missing(spec, tenant, self.settings.limits.background_compile_timeout_s)
+
     def close(self) -> None:
-        """Stop preparing: compiles end at once; queued preparations are dropped."""
+        """Stop preparing: compiles end at once (in the background too); queued preparations are dropped."""
+        self.optional_grammars.close()
         self.grammars.close()
         for lane in set(self._lanes):
             lane.executor.shutdown(wait=False, cancel_futures=True)

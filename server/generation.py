@@ -60,10 +60,17 @@ def usage(prompts: list[Prompt], completion_tokens: int) -> dict[str, Any]:
 async def _compile_constraint(ctx: ServingContext, prompt: Prompt) -> None:
     """Compile the prompt's grammar, if any, before the engine sees it (in a compile worker, within the time limit:
     on the engine thread a new grammar would stall every running request; the engine then finds it cached). A
-    grammar that cannot be compiled is a 400 naming its field, unless it is optional (it only guards tool calls the
-    model may open under tool_choice auto): then the request runs unconstrained, as without a grammar."""
+    grammar that cannot be compiled is a 400 naming its field. An optional grammar (it only guards tool calls the
+    model may open under tool_choice auto) is never waited for: not compiled yet, the request runs unconstrained, as
+    without a grammar, while it compiles in the background for the next request (server/optional_grammars.py)."""
     params = prompt.request.params
     if params.structured_output is None:
+        return
+    if prompt.constraint_optional:
+        missing = ctx.optional_grammar_missing(params.structured_output, prompt.request.cache_salt)
+        if missing is not None:
+            log.warning("tool calls run unconstrained: %s", missing)
+            prompt.request.params = dataclasses.replace(params, structured_output=None)
         return
     try:
         await ctx.compile_grammar(params.structured_output, prompt.request.cache_salt)
@@ -71,10 +78,7 @@ async def _compile_constraint(ctx: ServingContext, prompt: Prompt) -> None:
         raise APIError(503, f"the grammar was not compiled: {exc}", type="server_error",
                        code="server_shutting_down") from None
     except ValueError as exc:
-        if not prompt.constraint_optional:
-            raise APIError(400, str(exc), param=prompt.constraint_param) from None
-        log.warning("tool calls run unconstrained: %s", exc)
-        prompt.request.params = dataclasses.replace(params, structured_output=None)
+        raise APIError(400, str(exc), param=prompt.constraint_param) from None
 
 
 async def submit(ctx: ServingContext, prompts: list[Prompt]) -> RequestStream:

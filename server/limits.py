@@ -7,7 +7,8 @@ field and the limit instead. Every bound is a `kvserve serve` flag (docs/SERVER.
 - every JSON schema a request brings (`response_format`, each tool's parameters, `structured_outputs.json`): its
   size in bytes and its nesting depth; all of a request's `enum` / `structured_outputs.choice` values together;
 - `structured_outputs.regex` / `.grammar` (EBNF): their size in bytes;
-- grammar compilation: a time limit (engine/worker/grammar_compile.py enforces it in a worker process).
+- grammar compilation: time limits, one for a request waiting on its grammar and one for an optional grammar
+  compiling in the background (engine/worker/grammar_compile.py enforces them in a worker process).
 """
 from __future__ import annotations
 
@@ -45,8 +46,11 @@ class RequestLimits:
     grammar_bytes: int = field(default=64 * 1024, metadata=_flag(
         "--max-grammar-bytes", "largest structured_outputs regex or EBNF grammar"))
     compile_timeout_s: float = field(default=30.0, metadata=_flag(
-        "--grammar-compile-timeout", "seconds one grammar may take to compile (in a worker process) before its "
-        "request gets a 400"))
+        "--grammar-compile-timeout", "seconds a request waits for its grammar (response_format, tool_choice required "
+        "or named) to compile in a worker process before it gets a 400"))
+    background_compile_timeout_s: float = field(default=300.0, metadata=_flag(
+        "--grammar-background-compile-timeout", "seconds an optional grammar (the tool calls of tool_choice auto) may "
+        "compile in the background; its request never waits: it runs unconstrained until the grammar is cached"))
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():

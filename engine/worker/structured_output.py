@@ -98,7 +98,9 @@ class StructuredOutputs:
         self._info: xgrammar.TokenizerInfo | None = None
         self._compiled: OrderedDict[StructuredOutputSpec, _CachedGrammar] = OrderedDict()
         self._compiled_bytes = 0
-        self._workers = CompileWorkers(lambda: self._tokenizer_info().serialize_json())
+        # Three at once: a server compiles one grammar at a time in the background (server/optional_grammars.py),
+        # so that one never leaves fewer than two to requests waiting on their grammar.
+        self._workers = CompileWorkers(lambda: self._tokenizer_info().serialize_json(), max_workers=3)
         self._batch: xgrammar.BatchGrammarMatcher | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._matchers: dict[str, xgrammar.GrammarMatcher] = {}
@@ -128,6 +130,10 @@ class StructuredOutputs:
             compiled = xgr.CompiledGrammar.deserialize_json(serialized, self._tokenizer_info())
             compiled = self._remember(spec, compiled, scope)
         return compiled
+
+    def is_cached(self, spec: StructuredOutputSpec, scope: str | None) -> bool:
+        """``scope`` compiled ``spec`` before (`compile_isolated`) and it is still cached: it needs no compile."""
+        return self._cached(spec, scope) is not None
 
     def close(self) -> None:
         """Stop the compile workers (compiles in progress end with `CompileCancelled`)."""
