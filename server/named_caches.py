@@ -30,7 +30,9 @@ MAX_TTL_S = 24 * 3600.0
 
 
 class CreateCacheRequest(_Request):
-    name: str = Field(pattern=r"^[A-Za-z0-9._-]{1,128}$")
+    # At least one character that is not a dot: "." and ".." are path segments that clients normalize away, so
+    # such a cache could never be shown or deleted at /v1/caches/{name}.
+    name: str = Field(pattern=r"^[A-Za-z0-9._-]*[A-Za-z0-9_-][A-Za-z0-9._-]*$", max_length=128)
     model: str | None = None
     messages: list[dict[str, Any]] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = None

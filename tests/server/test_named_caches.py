@@ -82,6 +82,8 @@ def test_caches_are_per_tenant(qwen_server: LiveServer, cache):
 
 @pytest.mark.parametrize("body, message", [
     ({"name": "bad name!", "messages": PREFIX}, "name"),
+    ({"name": "..", "messages": PREFIX}, "name"),  # a path segment clients drop: it could never be deleted
+    ({"name": "x" * 129, "messages": PREFIX}, "name"),
     ({"name": "x", "messages": PREFIX, "ttl": "2h"}, "ttl"),
     ({"name": "x", "messages": PREFIX, "ttl": 0}, "ttl"),
     ({"name": "x", "messages": []}, "messages"),
