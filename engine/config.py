@@ -253,19 +253,10 @@ class MoEConfig:
         num_layers = cfg["num_hidden_layers"]
         # transformers 5 writes the expert count as num_local_experts; checkpoints have num_experts / n_routed_experts
         num_experts = cfg.get("num_experts") or cfg.get("n_routed_experts") or cfg.get("num_local_experts")
-        if arch == "qwen3_moe":
-            step, dense = cfg.get("decoder_sparse_step", 1), set(cfg.get("mlp_only_layers") or [])
-            layers = [i for i in range(num_layers) if i not in dense and (i + 1) % step == 0]
-            if not num_experts or not layers:
-                return None
-            return cls(
-                num_experts=num_experts, top_k=cfg["num_experts_per_tok"],
-                intermediate_size=cfg["moe_intermediate_size"], moe_layers=tuple(layers),
-                norm_topk_prob=cfg.get("norm_topk_prob", False),
-            )
         if arch == "deepseek_v4":
             return cls._deepseek_v4(cfg, num_experts)
-        if arch in HYBRID_ARCHITECTURES:
+        if arch == "qwen3_moe" or arch in HYBRID_ARCHITECTURES:  # Qwen's layout; the hybrids add a gated shared expert
+            hybrid = arch in HYBRID_ARCHITECTURES
             step, dense = cfg.get("decoder_sparse_step", 1), set(cfg.get("mlp_only_layers") or [])
             layers = [i for i in range(num_layers) if i not in dense and (i + 1) % step == 0]
             if not num_experts or not layers:
@@ -273,8 +264,8 @@ class MoEConfig:
             return cls(
                 num_experts=num_experts, top_k=cfg["num_experts_per_tok"],
                 intermediate_size=cfg["moe_intermediate_size"], moe_layers=tuple(layers),
-                norm_topk_prob=cfg.get("norm_topk_prob", True),
-                gated_shared_expert=cfg.get("shared_expert_intermediate_size") or 0,
+                norm_topk_prob=cfg.get("norm_topk_prob", hybrid),
+                gated_shared_expert=(cfg.get("shared_expert_intermediate_size") or 0) if hybrid else 0,
             )
         if arch != "deepseek_v2" and arch not in DEEPSEEK_V3_ROUTING:
             return None
