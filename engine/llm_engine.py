@@ -262,16 +262,18 @@ class LLMEngine:
         return self.scheduler.take_outputs()
 
     def _start_masks(self, sched: SchedulerOutput):
-        """Start filling the grammar masks of this step's constrained samples (beside the forward pass); returns
-        what the runner calls on the logits, or None when nothing sampled here is constrained."""
+        """Start filling the grammar masks of this step's constrained samples (beside the forward pass), one per
+        position a drafting row verifies; returns what the runner calls on the logits, or None when nothing sampled
+        here is constrained."""
         if not self.scheduler.num_constrained:
             return None
         sequences = self.scheduler.sequences
-        rows = [sequences[s.seq_id] for s in sched.scheduled if s.samples]
-        pending = self.structured_outputs.start_masks(rows)
+        sampled = [s for s in sched.scheduled if s.samples]
+        pending = self.structured_outputs.start_masks([sequences[s.seq_id] for s in sampled],
+                                                      [s.draft_token_ids or () for s in sampled])
         if pending is None:
             return None
-        return lambda logits, seq_ids: self.structured_outputs.apply_masks(pending, logits, seq_ids)
+        return lambda logits, seq_ids, counts: self.structured_outputs.apply_masks(pending, logits, seq_ids, counts)
 
     def _collect(self, handle: StepHandle) -> None:
         out = handle.result()
@@ -279,13 +281,19 @@ class LLMEngine:
             self.scheduler.update(out)
             return
         sequences = self.scheduler.sequences
-        live = [(sequences[s], t) for s, t in zip(out.seq_ids, out.sampled_token_ids) if s in sequences]
+        emitted = out.emitted_token_ids or [[t] for t in out.sampled_token_ids]
+        live = [(sequences[s], tokens) for s, tokens in zip(out.seq_ids, emitted) if s in sequences]
         ends = self.structured_outputs.accept([r for r, _ in live], [t for _, t in live])
-        failed = {GrammarEnd.REJECTED: lambda seq, token: f"token {token} is outside the grammar",
-                  GrammarEnd.FAILED: lambda seq, token: self.structured_outputs.failure(seq.seq_id)}
+        failed = {GrammarEnd.REJECTED: lambda seq, tokens: f"token {tokens[0]} is outside the grammar",
+                  GrammarEnd.FAILED: lambda seq, tokens: self.structured_outputs.failure(seq.seq_id)}
         grammar_ends = {
-            seq.seq_id: failed[end](seq, token) if end in failed else None
-            for (seq, token), end in zip(live, ends) if end is not None
+            seq.seq_id: failed[end](seq, tokens[used:]) if end in failed else None
+            for (seq, tokens), (end, used) in zip(live, ends) if end is not None
         }
+        if out.emitted_token_ids is not None:  # nothing may follow a whole output: its step's tokens end there
+            used = {seq.seq_id: n for (seq, _), (_, n) in zip(live, ends)}
+            out = dataclasses.replace(out, emitted_token_ids=[
+                tokens[:used[s]] if s in used and s in grammar_ends else tokens
+                for s, tokens in zip(out.seq_ids, out.emitted_token_ids)])
         self.scheduler.update(out, grammar_ends)
         self.structured_outputs.retain(sequences)

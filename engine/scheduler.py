@@ -113,11 +113,11 @@ class Scheduler:
 
     def speculation(self, seq: Sequence) -> Method:
         """The proposer a sequence drafts with: its own choice, else the engine's. Penalties and logprobs (which
-        would need every draft's distribution) and grammars (whose matcher would need to follow the drafts) keep a
-        sequence to one token per step."""
+        would need every draft's distribution) keep a sequence to one token per step; grammars do not (each
+        verified position is masked by the grammar's state after the drafts before it)."""
         p = seq.params
         method = p.speculative or self.cfg.speculative
-        if method == "off" or p.structured_output is not None or p.logprobs is not None or p.max_tokens == 0 \
+        if method == "off" or p.logprobs is not None or p.max_tokens == 0 \
                 or p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0:
             return "off"
         return method
@@ -364,7 +364,9 @@ class Scheduler:
                     self.hasher.extend(seq.block_hashes, seq.token_ids, seq.cache_salt)
                     if seq.status is SequenceStatus.RUNNING:
                         self._commit(seq)
-                reason = FinishReason.STOP if seq_id in grammar_ends else self._stop_reason(seq, token)
+                # a grammar that ended did so with the step's last token (the engine cut what followed)
+                ended = seq_id in grammar_ends and len(new_tokens) == len(tokens)
+                reason = FinishReason.STOP if ended else self._stop_reason(seq, token)
                 if reason is not None:  # a stop token or max_tokens among them: what follows is dropped
                     break
             out = self._output(seq, new_tokens, [logprob] * len(new_tokens), reason)

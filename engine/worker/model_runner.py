@@ -43,7 +43,8 @@ from kernels.ops import fp8_gemm_supported, get_ops
 from kernels.attention_metadata import AttentionMetadata, StateBatch
 
 log = logging.getLogger(__name__)
-LogitsProcessor = Callable[[torch.Tensor, list[str]], None]  # (logits [rows, vocab] changed in place, row seq ids)
+# (logits [rows, vocab] changed in place, the seq ids they sample for, rows per seq id: 1 + its drafts, or None: 1)
+LogitsProcessor = Callable[[torch.Tensor, list[str], list[int] | None], None]
 
 # The sampler's most expensive path (penalties, top-p over the full vocabulary, min-p, logprobs): what the memory
 # profile samples with.
@@ -363,12 +364,13 @@ class ModelRunner:
         if logits is None:  # rank 0 samples; this rank receives the ids
             out = SamplerOutput(torch.empty(rows, dtype=torch.long, device=self.device), [])
         else:
+            if work.logits_processor is not None:  # every position: a draft's verification is masked too
+                counts = host.sample_counts.tolist() if host.sample_counts is not None else None
+                work.logits_processor(logits, work.seq_ids, counts)
             all_logits = logits
             if host.sample_counts is not None:  # each row samples at its first position; drafts are verified below
                 firsts = np.cumsum(host.sample_counts) - host.sample_counts
                 logits = logits.index_select(0, torch.from_numpy(firsts).to(self.device).long())
-            if work.logits_processor is not None:
-                work.logits_processor(logits, work.seq_ids)
             sampling = work.sampling
             penalties = self._penalties(work.histories, sampling.params) if work.histories else None
             out = sample(logits, sampling, penalties)

@@ -9,19 +9,22 @@ writes and the chat templates render (`, ` and `: `, no other whitespace), so a 
 blank space; the ``json_whitespace`` option allows up to that many whitespace characters between tokens instead. Each constrained
 sequence owns a matcher. A step makes three calls, in this order:
 
-    pending = start_masks(rows)               # before the forward pass: the masks are filled in a worker thread
+    pending = start_masks(rows, drafts)       # before the forward pass: the masks are filled in a worker thread
     apply_masks(pending, logits, seq_ids)     # after it: tokens outside each constrained row's grammar get -inf
-    ends = accept(rows, token_ids)            # with the sampled tokens: advance the matchers
+    ends = accept(rows, token_lists)          # with the emitted tokens: advance the matchers
 
 Rows without a constraint are never touched. A row's next mask depends on the token sampled for it in this step, so
 a step with constrained rows must see its sampled tokens before the next step's `start_masks` (no overlap of two
-such steps); rows without constraints impose nothing.
+such steps); rows without constraints impose nothing. Under speculative decoding a row verifies its drafts in the
+same step: it gets a mask per draft, each from the grammar's state after the drafts before it (the matcher follows
+the drafts and rolls back), and `accept` advances it by every token the step emitted.
 
 xgrammar is imported on first use: it costs about a second, and most engines never see a constrained request.
 """
 from __future__ import annotations
 
 import enum
+import itertools
 import json
 import threading
 import time
@@ -74,7 +77,7 @@ class PendingMasks:
     bitmask: torch.Tensor  # int32 [rows, ceil(vocab / 32)], one bit per token; unconstrained rows stay all ones
     rows: list[int]  # the constrained rows
     filled: Future
-    row_of: dict[str, int]  # seq id -> its row
+    row_of: dict[str, int]  # seq id -> its (first) row
 
 
 @dataclass
@@ -194,31 +197,48 @@ class StructuredOutputs:
         )
 
     # ---- the step hooks (engine thread) ----------------------------------------------------------------------------
-    def start_masks(self, rows: Sequence[ConstrainedRow]) -> PendingMasks | None:
-        """Start filling the masks of the rows about to sample; None when no row is constrained."""
+    def start_masks(self, rows: Sequence[ConstrainedRow],
+                    drafts: Sequence[Sequence[int]] | None = None) -> PendingMasks | None:
+        """Start filling the masks of the rows about to sample; None when no row is constrained.
+
+        ``drafts`` (speculative decoding): per row, the drafts verified after its last token. Such a row has one
+        mask per position, each from the grammar's state after the drafts before it: the matcher walks the drafts
+        and rolls back. A draft the grammar forbids is ruled out by the mask before it, so verification rejects it
+        (greedy: it cannot be the argmax; sampled: its probability is 0) and the rows after it are never used."""
+        counts = [1 + len(d) for d in drafts] if drafts is not None else [1] * len(rows)
         constrained = [i for i, row in enumerate(rows) if row.params.structured_output is not None
                        and self._matcher(row) is not None]
         if not constrained:
             return None
         import xgrammar as xgr
 
-        matchers = [self._matchers[rows[i].seq_id] for i in constrained]
-        shape = xgr.get_bitmask_shape(len(rows), self._vocab_size)
+        first = [0, *itertools.accumulate(counts)][:-1]
+        walks = [(self._matchers[rows[i].seq_id], first[i], drafts[i]) for i in constrained if counts[i] > 1]
+        single = [i for i in constrained if counts[i] == 1]
+        shape = xgr.get_bitmask_shape(sum(counts), self._vocab_size)
         bitmask = torch.full(shape, -1, dtype=torch.int32, pin_memory=self._device.type == "cuda")
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvserve-grammar")
             self._batch = xgr.BatchGrammarMatcher()
-        filled = self._pool.submit(self._fill, matchers, bitmask, constrained)
-        return PendingMasks(bitmask, constrained, filled, {row.seq_id: i for i, row in enumerate(rows)})
+        filled = self._pool.submit(self._fill, [self._matchers[rows[i].seq_id] for i in single], bitmask,
+                                   [first[i] for i in single], walks)
+        return PendingMasks(bitmask, [first[i] + j for i in constrained for j in range(counts[i])], filled,
+                            {row.seq_id: first[i] for i, row in enumerate(rows)})
 
-    def _fill(self, matchers: list, bitmask: torch.Tensor, rows: list[int]) -> None:
+    def _fill(self, matchers: list, bitmask: torch.Tensor, rows: list[int],
+              walks: list[tuple[xgrammar.GrammarMatcher, int, Sequence[int]]]) -> None:
         start = time.perf_counter()
-        self._batch.batch_fill_next_token_bitmask(matchers, bitmask, rows)
+        if matchers:
+            self._batch.batch_fill_next_token_bitmask(matchers, bitmask, rows)
+        for matcher, row, drafts in walks:
+            _fill_along_drafts(matcher, bitmask, row, drafts)
         self.stats.fill_s += time.perf_counter() - start
 
-    def apply_masks(self, pending: PendingMasks | None, logits: torch.Tensor, seq_ids: Sequence[str]) -> None:
-        """Set the logits of disallowed tokens to -inf, in place; logits row j samples for sequence ``seq_ids[j]``
-        (the runner's order, which need not be the prepared rows')."""
+    def apply_masks(self, pending: PendingMasks | None, logits: torch.Tensor, seq_ids: Sequence[str],
+                    counts: Sequence[int] | None = None) -> None:
+        """Set the logits of disallowed tokens to -inf, in place; logits rows sample for sequence ``seq_ids[j]``,
+        ``counts[j]`` rows each (1 + its drafts; default 1), in the runner's order, which need not be the
+        prepared rows'."""
         if pending is None:
             return
         import xgrammar as xgr
@@ -226,35 +246,43 @@ class StructuredOutputs:
         start = time.perf_counter()
         pending.filled.result()
         waited = time.perf_counter()
-        row_of = [pending.row_of[r] for r in seq_ids]
+        counts = counts if counts is not None else [1] * len(seq_ids)
+        order = [pending.row_of[r] + j for r, n in zip(seq_ids, counts) for j in range(n)]
         constrained = set(pending.rows)
-        indices = [j for j, i in enumerate(row_of) if i in constrained]
-        bitmask = pending.bitmask if list(row_of) == list(range(len(row_of))) else pending.bitmask[list(row_of)]
+        indices = [j for j, i in enumerate(order) if i in constrained]
+        bitmask = pending.bitmask if order == list(range(len(order))) else pending.bitmask[order]
         bitmask = bitmask.to(logits.device, non_blocking=True)
         xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=self._vocab_size, indices=indices)
         self.stats.steps += 1
         self.stats.wait_s += waited - start
         self.stats.apply_s += time.perf_counter() - waited
 
-    def accept(self, rows: Sequence[ConstrainedRow], token_ids: Sequence[int]) -> list[GrammarEnd | None]:
-        """Advance each constrained row's matcher by its sampled token; per row, whether its grammar ended."""
-        ends: list[GrammarEnd | None] = []
-        for row, token in zip(rows, token_ids):
+    def accept(self, rows: Sequence[ConstrainedRow], token_ids: Sequence[Sequence[int]]
+               ) -> list[tuple[GrammarEnd | None, int]]:
+        """Advance each constrained row's matcher by its emitted tokens (one, or a speculative step's several); per
+        row, whether its grammar ended and after how many of its tokens (nothing may follow a whole output)."""
+        ends: list[tuple[GrammarEnd | None, int]] = []
+        for row, tokens in zip(rows, token_ids):
             if row.params.structured_output is None:
-                ends.append(None)
+                ends.append((None, len(tokens)))
                 continue
-            matcher = self._matcher(row)
-            try:
-                if matcher is None:
-                    ends.append(GrammarEnd.FAILED)
-                elif not matcher.accept_token(token):
-                    ends.append(GrammarEnd.REJECTED)
-                else:
-                    ends.append(GrammarEnd.COMPLETE if matcher.is_terminated() else None)
-            except Exception as exc:  # noqa: BLE001 - this sequence's grammar broke: it alone ends
-                self._failed[row.seq_id] = f"its grammar failed: {exc!r}"
-                ends.append(GrammarEnd.FAILED)
+            ends.append(self._advance(row, tokens))
         return ends
+
+    def _advance(self, row: ConstrainedRow, tokens: Sequence[int]) -> tuple[GrammarEnd | None, int]:
+        matcher = self._matcher(row)
+        if matcher is None:
+            return GrammarEnd.FAILED, 0
+        try:
+            for i, token in enumerate(tokens):
+                if not matcher.accept_token(token):
+                    return GrammarEnd.REJECTED, i
+                if matcher.is_terminated():
+                    return GrammarEnd.COMPLETE, i + 1
+        except Exception as exc:  # noqa: BLE001 - this sequence's grammar broke: it alone ends
+            self._failed[row.seq_id] = f"its grammar failed: {exc!r}"
+            return GrammarEnd.FAILED, 0
+        return None, len(tokens)
 
     def failure(self, seq_id: str) -> str | None:
         """Why the sequence's grammar broke (`GrammarEnd.FAILED`), if it did."""
@@ -283,3 +311,24 @@ class StructuredOutputs:
                 return None
             self._matchers[row.seq_id] = matcher
         return matcher
+
+
+def _fill_along_drafts(matcher: xgrammar.GrammarMatcher, bitmask: torch.Tensor, row: int,
+                       drafts: Sequence[int]) -> None:
+    """Masks ``row``, ``row + 1``, ... for a row's last token and each draft: the mask after draft i is the
+    grammar's state once drafts 0..i are accepted. Stops at a draft the mask before it forbids (nothing after it can
+    be accepted) or that ends the grammar; the matcher is rolled back to where it started."""
+    accepted = 0
+    for i in range(len(drafts) + 1):
+        matcher.fill_next_token_bitmask(bitmask, row + i)
+        if i == len(drafts):
+            break
+        token = drafts[i]
+        allowed = 0 <= token < bitmask.shape[1] * 32 and (int(bitmask[row + i, token >> 5]) >> (token & 31)) & 1
+        if not allowed or not matcher.accept_token(token):
+            break
+        accepted += 1
+        if matcher.is_terminated():
+            break
+    if accepted:
+        matcher.rollback(accepted)

@@ -7,11 +7,15 @@ end, by the suffix test below (a session that asks the same thing twice) and `kv
 """
 from __future__ import annotations
 
+import json
+
+import jsonschema
 import pytest
 from scipy.stats import chi2_contingency
 
 from engine import LLM, SamplingParams
 from engine.errors import RequestRejected
+from engine.sampling_params import StructuredOutputSpec
 from tests.engine.conftest import random_prompts
 
 P_VALUE_THRESHOLD = 1e-3  # the two-sample chi-square test passes above this
@@ -51,7 +55,7 @@ def dense() -> LLM:
     return LLM("qwen3-tiny", block_size=4, num_kv_blocks=512, speculative_draft_budget=64)
 
 
-def _greedy_equal(llm: LLM, prompts: list[list[int]], max_tokens: int = 16, **params) -> None:
+def _greedy_equal(llm: LLM, prompts: list[list[int]], max_tokens: int = 16, **params) -> list:
     base = llm.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0, **params))
     refs = [p + o.token_ids for p, o in zip(prompts, base)]
     oracle = _speculating(llm, refs)
@@ -62,6 +66,7 @@ def _greedy_equal(llm: LLM, prompts: list[list[int]], max_tokens: int = 16, **pa
         assert [(c.token_ids, c.text) for c in s.outputs] == [(c.token_ids, c.text) for c in b.outputs]
         assert [c.finish_reason for c in s.outputs] == [c.finish_reason for c in b.outputs]
     llm.engine.scheduler.kv.check_invariants()
+    return spec
 
 
 def test_greedy_tokens_identical_dense_with_hot_prefix_cache(dense):
@@ -82,10 +87,31 @@ def test_max_tokens_stop_tokens_and_n_behave_as_without_speculation(dense):
     _greedy_equal(dense, prompts, max_tokens=12, n=2)
 
 
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "n", "ok"],
+          "properties": {"name": {"type": "string", "maxLength": 10}, "n": {"type": "integer", "minimum": 0,
+                         "maximum": 999}, "ok": {"type": "boolean"}}}
+
+
+@pytest.mark.parametrize("model", ["qwen3-tiny", "deepseek-v3-tiny"])
+def test_greedy_tokens_identical_under_a_grammar(dense, model):
+    """Each verified position is masked by the grammar's state after the drafts before it: without those masks the
+    random model's argmax after a draft is never JSON, and the outputs would differ."""
+    llm = dense if model == "qwen3-tiny" else LLM(model, block_size=4, num_kv_blocks=256, speculative_draft_budget=64)
+    spec = StructuredOutputSpec("json_schema", json.dumps(SCHEMA))
+    stats = llm.engine.scheduler.drafter.stats["ngram"]
+    accepted = stats.accepted_tokens
+    outs = _greedy_equal(llm, random_prompts(1000, [9, 17], seed=6), max_tokens=60, structured_output=spec)
+    assert stats.accepted_tokens > accepted
+    for out in outs:
+        assert out.finish_reason == "stop", out.text
+        jsonschema.validate(json.loads(out.text), SCHEMA)
+    assert llm.engine.structured_outputs.num_active == 0
+
+
 def test_speculation_is_refused_where_it_cannot_be_exact(dense, tmp_path):
     with pytest.raises(ValueError, match="speculative"):
         SamplingParams(speculative="eagle")
-    # Grammars, penalties and logprobs decode one token a step (their state would have to follow the drafts).
+    # Penalties and logprobs decode one token a step (their state would have to follow the drafts).
     sched = dense.engine.scheduler
     from engine.sequence import Sequence
     for params in (SamplingParams(speculative="ngram", logprobs=2),

@@ -2,6 +2,10 @@
 counters in /metrics and --record, and a clear 400 for a bad value."""
 from __future__ import annotations
 
+import json
+
+import jsonschema
+
 from tests.server.conftest import LiveServer
 
 MESSAGES = [{"role": "user", "content": "Write the list of the first primes, then say it again."}]
@@ -24,6 +28,32 @@ def test_a_session_drafts_from_its_earlier_reply_and_the_tokens_do_not_change(qw
     assert record["session"] == "spec-session-1"
     assert record["speculation"]["accepted_tokens"] >= 10 and record["speculation"]["acceptance_rate"] > 0.5
     assert qwen_server.metric("kvserve_decode_steps_total") > 0
+
+
+FORECAST = {"type": "object", "additionalProperties": False, "required": ["city", "days"],
+            "properties": {"city": {"type": "string", "maxLength": 16},
+                           "days": {"type": "integer", "minimum": 1, "maximum": 7}}}
+TOOLS = [{"type": "function", "function": {"name": "forecast", "description": "Weather", "parameters": FORECAST}}]
+
+
+def test_required_tool_calls_speculate_under_their_grammar(qwen_server: LiveServer) -> None:
+    """tool_choice required: the session's second request drafts the first one's call, each draft verified under
+    the call grammar; the calls are identical to no speculation and valid."""
+    client = qwen_server.client()
+    no_thinking = {"chat_template_kwargs": {"enable_thinking": False}}  # a random model never stops thinking
+    kwargs = dict(model="qwen3-tiny", messages=MESSAGES, tools=TOOLS, tool_choice="required", max_tokens=128,
+                  temperature=0)
+    plain = client.chat.completions.create(**kwargs, extra_body=no_thinking)
+    accepted = qwen_server.metric("kvserve_spec_accepted_tokens_total")
+    headers = {"X-Session-Id": "spec-session-tools"}
+    replies = [client.chat.completions.create(**kwargs, extra_body={"speculative": "suffix", **no_thinking},
+                                              extra_headers=headers) for _ in range(2)]
+    calls = [[(c.function.name, c.function.arguments) for c in r.choices[0].message.tool_calls] for r in replies]
+    assert calls == [[(c.function.name, c.function.arguments) for c in plain.choices[0].message.tool_calls]] * 2
+    for name, arguments in calls[0]:
+        assert name == "forecast"
+        jsonschema.validate(json.loads(arguments), FORECAST)
+    assert qwen_server.metric("kvserve_spec_accepted_tokens_total") - accepted >= 5
 
 
 def test_a_bad_speculative_value_is_a_400(qwen_server: LiveServer) -> None:
