@@ -55,8 +55,6 @@ def _speculation_refused(model_cfg: ModelConfig, cfg: EngineConfig) -> str | Non
                 "be rolled back to the last accepted draft (per-draft states or a recompute, not built)")
     if model_cfg.v4 is not None:
         return "DeepSeek-V4 cannot speculate yet: its compressors' pooling state would see rejected drafts"
-    if cfg.tensor_parallel_size > 1:
-        return "speculative decoding does not run under tensor parallelism yet (--tensor-parallel-size 1)"
     return None
 
 

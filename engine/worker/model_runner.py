@@ -379,8 +379,20 @@ class ModelRunner:
             for i in sampling.penalized_rows:  # count the new token in the sequence's history, on the device
                 work.histories[i][0].index_add_(0, out.token_ids[i : i + 1], torch.ones(1, device=self.device))
         self.tp.broadcast_from_first(out.token_ids)
+        if work.drafts is not None and self.tp.size > 1:
+            out.emitted = self._share_emitted(out.emitted, host.sample_counts)
         self._prev_sampled = out.token_ids
         return out
+
+    def _share_emitted(self, emitted: list[list[int]] | None, counts: np.ndarray) -> list[list[int]]:
+        """Tensor parallelism: rank 0 verified the drafts; every rank needs each row's emitted tokens (at most 1 +
+        its drafts) for its rows' next inputs. One broadcast of a padded table."""
+        table = torch.full((len(counts), int(counts.max())), -1, dtype=torch.long)
+        if emitted is not None:  # rank 0
+            for i, tokens in enumerate(emitted):
+                table[i, : len(tokens)] = torch.tensor(tokens)
+        shared = self.tp.broadcast_from_first(table.to(self.device)).tolist()
+        return emitted if emitted is not None else [[t for t in row if t >= 0] for row in shared]
 
     def _verify(self, logits: torch.Tensor, counts: np.ndarray, out: SamplerOutput, work: _DeviceWork
                 ) -> list[list[int]]:

@@ -158,7 +158,8 @@ def test_rank_zero_reads_only_its_slices(monkeypatch):
 
 
 def _tiers_and_grammar(size: int) -> tuple:
-    """A prompt evicted to the host pool and hit again, then a regex-constrained request."""
+    """A prompt evicted to the host pool and hit again, then a regex-constrained request, then a prompt asked twice
+    in a speculating session (the second drafts the first's reply: suffix decoding, proposed on rank 0)."""
     with LLM("qwen3-tiny", tensor_parallel_size=size, block_size=4, num_kv_blocks=16, kv_offload_gb=0.01,
              async_scheduling=True) as llm:
         a, b = random_prompts(llm.engine.model_cfg.vocab_size, [44, 44], seed=17)
@@ -168,14 +169,21 @@ def _tiers_and_grammar(size: int) -> tuple:
         again = llm.generate(a, greedy)[0]
         pattern = StructuredOutputSpec("regex", r"(yes|no), [0-9]{2}")
         constrained = llm.generate(b[:20], SamplingParams(max_tokens=12, temperature=0, structured_output=pattern))[0]
-        return first.token_ids, again.token_ids, again.num_cached_tokens, llm.stats.kv_restore_bytes, constrained.text
+        speculating = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, speculative="suffix",
+                                     speculative_session="s")
+        plain = llm.generate(a[:24], SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))[0].token_ids
+        drafted = [plain] + [llm.generate(a[:24], speculating)[0].token_ids for _ in range(2)]
+        return (first.token_ids, again.token_ids, again.num_cached_tokens, llm.stats.kv_restore_bytes, constrained.text,
+                drafted, llm.stats.spec_accepted_tokens)
 
 
-def test_host_tier_and_grammars_on_every_rank():
-    """Transfers ride the SchedulerOutput to every rank (each holds its shard of a block); masks apply on rank 0."""
+def test_host_tier_grammars_and_speculation_on_every_rank():
+    """Transfers ride the SchedulerOutput to every rank (each holds its shard of a block); masks apply on rank 0;
+    drafts are verified on rank 0, which broadcasts the emitted tokens."""
     single, parallel = _tiers_and_grammar(1), _tiers_and_grammar(2)
-    first, again, cached, restored, text = parallel
+    first, again, cached, restored, text, drafted, accepted = parallel
     assert first == again and cached >= 40 and restored > 0  # the restored blocks gave the same tokens
     assert re.fullmatch(r"(yes|no), [0-9]{2}", text)
+    assert drafted[0] == drafted[1] == drafted[2] and accepted >= 10  # the second request's drafts were accepted
     assert parallel[:3] + parallel[4:] == single[:3] + single[4:]
     assert restored * 2 == single[3]  # each rank restores its half of every block
