@@ -1,8 +1,9 @@
 """What the GPU check measures, device-agnostic so the CPU tests drive the same code: engine vs HF transformers,
-decode-step time against the memory-bandwidth bound, deadline-bounded throughput, the memory footprint, and the
+decode-step time against the memory-bandwidth bound, batch-1 decode with speculation, deadline-bounded throughput, the memory footprint, and the
 device's copy bandwidth (the achievable ceiling next to the datasheet's)."""
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from dataclasses import dataclass
@@ -137,6 +138,46 @@ def time_decode_step(
         bytes_per_step=step_bytes, bound_ms=step_bytes / peak_bytes_per_s * 1e3,
         bandwidth_fraction=bandwidth_fraction(step_bytes, step_s, peak_bytes_per_s),
     )
+
+
+def time_speculative_decode(llm, prompt_len: int, tokens: int, seed: int) -> dict[str, Any]:
+    """Batch-1 decode with and without speculation on one random prompt: plain greedy, then the same request twice
+    in a suffix-decoding session (the second drafts the first's reply from the session's tree, so nearly every draft
+    is accepted, even on random weights). Decode time is from the first token to the last (the prefill is the
+    same); a verification step runs eagerly (its rows do not fit the decode graphs), so its cost against a plain
+    step is what the GPU tells here."""
+    from engine import SamplingParams
+
+    rng = random.Random(seed)
+    prompt = [rng.randrange(10_000) for _ in range(prompt_len)]
+    drafter = llm.engine.scheduler.drafter
+    llm.reset_prefix_cache()
+
+    def decode(**speculation) -> tuple[list[int], float]:
+        sync()
+        out = llm.generate([prompt], SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=0,
+                                                    **speculation))[0]
+        sync()
+        return out.token_ids, out.metrics.finished - out.metrics.first_token
+
+    plain, plain_s = decode()
+    session = dict(speculative="suffix", speculative_session=f"gpu-check-{seed}")
+    first, _ = decode(**session)  # fills the session's tree (its own drafts: prompt lookup)
+    before = dataclasses.replace(drafter.stats["suffix"])
+    drafted, spec_s = decode(**session)
+    stats = drafter.stats["suffix"]
+    verifications = stats.verifications - before.verifications
+    drafts = stats.draft_tokens - before.draft_tokens
+    accepted = stats.accepted_tokens - before.accepted_tokens
+    spec_steps = max(stats.steps - before.steps - 1, 1)  # after the prefill's step, which sampled the first token
+    steps = tokens - 1  # decode steps after the first token, without speculation
+    return {"batch": 1, "context_len": prompt_len, "tokens": tokens, "k": drafter.num_speculative_tokens,
+            "plain_step_ms": plain_s / steps * 1e3, "plain_tokens_per_s": steps / plain_s,
+            "spec_step_ms": spec_s / spec_steps * 1e3, "spec_steps": spec_steps,
+            "spec_tokens_per_s": steps / spec_s, "speedup": plain_s / spec_s, "verifications": verifications,
+            "acceptance_rate": accepted / max(drafts, 1),
+            "mean_accepted_length": (accepted + verifications) / max(verifications, 1),
+            "identical_tokens": plain == first == drafted}
 
 
 def run_throughput(llm, work: ThroughputWorkload, deadline: float) -> dict[str, Any]:

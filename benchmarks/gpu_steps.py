@@ -27,6 +27,7 @@ from benchmarks.gpu_measure import (
     copy_bandwidth_tbs,
     run_throughput,
     time_decode_step,
+    time_speculative_decode,
 )
 from benchmarks.gpu_models import QWEN3_30B_A3B, kv_bytes_per_token, param_count, weight_bytes
 from benchmarks.gpu_wheels import wheel_status
@@ -37,6 +38,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 KERNEL_TESTS = ("tests/test_kernels.py", "tests/test_kernels_fp8.py", "tests/test_kernels_recurrent.py",
                 "tests/engine/test_decode_graph_padding.py::test_cuda_graph_decode_matches_eager")
 STEP_BENCH = ("server.cli", "bench", "step", "--device", "cuda")  # `kvserve bench step` (issue 9)
+SPEC_CONTEXT = 1024  # spec_decode_batch1's prompt, as decode_batch1's
 
 
 def _model_summary(config: dict[str, Any]) -> dict[str, Any]:
@@ -156,6 +158,18 @@ def resolve_decode_batch1(ctx: Context) -> dict[str, Any]:
     weights = 2 * param_count(ctx.models[DENSE])
     return {"batch": 1, "context_len": 1024, "steps": ctx.plan.decode_steps, "weight_bytes": weights,
             "weight_bound_ms": weights / (ctx.peak_bandwidth_tbs * 1e12) * 1e3, "passed": True}
+
+
+def spec_decode_batch1(ctx: Context) -> dict[str, Any]:
+    """Speculative decoding at batch 1 on the default engine (suffix drafts of a repeated request)."""
+    llm = ctx.engine("default")
+    result = time_speculative_decode(llm, SPEC_CONTEXT, max(ctx.plan.decode_steps, 16), seed=3)
+    return {**result, "passed": result["identical_tokens"]}
+
+
+def resolve_spec_decode_batch1(ctx: Context) -> dict[str, Any]:
+    return {"batch": 1, "context_len": SPEC_CONTEXT, "tokens": max(ctx.plan.decode_steps, 16),
+            "method": "suffix, the second of two identical requests in one session", "passed": True}
 
 
 def _step_bench_available() -> bool:
@@ -292,6 +306,7 @@ STEPS = (
     Step("throughput", throughput, resolve_throughput, 45),
     Step("throughput_eager", throughput_eager, resolve_throughput, 45),
     Step("decode_batch1", decode_batch1, resolve_decode_batch1, 20),
+    Step("spec_decode_batch1", spec_decode_batch1, resolve_spec_decode_batch1, 20),
     Step("host_vs_device", host_vs_device, resolve_host_vs_device, 20),
     Step("ttft_32k", ttft_32k, resolve_ttft_32k, 30),
     Step("memory", memory, resolve_memory, 1),

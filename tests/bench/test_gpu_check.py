@@ -133,6 +133,9 @@ def test_engine_steps_run_on_cpu_with_small_shapes(tmp_path):
     assert default["engine"] == "default" and default["output_tokens"] > 0 and default["sequences"] == 2
     decode = gpu_steps.decode_batch1(ctx)  # on the same engine
     assert decode["batch"] == 1 and decode["step_ms"] > 0 and "bound_ms_at_copy_rate" not in decode
+    spec = gpu_steps.spec_decode_batch1(ctx)  # the same engine, 16 tokens
+    assert spec["passed"] and spec["identical_tokens"] and spec["verifications"] > 0
+    assert spec["mean_accepted_length"] > 2 and spec["spec_steps"] < spec["tokens"] - 1
     ttft = gpu_steps.ttft_32k(ctx)
     assert ttft["passed"] and ttft["prompt_tokens"] == 64 and len(ttft["runs"]) == 2
     assert set(ctx.engine_builds) == {"default", "long_context"}
