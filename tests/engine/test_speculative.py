@@ -100,9 +100,16 @@ def test_greedy_tokens_identical_under_a_grammar(dense, model):
     spec = StructuredOutputSpec("json_schema", json.dumps(SCHEMA))
     stats = llm.engine.scheduler.drafter.stats["ngram"]
     accepted = stats.accepted_tokens
-    outs = _greedy_equal(llm, random_prompts(1000, [9, 17], seed=6), max_tokens=60, structured_output=spec)
+    prompts = random_prompts(1000, [9, 17], seed=6)
+    outs = _greedy_equal(llm, prompts, max_tokens=60, structured_output=spec)
     assert stats.accepted_tokens > accepted
-    for out in outs:
+    # Sampled, the same drafts go through the rejection rule on the masked distributions: every output is valid.
+    refs = [p + o.token_ids for p, o in zip(prompts, outs)]
+    _speculating(llm, refs, wrong_every=10**9)
+    sampled = llm.generate(prompts * 2, [SamplingParams(max_tokens=60, temperature=1.0, seed=s, structured_output=spec,
+                                                        speculative="ngram") for s in range(4)])
+    del llm.engine.scheduler.drafter.propose
+    for out in outs + sampled:
         assert out.finish_reason == "stop", out.text
         jsonschema.validate(json.loads(out.text), SCHEMA)
     assert llm.engine.structured_outputs.num_active == 0
