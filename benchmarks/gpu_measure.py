@@ -177,7 +177,10 @@ def time_speculative_decode(llm, prompt_len: int, tokens: int, seed: int) -> dic
             "spec_tokens_per_s": steps / spec_s, "speedup": plain_s / spec_s, "verifications": verifications,
             "acceptance_rate": accepted / max(drafts, 1),
             "mean_accepted_length": (accepted + verifications) / max(verifications, 1),
-            "identical_tokens": plain == first == drafted}
+            "identical_tokens": plain == first == drafted,
+            # bf16: a verification (eager, prefill kernel) need not round as a graph-replayed decode step does,
+            # so a near-tie of a random model may flip; where the drafted run first left the plain one
+            "diverged_at": next((i for i, (a, b) in enumerate(zip(plain, drafted)) if a != b), None)}
 
 
 def run_throughput(llm, work: ThroughputWorkload, deadline: float) -> dict[str, Any]:
