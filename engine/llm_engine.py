@@ -247,7 +247,7 @@ class LLMEngine:
             if self.workers is not None:
                 self.workers.send(sched)
             masks = self._start_masks(sched)
-            done = pipeline.push(self.runner.execute(sched, masks), bool(sched.scheduled))
+            done = pipeline.push(self.runner.execute(sched, masks), bool(sched.num_scheduled))
             self._in_flight_constrained = masks is not None
             if done is not None:
                 self._collect(done)
@@ -266,9 +266,9 @@ class LLMEngine:
         if not self.scheduler.num_constrained:
             return None
         sequences = self.scheduler.sequences
-        sampled = [s for s in sched.scheduled if s.samples]
-        pending = self.structured_outputs.start_masks([sequences[s.seq_id] for s in sampled],
-                                                      [s.draft_token_ids or () for s in sampled])
+        rows = [(seq_id, sequences[seq_id]) for seq_id, samples in zip(sched.seq_ids, sched.samples) if samples]
+        pending = self.structured_outputs.start_masks([seq for _, seq in rows],
+                                                      [sched.drafts.get(seq_id, ()) for seq_id, _ in rows])
         if pending is None:
             return None
         return lambda logits, seq_ids, counts: self.structured_outputs.apply_masks(pending, logits, seq_ids, counts)

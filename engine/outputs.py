@@ -57,23 +57,19 @@ class NewSequence:
     seed: int | None  # this sequence's sampling seed (n > 1 siblings get seed + index)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class ScheduledSequence:
-    """One sequence's share of a step: compute ``num_new_tokens`` tokens from ``num_computed_tokens`` on.
-
-    ``new_block_ids`` are appended to the runner's copy of its block table; when ``resumed`` (re-admitted after a
-    preemption) they replace it."""
+    """One sequence's share of a step, read out of a `SchedulerOutput`'s columns (for observers and tests; the step
+    itself never builds one)."""
 
     seq_id: str
     num_new_tokens: int
     num_computed_tokens: int
     new_block_ids: list[int]
-    samples: bool  # the chunk ends at the sequence's last token: this step samples its next one
-    resumed: bool = False
-    state_slot: int = -1  # hybrid models, at (re)admission: the recurrent-state slot the sequence runs in
-    # Speculative decoding: tokens proposed after the sequence's last one, computed in this step after it (counted in
-    # num_new_tokens) and verified by its sampling; they join the sequence only as far as they are accepted
-    draft_token_ids: list[int] | None = None
+    samples: bool
+    resumed: bool
+    state_slot: int
+    draft_token_ids: list[int] | None
 
 
 class TransferKind(enum.Enum):
@@ -117,10 +113,26 @@ class StateCopy:
 
 @dataclass
 class SchedulerOutput:
-    """One step's work as deltas against what the runner already holds."""
+    """One step's work as deltas against what the runner already holds.
+
+    The scheduled sequences are columns, one entry per sequence (no object per sequence per step): compute
+    ``num_new_tokens[i]`` tokens of ``seq_ids[i]`` from ``num_computed_tokens[i]`` on; ``samples[i]``: the chunk ends
+    at the sequence's last token, so this step samples its next one. What changes the runner's copy of a sequence is
+    sparse: ``new_block_ids`` are appended to its block table, or replace it for a sequence in ``resumed``
+    (re-admitted after a preemption); ``state_slots``: hybrid models, at (re)admission, the recurrent-state slot the
+    sequence runs in; ``drafts``: speculative decoding, tokens proposed after the sequence's last one, computed in this
+    step after it (counted in ``num_new_tokens``) and verified by its sampling; they join the sequence only as far
+    as they are accepted. A steady decode appears in the columns only."""
 
     new_sequences: list[NewSequence] = field(default_factory=list)
-    scheduled: list[ScheduledSequence] = field(default_factory=list)
+    seq_ids: list[str] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    num_computed_tokens: list[int] = field(default_factory=list)
+    samples: list[bool] = field(default_factory=list)
+    new_block_ids: dict[str, list[int]] = field(default_factory=dict)
+    resumed: set[str] = field(default_factory=set)
+    state_slots: dict[str, int] = field(default_factory=dict)
+    drafts: dict[str, list[int]] = field(default_factory=dict)
     finished_seq_ids: list[str] = field(default_factory=list)  # finished or aborted since the last step: forget them
     # Blocks released, state kept for resumption. (The runner needs no action: a sequence not scheduled leaves
     # the batch anyway; the list is there for observers.)
@@ -128,6 +140,35 @@ class SchedulerOutput:
     kv_transfers: list[KVTransfer] = field(default_factory=list)  # before the forward, in order
     state_restores: list[StateCopy] = field(default_factory=list)  # hybrid models: before the forward
     state_snapshots: list[StateCopy] = field(default_factory=list)  # hybrid models: after the forward
+
+    @property
+    def num_scheduled(self) -> int:
+        return len(self.seq_ids)
+
+    def add(self, seq_id: str, num_new_tokens: int, num_computed_tokens: int, samples: bool,
+            new_block_ids: list[int], resumed: bool = False, state_slot: int = -1,
+            drafts: list[int] | None = None) -> None:
+        """Schedule ``num_new_tokens`` tokens of ``seq_id`` (and its ``drafts`` after them)."""
+        self.seq_ids.append(seq_id)
+        self.num_new_tokens.append(num_new_tokens + len(drafts or ()))
+        self.num_computed_tokens.append(num_computed_tokens)
+        self.samples.append(samples)
+        if new_block_ids or resumed:
+            self.new_block_ids[seq_id] = new_block_ids
+        if resumed:
+            self.resumed.add(seq_id)
+        if state_slot >= 0:
+            self.state_slots[seq_id] = state_slot
+        if drafts:
+            self.drafts[seq_id] = drafts
+
+    @property
+    def scheduled(self) -> list[ScheduledSequence]:
+        """The columns as one `ScheduledSequence` per sequence (observers and tests)."""
+        return [ScheduledSequence(seq_id, n, start, self.new_block_ids.get(seq_id, []), samples,
+                                  seq_id in self.resumed, self.state_slots.get(seq_id, -1), self.drafts.get(seq_id))
+                for seq_id, n, start, samples in zip(self.seq_ids, self.num_new_tokens, self.num_computed_tokens,
+                                                     self.samples)]
 
 
 # ---- model runner -> scheduler -------------------------------------------------------------------------------------

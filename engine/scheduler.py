@@ -25,7 +25,6 @@ from engine.outputs import (
     FinishReason,
     ModelRunnerOutput,
     NewSequence,
-    ScheduledSequence,
     SchedulerOutput,
     SchedulerStats,
     SequenceOutput,
@@ -173,11 +172,14 @@ class Scheduler:
         out = SchedulerOutput(finished_seq_ids=self._finished_seq_ids)
         self._finished_seq_ids = []
         self.kv.begin_step()
-        budget = self.cfg.max_num_batched_tokens
         # speculation turns itself down as the batch grows (engine/spec/drafter.py)
         k = self.drafter.drafts_per_sequence(len(self.running)) if self.num_speculative else 0
         # Decodes first (one token each, latency-critical, plus any drafts), then continuing chunked prefills.
-        for seq in sorted(self.running, key=_is_prefilling):
+        decodes, prefills = [], []
+        for seq in self.running:
+            (prefills if _is_prefilling(seq) else decodes).append(seq)
+        budget = self._schedule_decodes(decodes, self.cfg.max_num_batched_tokens, k, out)
+        for seq in prefills:
             if budget == 0:
                 break
             num_tokens = len(seq.token_ids) + seq.num_output_placeholders
@@ -196,6 +198,39 @@ class Scheduler:
         out.kv_transfers = self.kv.take_transfers()
         out.state_restores, out.state_snapshots = self.kv.take_state_copies()
         return out
+
+    def _schedule_decodes(self, decodes: list[Sequence], budget: int, k: int, out: SchedulerOutput) -> int:
+        """The running sequences with one token to compute, the bulk of a step, in one tight loop: a decode that
+        drafts (up to ``k`` tokens), needs a block, fills one, is still in its prompt or has siblings to queue takes
+        the general path. Returns the budget left."""
+        block_size, kv, running = self.cfg.block_size, self.kv, SequenceStatus.RUNNING
+        seq_ids, num_new, num_computed, samples = out.seq_ids, out.num_new_tokens, out.num_computed_tokens, out.samples
+        for seq in decodes:
+            if budget == 0:
+                break
+            num_tokens = len(seq.token_ids) + seq.num_output_placeholders
+            # Preempted earlier in this loop, or done: the tokens in flight reach max_tokens or the context length.
+            if seq.status is not running or num_tokens >= seq.max_num_tokens:
+                continue
+            start = seq.num_computed_tokens
+            n = num_tokens - start
+            drafts = self._drafts(seq, n, min(k, budget - n)) if k else []
+            if (drafts or n != 1 or num_tokens % block_size == 0 or start < seq.num_prompt_tokens
+                    or num_tokens > len(kv.block_table(seq.seq_id)) * block_size or seq.pending_siblings):
+                new_block_ids = self._make_room(seq, n + len(drafts), out)
+                if new_block_ids is None:
+                    continue
+                self._schedule(seq, n, new_block_ids, out, drafts=drafts)
+                n += len(drafts)
+            else:  # what `_schedule` does for it
+                seq_ids.append(seq.seq_id)
+                num_new.append(1)
+                num_computed.append(start)
+                samples.append(True)
+                seq.num_computed_tokens = num_tokens
+                seq.num_output_placeholders += 1
+            budget -= n
+        return budget
 
     def _drafts(self, seq: Sequence, n: int, k: int) -> list[int]:
         """Up to ``k`` drafts after a decoding sequence's last token; never more than its max_tokens leaves room for
@@ -229,7 +264,7 @@ class Scheduler:
     def _make_room(self, seq: Sequence, n: int, out: SchedulerOutput) -> list[int] | None:
         """Blocks for ``n`` more tokens of ``seq``, preempting the newest other unscheduled requests if needed."""
         while (new_block_ids := self.kv.allocate(seq.seq_id, seq.num_computed_tokens + n)) is None:
-            scheduled = {s.seq_id for s in out.scheduled}  # rare: only when blocks run short
+            scheduled = set(out.seq_ids)  # rare: only when blocks run short
             victims = [r for r in self.running if r is not seq and r.seq_id not in scheduled]
             if victims:
                 self._preempt(victims[-1], out)
@@ -257,8 +292,7 @@ class Scheduler:
         start = seq.num_computed_tokens
         end = start + n
         samples = end == len(seq.token_ids) + seq.num_output_placeholders  # reaches the last token: samples the next
-        out.scheduled.append(ScheduledSequence(seq.seq_id, n + len(drafts or ()), start, new_block_ids, samples,
-                                               resumed, state_slot, drafts or None))
+        out.add(seq.seq_id, n, start, samples, new_block_ids, resumed, state_slot, drafts)
         # Drafts are computed too, but never enter token_ids unless accepted, so nothing below commits them to the
         # prefix cache; update() rolls num_computed_tokens back to what was accepted.
         seq.num_computed_tokens = end + len(drafts or ())
@@ -339,42 +373,50 @@ class Scheduler:
             if seq is not None and seq.prompt_logprobs is not None:  # a recompute may score some tokens again
                 seq.prompt_logprobs += entries[len(seq.prompt_logprobs) - first :]
         logprobs = runner_output.logprobs or [None] * len(runner_output.seq_ids)
+        sequences, outputs, eos = self.sequences, self._outputs, self.eos_token_ids
+        block_size = self.cfg.block_size if self.cfg.enable_prefix_caching else 0
         emitted = runner_output.emitted_token_ids or [[t] for t in runner_output.sampled_token_ids]
         for seq_id, tokens, logprob in zip(runner_output.seq_ids, emitted, logprobs):
-            seq = self.sequences.get(seq_id)
+            seq = sequences.get(seq_id)
             if seq is None:  # finished (stop, abort) after this step was scheduled: its token is moot
                 continue
             seq.num_output_placeholders -= 1
-            if seq.params.max_tokens == 0:  # prefill only: the sampled token is no output
+            params = seq.params
+            if params.max_tokens == 0:  # prefill only: the sampled token is no output
                 self._finish_prefill_only(seq)
                 continue
-            if grammar_ends.get(seq_id) is not None:  # its grammar failed: this request ends here, alone
+            if grammar_ends and grammar_ends.get(seq_id) is not None:  # its grammar failed: it ends here, alone
                 self._finish(seq, FinishReason.ERROR, error=grammar_ends[seq_id])
                 continue
-            self._record_speculation(seq, tokens)
+            if self.num_speculative:
+                self._record_speculation(seq, tokens)
             self.num_decode_steps += 1
             if seq.timings.first_token is None:
                 seq.timings.first_token = now
-            new_tokens, reason = [], None
+            token_ids, reason, count = seq.token_ids, None, 0
             for token in tokens:  # one token, or the accepted drafts and the target's own
-                seq.token_ids.append(token)
-                new_tokens.append(token)
-                self.num_generation_tokens += 1
-                if self.cfg.enable_prefix_caching and len(seq.token_ids) % self.cfg.block_size == 0:  # a block is full
-                    self.hasher.extend(seq.block_hashes, seq.token_ids, seq.cache_salt)
+                token_ids.append(token)
+                count += 1
+                if block_size and len(token_ids) % block_size == 0:  # a block is full
+                    self.hasher.extend(seq.block_hashes, token_ids, seq.cache_salt)
                     if seq.status is SequenceStatus.RUNNING:
                         self._commit(seq)
                 # a grammar that ended did so with the step's last token (the engine cut what followed)
-                ended = seq_id in grammar_ends and len(new_tokens) == len(tokens)
-                reason = FinishReason.STOP if ended else self._stop_reason(seq, token)
+                if (seq_id in grammar_ends and count == len(tokens)) or (token in eos and not params.ignore_eos) \
+                        or token in params.stop_token_ids:
+                    reason = FinishReason.STOP
+                elif len(token_ids) >= seq.max_num_tokens:  # max_tokens, or the context length
+                    reason = FinishReason.LENGTH
                 if reason is not None:  # a stop token or max_tokens among them: what follows is dropped
                     break
-            out = self._output(seq, new_tokens, [logprob] * len(new_tokens), reason)
-            out.prompt_logprobs, seq.prompt_logprobs = seq.prompt_logprobs, None  # with the first token
+            self.num_generation_tokens += count
+            out = self._output(seq, tokens[:count], [logprob] * count, reason)
+            if seq.prompt_logprobs is not None:  # with the first token
+                out.prompt_logprobs, seq.prompt_logprobs = seq.prompt_logprobs, None
             if reason is not None:
                 out.speculation = self.drafter.request_stats.get(seq.seq_id)
                 self._finish(seq, reason)
-            self._outputs.append(out)
+            outputs.append(out)
 
     def _record_speculation(self, seq: Sequence, tokens: list[int]) -> None:
         """A decoding sequence's step came back with ``tokens``: roll its computed tokens back to the accepted ones
@@ -391,14 +433,6 @@ class Scheduler:
         out.prompt_logprobs = seq.prompt_logprobs
         self._finish(seq, FinishReason.LENGTH)
         self._outputs.append(out)
-
-    def _stop_reason(self, seq: Sequence, token: int) -> FinishReason | None:
-        params = seq.params
-        if (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
-            return FinishReason.STOP
-        if len(seq.token_ids) >= seq.max_num_tokens:  # max_tokens, or the context length
-            return FinishReason.LENGTH
-        return None
 
     def take_outputs(self) -> list[SequenceOutput]:
         outputs, self._outputs = self._outputs, []

@@ -72,7 +72,7 @@ def run_worker(rank: int, spec: WorkerSpec, errors: Connection) -> None:
 def _serve_steps(runner: ModelRunner, channel: StepChannel) -> None:
     pipeline = StepPipeline(bool(runner.cfg.async_scheduling))
     while (sched := channel.receive()) is not None:
-        if any(s.draft_token_ids for s in sched.scheduled):
+        if sched.drafts:
             # Speculative decoding: drafts continue the rows' known tokens, and the step's emitted tokens are
             # several per row (not the one id the next step's inputs can read on the device): as on rank 0, the
             # step before is collected first and this one before the next.
@@ -81,7 +81,7 @@ def _serve_steps(runner: ModelRunner, channel: StepChannel) -> None:
                 pipeline.in_flight = None
             runner.execute(sched).result()
             continue
-        done = pipeline.push(runner.execute(sched), bool(sched.scheduled))
+        done = pipeline.push(runner.execute(sched), bool(sched.num_scheduled))
         if done is not None:
             done.result()  # the sampled ids reach this rank's host copy of the sequences
     if pipeline.in_flight is not None:

@@ -70,7 +70,7 @@ class _DeviceWork:
     host: HostInputs
     pad_to: int | None  # run the decode graph of this size
     sampling: SamplingBatch | None  # None: nothing samples this step, or another rank samples
-    histories: list[tuple[torch.Tensor | None, torch.Tensor | None]] | None  # penalties: per row (counts, seen)
+    sampled: list[RunnerSequence]  # the sequences of the sampled rows, in order (rank 0)
     seq_ids: list[str]  # of the sampled rows, in order
     logits_processor: LogitsProcessor | None  # e.g. grammar masks, applied to the logits before sampling
     transfers: list[KVTransfer] = field(default_factory=list)  # copies between KV tiers, before the forward
@@ -172,7 +172,10 @@ class ModelRunner:
         self.profile = StepProfile()
         self.time_device = False  # CUDA: time each step's kernels with events (benchmarks)
         self._prev_sampled: torch.Tensor | None = None  # the last launched step's sampled ids, on the device
-        self._sampling_batch: tuple[tuple[str, ...], SamplingBatch] | None = None
+        # The sampled rows' sampler view and sequences, rebuilt only when the set of sampling sequences changes ...
+        self._sampling_batch: tuple[tuple[str, ...], SamplingBatch, list[RunnerSequence]] | None = None
+        # ... and its penalties (device thread), with the sequences whose output counts are rows of them
+        self._penalties: tuple[SamplingBatch, Penalties, list[RunnerSequence]] | None = None
         # Async scheduling on CPU: the device part of each step runs in order on this thread (as kernels run in
         # order on a CUDA stream), so the host prepares the next step meanwhile; torch releases the GIL while it
         # computes. On CUDA the kernels are asynchronous already.
@@ -226,7 +229,7 @@ class ModelRunner:
     def execute(self, sched: SchedulerOutput, logits_processor: LogitsProcessor | None = None) -> StepHandle:
         start = time.perf_counter()
         self._apply_deltas(sched)
-        if not sched.scheduled:
+        if not sched.num_scheduled:
             if sched.kv_transfers:  # in order with the steps' device work
                 self.run_transfers(sched.kv_transfers)
             return StepHandle(self)
@@ -237,17 +240,14 @@ class ModelRunner:
         host = flatten(batch, self.cfg.block_size, pad_to)
         all_ids = batch.seq_ids
         seq_ids = [all_ids[r] for r in host.sample_rows.tolist()]
-        work = _DeviceWork(host, pad_to, None, None, seq_ids, logits_processor, sched.kv_transfers,
+        work = _DeviceWork(host, pad_to, None, [], seq_ids, logits_processor, sched.kv_transfers,
                            state_restores=sched.state_restores, state_snapshots=sched.state_snapshots)
         if self.scoring:
-            work.prompt_spans = self.scoring.spans(sched.scheduled, batch.row_of, host.query_start_loc)
+            work.prompt_spans = self.scoring.spans(sched, batch.row_of, host.query_start_loc)
         handle = StepHandle(self, seq_ids, rows=host.sample_rows, batch_version=batch.version)
         if seq_ids and self.tp.is_first:  # rank 0 samples (module docstring)
-            work.sampling = self._sampling_batch_for(seq_ids)
+            work.sampling, work.sampled = self._sampling_batch_for(seq_ids)
             handle.params = work.sampling.params
-            if work.sampling.penalized_rows:
-                sequences = self.sequences
-                work.histories = [(sequences[r].output_counts, sequences[r].prompt_seen) for r in seq_ids]
         if seq_ids:
             batch.pending_src[host.sample_rows] = np.arange(len(seq_ids), dtype=np.int32)
         if host.sample_counts is not None:
@@ -314,34 +314,32 @@ class ModelRunner:
             self.sequences[new.seq_id] = self._new_sequence(new)
             if new.params.prompt_logprobs is not None:
                 self.scoring.add(new.seq_id, new.prompt_token_ids, new.params.prompt_logprobs)
-        batch = self.batch
-        scheduled = sched.scheduled
-        batch.remove_all_but({s.seq_id for s in scheduled}, set(sched.finished_seq_ids))
-        for s in scheduled:
-            if not (s.new_block_ids or s.resumed) and s.seq_id in batch.row_of:
-                continue  # the steady decode case: nothing changes but the counts below
-            seq = self.sequences[s.seq_id]
-            if s.state_slot >= 0:  # (re)admitted: the slot its recurrent layers' state lives in
-                seq.state_slot = s.state_slot
-            if s.resumed:
-                seq.block_ids = list(s.new_block_ids)
+        batch, seq_ids = self.batch, sched.seq_ids
+        batch.remove_all_but(set(seq_ids), set(sched.finished_seq_ids))
+        row_of = batch.row_of
+        for seq_id, slot in sched.state_slots.items():  # (re)admitted: the slot its recurrent layers' state lives in
+            self.sequences[seq_id].state_slot = slot
+        for seq_id, block_ids in sched.new_block_ids.items():  # sparse: a steady decode has none
+            seq = self.sequences[seq_id]
+            if seq_id in sched.resumed:
+                assert seq_id not in row_of, "a preempted sequence still has a row"
+                seq.block_ids = list(block_ids)
             else:
-                seq.block_ids.extend(s.new_block_ids)
-            row = batch.row_of.get(s.seq_id)
-            assert row is None or not s.resumed, "a preempted sequence still has a row"
-            if row is None:
-                batch.add(seq)
-            else:
-                batch.append_blocks(row, s.new_block_ids)
-        n, row_of = len(scheduled), batch.row_of
-        rows = np.fromiter([row_of[s.seq_id] for s in scheduled], np.intp, n)
-        batch.num_computed[rows] = np.fromiter([s.num_computed_tokens for s in scheduled], np.int32, n)
-        batch.num_new[rows] = np.fromiter([s.num_new_tokens for s in scheduled], np.int32, n)
-        batch.samples[rows] = np.fromiter([s.samples for s in scheduled], bool, n)
+                seq.block_ids.extend(block_ids)
+                if seq_id in row_of:
+                    batch.append_blocks(row_of[seq_id], block_ids)
+        if len(row_of) < len(seq_ids):  # scheduled sequences without a row (a row holds only scheduled ones)
+            for seq_id in seq_ids:
+                if seq_id not in row_of:
+                    batch.add(self.sequences[seq_id])
+        n = len(seq_ids)
+        rows = slice(0, n) if batch.seq_ids == seq_ids else np.fromiter(map(row_of.__getitem__, seq_ids), np.intp, n)
+        batch.num_computed[rows] = sched.num_computed_tokens
+        batch.num_new[rows] = sched.num_new_tokens
+        batch.samples[rows] = sched.samples
         batch.num_drafts[rows] = 0
-        for s in scheduled:
-            if s.draft_token_ids:
-                batch.set_drafts(row_of[s.seq_id], s.draft_token_ids)
+        for seq_id, drafts in sched.drafts.items():
+            batch.set_drafts(row_of[seq_id], drafts)
 
     def _new_sequence(self, new: NewSequence) -> RunnerSequence:
         samples_here = self.tp.is_first  # generators and penalty histories live where sampling happens
@@ -371,13 +369,14 @@ class ModelRunner:
             if host.sample_counts is not None:  # each row samples at its first position; drafts are verified below
                 firsts = np.cumsum(host.sample_counts) - host.sample_counts
                 logits = logits.index_select(0, torch.from_numpy(firsts).to(self.device).long())
-            sampling = work.sampling
-            penalties = self._penalties(work.histories, sampling.params) if work.histories else None
-            out = sample(logits, sampling, penalties)
+            penalties = self._penalties_for(work.sampling, work.sampled) if work.sampling.penalized_rows else None
+            out = sample(logits, work.sampling, penalties)
             if work.drafts is not None:
                 out.emitted = self._verify(all_logits, host.sample_counts, out, work)
-            for i in sampling.penalized_rows:  # count the new token in the sequence's history, on the device
-                work.histories[i][0].index_add_(0, out.token_ids[i : i + 1], torch.ones(1, device=self.device))
+            if penalties is not None:  # count each new token in its row's history, on the device (one op)
+                every_row = torch.arange(rows, device=self.device)
+                penalties.output_counts.index_put_((every_row, out.token_ids), torch.ones(rows, device=self.device),
+                                                   accumulate=True)
         self.tp.broadcast_from_first(out.token_ids)
         if work.drafts is not None and self.tp.size > 1:
             out.emitted = self._share_emitted(out.emitted, host.sample_counts)
@@ -422,23 +421,39 @@ class ModelRunner:
         done.record()
         return launched
 
-    def _sampling_batch_for(self, seq_ids: list[str]) -> SamplingBatch:
-        """The sampler's per-row tensors, rebuilt only when the set of sampling sequences changes."""
+    def _sampling_batch_for(self, seq_ids: list[str]) -> tuple[SamplingBatch, list[RunnerSequence]]:
+        """The sampler's per-row tensors and the rows' sequences, rebuilt only when the set of sampling sequences
+        changes."""
         key = tuple(seq_ids)
         if self._sampling_batch is None or self._sampling_batch[0] != key:
             seqs = [self.sequences[r] for r in seq_ids]
             batch = SamplingBatch([r.params for r in seqs], [r.generator for r in seqs], self.device)
-            self._sampling_batch = (key, batch)
-        return self._sampling_batch[1]
+            self._sampling_batch = (key, batch, seqs)
+        return self._sampling_batch[1], self._sampling_batch[2]
 
-    def _penalties(self, histories: list[tuple[torch.Tensor | None, torch.Tensor | None]],
-                   params: list[SamplingParams]) -> Penalties:
+    def _penalties_for(self, sampling: SamplingBatch, seqs: list[RunnerSequence]) -> Penalties:
+        """The batch's penalty tensors, built on the device thread (so in step order) when the batch changes: each
+        penalized sequence's output counts then become a row of the batch's ``[B, V]`` counts, which every step
+        updates in place; rows without penalties hold neutral parameters."""
+        if self._penalties is not None and self._penalties[0] is sampling:
+            return self._penalties[1]
+        if self._penalties is not None:  # the sequences leaving the batch take their counts with them
+            staying = {id(seq) for seq in seqs}
+            for seq in self._penalties[2]:
+                if id(seq) not in staying:
+                    seq.output_counts = seq.output_counts.clone()
         vocab = self.model_cfg.vocab_size
-        zeros = torch.zeros(vocab, device=self.device)
-        unseen = torch.zeros(vocab, dtype=torch.bool, device=self.device)
-        counts = torch.stack([c if c is not None else zeros for c, _ in histories])
-        seen = torch.stack([s if s is not None else unseen for _, s in histories])
-        return Penalties(*penalty_parameters(params, self.device), counts, seen)
+        counts = torch.zeros(len(seqs), vocab, device=self.device)
+        seen = torch.zeros(len(seqs), vocab, dtype=torch.bool, device=self.device)
+        for i in sampling.penalized_rows:
+            seq = seqs[i]
+            counts[i] = seq.output_counts
+            seq.output_counts = counts[i]  # a view: the batch's updates are the sequence's
+            if seq.prompt_seen is not None:
+                seen[i] = seq.prompt_seen
+        penalties = Penalties(*penalty_parameters(sampling.params, self.device), counts, seen)
+        self._penalties = (sampling, penalties, [seqs[i] for i in sampling.penalized_rows])
+        return penalties
 
     def record_sampled(self, handle: StepHandle, token_ids: list[int], emitted: list[list[int]] | None = None
                        ) -> None:

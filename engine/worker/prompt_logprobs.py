@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.outputs import ScheduledSequence, TokenLogprobs
+from engine.outputs import SchedulerOutput, TokenLogprobs
 from engine.worker.sampler import token_logprobs
 
 SLICE_ROWS = 256
@@ -74,22 +74,21 @@ class PromptScoring:
     def discard(self, seq_id: str) -> None:
         self._prompts.pop(seq_id, None)
 
-    def spans(self, scheduled: Sequence[ScheduledSequence], row_of: Mapping[str, int],
-              query_start_loc: np.ndarray) -> list[PromptSpan]:
+    def spans(self, sched: SchedulerOutput, row_of: Mapping[str, int], query_start_loc: np.ndarray) -> list[PromptSpan]:
         """The spans of this step's chunks; a sequence whose last prompt token is scored leaves the set."""
         spans = []
-        for s in scheduled:
-            found = self._prompts.get(s.seq_id)
+        for i, seq_id in enumerate(sched.seq_ids):
+            found = self._prompts.get(seq_id)
             if found is None:
                 continue
             prompt, num_top = found
-            start = s.num_computed_tokens
-            end = min(start + s.num_new_tokens, len(prompt) - 1)  # the last prompt position predicts no prompt token
+            start = sched.num_computed_tokens[i]
+            end = min(start + sched.num_new_tokens[i], len(prompt) - 1)  # the last prompt position predicts none
             if end > start:
-                first_row = int(query_start_loc[row_of[s.seq_id]])
-                spans.append(PromptSpan(s.seq_id, start + 1, first_row, prompt[start + 1 : end + 1], num_top))
+                first_row = int(query_start_loc[row_of[seq_id]])
+                spans.append(PromptSpan(seq_id, start + 1, first_row, prompt[start + 1 : end + 1], num_top))
             if end == len(prompt) - 1:
-                del self._prompts[s.seq_id]
+                del self._prompts[seq_id]
         return spans
 
 

@@ -53,8 +53,12 @@ def flatten(batch: InputBatch, block_size: int, pad_rows_to: int | None = None) 
     start = batch.num_computed[:rows]
     ends = np.cumsum(n, dtype=np.int32)
     total = int(ends[-1]) if rows else 0
-    row_of_token = np.repeat(np.arange(rows, dtype=np.int32), n)
-    positions = np.arange(total, dtype=np.int32) - np.repeat(ends - n, n) + start[row_of_token]
+    max_query_len = int(n.max()) if rows else 0
+    if max_query_len == 1:  # decode only: each row's one token at its next position
+        row_of_token, positions = np.arange(rows, dtype=np.int32), start.copy()
+    else:
+        row_of_token = np.repeat(np.arange(rows, dtype=np.int32), n)
+        positions = np.arange(total, dtype=np.int32) - np.repeat(ends - n, n) + start[row_of_token]
     input_ids = batch.token_ids[row_of_token, positions]
     slots = batch.block_table[row_of_token, positions // block_size] * block_size + positions % block_size
     drafts = batch.num_drafts[:rows]
@@ -76,7 +80,7 @@ def flatten(batch: InputBatch, block_size: int, pad_rows_to: int | None = None) 
         pending_src=pending_src,
         block_table_deltas=batch.take_block_table_deltas(), state_slots=batch.state_slots[:rows].copy(),
         has_initial_state=start > 0,
-        max_query_len=int(n.max()) if rows else 0, max_context_len=int(context_lens.max()) if rows else 0,
+        max_query_len=max_query_len, max_context_len=int(context_lens.max()) if rows else 0,
     )
     if pad_rows_to is not None and pad_rows_to > rows:
         _pad_decode(host, pad_rows_to)
