@@ -3,7 +3,9 @@ through a command queue one way and output sinks (one per submitter: a generate 
 
 The loop blocks on the command queue while the engine is idle (no spinning), and drains every queued command
 before each step, so requests that arrive together are admitted together and batched by the scheduler. It hands
-out token-level outputs only, one list per sink per step: text is made by an `OutputProcessor` on the receiving side.
+out token-level outputs only, one `StepOutputs` per sink per step: text is made by an `OutputProcessor` on the
+receiving side. Requests should arrive prepared (`LLMEngine.prepare`, on the submitter's thread); one that did not is
+prepared here.
 
 What one request carries can fail only that request: its rejection at admission (`RequestRejected`, or any error
 while adding it) fails its submission alone, and a failure of its own inside a step (its grammar; a lower-tier block
@@ -24,30 +26,18 @@ from typing import Any, Protocol, TypeVar
 
 from engine.errors import EngineDeadError, RequestRejected
 from engine.llm_engine import LLMEngine
-from engine.outputs import SequenceOutput
-from engine.retention import Retention
-from engine.sampling_params import SamplingParams
+from engine.outputs import StepOutputs
+from engine.requests import EngineRequest
 
 log = logging.getLogger("kvserve.engine")
 T = TypeVar("T")
 
 
-@dataclass
-class EngineRequest:
-    """One engine request: a prompt with its sampling parameters, cache salt and what the cache should keep."""
-
-    request_id: str
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    cache_salt: str | None = None
-    retention: Retention | None = None
-
-
 class OutputSink(Protocol):
-    """Where the outputs of the requests submitted with it go, from the engine thread: once per step, the list of that
-    step's outputs of all of them, or once the error that ended the engine. Must not block."""
+    """Where the outputs of the requests submitted with it go, from the engine thread: once per step, that step's
+    outputs of all of them, or once the error that ended the engine. Must not block."""
 
-    def put(self, item: list[SequenceOutput] | BaseException) -> None: ...
+    def put(self, item: StepOutputs | BaseException) -> None: ...
 
 
 class StepListener(Protocol):
@@ -215,11 +205,11 @@ class EngineLoop:
 
     def _add(self, command: _Add) -> None:
         try:
+            for request in command.requests:  # all of them valid before any is queued
+                if not request.prepared:
+                    self.engine.prepare(request)
             for request in command.requests:
-                self.engine.validate(request.prompt_token_ids, request.params)
-            for request in command.requests:
-                self.engine.add_request(request.request_id, request.prompt_token_ids, request.params,
-                                        request.cache_salt, request.retention)
+                self.engine.add(request)
                 self._sinks[request.request_id] = command.sink
         except Exception as exc:  # noqa: BLE001 - a rejection (or a failure) of this submission alone
             if not isinstance(exc, RequestRejected):
@@ -234,7 +224,7 @@ class EngineLoop:
         if request_id not in self._sinks:
             return
         self.engine.abort_request(request_id, index)
-        if request_id not in self.engine.scheduler.requests:
+        if not self.engine.has_request(request_id):
             del self._sinks[request_id]
 
     def _step(self) -> None:
@@ -247,30 +237,28 @@ class EngineLoop:
             self.listener.on_step(self.engine)
         self._deliver(outputs)
 
-    def _deliver(self, outputs: list[SequenceOutput]) -> None:
+    def _deliver(self, outputs: StepOutputs) -> None:
         """Hand the step's outputs to their sinks: one `put` per sink per step, however many of its requests ran (a
-        server's requests share one sink, so a step crosses to the event loop in one hop)."""
-        by_sink: dict[int, tuple[OutputSink, list[SequenceOutput]]] = {}
-        sinks, ended = self._sinks, []
-        for out in outputs:
-            if out.error:
-                log.warning("request %s: %s", out.request_id, out.error)
-            sink = sinks.get(out.request_id)
-            if sink is None:
-                continue
-            entry = by_sink.get(id(sink))
-            if entry is None:
-                by_sink[id(sink)] = (sink, [out])
-            else:
-                entry[1].append(out)
-            if out.finished:
-                ended.append(out.request_id)
-        live = self.engine.scheduler.requests
-        for request_id in ended:
-            if request_id not in live:  # every sequence of it finished (n > 1 siblings may end in one step)
+        server's requests share one sink, so a step crosses to the event loop in one hop, whole)."""
+        if not len(outputs):
+            return
+        sinks, request_ids = self._sinks, outputs.request_ids
+        for row, error in outputs.errors.items():
+            log.warning("request %s: %s", request_ids[row], error)
+        rows_of: dict[int, tuple[OutputSink, list[int]]] = {}
+        for row, sink in enumerate(map(sinks.get, request_ids)):
+            if sink is not None:
+                entry = rows_of.get(id(sink))
+                if entry is None:
+                    rows_of[id(sink)] = (sink, [row])
+                else:
+                    entry[1].append(row)
+        for row in outputs.finish_reasons:
+            request_id = request_ids[row]
+            if not self.engine.has_request(request_id):  # every sequence of it finished (n > 1 may end together)
                 sinks.pop(request_id, None)
-        for sink, outs in by_sink.values():
-            sink.put(outs)
+        for sink, rows in rows_of.values():
+            sink.put(outputs if len(rows) == len(outputs) else outputs.select(rows))
 
     def _fail_all(self, error: BaseException) -> None:
         for sink in {id(sink): sink for sink in self._sinks.values()}.values():

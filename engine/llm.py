@@ -11,18 +11,19 @@ import itertools
 import queue
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Sequence
 
 from tqdm import tqdm
 
 from engine.config import EngineConfig
-from engine.engine_loop import EngineLoop, EngineRequest
+from engine.engine_loop import EngineLoop
 from engine.errors import EngineDeadError
 from engine.kv_blocks import CacheStats
 from engine.llm_engine import LLMEngine
 from engine.output_processor import CompletionOutput, OutputProcessor
-from engine.outputs import RequestTimings, SchedulerStats, SequenceOutput
+from engine.outputs import RequestTimings, SchedulerStats, SequenceOutput, StepOutputs
+from engine.requests import EngineRequest
 from engine.retention import Retention
 from engine.sampling_params import SamplingParams
 
@@ -67,11 +68,11 @@ class _Collector:
         self.remaining = bar.total
         self.error: BaseException | None = None
 
-    def put(self, item: list[SequenceOutput] | BaseException) -> None:
+    def put(self, item: StepOutputs | BaseException) -> None:
         if isinstance(item, BaseException):
             self.error = item
             return
-        delivered, stopped = self.processor.process(item)
+        delivered, stopped = self.processor.process(list(item))
         for request_id, index in stopped:
             self.loop.abort(request_id, index)
         for out in delivered:
@@ -120,7 +121,7 @@ class LLM:
     @property
     def cache_stats(self) -> CacheStats:
         """Prefix-cache counters: queries and hits in tokens (preempted re-admissions apart), evictions."""
-        return replace(self.engine.scheduler.kv.stats)
+        return self.engine.cache_stats
 
     @property
     def stats(self) -> SchedulerStats:
@@ -162,16 +163,15 @@ class LLM:
         params_list = _broadcast(params or SamplingParams(), len(token_lists), "params")
         salts = _broadcast(cache_salt, len(token_lists), "cache_salt")
         retentions = _broadcast(retention, len(token_lists), "retention")
-        for ids, p in zip(token_lists, params_list):
-            self.engine.validate(ids, p)
+        # Prepared here, on the caller's thread (validated, hashed), all before any is queued.
+        requests = [self.engine.prepare(EngineRequest(f"gen-{next(self._ids)}", ids, p, salt, kept))
+                    for ids, p, salt, kept in zip(token_lists, params_list, salts, retentions)]
         processor = OutputProcessor(self.tokenizer)
         results: dict[str, RequestOutput] = {}
-        requests = []
-        for ids, p, salt, kept in zip(token_lists, params_list, salts, retentions):
-            rid = f"gen-{next(self._ids)}"
-            results[rid] = RequestOutput(rid, ids, [CompletionOutput(i) for i in range(p.n)])
-            processor.add_request(rid, ids, p)
-            requests.append(EngineRequest(rid, ids, p, salt, kept))
+        for r in requests:
+            results[r.request_id] = RequestOutput(r.request_id, r.prompt_token_ids,
+                                                  [CompletionOutput(i) for i in range(r.params.n)])
+            processor.add_request(r.request_id, r.prompt_token_ids, r.params)
         loop = EngineLoop(self.engine)
         with tqdm(total=sum(p.n for p in params_list), desc="Generating", unit="seq", disable=not use_tqdm) as bar:
             collector = _Collector(loop, processor, results, bar)

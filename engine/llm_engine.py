@@ -1,5 +1,6 @@
 """The engine core: a scheduler (which alone owns the KV manager and the queues) and a model runner; `step()`
-advances every running sequence once and returns token-level `SequenceOutput`s.
+advances every running sequence once and returns the step's token-level outputs as one `StepOutputs`. Requests
+arrive prepared (validated, their block hashes made: engine/requests.py) by whoever submits them.
 
 Text (detokenization, stop strings) is not made here: an `OutputProcessor` does it off the engine thread. With
 async scheduling (`EngineConfig.async_scheduling`), `step()` schedules and launches step N+1 before it collects step
@@ -19,18 +20,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from engine.config import EngineConfig, ModelConfig
-from engine.errors import (
-    FatalEngineError,
-    KVCacheTooSmallError,
-    PromptTooLongError,
-    RequestRejected,
-    WorkerDiedError,
-)
+from engine.block_hashing import BlockHasher
+from engine.errors import FatalEngineError, RequestRejected, WorkerDiedError
+from engine.kv_blocks import CacheStats
 from engine.kv_events import KVEventPublisher
 from engine.worker.model_runner import ModelRunner, StepHandle, StepPipeline
-from engine.outputs import KVTransfer, SchedulerOutput, SchedulerStats, SequenceOutput
+from engine.outputs import KVTransfer, SchedulerOutput, SchedulerStats, StepOutputs
 from engine.parallel.memory import RankMemory
 from engine.parallel.workers import TensorParallelWorkers
+from engine.requests import EngineRequest, RequestPreparer
 from engine.retention import Retention
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
@@ -95,13 +93,16 @@ class LLMEngine:
                                    record_events=self.kv_events is not None, clock=clock,
                                    state_slots=self.runner.num_state_slots, host_states=host_states,
                                    disk_states=disk_states)
+        self.preparer = RequestPreparer(
+            self.model_cfg.vocab_size, self.max_model_len, cfg.block_size, self.runner.num_blocks,
+            BlockHasher(cfg.block_size, model_id or str(self.model_dir)) if cfg.enable_prefix_caching else None,
+            self.speculation_refused)
         self.structured_outputs = StructuredOutputs(self.tokenizer, self.model_cfg.vocab_size, self.eos_token_ids,
                                                     self.runner.device, cfg.json_whitespace)
         if offload and offload.disk:  # blocks a previous run left on disk
-            self.scheduler.kv.tiers.disk_reader = offload.read_disk_block
-            self.scheduler.kv.load_disk_tier((b.block_hash, b.token_ids, b.parent_hash, b.has_state)
-                                             for b in offload.disk.scan())
-            self._run_transfers(self.scheduler.kv.take_transfers())  # deletes what no longer fits
+            self.scheduler.load_disk_tier(offload.read_disk_block, ((b.block_hash, b.token_ids, b.parent_hash,
+                                                                     b.has_state) for b in offload.disk.scan()))
+            self._run_transfers(self.scheduler.take_transfers())  # deletes what no longer fits
             self._publish_events()
         # async scheduling: the launched step whose tokens are not back yet waits in the pipeline
         self._pipeline = StepPipeline(bool(cfg.async_scheduling))
@@ -109,48 +110,40 @@ class LLMEngine:
         self._closed = False
 
     # ---- requests ----------------------------------------------------------------------------------------------
-    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Raise `RequestRejected` for a request that could never run, before it takes any state."""
-        if not prompt_token_ids:
-            raise RequestRejected("the prompt is empty")
-        vocab = self.model_cfg.vocab_size
-        bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
-        if bad:
-            raise RequestRejected(f"token id {bad[0]} is outside the vocabulary [0, {vocab})")
-        if len(prompt_token_ids) >= self.max_model_len:
-            over = len(prompt_token_ids) - self.max_model_len + 1
-            raise PromptTooLongError(
-                f"the prompt has {len(prompt_token_ids)} tokens; the context holds {self.max_model_len}, so it is "
-                f"{over} token(s) too long (leaving room for one generated token)"
-            )
-        blocks = self.scheduler.blocks_needed(len(prompt_token_ids) + 1)
-        if blocks > self.scheduler.num_blocks:
-            raise KVCacheTooSmallError(
-                f"the prompt needs {blocks} KV blocks but the cache has {self.scheduler.num_blocks}; "
-                "give the engine more KV memory (num_kv_blocks / kv_cache_memory_gb)"
-            )
-        if self.speculation_refused and params.speculative not in (None, "off"):
-            raise RequestRejected(f"speculative {params.speculative!r}: {self.speculation_refused}")
-        if params.structured_output is not None:
+    def prepare(self, request: EngineRequest) -> EngineRequest:
+        """Validate ``request`` and make its block hashes (`RequestPreparer.prepare`; any thread)."""
+        return self.preparer.prepare(request)
+
+    def add(self, request: EngineRequest) -> None:
+        """Queue a request (prepared here if its submitter did not). `RequestRejected`: its id is in use, its
+        grammar does not compile, or (unprepared) it could never run."""
+        if request.request_id in self.scheduler.requests:
+            raise RequestRejected(f"request id {request.request_id!r} is already in use")
+        if not request.prepared:
+            self.preparer.prepare(request)
+        if request.params.structured_output is not None:
             try:
-                self.structured_outputs.compile(params.structured_output)  # cached: a server compiled it already
+                self.structured_outputs.compile(request.params.structured_output)  # cached: compiled before
             except ValueError as exc:
                 raise RequestRejected(str(exc)) from None
+        self.scheduler.add_request(request.request_id, request.prompt_token_ids, request.params, request.cache_salt,
+                                   request.retention, request.block_hashes)
 
     def add_request(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, cache_salt: str | None = None,
         retention: Retention | None = None,
     ) -> None:
-        if request_id in self.scheduler.requests:
-            raise RequestRejected(f"request id {request_id!r} is already in use")
-        self.validate(prompt_token_ids, params)
-        self.scheduler.add_request(request_id, prompt_token_ids, params, cache_salt, retention)
+        self.add(EngineRequest(request_id, prompt_token_ids, params, cache_salt, retention))
 
     def abort_request(self, request_id: str, index: int | None = None) -> None:
         """Finish every sequence of the request (or only sequence ``index``) now; its blocks are free for the next
         step."""
         self.scheduler.abort(request_id, index)
         self.structured_outputs.retain(self.scheduler.sequences)
+
+    def has_request(self, request_id: str) -> bool:
+        """Whether a sequence of the request is still queued or running."""
+        return request_id in self.scheduler.requests
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests() or self._pipeline.in_flight is not None
@@ -176,13 +169,18 @@ class LLMEngine:
     def pin(self, token_ids: list[int], cache_salt: str | None, ttl_s: float) -> int:
         """Pin the cached blocks of a prompt for ``ttl_s`` seconds, renewed on every hit (0: unpin); returns how many
         of its blocks the device holds."""
-        hashes = self.scheduler.hasher.hashes(token_ids, cache_salt)
-        return self.scheduler.kv.retain_chain(hashes, ttl_s, pin=True)
+        hashes = self.preparer.hasher.hashes(token_ids, cache_salt) if self.preparer.hasher else []
+        return self.scheduler.pin(hashes, ttl_s)
+
+    @property
+    def cache_stats(self) -> CacheStats:
+        """Prefix-cache counters: queries and hits in tokens (preempted re-admissions apart), evictions."""
+        return self.scheduler.cache_stats()
 
     def reset_prefix_cache(self) -> None:
         """Drop every cached block no sequence holds, in every tier (between benchmark runs)."""
         self.scheduler.reset_prefix_cache()
-        self._run_transfers(self.scheduler.kv.take_transfers())
+        self._run_transfers(self.scheduler.take_transfers())
         self._publish_events()
 
     def _run_transfers(self, transfers: list[KVTransfer]) -> None:
@@ -193,7 +191,7 @@ class LLMEngine:
 
     def _publish_events(self) -> None:
         if self.kv_events is not None:
-            self.kv_events.publish(self.scheduler.kv.take_events())
+            self.kv_events.publish(self.scheduler.take_kv_events())
 
     def close(self) -> None:
         """Release what outlives the engine thread: write the device-cached blocks through to the disk tier (if
@@ -211,8 +209,8 @@ class LLMEngine:
         offload = self.runner.kv_offload
         if offload is not None:
             if offload.disk is not None:
-                self.scheduler.kv.persist()
-                self._run_transfers(self.scheduler.kv.take_transfers())
+                self.scheduler.persist()
+                self._run_transfers(self.scheduler.take_transfers())
                 self._publish_events()
             offload.close()
         if self.kv_events is not None:
@@ -236,7 +234,7 @@ class LLMEngine:
             self.workers.on_death = on_death
 
     # ---- the step ----------------------------------------------------------------------------------------------
-    def step(self) -> list[SequenceOutput]:
+    def step(self) -> StepOutputs:
         try:
             pipeline = self._pipeline
             # Grammars need the tokens in flight for the next masks; proposers need them to draft after.

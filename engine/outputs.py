@@ -1,11 +1,13 @@
 """What crosses the engine's internal boundaries, as plain data (no torch): scheduler -> runner
-(`SchedulerOutput`), runner -> scheduler (`ModelRunnerOutput`), engine -> callers (`SequenceOutput`), and the
-scheduler's `SchedulerStats` snapshot. Keeping them here lets the scheduler depend on nothing below it.
+(`SchedulerOutput`), runner -> scheduler (`ModelRunnerOutput`), engine core -> its clients (one `StepOutputs` per
+step; each client reads it as one `SequenceOutput` per sequence), and the scheduler's `SchedulerStats` snapshot.
+Keeping them here lets the scheduler depend on nothing below it.
 """
 from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from engine.sampling_params import SamplingParams
@@ -226,11 +228,81 @@ class DraftStats:
                 "tokens_per_step": round(self.tokens_per_step, 4)}
 
 
-# ---- engine -> callers --------------------------------------------------------------------------------------------
+# ---- engine core -> clients ---------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class SequenceInfo:
+    """What every output of one sequence shares, made once at its first output: its prompt's length, what the
+    prefix cache served of it at admission, and its timings (which the engine fills in as it runs)."""
+
+    num_prompt_tokens: int
+    num_cached_tokens: int  # of the prompt, from the prefix cache: the device pool, host and disk tiers together
+    num_host_cached_tokens: int  # of num_cached_tokens, restored from the host tier
+    num_disk_cached_tokens: int  # ... and from the disk tier
+    timings: RequestTimings
+
+
+@dataclass
+class StepOutputs:
+    """What one engine step produced, as columns (the engine core emits one per step, and a client routes its rows to
+    their streams in one hop): row ``i`` is sequence ``indices[i]`` of request ``request_ids[i]``, which gained
+    ``new_token_ids[i]`` (one token, several with speculative decoding, none when it ended without one). What few
+    rows carry is sparse, by row: a finish reason, an error, logprobs, prompt logprobs, speculation counters."""
+
+    request_ids: list[str] = field(default_factory=list)
+    indices: list[int] = field(default_factory=list)
+    new_token_ids: list[list[int]] = field(default_factory=list)
+    infos: list[SequenceInfo] = field(default_factory=list)
+    finish_reasons: dict[int, FinishReason] = field(default_factory=dict)
+    errors: dict[int, str] = field(default_factory=dict)  # why a sequence ended abnormally (e.g. out of KV blocks)
+    logprobs: dict[int, list[TokenLogprobs | None]] = field(default_factory=dict)  # one per new token
+    prompt_logprobs: dict[int, list[TokenLogprobs | None]] = field(default_factory=dict)  # one per prompt token
+    speculation: dict[int, DraftStats] = field(default_factory=dict)  # on a speculating sequence's last row
+
+    def __len__(self) -> int:
+        return len(self.request_ids)
+
+    def add(self, request_id: str, index: int, new_token_ids: list[int], info: SequenceInfo,
+            finish_reason: FinishReason | None = None) -> int:
+        """Append a row; returns it (for the sparse columns)."""
+        row = len(self.request_ids)
+        self.request_ids.append(request_id)
+        self.indices.append(index)
+        self.new_token_ids.append(new_token_ids)
+        self.infos.append(info)
+        if finish_reason is not None:
+            self.finish_reasons[row] = finish_reason
+        return row
+
+    def output(self, row: int) -> SequenceOutput:
+        """Row ``row`` as one sequence's output (the client side's view)."""
+        info, tokens = self.infos[row], self.new_token_ids[row]
+        logprobs = self.logprobs.get(row)
+        return SequenceOutput(self.request_ids[row], self.indices[row], tokens,
+                              [None] * len(tokens) if logprobs is None else logprobs, self.finish_reasons.get(row),
+                              info.num_prompt_tokens, info.num_cached_tokens, info.timings,
+                              error=self.errors.get(row), prompt_logprobs=self.prompt_logprobs.get(row),
+                              num_host_cached_tokens=info.num_host_cached_tokens,
+                              num_disk_cached_tokens=info.num_disk_cached_tokens,
+                              speculation=self.speculation.get(row))
+
+    def __iter__(self) -> Iterator[SequenceOutput]:
+        return map(self.output, range(len(self.request_ids)))
+
+    def select(self, rows: list[int]) -> "StepOutputs":
+        """These rows only, in this order (a client's share of a step that several clients' requests ran in)."""
+        picked = StepOutputs([self.request_ids[r] for r in rows], [self.indices[r] for r in rows],
+                             [self.new_token_ids[r] for r in rows], [self.infos[r] for r in rows])
+        for column in ("finish_reasons", "errors", "logprobs", "prompt_logprobs", "speculation"):
+            sparse = getattr(self, column)
+            if sparse:
+                getattr(picked, column).update({new: sparse[old] for new, old in enumerate(rows) if old in sparse})
+        return picked
+
+
 @dataclass(slots=True)
 class SequenceOutput:
-    """One sequence's progress in one step (deltas). The engine fills the token fields; an output processor, off
-    the engine thread, fills ``new_text`` (and may finish the sequence early on a stop string)."""
+    """One sequence's progress in one step (deltas): a client's view of one `StepOutputs` row. An output processor,
+    on the client's side, fills ``new_text`` (and may finish the sequence early on a stop string)."""
 
     request_id: str  # the caller's request id; n > 1 siblings share it
     index: int  # which of the n sequences

@@ -14,21 +14,25 @@ import time
 from collections import OrderedDict, deque
 from dataclasses import replace
 from collections import abc
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 from engine.block_hashing import BlockHash, BlockHasher
 from engine.config import EngineConfig, SchedulingPolicy
 from engine.kv.snapshot_policy import DEFAULT_POLICY, SnapshotPolicy
+from engine.kv_blocks import CacheStats
 from engine.kv_cache import KVCacheManager
+from engine.kv_events import KVEvent
+from engine.kv_tiers import FoundBlock
 from engine.outputs import (
     FinishReason,
+    KVTransfer,
     ModelRunnerOutput,
     NewSequence,
     SchedulerOutput,
     SchedulerStats,
-    SequenceOutput,
-    TokenLogprobs,
+    SequenceInfo,
+    StepOutputs,
 )
 from engine.sequence import Sequence, SequenceStatus
 from engine.retention import Retention
@@ -81,29 +85,36 @@ class Scheduler:
         self.num_decode_steps = 0
         self._finished_seq_ids: list[str] = []  # for the next SchedulerOutput: the runner forgets them
         self._held: OrderedDict[str, list[BlockHash]] = OrderedDict()  # finished with a hold: their block chains
-        self._outputs: list[SequenceOutput] = []
+        self._outputs = StepOutputs()
         self.num_preemptions = 0
         self.num_prompt_tokens = 0  # computed prompt tokens (cache hits excluded)
         self.num_generation_tokens = 0
 
     # ---- requests ------------------------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    cache_salt: str | None = None, retention: Retention | None = None) -> None:
-        """Queue a request; its n - 1 siblings are queued once its prompt is scheduled (they then hit its blocks)."""
-        leader = self._new_sequence(request_id, 0, list(prompt_token_ids), params, cache_salt, retention)
+                    cache_salt: str | None = None, retention: Retention | None = None,
+                    block_hashes: list[BlockHash] | None = None) -> None:
+        """Queue a request; its n - 1 siblings are queued once its prompt is scheduled (they then hit its blocks).
+        ``block_hashes``: the prompt's, made during the request's preparation (else here)."""
+        leader = self._new_sequence(request_id, 0, list(prompt_token_ids), params, cache_salt, retention,
+                                    block_hashes)
         leader.pending_siblings = params.n - 1
         self.requests[request_id] = []
         self._enqueue(leader)
 
     def _new_sequence(self, request_id: str, index: int, prompt: list[int], params: SamplingParams,
-                      cache_salt: str | None, retention: Retention | None) -> Sequence:
+                      cache_salt: str | None, retention: Retention | None,
+                      block_hashes: list[BlockHash] | None = None) -> Sequence:
         seq = Sequence(f"{request_id}#{index}" if index else request_id, prompt, len(prompt), params, cache_salt,
                       request_id=request_id, index=index,
                       # a prefill-only request (max_tokens 0) samples one token and drops it
                       max_num_tokens=min(len(prompt) + max(params.max_tokens, 1), self.max_model_len),
                       prompt_logprobs=None if params.prompt_logprobs is None else [None], retention=retention)
         if self.cfg.enable_prefix_caching:
-            self.hasher.extend(seq.block_hashes, seq.token_ids, cache_salt)
+            if block_hashes is not None:
+                seq.block_hashes = list(block_hashes)
+            else:
+                self.hasher.extend(seq.block_hashes, seq.token_ids, cache_salt)
         if self.snapshot_policy is not None:
             pins = [p.num_tokens for p in retention.pins] if retention else []
             seq.snapshot_points = self.snapshot_policy.prompt_points(
@@ -166,6 +177,30 @@ class Scheduler:
     @property
     def num_blocks(self) -> int:
         return self.kv.num_blocks
+
+    def pin(self, block_hashes: list[BlockHash], ttl_s: float) -> int:
+        """Pin the cached blocks of a chain for ``ttl_s`` seconds (0: unpin); returns how many the device holds."""
+        return self.kv.retain_chain(block_hashes, ttl_s, pin=True)
+
+    def cache_stats(self) -> CacheStats:
+        return replace(self.kv.stats)
+
+    # ---- the KV tiers' traffic, which the engine carries out on the runner ----------------------------------------
+    def take_transfers(self) -> list[KVTransfer]:
+        """Copies between KV tiers queued outside a step (a reset, persisting, loading the disk tier)."""
+        return self.kv.take_transfers()
+
+    def take_kv_events(self) -> list[KVEvent]:
+        return self.kv.take_events()
+
+    def load_disk_tier(self, reader: Callable[[BlockHash], bool], blocks: Iterable[FoundBlock]) -> None:
+        """Index the blocks a previous run left on disk; ``reader`` checks a block's file before a hit uses it."""
+        self.kv.tiers.disk_reader = reader
+        self.kv.load_disk_tier(blocks)
+
+    def persist(self) -> None:
+        """Write the device-cached blocks through to the disk tier (at shutdown)."""
+        self.kv.persist()
 
     # ---- the step ------------------------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -316,8 +351,10 @@ class Scheduler:
         """n > 1: the leader's prompt is scheduled, so its blocks are cached; the siblings queue first and share
         them, recomputing only the last partial block."""
         params = replace(leader.params, prompt_logprobs=None)  # the leader scores the prompt
+        prompt_hashes = leader.block_hashes[: leader.num_prompt_tokens // self.cfg.block_size]
         siblings = [
-            self._new_sequence(leader.request_id, i, leader.prompt_token_ids, params, leader.cache_salt, None)
+            self._new_sequence(leader.request_id, i, leader.prompt_token_ids, params, leader.cache_salt, None,
+                               prompt_hashes)
             for i in range(1, leader.pending_siblings + 1)
         ]
         leader.pending_siblings = 0
@@ -410,13 +447,17 @@ class Scheduler:
                 if reason is not None:  # a stop token or max_tokens among them: what follows is dropped
                     break
             self.num_generation_tokens += count
-            out = self._output(seq, tokens[:count], [logprob] * count, reason)
+            row = outputs.add(seq.request_id, seq.index, tokens if count == len(tokens) else tokens[:count],
+                              seq.info or self._info(seq), reason)
+            if logprob is not None:
+                outputs.logprobs[row] = [logprob] * count
             if seq.prompt_logprobs is not None:  # with the first token
-                out.prompt_logprobs, seq.prompt_logprobs = seq.prompt_logprobs, None
+                outputs.prompt_logprobs[row], seq.prompt_logprobs = seq.prompt_logprobs, None
             if reason is not None:
-                out.speculation = self.drafter.request_stats.get(seq.seq_id)
+                stats = self.drafter.request_stats.get(seq.seq_id)
+                if stats is not None:
+                    outputs.speculation[row] = stats
                 self._finish(seq, reason)
-            outputs.append(out)
 
     def _record_speculation(self, seq: Sequence, tokens: list[int]) -> None:
         """A decoding sequence's step came back with ``tokens``: roll its computed tokens back to the accepted ones
@@ -429,13 +470,14 @@ class Scheduler:
         self.drafter.record(seq.seq_id, method, drafted, len(tokens))
 
     def _finish_prefill_only(self, seq: Sequence) -> None:
-        out = self._output(seq, [], [], FinishReason.LENGTH)
-        out.prompt_logprobs = seq.prompt_logprobs
+        row = self._outputs.add(seq.request_id, seq.index, [], seq.info or self._info(seq), FinishReason.LENGTH)
+        if seq.prompt_logprobs is not None:
+            self._outputs.prompt_logprobs[row] = seq.prompt_logprobs
         self._finish(seq, FinishReason.LENGTH)
-        self._outputs.append(out)
 
-    def take_outputs(self) -> list[SequenceOutput]:
-        outputs, self._outputs = self._outputs, []
+    def take_outputs(self) -> StepOutputs:
+        """What the steps since the last call produced (one `StepOutputs`)."""
+        outputs, self._outputs = self._outputs, StepOutputs()
         return outputs
 
     def _finish(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:
@@ -462,10 +504,9 @@ class Scheduler:
             del self.requests[seq.request_id]
         if error is not None:
             # Siblings that were never queued end the same way, so the caller hears of all n sequences.
+            info = seq.info or self._info(seq)
             for index in [seq.index, *range(1, seq.pending_siblings + 1)]:
-                out = self._output(seq, [], [], reason)
-                out.index, out.error = index, error
-                self._outputs.append(out)
+                self._outputs.errors[self._outputs.add(seq.request_id, index, [], info, reason)] = error
         seq.pending_siblings = 0
 
     def _remember_held(self, seq: Sequence) -> None:
@@ -474,11 +515,11 @@ class Scheduler:
             self._held.popitem(last=False)
 
     @staticmethod
-    def _output(seq: Sequence, tokens: list[int], logprobs: list[TokenLogprobs | None],
-                reason: FinishReason | None) -> SequenceOutput:
-        return SequenceOutput(seq.request_id, seq.index, tokens, logprobs, reason, seq.num_prompt_tokens,
-                              seq.num_cached_tokens, seq.timings, num_host_cached_tokens=seq.num_host_cached_tokens,
-                              num_disk_cached_tokens=seq.num_disk_cached_tokens)
+    def _info(seq: Sequence) -> SequenceInfo:
+        """At a sequence's first output (after its admission, which fixed what the cache served of its prompt)."""
+        seq.info = SequenceInfo(seq.num_prompt_tokens, seq.num_cached_tokens, seq.num_host_cached_tokens,
+                                seq.num_disk_cached_tokens, seq.timings)
+        return seq.info
 
     # ---- observation -----------------------------------------------------------------------------------------------
     def stats(self) -> SchedulerStats:

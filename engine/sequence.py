@@ -13,7 +13,7 @@ import enum
 from dataclasses import dataclass, field
 
 from engine.block_hashing import BlockHash
-from engine.outputs import FinishReason, RequestTimings, TokenLogprobs
+from engine.outputs import FinishReason, RequestTimings, SequenceInfo, TokenLogprobs
 from engine.retention import Retention
 from engine.sampling_params import SamplingParams
 
@@ -50,6 +50,7 @@ class Sequence:
     # `params.prompt_logprobs`: one entry per prompt token scored so far (None for the first), until delivered
     prompt_logprobs: list[TokenLogprobs | None] | None = None
     snapshot_points: list[int] = field(default_factory=list)  # hybrid models: prompt boundaries to snapshot at
+    info: SequenceInfo | None = None  # what its outputs share, made at its first output
 
     @property
     def seed(self) -> int | None:

@@ -1,8 +1,9 @@
-"""The asyncio face of the engine thread (`engine.engine_loop.EngineLoop`).
+"""The asyncio face of the engine thread (`engine.engine_loop.EngineLoop`): the engine core's client.
 
-The engine thread hands each step's token outputs to the event loop in one hop (one `loop.call_soon_threadsafe` per
-step, however many requests ran: a hop costs the engine thread ~20 us); there `_StepDispatcher` routes them to the
-request streams. Each `RequestStream` turns its outputs into text on the event loop with its own `OutputProcessor`
+Requests are prepared (validated, block hashes made) before they reach the core, on the caller's thread (the
+server's prepare thread: `AsyncEngine.prepare`). The engine thread hands each step's `StepOutputs` to the event loop
+in one hop (one `loop.call_soon_threadsafe` per step, however many requests ran: a hop costs the engine thread
+~20 us); there `_StepDispatcher` routes its rows to the request streams. Each `RequestStream` turns its outputs into text on the event loop with its own `OutputProcessor`
 (detokenization and stop strings stay off the engine thread) and stops a sequence in the engine when a stop string
 ends it.
 """
@@ -13,11 +14,12 @@ import concurrent.futures
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
-from engine.engine_loop import EngineLoop, EngineRequest
+from engine.engine_loop import EngineLoop
 from engine.errors import EngineDeadError
 from engine.llm_engine import LLMEngine
 from engine.output_processor import OutputProcessor
-from engine.outputs import SequenceOutput
+from engine.outputs import SequenceOutput, StepOutputs
+from engine.requests import EngineRequest
 from server.metrics import Metrics
 
 __all__ = ["AsyncEngine", "EngineDeadError", "EngineRequest", "RequestStream"]
@@ -32,24 +34,28 @@ class _StepDispatcher:
         self.loop = loop
         self.streams: dict[str, RequestStream] = {}  # by engine request id, while the stream runs
 
-    def put(self, item: list[SequenceOutput] | BaseException) -> None:
+    def put(self, item: StepOutputs | BaseException) -> None:
         """From the engine thread."""
         try:
             self.loop.call_soon_threadsafe(self._dispatch, item)
         except RuntimeError:  # the loop is closed: nobody is listening any more
             pass
 
-    def _dispatch(self, item: list[SequenceOutput] | BaseException) -> None:
+    def _dispatch(self, item: StepOutputs | BaseException) -> None:
         if isinstance(item, BaseException):
             for stream in set(self.streams.values()):
                 stream.deliver(item)
             self.streams.clear()
             return
         by_stream: dict[RequestStream, list[SequenceOutput]] = {}
-        for out in item:
-            stream = self.streams.get(out.request_id)
+        output = item.output
+        for row, stream in enumerate(map(self.streams.get, item.request_ids)):
             if stream is not None:
-                by_stream.setdefault(stream, []).append(out)
+                outs = by_stream.get(stream)
+                if outs is None:
+                    by_stream[stream] = [output(row)]
+                else:
+                    outs.append(output(row))
         for stream, outs in by_stream.items():
             stream.deliver(outs)
 
@@ -147,6 +153,12 @@ class AsyncEngine:
     @property
     def error(self) -> BaseException | None:
         return self._loop.error
+
+    def prepare(self, requests: list[EngineRequest]) -> None:
+        """Validate the requests and make their block hashes, before the engine thread sees them (any thread: the
+        server's prepare thread). `RequestRejected`: one could never run."""
+        for request in requests:
+            self.engine.prepare(request)
 
     async def submit(self, requests: list[EngineRequest]) -> RequestStream:
         """Queue requests; returns once the engine accepted all of them. `RequestRejected`: the engine rejected one

@@ -82,12 +82,15 @@ async def _compile_constraint(ctx: ServingContext, prompt: Prompt) -> None:
 
 
 async def submit(ctx: ServingContext, prompts: list[Prompt]) -> RequestStream:
-    """Compile the prompts' grammars, then hand the prompts to the engine; its rejections (prompt too long for the
-    context or the KV pool) are 400s."""
+    """Compile the prompts' grammars and prepare the requests (validation, block hashes: off the engine thread and
+    the event loop), then hand them to the engine; its rejections (prompt too long for the context or the KV pool)
+    are 400s."""
     for prompt in prompts:
         await _compile_constraint(ctx, prompt)
+    requests = [p.request for p in prompts]
     try:
-        return await ctx.engine.submit([p.request for p in prompts])
+        await ctx.prepare(ctx.engine.prepare, requests)
+        return await ctx.engine.submit(requests)
     except RequestRejected as exc:
         raise APIError(400, str(exc), code=exc.code) from None
     except EngineDeadError as exc:

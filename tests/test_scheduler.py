@@ -29,7 +29,7 @@ def step(s: Scheduler, token: int = 5) -> tuple[SchedulerOutput, list[SequenceOu
     out = s.schedule()
     sampled = [x.seq_id for x in out.scheduled if x.samples]
     s.update(ModelRunnerOutput(sampled, [token] * len(sampled)))
-    return out, s.take_outputs()
+    return out, list(s.take_outputs())
 
 
 def test_deltas_new_request_then_appended_blocks_then_finished():
@@ -115,7 +115,7 @@ def test_async_placeholders_let_the_next_step_be_scheduled_before_the_tokens_are
     s.update(ModelRunnerOutput(["a"], [EOS]))  # N's token is a stop token: N + 1's token will be dropped
     assert [o.finish_reason for o in s.take_outputs()] == [FinishReason.STOP]
     s.update(ModelRunnerOutput(["a"], [9]))
-    assert s.take_outputs() == [] and not s.has_unfinished_requests()
+    assert not len(s.take_outputs()) and not s.has_unfinished_requests()
 
 
 def test_the_scheduler_imports_no_torch_runner_or_kernels():

@@ -79,14 +79,14 @@ def test_a_grammar_that_breaks_in_a_step_ends_its_request_alone(qwen3_llm, monke
 
 def test_a_failure_while_adding_a_request_fails_that_submission_alone(qwen3_llm, monkeypatch):
     engine = qwen3_llm.engine
-    real_add = engine.add_request
+    real_add = engine.add
 
-    def add_request(request_id, *args, **kwargs):
-        if request_id == "broken":
+    def add(request):
+        if request.request_id == "broken":
             raise RuntimeError("injected while adding")
-        return real_add(request_id, *args, **kwargs)
+        return real_add(request)
 
-    monkeypatch.setattr(engine, "add_request", add_request)
+    monkeypatch.setattr(engine, "add", add)
     loop = EngineLoop(engine)
     loop.start()
     try:

@@ -1,0 +1,74 @@
+"""An engine request and its preparation, done before the engine core sees it: validation and the prompt's block
+hashes. On the engine thread that work would stall every running stream (a 40k-token prompt hashes in
+~26 ms), so the server prepares a request on its prepare thread and the offline API on the caller's; the core only
+checks what it alone knows (an id in use, a grammar). `RequestPreparer` reads configuration only: any thread may use
+it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.block_hashing import BlockHash, BlockHasher
+from engine.errors import KVCacheTooSmallError, PromptTooLongError, RequestRejected
+from engine.retention import Retention
+from engine.sampling_params import SamplingParams
+
+
+@dataclass
+class EngineRequest:
+    """One engine request: a prompt with its sampling parameters, cache salt and what the cache should keep."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    cache_salt: str | None = None
+    retention: Retention | None = None
+    # Set by `RequestPreparer.prepare`: the prompt's full blocks' hashes (empty without prefix caching)
+    block_hashes: list[BlockHash] | None = None
+
+    @property
+    def prepared(self) -> bool:
+        return self.block_hashes is not None
+
+
+@dataclass
+class RequestPreparer:
+    """Validates and prepares requests for one engine (its vocabulary, context length, KV pool and block hashing)."""
+
+    vocab_size: int
+    max_model_len: int
+    block_size: int
+    num_blocks: int
+    hasher: BlockHasher | None  # None: no prefix caching, so no hashes
+    speculation_refused: str | None = None  # why this engine cannot speculate (None: it can)
+
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raise `RequestRejected` for a request that could never run, before it takes any state."""
+        if not prompt_token_ids:
+            raise RequestRejected("the prompt is empty")
+        vocab = self.vocab_size
+        if not 0 <= min(prompt_token_ids) or not max(prompt_token_ids) < vocab:
+            bad = next(t for t in prompt_token_ids if not 0 <= t < vocab)
+            raise RequestRejected(f"token id {bad} is outside the vocabulary [0, {vocab})")
+        if len(prompt_token_ids) >= self.max_model_len:
+            over = len(prompt_token_ids) - self.max_model_len + 1
+            raise PromptTooLongError(
+                f"the prompt has {len(prompt_token_ids)} tokens; the context holds {self.max_model_len}, so it is "
+                f"{over} token(s) too long (leaving room for one generated token)"
+            )
+        blocks = -(-(len(prompt_token_ids) + 1) // self.block_size)
+        if blocks > self.num_blocks:
+            raise KVCacheTooSmallError(
+                f"the prompt needs {blocks} KV blocks but the cache has {self.num_blocks}; "
+                "give the engine more KV memory (num_kv_blocks / kv_cache_memory_gb)"
+            )
+        if self.speculation_refused and params.speculative not in (None, "off"):
+            raise RequestRejected(f"speculative {params.speculative!r}: {self.speculation_refused}")
+
+    def prepare(self, request: EngineRequest) -> EngineRequest:
+        """Validate ``request`` and fill in its block hashes, in place; returns it. (The prompt is read, never kept:
+        the core copies it once into the sequence it grows.)"""
+        self.validate(request.prompt_token_ids, request.params)
+        request.block_hashes = ([] if self.hasher is None else
+                                self.hasher.hashes(request.prompt_token_ids, request.cache_salt))
+        return request
