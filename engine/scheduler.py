@@ -43,10 +43,6 @@ T = TypeVar("T")
 MAX_HELD_REQUESTS = 4096  # finished requests whose hold a caller may still extend (`retain_finished`)
 
 
-def _is_prefilling(seq: Sequence) -> bool:
-    return len(seq.token_ids) + seq.num_output_placeholders - seq.num_computed_tokens > 1
-
-
 def admission_order(policy: SchedulingPolicy, candidates: abc.Sequence[T], num_cached_tokens: Callable[[T], int]) -> list[T]:
     """The one meaning of each policy, shared by the scheduler and the prefix-cache simulator: FCFS keeps arrival
     order; LONGEST_PREFIX puts the candidates with the most cached tokens first (ties in arrival order)."""
@@ -211,8 +207,9 @@ class Scheduler:
         k = self.drafter.drafts_per_sequence(len(self.running)) if self.num_speculative else 0
         # Decodes first (one token each, latency-critical, plus any drafts), then continuing chunked prefills.
         decodes, prefills = [], []
-        for seq in self.running:
-            (prefills if _is_prefilling(seq) else decodes).append(seq)
+        for seq in self.running:  # more than one token left to compute: a prefill
+            (prefills if len(seq.token_ids) + seq.num_output_placeholders - seq.num_computed_tokens > 1
+             else decodes).append(seq)
         budget = self._schedule_decodes(decodes, self.cfg.max_num_batched_tokens, k, out)
         for seq in prefills:
             if budget == 0:
@@ -238,7 +235,7 @@ class Scheduler:
         """The running sequences with one token to compute, the bulk of a step, in one tight loop: a decode that
         drafts (up to ``k`` tokens), needs a block, fills one, is still in its prompt or has siblings to queue takes
         the general path. Returns the budget left."""
-        block_size, kv, running = self.cfg.block_size, self.kv, SequenceStatus.RUNNING
+        block_size, kv_seqs, running = self.cfg.block_size, self.kv.seqs, SequenceStatus.RUNNING
         seq_ids, num_new, num_computed, samples = out.seq_ids, out.num_new_tokens, out.num_computed_tokens, out.samples
         for seq in decodes:
             if budget == 0:
@@ -251,7 +248,7 @@ class Scheduler:
             n = num_tokens - start
             drafts = self._drafts(seq, n, min(k, budget - n)) if k else []
             if (drafts or n != 1 or num_tokens % block_size == 0 or start < seq.num_prompt_tokens
-                    or num_tokens > len(kv.block_table(seq.seq_id)) * block_size or seq.pending_siblings):
+                    or num_tokens > len(kv_seqs[seq.seq_id].block_ids) * block_size or seq.pending_siblings):
                 new_block_ids = self._make_room(seq, n + len(drafts), out)
                 if new_block_ids is None:
                     continue
@@ -413,6 +410,10 @@ class Scheduler:
         sequences, outputs, eos = self.sequences, self._outputs, self.eos_token_ids
         block_size = self.cfg.block_size if self.cfg.enable_prefix_caching else 0
         emitted = runner_output.emitted_token_ids or [[t] for t in runner_output.sampled_token_ids]
+        # the step's output columns, appended in the loop (`StepOutputs.add` inlined: this loop runs per sequence)
+        request_ids, indices, new_token_ids, infos = (outputs.request_ids, outputs.indices, outputs.new_token_ids,
+                                                      outputs.infos)
+        speculative, decode_steps, generated = self.num_speculative, 0, 0
         for seq_id, tokens, logprob in zip(runner_output.seq_ids, emitted, logprobs):
             seq = sequences.get(seq_id)
             if seq is None:  # finished (stop, abort) after this step was scheduled: its token is moot
@@ -425,9 +426,9 @@ class Scheduler:
             if grammar_ends and grammar_ends.get(seq_id) is not None:  # its grammar failed: it ends here, alone
                 self._finish(seq, FinishReason.ERROR, error=grammar_ends[seq_id])
                 continue
-            if self.num_speculative:
+            if speculative:
                 self._record_speculation(seq, tokens)
-            self.num_decode_steps += 1
+            decode_steps += 1
             if seq.timings.first_token is None:
                 seq.timings.first_token = now
             token_ids, reason, count = seq.token_ids, None, 0
@@ -446,18 +447,24 @@ class Scheduler:
                     reason = FinishReason.LENGTH
                 if reason is not None:  # a stop token or max_tokens among them: what follows is dropped
                     break
-            self.num_generation_tokens += count
-            row = outputs.add(seq.request_id, seq.index, tokens if count == len(tokens) else tokens[:count],
-                              seq.info or self._info(seq), reason)
+            generated += count
+            row = len(request_ids)
+            request_ids.append(seq.request_id)
+            indices.append(seq.index)
+            new_token_ids.append(tokens if count == len(tokens) else tokens[:count])
+            infos.append(seq.info or self._info(seq))
             if logprob is not None:
                 outputs.logprobs[row] = [logprob] * count
             if seq.prompt_logprobs is not None:  # with the first token
                 outputs.prompt_logprobs[row], seq.prompt_logprobs = seq.prompt_logprobs, None
             if reason is not None:
+                outputs.finish_reasons[row] = reason
                 stats = self.drafter.request_stats.get(seq.seq_id)
                 if stats is not None:
                     outputs.speculation[row] = stats
                 self._finish(seq, reason)
+        self.num_decode_steps += decode_steps
+        self.num_generation_tokens += generated
 
     def _record_speculation(self, seq: Sequence, tokens: list[int]) -> None:
         """A decoding sequence's step came back with ``tokens``: roll its computed tokens back to the accepted ones
