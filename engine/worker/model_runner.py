@@ -239,7 +239,9 @@ class ModelRunner:
             pad_to = graphs.padded_size(batch.num_rows)
         host = flatten(batch, self.cfg.block_size, pad_to)
         all_ids = batch.seq_ids
-        seq_ids = [all_ids[r] for r in host.sample_rows.tolist()]
+        # every row samples in a decode-only step: the rows' ids as they are
+        sample_rows = host.sample_rows
+        seq_ids = all_ids[:] if len(sample_rows) == len(all_ids) else [all_ids[r] for r in sample_rows.tolist()]
         work = _DeviceWork(host, pad_to, None, [], seq_ids, logits_processor, sched.kv_transfers,
                            state_restores=sched.state_restores, state_snapshots=sched.state_snapshots)
         if self.scoring:
@@ -315,7 +317,8 @@ class ModelRunner:
             if new.params.prompt_logprobs is not None:
                 self.scoring.add(new.seq_id, new.prompt_token_ids, new.params.prompt_logprobs)
         batch, seq_ids = self.batch, sched.seq_ids
-        batch.remove_all_but(set(seq_ids), set(sched.finished_seq_ids))
+        if batch.seq_ids != seq_ids:  # else the same sequences in the same rows as last step: nothing leaves
+            batch.remove_all_but(set(seq_ids), set(sched.finished_seq_ids))
         row_of = batch.row_of
         for seq_id, slot in sched.state_slots.items():  # (re)admitted: the slot its recurrent layers' state lives in
             self.sequences[seq_id].state_slot = slot

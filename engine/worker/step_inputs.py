@@ -54,15 +54,16 @@ def flatten(batch: InputBatch, block_size: int, pad_rows_to: int | None = None) 
     ends = np.cumsum(n, dtype=np.int32)
     total = int(ends[-1]) if rows else 0
     max_query_len = int(n.max()) if rows else 0
-    if max_query_len == 1:  # decode only: each row's one token at its next position
+    drafts = batch.num_drafts[:rows]
+    if max_query_len == 1:  # decode only (so no drafts): each row's one token at its next position
         row_of_token, positions = np.arange(rows, dtype=np.int32), start.copy()
+        known = batch.num_known[:rows]
     else:
         row_of_token = np.repeat(np.arange(rows, dtype=np.int32), n)
         positions = np.arange(total, dtype=np.int32) - np.repeat(ends - n, n) + start[row_of_token]
+        known = batch.num_known[row_of_token] + drafts[row_of_token]  # a row's drafts follow its known tokens
     input_ids = batch.token_ids[row_of_token, positions]
     slots = batch.block_table[row_of_token, positions // block_size] * block_size + positions % block_size
-    drafts = batch.num_drafts[:rows]
-    known = batch.num_known[row_of_token] + drafts[row_of_token]  # a row's drafts are written after its known tokens
     pending_dst = np.nonzero(positions >= known)[0].astype(np.int32)
     pending_src = batch.pending_src[row_of_token[pending_dst]]
     sample_rows = np.nonzero(batch.samples[:rows])[0].astype(np.int32)
