@@ -39,6 +39,7 @@ from engine.sampling_params import SamplingParams
 from engine.spec.verify import verify
 from engine.worker.step_inputs import DeviceInputs, HostInputs, flatten
 from engine.weights import load_weights, use_fp8_layers
+from kernels.cpu_linear import pack_linears
 from kernels.ops import fp8_gemm_supported, get_ops
 from kernels.attention_metadata import AttentionMetadata, StateBatch
 
@@ -159,6 +160,8 @@ class ModelRunner:
             random_weights_(model, cfg.seed)
         else:
             load_weights(model, model_dir, progress=tp.is_first)
+        if self.device.type == "cpu" and cfg.attention_backend == "cpu":
+            pack_linears(model)  # the native CPU op set: weights packed once, not by MKL on every call
         self.model = model.eval()
         self.kv_spec = model.kv_cache_spec()
         recurrent = self.kv_spec.recurrent is not None

@@ -1,0 +1,48 @@
+"""Packed CPU linears (kernels/cpu_linear.py): every plain linear layer of a model becomes a `PackedLinear` that
+computes what ``F.linear`` does, keeping the dense parameters (tied weights stay tied); other layers are left alone."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels import cpu_linear
+
+
+class QuantLinear(nn.Linear):
+    """Stands for an FP8 / quantized subclass: it computes differently, so packing must skip it."""
+
+
+def test_onednn_is_available_here() -> None:
+    """The project's torch builds have oneDNN: the CPU op set must not silently run unpacked."""
+    assert cpu_linear.available()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_model_matches_the_dense_one(dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    embed = nn.Embedding(97, 48)
+    model = nn.ModuleDict({"proj": nn.Linear(48, 80, bias=True), "head": nn.Linear(48, 97, bias=False),
+                           "quant": QuantLinear(48, 16), "embed": embed}).to(dtype)
+    model["head"].weight = model["embed"].weight  # tied, as in SmolLM2
+    x = torch.randn(5, 3, 48, dtype=dtype)
+    expected = {name: F.linear(x, model[name].weight, model[name].bias) for name in ("proj", "head")}
+
+    assert cpu_linear.pack_linears(model) == 2
+    assert isinstance(model["proj"], cpu_linear.PackedLinear) and isinstance(model["head"], cpu_linear.PackedLinear)
+    assert type(model["quant"]) is QuantLinear
+    assert model["head"].weight is model["embed"].weight
+    tol = {torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype]
+    with torch.inference_mode():
+        for name, want in expected.items():
+            got = model[name](x)
+            assert got.shape == want.shape and got.dtype == dtype
+            torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+        assert model["proj"](x[:0, 0]).shape == (0, 80)  # an empty batch (a step with no sampling rows)
+
+
+def test_kernels_off_leave_the_layers_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVSERVE_CPU_KERNELS", "0")
+    model = nn.Sequential(nn.Linear(8, 8))
+    assert cpu_linear.pack_linears(model) == 0 and type(model[0]) is nn.Linear
