@@ -39,6 +39,7 @@ class ThroughputResult:
     model: str
     hf_order: str
     tensor_parallel_size: int
+    threads: int
     num_seqs: int
     input_tokens: int
     output_tokens: int
@@ -107,12 +108,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hf-order", choices=("arrival", "output-length"), default="arrival",
                         help="how HF batches are formed: in arrival order, or sorted by output length (an oracle)")
     parser.add_argument("--skip-hf", action="store_true", help="measure kvserve only")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads for both sides (default: torch's, one per core; on a machine "
+                             "shared with other work, 1 avoids threads waiting at every op for a preempted partner)")
 
 
 def run(args: argparse.Namespace) -> dict:
     from engine.config import ModelConfig
     from engine.registry import resolve_model
 
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)  # process-wide: kvserve and HF run on the same pool
     vocab = ModelConfig.from_dir(resolve_model(args.model)).vocab_size
     work = ThroughputWorkload.random(args.num_seqs, args.min_len, args.max_len, vocab, args.seed)
     kv_s = run_kvserve(args.model, work, args)
@@ -122,6 +128,7 @@ def run(args: argparse.Namespace) -> dict:
         model=args.model,
         hf_order=args.hf_order,
         tensor_parallel_size=args.tensor_parallel_size,
+        threads=torch.get_num_threads(),
         num_seqs=args.num_seqs,
         input_tokens=sum(len(p) for p in work.prompts),
         output_tokens=out,
@@ -141,7 +148,8 @@ def run(args: argparse.Namespace) -> dict:
 
 def markdown_table(r: ThroughputResult) -> str:
     lines = [
-        f"{r.model}: {r.num_seqs} sequences, {r.input_tokens} input / {r.output_tokens} output tokens",
+        f"{r.model}: {r.num_seqs} sequences, {r.input_tokens} input / {r.output_tokens} output tokens, "
+        f"{r.threads} torch thread{'s' if r.threads > 1 else ''}",
         "",
         "| engine | time (s) | output tokens/s |",
         "|---|---:|---:|",
