@@ -33,6 +33,8 @@ class PackedLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight
         self.bias = linear.bias
+        if hasattr(linear, "sharding"):  # tensor parallelism: which part of the checkpoint it holds (memory accounting)
+            self.sharding = linear.sharding
         self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
