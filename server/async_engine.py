@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import sys
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
@@ -25,7 +24,6 @@ from server.metrics import Metrics
 
 __all__ = ["AsyncEngine", "EngineDeadError", "EngineRequest", "RequestStream"]
 T = TypeVar("T")
-SWITCH_INTERVAL_S = 0.0002  # how long a thread holds the GIL while another waits for it (`AsyncEngine.start`)
 
 
 class _StepDispatcher:
@@ -137,10 +135,6 @@ class AsyncEngine:
         self._dispatchers: dict[asyncio.AbstractEventLoop, _StepDispatcher] = {}  # one per event loop submitting
 
     def start(self) -> None:
-        # The engine thread gives the GIL up around every kernel and must win it back after each; while the event
-        # loop holds it, a waiting thread gets it only once the switch interval (5 ms by default) has passed, a
-        # stall per kernel. A short interval keeps the step's kernels back to back beside a busy event loop.
-        sys.setswitchinterval(SWITCH_INTERVAL_S)
         self._loop.start()
 
     def shutdown(self, timeout: float = 30.0) -> None:
