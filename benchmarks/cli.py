@@ -7,7 +7,7 @@ Adding a benchmark is one call in ``_register_all``: ``add_bench_command(name, h
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable
 
 from engine.config import EvictionPolicy, SchedulingPolicy
@@ -174,16 +174,23 @@ def _configure_sessions(p: argparse.ArgumentParser) -> None:
                    help="model of the engine run (a hybrid one, e.g. qwen3.6-tiny, keeps recurrent-state snapshots)")
     p.add_argument("--engine-blocks", type=int, default=320, help="device pool of the engine run, in blocks")
     p.add_argument("--engine-host-blocks", type=int, default=1200, help="host tier of the engine run, in blocks")
+    p.add_argument("--engine-sessions", type=int, default=16,
+                   help="sessions of the engine run (fewer, with --engine-turns, for a shorter run)")
+    p.add_argument("--engine-turns", type=int, default=5, help="turns per session in the engine run")
+    p.add_argument("--engine-snapshots", type=int, default=None,
+                   help="a hybrid model's recurrent-state snapshot slots in the engine run (default: the engine's "
+                        "--state-snapshot-fraction of the pool)")
     p.add_argument("--scale-pools", type=_ints, default=[6000, 12000, 24000, 36000],
                    help="device pools (16-token blocks) of the simulated 8B-class deployment, comma-separated")
 
 
 def _run_sessions(args: argparse.Namespace) -> dict:
-    from benchmarks.prefix.sessions_bench import SessionsOptions, run_sessions
+    from benchmarks.prefix.sessions_bench import ENGINE_PARAMS, SessionsOptions, run_sessions
 
     figures = run_sessions(SessionsOptions(
         seed=args.seed, tool_call_ttl_s=args.tool_call_ttl, engine=not args.no_engine, model=args.model,
-        engine_blocks=args.engine_blocks,
+        engine_params=replace(ENGINE_PARAMS, sessions=args.engine_sessions, turns=args.engine_turns),
+        engine_blocks=args.engine_blocks, engine_snapshots=args.engine_snapshots,
         engine_host_blocks=args.engine_host_blocks, scale_pools=tuple(args.scale_pools), out_dir=args.out_dir))
     print(open(figures["markdown"]).read())
     return figures

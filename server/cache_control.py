@@ -108,19 +108,38 @@ def breakpoint_pins(points: list[Breakpoint], prompt_text: str, prompt_ids: list
     return tuple(pins)
 
 
+# A character no template writes after a message's content: a conversation cut whose last message ends with it
+# shares the prompt exactly up to the end of that message's content.
+CONTENT_END = "\ue000"
+
+
+def _with_content_end(message: dict) -> dict:
+    content = message.get("content")
+    if isinstance(content, list):
+        return {**message, "content": [*content, {"type": "text", "text": CONTENT_END}]}
+    return {**message, "content": (content or "") + CONTENT_END}
+
+
 def snapshot_hints(messages: list[dict], tools: list[dict] | None, prompt_text: str, prompt_ids: list[int],
                    render: Render, encode: Callable[[str], list[int]]) -> tuple[int, ...]:
     """Hybrid models: the message boundaries (prompt token counts) where the recurrent state is worth a snapshot
     (engine/kv/snapshot_policy.py): the end of the leading system messages and the tools, where subagents and new
-    sessions branch off, and the start of the last user turn, which agents rewrite (Claude Code's reminders)."""
+    sessions branch off; the start of the last user turn, which agents rewrite (Claude Code's reminders); and the
+    end of that turn's content when messages other than replies follow it: a client retries a request by appending
+    to its last user message (Claude Code, after a reply with no visible output), so the retry branches off there,
+    before Claude Code's environment message. Where the user message ends the prompt, the prompt's end (a few tokens
+    on) is kept anyway; where a reply follows, the request is a later turn and its retry branches off near its end."""
     lead = 0
     while lead < len(messages) and messages[lead].get("role") in ("system", "developer"):
         lead += 1
     # The head cut ends with an empty user turn: some templates (Qwen3.6) render nothing without a user query, and
     # the shared text then runs to that turn's header, where every conversation with this head continues alike
     cuts = [[*messages[:lead], {"role": "user", "content": ""}]] if lead or tools else []
-    last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=0)
-    if last_user > lead:
-        cuts.append(messages[:last_user])
+    last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=None)
+    if last_user is not None:
+        if last_user > lead:
+            cuts.append(messages[:last_user])
+        if last_user < len(messages) - 1 and all(m.get("role") != "assistant" for m in messages[last_user:]):
+            cuts.append([*messages[:last_user], _with_content_end(messages[last_user])])
     hints = {shared_prefix_tokens(cut, tools, prompt_text, prompt_ids, render, encode) for cut in cuts}
     return tuple(sorted(hints - {0}))

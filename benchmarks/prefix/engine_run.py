@@ -27,6 +27,7 @@ class EngineSettings:
     scheduling_policy: SchedulingPolicy = SchedulingPolicy.FCFS
     max_tokens: int = 4  # generated tokens per request: prefill is what this benchmark measures
     kv_offload_gb: float = 0.0
+    num_state_snapshots: int | None = None  # hybrid models: None sizes the snapshot pool by the engine's fraction
 
 
 class VirtualClock:
@@ -46,7 +47,7 @@ def make_llm(settings: EngineSettings, enable_prefix_caching: bool = True, clock
         settings.model, clock=clock, block_size=settings.block_size, num_kv_blocks=settings.num_kv_blocks,
         max_num_batched_tokens=settings.max_num_batched_tokens, max_num_seqs=settings.max_num_seqs,
         enable_prefix_caching=enable_prefix_caching, scheduling_policy=settings.scheduling_policy,
-        kv_offload_gb=settings.kv_offload_gb,
+        kv_offload_gb=settings.kv_offload_gb, num_state_snapshots=settings.num_state_snapshots,
     )
 
 

@@ -5,7 +5,7 @@ vLLM's align mode and llama.cpp's checkpoints, simulated on the same token reque
 A hybrid model resumes a cached prefix only where a snapshot of its recurrent state exists, so each policy is
 "where are states kept" plus the block size it hashes with:
   - kvserve: 16-token blocks; snapshots at the server's message-boundary hints (end of system + tools, start of the
-    last user turn), the prompt's last full block, and the reply's last block boundary (engine/kv/snapshot_policy.py);
+    last user turn, end of its content before non-reply messages), the prompt's last full block, and the reply's last block boundary (engine/kv/snapshot_policy.py);
   - vLLM align mode: blocks of as many tokens as one layer's state takes in attention K/V (784 for Qwen3.6-27B), a
     state at every block boundary a step ends on: the prompt's last one (its prefill is aligned to it) and each one
     decoding crosses;

@@ -51,6 +51,7 @@ class SessionsOptions:
     engine_params: SessionsParams = ENGINE_PARAMS
     engine_blocks: int = 320  # the device pool in the engine run
     engine_host_blocks: int = 1200
+    engine_snapshots: int | None = None  # hybrid models: the snapshot pool (None: the engine's default fraction)
     max_num_seqs: int = 4
     max_tokens: int = 4  # generated per request in the engine run
     tool_call_ttl_s: float = 30.0
@@ -125,7 +126,8 @@ def run_engine(opts: SessionsOptions) -> list[dict]:
         clock = VirtualClock()
         host_gb = (opts.engine_host_blocks + 0.5) * costs.bytes_per_block / 2**30 if variant.host and costs else 0.0
         settings = EngineSettings(model=opts.model, num_kv_blocks=opts.engine_blocks, max_num_seqs=opts.max_num_seqs,
-                                  max_num_batched_tokens=16_384, max_tokens=opts.max_tokens, kv_offload_gb=host_gb)
+                                  max_num_batched_tokens=16_384, max_tokens=opts.max_tokens, kv_offload_gb=host_gb,
+                                  num_state_snapshots=opts.engine_snapshots)
         llm = make_llm(settings, clock=clock)
         try:
             costs = costs or measure_costs(llm)

@@ -3,7 +3,8 @@
 A snapshot costs as much memory as thousands of tokens of K/V (Qwen3.6-27B: 147 MiB, about 2,300 tokens), so a
 sequence keeps only a few, at the boundaries where later requests diverge from it:
   - hints: message boundaries the server passes (the end of the system prompt and tools, where subagents and new
-    sessions branch; the start of the last user turn, which clients rewrite);
+    sessions branch; the start of the last user turn, which clients rewrite; the end of its content when only
+    non-reply messages follow it, where a client's retry appends);
   - breakpoints: `cache_control` / named-cache pins (their prefix is meant to be reused);
   - prompt end: the last full block before the prompt's last token (a retry, n > 1, a next turn that drops the
     reply's thinking);

@@ -1,34 +1,31 @@
-"""The real agent clients against a hybrid model: OpenCode, Claude Code and Codex run the same two-turn session
+"""The real agent clients against a hybrid model: Claude Code, Codex and OpenCode run the same two-turn session
 against `kvserve serve --model qwen3.6-tiny` (Gated DeltaNet + gated attention: a prefix is resumable only where a
 recurrent-state snapshot exists) and against `--model qwen3-tiny` (a dense model: every cached block is a hit).
 The clients' request flows depend on the replies (noise from random weights), so the two runs need not send the
 same requests: request for request (`--record`), the hybrid model leaves at most one block more of each prompt to
 compute than a dense cache would on the very same requests (the engine's KV manager without states, replayed), and
 its last turn at most one block more than the dense model's last turn. The snapshot policy (message-boundary hints,
-prompt end, reply end) loses nothing an agent reuses. Slow: six servers and six agent sessions of 8-12k-token
-prompts on CPU."""
+prompt end, reply end) loses nothing an agent reuses.
+
+Slow tier: two servers and two agent sessions of 8-12k-token prompts per client, 2.5-3 minutes a client on two
+shared cores. Claude Code and Codex are CI's pinned clients (tests/clients/harness.py: missing, they skip here and
+fail in CI). OpenCode is not in that set, so its case is opt-in (KVSERVE_HYBRID_CLIENTS=1 installs it on first use):
+CI would download its ~350 MB of binaries and spend another ~3 minutes for a third wire path the server tests
+already cover (chat completions)."""
 from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
-import sys
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from engine.block_hashing import BlockHasher
 from engine.kv_cache import KVCacheManager
-from tests.clients.test_agent_clients import CLIENTS, CODEX_CONFIG, GRAMMAR_WAIT, _run, clients_dir
+from tests.clients.harness import CLIENTS, CODEX_CONFIG, clients_dir, installed_bins, run_client, serve
 
-# About 5 minutes per client on two cores: run on demand (KVSERVE_HYBRID_CLIENTS=1), not in every suite run.
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.environ.get("KVSERVE_HYBRID_CLIENTS") != "1",
-                                                   reason="set KVSERVE_HYBRID_CLIENTS=1 to run the agents against "
-                                                          "qwen3.6-tiny (about 5 minutes per client)")]
+pytestmark = pytest.mark.slow
 BLOCK = 16
 OPENCODE = "opencode-ai@1.18.33"
 OPENCODE_CONFIG = {
@@ -40,9 +37,11 @@ OPENCODE_CONFIG = {
 }
 
 
-@pytest.fixture(scope="module")
-def bins() -> Path:
-    """Claude Code, Codex (the pinned versions of tests/clients) and OpenCode, installed on first use."""
+def opencode_bins() -> Path:
+    """OpenCode beside the pinned clients, installed on first use (opt-in: KVSERVE_HYBRID_CLIENTS=1)."""
+    if os.environ.get("KVSERVE_HYBRID_CLIENTS") != "1":
+        pytest.skip(f"OpenCode is not among CI's pinned clients: set KVSERVE_HYBRID_CLIENTS=1 to install {OPENCODE} "
+                    "and run it against qwen3.6-tiny (about 3 minutes)")
     prefix = clients_dir() / "with-opencode"
     wanted = json.dumps(sorted([*CLIENTS.values(), OPENCODE]))
     stamp = prefix / "pinned.json"
@@ -54,45 +53,25 @@ def bins() -> Path:
     return prefix / "node_modules" / ".bin"
 
 
-@contextmanager
-def serve(model: str, record: Path) -> Iterator[str]:
-    log = record.with_suffix(".log")
-    with log.open("w") as sink:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "server.cli", "serve", "--model", model, "--port", "0", "--max-model-len", "40960",
-             "--max-output-tokens", "16", "--num-kv-blocks", "8192", "--block-size", str(BLOCK), "--record",
-             str(record), "--log-level", "warning", *GRAMMAR_WAIT],
-            stdout=subprocess.DEVNULL, stderr=sink, text=True)
-    try:
-        deadline = time.monotonic() + 300
-        while not (found := re.search(r"serving \S+ at (http://127\.0\.0\.1:\d+)/v1", log.read_text())):
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.5)
-        yield found.group(1)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
-
-
 def _session(client: str, bins: Path, url: str, model: str, home: Path) -> None:
     """Two turns of one session, as tests/clients runs them (and OpenCode as the README does)."""
     if client == "claude":
         env = {"ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": "unused"}
         command = [str(bins / "claude"), "--model", model, "--output-format", "json", "-p"]
-        _run([*command, "What is in this directory?"], home, env)
-        _run([str(bins / "claude"), "-c", *command[1:], "And now?"], home, env)
+        run_client([*command, "What is in this directory?"], home, env)
+        run_client([str(bins / "claude"), "-c", *command[1:], "And now?"], home, env)
     elif client == "codex":
         (home / ".codex").mkdir(parents=True, exist_ok=True)
-        (home / ".codex" / "config.toml").write_text(CODEX_CONFIG.format(url=url).replace("qwen3-tiny", model))
+        (home / ".codex" / "config.toml").write_text(CODEX_CONFIG.format(url=url, model=model))
         command = [str(bins / "codex"), "exec", "--json", "--skip-git-repo-check"]
-        _run([*command, "What is in this directory?"], home, {"KVSERVE_API_KEY": "unused"})
-        _run([*command, "resume", "--last", "And now?"], home, {"KVSERVE_API_KEY": "unused"})
+        run_client([*command, "What is in this directory?"], home, {"KVSERVE_API_KEY": "unused"})
+        run_client([*command, "resume", "--last", "And now?"], home, {"KVSERVE_API_KEY": "unused"})
     else:
         config = json.dumps(OPENCODE_CONFIG).replace("{url}", url).replace("{model}", model)
         (home / "project").mkdir(parents=True, exist_ok=True)
         (home / "project" / "opencode.json").write_text(config)
-        _run([str(bins / "opencode"), "run", "What is in this directory?"], home, {})
-        _run([str(bins / "opencode"), "run", "--continue", "And now?"], home, {})
+        run_client([str(bins / "opencode"), "run", "What is in this directory?"], home, {})
+        run_client([str(bins / "opencode"), "run", "--continue", "And now?"], home, {})
 
 
 def _rows(record: Path) -> list[dict]:
@@ -120,15 +99,13 @@ def _dense_uncached(rows: list[dict]) -> list[int]:
     return uncached
 
 
-# Measured 2026-12-01: Codex and OpenCode pass (OpenCode once tests/clients set PWD); Claude Code's retry request (one
-# more content part on its first user message) reads 144 tokens less than a dense cache would, kept here as the check
-# to pass (docs/HYBRID_CACHE.md says why and what would fix it).
-@pytest.mark.parametrize("client", ["codex", "claude", "opencode"])
-def test_hybrid_model_reads_the_cache_as_the_dense_one(client: str, bins: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("client", ["claude", "codex", "opencode"])
+def test_hybrid_model_reads_the_cache_as_the_dense_one(client: str, tmp_path: Path) -> None:
+    bins = opencode_bins() if client == "opencode" else installed_bins()
     rows = {}
     for model in ("qwen3-tiny", "qwen3.6-tiny"):
         record = tmp_path / f"{model}.jsonl"
-        with serve(model, record) as url:
+        with serve(model, record.with_suffix(".log"), "--block-size", str(BLOCK), "--record", str(record)) as url:
             _session(client, bins, url, model, tmp_path / model)
         rows[model] = _rows(record)
     hybrid, dense = _uncached(rows["qwen3.6-tiny"]), _uncached(rows["qwen3-tiny"])

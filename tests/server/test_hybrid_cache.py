@@ -60,6 +60,36 @@ def test_next_turn_resumes_where_a_snapshot_is(hybrid_server: LiveServer) -> Non
     assert second.usage.prompt_tokens_details.cached_tokens >= min(expected, reused // bs * bs) >= prompt_end
 
 
+def test_a_retry_appending_to_the_last_user_message_reads_what_a_dense_cache_would(hybrid_server: LiveServer) -> None:
+    """Claude Code's retry after a reply with no visible output: the same request with one more text part on its last
+    user message, which an environment message follows. It branches off the first request at the end of that
+    message's content, so a snapshot must be there (the server hints it): the retry reads the shared prefix's full
+    blocks, as a dense cache would."""
+    bs = hybrid_server.ctx.engine.engine.cfg.block_size
+    tools = [{"name": "Read", "description": "Read a file of the project.",
+              "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}]
+    reminder = ("<system-reminder>\nEnd git commit messages with a Co-Authored-By line naming the agent, and pull "
+                "request descriptions with a generated-by line; the user's own instructions take precedence.\n"
+                "</system-reminder>\n")
+    environment = {"role": "system", "content": "# Environment\n - Primary working directory: /tmp/project\n - Is a "
+                                                "git repository: false\n - Platform: linux\nToday's date is 2026-12-01."}
+    system = f"You are a coding agent in session {uuid.uuid4()}. Be brief."
+
+    def ask(question: list[dict]) -> tuple[int, list[int]]:
+        message = hybrid_server.anthropic().messages.create(
+            model=hybrid_server.ctx.model_name, max_tokens=2, system=system, tools=tools,
+            messages=[{"role": "user", "content": [{"type": "text", "text": reminder}, *question]}, environment],
+            extra_body={"temperature": 0})
+        return message.usage.cache_read_input_tokens, hybrid_server.last_record()["prompt_token_ids"]
+
+    _, first = ask([{"type": "text", "text": "What is in this directory?"}])
+    read, retry = ask([{"type": "text", "text": "What is in this directory?\n"},
+                       {"type": "text", "text": "[Your previous response had no visible output. Please continue.]"}])
+    shared = _common_prefix(first, retry)
+    assert len(retry) - shared > 2 * bs  # the environment message follows the branch point
+    assert read == shared // bs * bs
+
+
 def test_an_image_gets_a_clear_400(hybrid_server: LiveServer) -> None:
     with pytest.raises(openai.BadRequestError, match="text only"):
         hybrid_server.chat(messages=[{"role": "user", "content": [
