@@ -61,6 +61,7 @@ def agent_sessions(params: SessionsParams) -> list[TokenRequest]:
                 request_id=f"s{s}-t{turn}", session=f"s{s}", prompt=list(prompt),
                 output=tokens(rng.randint(*params.reply_tokens)), parent=parent, turn=turn,
                 arrival=start if parent is None else 0, think_s=gap, ends_in_tool_call=tool_call, pins=pins,
+                snapshot_hints=(params.shared_tokens,),  # where the server hints a hybrid model's snapshot
             )
             by_turn[turn].append(request)
             prompt = prompt + request.output + tokens(rng.randint(*params.result_tokens))

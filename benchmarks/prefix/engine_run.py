@@ -131,7 +131,8 @@ def replay_schedule(llm, clock: VirtualClock, requests: Sequence[TokenRequest], 
         batch = [by_id[res.request_id] for res in step]
         clock.now = step[0].start
         holds = [ttl + res.step_s if r.ends_in_tool_call and ttl else 0.0 for r, res in zip(batch, step)]
-        retention = [Retention(r.pins, hold) if r.pins or hold else None for r, hold in zip(batch, holds)]
+        retention = [Retention(r.pins, hold, r.snapshot_hints) if r.pins or hold or r.snapshot_hints else None
+                     for r, hold in zip(batch, holds)]
         outs = llm.generate([r.prompt for r in batch], params, cache_salt=[r.salt for r in batch],
                             retention=retention)
         for r, out in zip(batch, outs):

@@ -7,10 +7,10 @@ compute than a dense cache would on the very same requests (the engine's KV mana
 its last turn at most one block more than the dense model's last turn. The snapshot policy (message-boundary hints,
 prompt end, reply end) loses nothing an agent reuses.
 
-Slow tier: two servers and two agent sessions of 8-12k-token prompts per client, 2.5-3 minutes a client on two
-shared cores. Claude Code and Codex are CI's pinned clients (tests/clients/harness.py: missing, they skip here and
+Slow tier: two servers and two agent sessions of 8-12k-token prompts per client: 116-207 s a client on two cores
+at load 16-18, about 60 s of CPU. Claude Code and Codex are CI's pinned clients (tests/clients/harness.py: missing, they skip here and
 fail in CI). OpenCode is not in that set, so its case is opt-in (KVSERVE_HYBRID_CLIENTS=1 installs it on first use):
-CI would download its ~350 MB of binaries and spend another ~3 minutes for a third wire path the server tests
+CI would download its ~350 MB of binaries and spend another ~3 minutes on a third wire path the server tests
 already cover (chat completions)."""
 from __future__ import annotations
 
