@@ -9,9 +9,10 @@ import pytest
 
 from benchmarks.prefix.agent_sessions import SessionsParams, agent_sessions
 from benchmarks.prefix.engine_run import EngineSettings, VirtualClock, make_llm, replay_schedule
-from benchmarks.prefix.sessions_bench import VARIANTS, bytes_per_block, variant_config
+from benchmarks.prefix.sessions_bench import VARIANTS, Variant, bytes_per_block, variant_config
 from benchmarks.prefix.simulator import CostModel, SimConfig, simulate
 from benchmarks.prefix.trace import TokenRequest
+from engine.outputs import SchedulerStats
 
 SMALL = SessionsParams(sessions=6, turns=4, shared_tokens=320, task_tokens=80, result_tokens=(40, 160),
                        reply_tokens=(10, 30), tool_gap_median_s=6.0, start_window_s=20.0, seed=5)
@@ -56,26 +57,32 @@ def test_host_tier_recovers_what_the_device_pool_lost():
     assert sum(r.restored_blocks[0] for r in host.results) > 0
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
-def test_engine_replay_matches_the_simulator_request_for_request(variant):
+def _replay(variant: Variant, model: str = "qwen3-tiny", **engine) -> tuple[list[tuple[int, int]], SchedulerStats]:
+    """SMALL replayed through ``model``'s engine on the simulator's schedule under pressure: per request (simulated
+    cached tokens, the engine's), and the engine's stats."""
     requests = agent_sessions(SMALL)
     clock = VirtualClock()
-    settings = EngineSettings(num_kv_blocks=90, max_num_seqs=4, max_num_batched_tokens=8192, max_tokens=4,
-                              kv_offload_gb=400.5 * 8192 / 2**30 if variant.host else 0.0)
+    settings = EngineSettings(model=model, num_kv_blocks=90, max_num_seqs=4, max_num_batched_tokens=8192,
+                              max_tokens=4, kv_offload_gb=400.5 * 8192 / 2**30 if variant.host else 0.0, **engine)
     llm = make_llm(settings, clock=clock)
     try:
         assert bytes_per_block(llm) == COSTS.bytes_per_block
         base = SimConfig(block_size=16, max_num_seqs=4, num_kv_blocks=90, engine_max_tokens=4, commit_outputs=False,
-                         costs=COSTS, model_id="qwen3-tiny")
+                         costs=COSTS, model_id=model)
         sim = simulate(requests, variant_config(base, variant, 30.0, llm.stats.kv_host_blocks_total))
         run = replay_schedule(llm, clock, requests, sim, max_tokens=4)
-        engine = {r.request_id: r.cached_tokens for r in run.results}
-        assert [engine[r.request_id] for r in sim.results] == [r.cached_tokens for r in sim.results]
-        stats = llm.stats
-        assert stats.preemptions == 0 and stats.prefix_cache_evictions > 0  # under pressure, without preemption
-        assert (stats.prefix_cache_host_hits_tokens > 0) == variant.host
+        engine_cached = {r.request_id: r.cached_tokens for r in run.results}
+        return [(r.cached_tokens, engine_cached[r.request_id]) for r in sim.results], llm.stats
     finally:
         llm.close()
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
+def test_engine_replay_matches_the_simulator_request_for_request(variant):
+    cached, stats = _replay(variant)
+    assert all(sim == engine for sim, engine in cached), cached
+    assert stats.preemptions == 0 and stats.prefix_cache_evictions > 0  # under pressure, without preemption
+    assert (stats.prefix_cache_host_hits_tokens > 0) == variant.host
 
 
 @pytest.mark.slow
@@ -83,21 +90,6 @@ def test_hybrid_engine_replay_reads_within_a_block_of_the_dense_simulator():
     """qwen3.6-tiny resumes only at recurrent-state snapshots (the shared head, where the server hints one; prompt
     ends; reply ends): under pressure, with a host tier and session holds, each request reads at most one block less
     than the dense simulator's cache (`kvserve bench sessions --model qwen3.6-tiny`)."""
-    variant = VARIANTS[-1]  # + both
-    requests = agent_sessions(SMALL)
-    clock = VirtualClock()
-    settings = EngineSettings(model="qwen3.6-tiny", num_kv_blocks=90, max_num_seqs=4, max_num_batched_tokens=8192,
-                              max_tokens=4, kv_offload_gb=400.5 * 8192 / 2**30, num_state_snapshots=16)
-    llm = make_llm(settings, clock=clock)
-    try:
-        assert bytes_per_block(llm) == COSTS.bytes_per_block
-        base = SimConfig(block_size=16, max_num_seqs=4, num_kv_blocks=90, engine_max_tokens=4, commit_outputs=False,
-                         costs=COSTS, model_id="qwen3.6-tiny")
-        sim = simulate(requests, variant_config(base, variant, 30.0, llm.stats.kv_host_blocks_total))
-        run = replay_schedule(llm, clock, requests, sim, max_tokens=4)
-        engine = {r.request_id: r.cached_tokens for r in run.results}
-        lost = [r.cached_tokens - engine[r.request_id] for r in sim.results]
-        assert all(0 <= n <= 16 for n in lost), lost
-        assert sum(engine.values()) > 0.5 * sum(r.cached_tokens for r in sim.results)
-    finally:
-        llm.close()
+    cached, _ = _replay(VARIANTS[-1], "qwen3.6-tiny", num_state_snapshots=16)  # + both
+    assert all(0 <= sim - engine <= 16 for sim, engine in cached), cached
+    assert sum(engine for _, engine in cached) > 0.5 * sum(sim for sim, _ in cached)
