@@ -93,6 +93,7 @@ class StopStringMatcher:
         self._max_hold = max((len(stop) for stop in stops), default=1) - 1
         self._held = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that was hit
 
     def feed(self, text_delta: str) -> tuple[str, bool]:
         """Return (text safe to emit now, whether a stop string was hit); after a hit, nothing more is emitted."""
@@ -113,13 +114,16 @@ class StopStringMatcher:
         return "" if self.stopped else released
 
     def _first_stop(self, text: str) -> int | None:
-        """Start index of the stop string that ends earliest in text, or None."""
-        best: tuple[int, int] | None = None  # (end, start)
+        """Start index of the stop string that ends earliest in text (remembered in `matched`), or None."""
+        best: tuple[int, int, str] | None = None  # (end, start, stop)
         for stop in self._stops:
             start = text.find(stop)  # the first occurrence of a string also ends first
-            if start >= 0 and (best is None or (start + len(stop), start) < best):
-                best = (start + len(stop), start)
-        return None if best is None else best[1]
+            if start >= 0 and (best is None or (start + len(stop), start) < best[:2]):
+                best = (start + len(stop), start, stop)
+        if best is None:
+            return None
+        self.matched = best[2]
+        return best[1]
 
     def _partial_stop_suffix(self, text: str) -> int:
         """Length of the longest suffix of text that is a proper prefix of some stop string."""

@@ -24,6 +24,7 @@ class CompletionOutput:
     logprobs: list[TokenLogprobs | None] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     prompt_logprobs: list[TokenLogprobs | None] | None = None  # `SamplingParams.prompt_logprobs` (index 0)
+    stop_str: str | None = None  # the stop string that ended it
 
     def add(self, out: SequenceOutput) -> None:
         self.token_ids += out.new_token_ids
@@ -33,6 +34,7 @@ class CompletionOutput:
             self.prompt_logprobs = out.prompt_logprobs
         if out.finished:
             self.finish_reason = out.finish_reason
+            self.stop_str = out.stop_str
 
 
 @dataclass
@@ -101,7 +103,7 @@ class OutputProcessor:
             if seq.stops is not None:
                 text, hit = seq.stops.feed(text)
                 if hit:
-                    out.new_text, out.finish_reason = text, FinishReason.STOP
+                    out.new_text, out.finish_reason, out.stop_str = text, FinishReason.STOP, seq.stops.matched
                     return True
         if out.finished:  # release text held back for a possible stop string or a partial character
             tail = seq.detok.flush()
@@ -111,4 +113,5 @@ class OutputProcessor:
             else:
                 text += tail
         out.new_text = text
+        out.stop_str = seq.stops.matched if seq.stops is not None else None
         return False

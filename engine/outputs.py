@@ -319,6 +319,7 @@ class SequenceOutput:
     num_host_cached_tokens: int = 0  # of num_cached_tokens, restored from the host tier
     num_disk_cached_tokens: int = 0  # ... and from the disk tier
     speculation: DraftStats | None = None  # speculative decoding: the sequence's counters, on its last output
+    stop_str: str | None = None  # the stop string that ended it (set by the output processor, which matches them)
 
     @property
     def finished(self) -> bool:

@@ -11,13 +11,15 @@ import gc
 import hmac
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import datetime, timezone
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from server.anthropic_protocol import (
@@ -26,13 +28,21 @@ from server.anthropic_protocol import (
     anthropic_error_body,
     anthropic_error_event,
 )
+from server.async_engine import RequestStream
 from server.cache_salt import effective_salt, tenant_salt
 from server.caches_api import add_cache_routes
 from server.chat import complete_chat, plan_chat, render_chat, stream_chat
 from server.completions import complete_text, plan_completion, stream_text
 from server.context import ServingContext
-from server.generation import submit
-from server.http_io import Draining, EngineStreamingResponse, parse_body, read_json, until_disconnect
+from server.generation import Prompt, submit
+from server.http_io import (
+    Draining,
+    EngineStreamingResponse,
+    openai_error_event,
+    parse_body,
+    read_json,
+    until_disconnect,
+)
 from server.inspector.routes import add_inspector_routes
 from server.messages import complete_messages, count_tokens, plan_messages, stream_messages
 from server.named_caches import CreateCacheRequest
@@ -51,6 +61,8 @@ from server.router_api import add_router_routes
 from server.session import prompt_cache_key_session
 
 log = logging.getLogger("kvserve.server")
+M = TypeVar("M", bound=BaseModel)  # an API's request model
+P = TypeVar("P")  # its plan
 
 
 ANTHROPIC_PREFIX = "/v1/messages"
@@ -142,73 +154,65 @@ def create_app(ctx: ServingContext) -> FastAPI:
         tenant = tenant_salt(request.state.api_key)
         return effective_salt(tenant, requested, ctx.settings.allow_request_cache_salt)
 
-    @api.post("/v1/chat/completions", openapi_extra=request_body(ChatCompletionRequest))
-    async def chat_completions(request: Request) -> Response:
+    async def generate(
+        request: Request, api_model: type[M], plan: Callable[[M, dict[str, Any]], P],
+        prompts: Callable[[P], list[Prompt]], complete: Callable[[P, RequestStream], Awaitable[dict[str, Any]]],
+        events: Callable[[P, RequestStream], AsyncIterator[str]],
+        error_event: Callable[[APIError], str] = openai_error_event,
+    ) -> Response:
+        """The one route handler of the generating APIs: body -> the API's request -> its plan (prepared off the
+        event loop) -> the engine -> one JSON body, or SSE events in the API's shape (`error_event` once the 200 is
+        out). A client that leaves, at any point, aborts what it started."""
         body = await read_json(request, ctx.settings.limits)
-        req = parse_body(ChatCompletionRequest, body)
-        plan = await until_disconnect(request, ctx.prepare(
-            plan_chat, ctx, req, body, salt_for(request, req.cache_salt), int(time.time()),
-            session=prompt_cache_key_session(req.prompt_cache_key, request.headers)))
-        stream = await until_disconnect(request, submit(ctx, [plan.prompt]))
+        req = parse_body(api_model, body)
+        planned = await until_disconnect(request, ctx.prepare(plan, req, body))
+        stream = await until_disconnect(request, submit(ctx, prompts(planned)))
         if req.stream:
-            return EngineStreamingResponse(stream_chat(ctx, plan, stream), on_close=stream.abort)
+            return EngineStreamingResponse(events(planned, stream), on_close=stream.abort, error_event=error_event)
         try:
-            return JSONResponse(await until_disconnect(request, complete_chat(ctx, plan, stream)))
+            return JSONResponse(await until_disconnect(request, complete(planned, stream)))
         finally:
             stream.abort()  # no-op once finished; covers a cancellation before the work started
+
+    @api.post("/v1/chat/completions", openapi_extra=request_body(ChatCompletionRequest))
+    async def chat_completions(request: Request) -> Response:
+        return await generate(
+            request, ChatCompletionRequest,
+            lambda req, body: plan_chat(ctx, req, body, salt_for(request, req.cache_salt), int(time.time()),
+                                        session=prompt_cache_key_session(req.prompt_cache_key, request.headers)),
+            lambda plan: [plan.prompt], partial(complete_chat, ctx), partial(stream_chat, ctx))
 
     @api.post("/v1/messages", openapi_extra=request_body(MessagesRequest))
     async def messages(request: Request) -> Response:
         """Anthropic Messages (Claude Code also sends `?beta=true`, which changes nothing here)."""
-        body = await read_json(request, ctx.settings.limits)
-        req = parse_body(MessagesRequest, body)
-        plan = await until_disconnect(request, ctx.prepare(plan_messages, ctx, req, body, salt_for(request, None),
-                                                           request.headers))
-        stream = await until_disconnect(request, submit(ctx, [plan.prompt]))
-        if req.stream:
-            return EngineStreamingResponse(stream_messages(ctx, plan, stream), on_close=stream.abort,
-                                           error_event=anthropic_error_event)
-        try:
-            return JSONResponse(await until_disconnect(request, complete_messages(ctx, plan, stream)))
-        finally:
-            stream.abort()
+        return await generate(
+            request, MessagesRequest,
+            lambda req, body: plan_messages(ctx, req, body, salt_for(request, None), request.headers),
+            lambda plan: [plan.prompt], partial(complete_messages, ctx), partial(stream_messages, ctx),
+            anthropic_error_event)
 
     responses_store = ResponseStore()
 
     @api.post("/v1/responses", openapi_extra=request_body(ResponsesRequest))
     async def responses(request: Request) -> Response:
         """OpenAI Responses, stateless unless `store` (then `previous_response_id` can continue it)."""
-        body = await read_json(request, ctx.settings.limits)
-        req = parse_body(ResponsesRequest, body)
-        plan = await until_disconnect(request, ctx.prepare(plan_response, ctx, req, body, salt_for(request, None),
-                                                           responses_store, request.headers))
-        stream = await until_disconnect(request, submit(ctx, [plan.chat.prompt]))
-        if req.stream:
-            return EngineStreamingResponse(stream_response(ctx, plan, stream, responses_store), on_close=stream.abort,
-                                           error_event=responses_error_event)
-        try:
-            return JSONResponse(await until_disconnect(request, complete_response(ctx, plan, stream, responses_store)))
-        finally:
-            stream.abort()
+        return await generate(
+            request, ResponsesRequest,
+            lambda req, body: plan_response(ctx, req, body, salt_for(request, None), responses_store, request.headers),
+            lambda plan: [plan.chat.prompt], lambda plan, stream: complete_response(ctx, plan, stream, responses_store),
+            lambda plan, stream: stream_response(ctx, plan, stream, responses_store), responses_error_event)
+
+    @api.post("/v1/completions", openapi_extra=request_body(CompletionRequest))
+    async def completions(request: Request) -> Response:
+        return await generate(
+            request, CompletionRequest,
+            lambda req, body: plan_completion(ctx, req, body, salt_for(request, req.cache_salt), int(time.time())),
+            lambda plan: plan.prompts, partial(complete_text, ctx), partial(stream_text, ctx))
 
     @api.post("/v1/messages/count_tokens", openapi_extra=request_body(CountTokensRequest))
     async def messages_count_tokens(request: Request) -> dict[str, int]:
         body = await read_json(request, ctx.settings.limits)
         return await ctx.prepare(count_tokens, ctx, parse_body(CountTokensRequest, body), salt_for(request, None))
-
-    @api.post("/v1/completions", openapi_extra=request_body(CompletionRequest))
-    async def completions(request: Request) -> Response:
-        body = await read_json(request, ctx.settings.limits)
-        req = parse_body(CompletionRequest, body)
-        plan = await until_disconnect(request, ctx.prepare(plan_completion, ctx, req, body,
-                                                           salt_for(request, req.cache_salt), int(time.time())))
-        stream = await until_disconnect(request, submit(ctx, plan.prompts))
-        if req.stream:
-            return EngineStreamingResponse(stream_text(ctx, plan, stream), on_close=stream.abort)
-        try:
-            return JSONResponse(await until_disconnect(request, complete_text(ctx, plan, stream)))
-        finally:
-            stream.abort()
 
     def model_card(request: Request) -> dict[str, Any]:
         """OpenAI's model object, or Anthropic's for clients that send `anthropic-version`."""

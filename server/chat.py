@@ -3,7 +3,7 @@ and `response_format`; engine output -> assistant message (reasoning and tool-ca
 as SSE chunks.
 
 `plan_chat` is also how `/v1/messages` and `/v1/responses` reach the engine: they convert their requests into a
-`ChatCompletionRequest` (the internal chat form) and format `server.chat_stream.parsed_updates` their own way.
+`ChatCompletionRequest` (the internal chat form) and format `server.pipeline.parsed_updates` their own way.
 The engine detokenizes with special tokens kept, so tool-call and thinking markers reach the parsers; the parsers
 are split-independent, so the streamed deltas concatenate to the non-streamed message (except for a call the output
 cuts off: streamed, its arguments are closed into valid JSON; not streamed, it is dropped).
@@ -16,9 +16,9 @@ from typing import Any
 
 from server.async_engine import EngineRequest, RequestStream
 from server.cache_control import Breakpoint, breakpoint_pins, chat_breakpoints, snapshot_hints
-from server.chat_stream import ChoiceState, choice_states, parsed_updates
+from server.pipeline import ChoiceState, choice_states, parsed_updates
 from server.context import ServingContext, new_request_id
-from server.generation import Prompt, record, usage
+from server.generation import Prompt, Usage, record
 from server.limits import check_request
 from server.logprobs import chat_logprobs, vllm_prompt_logprobs
 from server.normalize import normalize_for_cache
@@ -204,7 +204,7 @@ async def complete_chat(ctx: ServingContext, plan: ChatPlan, stream: RequestStre
         "model": ctx.model_name,
         "system_fingerprint": ctx.instance_id,
         "choices": choices,
-        "usage": usage([plan.prompt], sum(len(s.choice.token_ids) for s in states)),
+        "usage": Usage.of([plan.prompt], sum(len(s.choice.token_ids) for s in states)).openai(),
     }
     if plan.req.prompt_logprobs is not None:  # vLLM's extension, in vLLM's shape
         scored = plan.prompt.first_choice.prompt_logprobs
@@ -245,5 +245,5 @@ async def stream_chat(ctx: ServingContext, plan: ChatPlan, stream: RequestStream
     finally:
         record_plan(ctx, plan)
     if include_usage:
-        yield chunk([], usage([plan.prompt], sum(len(s.choice.token_ids) for s in states)))
+        yield chunk([], Usage.of([plan.prompt], sum(len(s.choice.token_ids) for s in states)).openai())
     yield SSE_DONE

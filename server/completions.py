@@ -15,7 +15,7 @@ from typing import Any
 from engine.output_processor import CompletionOutput
 from server.async_engine import EngineRequest, RequestStream
 from server.context import ServingContext, new_request_id
-from server.generation import Prompt, outputs, record, usage
+from server.generation import Prompt, Usage, outputs, record
 from server.limits import check_request
 from server.logprobs import completion_logprobs, echoed_logprobs, vllm_prompt_logprobs
 from server.parsing.constraint import ConstraintError, completion_constraint
@@ -122,7 +122,7 @@ async def complete_text(ctx: ServingContext, plan: CompletionPlan, stream: Reque
         }
         for index, choice in enumerate(choices)
     ]
-    return _response(ctx, plan, body, usage=usage(plan.prompts, sum(len(c.token_ids) for c in choices)))
+    return _response(ctx, plan, body, usage=Usage.of(plan.prompts, sum(len(c.token_ids) for c in choices)).openai())
 
 
 async def stream_text(ctx: ServingContext, plan: CompletionPlan, stream: RequestStream) -> AsyncIterator[str]:
@@ -158,5 +158,5 @@ async def stream_text(ctx: ServingContext, plan: CompletionPlan, stream: Request
     finally:
         record(ctx, "completions", plan.body, plan.prompts)
     if include_usage:
-        yield chunk([], usage(plan.prompts, sum(len(c.token_ids) for c in choices)))
+        yield chunk([], Usage.of(plan.prompts, sum(len(c.token_ids) for c in choices)).openai())
     yield SSE_DONE

@@ -47,14 +47,57 @@ class Prompt:
                 self.speculation = out.speculation
 
 
-def usage(prompts: list[Prompt], completion_tokens: int) -> dict[str, Any]:
-    prompt_tokens = sum(len(p.request.prompt_token_ids) for p in prompts)
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": sum(p.num_cached_tokens for p in prompts)},
-    }
+@dataclass(frozen=True)
+class Usage:
+    """A response's token counts, API-neutral; each API formats them its own way."""
+
+    prompt_tokens: int
+    cached_tokens: int  # of the prompt, served by the prefix cache
+    completion_tokens: int
+
+    @classmethod
+    def of(cls, prompts: list[Prompt], completion_tokens: int) -> Usage:
+        return cls(sum(len(p.request.prompt_token_ids) for p in prompts), sum(p.num_cached_tokens for p in prompts),
+                   completion_tokens)
+
+    def openai(self) -> dict[str, Any]:
+        """Chat and text completions' `usage`."""
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        }
+
+    def responses(self) -> dict[str, Any]:
+        return {
+            "input_tokens": self.prompt_tokens, "input_tokens_details": {"cached_tokens": self.cached_tokens},
+            "output_tokens": self.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+        }
+
+    def anthropic(self, pinned_tokens: int, block_size: int) -> dict[str, int]:
+        """Anthropic's split of the prompt, which sums to it: `cache_read_input_tokens` (served by the cache),
+        `cache_creation_input_tokens` (written at a `cache_control` breakpoint: the tokens up to the last breakpoint,
+        ``pinned_tokens``, that were not read) and `input_tokens` (the rest). As Anthropic reports them: a prefix up
+        to the last breakpoint that the cache holds is read whole (an identical repeat creates 0), although kvserve
+        recomputes the part of it in its last, partly filled block (only full blocks are shared); a breakpoint
+        prefix shorter than one block is never cached (as below Anthropic's minimum length): neither read nor
+        written. Without breakpoints, what every request's full blocks gave is read, and nothing is written: only a
+        breakpoint's pin counts as a cache write."""
+        prompt, cached, pinned = self.prompt_tokens, self.cached_tokens, pinned_tokens
+        cacheable = min(pinned, prompt - 1) // block_size * block_size  # the breakpoint prefix's whole blocks
+        read, created = cached, 0
+        if cacheable and cached >= cacheable:
+            read = max(cached, pinned)
+        elif cacheable:
+            created = pinned - cached
+        return {
+            "input_tokens": prompt - read - created,
+            "cache_creation_input_tokens": created,
+            "cache_read_input_tokens": read,
+            "output_tokens": self.completion_tokens,
+        }
 
 
 async def _compile_constraint(ctx: ServingContext, prompt: Prompt) -> None:

@@ -16,8 +16,9 @@ from typing import Any
 from server.anthropic_protocol import CountTokensRequest, MessagesRequest, anthropic_sse
 from server.async_engine import RequestStream
 from server.chat import ChatPlan, plan_chat, record_plan, render_chat, with_cached_content
-from server.chat_stream import ChoiceState, Delta, choice_states, parsed_updates
+from server.pipeline import ChoiceState, Delta, choice_states, parsed_updates
 from server.context import ServingContext
+from server.generation import Usage
 from server.messages_input import FORMAT_PARAMS, breakpoints, to_chat_request
 from server.protocol import APIError
 from server.session import claude_code_session
@@ -105,54 +106,17 @@ def _json_object(text: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def stop_reason(ctx: ServingContext, plan: ChatPlan, state: ChoiceState) -> tuple[str, str | None]:
-    """(stop_reason, stop_sequence): which stop sequence ended the output is read from the raw generated text.
-    Only the request's own max_tokens is `max_tokens` (see `ChoiceState.reports_cut`)."""
-    reason = state.finish_reason()
-    if reason == "tool_calls":
-        return "tool_use", None
-    if state.reports_cut(plan.req.max_tokens):
-        return "max_tokens", None
-    stops = plan.req.stop or []
-    if stops:
-        raw = ctx.tokenizer.decode(state.choice.token_ids, skip_special_tokens=False)
-        found = [(raw.find(s) + len(s), raw.find(s), s) for s in stops if s in raw]
-        if found:
-            return "stop_sequence", min(found)[2]
-    return "end_turn", None
-
-
-def messages_usage(ctx: ServingContext, plan: ChatPlan, output_tokens: int) -> dict[str, int]:
-    """Anthropic's split of the prompt, which sums to it: `cache_read_input_tokens` (served by the cache),
-    `cache_creation_input_tokens` (written at a `cache_control` breakpoint: the tokens up to the last breakpoint that
-    were not read) and `input_tokens` (the rest). As Anthropic reports them: a prefix up to the last breakpoint that
-    the cache holds is read whole (an identical repeat creates 0), although kvserve recomputes the part of it in its
-    last, partly filled block (only full blocks are shared); a breakpoint prefix shorter than one block is never
-    cached (as below Anthropic's minimum length): neither read nor written. Without breakpoints, what every request's
-    full blocks gave is read, and nothing is written: only a breakpoint's pin counts as a cache write."""
-    prompt, cached, pinned = len(plan.prompt.request.prompt_token_ids), plan.prompt.num_cached_tokens, plan.pinned_tokens
-    block_size = ctx.engine.engine.cfg.block_size
-    cacheable = min(pinned, prompt - 1) // block_size * block_size  # the breakpoint prefix's whole blocks
-    read, created = cached, 0
-    if cacheable and cached >= cacheable:
-        read = max(cached, pinned)
-    elif cacheable:
-        created = pinned - cached
-    return {
-        "input_tokens": prompt - read - created,
-        "cache_creation_input_tokens": created,
-        "cache_read_input_tokens": read,
-        "output_tokens": output_tokens,
-    }
-
-
 def _message(ctx: ServingContext, plan: ChatPlan, content: list[dict], state: ChoiceState | None) -> dict[str, Any]:
-    reason, sequence = stop_reason(ctx, plan, state) if state else (None, None)
+    reason, sequence = state.finish(plan.req.max_tokens).anthropic() if state else (None, None)
     return {
         "id": plan.request_id, "type": "message", "role": "assistant", "model": ctx.model_name, "content": content,
-        "stop_reason": reason, "stop_sequence": sequence,
-        "usage": messages_usage(ctx, plan, len(state.choice.token_ids) if state else 0),
+        "stop_reason": reason, "stop_sequence": sequence, "usage": _usage(ctx, plan, state),
     }
+
+
+def _usage(ctx: ServingContext, plan: ChatPlan, state: ChoiceState | None) -> dict[str, int]:
+    usage = Usage.of([plan.prompt], len(state.choice.token_ids) if state else 0)
+    return usage.anthropic(plan.pinned_tokens, ctx.engine.engine.cfg.block_size)
 
 
 async def complete_messages(ctx: ServingContext, plan: ChatPlan, stream: RequestStream) -> dict[str, Any]:
@@ -186,7 +150,7 @@ async def stream_messages(ctx: ServingContext, plan: ChatPlan, stream: RequestSt
         record_plan(ctx, plan)
     for event, payload in blocks.close():
         yield anthropic_sse(event, payload)
-    reason, sequence = stop_reason(ctx, plan, state)
+    reason, sequence = state.finish(plan.req.max_tokens).anthropic()
     yield anthropic_sse("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": sequence},
-                                          "usage": messages_usage(ctx, plan, len(state.choice.token_ids))})
+                                          "usage": _usage(ctx, plan, state)})
     yield anthropic_sse("message_stop", {})

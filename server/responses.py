@@ -15,8 +15,9 @@ from typing import Any
 
 from server.async_engine import RequestStream
 from server.chat import ChatPlan, plan_chat, record_plan
-from server.chat_stream import ChoiceState, Delta, choice_states, parsed_updates
+from server.pipeline import ChoiceState, Delta, choice_states, parsed_updates
 from server.context import ServingContext
+from server.generation import Usage
 from server.protocol import APIError
 from server.responses_input import FORMAT_PARAMS, ResponseStore, to_chat_request
 from server.responses_protocol import ResponsesRequest, responses_sse
@@ -123,20 +124,10 @@ class OutputItems:
         return {"type": name, **self._at(), "content_index": 0, "delta": delta.text}
 
 
-def _status(req: ResponsesRequest, state: ChoiceState | None) -> str:
-    """`incomplete` when the request's own `max_output_tokens` cut the reply (a server-side cut is `completed`:
-    Codex fails the whole turn on `incomplete`; see `ChoiceState.reports_cut`)."""
-    if state is None:
-        return "in_progress"
-    return "incomplete" if state.reports_cut(req.max_output_tokens) else "completed"
-
-
 def _response(ctx: ServingContext, plan: ResponsePlan, items: list[dict], state: ChoiceState | None) -> dict:
-    req, prompt = plan.req, plan.chat.prompt
-    status = _status(req, state)
+    req = plan.req
+    status = "in_progress" if state is None else state.finish(req.max_output_tokens).responses_status()
     incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
-    output_tokens = len(state.choice.token_ids) if state else 0
-    prompt_tokens = len(prompt.request.prompt_token_ids)
     return {
         "id": plan.chat.request_id, "object": "response", "created_at": plan.chat.created, "status": status,
         "model": ctx.model_name, "output": items, "incomplete_details": incomplete, "error": None,
@@ -146,11 +137,7 @@ def _response(ctx: ServingContext, plan: ResponsePlan, items: list[dict], state:
         "reasoning": req.reasoning, "store": req.store, "metadata": req.metadata or {},
         "prompt_cache_key": req.prompt_cache_key, "text": {"format": {"type": "text"}, **(req.text or {})},
         "truncation": "disabled",
-        "usage": None if state is None else {
-            "input_tokens": prompt_tokens, "input_tokens_details": {"cached_tokens": prompt.num_cached_tokens},
-            "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": prompt_tokens + output_tokens,
-        },
+        "usage": None if state is None else Usage.of([plan.chat.prompt], len(state.choice.token_ids)).responses(),
     }
 
 

@@ -221,7 +221,12 @@ def run_matcher(pieces: list[str], stops: list[str]) -> tuple[str, bool]:
         if hit:
             break
     out.append(matcher.flush())
-    return "".join(out), hit
+    text = "".join(out)
+    cut = reference_cut(text + "".join(pieces)[len(text):], stops)
+    matched = None if cut is None else min((cut + len(s), -len(s), s) for s in stops if text[:cut] + s == (
+        "".join(pieces))[:cut + len(s)])[2]
+    assert matcher.matched == matched, (pieces, matcher.matched)  # which stop string ended it
+    return text, hit
 
 
 def splits(text: str, cuts: int) -> list[list[str]]:

@@ -17,7 +17,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from engine.outputs import FinishReason
-from server.chat_stream import ChoiceState
+from server.pipeline import ChoiceState
 from tests.server.conftest import LiveServer
 
 SAMPLES = range(4)
@@ -191,9 +191,9 @@ def test_a_cut_structured_answer_is_never_reported_complete(qwen_server: LiveSer
     one, whose text does not parse."""
     cut = ChoiceState(parser=None, max_calls=None)
     cut.choice.finish_reason, cut.choice.token_ids = FinishReason.LENGTH, [1, 2]
-    assert not cut.reports_cut(requested=None) and not cut.reports_cut(requested=100) and cut.reports_cut(2)
+    assert [cut.finish(requested).cut_by_request for requested in (None, 100, 2)] == [False, False, True]
     cut.structured = True
-    assert cut.reports_cut(requested=None) and cut.reports_cut(requested=100)
+    assert cut.finish(None).cut_by_request and cut.finish(100).cut_by_request
     client = qwen_server.anthropic()
     message = client.messages.create(model=MODEL, max_tokens=2, messages=[{"role": "user", "content": QUESTION}],
                                      output_config={"format": {"type": "json_schema",

@@ -84,7 +84,11 @@ class ChoiceState:
             message["tool_calls"] = calls
         return message
 
-    def reports_cut(self, requested: int | None) -> bool:
+    def finish(self, requested: int | None) -> Finish:
+        """How the choice ended, API-neutral; ``requested``: the request's own token limit (`max_tokens`, ...)."""
+        return Finish(self.finish_reason(), self._cut_by_request(requested), self.choice.stop_str)
+
+    def _cut_by_request(self, requested: int | None) -> bool:
         """Whether the agent APIs report the output as cut (`max_tokens`, `incomplete`): it stopped at the request's
         own token limit, not at one of the server's (the context's room, `--max-output-tokens`), since agents treat
         a cut reply as a failed turn (Claude Code asks the model to resume, Codex retries) and a server-side cut is
@@ -97,6 +101,30 @@ class ChoiceState:
         if self.cut or (self.choice.finish_reason == "stop" and self.parser.result().finish_reason_override):
             return "tool_calls"
         return self.choice.finish_reason
+
+
+@dataclass(frozen=True)
+class Finish:
+    """How a choice ended, and its spelling in each API (the one finish-reason mapping)."""
+
+    reason: str | None  # chat completions' finish_reason: stop, length, tool_calls (abort, error)
+    cut_by_request: bool  # the request's own token limit cut it (see `ChoiceState._cut_by_request`)
+    stop_sequence: str | None  # the stop string that ended it
+
+    def anthropic(self) -> tuple[str, str | None]:
+        """(stop_reason, stop_sequence). Only the request's own max_tokens is `max_tokens`."""
+        if self.reason == "tool_calls":
+            return "tool_use", None
+        if self.cut_by_request:
+            return "max_tokens", None
+        if self.stop_sequence is not None:
+            return "stop_sequence", self.stop_sequence
+        return "end_turn", None
+
+    def responses_status(self) -> str:
+        """`incomplete` when the request's own `max_output_tokens` cut the reply (a server-side cut is `completed`:
+        Codex fails the whole turn on `incomplete`)."""
+        return "incomplete" if self.cut_by_request else "completed"
 
 
 @dataclass
