@@ -11,9 +11,12 @@ from __future__ import annotations
 import atexit
 import logging
 import signal
+import sys
 import threading
 import time
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
@@ -36,6 +39,21 @@ STOP_TIMEOUT_S = 10.0
 # A start-up that lost a worker ends at once when rank 0 waits in a collective (gloo fails it); one still waiting
 # at the rendezvous for a rank that never came is left to its timeout, in a daemon thread.
 ABANDON_START_S = 2.0
+
+
+@contextmanager
+def _caller_script_hidden() -> Iterator[None]:
+    """A bare `__main__` while a worker starts. A spawned process re-imports the parent's main script before it runs
+    its target, so a script that builds its `LLM(tensor_parallel_size=N)` at top level, without
+    `if __name__ == "__main__":`, would build another in every worker and die with multiprocessing's bootstrapping
+    error. The workers need nothing of the script (their target and arguments are kvserve's): hidden, it is never
+    imported in them."""
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
 
 
 class TensorParallelWorkers:
@@ -67,7 +85,8 @@ class TensorParallelWorkers:
             reader, writer = ctx.Pipe(duplex=False)
             process = ctx.Process(target=run_worker, args=(rank, spec, writer), name=f"kvserve-tp-rank{rank}",
                                   daemon=True)
-            process.start()
+            with _caller_script_hidden():
+                process.start()
             writer.close()
             processes.append(process)
             errors.append(reader)

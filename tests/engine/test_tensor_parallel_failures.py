@@ -4,8 +4,12 @@ ends the engine with the worker's error within seconds, never a hang, and leaves
 from __future__ import annotations
 
 import multiprocessing
+import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -102,3 +106,22 @@ def test_worker_dying_while_idle_turns_the_engine_unhealthy():
         with pytest.raises(EngineDeadError):
             loop.submit([], sink=None).result(timeout=1)
         loop.shutdown(timeout=DEATH_SECONDS)
+
+
+def test_a_script_without_a_main_guard_starts_its_workers(tmp_path):
+    """Workers never import the caller's script: `LLM(tensor_parallel_size=2)` at a script's top level (no
+    `if __name__ == "__main__":`) generates, instead of every worker building its own LLM and dying with
+    multiprocessing's bootstrapping error."""
+    script = tmp_path / "no_main_guard.py"
+    script.write_text(
+        "from engine import LLM, SamplingParams\n"
+        "llm = LLM('qwen3-tiny', tensor_parallel_size=2, num_kv_blocks=64)\n"
+        "[out] = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))\n"
+        "print('generated', len(out.token_ids))\n"
+        "llm.close()\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0 and "bootstrapping" not in result.stderr, result.stderr[-3000:]
+    assert "generated 3" in result.stdout
