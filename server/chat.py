@@ -16,14 +16,15 @@ from typing import Any
 
 from server.async_engine import EngineRequest, RequestStream
 from server.cache_control import Breakpoint, breakpoint_pins, chat_breakpoints, snapshot_hints
-from server.pipeline import ChoiceState, choice_states, parsed_updates
 from server.context import ServingContext, new_request_id
 from server.generation import Prompt, Usage, record
 from server.limits import check_request
 from server.logprobs import chat_logprobs, vllm_prompt_logprobs
 from server.normalize import normalize_for_cache
-from server.parsing import default_thinking
+from server.parsing import Delta, default_thinking
 from server.parsing.constraint import ConstraintError, output_constraint
+from server.parsing.deltas import tool_call_dict
+from server.pipeline import ChoiceState, choice_states, parsed_updates
 from server.protocol import APIError, ChatCompletionRequest, TokenizeRequest
 from server.rendering import serving_template_kwargs
 from server.sse import SSE_DONE, sse
@@ -193,7 +194,7 @@ async def complete_chat(ctx: ServingContext, plan: ChatPlan, stream: RequestStre
     for index, state in enumerate(states):
         logprobs = None
         if plan.num_top_logprobs is not None:
-            logprobs = chat_logprobs(ctx.token_texts, state.choice.logprobs, plan.num_top_logprobs)
+            logprobs = chat_logprobs(ctx.token_texts, state.output.logprobs, plan.num_top_logprobs)
         choices.append({
             "index": index, "message": state.message(), "logprobs": logprobs, "finish_reason": state.finish_reason(),
         })
@@ -204,12 +205,23 @@ async def complete_chat(ctx: ServingContext, plan: ChatPlan, stream: RequestStre
         "model": ctx.model_name,
         "system_fingerprint": ctx.instance_id,
         "choices": choices,
-        "usage": Usage.of([plan.prompt], sum(len(s.choice.token_ids) for s in states)).openai(),
+        "usage": Usage.of([plan.prompt], sum(s.num_tokens for s in states)).openai(),
     }
     if plan.req.prompt_logprobs is not None:  # vLLM's extension, in vLLM's shape
         scored = plan.prompt.first_choice.prompt_logprobs
         response["prompt_logprobs"] = vllm_prompt_logprobs(ctx.token_texts, scored, plan.req.prompt_logprobs)
     return response
+
+
+def openai_delta(delta: Delta) -> dict[str, Any]:
+    """A parsed delta as a chat-completion chunk's `delta`."""
+    if delta.kind == "text":
+        return {"content": delta.text}
+    if delta.kind == "reasoning":
+        return {"reasoning_content": delta.text}
+    if delta.kind == "call":
+        return {"tool_calls": [{"index": delta.call_index, **tool_call_dict(delta.call_id, delta.text)}]}
+    return {"tool_calls": [{"index": delta.call_index, "function": {"arguments": delta.text}}]}
 
 
 async def stream_chat(ctx: ServingContext, plan: ChatPlan, stream: RequestStream) -> AsyncIterator[str]:
@@ -239,11 +251,11 @@ async def stream_chat(ctx: ServingContext, plan: ChatPlan, stream: RequestStream
             yield choice_chunk(index, {"role": "assistant", "content": ""}, state)
         async for update in parsed_updates(ctx, plan, stream, states):
             for delta in update.deltas:
-                yield choice_chunk(update.index, delta, update.state)
+                yield choice_chunk(update.index, openai_delta(delta), update.state)
             if update.finish_reason is not None:
                 yield choice_chunk(update.index, {}, update.state, update.finish_reason)
     finally:
         record_plan(ctx, plan)
     if include_usage:
-        yield chunk([], Usage.of([plan.prompt], sum(len(s.choice.token_ids) for s in states)).openai())
+        yield chunk([], Usage.of([plan.prompt], sum(s.num_tokens for s in states)).openai())
     yield SSE_DONE

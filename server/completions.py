@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from engine.output_processor import CompletionOutput
 from server.async_engine import EngineRequest, RequestStream
 from server.context import ServingContext, new_request_id
 from server.generation import Prompt, Usage, outputs, record
@@ -96,6 +95,10 @@ def _echo_fields(ctx: ServingContext, plan: CompletionPlan, prompt: Prompt) -> d
     return {"prompt_logprobs": vllm_prompt_logprobs(ctx.token_texts, scored, plan.req.prompt_logprobs)}
 
 
+def _usage(plan: CompletionPlan) -> Usage:
+    return Usage.of(plan.prompts, sum(len(c.token_ids) for p in plan.prompts for c in p.choices))
+
+
 def _response(ctx: ServingContext, plan: CompletionPlan, choices: list[dict[str, Any]], **extra: Any) -> dict:
     return {
         "id": plan.request_id, "object": "text_completion", "created": plan.created, "model": ctx.model_name,
@@ -105,10 +108,9 @@ def _response(ctx: ServingContext, plan: CompletionPlan, choices: list[dict[str,
 
 async def complete_text(ctx: ServingContext, plan: CompletionPlan, stream: RequestStream) -> dict[str, Any]:
     n = plan.req.n
-    choices = [CompletionOutput() for _ in range(len(plan.prompts) * n)]
     try:
-        async for i, out in outputs(stream, plan.prompts):
-            choices[i * n + out.index].add(out)
+        async for _ in outputs(stream, plan.prompts):
+            pass
     finally:
         record(ctx, "completions", plan.body, plan.prompts)
     body = [
@@ -120,25 +122,22 @@ async def complete_text(ctx: ServingContext, plan: CompletionPlan, stream: Reque
             "finish_reason": choice.finish_reason,
             **_echo_fields(ctx, plan, plan.prompts[index // n]),
         }
-        for index, choice in enumerate(choices)
+        for index, choice in enumerate(c for p in plan.prompts for c in p.choices)
     ]
-    return _response(ctx, plan, body, usage=Usage.of(plan.prompts, sum(len(c.token_ids) for c in choices)).openai())
+    return _response(ctx, plan, body, usage=_usage(plan).openai())
 
 
 async def stream_text(ctx: ServingContext, plan: CompletionPlan, stream: RequestStream) -> AsyncIterator[str]:
     n, include_usage = plan.req.n, plan.req.include_usage
-    choices = [CompletionOutput() for _ in range(len(plan.prompts) * n)]
-    offsets = [len(plan.echo_texts[i // n]) for i in range(len(choices))]  # text_offset of the next token
+    offsets = [len(plan.echo_texts[i // n]) for i in range(len(plan.prompts) * n)]  # text_offset of the next token
 
     def chunk(choices_json: list[dict[str, Any]], usage_value: dict[str, Any] | None = None) -> str:
         return sse(_response(ctx, plan, choices_json, **({"usage": usage_value} if include_usage else {})))
 
-    echoed = [False] * len(choices)  # the prompt's chunk is sent with the choice's first output (its logprobs)
+    echoed = [False] * len(offsets)  # the prompt's chunk is sent with the choice's first output (its logprobs)
     try:
         async for i, out in outputs(stream, plan.prompts):
             index = i * n + out.index
-            choice = choices[index]
-            choice.add(out)
             if plan.req.echo and not echoed[index]:
                 echoed[index] = True
                 prompt = plan.prompts[i]
@@ -154,9 +153,9 @@ async def stream_text(ctx: ServingContext, plan: CompletionPlan, stream: Request
             if logprobs is not None:
                 offsets[index] += sum(len(t) for t in logprobs["tokens"])
             yield chunk([{"index": index, "text": out.new_text, "logprobs": logprobs,
-                          "finish_reason": choice.finish_reason}])
+                          "finish_reason": out.finish_reason}])
     finally:
         record(ctx, "completions", plan.body, plan.prompts)
     if include_usage:
-        yield chunk([], Usage.of(plan.prompts, sum(len(c.token_ids) for c in choices)).openai())
+        yield chunk([], _usage(plan).openai())
     yield SSE_DONE

@@ -24,27 +24,44 @@ log = logging.getLogger("kvserve.server")
 
 @dataclass
 class Prompt:
-    """One engine request of an HTTP request, and what came back for it."""
+    """One engine request of an HTTP request, and what came back for it: the one accumulation of its outputs."""
 
     request: EngineRequest
     constraint_param: str = "response_format"  # the field a grammar that cannot be compiled came from (its 400)
     constraint_optional: bool = False  # the grammar only guards optional tool calls: without it the request runs
     num_cached_tokens: int = 0
     timings: RequestTimings | None = None
-    first_choice: CompletionOutput = field(default_factory=CompletionOutput)  # choice 0's tokens, for the record
     num_host_cached_tokens: int = 0  # of num_cached_tokens, restored from the host tier
     num_disk_cached_tokens: int = 0  # ... and from the disk tier
     speculation: DraftStats | None = None  # choice 0's speculative decoding counters, for the record
+    choices: list[CompletionOutput] = field(init=False)  # per sequence (n > 1): its tokens, text and logprobs so far
+    _ended: set[int] = field(default_factory=set, init=False)  # choices whose output ended before the engine's
 
-    def observe(self, out: SequenceOutput) -> None:
+    def __post_init__(self) -> None:
+        self.choices = [CompletionOutput(index=i) for i in range(self.request.params.n)]
+
+    @property
+    def first_choice(self) -> CompletionOutput:
+        return self.choices[0]
+
+    def end_choice(self, index: int) -> None:
+        """The choice's output is complete (a parser stopped it at a call limit): what the engine still sends for
+        it is dropped."""
+        self._ended.add(index)
+
+    def observe(self, out: SequenceOutput) -> bool:
+        """Take one output; False when its choice had ended."""
+        if out.index in self._ended:
+            return False
         if out.index == 0:
             self.num_cached_tokens = out.num_cached_tokens  # siblings (n > 1) share the leader's cached prompt
             self.num_host_cached_tokens = out.num_host_cached_tokens
             self.num_disk_cached_tokens = out.num_disk_cached_tokens
             self.timings = out.timings
-            self.first_choice.add(out)
             if out.speculation is not None:
                 self.speculation = out.speculation
+        self.choices[out.index].add(out)
+        return True
 
 
 @dataclass(frozen=True)
@@ -141,7 +158,8 @@ async def submit(ctx: ServingContext, prompts: list[Prompt]) -> RequestStream:
 
 
 async def outputs(stream: RequestStream, prompts: list[Prompt]) -> AsyncIterator[tuple[int, SequenceOutput]]:
-    """(prompt index, output) for every sequence output, in step order; aborts what is left if the consumer stops.
+    """(prompt index, output) for every sequence output, in step order (each taken into its prompt's choices first),
+    but those of choices that had ended; aborts what is left if the consumer stops.
     A sequence that failed in the engine (alone: the others went on) fails its HTTP request with a 500."""
     index = {p.request.request_id: i for i, p in enumerate(prompts)}
     try:
@@ -151,8 +169,8 @@ async def outputs(stream: RequestStream, prompts: list[Prompt]) -> AsyncIterator
                     raise APIError(500, f"the request failed in the engine: {out.error}", type="server_error",
                                    code="request_failed")
                 i = index[out.request_id]
-                prompts[i].observe(out)
-                yield i, out
+                if prompts[i].observe(out):
+                    yield i, out
     except EngineDeadError as exc:
         raise APIError(500, str(exc), type="server_error", code="engine_error") from None
     finally:

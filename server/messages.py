@@ -16,16 +16,15 @@ from typing import Any
 from server.anthropic_protocol import CountTokensRequest, MessagesRequest, anthropic_sse
 from server.async_engine import RequestStream
 from server.chat import ChatPlan, plan_chat, record_plan, render_chat, with_cached_content
-from server.pipeline import ChoiceState, Delta, choice_states, parsed_updates
 from server.context import ServingContext
 from server.generation import Usage
 from server.messages_input import FORMAT_PARAMS, breakpoints, to_chat_request
+from server.parsing import OutputItem
+from server.pipeline import ChoiceState, ItemEvent, ItemStream, choice_states, parsed_updates
 from server.protocol import APIError
 from server.session import claude_code_session
 
 Event = tuple[str, dict[str, Any]]  # (event name, payload)
-
-_BLOCK_TYPES = {"text": "text", "reasoning": "thinking", "call": "tool_use", "arguments": "tool_use"}
 
 
 def plan_messages(
@@ -48,53 +47,29 @@ def count_tokens(ctx: ServingContext, req: CountTokensRequest, cache_salt: str |
     return {"input_tokens": len(ctx.encode(render_chat(ctx, chat)))}
 
 
-class ContentBlocks:
-    """The message's content blocks, built from parsed deltas; `add` returns the stream events for each delta."""
+def _block(item: OutputItem, streamed: bool = False) -> dict[str, Any]:
+    """An output item as a content block: whole, or as `content_block_start` opens it (``streamed``)."""
+    text = "" if streamed else item.text
+    if item.kind == "call":
+        return {"type": "tool_use", "id": item.call_id, "name": item.name, "input": {} if streamed else
+                _json_object(item.text)}
+    if item.kind == "reasoning":
+        return {"type": "thinking", "thinking": text, "signature": ""}
+    return {"type": "text", "text": text}
 
-    def __init__(self) -> None:
-        self.blocks: list[dict[str, Any]] = []
-        self._arguments: list[str] = []  # per block: the tool_use input JSON as generated
-        self._open = False
 
-    def add(self, delta: Delta) -> list[Event]:
-        kind = _BLOCK_TYPES[delta.kind]
-        events = []
-        if delta.kind == "call" or not self._open or self.blocks[-1]["type"] != kind:
-            events += self.close()
-            events.append(self._start(delta, kind))
-        if delta.kind != "call":
-            events.append(("content_block_delta", {"index": len(self.blocks) - 1, "delta": self._grow(delta)}))
-        return events
+_DELTA_FIELDS = {"text": ("text_delta", "text"), "reasoning": ("thinking_delta", "thinking"),
+                 "arguments": ("input_json_delta", "partial_json")}
 
-    def close(self) -> list[Event]:
-        if not self._open:
-            return []
-        self._open = False
-        block = self.blocks[-1]
-        if block["type"] == "tool_use":
-            block["input"] = _json_object(self._arguments[-1])
-        return [("content_block_stop", {"index": len(self.blocks) - 1})]
 
-    def _start(self, delta: Delta, kind: str) -> Event:
-        if kind == "tool_use":
-            block: dict[str, Any] = {"type": "tool_use", "id": delta.call_id, "name": delta.text, "input": {}}
-        elif kind == "thinking":
-            block = {"type": "thinking", "thinking": "", "signature": ""}
-        else:
-            block = {"type": "text", "text": ""}
-        self.blocks.append(block)
-        self._arguments.append("")
-        self._open = True
-        return "content_block_start", {"index": len(self.blocks) - 1, "content_block": dict(block)}
-
-    def _grow(self, delta: Delta) -> dict[str, Any]:
-        block = self.blocks[-1]
-        if delta.kind == "arguments":
-            self._arguments[-1] += delta.text
-            return {"type": "input_json_delta", "partial_json": delta.text}
-        field = "thinking" if delta.kind == "reasoning" else "text"
-        block[field] += delta.text
-        return {"type": f"{field}_delta", field: delta.text}
+def _block_event(event: ItemEvent) -> Event:
+    if event.kind == "start":
+        return "content_block_start", {"index": event.index, "content_block": _block(event.item, streamed=True)}
+    if event.kind == "stop":
+        return "content_block_stop", {"index": event.index}
+    assert event.delta is not None
+    kind, field = _DELTA_FIELDS[event.delta.kind]
+    return "content_block_delta", {"index": event.index, "delta": {"type": kind, field: event.delta.text}}
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -115,27 +90,24 @@ def _message(ctx: ServingContext, plan: ChatPlan, content: list[dict], state: Ch
 
 
 def _usage(ctx: ServingContext, plan: ChatPlan, state: ChoiceState | None) -> dict[str, int]:
-    usage = Usage.of([plan.prompt], len(state.choice.token_ids) if state else 0)
+    usage = Usage.of([plan.prompt], state.num_tokens if state else 0)
     return usage.anthropic(plan.pinned_tokens, ctx.engine.engine.cfg.block_size)
 
 
 async def complete_messages(ctx: ServingContext, plan: ChatPlan, stream: RequestStream) -> dict[str, Any]:
     [state] = states = choice_states(ctx, plan, streaming=False)
-    blocks = ContentBlocks()
     try:
-        async for update in parsed_updates(ctx, plan, stream, states):
-            for delta in update.deltas:
-                blocks.add(Delta.of(delta))
+        async for _ in parsed_updates(ctx, plan, stream, states):
+            pass
     finally:
         record_plan(ctx, plan)
-    blocks.close()
-    return _message(ctx, plan, blocks.blocks, state)
+    return _message(ctx, plan, [_block(item) for item in state.items], state)
 
 
 async def stream_messages(ctx: ServingContext, plan: ChatPlan, stream: RequestStream) -> AsyncIterator[str]:
     """`message_start` waits for the first output, which says how much of the prompt came from the cache."""
     [state] = states = choice_states(ctx, plan, streaming=True)
-    blocks = ContentBlocks()
+    blocks = ItemStream(state)
     started = False
     try:
         async for update in parsed_updates(ctx, plan, stream, states):
@@ -144,12 +116,12 @@ async def stream_messages(ctx: ServingContext, plan: ChatPlan, stream: RequestSt
                 yield anthropic_sse("message_start", {"message": _message(ctx, plan, [], None)})
                 yield anthropic_sse("ping", {})
             for delta in update.deltas:
-                for event, payload in blocks.add(Delta.of(delta)):
-                    yield anthropic_sse(event, payload)
+                for item_event in blocks.add(delta):
+                    yield anthropic_sse(*_block_event(item_event))
     finally:
         record_plan(ctx, plan)
-    for event, payload in blocks.close():
-        yield anthropic_sse(event, payload)
+    for item_event in blocks.close():
+        yield anthropic_sse(*_block_event(item_event))
     reason, sequence = state.finish(plan.req.max_tokens).anthropic()
     yield anthropic_sse("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": sequence},
                                           "usage": _usage(ctx, plan, state)})

@@ -1,6 +1,7 @@
-"""The chat pipeline's shared core: engine outputs -> parsed deltas per choice (answer text, reasoning, tool-call
-starts and argument fragments) and each choice's finish reason. Chat completions, Anthropic messages and OpenAI
-responses all consume `parsed_updates` and only format what it yields in their own wire shape.
+"""The server pipeline's shared core, API-neutral: engine outputs -> each choice's parsed deltas (answer text,
+reasoning, tool-call starts and argument fragments, `server.parsing.Delta`), the output items they build, how the
+choice finished (`Finish`). Chat completions, Anthropic messages and OpenAI responses are thin adapters: each turns
+its request into a chat plan (server/chat.py), and formats `parsed_updates` and the final state in its wire shape.
 """
 from __future__ import annotations
 
@@ -13,80 +14,43 @@ from engine.outputs import FinishReason
 from server.async_engine import RequestStream
 from server.context import ServingContext
 from server.generation import outputs
-from server.parsing import OutputParser, get_output_parser, new_id_prefix
+from server.parsing import Delta, OutputItem, OutputParser, get_output_parser, new_id_prefix
 
 if TYPE_CHECKING:
     from server.chat import ChatPlan
 
-DeltaKind = Literal["text", "reasoning", "call", "arguments"]
-
-
-@dataclass(frozen=True)
-class Delta:
-    """One parsed piece of output, API-neutral. `text` is the answer text, the reasoning text, the called function's
-    name (kind "call", which starts call `call_index` with id `call_id`) or an arguments fragment of that call."""
-
-    kind: DeltaKind
-    text: str
-    call_index: int = -1
-    call_id: str = ""
-
-    @classmethod
-    def of(cls, delta: dict) -> Delta:
-        """From the parser's OpenAI chat delta dict."""
-        if "content" in delta:
-            return cls("text", delta["content"])
-        if "reasoning_content" in delta:
-            return cls("reasoning", delta["reasoning_content"])
-        call = delta["tool_calls"][0]
-        if "id" in call:
-            return cls("call", call["function"]["name"], call["index"], call["id"])
-        return cls("arguments", call["function"]["arguments"], call["index"])
-
 
 @dataclass
 class ChoiceState:
+    """One choice of a chat plan: its parser (which holds the parsed output) and its engine output."""
+
     parser: OutputParser
-    max_calls: int | None  # None: any number of tool calls; 1 when parallel calls are off
-    choice: CompletionOutput = field(default_factory=CompletionOutput)
-    unsent_logprobs: list = field(default_factory=list)  # logprobs of tokens whose text the parser still holds
-    content: str = ""  # the answer text and reasoning streamed so far (what the deltas concatenate to)
-    reasoning: str = ""
-    calls: int = 0
-    cut: bool = False  # stopped early at the call limit
+    output: CompletionOutput  # the prompt's accumulation of this choice's tokens (`Prompt.choices`)
     structured: bool = False  # the answer is JSON or follows a grammar
+    unsent_logprobs: list = field(default_factory=list)  # logprobs of tokens whose text the parser still holds
 
-    def take(self, deltas: list[dict]) -> list[dict]:
-        """The deltas up to the call limit; a call beyond it ends the choice (the rest of the output is dropped)."""
-        kept = []
-        for delta in deltas:
-            if "tool_calls" in delta and "id" in delta["tool_calls"][0]:
-                if self.max_calls is not None and self.calls >= self.max_calls:
-                    self.cut = True
-                    break
-                self.calls += 1
-            self.content += delta.get("content", "")
-            self.reasoning += delta.get("reasoning_content", "")
-            kept.append(delta)
-        return kept
+    @property
+    def items(self) -> list[OutputItem]:
+        return self.parser.items
 
-    def tool_calls(self) -> list[dict]:
-        calls = self.parser.result().tool_calls
-        return calls if self.max_calls is None else calls[: self.max_calls]
+    @property
+    def num_tokens(self) -> int:
+        return len(self.output.token_ids)
 
     def message(self) -> dict:
         """The assistant message in the chat-completions shape (content null when only calls were made)."""
-        calls = self.tool_calls()
-        message: dict = {"role": "assistant", "content": self.content if self.content or not calls else None}
-        if self.reasoning:
-            message["reasoning_content"] = self.reasoning
+        parsed = self.parser.result()
+        calls = parsed.tool_calls
+        message: dict = {"role": "assistant", "content": parsed.content}
+        if parsed.reasoning_content:
+            message["reasoning_content"] = parsed.reasoning_content
         if calls:
             message["tool_calls"] = calls
         return message
 
     def finish(self, requested: int | None) -> Finish:
         """How the choice ended, API-neutral; ``requested``: the request's own token limit (`max_tokens`, ...)."""
-        return Finish(self.finish_reason(), self._cut_by_request(requested), self.choice.stop_str)
+        return Finish(self.finish_reason(), self._cut_by_request(requested), self.output.stop_str)
 
     def _cut_by_request(self, requested: int | None) -> bool:
         """Whether the agent APIs report the output as cut (`max_tokens`, `incomplete`): it stopped at the request's
@@ -95,12 +59,12 @@ class ChoiceState:
         reported as a finished turn. A structured answer cut anywhere is always reported: its text does not parse."""
         if self.finish_reason() != "length":
             return False
-        return self.structured or (requested is not None and len(self.choice.token_ids) >= requested)
+        return self.structured or (requested is not None and self.num_tokens >= requested)
 
     def finish_reason(self) -> str | None:
-        if self.cut or (self.choice.finish_reason == "stop" and self.parser.result().finish_reason_override):
+        if self.parser.limited or (self.output.finish_reason == "stop" and self.parser.result().tool_calls):
             return "tool_calls"
-        return self.choice.finish_reason
+        return self.output.finish_reason
 
 
 @dataclass(frozen=True)
@@ -131,21 +95,21 @@ class Finish:
 class ChoiceUpdate:
     index: int
     state: ChoiceState
-    deltas: list[dict]  # the parser's OpenAI chat delta dicts (`Delta.of` gives the neutral view)
+    deltas: list[Delta]
     finish_reason: str | None = None  # set on the choice's last update only
 
 
 def choice_states(ctx: ServingContext, plan: ChatPlan, streaming: bool) -> list[ChoiceState]:
     """One parser per choice. ``streaming``: a call the output cuts off once its name was sent is closed into valid
-    JSON; otherwise such a call is dropped (never content). tool_choice was validated when the prompt was planned; one id
-    prefix per choice keeps call ids unique."""
+    JSON; otherwise such a call is dropped (never content). tool_choice was validated when the prompt was planned;
+    one id prefix per choice keeps call ids unique."""
     req = plan.req
     max_calls = 1 if req.parallel_tool_calls is False else None
     return [
         ChoiceState(get_output_parser(ctx.family, req.tools, req.tool_choice, reasoning=plan.thinking,
-                                      id_prefix=new_id_prefix(), streaming=streaming), max_calls,
-                    structured=req.structured_answer)
-        for _ in range(req.n)
+                                      id_prefix=new_id_prefix(), streaming=streaming, max_calls=max_calls),
+                    output, structured=req.structured_answer)
+        for output in plan.prompt.choices
     ]
 
 
@@ -162,20 +126,52 @@ async def parsed_updates(
     open_choices = len(states)
     async for _, out in outputs(stream, [plan.prompt]):
         state = states[out.index]
-        if state.cut:
-            continue
-        state.choice.add(out)
         state.unsent_logprobs += out.new_logprobs
         deltas = state.parser.feed(out.new_text) if out.new_text else []
         if out.finished:
             deltas += state.parser.finish(cut=out.finish_reason == FinishReason.LENGTH)
-        deltas = state.take(deltas)
-        if state.cut and not out.finished:
-            state.parser.finish()
-        ended = out.finished or state.cut
+        ended = out.finished or state.parser.limited
+        if ended:
+            plan.prompt.end_choice(out.index)
         if ended and out.index == 0 and state.finish_reason() == "tool_calls" and _held(plan):
             ctx.engine.retain_after_tool_call(plan.request_id)  # the next turn brings the tool's result
         yield ChoiceUpdate(out.index, state, deltas, state.finish_reason() if ended else None)
         open_choices -= ended
         if not open_choices:
             return  # leaving `outputs` aborts what still runs
+
+
+@dataclass(frozen=True)
+class ItemEvent:
+    """An output item starts, grows by one delta, or stops (its text is whole then)."""
+
+    kind: Literal["start", "delta", "stop"]
+    index: int  # the item's
+    item: OutputItem
+    delta: Delta | None = None  # for "delta"
+
+
+class ItemStream:
+    """Frames a choice's deltas as item events, what Anthropic's content blocks and Responses' output items both
+    stream: an item starts with its first delta and stops when the next one starts or the output ends."""
+
+    def __init__(self, state: ChoiceState) -> None:
+        self._items = state.items
+        self._open = -1  # the index of the item that has started and not stopped
+        self._started = 0
+
+    def add(self, delta: Delta) -> list[ItemEvent]:
+        events = []
+        if delta.item >= self._started:
+            events += self.close()
+            self._open, self._started = delta.item, delta.item + 1
+            events.append(ItemEvent("start", delta.item, self._items[delta.item]))
+        if delta.kind != "call":
+            events.append(ItemEvent("delta", delta.item, self._items[delta.item], delta))
+        return events
+
+    def close(self) -> list[ItemEvent]:
+        if self._open < 0:
+            return []
+        index, self._open = self._open, -1
+        return [ItemEvent("stop", index, self._items[index])]

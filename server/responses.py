@@ -10,22 +10,23 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from server.async_engine import RequestStream
 from server.chat import ChatPlan, plan_chat, record_plan
-from server.pipeline import ChoiceState, Delta, choice_states, parsed_updates
 from server.context import ServingContext
 from server.generation import Usage
+from server.parsing import Delta, OutputItem
+from server.pipeline import ChoiceState, ItemEvent, ItemStream, choice_states, parsed_updates
 from server.protocol import APIError
 from server.responses_input import FORMAT_PARAMS, ResponseStore, to_chat_request
 from server.responses_protocol import ResponsesRequest, responses_sse
 from server.session import prompt_cache_key_session
 
 Event = dict[str, Any]
-_ITEM_TYPES = {"text": "message", "reasoning": "reasoning", "call": "function_call", "arguments": "function_call"}
-_ID_PREFIXES = {"message": "msg", "reasoning": "rs", "function_call": "fc"}
+_ITEM_TYPES = {"text": "message", "reasoning": "reasoning", "call": "function_call"}
+_ID_PREFIXES = {"text": "msg", "reasoning": "rs", "call": "fc"}
 
 
 @dataclass
@@ -51,77 +52,76 @@ def plan_response(
     return ResponsePlan(plan, req, names, history)
 
 
-@dataclass
-class OutputItems:
-    """The response's output items, built from parsed deltas; `add` returns the stream events for each delta."""
+class ResponseItems:
+    """The response's output items in Responses' shape, from a choice's items: whole, or as stream events."""
 
-    tool_names: dict[str, tuple[str | None, str]]
-    with_encrypted_reasoning: bool
-    items: list[dict[str, Any]] = field(default_factory=list)
-    _open: bool = False
+    def __init__(self, state: ChoiceState, tool_names: dict[str, tuple[str | None, str]],
+                 with_encrypted_reasoning: bool) -> None:
+        self._state = state
+        self._stream = ItemStream(state)
+        self._tool_names = tool_names
+        self._with_encrypted_reasoning = with_encrypted_reasoning
+        self._ids: list[str] = []  # per item, as its first event named it
+
+    def output(self) -> list[dict[str, Any]]:
+        """Every item, completed (the output has ended)."""
+        return [self._json(i, item, "completed") for i, item in enumerate(self._state.items)]
 
     def add(self, delta: Delta) -> list[Event]:
-        kind = _ITEM_TYPES[delta.kind]
-        events = []
-        if delta.kind == "call" or not self._open or self.items[-1]["type"] != kind:
-            events += self.close()
-            events += self._start(delta, kind)
-        if delta.kind != "call":
-            events.append(self._grow(delta))
-        return events
+        return [event for item_event in self._stream.add(delta) for event in self._events(item_event)]
 
     def close(self) -> list[Event]:
-        if not self._open:
-            return []
-        self._open = False
-        item, at = self.items[-1], self._at()
-        item["status"] = "completed"
-        if item["type"] == "message":
-            part = item["content"][0]
+        return [event for item_event in self._stream.close() for event in self._events(item_event)]
+
+    def _id(self, index: int, item: OutputItem) -> str:
+        while len(self._ids) <= index:
+            self._ids.append(f"{_ID_PREFIXES[item.kind]}_{secrets.token_hex(12)}")
+        return self._ids[index]
+
+    def _json(self, index: int, item: OutputItem, status: str, text: str | None = None) -> dict[str, Any]:
+        """The item as Responses shows it; ``text``: instead of the item's own (empty as it starts)."""
+        text = item.text if text is None else text
+        out: dict[str, Any] = {"id": self._id(index, item), "type": _ITEM_TYPES[item.kind], "status": status}
+        if item.kind == "call":
+            namespace, name = self._tool_names.get(item.name, (None, item.name))
+            out.update(call_id=item.call_id, name=name, arguments=text)
+            if namespace:
+                out["namespace"] = namespace
+        elif item.kind == "reasoning":
+            out.update(summary=[], content=[{"type": "reasoning_text", "text": text}])
+            if status == "completed" and self._with_encrypted_reasoning:
+                out["encrypted_content"] = text  # opaque to the client, which sends it back next turn
+        else:
+            out.update(role="assistant", content=[{"type": "output_text", "text": text, "annotations": []}])
+        return out
+
+    def _events(self, event: ItemEvent) -> list[Event]:
+        item, index = event.item, event.index
+        at = {"item_id": self._id(index, item), "output_index": index}
+        if event.kind == "start":
+            added = self._json(index, item, "in_progress", text="")
+            if item.kind != "text":
+                return [{"type": "response.output_item.added", "output_index": index, "item": added}]
+            return [{"type": "response.output_item.added", "output_index": index, "item": {**added, "content": []}},
+                    {"type": "response.content_part.added", **at, "content_index": 0,
+                     "part": {"type": "output_text", "text": "", "annotations": []}}]
+        if event.kind == "delta":
+            assert event.delta is not None
+            if item.kind == "call":
+                return [{"type": "response.function_call_arguments.delta", **at, "delta": event.delta.text}]
+            name = "response.output_text.delta" if item.kind == "text" else "response.reasoning_text.delta"
+            return [{"type": name, **at, "content_index": 0, "delta": event.delta.text}]
+        done = self._json(index, item, "completed")
+        if item.kind == "text":
+            part = done["content"][0]
             events = [{"type": "response.output_text.done", **at, "content_index": 0, "text": part["text"]},
                       {"type": "response.content_part.done", **at, "content_index": 0, "part": part}]
-        elif item["type"] == "reasoning":
-            text = item["content"][0]["text"]
-            if self.with_encrypted_reasoning:
-                item["encrypted_content"] = text  # opaque to the client, which sends it back next turn
-            events = [{"type": "response.reasoning_text.done", **at, "content_index": 0, "text": text}]
+        elif item.kind == "reasoning":
+            events = [{"type": "response.reasoning_text.done", **at, "content_index": 0, "text": item.text}]
         else:
-            events = [{"type": "response.function_call_arguments.done", **at, "name": item["name"],
-                       "arguments": item["arguments"]}]
-        return [*events, {"type": "response.output_item.done", "output_index": len(self.items) - 1, "item": item}]
-
-    def _at(self) -> dict[str, Any]:
-        return {"item_id": self.items[-1]["id"], "output_index": len(self.items) - 1}
-
-    def _start(self, delta: Delta, kind: str) -> list[Event]:
-        item: dict[str, Any] = {"id": f"{_ID_PREFIXES[kind]}_{secrets.token_hex(12)}", "type": kind,
-                                "status": "in_progress"}
-        if kind == "function_call":
-            namespace, name = self.tool_names.get(delta.text, (None, delta.text))
-            item.update(call_id=delta.call_id, name=name, arguments="")
-            if namespace:
-                item["namespace"] = namespace
-        elif kind == "reasoning":
-            item.update(summary=[], content=[{"type": "reasoning_text", "text": ""}])
-        else:
-            item.update(role="assistant", content=[{"type": "output_text", "text": "", "annotations": []}])
-        self.items.append(item)
-        self._open = True
-        events = [{"type": "response.output_item.added", "output_index": len(self.items) - 1,
-                   "item": {**item, "content": []} if kind == "message" else dict(item)}]
-        if kind == "message":
-            events.append({"type": "response.content_part.added", **self._at(), "content_index": 0,
-                           "part": {"type": "output_text", "text": "", "annotations": []}})
-        return events
-
-    def _grow(self, delta: Delta) -> Event:
-        item = self.items[-1]
-        if delta.kind == "arguments":
-            item["arguments"] += delta.text
-            return {"type": "response.function_call_arguments.delta", **self._at(), "delta": delta.text}
-        item["content"][0]["text"] += delta.text
-        name = "response.output_text.delta" if delta.kind == "text" else "response.reasoning_text.delta"
-        return {"type": name, **self._at(), "content_index": 0, "delta": delta.text}
+            events = [{"type": "response.function_call_arguments.done", **at, "name": done["name"],
+                       "arguments": item.text}]
+        return [*events, {"type": "response.output_item.done", "output_index": index, "item": done}]
 
 
 def _response(ctx: ServingContext, plan: ResponsePlan, items: list[dict], state: ChoiceState | None) -> dict:
@@ -137,20 +137,20 @@ def _response(ctx: ServingContext, plan: ResponsePlan, items: list[dict], state:
         "reasoning": req.reasoning, "store": req.store, "metadata": req.metadata or {},
         "prompt_cache_key": req.prompt_cache_key, "text": {"format": {"type": "text"}, **(req.text or {})},
         "truncation": "disabled",
-        "usage": None if state is None else Usage.of([plan.chat.prompt], len(state.choice.token_ids)).responses(),
+        "usage": None if state is None else Usage.of([plan.chat.prompt], state.num_tokens).responses(),
     }
 
 
-def _items(plan: ResponsePlan) -> OutputItems:
-    return OutputItems(plan.tool_names, "reasoning.encrypted_content" in (plan.req.include or []))
+def _items(plan: ResponsePlan, state: ChoiceState) -> ResponseItems:
+    return ResponseItems(state, plan.tool_names, "reasoning.encrypted_content" in (plan.req.include or []))
 
 
-async def _run(ctx: ServingContext, plan: ResponsePlan, stream: RequestStream, items: OutputItems,
-               state: list[ChoiceState]) -> AsyncIterator[Event]:
+async def _run(ctx: ServingContext, plan: ResponsePlan, stream: RequestStream, items: ResponseItems,
+               states: list[ChoiceState]) -> AsyncIterator[Event]:
     try:
-        async for update in parsed_updates(ctx, plan.chat, stream, state):
+        async for update in parsed_updates(ctx, plan.chat, stream, states):
             for delta in update.deltas:
-                for event in items.add(Delta.of(delta)):
+                for event in items.add(delta):
                     yield event
     finally:
         record_plan(ctx, plan.chat)
@@ -167,18 +167,20 @@ async def complete_response(
     ctx: ServingContext, plan: ResponsePlan, stream: RequestStream, store: ResponseStore
 ) -> dict[str, Any]:
     [state] = states = choice_states(ctx, plan.chat, streaming=False)
-    items = _items(plan)
-    async for _ in _run(ctx, plan, stream, items, states):
-        pass
+    try:
+        async for _ in parsed_updates(ctx, plan.chat, stream, states):
+            pass
+    finally:
+        record_plan(ctx, plan.chat)
     _remember(plan, state, store)
-    return _response(ctx, plan, items.items, state)
+    return _response(ctx, plan, _items(plan, state).output(), state)
 
 
 async def stream_response(
     ctx: ServingContext, plan: ResponsePlan, stream: RequestStream, store: ResponseStore
 ) -> AsyncIterator[str]:
     [state] = states = choice_states(ctx, plan.chat, streaming=True)
-    items = _items(plan)
+    items = _items(plan, state)
     sequence = 0
 
     def sse(event: Event) -> str:
@@ -191,5 +193,5 @@ async def stream_response(
     async for event in _run(ctx, plan, stream, items, states):
         yield sse(event)
     _remember(plan, state, store)
-    final = _response(ctx, plan, items.items, state)
+    final = _response(ctx, plan, items.output(), state)
     yield sse({"type": f"response.{final['status']}", "response": final})

@@ -1,4 +1,6 @@
-"""What the parsers produce: parsed calls, the final assistant message, and OpenAI chat-completion delta dicts."""
+"""What the parsers produce, API-neutral: parsed calls, deltas (the pieces of output as they are parsed), the items
+they build (runs of answer text or reasoning, and tool calls, in the order generated), and the final message.
+Each API formats these its own way (server/chat.py, server/messages.py, server/responses.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -13,6 +15,34 @@ class ParsedCall:
     arguments: str
 
 
+DeltaKind = Literal["text", "reasoning", "call", "arguments"]
+ItemKind = Literal["text", "reasoning", "call"]
+_ITEM_KINDS: dict[DeltaKind, ItemKind] = {"text": "text", "reasoning": "reasoning", "call": "call", "arguments": "call"}
+
+
+@dataclass(frozen=True)
+class Delta:
+    """One parsed piece of output. `text` is answer text, reasoning, the called function's name (kind "call", which
+    starts call `call_index` with id `call_id`) or an arguments fragment of call `call_index`. `item`: the index of
+    the `OutputItem` it belongs to (a new index starts a new item)."""
+
+    kind: DeltaKind
+    text: str
+    item: int
+    call_index: int = -1
+    call_id: str = ""
+
+
+@dataclass
+class OutputItem:
+    """A run of answer text or of reasoning, or one tool call (`text`: its arguments as generated)."""
+
+    kind: ItemKind
+    text: str = ""
+    name: str = ""  # a call's function
+    call_id: str = ""
+
+
 @dataclass
 class ParsedMessage:
     """The assistant message as the non-streaming API returns it."""
@@ -21,6 +51,14 @@ class ParsedMessage:
     reasoning_content: str | None
     tool_calls: list[dict] = field(default_factory=list)
     finish_reason_override: Literal["tool_calls"] | None = None
+
+    @classmethod
+    def of(cls, items: list[OutputItem]) -> ParsedMessage:
+        content = "".join(item.text for item in items if item.kind == "text")
+        reasoning = "".join(item.text for item in items if item.kind == "reasoning")
+        calls = [tool_call_dict(item.call_id, item.name, item.text) for item in items if item.kind == "call"]
+        return cls(content=content if content or not calls else None, reasoning_content=reasoning or None,
+                   tool_calls=calls, finish_reason_override="tool_calls" if calls else None)
 
     def to_message(self) -> dict:
         return {
@@ -31,31 +69,43 @@ class ParsedMessage:
         }
 
 
+class OutputItems:
+    """The output's items, built from its deltas (the one place parsed output accumulates)."""
+
+    def __init__(self) -> None:
+        self.items: list[OutputItem] = []
+        self.num_calls = 0
+
+    def add(self, kind: DeltaKind, text: str, call_id: str = "") -> Delta:
+        """Append one piece; returns its delta."""
+        item_kind = _ITEM_KINDS[kind]
+        if kind == "call" or not self.items or self.items[-1].kind != item_kind:
+            self.items.append(OutputItem(item_kind, name=text, call_id=call_id) if kind == "call"
+                              else OutputItem(item_kind))
+            self.num_calls += kind == "call"
+        if kind != "call":
+            self.items[-1].text += text
+        call_index = self.num_calls - 1 if item_kind == "call" else -1
+        return Delta(kind, text, len(self.items) - 1, call_index, call_id)
+
+
 def tool_call_id(id_prefix: str, index: int) -> str:
     """Ids are `call_<prefix><index as hex>`: unique within a request, reproducible given the prefix."""
     return f"call_{id_prefix}{index:04x}"
 
 
-def tool_call_dict(call_id: str, name: str) -> dict:
-    """A call as the final message holds it; its arguments are appended as they stream."""
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}
+def tool_call_dict(call_id: str, name: str, arguments: str = "") -> dict:
+    """A call as chat completions' final message holds it."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-def content_delta(text: str) -> dict:
-    return {"content": text}
-
-
-def reasoning_delta(text: str) -> dict:
-    return {"reasoning_content": text}
-
-
-def tool_call_start_delta(index: int, call_id: str, name: str) -> dict:
-    return {
-        "tool_calls": [
-            {"index": index, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}
-        ]
-    }
-
-
-def tool_call_arguments_delta(index: int, fragment: str) -> dict:
-    return {"tool_calls": [{"index": index, "function": {"arguments": fragment}}]}
+def merge(deltas: list[Delta]) -> list[Delta]:
+    """Joins neighbouring deltas of one item (text, reasoning, one call's arguments) so one feed yields one per run."""
+    out: list[Delta] = []
+    for delta in deltas:
+        if out and delta.kind != "call" and out[-1].kind == delta.kind and out[-1].item == delta.item:
+            last = out[-1]
+            out[-1] = Delta(last.kind, last.text + delta.text, last.item, last.call_index, last.call_id)
+        else:
+            out.append(delta)
+    return out

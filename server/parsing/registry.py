@@ -87,17 +87,21 @@ def get_output_parser(
     reasoning: bool,
     id_prefix: str,
     streaming: bool = True,
+    max_calls: int | None = None,
 ) -> OutputParser:
     """The parser for one request's output. `reasoning`: thinking is on for this request (Qwen3 `enable_thinking`,
     V3.1 `thinking`; the R1 family always thinks). `streaming`: calls stream as they are written (a call the output
     cuts off still ends with valid JSON arguments); else a call is reported once it is complete. A call the output
-    cuts off never becomes content when `finish(cut=True)` says a token limit ended it. Raises ValueError for an unknown family or an invalid tool_choice."""
+    cuts off never becomes content when `finish(cut=True)` says a token limit ended it. `max_calls`: the output ends at
+    a call beyond it (1 when parallel tool calls are off). Raises ValueError for an unknown family or an invalid
+    tool_choice."""
     spec = family_parsing(family)
     choice: ToolChoice = parse_tool_choice(tool_choice, tools)
     fmt = spec.tool_format(tools) if choice.parses_calls else None
     thinking = active_thinking(family, reasoning)
     think = ThinkReasoningParser(starts_in_reasoning=thinking.starts_inside) if thinking else None
-    return OutputParser(tool_format=fmt, reasoning=think, id_prefix=id_prefix, streaming=streaming)
+    return OutputParser(tool_format=fmt, reasoning=think, id_prefix=id_prefix, streaming=streaming,
+                        max_calls=max_calls)
 
 
 def new_id_prefix() -> str:

@@ -4,43 +4,41 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from server.parsing import OutputParser, ParsedMessage
+from server.parsing import Delta, OutputParser, ParsedMessage
 
 ParserFactory = Callable[[], OutputParser]
 
 
-def run(factory: ParserFactory, chunks: list[str]) -> tuple[list[dict], ParsedMessage]:
+def run(factory: ParserFactory, chunks: list[str]) -> tuple[list[Delta], ParsedMessage]:
     parser = factory()
-    deltas: list[dict] = []
+    deltas: list[Delta] = []
     for chunk in chunks:
         deltas += parser.feed(chunk)
     deltas += parser.finish()
     return deltas, parser.result()
 
 
-def assemble(deltas: list[dict]) -> ParsedMessage:
+def assemble(deltas: list[Delta]) -> ParsedMessage:
     """The message a streaming client builds from the deltas (and checks of the delta protocol on the way)."""
     content: list[str] = []
     reasoning: list[str] = []
     calls: list[dict] = []
+    item = -1
     for delta in deltas:
-        assert len(delta) == 1, delta
-        if "content" in delta:
-            assert delta["content"], "empty content delta"
-            content.append(delta["content"])
-        elif "reasoning_content" in delta:
-            assert delta["reasoning_content"], "empty reasoning delta"
-            reasoning.append(delta["reasoning_content"])
+        assert delta.item in (item, item + 1) and (delta.item == item + 1 or delta.kind != "call"), delta
+        item = delta.item
+        if delta.kind == "text":
+            assert delta.text, "empty content delta"
+            content.append(delta.text)
+        elif delta.kind == "reasoning":
+            assert delta.text, "empty reasoning delta"
+            reasoning.append(delta.text)
+        elif delta.kind == "call":  # a call starts: id and name come first
+            assert delta.call_index == len(calls) and delta.call_id
+            calls.append({"id": delta.call_id, "type": "function", "function": {"name": delta.text, "arguments": ""}})
         else:
-            (entry,) = delta["tool_calls"]
-            index = entry["index"]
-            if "id" in entry:  # a call starts: id, type and name come first, with empty arguments
-                assert index == len(calls)
-                assert entry["type"] == "function" and entry["function"]["arguments"] == ""
-                calls.append({"id": entry["id"], "type": "function", "function": dict(entry["function"])})
-            else:
-                assert index == len(calls) - 1 and set(entry) == {"index", "function"}
-                calls[index]["function"]["arguments"] += entry["function"]["arguments"]
+            assert delta.call_index == len(calls) - 1 and not delta.call_id
+            calls[delta.call_index]["function"]["arguments"] += delta.text
     text = "".join(content)
     return ParsedMessage(
         content=text if text or not calls else None,
@@ -78,9 +76,8 @@ def argument_fragments(factory: ParserFactory, text: str) -> list[list[str]]:
     parser = factory()
     fragments: list[list[str]] = []
     for delta in [d for char in text for d in parser.feed(char)] + parser.finish():
-        for entry in delta.get("tool_calls", []):
-            if "id" in entry:
-                fragments.append([])
-            else:
-                fragments[entry["index"]].append(entry["function"]["arguments"])
+        if delta.kind == "call":
+            fragments.append([])
+        elif delta.kind == "arguments":
+            fragments[delta.call_index].append(delta.text)
     return fragments

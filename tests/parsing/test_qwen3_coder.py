@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from server.parsing import get_output_parser
+from server.parsing import Delta, get_output_parser
 from server.parsing.param_types import coerce_parameter, schema_types
 
 from tests.parsing.fixtures import TOOLS
@@ -141,10 +141,9 @@ def test_arguments_stream_one_completed_parameter_at_a_time():
     assert argument_fragments(factory, text) == [['{"count": 7', ', "text": "a </parameter"', "}"], ["{}"]]
     parser = factory()
     assert parser.feed("<tool_call>\n<function=typed>\n<parameter=count>\n7\n</param") == [
-        {"tool_calls": [{"index": 0, "id": "call_c0000", "type": "function",
-                         "function": {"name": "typed", "arguments": ""}}]},
+        Delta("call", "typed", item=0, call_index=0, call_id="call_c0000"),
     ]
-    assert parser.feed("eter>\n") == [{"tool_calls": [{"index": 0, "function": {"arguments": '{"count": 7'}}]}]
+    assert parser.feed("eter>\n") == [Delta("arguments", '{"count": 7', item=0, call_index=0)]
 
 
 def test_schema_types_and_coercion_helpers():

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from server.parsing import get_output_parser
+from server.parsing import Delta, get_output_parser
 
 from tests.parsing.fixtures import TOOLS
 from tests.parsing.streaming import argument_fragments, parse_checked, run
@@ -118,12 +118,11 @@ def test_arguments_stream_as_they_arrive_without_the_closing_markup():
     parser = get_output_parser("qwen2.5", TOOLS, reasoning=False, id_prefix="s")
     assert parser.feed('<tool_call>\n{"name": "get_weather", "argu') == []  # the arguments have not begun
     assert parser.feed('ments": {"ci') == [
-        {"tool_calls": [{"index": 0, "id": "call_s0000", "type": "function",
-                         "function": {"name": "get_weather", "arguments": ""}}]},
-        {"tool_calls": [{"index": 0, "function": {"arguments": '{"ci'}}]},
+        Delta("call", "get_weather", item=0, call_index=0, call_id="call_s0000"),
+        Delta("arguments", '{"ci', item=0, call_index=0),
     ]
     fragment = 'ty": "{P}a\\\\"}'  # braces and an escaped backslash inside a string do not end the arguments
-    assert parser.feed(fragment) == [{"tool_calls": [{"index": 0, "function": {"arguments": fragment}}]}]
+    assert parser.feed(fragment) == [Delta("arguments", fragment, item=0, call_index=0)]
     assert parser.feed('}\n</tool_call>') == [] and parser.finish() == []
     assert parser.result().tool_calls[0]["function"]["arguments"] == '{"city": "{P}a\\\\"}'
 
@@ -182,15 +181,20 @@ def test_end_of_turn_tokens_are_stripped_and_end_the_reply():
 
 def test_partial_tag_is_held_back_then_released():
     parser = get_output_parser("qwen2.5", TOOLS, reasoning=False, id_prefix="t")
-    assert parser.feed("Hi <tool") == [{"content": "Hi"}]  # the space may be markup before a call
-    assert parser.feed("box>") == [{"content": " <toolbox>"}]
+    assert parser.feed("Hi <tool") == [Delta("text", "Hi", item=0)]  # the space may be markup before a call
+    assert parser.feed("box>") == [Delta("text", " <toolbox>", item=0)]
     assert parser.feed("<|im_") == []
-    assert parser.finish() == [{"content": "<|im_"}]
+    assert parser.finish() == [Delta("text", "<|im_", item=0)]
 
 
 def test_call_deltas_shape():
+    """Neutral deltas from the parser, OpenAI chunk deltas from the chat adapter."""
+    from server.chat import openai_delta
+
     deltas, _ = run(lambda: get_output_parser("qwen2.5", TOOLS, reasoning=False, id_prefix="ab"), [call("now", "{}")])
-    assert deltas == [
+    assert deltas == [Delta("call", "now", item=0, call_index=0, call_id="call_ab0000"),
+                      Delta("arguments", "{}", item=0, call_index=0)]
+    assert [openai_delta(d) for d in deltas] == [
         {"tool_calls": [{"index": 0, "id": "call_ab0000", "type": "function",
                          "function": {"name": "now", "arguments": ""}}]},
         {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]},
@@ -208,7 +212,7 @@ def test_a_literal_tag_in_prose_is_text_and_the_next_call_is_found():
     assert message.content == "Write `<tool_call>` then JSON." and names_and_args(message) == [("now", "{}")]
     # It is content as soon as it cannot be a call: streaming is not held back to the end.
     parser = get_output_parser("qwen2.5", TOOLS, reasoning=False, id_prefix="t")
-    assert parser.feed("Write `<tool_call>` then") == [{"content": "Write `<tool_call>` then"}]
+    assert parser.feed("Write `<tool_call>` then") == [Delta("text", "Write `<tool_call>` then", item=0)]
 
 
 @pytest.mark.parametrize("fence", ["```", "~~~", "  ```python"])
@@ -239,7 +243,7 @@ def test_a_call_cut_off_by_max_tokens_leaves_no_markup_in_content(family, stream
         deltas = parser.feed(text) + parser.finish(cut=True)
         message = parser.result()
         assert not message.content, (cut, message.content)
-        assert all("content" not in d for d in deltas)
+        assert all(d.kind != "text" for d in deltas)
         assert 1 <= len(message.tool_calls) <= 2  # the second stays once its arguments are whole (or streaming)
         assert message.tool_calls[0]["function"]["name"] == "get_weather"
         assert all(json.loads(c["function"]["arguments"]) is not None for c in message.tool_calls)

@@ -1,6 +1,6 @@
 import pytest
 
-from server.parsing import get_output_parser
+from server.parsing import Delta, get_output_parser
 
 from tests.parsing.fixtures import TOOLS
 from tests.parsing.streaming import parse_checked
@@ -76,9 +76,9 @@ def test_v31_thinking_on_and_off():
 
 def test_reasoning_deltas_arrive_before_the_answer_is_known():
     parser = get_output_parser("qwen3", None, reasoning=True, id_prefix="r")
-    assert parser.feed("<think>\nab") == [{"reasoning_content": "ab"}]
-    assert parser.feed("c\n</th") == [{"reasoning_content": "c"}]  # trailing newline held until we know
-    assert parser.feed("ink>\n\nHi") == [{"content": "Hi"}]
+    assert parser.feed("<think>\nab") == [Delta("reasoning", "ab", item=0)]
+    assert parser.feed("c\n</th") == [Delta("reasoning", "c", item=0)]  # trailing newline held until we know
+    assert parser.feed("ink>\n\nHi") == [Delta("text", "Hi", item=1)]
     assert parser.finish() == []
 
 

@@ -16,7 +16,9 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
+from engine.output_processor import CompletionOutput
 from engine.outputs import FinishReason
+from server.parsing import get_output_parser
 from server.pipeline import ChoiceState
 from tests.server.conftest import LiveServer
 
@@ -189,8 +191,9 @@ def test_a_format_that_cannot_be_enforced_is_a_400_naming_the_field(qwen_server:
 def test_a_cut_structured_answer_is_never_reported_complete(qwen_server: LiveServer) -> None:
     """A cut reply is reported as finished to the agent APIs when the server's limits cut it, but never a structured
     one, whose text does not parse."""
-    cut = ChoiceState(parser=None, max_calls=None)
-    cut.choice.finish_reason, cut.choice.token_ids = FinishReason.LENGTH, [1, 2]
+    parser = get_output_parser("qwen3", None, reasoning=False, id_prefix="cut")
+    parser.finish(cut=True)
+    cut = ChoiceState(parser, CompletionOutput(token_ids=[1, 2], finish_reason=FinishReason.LENGTH))
     assert [cut.finish(requested).cut_by_request for requested in (None, 100, 2)] == [False, False, True]
     cut.structured = True
     assert cut.finish(None).cut_by_request and cut.finish(100).cut_by_request
