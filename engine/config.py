@@ -125,9 +125,11 @@ class EngineConfig:
                                      "--state-snapshot-fraction)"))
     speculative: str = field(
         default="off", metadata=_help("speculative decoding: off, ngram (prompt lookup: drafts from the request's own "
-                                      "tokens) or suffix (a suffix tree over the session's earlier prompts and "
-                                      "replies, then prompt lookup); a request may choose its own "
-                                      "(docs/SPECULATIVE.md)", choices=("off", "ngram", "suffix")))
+                                      "tokens), suffix (a suffix tree over the session's earlier prompts and "
+                                      "replies, then prompt lookup) or mtp (the checkpoint's own multi-token-"
+                                      "prediction layer: Qwen3.5 / 3.6; loaded only with this flag); a request may "
+                                      "choose its own (docs/SPECULATIVE.md)",
+                                      choices=("off", "ngram", "suffix", "mtp")))
     num_speculative_tokens: int = field(
         default=4, metadata=_help("speculative decoding: draft tokens verified per step and sequence at most"))
     speculative_draft_budget: int = field(
@@ -175,8 +177,8 @@ class EngineConfig:
             self.async_scheduling = on_cuda
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be at least 1, got {self.tensor_parallel_size}")
-        if self.speculative not in ("off", "ngram", "suffix"):
-            raise ValueError(f"speculative must be 'off', 'ngram' or 'suffix', got {self.speculative!r}")
+        if self.speculative not in ("off", "ngram", "suffix", "mtp"):
+            raise ValueError(f"speculative must be 'off', 'ngram', 'suffix' or 'mtp', got {self.speculative!r}")
         if self.num_speculative_tokens < 1 or self.speculative_draft_budget < 0:
             raise ValueError("num_speculative_tokens must be >= 1 and speculative_draft_budget >= 0")
         if self.tensor_parallel_size > 1 and self.kv_disk_dir:  # each rank would need its own files, kept in step
@@ -475,6 +477,7 @@ class ModelConfig:
     attn_output_gate: bool = False  # q_proj also gives a per-head gate: attention output * sigmoid(gate)
     zero_centered_norms: bool = False  # RMSNorm weights w apply as (1 + w) (Qwen3-Next / 3.5)
     has_vision_tower: bool = False  # a VLM checkpoint (Qwen3.5 / 3.6): kvserve serves its language model, text only
+    num_mtp_layers: int = 0  # multi-token-prediction layers the checkpoint carries (the hybrids' mtp.*)
 
     @property
     def is_hybrid(self) -> bool:
@@ -532,6 +535,8 @@ class ModelConfig:
             attn_output_gate=hybrid,
             zero_centered_norms=hybrid,
             has_vision_tower=vision,
+            # Qwen3.5 / 3.6 name the count mtp_num_hidden_layers, Qwen3-Next num_nextn_predict_layers (both: mtp.*)
+            num_mtp_layers=(cfg.get("mtp_num_hidden_layers") or cfg.get("num_nextn_predict_layers") or 0) if hybrid else 0,
         )
 
     @classmethod

@@ -48,9 +48,6 @@ def _eos_ids(model_dir: Path, model_cfg: ModelConfig, tokenizer) -> set[int]:
 
 def _speculation_refused(model_cfg: ModelConfig, cfg: EngineConfig) -> str | None:
     """Why this engine cannot speculate (None: it can)."""
-    if model_cfg.is_hybrid:
-        return ("hybrid models (Qwen3.5 / 3.6, Qwen3-Next) cannot speculate yet: their recurrent state would have to "
-                "be rolled back to the last accepted draft (per-draft states or a recompute, not built)")
     if model_cfg.v4 is not None:
         return "DeepSeek-V4 cannot speculate yet: its compressors' pooling state would see rejected drafts"
     return None
@@ -70,6 +67,14 @@ class LLMEngine:
         self.speculation_refused = _speculation_refused(self.model_cfg, cfg)
         if self.speculation_refused and cfg.speculative != "off":
             raise ValueError(f"--speculative {cfg.speculative}: {self.speculation_refused}")
+        if cfg.speculative == "mtp" and not self.model_cfg.num_mtp_layers:
+            raise ValueError("--speculative mtp: this checkpoint has no multi-token-prediction layer (Qwen3.5 / 3.6 "
+                             "and Qwen3-Next carry one as mtp.*); use ngram or suffix")
+        if cfg.speculative == "mtp" and cfg.tensor_parallel_size > 1:
+            raise ValueError("--speculative mtp does not run under tensor parallelism yet (its layer is not split); "
+                             "use ngram or suffix")
+        if cfg.speculative != "mtp":  # the MTP layer is built and loaded only to draft with it
+            self.model_cfg = dataclasses.replace(self.model_cfg, num_mtp_layers=0)
         self.max_model_len = min(cfg.max_model_len or self.model_cfg.max_position_embeddings,
                                  self.model_cfg.max_position_embeddings)
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(self.model_dir))
@@ -96,7 +101,7 @@ class LLMEngine:
         self.preparer = RequestPreparer(
             self.model_cfg.vocab_size, self.max_model_len, cfg.block_size, self.runner.num_blocks,
             BlockHasher(cfg.block_size, model_id or str(self.model_dir)) if cfg.enable_prefix_caching else None,
-            self.speculation_refused)
+            self.speculation_refused, mtp=self.model_cfg.num_mtp_layers > 0)
         self.structured_outputs = StructuredOutputs(self.tokenizer, self.model_cfg.vocab_size, self.eos_token_ids,
                                                     self.runner.device, cfg.json_whitespace)
         if offload and offload.disk:  # blocks a previous run left on disk

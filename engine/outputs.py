@@ -186,6 +186,8 @@ class ModelRunnerOutput:
     # Speculative decoding: per sequence every token the step emits (its accepted drafts, then the target's own);
     # None when no sequence drafted. `sampled_token_ids[i]` is `emitted_token_ids[i][0]`.
     emitted_token_ids: list[list[int]] | None = None
+    # The MTP proposer (engine/spec/mtp.py): per sequence the drafts for its next step (None: no MTP layer)
+    draft_token_ids: list[list[int]] | None = None
 
 
 @dataclass

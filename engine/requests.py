@@ -41,6 +41,7 @@ class RequestPreparer:
     num_blocks: int
     hasher: BlockHasher | None  # None: no prefix caching, so no hashes
     speculation_refused: str | None = None  # why this engine cannot speculate (None: it can)
+    mtp: bool = False  # the model's MTP layer is loaded (--speculative mtp): a request may draft with it
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise `RequestRejected` for a request that could never run, before it takes any state."""
@@ -64,6 +65,9 @@ class RequestPreparer:
             )
         if self.speculation_refused and params.speculative not in (None, "off"):
             raise RequestRejected(f"speculative {params.speculative!r}: {self.speculation_refused}")
+        if params.speculative == "mtp" and not self.mtp:
+            raise RequestRejected("speculative 'mtp' drafts with the model's MTP layer, which this server loads only "
+                                  "when started with --speculative mtp (on a checkpoint that has one)")
 
     def prepare(self, request: EngineRequest) -> EngineRequest:
         """Validate ``request`` and fill in its block hashes, in place; returns it. (The prompt is read, never kept:

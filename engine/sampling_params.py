@@ -47,7 +47,7 @@ class SamplingParams:
     n: int = 1
     skip_special_tokens: bool = True  # for the text only; the server keeps them to parse tool-call tokens
     structured_output: StructuredOutputSpec | None = None  # a grammar the output must match
-    # Speculative decoding for this request: off, ngram or suffix (None: the engine's --speculative); the suffix
+    # Speculative decoding for this request: off, ngram, suffix or mtp (None: the engine's --speculative); the suffix
     # proposer drafts from the earlier text of this session (with the cache salt: one tenant's session only)
     speculative: str | None = None
     speculative_session: str | None = None
@@ -72,8 +72,8 @@ class SamplingParams:
             (self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20,
              f"prompt_logprobs must be in [0, 20], got {self.prompt_logprobs}"),
             (all(s for s in self.stop), "stop strings must be non-empty"),
-            (self.speculative in (None, "off", "ngram", "suffix"),
-             f"speculative must be 'off', 'ngram' or 'suffix', got {self.speculative!r}"),
+            (self.speculative in (None, "off", "ngram", "suffix", "mtp"),
+             f"speculative must be 'off', 'ngram', 'suffix' or 'mtp', got {self.speculative!r}"),
         ]
         for ok, message in checks:
             if not ok:

@@ -220,7 +220,7 @@ class Scheduler:
                 continue
             n = self._chunk(seq, min(num_tokens - seq.num_computed_tokens, budget))
             drafts = self._drafts(seq, n, min(k, budget - n)) if k else []
-            new_block_ids = self._make_room(seq, n + len(drafts), out)
+            new_block_ids = self._make_room(seq, n + len(drafts) + self._mtp_lookahead(seq, n + len(drafts)), out)
             if new_block_ids is None:
                 continue
             self._schedule(seq, n, new_block_ids, out, drafts=drafts)
@@ -269,12 +269,26 @@ class Scheduler:
         (the step emits one token beyond the accepted drafts)."""
         decoding = n == 1 and seq.num_computed_tokens == len(seq.token_ids) - 1 and not seq.num_output_placeholders
         k = min(k, seq.max_num_tokens - len(seq.token_ids) - 1)
+        if self.snapshot_policy is not None:
+            # Hybrid models snapshot the state at block boundaries, which exists only at the end of a step: a step
+            # with drafts stops short of the next boundary (the token completing a block is verified alone)
+            k = min(k, -(seq.num_computed_tokens + n) % self.cfg.block_size - 1)
         if not decoding or k <= 0:
             return []
         drafts = self.drafter.propose(seq.seq_id, self.speculation(seq), seq.token_ids, k, self._session(seq))
         # drafts never cost a preemption: without free blocks for them the sequence decodes one token
         extra = self.kv.blocks_needed(seq.num_computed_tokens + n + len(drafts)) - len(self.kv.block_table(seq.seq_id))
         return drafts if extra <= self.kv.num_free_blocks else []
+
+    def _mtp_lookahead(self, seq: Sequence, n: int) -> int:
+        """MTP: room past the step's ``n`` tokens for the K/V of the drafts the runner chains after it (the next
+        step's catch-up overwrites them), where free blocks allow: never at the price of a preemption."""
+        if self.speculation(seq) != "mtp":
+            return 0
+        end = seq.num_computed_tokens + n
+        want = max(0, min(self.cfg.num_speculative_tokens - 1, self.max_model_len - end))
+        extra = self.kv.blocks_needed(end + want) - len(self.kv.block_table(seq.seq_id))
+        return want if extra <= self.kv.num_free_blocks else 0
 
     def _chunk(self, seq: Sequence, n: int) -> int:
         """Hybrid models: end a prefill chunk at the first snapshot point inside it (the state there exists only at
@@ -414,7 +428,8 @@ class Scheduler:
         request_ids, indices, new_token_ids, infos = (outputs.request_ids, outputs.indices, outputs.new_token_ids,
                                                       outputs.infos)
         speculative, decode_steps, generated = self.num_speculative, 0, 0
-        for seq_id, tokens, logprob in zip(runner_output.seq_ids, emitted, logprobs):
+        mtp_drafts = runner_output.draft_token_ids or [None] * len(runner_output.seq_ids)
+        for seq_id, tokens, logprob, drafts in zip(runner_output.seq_ids, emitted, logprobs, mtp_drafts):
             seq = sequences.get(seq_id)
             if seq is None:  # finished (stop, abort) after this step was scheduled: its token is moot
                 continue
@@ -447,6 +462,8 @@ class Scheduler:
                     reason = FinishReason.LENGTH
                 if reason is not None:  # a stop token or max_tokens among them: what follows is dropped
                     break
+            if drafts is not None and reason is None:
+                self.drafter.offer(seq_id, len(token_ids), drafts)
             generated += count
             row = len(request_ids)
             request_ids.append(seq.request_id)

@@ -50,7 +50,7 @@ _FUSED = {
 }
 # Checkpoint prefixes kvserve does not run: a VLM's vision tower (Qwen3.5 / 3.6 serve text only)
 _SKIPPED_PREFIXES = ("model.visual.", "visual.")
-# Multi-token-prediction weights (Qwen3.5 / 3.6, DeepSeek-V3 layer 61): kept as read, for speculative decoding
+# Multi-token-prediction weights (Qwen3.5 / 3.6): loaded only into a model that built its MTP layer
 MTP_PREFIX = "mtp."
 
 
@@ -309,7 +309,9 @@ def load_weights(model: nn.Module, model_dir: Path, progress: bool = True) -> No
     if model.cfg.tie_word_embeddings:
         expected.discard("lm_head.weight")  # shares embed_tokens.weight; named_parameters lists it once anyway
     filled: set[int] = set()
-    skipped = {prefix: 0 for prefix in (*_SKIPPED_PREFIXES, MTP_PREFIX)}
+    # the MTP layer is loaded where the model built one (--speculative mtp), else left on disk
+    mtp = getattr(model, "mtp", None) is not None
+    skipped = {prefix: 0 for prefix in (*_SKIPPED_PREFIXES, *(() if mtp else (MTP_PREFIX,)))}
     _zero_vocab_padding(model)
     for path in tqdm(files, desc="Loading weights", unit="file", disable=not progress or len(files) < 2):
         for name in ckpt.names[path]:
@@ -326,9 +328,9 @@ def load_weights(model: nn.Module, model_dir: Path, progress: bool = True) -> No
     if any(skipped[p] for p in _SKIPPED_PREFIXES) and progress:
         log.info("skipped the vision tower (%d tensors): kvserve serves this model's language model, text only",
                  sum(skipped[p] for p in _SKIPPED_PREFIXES))
-    if skipped[MTP_PREFIX] and progress:
-        log.info("left %d multi-token-prediction tensors (mtp.*) in the checkpoint: read_mtp_weights() loads them "
-                 "for speculative decoding", skipped[MTP_PREFIX])
+    if skipped.get(MTP_PREFIX) and progress:
+        log.info("left %d multi-token-prediction tensors (mtp.*) in the checkpoint (--speculative mtp loads them)",
+                 skipped[MTP_PREFIX])
     missing = [n for n, p in model.named_parameters() if id(p) not in filled and n in expected]
     if missing:
         raise ValueError(f"checkpoint in {model_dir} lacks {len(missing)} tensors, e.g. {missing[:3]}")
@@ -346,13 +348,6 @@ def _fill(ckpt: _Checkpoint, name: str, target: _Target, fmt: Fp8Format | None, 
     dst.copy_(tensor)
     if isinstance(target.module, Fp8Linear) and target.attr == "weight":
         filled.add(id(target.module.weight_scale_inv))
-
-
-def read_mtp_weights(model_dir: Path) -> dict[str, torch.Tensor]:
-    """The multi-token-prediction tensors (``mtp.*``) of a checkpoint, as stored: what a speculative decoder built
-    on the model's MTP head loads (the main model leaves them on disk)."""
-    ckpt = _Checkpoint(checkpoint_files(Path(model_dir)))
-    return {name: ckpt.get(name) for names in ckpt.names.values() for name in names if name.startswith(MTP_PREFIX)}
 
 
 def _zero_vocab_padding(model: nn.Module) -> None:

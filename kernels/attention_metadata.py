@@ -45,17 +45,35 @@ class StateBatch:
     host_starts: np.ndarray  # [B + 1] the same offsets on the host
     host_slots: np.ndarray  # [B]
     host_has_initial: np.ndarray  # [B] bool
+    # Speculative decoding: per token, a slot to also write the state after that token to (-1: none), so that the
+    # state after the last accepted draft is kept without recomputing. A row whose first token has one runs token by
+    # token (the recurrent form, which has every intermediate state); None: no row keeps per-token states.
+    token_state_slots: torch.Tensor | None = None  # [T] int64
+    host_token_state_slots: np.ndarray | None = None  # [T]
+
+    @property
+    def stepwise_rows(self) -> np.ndarray:
+        """Sequences that keep the state after each of their tokens (verification rows: a token and its drafts)."""
+        if self.host_token_state_slots is None:
+            return np.zeros(0, dtype=np.int64)
+        lens = np.diff(self.host_starts)
+        firsts = self.host_token_state_slots[np.minimum(self.host_starts[:-1], len(self.host_token_state_slots) - 1)]
+        return np.nonzero((lens > 0) & (firsts >= 0) & (self.host_slots >= 0))[0]
 
     @property
     def decode_rows(self) -> np.ndarray:
         """Sequences with one new token that continue a state: the recurrent form, all together."""
-        return np.nonzero((np.diff(self.host_starts) == 1) & self.host_has_initial & (self.host_slots >= 0))[0]
+        rows = (np.diff(self.host_starts) == 1) & self.host_has_initial & (self.host_slots >= 0)
+        rows[self.stepwise_rows] = False
+        return np.nonzero(rows)[0]
 
     @property
     def prefill_rows(self) -> np.ndarray:
         """The other sequences with new tokens; a row whose slot is < 0 is padding (a decode graph's filler)."""
         lens = np.diff(self.host_starts)
-        return np.nonzero((lens > 0) & ~((lens == 1) & self.host_has_initial) & (self.host_slots >= 0))[0]
+        rows = (lens > 0) & ~((lens == 1) & self.host_has_initial) & (self.host_slots >= 0)
+        rows[self.stepwise_rows] = False
+        return np.nonzero(rows)[0]
 
     @property
     def longest(self) -> int:

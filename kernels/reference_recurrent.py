@@ -6,10 +6,13 @@ Each sequence's recurrent state lives in a *state slot*: row ``slot`` of the lay
 (fp32). A sequence with ``has_initial_state`` continues from its slot (a previous chunk, or a snapshot copied in
 at admission); one without starts from zeros. Both ops write the state after the sequence's last new token back
 into its slot. A prefill chunk runs the chunked form of the delta rule, a lone decode token the recurrent form;
-decode rows are computed together.
+decode rows are computed together. A verification row of speculative decoding (a token and its drafts, with
+``batch.token_state_slots``) runs the recurrent form token by token and also writes the state after each of its
+tokens to the slot given for it, so the state after the last accepted draft can be kept.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -31,13 +34,18 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tenso
         window = torch.cat([conv_state[slots], x[rows].unsqueeze(-1).to(conv_state.dtype)], dim=-1)  # [B, C, K]
         out[rows] = F.silu((window.to(weight.dtype) * weight).sum(-1)).to(x.dtype)
         conv_state[slots] = window[..., 1:]
-    for b in batch.prefill_rows.tolist():
+    token_slots = batch.host_token_state_slots
+    for b in np.union1d(batch.prefill_rows, batch.stepwise_rows).tolist():
         start, end, slot = int(batch.host_starts[b]), int(batch.host_starts[b + 1]), int(batch.host_slots[b])
         history = conv_state[slot] if batch.host_has_initial[b] else conv_state.new_zeros(conv_state.shape[1:])
         padded = torch.cat([history, x[start:end].T.to(conv_state.dtype)], dim=-1)  # [C, K - 1 + L]
         length = end - start
         acc = sum(padded[:, j : j + length].to(weight.dtype) * weight[:, j : j + 1] for j in range(kernel))
         out[start:end] = F.silu(acc).T.to(x.dtype)
+        if token_slots is not None:  # a verification row: the window after each token too
+            for t, keep in enumerate(token_slots[start:end].tolist()):
+                if keep >= 0:
+                    conv_state[keep] = padded[:, t + 1 : t + kernel]
         conv_state[slot] = padded[:, length:]
     return out
 
@@ -71,18 +79,32 @@ def gated_delta_rule(
     if len(decode):
         rows = torch.from_numpy(batch.host_starts[decode]).to(v.device).long()
         slots = torch.from_numpy(batch.host_slots[decode]).to(v.device).long()
-        state = ssm_state[slots] * gf[rows].exp()[..., None, None]  # [B, Hv, Dk, Dv]
-        kt = kf[rows]
-        delta = (vf[rows] - (state * kt[..., None]).sum(-2)) * bf[rows][..., None]
-        state = state + kt[..., None] * delta[..., None, :]
-        out[rows] = (state * qf[rows][..., None]).sum(-2)
-        ssm_state[slots] = state
+        ssm_state[slots], out[rows] = _recurrent_step(ssm_state[slots], qf[rows], kf[rows], vf[rows], gf[rows],
+                                                      bf[rows])
     for b in batch.prefill_rows.tolist():
         start, end, slot = int(batch.host_starts[b]), int(batch.host_starts[b + 1]), int(batch.host_slots[b])
         initial = ssm_state[slot] if batch.host_has_initial[b] else None
         out[start:end], ssm_state[slot] = _chunked(qf[start:end], kf[start:end], vf[start:end], gf[start:end],
                                                    bf[start:end], initial)
+    for b in batch.stepwise_rows.tolist():  # verification rows: token by token, keeping each state asked for
+        start, end, slot = int(batch.host_starts[b]), int(batch.host_starts[b + 1]), int(batch.host_slots[b])
+        state = ssm_state[slot] if batch.host_has_initial[b] else ssm_state.new_zeros(ssm_state.shape[1:])
+        for t, keep in zip(range(start, end), batch.host_token_state_slots[start:end].tolist()):
+            state, out[t] = _recurrent_step(state, qf[t], kf[t], vf[t], gf[t], bf[t])
+            if keep >= 0:
+                ssm_state[keep] = state
+        ssm_state[slot] = state
     return out.to(v.dtype)
+
+
+def _recurrent_step(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                    beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token of the delta rule (any leading batch dims; ``q`` already scaled): the new state ``[..., Hv, Dk,
+    Dv]`` and the output ``[..., Hv, Dv]``."""
+    state = state * g.exp()[..., None, None]
+    delta = (v - (state * k[..., None]).sum(-2)) * beta[..., None]
+    state = state + k[..., None] * delta[..., None, :]
+    return state, (state * q[..., None]).sum(-2)
 
 
 def _chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,

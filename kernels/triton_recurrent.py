@@ -31,25 +31,53 @@ BLOCK_V = 32  # value dims per program of the recurrent and scan kernels
 
 
 @triton.jit
-def _row(qsl_ptr, slots_ptr, init_ptr, seq, MIN_LEN, MAX_LEN):
+def _row(qsl_ptr, slots_ptr, init_ptr, tok_slots_ptr, seq, MIN_LEN, MAX_LEN, STEPWISE: tl.constexpr,
+         PER_TOKEN: tl.constexpr):
     """(first token, tokens to process, slot, continues a state) of sequence ``seq``; 0 tokens for padding rows
-    (slot < 0) and rows outside ``[MIN_LEN, MAX_LEN]``."""
+    (slot < 0) and rows outside ``[MIN_LEN, MAX_LEN]``. With ``PER_TOKEN`` (a step with verification rows: those
+    whose first token has a state slot of its own), verification rows are taken whatever their length where
+    ``STEPWISE`` (the recurrent kernel) and never elsewhere."""
     start = tl.load(qsl_ptr + seq)
     length = tl.load(qsl_ptr + seq + 1) - start
     slot = tl.load(slots_ptr + seq).to(tl.int64)
-    length = tl.where((slot >= 0) & (length >= MIN_LEN) & (length <= MAX_LEN), length, 0)
+    in_range = (length >= MIN_LEN) & (length <= MAX_LEN)
+    if PER_TOKEN:
+        verifies = (length > 0) & (tl.load(tok_slots_ptr + start, mask=length > 0, other=-1) >= 0)
+        if STEPWISE:
+            in_range = in_range | verifies
+        else:
+            in_range = in_range & (verifies == 0)
+    length = tl.where((slot >= 0) & in_range, length, 0)
     has_initial = tl.load(init_ptr + seq).to(tl.int32) != 0
     return start.to(tl.int64), length, tl.maximum(slot, 0), has_initial
 
 
 @triton.jit
+def _window(x_ptr, state, start, end, history, cs, c_valid, stride_xt, KERNEL: tl.constexpr,
+            BLOCK_K: tl.constexpr):
+    """``[BLOCK_C, BLOCK_K]``: the last K - 1 inputs up to new token ``end`` (exclusive) of (old window, new
+    tokens), in the state's dtype; ``history``: how many of the old window's inputs exist (K - 1 or none)."""
+    ks = tl.arange(0, BLOCK_K)
+    pos = end - (KERNEL - 1) + ks
+    k_valid = ks < KERNEL - 1
+    from_x = (pos >= 0) & k_valid
+    from_state = (pos < 0) & (pos + history >= 0)
+    xv = tl.load(x_ptr + (start + pos)[None, :] * stride_xt + cs[:, None], mask=c_valid[:, None] & from_x[None, :],
+                 other=0.0)
+    sv = tl.load(state[:, None] + (KERNEL - 1 + pos)[None, :], mask=c_valid[:, None] & from_state[None, :],
+                 other=0.0)
+    return xv.to(sv.dtype) + sv
+
+
+@triton.jit
 def _causal_conv1d_kernel(
-    x_ptr, w_ptr, state_ptr, out_ptr, qsl_ptr, slots_ptr, init_ptr, channels,
+    x_ptr, w_ptr, state_ptr, out_ptr, qsl_ptr, slots_ptr, init_ptr, tok_slots_ptr, channels,
     stride_xt, stride_wc, stride_ot, stride_ss, stride_sc,
     KERNEL: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
+    PER_TOKEN: tl.constexpr,
 ):
     seq = tl.program_id(0)
-    start, length, slot, has_initial = _row(qsl_ptr, slots_ptr, init_ptr, seq, 1, 2**30)
+    start, length, slot, has_initial = _row(qsl_ptr, slots_ptr, init_ptr, tok_slots_ptr, seq, 1, 2**30, True, False)
     cs = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_valid = cs < channels
     state = state_ptr + slot * stride_ss + cs * stride_sc  # this tile's channels of the slot's window
@@ -72,17 +100,16 @@ def _causal_conv1d_kernel(
         out = acc / (1.0 + tl.exp(-acc))
         tl.store(out_ptr + (start + ts)[:, None] * stride_ot + cs[None, :], out.to(out_ptr.dtype.element_ty),
                  mask=(ts < length)[:, None] & c_valid[None, :])
-    # The new window: the last K - 1 inputs of (old window, new tokens)
     ks = tl.arange(0, BLOCK_K)
-    pos = length - (KERNEL - 1) + ks
-    k_valid = ks < KERNEL - 1
-    from_x = (pos >= 0) & k_valid
-    from_state = (pos < 0) & (pos + history >= 0)
-    xv = tl.load(x_ptr + (start + pos)[None, :] * stride_xt + cs[:, None], mask=c_valid[:, None] & from_x[None, :],
-                 other=0.0)
-    sv = tl.load(state[:, None] + (KERNEL - 1 + pos)[None, :], mask=c_valid[:, None] & from_state[None, :],
-                 other=0.0)
-    window = xv.to(state_ptr.dtype.element_ty) + sv.to(state_ptr.dtype.element_ty)
+    if PER_TOKEN:  # verification rows: the window after each token that has a slot of its own
+        for t in range(0, length):
+            keep = tl.load(tok_slots_ptr + start + t)
+            if keep >= 0:
+                window = _window(x_ptr, state, start, t + 1, history, cs, c_valid, stride_xt, KERNEL, BLOCK_K)
+                tl.store(state_ptr + keep * stride_ss + cs[:, None] * stride_sc + ks[None, :], window,
+                         mask=c_valid[:, None] & (ks < KERNEL - 1)[None, :])
+    # The new window: the last K - 1 inputs of (old window, new tokens)
+    window = _window(x_ptr, state, start, length, history, cs, c_valid, stride_xt, KERNEL, BLOCK_K)
     tl.debug_barrier()  # every read of the old window above happens before it is overwritten
     tl.store(state[:, None] + ks[None, :], window, mask=c_valid[:, None] & (ks < written)[None, :])
 
@@ -97,10 +124,13 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tenso
     rows = batch.state_slots.shape[0]
     if rows == 0 or tokens == 0:
         return out
+    per_token = batch.token_state_slots is not None
     _causal_conv1d_kernel[(rows, triton.cdiv(channels, BLOCK_C_CONV))](
-        x, weight, conv_state, out, batch.query_start_loc, batch.state_slots, batch.has_initial_state, channels,
+        x, weight, conv_state, out, batch.query_start_loc, batch.state_slots, batch.has_initial_state,
+        batch.token_state_slots if per_token else batch.state_slots, channels,
         x.stride(0), weight.stride(0), out.stride(0), conv_state.stride(0), conv_state.stride(1),
         KERNEL=kernel, BLOCK_T=BLOCK_T_CONV, BLOCK_C=BLOCK_C_CONV, BLOCK_K=triton.next_power_of_2(kernel - 1),
+        PER_TOKEN=per_token,
     )
     return out
 
@@ -112,13 +142,15 @@ def _l2norm_rows(x, eps):
 
 @triton.jit
 def _fused_recurrent_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, out_ptr, qsl_ptr, slots_ptr, init_ptr, scale, eps, max_len,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_bt, stride_ot, stride_oh,
-    stride_ss, stride_sh, stride_sk,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, out_ptr, qsl_ptr, slots_ptr, init_ptr, tok_slots_ptr, scale, eps,
+    max_len, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_bt, stride_ot,
+    stride_oh, stride_ss, stride_sh, stride_sk,
     GROUPS: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+    PER_TOKEN: tl.constexpr,
 ):
     seq, head = tl.program_id(0), tl.program_id(1)
-    start, length, slot, has_initial = _row(qsl_ptr, slots_ptr, init_ptr, seq, 1, max_len)
+    start, length, slot, has_initial = _row(qsl_ptr, slots_ptr, init_ptr, tok_slots_ptr, seq, 1, max_len, True,
+                                            PER_TOKEN)
     key_head = head // GROUPS
     dk = tl.arange(0, BLOCK_K)
     dv = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -141,19 +173,24 @@ def _fused_recurrent_kernel(
         state = state + k[:, None] * delta[None, :]
         out = tl.sum(state * q[:, None], axis=0)
         tl.store(out_ptr + t * stride_ot + head * stride_oh + dv, out.to(out_ptr.dtype.element_ty), mask=v_valid)
+        if PER_TOKEN:  # a verification row: the state after this token, where it has a slot of its own
+            keep = tl.load(tok_slots_ptr + t)
+            if keep >= 0:
+                tl.store(tile + (keep - slot) * stride_ss, state, mask=written)
     tl.store(tile, state, mask=written)
 
 
 @triton.jit
 def _chunk_prepare_kernel(
-    k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, gcum_ptr, qsl_ptr, slots_ptr, init_ptr, eps,
+    k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, gcum_ptr, qsl_ptr, slots_ptr, init_ptr, tok_slots_ptr, eps,
     stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_bt,
     stride_wt, stride_wh, stride_ut, stride_uh, stride_ct,
     GROUPS: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_DV: tl.constexpr,
-    BT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BT: tl.constexpr, DOT_PRECISION: tl.constexpr, PER_TOKEN: tl.constexpr,
 ):
     seq, chunk, head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    start, length, slot, has_initial = _row(qsl_ptr, slots_ptr, init_ptr, seq, 2, 2**30)
+    start, length, slot, has_initial = _row(qsl_ptr, slots_ptr, init_ptr, tok_slots_ptr, seq, 2, 2**30, False,
+                                            PER_TOKEN)
     if chunk * BT < length:
         ts = chunk * BT + tl.arange(0, BT)
         t_valid = ts < length
@@ -190,14 +227,15 @@ def _chunk_prepare_kernel(
 
 @triton.jit
 def _chunk_scan_kernel(
-    q_ptr, k_ptr, w_ptr, u_ptr, gcum_ptr, state_ptr, out_ptr, qsl_ptr, slots_ptr, init_ptr, scale, eps,
+    q_ptr, k_ptr, w_ptr, u_ptr, gcum_ptr, state_ptr, out_ptr, qsl_ptr, slots_ptr, init_ptr, tok_slots_ptr, scale, eps,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_wt, stride_wh, stride_ut, stride_uh, stride_ct,
     stride_ot, stride_oh, stride_ss, stride_sh, stride_sk,
     GROUPS: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
-    BT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BT: tl.constexpr, DOT_PRECISION: tl.constexpr, PER_TOKEN: tl.constexpr,
 ):
     seq, head = tl.program_id(0), tl.program_id(1)
-    start, length, slot, has_initial = _row(qsl_ptr, slots_ptr, init_ptr, seq, 2, 2**30)
+    start, length, slot, has_initial = _row(qsl_ptr, slots_ptr, init_ptr, tok_slots_ptr, seq, 2, 2**30, False,
+                                            PER_TOKEN)
     key_head = head // GROUPS
     dk = tl.arange(0, BLOCK_K)
     dv = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -263,16 +301,18 @@ def gated_delta_rule(
     block_k = max(16, triton.next_power_of_2(dk))
     block_v = min(BLOCK_V, max(16, triton.next_power_of_2(dv)))
     grid = (rows, num_v_heads, triton.cdiv(dv, block_v))
-    row_args = (batch.query_start_loc, batch.state_slots, batch.has_initial_state)
+    per_token = batch.token_state_slots is not None  # verification rows: the recurrent form, every state kept
+    row_args = (batch.query_start_loc, batch.state_slots, batch.has_initial_state,
+                batch.token_state_slots if per_token else batch.state_slots)
     state_strides = (ssm_state.stride(0), ssm_state.stride(1), ssm_state.stride(2))
     longest = batch.longest
     _fused_recurrent_kernel[grid](
         q, k, v, g, beta, ssm_state, out, *row_args, scale, L2NORM_EPS, 1,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
         out.stride(0), out.stride(1), *state_strides,
-        GROUPS=groups, DK=dk, DV=dv, BLOCK_K=block_k, BLOCK_V=block_v,
+        GROUPS=groups, DK=dk, DV=dv, BLOCK_K=block_k, BLOCK_V=block_v, PER_TOKEN=per_token,
     )
-    if longest < 2:
+    if longest < 2 or len(batch.prefill_rows) == 0:
         return out
     precision = "ieee"  # fp32 state math, as the reference
     w = torch.empty(tokens, num_v_heads, dk, dtype=torch.float32, device=v.device)
@@ -283,12 +323,13 @@ def gated_delta_rule(
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
         w.stride(0), w.stride(1), u.stride(0), u.stride(1), g_cum.stride(0),
         GROUPS=groups, DK=dk, DV=dv, BLOCK_K=block_k, BLOCK_DV=max(16, triton.next_power_of_2(dv)), BT=CHUNK,
-        DOT_PRECISION=precision,
+        DOT_PRECISION=precision, PER_TOKEN=per_token,
     )
     _chunk_scan_kernel[grid](
         q, k, w, u, g_cum, ssm_state, out, *row_args, scale, L2NORM_EPS,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), w.stride(0), w.stride(1), u.stride(0), u.stride(1),
         g_cum.stride(0), out.stride(0), out.stride(1), *state_strides,
         GROUPS=groups, DK=dk, DV=dv, BLOCK_K=block_k, BLOCK_V=block_v, BT=CHUNK, DOT_PRECISION=precision,
+        PER_TOKEN=per_token,
     )
     return out

@@ -84,7 +84,7 @@ class _SamplingFields(_Request):
     response_format: dict[str, Any] | None = None  # {"type": "text" | "json_object" | "json_schema", ...}
     prompt_logprobs: int | None = Field(None, ge=0, le=20)  # vLLM's extension: each prompt token's logprob
     structured_outputs: dict[str, Any] | None = None  # vLLM's extension: {"regex" | "grammar" | "json" | "choice": ...}
-    speculative: Literal["off", "ngram", "suffix"] | None = None  # kvserve's: this request's proposer (--speculative)
+    speculative: Literal["off", "ngram", "suffix", "mtp"] | None = None  # kvserve's: the proposer (--speculative)
 
     @property
     def include_usage(self) -> bool:

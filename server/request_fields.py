@@ -49,7 +49,7 @@ _SAMPLING = {
     "prompt_logprobs": _honoured("vLLM's; chat: not streamed"),
     "cache_salt": _honoured("with --allow-request-cache-salt, else a 400"),
     # kvserve's own
-    "speculative": _honoured("kvserve's: `off`, `ngram` or `suffix` speculative decoding for this request"),
+    "speculative": _honoured("kvserve's: `off`, `ngram`, `suffix` or `mtp` speculative decoding for this request"),
     # vLLM's extensions that would change the result
     "guided_json": _refused("vLLM's older name: send structured_outputs", {"type": "object"}),
     "guided_regex": _refused("vLLM's older name: send structured_outputs", "a+"),

@@ -172,3 +172,82 @@ def test_zero_centred_rms_norm_triton_matches_reference(dtype: torch.dtype) -> N
     xf = (x + residual).float()  # HF's Gemma / Qwen3-Next norm: x / rms * (1 + w) in fp32, one rounding
     hf = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * (1 + weight.float())).to(dtype)
     torch.testing.assert_close(want[0], hf, atol=0, rtol=0)
+
+
+# Speculative decoding: verification rows (a token and its drafts) keep the state after each of their first tokens in
+# slots of their own, beside decode and prefill rows. (tokens, continues a state, slots kept per token or None)
+VERIFY_SEQUENCES = [(5, True, [6, 7, 8, 9, -1]), (1, True, None), (9, False, None), (3, True, [10, 11, -1]),
+                    (2, True, [12, -1])]
+VERIFY_SLOTS = [0, 1, 2, 3, 4]
+
+
+def _verify_batch(device: str = "cpu") -> StateBatch:
+    batch = _batch([n for n, _, _ in VERIFY_SEQUENCES], VERIFY_SLOTS, [i for _, i, _ in VERIFY_SEQUENCES], device)
+    keep = np.concatenate([np.array(k if k else [-1] * n) for n, _, k in VERIFY_SEQUENCES]).astype(np.int64)
+    batch.host_token_state_slots, batch.token_state_slots = keep, torch.from_numpy(keep).to(device)
+    return batch
+
+
+def _verify_inputs(dtype: torch.dtype = torch.float32):
+    gen = torch.Generator().manual_seed(6)
+    total = sum(n for n, _, _ in VERIFY_SEQUENCES)
+    q, k = (torch.randn(total, HK, DK, generator=gen).to(dtype) for _ in range(2))
+    v = torch.randn(total, HV, DV, generator=gen).to(dtype)
+    g = -torch.rand(total, HV, generator=gen) * 0.5
+    beta = torch.rand(total, HV, generator=gen).to(dtype)
+    return (q, k, v, g, beta), torch.randn(13, HV, DK, DV, generator=gen) * 0.1
+
+
+def test_verification_rows_keep_the_state_after_each_token() -> None:
+    """A verification row's outputs and kept states are those of decoding its tokens one at a time; its final state
+    goes to its own slot, as for any row; the other rows are unaffected."""
+    inputs, states = _verify_inputs()
+    before = states.clone()
+    out = gated_delta_rule(*inputs, states, _verify_batch())
+    start = 0
+    for (n, initial, keep), slot in zip(VERIFY_SEQUENCES, VERIFY_SLOTS):
+        if keep is not None:
+            one = before.clone()
+            for t in range(n):  # one decode row at a time, in slot `slot`
+                row = [x[start + t : start + t + 1] for x in inputs]
+                torch.testing.assert_close(gated_delta_rule(*row, one, _batch([1], [slot], [True]))[0],
+                                           out[start + t], atol=1e-6, rtol=1e-6)
+                want = one[slot]
+                torch.testing.assert_close(states[keep[t]] if keep[t] >= 0 else states[slot], want, atol=1e-6,
+                                           rtol=1e-6)
+        start += n
+    conv_x = torch.randn(sum(n for n, _, _ in VERIFY_SEQUENCES), 12, generator=torch.Generator().manual_seed(7))
+    weight = torch.randn(12, KERNEL)
+    conv_state = torch.randn(13, 12, KERNEL - 1)
+    conv_before = conv_state.clone()
+    conv_out = causal_conv1d(conv_x, weight, conv_state, _verify_batch())
+    start = 0
+    for (n, initial, keep), slot in zip(VERIFY_SEQUENCES, VERIFY_SLOTS):
+        history = conv_before[slot] if initial else torch.zeros(12, KERNEL - 1)
+        full = torch.cat([history, conv_x[start:start + n].T], dim=-1)
+        want = F.silu(F.conv1d(full[None], weight[:, None], groups=12))[0].T
+        torch.testing.assert_close(conv_out[start:start + n], want, atol=1e-5, rtol=1e-5)
+        for t, kept in enumerate(keep or []):
+            torch.testing.assert_close(conv_state[kept if kept >= 0 else slot], full[:, t + 1 : t + KERNEL])
+        start += n
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.slow)])
+def test_triton_verification_rows_match_reference(dtype: torch.dtype) -> None:
+    inputs, states = _verify_inputs(dtype)
+    want_states = states.clone()
+    want = gated_delta_rule(*inputs, want_states, _verify_batch())
+    got_states = states.to(DEVICE)
+    got = get_ops("triton").gated_delta_rule(*(x.to(DEVICE) for x in inputs), got_states, _verify_batch(DEVICE))
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.cpu(), want, atol=tol, rtol=tol)
+    torch.testing.assert_close(got_states.cpu(), want_states, atol=1e-5 if dtype == torch.float32 else 1e-2, rtol=1e-5)
+    x = torch.randn(len(want), 130, generator=torch.Generator().manual_seed(8)).to(dtype)
+    weight = torch.randn(130, KERNEL).to(dtype)
+    conv_state = torch.randn(13, 130, KERNEL - 1).to(dtype)
+    want_conv = conv_state.clone()
+    want_out = causal_conv1d(x, weight, want_conv, _verify_batch())
+    got_conv = conv_state.to(DEVICE)
+    got_out = get_ops("triton").causal_conv1d(x.to(DEVICE), weight.to(DEVICE), got_conv, _verify_batch(DEVICE))
+    torch.testing.assert_close(got_out.cpu(), want_out, atol=tol * 3, rtol=tol * 3)
+    torch.testing.assert_close(got_conv.cpu(), want_conv, atol=0, rtol=0)

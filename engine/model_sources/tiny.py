@@ -160,6 +160,20 @@ def hash_routes(name: str, shape: tuple[int, ...], seed: int, num_experts: int) 
     return draws.argsort(dim=-1)[:, : shape[1]].contiguous()
 
 
+def _mtp_shapes(shapes: dict[str, tuple[int, ...]], config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """The multi-token-prediction layer that Qwen3.5 / 3.6 checkpoints carry beside the model (transformers does
+    not build it, so its tensors are added here, in the released layout): ``mtp.fc`` over [embedding, hidden],
+    its two input norms, one full-attention decoder layer shaped as the model's (``mtp.layers.0.*``) and a norm."""
+    if not config.get("mtp_num_hidden_layers"):
+        return {}
+    hidden = config["hidden_size"]
+    attention = next(name.split(".")[2] for name in sorted(shapes) if ".self_attn." in name)  # a full-attention layer
+    prefix = f"model.layers.{attention}."
+    layer = {"mtp.layers.0." + name[len(prefix):]: shape for name, shape in shapes.items() if name.startswith(prefix)}
+    norms = {f"mtp.{name}.weight": (hidden,) for name in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm")}
+    return {"mtp.fc.weight": (hidden, 2 * hidden), **norms, **layer}
+
+
 def build_tiny_model(recipe: TinyRecipe, template: str, out_dir: Path, scales: InitScales = InitScales()) -> None:
     """Write a complete HF model directory (configs, tokenizer, fp32 model.safetensors) into `out_dir`."""
     tokens = TOKENIZER_WRITERS[recipe.tokenizer](out_dir, template)
@@ -171,6 +185,7 @@ def write_random_weights(out_dir: Path, seed: int, scales: InitScales = InitScal
     """model.safetensors (fp32) for the config.json in ``out_dir``, every tensor drawn from ``seed``."""
     shapes = _parameter_shapes(out_dir)
     config = json.loads((out_dir / "config.json").read_text())
+    shapes.update(_mtp_shapes(shapes, config))
     num_experts = config.get("n_routed_experts")
     zero_centered = config.get("model_type") in HYBRID_ARCHITECTURES  # norm weights w apply as 1 + w
     tensors = {

@@ -19,8 +19,9 @@ from torch import nn
 from engine.config import ModelConfig
 from engine.kv_cache_spec import KVCacheSpec, RecurrentStateSpec
 from engine.models.llama import Attention, LlamaForCausalLM, RMSNorm
+from engine.models.mtp import MTPHead
 from engine.parallel.linear import Part, Sharding, column_parallel, qkv_parallel, row_parallel
-from engine.parallel.state import TensorParallel
+from engine.parallel.state import SINGLE, TensorParallel
 from kernels.ops import AttentionMetadata, Ops
 
 
@@ -135,9 +136,14 @@ class GatedDeltaNet(nn.Module):
 
 
 class HybridForCausalLM(LlamaForCausalLM):
-    """The Llama decoder loop over Gated DeltaNet and gated-attention layers (``cfg.linear.layer_types``)."""
+    """The Llama decoder loop over Gated DeltaNet and gated-attention layers (``cfg.linear.layer_types``); with
+    ``cfg.num_mtp_layers``, the checkpoint's MTP layer as ``mtp`` (a draft model, `engine.models.mtp`)."""
 
     attention_class = GatedAttention
+
+    def __init__(self, cfg: ModelConfig, ops: Ops, tp: TensorParallel = SINGLE) -> None:
+        super().__init__(cfg, ops, tp)
+        self.mtp = MTPHead(cfg, GatedAttention(cfg, tp), tp) if cfg.num_mtp_layers else None
 
     def make_mixer(self, layer_idx: int) -> nn.Module:
         assert self.cfg.linear is not None
@@ -162,6 +168,8 @@ class HybridForCausalLM(LlamaForCausalLM):
                     (tp.split(lin.num_value_heads), lin.key_head_dim, lin.value_head_dim)),
             fp32=(False, True),
         )
-        blocks = KVCacheSpec.gqa(cfg.num_layers - sum(recurrent), tp.split(cfg.num_kv_heads), cfg.head_dim)
+        if self.mtp is not None:  # its attention layer's pages come last, under the same block ids
+            recurrent += (False,)
+        blocks = KVCacheSpec.gqa(len(recurrent) - sum(recurrent), tp.split(cfg.num_kv_heads), cfg.head_dim)
         return KVCacheSpec(blocks.kind, blocks.num_layers, blocks.token_shapes, recurrent=state,
                            layer_is_recurrent=recurrent)

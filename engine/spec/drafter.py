@@ -3,7 +3,8 @@
 Torch-free (the scheduler imports no torch). Every sequence that speculates gets an `NgramIndex` over its tokens,
 extended lazily as tokens are accepted; every session (the tenant's cache salt plus the server's session id) gets a
 `SuffixTree` over the text of its finished requests. The `suffix` method proposes from the session's tree and falls
-back to the sequence's own prompt lookup where the tree has no match.
+back to the sequence's own prompt lookup where the tree has no match. The `mtp` method proposes what the model's MTP
+layer drafted in the runner after the sequence's last step (`engine/spec/mtp.py`), handed back with its tokens.
 
 Speculation turns itself down as the batch grows: verifying drafts costs compute that a large batch already
 saturates, so the step's drafts are capped at ``draft_budget`` tokens, shared by the decoding sequences
@@ -19,7 +20,7 @@ from engine.outputs import DraftStats
 from engine.spec.ngram import NgramIndex
 from engine.spec.suffix import SuffixTree
 
-Method = Literal["off", "ngram", "suffix"]
+Method = Literal["off", "ngram", "suffix", "mtp"]
 METHODS: tuple[str, ...] = get_args(Method)
 MAX_SESSIONS = 256  # session trees kept (least recently used dropped)
 MAX_DOCUMENT_TOKENS = 4096  # of a finished request's new text, the tail that goes into its session's tree
@@ -37,6 +38,8 @@ class Drafter:
         default_factory=OrderedDict, repr=False)
     stats: dict[str, DraftStats] = field(default_factory=lambda: {m: DraftStats() for m in METHODS[1:]})
     request_stats: dict[str, DraftStats] = field(default_factory=dict)  # of the live sequences that speculate
+    # mtp: per sequence, the drafts the runner made after its last step, and how many tokens it had then
+    _offered: dict[str, tuple[int, list[int]]] = field(default_factory=dict, repr=False)
 
     def drafts_per_sequence(self, num_decodes: int) -> int:
         if num_decodes <= 0:
@@ -47,6 +50,9 @@ class Drafter:
                 session: tuple[str | None, str | None]) -> list[int]:
         if method == "off" or k <= 0:
             return []
+        if method == "mtp":  # drafted for exactly these tokens, or not at all
+            length, drafts = self._offered.get(seq_id, (-1, []))
+            return drafts[:k] if length == len(tokens) else []
         index = self._indexes.get(seq_id)
         if index is None:
             index = self._indexes[seq_id] = NgramIndex(self.min_n, self.max_n)
@@ -59,6 +65,10 @@ class Drafter:
                 if drafts:
                     return drafts
         return index.propose(k)
+
+    def offer(self, seq_id: str, num_tokens: int, drafts: list[int]) -> None:
+        """The MTP layer drafted ``drafts`` to follow the sequence's first ``num_tokens`` tokens."""
+        self._offered[seq_id] = (num_tokens, drafts)
 
     def record(self, seq_id: str, method: Method, drafted: int, emitted: int) -> None:
         """A step of a speculating sequence came back: ``drafted`` drafts verified, ``emitted`` tokens appended."""
@@ -73,6 +83,7 @@ class Drafter:
         session's tree. An agent's next prompt repeats the last one, so only what is new since the session's
         previous document is added (its tail, bounded)."""
         self._indexes.pop(seq_id, None)
+        self._offered.pop(seq_id, None)
         self.request_stats.pop(seq_id, None)
         if tokens is None:
             return

@@ -36,6 +36,7 @@ from engine.parallel.state import SINGLE, TensorParallel
 from engine.worker.prompt_logprobs import PromptScoring, PromptSpan, ScoredSpan, score_spans
 from engine.worker.sampler import Penalties, SamplerOutput, SamplingBatch, has_penalties, make_generator, penalty_parameters, sample
 from engine.sampling_params import SamplingParams
+from engine.spec.mtp import MTPDrafter
 from engine.spec.verify import verify
 from engine.worker.step_inputs import DeviceInputs, HostInputs, flatten
 from engine.weights import load_weights, use_fp8_layers
@@ -116,13 +117,14 @@ class StepHandle:
         if launched.started is not None:
             profile.device_s += launched.started.elapsed_time(launched.done) / 1e3
         token_ids, logprobs = [], None
-        emitted = None
+        emitted = drafts = None
         if launched.sampled is not None:
             token_ids, logprobs = launched.sampled.host_lists(self.params)
-            emitted = launched.sampled.emitted
+            emitted, drafts = launched.sampled.emitted, launched.sampled.drafts
             self.runner.record_sampled(self, token_ids, emitted)
         scored = [(s.seq_id, s.first_token, s.entries()) for s in launched.scored]
-        self._output = ModelRunnerOutput(self.seq_ids if token_ids else [], token_ids, logprobs, scored, emitted)
+        self._output = ModelRunnerOutput(self.seq_ids if token_ids else [], token_ids, logprobs, scored, emitted,
+                                         drafts)
         return self._output
 
 
@@ -192,19 +194,28 @@ class ModelRunner:
         # Every rank holds its shard of every block, so all ranks agree on the pool: the smallest that fits.
         blocks, snapshots = self._size_cache(use_graphs)
         self.num_blocks = tp.min(blocks, self.device)
-        # Hybrid models: a recurrent-state slot per running sequence, and the snapshots' (engine.kv.state_pool)
+        # Hybrid models: a recurrent-state slot per running sequence, and the snapshots' (engine.kv.state_pool);
+        # after them, outside the pool, one per draft token a step may verify: the state after each verified
+        # position, so the one after the last accepted draft is kept (`_keep_accepted_states`)
         self.num_state_slots = cfg.max_num_seqs + tp.min(snapshots, self.device) if recurrent else 0
-        self.kv_caches = self._new_caches(self.num_blocks)
+        self.num_draft_states = self._num_draft_states()
+        self.kv_caches = self._new_caches(self.num_blocks, self.num_state_slots + self.num_draft_states)
         self.memory: RankMemory = measure(tp.rank, self.model, self.kv_caches)
         self.kv_offload = self._new_offload(model_dir) if cfg.kv_offload_gb else None
         self.decode_graphs: DecodeGraphRunner | None = None
         if use_graphs:
             self.decode_graphs = self._capture_decode_graphs()
+        # --speculative mtp: the model's MTP layer drafts after every step (engine/spec/mtp.py)
+        self.mtp_drafter = (MTPDrafter(model, cfg.num_speculative_tokens, cfg.block_size, max_model_len)
+                            if getattr(model, "mtp", None) is not None else None)
 
-    def _new_caches(self, num_blocks: int, num_state_slots: int | None = None) -> KVCaches:
-        slots = self.num_state_slots if num_state_slots is None else num_state_slots
+    def _num_draft_states(self) -> int:
+        """Hybrid models that may speculate: a step verifies at most ``speculative_draft_budget`` drafts."""
+        return self.cfg.speculative_draft_budget if self.kv_spec.recurrent is not None else 0
+
+    def _new_caches(self, num_blocks: int, num_state_slots: int) -> KVCaches:
         return self.kv_spec.allocate(num_blocks, self.cfg.block_size, self.cfg.kv_cache_torch_dtype, self.device,
-                                     slots, self.dtype)
+                                     num_state_slots, self.dtype)
 
     def _new_offload(self, model_dir: Path) -> KVOffload:
         """The host pool (and disk tier) for blocks evicted from the device pool, and a hybrid model's snapshots
@@ -240,7 +251,7 @@ class ModelRunner:
         pad_to = None
         if graphs is not None and graphs.fits(batch.num_rows, int(batch.num_new[: batch.num_rows].max())):
             pad_to = graphs.padded_size(batch.num_rows)
-        host = flatten(batch, self.cfg.block_size, pad_to)
+        host = flatten(batch, self.cfg.block_size, pad_to, self.num_state_slots if self.num_draft_states else -1)
         all_ids = batch.seq_ids
         # every row samples in a decode-only step: the rows' ids as they are
         sample_rows = host.sample_rows
@@ -283,6 +294,11 @@ class ModelRunner:
             hidden = self.model(input_ids, positions, self.kv_caches, self.inputs.metadata(host))
         self._copy_states(work.state_snapshots)
         sampled = self._sample(hidden, host, work) if len(host.sample_index) else None
+        if self.mtp_drafter is not None:  # after acceptance: it catches up on the kept positions, then drafts
+            drafts = self.mtp_drafter(hidden, self.kv_caches, host, self.inputs, self.batch,
+                                      sampled and sampled.token_ids, sampled and sampled.emitted)
+            if sampled is not None:
+                sampled.drafts = drafts
         scored = score_spans(hidden, work.prompt_spans, self.model.compute_logits) if work.prompt_spans else []
         launched = self._to_host(sampled, scored, timed=started is not None)
         if sampled is not None or scored:
@@ -386,6 +402,8 @@ class ModelRunner:
         self.tp.broadcast_from_first(out.token_ids)
         if work.drafts is not None and self.tp.size > 1:
             out.emitted = self._share_emitted(out.emitted, host.sample_counts)
+        if work.drafts is not None:  # every rank: its shard of the recurrent state
+            self._keep_accepted_states(host, out.emitted)
         self._prev_sampled = out.token_ids
         return out
 
@@ -417,6 +435,18 @@ class ModelRunner:
         out.token_ids[torch.from_numpy(drafted).to(self.device).long()] = torch.tensor(
             [tokens[0] for tokens in emitted_drafted], device=self.device)
         return emitted
+
+    def _keep_accepted_states(self, host: HostInputs, emitted: list[list[int]]) -> None:
+        """Hybrid models: a verification row's recurrent state ran past its last accepted draft; the state after it
+        was kept in a draft-state slot (`flatten`), from where it goes back to the row's own slot."""
+        if host.draft_states is None:
+            return
+        copies = []
+        for row, tokens in zip(host.sample_rows.tolist(), emitted):
+            accepted, drafts = len(tokens) - 1, int(host.draft_counts[row])
+            if accepted < drafts:
+                copies.append(StateCopy(int(host.draft_states[row]) + accepted, int(host.state_slots[row])))
+        self._copy_states(copies)
 
     def _to_host(self, sampled: SamplerOutput | None, scored: list[ScoredSpan], timed: bool) -> _Launched:
         """On CUDA, start copying the step's results into pinned host memory; the event marks the copies done."""
@@ -508,7 +538,7 @@ class ModelRunner:
             if snapshots is None:
                 snapshots = int(fraction / (1 - fraction) * cfg.num_kv_blocks * per_block) // state if state else 0
             return cfg.num_kv_blocks, snapshots
-        budget = self._kv_memory_budget(use_graphs) - cfg.max_num_seqs * state
+        budget = self._kv_memory_budget(use_graphs) - (cfg.max_num_seqs + self._num_draft_states()) * state
         snapshots = cfg.num_state_snapshots
         if snapshots is None:
             snapshots = int(fraction * budget) // state if state else 0
@@ -602,4 +632,4 @@ def _pinned(t: torch.Tensor | None) -> torch.Tensor | None:
 def _to_pinned(out: SamplerOutput) -> SamplerOutput:
     """The sampled ids (and logprobs), copied to pinned host memory."""
     return SamplerOutput(_pinned(out.token_ids), out.logprob_rows, _pinned(out.chosen_logprobs), _pinned(out.top_ids),
-                         _pinned(out.top_logprobs), out.emitted)
+                         _pinned(out.top_logprobs), out.emitted, out.drafts)

@@ -122,6 +122,7 @@ class SamplerOutput:
     top_ids: torch.Tensor | None = None  # [L, N]
     top_logprobs: torch.Tensor | None = None  # [L, N]
     emitted: list[list[int]] | None = None  # speculative decoding: every row's tokens, on the host (engine/spec/)
+    drafts: list[list[int]] | None = None  # the MTP proposer's drafts for each row's next step, on the host
 
     def host_lists(self, params: Sequence[SamplingParams]) -> tuple[list[int], list[TokenLogprobs | None] | None]:
         """Python lists (call on host tensors): the ids, and per row its `TokenLogprobs` (None if not asked)."""

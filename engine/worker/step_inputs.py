@@ -36,6 +36,11 @@ class HostInputs:
     has_initial_state: np.ndarray  # ... and whether it continues the state there (tokens computed before)
     max_query_len: int
     max_context_len: int
+    # hybrid models that verify drafts: per token, a slot for the state after it (-1: none); per row, its drafts and
+    # the first of its slots (the state after its last known token, then after each draft but the last)
+    token_state_slots: np.ndarray | None = None
+    draft_counts: np.ndarray | None = None
+    draft_states: np.ndarray | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -46,8 +51,10 @@ class HostInputs:
         return len(self.context_lens)
 
 
-def flatten(batch: InputBatch, block_size: int, pad_rows_to: int | None = None) -> HostInputs:
-    """Vectorized over the scheduled rows: O(tokens scheduled), whatever the rows' context lengths."""
+def flatten(batch: InputBatch, block_size: int, pad_rows_to: int | None = None, draft_state_base: int = -1
+            ) -> HostInputs:
+    """Vectorized over the scheduled rows: O(tokens scheduled), whatever the rows' context lengths.
+    ``draft_state_base``: hybrid models, the first of the state slots kept for verified positions (-1: none)."""
     rows = batch.num_rows
     n = batch.num_new[:rows]
     start = batch.num_computed[:rows]
@@ -83,9 +90,23 @@ def flatten(batch: InputBatch, block_size: int, pad_rows_to: int | None = None) 
         has_initial_state=start > 0,
         max_query_len=max_query_len, max_context_len=int(context_lens.max()) if rows else 0,
     )
+    if draft_state_base >= 0 and drafts.any():
+        _keep_verified_states(host, drafts, ends, row_of_token, draft_state_base)
     if pad_rows_to is not None and pad_rows_to > rows:
         _pad_decode(host, pad_rows_to)
     return host
+
+
+def _keep_verified_states(host: HostInputs, drafts: np.ndarray, ends: np.ndarray, row_of_token: np.ndarray,
+                          base: int) -> None:
+    """A row verifying d drafts computes its last known token and the drafts, its last d + 1 tokens; the state after
+    each of the first d of them goes to a slot of its own (after the last one it is the row's final state), so the
+    state after the last accepted token exists whatever is accepted. Rows take consecutive slots from ``base``."""
+    first = base + np.cumsum(drafts) - drafts
+    index = np.arange(len(row_of_token)) - (ends - drafts - 1)[row_of_token]  # among the row's verified tokens
+    kept = (index >= 0) & (index < drafts[row_of_token])
+    host.token_state_slots = np.where(kept, first[row_of_token] + index, -1).astype(np.int32)
+    host.draft_counts, host.draft_states = drafts.copy(), np.where(drafts > 0, first, -1).astype(np.int32)
 
 
 def _pad_decode(host: HostInputs, size: int) -> None:
@@ -116,6 +137,7 @@ class DeviceInputs:
         self.block_tables = torch.zeros(max_rows, max_blocks_per_row, dtype=torch.int32, device=device)
         self.state_slots = torch.zeros(max_rows, dtype=torch.long, device=device)
         self.has_initial_state = torch.zeros(max_rows, dtype=torch.bool, device=device)
+        self.token_state_slots = torch.full((max_tokens,), -1, dtype=torch.long, device=device)
         self._host_states = (np.zeros(0, dtype=np.int32), np.zeros(0, dtype=bool))  # the last upload's, on the host
         self.tokens_from_device = 0  # input ids taken from the previous step's device output (async scheduling)
         self._pinned = device.type == "cuda"
@@ -128,6 +150,8 @@ class DeviceInputs:
                  host.pending_dst, host.pending_src, host.block_table_deltas.reshape(-1)]
         if self.recurrent:
             parts += [host.state_slots, host.has_initial_state.astype(np.int32)]
+            if host.token_state_slots is not None:
+                parts.append(host.token_state_slots)
         sizes = [len(p) for p in parts]
         staged = self._stage(np.concatenate(parts))
         ids, pos, slots, qsl, ctx, pdst, psrc, deltas, *states = staged.split(sizes)
@@ -147,6 +171,8 @@ class DeviceInputs:
         if states:
             self.state_slots[:b].copy_(states[0])
             self.has_initial_state[:b].copy_(states[1])
+            if host.token_state_slots is not None:
+                self.token_state_slots[:t].copy_(states[2])
             self._host_states = (host.state_slots, host.has_initial_state)
         return self.input_ids[:t], self.positions[:t]
 
@@ -175,9 +201,10 @@ class DeviceInputs:
         )
 
     def _state_batch(self, host: HostInputs) -> StateBatch:
-        b = host.num_rows
+        b, verifies = host.num_rows, host.token_state_slots is not None
         return StateBatch(self.query_start_loc[: b + 1], self.state_slots[:b], self.has_initial_state[:b],
-                          host.query_start_loc, host.state_slots, host.has_initial_state)
+                          host.query_start_loc, host.state_slots, host.has_initial_state,
+                          self.token_state_slots[: host.num_tokens] if verifies else None, host.token_state_slots)
 
     def decode_states(self, size: int) -> StateBatch:
         """The recurrent ops' view of a padded decode batch of ``size`` rows, one token each (a decode graph's static

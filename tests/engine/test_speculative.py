@@ -146,12 +146,18 @@ def test_suffix_drafts_from_the_sessions_earlier_replies(dense):
     assert other is None  # another tenant's session with the same id shares nothing
 
 
-def test_hybrid_models_refuse_speculation_with_a_clear_error():
-    llm = LLM("qwen3.6-tiny", block_size=16, num_kv_blocks=64)
-    with pytest.raises(RequestRejected, match="hybrid models .* cannot speculate"):
-        llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2, speculative="ngram"))
-    with pytest.raises(ValueError, match="--speculative ngram: hybrid"):
-        LLM("qwen3.6-tiny", block_size=16, num_kv_blocks=64, speculative="ngram")
+@pytest.mark.parametrize("model", ["qwen3.6-tiny", pytest.param("qwen3.6-moe-tiny", marks=pytest.mark.slow)])
+def test_greedy_tokens_identical_hybrid(model):
+    """Hybrids: a rejected draft leaves the recurrent state at the last accepted token (the state after each verified
+    position is kept, kernels/reference_recurrent.py), and steps with drafts stop short of the block boundaries where
+    snapshots are taken; the prefix cache hot (the second round resumes from snapshots), n = 2."""
+    llm = LLM(model, block_size=4, num_kv_blocks=256, speculative_draft_budget=64)
+    prompts = random_prompts(1000, [13, 6], seed=6)
+    _greedy_equal(llm, prompts, max_tokens=18)
+    _greedy_equal(llm, prompts, max_tokens=18, n=2)  # prompts and replies from the cache now, two siblings each
+    stats = llm.engine.scheduler.drafter.stats["ngram"]
+    assert 0 < stats.accepted_tokens < stats.draft_tokens  # drafts were accepted and rejected
+    assert llm.stats.prefix_cache_hits_tokens > 0
 
 
 @pytest.mark.slow
@@ -176,3 +182,42 @@ def test_sampled_tokens_keep_the_target_distribution(dense):
         cells = sorted({key(o.token_ids) for o in plain + spec})
         table = [[sum(key(o.token_ids) == c for o in run) for c in cells] for run in (plain, spec)]
         assert chi2_contingency(table).pvalue > P_VALUE_THRESHOLD
+
+
+@pytest.fixture(scope="module")
+def mtp() -> LLM:
+    return LLM("qwen3.6-tiny", block_size=4, num_kv_blocks=256, speculative="mtp", speculative_draft_budget=64)
+
+
+def test_mtp_drafts_keep_greedy_tokens_identical(mtp):
+    """qwen3.6-tiny carries a random MTP layer in the released layout (``mtp.*``, engine/model_sources/tiny.py):
+    ``--speculative mtp`` loads it and drafts with it, and greedy tokens equal the plain engine's, cache hot, n = 2.
+    (Random MTP weights seldom guess right: the point is exactness, and that drafts are made and verified.)"""
+    plain = LLM("qwen3.6-tiny", block_size=4, num_kv_blocks=256)
+    assert not any(name.startswith("mtp.") for name, _ in plain.engine.runner.model.named_parameters())
+    assert any(name.startswith("mtp.fc") for name, _ in mtp.engine.runner.model.named_parameters())
+    prompts = random_prompts(1000, [13, 6], seed=7)
+    for n in (1, 1, 2):  # the second round reads prompts and replies from the prefix cache
+        params = SamplingParams(max_tokens=12, temperature=0, n=n)
+        want, got = plain.generate(prompts, params), mtp.generate(prompts, params)
+        assert [[c.token_ids for c in o.outputs] for o in got] == [[c.token_ids for c in o.outputs] for o in want]
+    stats = mtp.engine.scheduler.drafter.stats["mtp"]
+    assert stats.verifications > 0 and stats.draft_tokens > stats.verifications  # several drafts a step
+    mtp.engine.scheduler.kv.check_invariants()
+
+
+def test_mtp_catch_up_drafts_as_one_prefill_would(mtp):
+    """The MTP layer's K/V, filled step by step (each position paired with the token after it, rejected drafts left
+    out), gives the drafts that one prefill of the same tokens gives, without the prefix cache."""
+    drafter = mtp.engine.scheduler.drafter
+    offers: list[tuple[int, list[int]]] = []
+    drafter.offer = lambda seq_id, n, drafts, offer=drafter.offer: (offers.append((n, drafts)), offer(seq_id, n, drafts))
+    prompt = random_prompts(1000, [9], seed=8)[0]
+    context = prompt + mtp.generate([prompt], SamplingParams(max_tokens=10, temperature=0))[0].token_ids
+    del drafter.offer
+    fresh = LLM("qwen3.6-tiny", block_size=4, num_kv_blocks=256, speculative="mtp", enable_prefix_caching=False)
+    for length, drafts in offers[-3:]:
+        first: list[tuple[int, list[int]]] = []
+        fresh.engine.scheduler.drafter.offer = lambda seq_id, n, d: first.append((n, d))
+        fresh.generate([context[: length - 1]], SamplingParams(max_tokens=2, temperature=0))
+        assert first[0] == (length, drafts)
