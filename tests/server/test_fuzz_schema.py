@@ -2,10 +2,12 @@
 parameters that fit the schema and ones that break it. A hook fills most cases that fit the schema with the served
 model's name and valid messages (a prompt, an input), so that they get past validation and reach generation. No
 answer is a 5xx, every error is in its API's shape, and the server keeps serving. Each case generates at most two
-tokens. The unmarked test runs a few hundred cases; the slow one 5,000 (its count and time: docs/SERVER.md)."""
+tokens. The unmarked test runs a few hundred cases; the slow one KVSERVE_FUZZ_CASES (1,000 unless set; 5,000 were run
+once, their count and time: docs/SERVER.md)."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 from dataclasses import replace
@@ -130,11 +132,13 @@ def test_no_5xx_and_errors_in_each_apis_shape(qwen_server: LiveServer, monkeypat
 
 
 @pytest.mark.slow
-def test_no_5xx_in_5000_cases(qwen_server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_5xx_in_many_cases(qwen_server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The deep run: KVSERVE_FUZZ_CASES=5000 takes about 400 s on two cores, too long for every CI run."""
+    cases = int(os.environ.get("KVSERVE_FUZZ_CASES", "1000"))
     started = time.monotonic()
-    seen = _fuzz(qwen_server, monkeypatch, max_examples=5_000)
+    seen = _fuzz(qwen_server, monkeypatch, max_examples=cases)
     total = sum(seen.values())
     generated = sum(n for (_, path, status), n in seen.items() if status == 200 and path in GENERATION_ROUTES)
     print(f"\nschemathesis: {total} cases over {len({(m, p) for m, p, _ in seen})} operations in "
           f"{time.monotonic() - started:.0f} s, {generated} of them generated; 0 server errors")
-    assert total >= 5_000
+    assert total >= cases
