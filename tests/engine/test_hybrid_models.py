@@ -125,11 +125,13 @@ def test_vision_tower_skipped_and_mtp_weights_left_loadable(hybrid_dirs, tmp_pat
 
 def test_state_slots_follow_the_model(hybrid_dirs):
     """Pages only for the full-attention layer; per linear-attention layer a conv window (model dtype) and an fp32
-    delta-rule state per slot, one slot per sequence the engine may run."""
-    llm = LLM(hybrid_dirs["qwen3_5"], block_size=4, num_kv_blocks=16, max_num_seqs=6, dtype="bfloat16")
+    delta-rule state per slot, one slot per sequence the engine may run and one per draft a step may verify (the
+    states after each verified position, docs/SPECULATIVE.md)."""
+    llm = LLM(hybrid_dirs["qwen3_5"], block_size=4, num_kv_blocks=16, max_num_seqs=6, dtype="bfloat16",
+              speculative_draft_budget=5)
     runner = llm.engine.runner
     shapes = [[(tuple(t.shape), t.dtype) for t in layer] for layer in runner.kv_caches]
-    state = [((6, 2 * 2 * 16 + 4 * 16, 3), torch.bfloat16), ((6, 4, 16, 16), torch.float32)]
+    state = [((6 + 5, 2 * 2 * 16 + 4 * 16, 3), torch.bfloat16), ((6 + 5, 4, 16, 16), torch.float32)]
     assert shapes == [state, state, state, [((16, 4, 2, 32), torch.bfloat16)] * 2]
     assert runner.kv_spec.bytes_per_token(torch.bfloat16) == 2 * 2 * 32 * 2  # one attention layer
     assert runner.kv_spec.recurrent.bytes_per_state(torch.bfloat16) == 3 * (128 * 3 * 2 + 4 * 16 * 16 * 4)
