@@ -5,9 +5,13 @@ Test tiers (README, Tests): `python -m pytest -q -m "not slow"` is the fast tier
 rules below mark it: every behaviour keeps one quick case in the fast tier, and the slow tier holds the rest of the
 sweep (the other kernel shapes under the Triton interpreter, the other models of an HF-equality sweep, the other
 tensor-parallel layouts, the Triton-backend twins of engine tests, the real-weights model where a random-weights one
-shows the same).
+shows the same), and every test that took longer than FAST_SECONDS in the last recorded full run
+(tests/durations.json) except each file's quickest, so that the fast tier keeps its time and still runs every file.
+`KVSERVE_RECORD_DURATIONS=1 python -m pytest -q` records the run's times there (run it after adding heavy tests).
 """
+import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -75,6 +79,11 @@ SLOW = (
 )
 
 
+# Seconds (setup + call + teardown) a test may have taken in the last recorded full run and stay in the fast tier.
+FAST_SECONDS = 1.0
+DURATIONS = Path(__file__).with_name("durations.json")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     first_cases: set[str] = set()
     for item in items:
@@ -86,3 +95,34 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             if function in first_cases:
                 item.add_marker(pytest.mark.slow)
             first_cases.add(function)
+    _mark_slow_by_recorded_time(items)
+
+
+def _mark_slow_by_recorded_time(items: list[pytest.Item]) -> None:
+    """Slow: a test that took over FAST_SECONDS when last recorded, unless it is its file's quickest fast test. A test
+    not recorded yet stays fast."""
+    recorded: dict[str, float] = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+    by_file: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        if item.get_closest_marker("slow") is None and item.nodeid in recorded:
+            by_file.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+    for file_items in by_file.values():
+        quickest = min(file_items, key=lambda item: recorded[item.nodeid])
+        for item in file_items:
+            if item is not quickest and recorded[item.nodeid] > FAST_SECONDS:
+                item.add_marker(pytest.mark.slow)
+
+
+_run_times: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _run_times[report.nodeid] = _run_times.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if os.environ.get("KVSERVE_RECORD_DURATIONS") != "1" or not _run_times:
+        return
+    recorded = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+    recorded.update({nodeid: round(seconds, 2) for nodeid, seconds in _run_times.items()})
+    DURATIONS.write_text(json.dumps(dict(sorted(recorded.items())), indent=0) + "\n")
