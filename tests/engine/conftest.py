@@ -11,7 +11,7 @@ from engine import LLM
 from engine.registry import resolve_model
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=2)  # the sweeps go model by model; every model kept would hold GBs to the session's end
 def hf_model(name: str):
     from transformers import AutoModelForCausalLM
 
