@@ -17,33 +17,24 @@ workers' watcher); ``on_death`` hears of it once, and a server exits on it.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import logging
 import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
+from engine.block_hashing import BlockHash
+from engine.core_client import EngineCoreClient, EngineFacts, OutputSink, StatsListener
 from engine.errors import EngineDeadError, RequestRejected
+from engine.kv_blocks import CachedPrefix
 from engine.llm_engine import LLMEngine
-from engine.outputs import StepOutputs
+from engine.outputs import SchedulerStats, StepOutputs
 from engine.requests import EngineRequest
 
 log = logging.getLogger("kvserve.engine")
 T = TypeVar("T")
-
-
-class OutputSink(Protocol):
-    """Where the outputs of the requests submitted with it go, from the engine thread: once per step, that step's
-    outputs of all of them, or once the error that ended the engine. Must not block."""
-
-    def put(self, item: StepOutputs | BaseException) -> None: ...
-
-
-class StepListener(Protocol):
-    """Observes the engine from its thread after each step (e.g. to copy its counters into /metrics)."""
-
-    def on_step(self, engine: LLMEngine) -> None: ...
 
 
 @dataclass
@@ -74,17 +65,25 @@ class _Fatal:
     error: BaseException
 
 
-class EngineLoop:
-    def __init__(self, engine: LLMEngine, listener: StepListener | None = None,
-                 on_death: Callable[[BaseException], None] | None = None) -> None:
+class EngineLoop(EngineCoreClient):
+    """``on_stats`` hears the engine's counters after every step (for /metrics); ``owns_engine``: `shutdown` closes
+    the engine too (a server's core; the offline API runs a loop per call on an engine that outlives it)."""
+
+    def __init__(self, engine: LLMEngine, on_stats: StatsListener | None = None,
+                 on_death: Callable[[BaseException], None] | None = None, owns_engine: bool = False) -> None:
         self.engine = engine
-        self.listener = listener
+        self.on_stats = on_stats
+        self.owns_engine = owns_engine
         self.on_death = on_death  # called once, from whichever thread saw the engine die
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._sinks: dict[str, OutputSink] = {}
         self._thread: threading.Thread | None = None
         self._death_lock = threading.Lock()
-        self.error: BaseException | None = None  # set when the engine died; /health reports it
+        self._error: BaseException | None = None
+
+    @functools.cached_property
+    def facts(self) -> EngineFacts:
+        return EngineFacts.of(self.engine)
 
     # ---- any thread ------------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -94,14 +93,21 @@ class EngineLoop:
             self._thread.start()
 
     def shutdown(self, timeout: float = 30.0) -> None:
-        """Abort whatever still runs and stop the thread."""
+        """Abort whatever still runs and stop the thread (then close the engine, if the loop owns it)."""
         if self._thread is not None and self._thread.is_alive():
             self._commands.put(_Stop())
             self._thread.join(timeout)
+        if self.owns_engine:
+            self.engine.close()
 
     @property
     def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and self.error is None
+        return self._thread is not None and self._thread.is_alive() and self._error is None
+
+    @property
+    def error(self) -> BaseException | None:
+        """Why the engine died (None while it lives); /health reports it."""
+        return self._error
 
     def fail(self, error: BaseException) -> None:
         """Declare the engine dead (a tensor-parallel worker died): health turns bad at once, and the engine thread
@@ -124,8 +130,39 @@ class EngineLoop:
         """Finish the request (or one of its sequences) and free its blocks before the next step."""
         self._commands.put(_Abort(request_id, index))
 
+    def num_cached_tokens(self, token_ids: list[int], cache_salt: str | None) -> concurrent.futures.Future[int]:
+        return self.call(lambda engine: engine.num_cached_tokens(token_ids, cache_salt))
+
+    def pin(self, token_ids: list[int], cache_salt: str | None, ttl_s: float) -> concurrent.futures.Future[int]:
+        return self.call(lambda engine: engine.pin(token_ids, cache_salt, ttl_s))
+
+    def retain_after_tool_call(self, request_id: str) -> concurrent.futures.Future[int]:
+        return self.call(lambda engine: engine.retain_after_tool_call(request_id))
+
+    def stats(self) -> concurrent.futures.Future[SchedulerStats]:
+        return self.call(lambda engine: engine.stats())
+
+    def reset_prefix_cache(self) -> concurrent.futures.Future[None]:
+        return self.call(lambda engine: engine.reset_prefix_cache())
+
+    def blocks_now(self, block_hashes: list[BlockHash]) -> concurrent.futures.Future[tuple[list[str | None],
+                                                                                          list[int]]]:
+        def now(engine: LLMEngine) -> tuple[list[str | None], list[int]]:
+            kv = engine.scheduler.kv
+            return kv.where_cached(block_hashes), kv.snapshot_points(block_hashes)
+
+        return self.call(now)
+
+    def largest_prefixes(self, limit: int) -> concurrent.futures.Future[tuple[list[CachedPrefix], float]]:
+        def largest(engine: LLMEngine) -> tuple[list[CachedPrefix], float]:
+            kv = engine.scheduler.kv
+            return kv.cached_prefixes(limit), kv.clock()
+
+        return self.call(largest)
+
     def call(self, fn: Callable[[LLMEngine], T]) -> concurrent.futures.Future:
-        """Run `fn(engine)` on the engine thread between steps (consistent reads; tests, diagnostics)."""
+        """Run `fn(engine)` on the engine thread between steps: the named queries above, and tests that look inside
+        the engine (this core only: code cannot cross to a core in another process)."""
         command = _Call(fn)
         if not self.alive:
             command.result.set_exception(EngineDeadError("the engine is not running"))
@@ -176,9 +213,9 @@ class EngineLoop:
 
     def _die(self, error: BaseException) -> None:
         with self._death_lock:
-            if self.error is not None:
+            if self._error is not None:
                 return
-            self.error = error
+            self._error = error
         if self.on_death is not None:
             self.on_death(error)
 
@@ -229,12 +266,12 @@ class EngineLoop:
 
     def _step(self) -> None:
         if not self.engine.has_unfinished_requests():
-            if self.listener is not None:
-                self.listener.on_step(self.engine)
+            if self.on_stats is not None:
+                self.on_stats(self.engine.stats())
             return
         outputs = self.engine.step()  # raising here is an engine fault: `_run` fails everyone and stops
-        if self.listener is not None:  # before the outputs leave: a client that saw its response sees it counted
-            self.listener.on_step(self.engine)
+        if self.on_stats is not None:  # before the outputs leave: a client that saw its response sees it counted
+            self.on_stats(self.engine.stats())
         self._deliver(outputs)
 
     def _deliver(self, outputs: StepOutputs) -> None:

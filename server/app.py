@@ -260,7 +260,7 @@ def create_app(ctx: ServingContext) -> FastAPI:
 
         text, ids = await ctx.prepare(render_and_encode)
         salt = salt_for(request, None)
-        cached = await asyncio.wrap_future(ctx.engine.call(lambda engine: engine.num_cached_tokens(ids, salt)))
+        cached = await ctx.engine.num_cached_tokens(ids, salt)
         result: dict[str, Any] = {"tokens": ids, "count": len(ids), "max_model_len": ctx.max_model_len,
                                   "cached_tokens": cached}
         if req.messages is not None:

@@ -1,29 +1,29 @@
-"""The asyncio face of the engine thread (`engine.engine_loop.EngineLoop`): the engine core's client.
+"""The asyncio face of an engine core (`engine.core_client.EngineCoreClient`: the engine thread, or the core in a
+process of its own): the server's only way to the engine.
 
 Requests are prepared (validated, block hashes made) before they reach the core, on the caller's thread (the
-server's prepare thread: `AsyncEngine.prepare`). The engine thread hands each step's `StepOutputs` to the event loop
-in one hop (one `loop.call_soon_threadsafe` per step, however many requests ran: a hop costs the engine thread
-~20 us); there `_StepDispatcher` routes its rows to the request streams. Each `RequestStream` turns its outputs into text on the event loop with its own `OutputProcessor`
+server's prepare thread: `AsyncEngine.prepare`, from the core's `EngineFacts`). The core hands each step's
+`StepOutputs` to the event loop in one hop (one `loop.call_soon_threadsafe` per step, however many requests ran: a
+hop costs the engine thread ~20 us); there `_StepDispatcher` routes its rows to the request streams. Each `RequestStream` turns its outputs into text on the event loop with its own `OutputProcessor`
 (detokenization and stop strings stay off the engine thread) and stops a sequence in the engine when a stop string
 ends it.
 """
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 from collections.abc import AsyncIterator, Callable
-from typing import Any, TypeVar
+from typing import Any
 
-from engine.engine_loop import EngineLoop
+from engine.block_hashing import BlockHash
+from engine.core_client import EngineCoreClient, EngineFacts
 from engine.errors import EngineDeadError
-from engine.llm_engine import LLMEngine
+from engine.kv_blocks import CachedPrefix
 from engine.output_processor import OutputProcessor
-from engine.outputs import SequenceOutput, StepOutputs
+from engine.outputs import SchedulerStats, SequenceOutput, StepOutputs
 from engine.requests import EngineRequest
 from server.metrics import Metrics
 
 __all__ = ["AsyncEngine", "EngineDeadError", "EngineRequest", "RequestStream"]
-T = TypeVar("T")
 
 
 class _StepDispatcher:
@@ -58,16 +58,6 @@ class _StepDispatcher:
                     outs.append(output(row))
         for stream, outs in by_stream.items():
             stream.deliver(outs)
-
-
-class _MetricsListener:
-    """Copies the engine's counters into /metrics after every step, from the engine thread."""
-
-    def __init__(self, metrics: Metrics) -> None:
-        self.metrics = metrics
-
-    def on_step(self, engine: LLMEngine) -> None:
-        self.metrics.update(engine.stats())
 
 
 class RequestStream:
@@ -124,41 +114,44 @@ class RequestStream:
 
 
 class AsyncEngine:
-    """An `LLMEngine` in its own thread, for asyncio handlers. ``tokenizer`` detokenizes on the event loop (give
-    it its own instance: a Rust tokenizer used from two threads at once can fail with "Already borrowed")."""
+    """An engine core, for asyncio handlers. ``tokenizer`` detokenizes on the event loop (give it its own instance:
+    a Rust tokenizer used from two threads at once can fail with "Already borrowed"); ``metrics`` hears the
+    engine's counters after every step."""
 
-    def __init__(self, engine: LLMEngine, tokenizer: Any, metrics: Metrics | None = None) -> None:
-        self.engine = engine
+    def __init__(self, core: EngineCoreClient, tokenizer: Any, metrics: Metrics | None = None) -> None:
+        self.core = core
+        self.facts: EngineFacts = core.facts
         self.tokenizer = tokenizer
         self.metrics = metrics
-        self._loop = EngineLoop(engine, _MetricsListener(metrics) if metrics is not None else None)
+        if metrics is not None:
+            core.on_stats = metrics.update
+        self._preparer = self.facts.preparer()
         self._dispatchers: dict[asyncio.AbstractEventLoop, _StepDispatcher] = {}  # one per event loop submitting
 
     def start(self) -> None:
-        self._loop.start()
+        self.core.start()
 
     def shutdown(self, timeout: float = 30.0) -> None:
-        """Stop the engine thread, then what outlives it (tensor-parallel workers)."""
-        self._loop.shutdown(timeout)
-        self.engine.close()
+        """Stop the core, then what outlives it (tensor-parallel workers, the disk tier's writes)."""
+        self.core.shutdown(timeout)
 
     def on_death(self, callback: Callable[[BaseException], None]) -> None:
         """Call ``callback`` (from an engine or watcher thread) once, when the engine dies for good."""
-        self._loop.on_death = callback
+        self.core.on_death = callback
 
     @property
     def alive(self) -> bool:
-        return self._loop.alive
+        return self.core.alive
 
     @property
     def error(self) -> BaseException | None:
-        return self._loop.error
+        return self.core.error
 
     def prepare(self, requests: list[EngineRequest]) -> None:
-        """Validate the requests and make their block hashes, before the engine thread sees them (any thread: the
-        server's prepare thread). `RequestRejected`: one could never run."""
+        """Validate the requests and make their block hashes, before the core sees them (any thread: the server's
+        prepare thread). `RequestRejected`: one could never run."""
         for request in requests:
-            self.engine.prepare(request)
+            self._preparer.prepare(request)
 
     async def submit(self, requests: list[EngineRequest]) -> RequestStream:
         """Queue requests; returns once the engine accepted all of them. `RequestRejected`: the engine rejected one
@@ -169,14 +162,14 @@ class AsyncEngine:
             dispatcher = self._dispatchers[loop] = _StepDispatcher(loop)
         stream = RequestStream(self, requests, dispatcher)
         try:
-            await asyncio.wrap_future(self._loop.submit(requests, dispatcher))
+            await asyncio.wrap_future(self.core.submit(requests, dispatcher))
         except BaseException:  # rejected, or the client left before admission: undo (commands run in order)
             stream.abort()
             raise
         return stream
 
     def abort(self, request_id: str, index: int | None = None) -> None:
-        self._loop.abort(request_id, index)
+        self.core.abort(request_id, index)
 
     def observe_finished(self, out: SequenceOutput) -> None:
         if self.metrics is not None:
@@ -189,8 +182,19 @@ class AsyncEngine:
 
     def retain_after_tool_call(self, request_id: str) -> None:
         """The request's reply ended in tool calls: hold its blocks for the engine's tool_call_ttl."""
-        self._loop.call(lambda engine: engine.retain_after_tool_call(request_id))
+        self.core.retain_after_tool_call(request_id)
 
-    def call(self, fn: Callable[[LLMEngine], T]) -> concurrent.futures.Future:
-        """Run `fn(engine)` on the engine thread between steps (consistent reads; tests, diagnostics)."""
-        return self._loop.call(fn)
+    async def num_cached_tokens(self, token_ids: list[int], cache_salt: str | None) -> int:
+        return await asyncio.wrap_future(self.core.num_cached_tokens(token_ids, cache_salt))
+
+    async def pin(self, token_ids: list[int], cache_salt: str | None, ttl_s: float) -> int:
+        return await asyncio.wrap_future(self.core.pin(token_ids, cache_salt, ttl_s))
+
+    async def stats(self) -> SchedulerStats:
+        return await asyncio.wrap_future(self.core.stats())
+
+    async def blocks_now(self, block_hashes: list[BlockHash]) -> tuple[list[str | None], list[int]]:
+        return await asyncio.wrap_future(self.core.blocks_now(block_hashes))
+
+    async def largest_prefixes(self, limit: int) -> tuple[list[CachedPrefix], float]:
+        return await asyncio.wrap_future(self.core.largest_prefixes(limit))

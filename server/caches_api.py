@@ -1,7 +1,6 @@
 """The `/v1/caches` routes (named caches, server/named_caches.py): create (prefill and pin), list, show, delete."""
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
@@ -26,8 +25,7 @@ def add_cache_routes(api: APIRouter, ctx: ServingContext, salt_for: SaltFor) -> 
     caches = ctx.named_caches
 
     async def cached_tokens(cache: NamedCache) -> int:
-        future = ctx.engine.call(lambda engine: engine.num_cached_tokens(cache.token_ids, cache.salt))
-        return await asyncio.wrap_future(future)
+        return await ctx.engine.num_cached_tokens(cache.token_ids, cache.salt)
 
     @api.post("/v1/caches", openapi_extra=request_body(CreateCacheRequest))
     async def create_cache(request: Request) -> dict[str, Any]:
@@ -70,5 +68,5 @@ def add_cache_routes(api: APIRouter, ctx: ServingContext, salt_for: SaltFor) -> 
     async def delete_cache(request: Request, name: str) -> dict[str, Any]:
         """Forget the name and unpin its blocks (they stay cached as ordinary blocks)."""
         cache = caches.remove(salt_for(request, None), name)
-        await asyncio.wrap_future(ctx.engine.call(lambda engine: engine.pin(cache.token_ids, cache.salt, 0)))
+        await ctx.engine.pin(cache.token_ids, cache.salt, 0)
         return {"object": "cache.deleted", "name": name, "deleted": True}

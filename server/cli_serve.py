@@ -139,21 +139,20 @@ def run_serve(args: argparse.Namespace) -> int:
     except (ValueError, RuntimeError, OSError) as exc:
         _say(f"cannot serve: {exc}")
         return 1
-    blocks, runner = ctx.engine.engine.stats().kv_blocks_total, ctx.engine.engine.runner
-    kv_bytes = runner.kv_spec.bytes_per_token(config.kv_cache_torch_dtype, config.block_size)
-    ranks = config.tensor_parallel_size
+    facts = ctx.engine.facts
+    blocks, ranks = facts.num_blocks, config.tensor_parallel_size
     _say(f"loaded {ctx.model_name} in {time.perf_counter() - started:.1f}s: context {ctx.max_model_len} tokens, "
          f"{blocks} KV blocks of {config.block_size} tokens = {blocks * config.block_size:,} tokens fit "
-         f"({runner.kv_spec.kind} cache, {kv_bytes:,} KV bytes per token{' on each rank' if ranks > 1 else ''}), "
+         f"({facts.kv_cache_kind} cache, {facts.kv_bytes_per_token:,} KV bytes per token{' on each rank' if ranks > 1 else ''}), "
          f"prefix cache {'on' if config.enable_prefix_caching else 'off'}")
     if ranks > 1:
-        for memory in ctx.engine.engine.rank_memory:
-            _say(f"tensor parallel {memory.describe()}")
+        for memory in facts.rank_memory:
+            _say(f"tensor parallel {memory}")
     try:
         sock = socket.create_server((args.host, args.port))  # bound here, so the banner shows the real port
     except OSError as exc:
         _say(f"cannot listen on {args.host}:{args.port}: {exc}")
-        ctx.engine.engine.close()
+        ctx.engine.shutdown()
         return 1
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host

@@ -53,7 +53,7 @@ def plan_completion(
         raise APIError(400, str(exc), param=exc.param) from None
     param = "structured_outputs" if req.structured_outputs is not None else "response_format"
     token_lists = _prompt_ids(ctx, req.prompt)
-    vocab = ctx.engine.engine.model_cfg.vocab_size
+    vocab = ctx.engine.facts.vocab_size
     bad = next((t for ids in token_lists for t in ids if not 0 <= t < vocab), None)
     if bad is not None:  # before anything decodes them (echo)
         raise APIError(400, f"token id {bad} is outside the vocabulary [0, {vocab})", param="prompt")

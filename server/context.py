@@ -168,14 +168,14 @@ class ServingContext:
     @property
     def recurrent_state(self) -> bool:
         """The model is a hybrid whose prefix hits need state snapshots (requests carry message-boundary hints)."""
-        return self.engine.engine.model_cfg.is_hybrid
+        return self.engine.facts.is_hybrid
 
     def retention(self, pins: tuple[CachePin, ...], session: str | None,
                   snapshot_hints: tuple[int, ...] = ()) -> Retention | None:
         """What the engine should keep of a request: its breakpoints' pins, for an agent session a hold after it
         ends (extended when the reply ends in tool calls; see `TOOL_CALL_GRACE_S`), and for a hybrid model where
         to snapshot its recurrent state."""
-        hold = TOOL_CALL_GRACE_S if session and self.engine.engine.cfg.tool_call_ttl > 0 else 0.0
+        hold = TOOL_CALL_GRACE_S if session and self.engine.facts.tool_call_ttl > 0 else 0.0
         return Retention(pins, hold, snapshot_hints) if pins or hold or snapshot_hints else None
 
     def encode(self, text: str) -> list[int]:
@@ -247,6 +247,7 @@ def load_context(
     for serving. `progress` receives one line per loading stage."""
     from transformers import AutoTokenizer
 
+    from engine.engine_loop import EngineLoop
     from engine.llm_engine import LLMEngine
     from engine.registry import default_model_name, get_model_spec, model_identity, resolve_model
     from server.rendering import renderer_for_model
@@ -256,6 +257,8 @@ def load_context(
     model_dir = resolve_model(model or spec.name)
     progress(f"loading {model_dir} onto {engine_config.device} ({engine_config.dtype})")
     engine = LLMEngine(model_dir, engine_config, model_id=model_identity(spec, model_dir))
+    core = EngineLoop(engine, owns_engine=True)
+    facts = core.facts
     # Each thread that touches a tokenizer has its own: each prepare lane renders and encodes with one, the event loop
     # detokenizes with another, and the engine's serves grammar compilation. A Rust tokenizer shared across threads
     # can fail with "Already borrowed" when one thread encodes while another decodes.
@@ -267,15 +270,15 @@ def load_context(
     metrics = Metrics(spec.name)
     inspector = None
     if settings.ui:  # its hook runs on the event loop: it decodes with the event loop's tokenizer
-        inspector = Inspector(engine.scheduler.hasher, spec.name, settings.ui_max_requests,
+        inspector = Inspector(facts.block_hasher, spec.name, settings.ui_max_requests,
                               lambda ids: output_tokenizer.decode(ids, skip_special_tokens=False))
     return ServingContext(
         model_name=spec.name,
         family=spec.template,
         lane_tools=lane_tools(),
         large_lane=lane_tools(),
-        max_model_len=engine.max_model_len,
-        engine=AsyncEngine(engine, output_tokenizer, metrics),
+        max_model_len=facts.max_model_len,
+        engine=AsyncEngine(core, output_tokenizer, metrics),
         metrics=metrics,
         grammars=engine.structured_outputs,
         settings=settings,

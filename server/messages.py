@@ -91,7 +91,7 @@ def _message(ctx: ServingContext, plan: ChatPlan, content: list[dict], state: Ch
 
 def _usage(ctx: ServingContext, plan: ChatPlan, state: ChoiceState | None) -> dict[str, int]:
     usage = Usage.of([plan.prompt], state.num_tokens if state else 0)
-    return usage.anthropic(plan.pinned_tokens, ctx.engine.engine.cfg.block_size)
+    return usage.anthropic(plan.pinned_tokens, ctx.engine.facts.block_size)
 
 
 async def complete_messages(ctx: ServingContext, plan: ChatPlan, stream: RequestStream) -> dict[str, Any]:

@@ -28,7 +28,7 @@ KV_EVENTS_WIRE = {"publisher": "zmq", "encoding": "msgpack", "schema_version": 1
 def add_router_routes(app: FastAPI, api: APIRouter, ctx: ServingContext,
                       salt_for: Callable[[Request, str | None], str | None]) -> None:
     """``app`` takes the probe (no API key), ``api`` the rest."""
-    cfg = ctx.engine.engine.cfg
+    facts = ctx.engine.facts
 
     @app.get("/get_load")
     async def get_load() -> dict[str, int]:
@@ -38,15 +38,15 @@ def add_router_routes(app: FastAPI, api: APIRouter, ctx: ServingContext,
     @api.get("/get_server_info")
     async def get_server_info() -> dict[str, Any]:
         return {"model_id": ctx.model_name, "model_path": ctx.model_name, "instance_id": ctx.instance_id,
-                "kv_block_size": cfg.block_size, "max_model_len": ctx.max_model_len}
+                "kv_block_size": facts.block_size, "max_model_len": ctx.max_model_len}
 
     @api.get("/kv_event_sources")
     async def kv_event_sources() -> dict[str, Any]:
-        if not cfg.kv_events_endpoint:
+        if not facts.kv_events_endpoint:
             raise APIError(404, "this replica publishes no KV events (start it with --kv-events-endpoint)",
                            type="not_found_error")
-        return {"0": {"endpoint": cfg.kv_events_endpoint, "replay_endpoint": cfg.kv_events_replay_endpoint,
-                      "topic": cfg.kv_events_topic, **KV_EVENTS_WIRE}}
+        return {"0": {"endpoint": facts.kv_events_endpoint, "replay_endpoint": facts.kv_events_replay_endpoint,
+                      "topic": facts.kv_events_topic, **KV_EVENTS_WIRE}}
 
     @api.post("/v1/chat/completions/render", openapi_extra=request_body(ChatCompletionRequest))
     async def render_chat_completion(request: Request) -> dict[str, Any]:

@@ -14,7 +14,6 @@ never send to the server).
 """
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 from typing import Any
@@ -76,12 +75,7 @@ def add_inspector_routes(app: FastAPI, api: APIRouter, ctx: ServingContext) -> N
             raise _not_found(f"no request '{request_id}' (it may have left the inspector's window of "
                              f"{inspector.max_requests} requests)")
         hashes = views.prompt_block_hashes(inspector, record)
-
-        def now(engine) -> tuple[list[str | None], list[int]]:
-            kv = engine.scheduler.kv
-            return kv.where_cached(hashes), kv.snapshot_points(hashes)
-
-        blocks_now, snapshots = await asyncio.wrap_future(ctx.engine.call(now))
+        blocks_now, snapshots = await ctx.engine.blocks_now(hashes)
         return JSONResponse(views.request_view(inspector, record, ctx.token_texts, blocks_now, snapshots))
 
     largest_prefixes = _Recent(PREFIXES_TTL_S)
@@ -89,12 +83,7 @@ def add_inspector_routes(app: FastAPI, api: APIRouter, ctx: ServingContext) -> N
     @api.get("/ui/api/cache", include_in_schema=False)
     async def cache(request: Request) -> JSONResponse:
         inspector.sample(ctx.metrics.snapshot())
-
-        def largest(engine) -> tuple[list, float]:
-            kv = engine.scheduler.kv
-            return kv.cached_prefixes(4 * LARGEST_PREFIXES), kv.clock()
-
-        prefixes, now = await largest_prefixes.get(lambda: asyncio.wrap_future(ctx.engine.call(largest)))
+        prefixes, now = await largest_prefixes.get(lambda: ctx.engine.largest_prefixes(4 * LARGEST_PREFIXES))
         return JSONResponse(views.cache_view(inspector, viewer(request), prefixes, now, LARGEST_PREFIXES))
 
     @api.get("/ui/api/updates", include_in_schema=False)

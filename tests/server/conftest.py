@@ -17,6 +17,7 @@ import openai
 import pytest
 
 from engine.config import EngineConfig
+from engine.engine_loop import EngineLoop
 from engine.llm_engine import LLMEngine
 from server.app import create_app
 from server.context import ServerSettings, ServingContext, load_context
@@ -60,8 +61,11 @@ class LiveServer:
                             headers={"Authorization": f"Bearer {self.api_key}"})
 
     def in_engine(self, fn: Callable[[LLMEngine], T]) -> T:
-        """Run `fn` on the engine thread between steps: a consistent view of the engine's state."""
-        return self.ctx.engine.call(fn).result(timeout=60)
+        """Run `fn` on the engine thread between steps: a consistent view of the engine's state (a thread core
+        only: the core in a process of its own answers its named queries alone)."""
+        core = self.ctx.engine.core
+        assert isinstance(core, EngineLoop), "looking inside the engine needs the in-process core"
+        return core.call(fn).result(timeout=60)
 
     def metrics(self) -> dict[str, float]:
         """`/metrics` as {name{labels}: value}, comments dropped."""

@@ -129,7 +129,7 @@ def test_a_reply_ending_in_tool_calls_holds_its_session(smol_server: LiveServer,
     assert response.choices[0].finish_reason == "tool_calls"
     held = _chain_retained_for(smol_server, response.id)
     if session_id:
-        tool_call_ttl = smol_server.ctx.engine.engine.cfg.tool_call_ttl
+        tool_call_ttl = smol_server.ctx.engine.facts.tool_call_ttl
         assert tool_call_ttl - 5 < held <= tool_call_ttl  # extended from the grace to --tool-call-ttl
     else:
         assert held == 0

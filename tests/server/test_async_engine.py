@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 
 from engine import LLM, SamplingParams
+from engine.engine_loop import EngineLoop
 from server.async_engine import AsyncEngine, EngineRequest
 from tests.engine.conftest import random_prompts
 
@@ -31,7 +32,7 @@ def test_one_hop_per_step_for_every_request_submitted_from_a_loop():
         return outputs
 
     engine.step = counted_step
-    async_engine = AsyncEngine(engine, llm.tokenizer)
+    async_engine = AsyncEngine(EngineLoop(engine), llm.tokenizer)
     max_tokens = 6
     prompts = random_prompts(50_000, [5, 7, 9, 4, 6, 8, 3, 10], seed=3)
 

@@ -36,7 +36,7 @@ def test_streamed_text_equals_non_streamed_text_for_the_same_seed(any_server: Li
     assert chunks[-1].choices == [] and usage.completion_tokens == full.usage.completion_tokens
     assert usage.prompt_tokens == full.usage.prompt_tokens
     # The same prompt again: its full blocks (all but the last token, block-aligned) come from the cache.
-    bs = any_server.ctx.engine.engine.cfg.block_size
+    bs = any_server.ctx.engine.facts.block_size
     assert usage.prompt_tokens_details.cached_tokens == (usage.prompt_tokens - 1) // bs * bs
 
 

@@ -88,7 +88,7 @@ def test_metrics_page_is_prometheus_text(qwen_server: LiveServer) -> None:
     metrics = qwen_server.metrics()
     count = metrics['kvserve_time_to_first_token_seconds_count{model="qwen3-tiny"}']
     assert count >= 1 and metrics['kvserve_time_to_first_token_seconds_bucket{model="qwen3-tiny",le="+Inf"}'] == count
-    assert metrics['kvserve_kv_blocks_total{model="qwen3-tiny"}'] == qwen_server.ctx.engine.engine.stats().kv_blocks_total
+    assert metrics['kvserve_kv_blocks_total{model="qwen3-tiny"}'] == qwen_server.ctx.engine.facts.num_blocks
     assert metrics['kvserve_generation_tokens_total{model="qwen3-tiny"}'] >= 2
 
 

@@ -27,7 +27,7 @@ def _system() -> dict:
 
 
 def test_requests_sharing_the_system_prompt_and_tools_read_it_whole(hybrid_server: LiveServer) -> None:
-    bs = hybrid_server.ctx.engine.engine.cfg.block_size
+    bs = hybrid_server.ctx.engine.facts.block_size
     system = _system()
     first = hybrid_server.chat(messages=[system, {"role": "user", "content": "Alpha: list the files."}], tools=TOOLS,
                                max_tokens=4, temperature=0)
@@ -44,7 +44,7 @@ def test_next_turn_resumes_where_a_snapshot_is(hybrid_server: LiveServer) -> Non
     """The next turn resumes at the deepest snapshot its prompt shares: the reply's end where the re-rendered reply
     equals the generated tokens, else the previous prompt's end (a random model's reply, detokenized and encoded
     again, need not give the same tokens; tests/engine/test_hybrid_prefix_cache.py checks the reply end on ids)."""
-    bs = hybrid_server.ctx.engine.engine.cfg.block_size
+    bs = hybrid_server.ctx.engine.facts.block_size
     messages = [_system(), {"role": "user", "content": "Name three rivers."}]
     first = hybrid_server.chat(messages=messages, max_tokens=12, temperature=0, extra_body={"ignore_eos": True})
     record = hybrid_server.last_record()
@@ -65,7 +65,7 @@ def test_a_retry_appending_to_the_last_user_message_reads_what_a_dense_cache_wou
     user message, which an environment message follows. It branches off the first request at the end of that
     message's content, so a snapshot must be there (the server hints it): the retry reads the shared prefix's full
     blocks, as a dense cache would."""
-    bs = hybrid_server.ctx.engine.engine.cfg.block_size
+    bs = hybrid_server.ctx.engine.facts.block_size
     tools = [{"name": "Read", "description": "Read a file of the project.",
               "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}]
     reminder = ("<system-reminder>\nEnd git commit messages with a Co-Authored-By line naming the agent, and pull "

@@ -46,7 +46,7 @@ def test_text_streamed_equals_not_streamed_and_usage_splits_the_prompt(qwen_serv
     assert events[0] == "message_start" and events[-1] == "message_stop"
     assert events.index("content_block_start") < events.index("content_block_stop") < events.index("message_delta")
     # The same prompt again: its full blocks come from the cache.
-    bs = qwen_server.ctx.engine.engine.cfg.block_size
+    bs = qwen_server.ctx.engine.facts.block_size
     total = streamed.usage.input_tokens + streamed.usage.cache_read_input_tokens
     assert streamed.usage.cache_read_input_tokens == (total - 1) // bs * bs
 

@@ -31,7 +31,7 @@ def _first_turn() -> list[dict]:
 
 
 def test_second_turn_hits_the_block_aligned_shared_prefix_and_metrics_move(qwen_server: LiveServer) -> None:
-    bs = qwen_server.ctx.engine.engine.cfg.block_size
+    bs = qwen_server.ctx.engine.facts.block_size
     turn1 = _first_turn()
     first = qwen_server.chat(messages=turn1, max_tokens=8, temperature=0, extra_body={"ignore_eos": True})
     assert first.usage.prompt_tokens_details.cached_tokens == 0

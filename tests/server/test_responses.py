@@ -97,7 +97,7 @@ def test_each_turn_extends_the_last_so_the_cache_covers_it(qwen_server: LiveServ
     first = client.responses.create(model="qwen3-tiny", input=first_input, max_output_tokens=6, store=True,
                                     prompt_cache_key="thread-7")
     assert qwen_server.last_record()["session"] == "thread-7"
-    bs = qwen_server.ctx.engine.engine.cfg.block_size
+    bs = qwen_server.ctx.engine.facts.block_size
     covered = (first.usage.input_tokens - 1) // bs * bs
     resent = [*first_input, *[o.model_dump(exclude_none=True) for o in first.output],
               {"role": "user", "content": "Thanks."}]
