@@ -44,6 +44,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=2, help="runs per side; the fastest counts (default: 2)")
     parser.add_argument("--torch-threads", type=int, default=None,
                         help="torch's intra-op threads on both sides (default: torch's own choice, the cores)")
+    parser.add_argument("--engine-process", choices=("auto", "on", "off"), default="auto",
+                        help="the server's engine core in a process of its own (kvserve serve's flag; default: "
+                        "auto, on with CUDA)")
     parser.add_argument("--seed", type=int, default=0)
 
 
@@ -164,9 +167,13 @@ def _offline(llm, requests: list[_PreparedRequest], params) -> tuple[float, floa
 
 
 def _cpu_seconds(pid: int) -> float:
-    """CPU time (user + system, all threads) a process has used so far (Linux)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU time (user + system, all threads) a process and its live children (the engine core process) have used
+    so far (Linux)."""
+    proc = Path(f"/proc/{pid}")
+    fields = (proc / "stat").read_text().rpartition(")")[2].split()
+    children = {int(child) for task in proc.glob("task/*") for child in (task / "children").read_text().split()}
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return own + sum(_cpu_seconds(child) for child in children if Path(f"/proc/{child}").exists())
 
 
 def load_average() -> str:
@@ -179,7 +186,7 @@ def run(args: argparse.Namespace) -> dict:
     flags = _engine_flags(args)
     port = free_port()
     argv = [sys.executable, "-m", "server.cli", "serve", "--model", args.model, "--port", str(port),
-            "--log-level", "warning"]
+            "--log-level", "warning", "--engine-process", args.engine_process]
     for name, value in flags.items():
         argv += [f"--{name.replace('_', '-')}", str(value)]
     log_dir = Path(tempfile.mkdtemp(prefix="kvserve-bench-serve-"))
@@ -220,7 +227,7 @@ def run(args: argparse.Namespace) -> dict:
     ttft = sorted(s.first_byte_s for s in streams)
     figures = {
         "model": args.model, "api": args.api, "streams": args.streams, "max_tokens": args.max_tokens,
-        "torch_threads": args.torch_threads,
+        "torch_threads": args.torch_threads, "engine_process": args.engine_process,
         "offline_s": offline_s, "http_s": http_s, "offline_tokens": offline_tokens, "http_tokens": http_tokens,
         "offline_tokens_per_s": offline_tokens / offline_s, "http_tokens_per_s": http_tokens / http_s,
         "ratio": (http_tokens / http_s) / (offline_tokens / offline_s), "same_text": same_text,

@@ -93,6 +93,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "own); it is accepted like an --api-key everywhere. KVSERVE_OPERATOR_KEY adds one from the "
                     "environment")
 
+    core = parser.add_argument_group("engine core")
+    core.add_argument("--engine-process", choices=("auto", "on", "off"), default="auto",
+                      help="run the engine core in a process of its own, so that HTTP, rendering, detokenizing and "
+                      "parsing never share a GIL with the step (auto: on with CUDA, off on a CPU, where the step "
+                      "needs the cores itself) (default: %(default)s)")
+    core.add_argument("--engine-process-timeout", type=float, default=None, metavar="S",
+                      help="seconds the engine core process may take to load the model before the server gives up "
+                      "and shows the end of its stderr (default: half an hour)")
     add_engine_args(parser)  # --model and the engine flags, shared with `kvserve generate`
     parser.set_defaults(func=run_serve)
 
@@ -135,7 +143,10 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         config = engine_config_from_args(args)
         _say_gpu_requirement(args.model, config.tensor_parallel_size)
-        ctx = load_context(args.model, config, settings, args.record, progress=_say)
+        in_process_of_its_own = (args.engine_process == "on" or
+                                 (args.engine_process == "auto" and config.device.startswith("cuda")))
+        ctx = load_context(args.model, config, settings, args.record, progress=_say,
+                           engine_process=in_process_of_its_own, engine_process_timeout_s=args.engine_process_timeout)
     except (ValueError, RuntimeError, OSError) as exc:
         _say(f"cannot serve: {exc}")
         return 1

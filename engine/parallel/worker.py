@@ -9,10 +9,8 @@ exits at once.
 from __future__ import annotations
 
 import dataclasses
-import multiprocessing
 import os
 import signal
-import threading
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -25,6 +23,7 @@ from engine.worker.model_runner import ModelRunner, StepPipeline
 from engine.parallel.memory import RankMemory
 from engine.parallel.sizes import rank_device
 from engine.parallel.state import StepChannel, connect_store, join_group, leave_group
+from engine.processes import exit_with_parent
 
 
 @dataclass(frozen=True)
@@ -56,7 +55,7 @@ def run_worker(rank: int, spec: WorkerSpec, errors: Connection) -> None:
     # Ctrl-C (and a service manager's SIGTERM) reach every process of the group: rank 0 drains, then stops us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    _exit_with_parent()
+    exit_with_parent()
     if spec.cfg.device == "cpu":  # the ranks share the cores
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.cfg.tensor_parallel_size))
     try:
@@ -86,16 +85,3 @@ def _serve_steps(runner: ModelRunner, channel: StepChannel) -> None:
             done.result()  # the sampled ids reach this rank's host copy of the sequences
     if pipeline.in_flight is not None:
         pipeline.in_flight.result()
-
-
-def _exit_with_parent() -> None:
-    """Rank 0 killed (no chance to stop us): exit instead of waiting on its collectives."""
-    parent = multiprocessing.parent_process()
-    if parent is None:
-        return
-
-    def watch() -> None:
-        parent.join()
-        os._exit(1)
-
-    threading.Thread(target=watch, name="kvserve-parent-watch", daemon=True).start()

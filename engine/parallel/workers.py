@@ -11,12 +11,9 @@ from __future__ import annotations
 import atexit
 import logging
 import signal
-import sys
 import threading
 import time
-import types
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
@@ -31,6 +28,7 @@ from engine.parallel.memory import RankMemory
 from engine.parallel.sizes import check_sizes
 from engine.parallel.state import StepChannel, abort_group, leave_group, rendezvous_store
 from engine.parallel.worker import WorkerSpec, join, run_worker
+from engine.processes import caller_script_hidden
 
 log = logging.getLogger("kvserve.parallel")
 STARTUP_POLL_S = 0.1
@@ -39,21 +37,6 @@ STOP_TIMEOUT_S = 10.0
 # A start-up that lost a worker ends at once when rank 0 waits in a collective (gloo fails it); one still waiting
 # at the rendezvous for a rank that never came is left to its timeout, in a daemon thread.
 ABANDON_START_S = 2.0
-
-
-@contextmanager
-def _caller_script_hidden() -> Iterator[None]:
-    """A bare `__main__` while a worker starts. A spawned process re-imports the parent's main script before it runs
-    its target, so a script that builds its `LLM(tensor_parallel_size=N)` at top level, without
-    `if __name__ == "__main__":`, would build another in every worker and die with multiprocessing's bootstrapping
-    error. The workers need nothing of the script (their target and arguments are kvserve's): hidden, it is never
-    imported in them."""
-    main = sys.modules["__main__"]
-    sys.modules["__main__"] = types.ModuleType("__main__")
-    try:
-        yield
-    finally:
-        sys.modules["__main__"] = main
 
 
 class TensorParallelWorkers:
@@ -85,7 +68,7 @@ class TensorParallelWorkers:
             reader, writer = ctx.Pipe(duplex=False)
             process = ctx.Process(target=run_worker, args=(rank, spec, writer), name=f"kvserve-tp-rank{rank}",
                                   daemon=True)
-            with _caller_script_hidden():
+            with caller_script_hidden():
                 process.start()
             writer.close()
             processes.append(process)

@@ -108,10 +108,12 @@ def serve(ctx: ServingContext) -> Iterator[str]:
 
 
 def _live_server(factory: pytest.TempPathFactory, model: str, engine: EngineConfig,
-                 settings: ServerSettings = ServerSettings(), api_key: str = "unused") -> Iterator[LiveServer]:
-    """Serve ``model`` on 127.0.0.1 for the session, recording every request body."""
+                 settings: ServerSettings = ServerSettings(), api_key: str = "unused",
+                 engine_process: bool = False) -> Iterator[LiveServer]:
+    """Serve ``model`` on 127.0.0.1 for the session, recording every request body (``engine_process``: the engine
+    core in a process of its own)."""
     record = factory.mktemp("record") / "requests.jsonl"
-    ctx = load_context(model, engine, settings, record_path=str(record))
+    ctx = load_context(model, engine, settings, record_path=str(record), engine_process=engine_process)
     with serve(ctx) as url:
         yield LiveServer(ctx, url, record, api_key=api_key)
 

@@ -1,0 +1,154 @@
+"""The engine core in a process of its own (`--engine-process on`): the same greedy tokens as the thread core,
+streamed and not, n > 1; a client that disconnects frees its blocks; named caches, count_tokens, /tokenize and the
+inspector answer over the process boundary; a killed core process turns /health into 503 and ends the server."""
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from engine.config import EngineConfig
+from server.context import ServerSettings
+from tests.server.conftest import KEY_A, KEY_B, LiveServer, _live_server
+
+MESSAGES = [{"role": "system", "content": "You are a careful coding agent."},
+            {"role": "user", "content": "List the files of the repository, then explain the cache."}]
+
+
+@pytest.fixture(scope="module")
+def process_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """The `qwen_server` fixture's engine and tenants, its core in a process of its own, with the inspector."""
+    yield from _live_server(
+        tmp_path_factory, "qwen3-tiny", EngineConfig(block_size=4, num_kv_blocks=2048, max_num_seqs=64,
+                                                     max_model_len=512),
+        ServerSettings(api_keys=(KEY_A, KEY_B), max_n=4, ui=True), api_key=KEY_A, engine_process=True)
+
+
+def _texts(server: LiveServer, stream: bool) -> list[str]:
+    kwargs = dict(messages=MESSAGES, max_tokens=8, temperature=0, n=2, logprobs=True, top_logprobs=2)
+    if not stream:
+        return [c.message.content for c in server.chat(**kwargs).choices]
+    texts = ["", ""]
+    for chunk in server.chat(stream=True, **kwargs):
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+    return texts
+
+
+def test_the_process_core_gives_the_thread_cores_greedy_tokens(process_server: LiveServer,
+                                                               qwen_server: LiveServer) -> None:
+    expected = _texts(qwen_server, stream=False)
+    assert expected[0] and expected[0] == expected[1]
+    assert _texts(process_server, stream=False) == expected
+    assert _texts(process_server, stream=True) == expected
+    completion = dict(model="qwen3-tiny", prompt=[[5, 900, 77, 12, 4000, 31, 8]], max_tokens=6, temperature=0)
+    assert (process_server.client().completions.create(**completion).choices[0].text ==
+            qwen_server.client().completions.create(**completion).choices[0].text)
+
+
+@pytest.mark.slow
+def test_a_client_that_disconnects_frees_its_blocks(process_server: LiveServer) -> None:
+    core = process_server.ctx.engine.core
+    with process_server.http() as http:
+        with http.stream("POST", "/v1/chat/completions", json={
+                "model": "qwen3-tiny", "messages": MESSAGES, "max_tokens": 400, "ignore_eos": True,
+                "temperature": 0, "stream": True}) as response:
+            chunks = response.iter_lines()
+            assert next(chunks).startswith("data: ")
+            assert core.stats().result(30).requests_running == 1
+    deadline = time.monotonic() + 30
+    while (stats := core.stats().result(30)).requests_running or stats.kv_blocks_free < stats.kv_blocks_total:
+        assert time.monotonic() < deadline, stats
+        time.sleep(0.05)
+    assert process_server.metric("kvserve_requests_running") == 0
+
+
+@pytest.mark.slow
+def test_caches_tokens_and_the_inspector_over_the_process_boundary(process_server: LiveServer) -> None:
+    with process_server.http() as http:
+        created = http.post("/v1/caches", json={"name": "map", "model": "qwen3-tiny", "messages": MESSAGES,
+                                                "ttl": "1h"})
+        assert created.status_code == 200, created.text
+        tokens = created.json()["tokens"]
+        assert http.get("/v1/caches/map").json()["cached_tokens"] == tokens // 4 * 4
+        assert process_server.ctx.engine.core.stats().result(30).kv_blocks_retained >= tokens // 4
+        tokenized = http.post("/tokenize", json={"model": "qwen3-tiny", "messages": MESSAGES}).json()
+        assert tokenized["cached_tokens"] >= tokens // 4 * 4 - 4
+        assert http.delete("/v1/caches/map").json()["deleted"]
+        assert process_server.ctx.engine.core.stats().result(30).kv_blocks_retained == 0
+        reply = process_server.chat(messages=MESSAGES, max_tokens=4, temperature=0, prompt_cache_key="s-proc")
+        view = http.get(f"/ui/api/requests/{reply.id}")
+        assert view.status_code == 200, view.text
+        blocks = view.json()["blocks_now"]
+        assert len(blocks) == len(view.json()["token_ids"]) // 4 and set(blocks) <= {"device", "retained"}
+        cache = http.get("/ui/api/cache").json()
+        assert cache["largest_prefixes"] and cache["largest_prefixes"][0]["tokens"] >= tokens // 4 * 4
+    counted = process_server.anthropic().messages.count_tokens(model="qwen3-tiny", messages=MESSAGES[1:])
+    assert counted.input_tokens > 10
+
+
+def _lines(stream, sink: queue.Queue) -> None:
+    for line in stream:
+        sink.put(line)
+    sink.put(None)
+
+
+@pytest.mark.slow
+def test_a_killed_core_process_fails_health_and_ends_the_server() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "server.cli", "serve", "--model", "qwen3-tiny", "--port", "0", "--block-size", "4",
+         "--num-kv-blocks", "256", "--max-model-len", "256", "--engine-process", "on", "--log-level", "warning"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=_lines, args=(proc.stderr, lines), daemon=True).start()
+    output: list[str] = []
+    try:
+        url = core_pid = None
+        deadline = time.monotonic() + 120
+        while url is None:
+            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            assert line is not None, "".join(output)
+            output.append(line)
+            if found := re.search(r"the engine core runs in process (\d+)", line):
+                core_pid = int(found.group(1))
+            if found := re.search(r"serving qwen3-tiny at (http://127\.0\.0\.1:\d+)/v1", line):
+                url = found.group(1)
+        assert core_pid is not None and core_pid != proc.pid, output
+        assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+        os.kill(core_pid, signal.SIGKILL)
+        killed = time.monotonic()
+        health = None
+        while time.monotonic() - killed < 5:
+            try:
+                health = httpx.get(f"{url}/health", timeout=2)
+            except httpx.HTTPError:  # the server already closed its socket
+                break
+            if health.status_code == 503:
+                break
+            time.sleep(0.02)
+        assert health is not None and health.status_code == 503 and "SIGKILL" in health.text, health
+        assert proc.wait(timeout=10) == 1
+        assert time.monotonic() - killed < 10
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.slow
+def test_a_core_that_cannot_start_says_why(tmp_path) -> None:
+    from engine.core_process import CoreProcess, CoreStartError
+
+    with pytest.raises(CoreStartError, match=r"could not build the engine:\n(.|\n)*config\.json"):
+        CoreProcess(tmp_path, EngineConfig(device="cpu"))  # no model there
+    with pytest.raises(CoreStartError, match=r"did not start within 0\.5s \(raise --engine-process-timeout"):
+        CoreProcess(tmp_path, EngineConfig(device="cpu"), startup_timeout_s=0.5)
