@@ -341,17 +341,21 @@ def run_core(model_dir: Path, cfg: EngineConfig, model_id: str | None, commands_
         facts = loop.facts
     except BaseException:  # noqa: BLE001 - reported to the parent, which raises it
         core.send(["failed", traceback.format_exc()])
-        outputs.close(linger=5000)
-        os._exit(1)
+        _flush_and_exit(context, 1)
     loop.on_stats = core.send_stats
     loop.on_death = core.send_death
     loop.start()
     core.send(["ready", wire.encode_facts(facts)])
     stopped = core.serve(loop, commands)
     loop.shutdown()
-    outputs.close(linger=5000)
-    commands.close(linger=0)
-    os._exit(0 if stopped else 1)  # no interpreter teardown: nothing is left to flush, and threads may still hold
+    _flush_and_exit(context, 0 if stopped else 1)
+
+
+def _flush_and_exit(context: zmq.Context, code: int) -> None:
+    """Send what is queued (the parent may be gone: give up after a few seconds), then exit without the
+    interpreter's teardown (a thread of the engine's may still hold its locks)."""
+    context.destroy(linger=5000)
+    os._exit(code)
 
 
 class _RemoteSink:
