@@ -129,8 +129,9 @@ class EngineCoreClient(ABC):
         """Pin a prompt's cached blocks for ``ttl_s`` seconds (0: unpin); resolves to the blocks the device holds."""
 
     @abstractmethod
-    def retain_after_tool_call(self, request_id: str) -> concurrent.futures.Future[int]:
-        """The request's reply ended in tool calls: hold its blocks for the engine's tool_call_ttl."""
+    def settle_hold(self, request_id: str, keep_s: float) -> concurrent.futures.Future[int]:
+        """End the hold of a finished request submitted with one: keep its blocks ``keep_s`` more seconds (its reply
+        ended in tool calls), or 0: release them now (`LLMEngine.settle_hold`)."""
 
     @abstractmethod
     def stats(self) -> concurrent.futures.Future[SchedulerStats]: ...
@@ -151,5 +152,5 @@ class EngineCoreClient(ABC):
 
 
 # The named queries, as a core in another process receives them by name (each answers with a future).
-QUERIES = ("num_cached_tokens", "pin", "retain_after_tool_call", "stats", "reset_prefix_cache", "blocks_now",
+QUERIES = ("num_cached_tokens", "pin", "settle_hold", "stats", "reset_prefix_cache", "blocks_now",
            "largest_prefixes")

@@ -136,8 +136,8 @@ class EngineLoop(EngineCoreClient):
     def pin(self, token_ids: list[int], cache_salt: str | None, ttl_s: float) -> concurrent.futures.Future[int]:
         return self.call(lambda engine: engine.pin(token_ids, cache_salt, ttl_s))
 
-    def retain_after_tool_call(self, request_id: str) -> concurrent.futures.Future[int]:
-        return self.call(lambda engine: engine.retain_after_tool_call(request_id))
+    def settle_hold(self, request_id: str, keep_s: float) -> concurrent.futures.Future[int]:
+        return self.call(lambda engine: engine.settle_hold(request_id, keep_s))
 
     def stats(self) -> concurrent.futures.Future[SchedulerStats]:
         return self.call(lambda engine: engine.stats())

@@ -136,7 +136,7 @@ class LLM:
         """These finished requests' replies ended in tool calls: keep their blocks for the engine's
         ``tool_call_ttl`` (they were submitted with a hold, `Retention.hold_after_finish_s`)."""
         for request_id in request_ids:
-            self.engine.retain_after_tool_call(request_id)
+            self.engine.settle_hold(request_id, self.engine.cfg.tool_call_ttl)
 
     def encode(self, prompt: PromptInput) -> list[int]:
         if isinstance(prompt, str):

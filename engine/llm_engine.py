@@ -165,11 +165,11 @@ class LLMEngine:
                                    kv_disk_write_bytes=moved.disk_write_bytes, kv_disk_read_bytes=moved.disk_read_bytes,
                                    kv_restore_seconds=moved.restore_s)
 
-    def retain_after_tool_call(self, request_id: str) -> int:
-        """The request's reply ended in tool calls: keep its blocks for ``tool_call_ttl`` seconds, so the turn that
-        carries the tool result finds them. Only requests submitted with a hold (`Retention.hold_after_finish_s`)
-        are remembered; returns the blocks retained."""
-        return self.scheduler.retain_finished(request_id, self.cfg.tool_call_ttl)
+    def settle_hold(self, request_id: str, keep_s: float) -> int:
+        """The caller's word on a finished request it submitted with a hold (`Retention.hold_after_finish_s`, held
+        until this word at most that long): keep its blocks ``keep_s`` more seconds (its reply ended in tool calls,
+        and the turn that carries the result will read them), or 0: release them now. Returns the blocks kept."""
+        return self.scheduler.retain_finished(request_id, keep_s)
 
     def pin(self, token_ids: list[int], cache_salt: str | None, ttl_s: float) -> int:
         """Pin the cached blocks of a prompt for ``ttl_s`` seconds, renewed on every hit (0: unpin); returns how many

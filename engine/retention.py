@@ -3,9 +3,10 @@
 - A `CachePin` is a breakpoint (Anthropic ``cache_control``, a named cache): the full blocks of the first
   ``num_tokens`` prompt tokens stay cached ``ttl_s`` seconds after their last use (every hit refreshes it), and
   are evicted only after every ordinary block.
-- ``hold_after_finish_s`` keeps the sequence's blocks (prompt and reply) the same way for that long after it ends:
-  how an agent session keeps its context while a tool runs (the server extends the hold to ``--tool-call-ttl``
-  once it sees the reply end in tool calls).
+- ``hold_after_finish_s`` keeps the sequence's blocks (prompt and reply) the same way after it ends, until the
+  caller settles the hold (`LLMEngine.settle_hold`) and at most that long: how an agent session keeps its context
+  while a tool runs. The server holds a session's request for ``--tool-call-ttl`` and, once the reply is parsed,
+  keeps that hold if it ended in tool calls or releases it: an explicit word, no timing window.
 
 Plain data, no torch: the server builds it, the scheduler hands it to the KV manager.
 """

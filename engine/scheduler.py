@@ -161,9 +161,8 @@ class Scheduler:
         self.kv.reset_prefix_cache()
 
     def retain_finished(self, request_id: str, seconds: float) -> int:
-        """Extend the hold on a finished request's blocks (prompt and reply) to ``seconds`` from now: its reply
-        ended in tool calls, and the next turn will carry the result. Returns the blocks retained (0: the request
-        had no hold, or it was forgotten)."""
+        """Set the hold on a finished request's blocks (prompt and reply) to ``seconds`` from now (0: release them).
+        Returns the blocks retained (0: the request had no hold, or it was forgotten)."""
         hashes = self._held.pop(request_id, None)
         return 0 if hashes is None else self.kv.retain_chain(hashes, seconds)
 

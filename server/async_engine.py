@@ -69,6 +69,9 @@ class RequestStream:
         self._dispatcher = dispatcher
         self._outputs: asyncio.Queue[list[SequenceOutput] | BaseException] = asyncio.Queue()
         self._remaining = sum(r.params.n for r in requests)
+        # Finished with a hold (an agent session's): settled when the stream closes, kept `_hold_s` or released.
+        self._held = [r.request_id for r in requests if r.retention and r.retention.hold_after_finish_s > 0]
+        self._hold_s = 0.0
         self._processor = OutputProcessor(engine.tokenizer)
         for r in requests:
             self._processor.add_request(r.request_id, r.prompt_token_ids, r.params)
@@ -99,13 +102,22 @@ class RequestStream:
             if delivered:
                 yield delivered
 
+    def hold(self, seconds: float) -> None:
+        """Keep the blocks of the requests submitted with a hold ``seconds`` after the stream closes (the reply
+        ended in tool calls); by default the close releases them."""
+        self._hold_s = seconds
+
     def abort(self) -> None:
-        """Stop every unfinished request (the client went away); their blocks are freed before the next step."""
+        """Close the stream (every route handler does, however it ends): stop every unfinished request (the client
+        went away), their blocks freed before the next step, and settle the holds (`hold`)."""
         if self._remaining:
             self._engine.observe_aborted(self._remaining)
             self._finish()
             for request_id in self.request_ids:
                 self._engine.abort(request_id)
+        for request_id in self._held:  # after the aborts: commands apply in order
+            self._engine.core.settle_hold(request_id, self._hold_s)
+        self._held = []
 
     def _finish(self) -> None:
         self._remaining = 0
@@ -179,10 +191,6 @@ class AsyncEngine:
         if self.metrics is not None:
             for _ in range(num_sequences):
                 self.metrics.observe_finished("abort", None, None)
-
-    def retain_after_tool_call(self, request_id: str) -> None:
-        """The request's reply ended in tool calls: hold its blocks for the engine's tool_call_ttl."""
-        self.core.retain_after_tool_call(request_id)
 
     async def num_cached_tokens(self, token_ids: list[int], cache_salt: str | None) -> int:
         return await asyncio.wrap_future(self.core.num_cached_tokens(token_ids, cache_salt))

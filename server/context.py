@@ -38,9 +38,6 @@ R = TypeVar("R")
 LARGE_REQUEST_BYTES = 256 * 1024  # bodies above this are parsed off the event loop and prepared on the large lane
 # The size of the request being handled (set when its body is read): which lane prepares it.
 body_bytes: ContextVar[int] = ContextVar("body_bytes", default=0)
-# A session's blocks are held this long after its reply ends, until the server has parsed the reply: a reply that
-# ends in tool calls extends the hold to --tool-call-ttl (the engine may run a step or two in between).
-TOOL_CALL_GRACE_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -175,9 +172,9 @@ class ServingContext:
     def retention(self, pins: tuple[CachePin, ...], session: str | None,
                   snapshot_hints: tuple[int, ...] = ()) -> Retention | None:
         """What the engine should keep of a request: its breakpoints' pins, for an agent session a hold after it
-        ends (extended when the reply ends in tool calls; see `TOOL_CALL_GRACE_S`), and for a hybrid model where
-        to snapshot its recurrent state."""
-        hold = TOOL_CALL_GRACE_S if session and self.engine.facts.tool_call_ttl > 0 else 0.0
+        ends (kept if the reply ends in tool calls, else released: `RequestStream.hold`), and for a hybrid model
+        where to snapshot its recurrent state."""
+        hold = self.engine.facts.tool_call_ttl if session else 0.0
         return Retention(pins, hold, snapshot_hints) if pins or hold or snapshot_hints else None
 
     def encode(self, text: str) -> list[int]:

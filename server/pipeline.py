@@ -113,11 +113,6 @@ def choice_states(ctx: ServingContext, plan: ChatPlan, streaming: bool) -> list[
     ]
 
 
-def _held(plan: ChatPlan) -> bool:
-    retention = plan.prompt.request.retention
-    return retention is not None and retention.hold_after_finish_s > 0
-
-
 async def parsed_updates(
     ctx: ServingContext, plan: ChatPlan, stream: RequestStream, states: list[ChoiceState]
 ) -> AsyncIterator[ChoiceUpdate]:
@@ -133,8 +128,8 @@ async def parsed_updates(
         ended = out.finished or state.parser.limited
         if ended:
             plan.prompt.end_choice(out.index)
-        if ended and out.index == 0 and state.finish_reason() == "tool_calls" and _held(plan):
-            ctx.engine.retain_after_tool_call(plan.request_id)  # the next turn brings the tool's result
+        if ended and out.index == 0 and state.finish_reason() == "tool_calls":
+            stream.hold(ctx.engine.facts.tool_call_ttl)  # the next turn brings the tool's result
         yield ChoiceUpdate(out.index, state, deltas, state.finish_reason() if ended else None)
         open_choices -= ended
         if not open_choices:
