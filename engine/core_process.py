@@ -137,8 +137,8 @@ class CoreProcess(EngineCoreClient):
     def pin(self, token_ids: list[int], cache_salt: str | None, ttl_s: float) -> concurrent.futures.Future[int]:
         return self._query("pin", token_ids, cache_salt, ttl_s)
 
-    def retain_after_tool_call(self, request_id: str) -> concurrent.futures.Future[int]:
-        return self._query("retain_after_tool_call", request_id)
+    def settle_hold(self, request_id: str, keep_s: float) -> concurrent.futures.Future[int]:
+        return self._query("settle_hold", request_id, keep_s)
 
     def stats(self) -> concurrent.futures.Future[SchedulerStats]:
         return self._query("stats")
