@@ -404,7 +404,9 @@ class _CoreServer:
                 sink = self._sinks.get(sink_id)
                 if sink is None:
                     sink = self._sinks[sink_id] = _RemoteSink(self, sink_id)
-                self._answer(call, "add", loop.submit([wire.decode_request(r) for r in requests], sink))
+                prepared = [wire.decode_request(r) for r in requests]
+                loop.compile_grammars(prepared)  # here, not on the engine thread (commands wait, steps go on)
+                self._answer(call, "add", loop.submit(prepared, sink))
             elif kind == "abort":
                 loop.abort(message[1], message[2])
             elif kind == "query":

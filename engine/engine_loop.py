@@ -126,6 +126,17 @@ class EngineLoop(EngineCoreClient):
             self._commands.put(_Add(list(requests), sink, accepted))
         return accepted
 
+    def compile_grammars(self, requests: list[EngineRequest]) -> None:
+        """Compile the requests' grammars on the calling thread (the compiler is thread-safe), so that admitting them
+        finds them cached instead of compiling on the engine thread while every stream waits. (A server in this
+        process compiles them in its handlers already.) One that fails is left to admission, which rejects it."""
+        for request in requests:
+            if request.params.structured_output is not None:
+                try:
+                    self.engine.structured_outputs.compile(request.params.structured_output)
+                except ValueError:
+                    pass
+
     def abort(self, request_id: str, index: int | None = None) -> None:
         """Finish the request (or one of its sequences) and free its blocks before the next step."""
         self._commands.put(_Abort(request_id, index))
