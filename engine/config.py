@@ -19,6 +19,9 @@ SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "qwen3_moe", "d
                            "deepseek_v32", "deepseek_v4", "qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text",
                            "qwen3_5_moe_text")
 DEEPSEEK_V3_ROUTING = ("deepseek_v3", "deepseek_v32")  # sigmoid scores, correction bias, grouped top-k
+# Checkpoints whose MTP layers follow the last decoder layer (model.layers.{num_hidden_layers}.*) and that kvserve can
+# draft with (V3.2's carries its indexer too: not built yet)
+MTP_AFTER_LAST_LAYER = ("deepseek_v3",)
 # Hybrid decoders: Gated DeltaNet linear attention (a recurrent state per sequence) between gated full attention.
 # qwen3_5 / qwen3_5_moe are the released VLM checkpoints (text_config); the *_text types their language models alone.
 HYBRID_ARCHITECTURES = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text")
@@ -477,7 +480,7 @@ class ModelConfig:
     attn_output_gate: bool = False  # q_proj also gives a per-head gate: attention output * sigmoid(gate)
     zero_centered_norms: bool = False  # RMSNorm weights w apply as (1 + w) (Qwen3-Next / 3.5)
     has_vision_tower: bool = False  # a VLM checkpoint (Qwen3.5 / 3.6): kvserve serves its language model, text only
-    num_mtp_layers: int = 0  # multi-token-prediction layers the checkpoint carries (the hybrids' mtp.*)
+    num_mtp_layers: int = 0  # multi-token-prediction layers the checkpoint carries (engine/models/mtp.py)
 
     @property
     def is_hybrid(self) -> bool:
@@ -535,8 +538,10 @@ class ModelConfig:
             attn_output_gate=hybrid,
             zero_centered_norms=hybrid,
             has_vision_tower=vision,
-            # Qwen3.5 / 3.6 name the count mtp_num_hidden_layers, Qwen3-Next num_nextn_predict_layers (both: mtp.*)
-            num_mtp_layers=(cfg.get("mtp_num_hidden_layers") or cfg.get("num_nextn_predict_layers") or 0) if hybrid else 0,
+            # Qwen3.5 / 3.6 name the count mtp_num_hidden_layers, Qwen3-Next num_nextn_predict_layers (both: mtp.*),
+            # DeepSeek-V3 num_nextn_predict_layers (layers after the last: model.layers.{num_hidden_layers}.*)
+            num_mtp_layers=(cfg.get("mtp_num_hidden_layers") or cfg.get("num_nextn_predict_layers") or 0)
+            if hybrid or arch in MTP_AFTER_LAST_LAYER else 0,
         )
 
     @classmethod

@@ -50,8 +50,10 @@ _FUSED = {
 }
 # Checkpoint prefixes kvserve does not run: a VLM's vision tower (Qwen3.5 / 3.6 serve text only)
 _SKIPPED_PREFIXES = ("model.visual.", "visual.")
-# Multi-token-prediction weights (Qwen3.5 / 3.6): loaded only into a model that built its MTP layer
+# Multi-token-prediction weights, loaded only into a model that built its MTP layer (engine/models/mtp.py): ``mtp.*``
+# (Qwen3.5 / 3.6, Qwen3-Next, DeepSeek-V4) or the layers after the last decoder layer (DeepSeek-V3)
 MTP_PREFIX = "mtp."
+_LAYER_INDEX = re.compile(r"^model\.layers\.(\d+)\.")
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:
@@ -145,7 +147,18 @@ def _model_name(model: nn.Module, name: str) -> str:
         name = name[len("model.") :]
     for pattern, repl in _CHECKPOINT_RENAMES.get(model.cfg.architecture, ()):
         name = pattern.sub(repl, name)
+    after_last = f"layers.{model.cfg.num_layers}."
+    if name.startswith(after_last) and getattr(model, "mtp", None) is not None:  # DeepSeek-V3's MTP layer
+        name = MTP_PREFIX + name[len(after_last):]
     return name
+
+
+def _is_mtp_tensor(model: nn.Module, name: str) -> bool:
+    """Checkpoint tensor ``name`` belongs to a multi-token-prediction layer."""
+    if name.startswith(MTP_PREFIX):
+        return True
+    after = _LAYER_INDEX.match(name)
+    return after is not None and int(after[1]) >= model.cfg.num_layers
 
 
 def _target(model: nn.Module, name: str) -> list[_Target]:
@@ -163,7 +176,8 @@ def _target(model: nn.Module, name: str) -> list[_Target]:
             expert = _expert_target(model, parts)
             return [expert] if expert is not None else []
         return _layer_targets(model, parts)
-    except (AttributeError, KeyError):  # a module this model does not have, e.g. DeepSeek-V3's extra MTP layer
+    except (AttributeError, KeyError):  # a module this model does not have, e.g. the copies of the embedding and
+        # LM head that DeepSeek-V3's MTP layer stores (it uses the model's)
         return []
 
 
@@ -311,7 +325,8 @@ def load_weights(model: nn.Module, model_dir: Path, progress: bool = True) -> No
     filled: set[int] = set()
     # the MTP layer is loaded where the model built one (--speculative mtp), else left on disk
     mtp = getattr(model, "mtp", None) is not None
-    skipped = {prefix: 0 for prefix in (*_SKIPPED_PREFIXES, *(() if mtp else (MTP_PREFIX,)))}
+    skipped = {prefix: 0 for prefix in _SKIPPED_PREFIXES}
+    skipped_mtp = 0
     _zero_vocab_padding(model)
     for path in tqdm(files, desc="Loading weights", unit="file", disable=not progress or len(files) < 2):
         for name in ckpt.names[path]:
@@ -323,15 +338,22 @@ def load_weights(model: nn.Module, model_dir: Path, progress: bool = True) -> No
             if prefix is not None:
                 skipped[prefix] += 1
                 continue
+            if not mtp and _is_mtp_tensor(model, name):
+                skipped_mtp += 1
+                continue
             for target in _target(model, name):
                 _fill(ckpt, name, target, fmt, filled)
     if any(skipped[p] for p in _SKIPPED_PREFIXES) and progress:
         log.info("skipped the vision tower (%d tensors): kvserve serves this model's language model, text only",
                  sum(skipped[p] for p in _SKIPPED_PREFIXES))
-    if skipped.get(MTP_PREFIX) and progress:
-        log.info("left %d multi-token-prediction tensors (mtp.*) in the checkpoint (--speculative mtp loads them)",
-                 skipped[MTP_PREFIX])
+    if skipped_mtp and progress:
+        log.info("left %d multi-token-prediction tensors in the checkpoint (--speculative mtp loads them)",
+                 skipped_mtp)
     missing = [n for n, p in model.named_parameters() if id(p) not in filled and n in expected]
+    if missing and all(n.startswith(MTP_PREFIX) for n in missing):
+        raise ValueError(f"--speculative mtp: the checkpoint in {model_dir} lacks the multi-token-prediction layer "
+                         f"its config.json announces ({len(missing)} tensors, e.g. {missing[:2]}); use ngram or "
+                         "suffix")
     if missing:
         raise ValueError(f"checkpoint in {model_dir} lacks {len(missing)} tensors, e.g. {missing[:3]}")
 

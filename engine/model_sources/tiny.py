@@ -161,17 +161,38 @@ def hash_routes(name: str, shape: tuple[int, ...], seed: int, num_experts: int) 
 
 
 def _mtp_shapes(shapes: dict[str, tuple[int, ...]], config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
-    """The multi-token-prediction layer that Qwen3.5 / 3.6 checkpoints carry beside the model (transformers does
-    not build it, so its tensors are added here, in the released layout): ``mtp.fc`` over [embedding, hidden],
-    its two input norms, one full-attention decoder layer shaped as the model's (``mtp.layers.0.*``) and a norm."""
-    if not config.get("mtp_num_hidden_layers"):
-        return {}
+    """The multi-token-prediction layer the released checkpoints carry beside the model (transformers does not build
+    it, so its tensors are added here, in the released layout). Qwen3.5 / 3.6: ``mtp.fc`` over [embedding, hidden],
+    its two input norms, one full-attention decoder layer shaped as the model's (``mtp.layers.0.*``) and a norm.
+    DeepSeek-V3: ``model.layers.{num_hidden_layers}.*``, a decoder layer shaped as the last one with ``eh_proj``,
+    ``enorm``, ``hnorm``, ``shared_head.norm`` and the copies of the embedding and head (`_mtp_copies`)."""
     hidden = config["hidden_size"]
-    attention = next(name.split(".")[2] for name in sorted(shapes) if ".self_attn." in name)  # a full-attention layer
-    prefix = f"model.layers.{attention}."
-    layer = {"mtp.layers.0." + name[len(prefix):]: shape for name, shape in shapes.items() if name.startswith(prefix)}
-    norms = {f"mtp.{name}.weight": (hidden,) for name in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm")}
-    return {"mtp.fc.weight": (hidden, 2 * hidden), **norms, **layer}
+    if config.get("mtp_num_hidden_layers"):
+        attention = next(name.split(".")[2] for name in sorted(shapes) if ".self_attn." in name)  # full attention
+        return {"mtp.fc.weight": (hidden, 2 * hidden),
+                **{f"mtp.{name}.weight": (hidden,) for name in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm")},
+                **_renamed_layer(shapes, f"model.layers.{attention}.", "mtp.layers.0.")}
+    if config.get("model_type") == "deepseek_v3" and config.get("num_nextn_predict_layers"):
+        last = config["num_hidden_layers"]
+        prefix = f"model.layers.{last}."
+        norms = {f"{prefix}{name}.weight": (hidden,) for name in ("enorm", "hnorm", "shared_head.norm")}
+        copies = {name: shapes[source] for name, source in _mtp_copies(shapes, config).items()}
+        return {f"{prefix}eh_proj.weight": (hidden, 2 * hidden), **norms, **copies,
+                **_renamed_layer(shapes, f"model.layers.{last - 1}.", prefix)}
+    return {}
+
+
+def _renamed_layer(shapes: dict[str, tuple[int, ...]], prefix: str, new_prefix: str) -> dict[str, tuple[int, ...]]:
+    return {new_prefix + name[len(prefix):]: shape for name, shape in shapes.items() if name.startswith(prefix)}
+
+
+def _mtp_copies(shapes: dict[str, tuple[int, ...]], config: dict[str, Any]) -> dict[str, str]:
+    """DeepSeek-V3's MTP layer stores copies of the model's embedding and LM head: copy name -> the model's tensor."""
+    if config.get("model_type") != "deepseek_v3" or not config.get("num_nextn_predict_layers"):
+        return {}
+    prefix = f"model.layers.{config['num_hidden_layers']}."
+    head = "lm_head.weight" if "lm_head.weight" in shapes else "model.embed_tokens.weight"  # tied: the embedding
+    return {f"{prefix}embed_tokens.weight": "model.embed_tokens.weight", f"{prefix}shared_head.head.weight": head}
 
 
 def build_tiny_model(recipe: TinyRecipe, template: str, out_dir: Path, scales: InitScales = InitScales()) -> None:
@@ -185,12 +206,13 @@ def write_random_weights(out_dir: Path, seed: int, scales: InitScales = InitScal
     """model.safetensors (fp32) for the config.json in ``out_dir``, every tensor drawn from ``seed``."""
     shapes = _parameter_shapes(out_dir)
     config = json.loads((out_dir / "config.json").read_text())
+    copies = _mtp_copies(shapes, config)  # drawn under the name of the tensor they copy: the same values
     shapes.update(_mtp_shapes(shapes, config))
     num_experts = config.get("n_routed_experts")
     zero_centered = config.get("model_type") in HYBRID_ARCHITECTURES  # norm weights w apply as 1 + w
     tensors = {
         name: hash_routes(name, shape, seed, num_experts) if name.endswith("tid2eid")
-        else random_tensor(name, shape, seed, scales, zero_centered)
+        else random_tensor(copies.get(name, name), shape, seed, scales, zero_centered)
         for name, shape in tqdm(sorted(shapes.items()), desc="random weights", disable=None)
     }
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})

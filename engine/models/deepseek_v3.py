@@ -2,13 +2,24 @@
 (shared + routed experts, V3's grouped sigmoid routing), YaRN RoPE on the rotary dims, and a latent KV cache."""
 from __future__ import annotations
 
+from engine.config import ModelConfig
 from engine.kv_cache_spec import KVCacheSpec
 from engine.models.llama import LlamaForCausalLM
 from engine.models.mla import MLAAttention
+from engine.models.mtp import DeepseekMTPHead
+from engine.parallel.state import SINGLE, TensorParallel
+from kernels.ops import Ops
 
 
 class DeepseekV3ForCausalLM(LlamaForCausalLM):
+    """With ``cfg.num_mtp_layers`` (V3's ``num_nextn_predict_layers``), the checkpoint's MTP layer as ``mtp`` (a draft
+    model, `engine.models.mtp`)."""
+
     attention_class = MLAAttention
+
+    def __init__(self, cfg: ModelConfig, ops: Ops, tp: TensorParallel = SINGLE) -> None:
+        super().__init__(cfg, ops, tp)
+        self.mtp = DeepseekMTPHead(cfg, self.attention_class(cfg, tp), tp) if cfg.num_mtp_layers else None
 
     @property
     def rope_dim(self) -> int:
@@ -18,4 +29,5 @@ class DeepseekV3ForCausalLM(LlamaForCausalLM):
     def kv_cache_spec(self) -> KVCacheSpec:
         mla = self.cfg.mla
         assert mla is not None
-        return KVCacheSpec.mla(self.cfg.num_layers, mla.kv_lora_rank, mla.qk_rope_head_dim)
+        # the MTP layer's latent pages come last, under the same block ids
+        return KVCacheSpec.mla(self.cfg.num_layers + (self.mtp is not None), mla.kv_lora_rank, mla.qk_rope_head_dim)

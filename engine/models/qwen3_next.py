@@ -19,7 +19,7 @@ from torch import nn
 from engine.config import ModelConfig
 from engine.kv_cache_spec import KVCacheSpec, RecurrentStateSpec
 from engine.models.llama import Attention, LlamaForCausalLM, RMSNorm
-from engine.models.mtp import MTPHead
+from engine.models.mtp import QwenMTPHead
 from engine.parallel.linear import Part, Sharding, column_parallel, qkv_parallel, row_parallel
 from engine.parallel.state import SINGLE, TensorParallel
 from kernels.ops import AttentionMetadata, Ops
@@ -143,7 +143,7 @@ class HybridForCausalLM(LlamaForCausalLM):
 
     def __init__(self, cfg: ModelConfig, ops: Ops, tp: TensorParallel = SINGLE) -> None:
         super().__init__(cfg, ops, tp)
-        self.mtp = MTPHead(cfg, GatedAttention(cfg, tp), tp) if cfg.num_mtp_layers else None
+        self.mtp = QwenMTPHead(cfg, GatedAttention(cfg, tp), tp) if cfg.num_mtp_layers else None
 
     def make_mixer(self, layer_idx: int) -> nn.Module:
         assert self.cfg.linear is not None

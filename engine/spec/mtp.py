@@ -1,13 +1,13 @@
 """The MTP proposer, the runner's side: after a step's forward and acceptance, the model's multi-token-prediction
-layer (`engine/models/mtp.py`) drafts the next step's tokens.
+layer (`engine/models/mtp.py`: Qwen3.5 / 3.6 / Next or DeepSeek-V3, one interface) drafts the next step's tokens.
 
 1. **Catch up.** The MTP layer runs over every position the step computed and kept (a verification row's rejected
    drafts excluded), position i paired with token i + 1: the next prompt token, an accepted draft, or the token the
    step emitted. Its K/V pages (the last layer's, under the sequence's block ids) so always hold what its attention
    needs at every computed position, and a block committed to the prefix cache carries correct MTP K/V too.
 2. **Draft.** Each sampled row's last kept position gives the first draft (greedy: the argmax of the model's head);
-   each further draft chains the MTP layer's own output hidden state in place of the target's, one position on, as
-   the released models were trained (vLLM's qwen3_next_mtp drafts the same way). Those chained positions write K/V
+   each further draft chains the MTP layer's own output state in place of the target's hidden state, one position
+   on, as the released models were trained (vLLM's qwen3_next_mtp and deepseek_mtp draft the same way). Those chained positions write K/V
    that the next step's catch-up overwrites with the real tokens'; the scheduler reserves their blocks.
 
 Drafts are the MTP layer's argmax, deterministic given the context, so the exact acceptance rules of `acceptance.py`
@@ -99,5 +99,6 @@ class MTPDrafter:
             tokens.append(self._argmax(hidden))
         return torch.stack(tokens, dim=1).tolist()
 
-    def _argmax(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.model.compute_logits(hidden).argmax(dim=-1)
+    def _argmax(self, state: torch.Tensor) -> torch.Tensor:
+        model = self.model
+        return model.compute_logits(model.mtp.head_input(model.ops, state)).argmax(dim=-1)

@@ -11,10 +11,12 @@ import json
 
 import jsonschema
 import pytest
+from safetensors.torch import load_file, save_file
 from scipy.stats import chi2_contingency
 
 from engine import LLM, SamplingParams
 from engine.errors import RequestRejected
+from engine.registry import resolve_model
 from engine.sampling_params import StructuredOutputSpec
 from tests.engine.conftest import random_prompts
 
@@ -184,40 +186,91 @@ def test_sampled_tokens_keep_the_target_distribution(dense):
         assert chi2_contingency(table).pvalue > P_VALUE_THRESHOLD
 
 
-@pytest.fixture(scope="module")
-def mtp() -> LLM:
-    return LLM("qwen3.6-tiny", block_size=4, num_kv_blocks=256, speculative="mtp", speculative_draft_budget=64)
+# The tiny models that carry a random MTP layer in their family's released layout (engine/model_sources/tiny.py):
+# Qwen3.5 / 3.6's ``mtp.*``, DeepSeek-V3's ``model.layers.3.*`` (the layer after the last)
+MTP_MODELS = [pytest.param(name, marks=pytest.mark.slow) for name in ("qwen3.6-tiny", "deepseek-v3-tiny")]
+
+
+@pytest.fixture(scope="module", params=MTP_MODELS)
+def mtp(request) -> LLM:
+    return LLM(request.param, block_size=4, num_kv_blocks=256, speculative="mtp", speculative_draft_budget=64)
 
 
 def test_mtp_drafts_keep_greedy_tokens_identical(mtp):
-    """qwen3.6-tiny carries a random MTP layer in the released layout (``mtp.*``, engine/model_sources/tiny.py):
-    ``--speculative mtp`` loads it and drafts with it, and greedy tokens equal the plain engine's, cache hot, n = 2.
-    (Random MTP weights seldom guess right: the point is exactness, and that drafts are made and verified.)"""
-    plain = LLM("qwen3.6-tiny", block_size=4, num_kv_blocks=256)
+    """``--speculative mtp`` loads the checkpoint's MTP layer and drafts with it, and greedy tokens equal the plain
+    engine's, cache hot, n = 2, and under a grammar. (Random MTP weights seldom guess right: the point is
+    exactness, and that drafts are made and verified.)"""
+    name = mtp.engine.model_dir.name
+    plain = LLM(name, block_size=4, num_kv_blocks=256)
     assert not any(name.startswith("mtp.") for name, _ in plain.engine.runner.model.named_parameters())
-    assert any(name.startswith("mtp.fc") for name, _ in mtp.engine.runner.model.named_parameters())
+    assert any(name.startswith("mtp.") for name, _ in mtp.engine.runner.model.named_parameters())
     prompts = random_prompts(1000, [13, 6], seed=7)
-    for n in (1, 1, 2):  # the second round reads prompts and replies from the prefix cache
-        params = SamplingParams(max_tokens=12, temperature=0, n=n)
+    grammar = StructuredOutputSpec("json_schema", json.dumps(SCHEMA))
+    for params in (SamplingParams(max_tokens=12, temperature=0),
+                   SamplingParams(max_tokens=12, temperature=0),  # prompts and replies from the prefix cache
+                   SamplingParams(max_tokens=12, temperature=0, n=2),
+                   SamplingParams(max_tokens=16, temperature=0, structured_output=grammar)):
         want, got = plain.generate(prompts, params), mtp.generate(prompts, params)
         assert [[c.token_ids for c in o.outputs] for o in got] == [[c.token_ids for c in o.outputs] for o in want]
+    assert mtp.stats.prefix_cache_hits_tokens > 0
     stats = mtp.engine.scheduler.drafter.stats["mtp"]
     assert stats.verifications > 0 and stats.draft_tokens > stats.verifications  # several drafts a step
+    assert mtp.stats.spec_draft_tokens == stats.draft_tokens and stats.mean_accepted_length >= 1
     mtp.engine.scheduler.kv.check_invariants()
 
 
 def test_mtp_catch_up_drafts_as_one_prefill_would(mtp):
-    """The MTP layer's K/V, filled step by step (each position paired with the token after it, rejected drafts left
-    out), gives the drafts that one prefill of the same tokens gives, without the prefix cache."""
+    """The MTP layer's K/V, filled step by step (each position paired with the token after it: accepted drafts in,
+    rejected ones left out), gives the drafts that one prefill of the same tokens gives, without the prefix cache.
+    The steps verify oracle drafts in place of the layer's (the reference continuation, one wrong token every other
+    step), so that some are accepted and some rejected; the layer's own drafts are what is compared."""
+    name = mtp.engine.model_dir.name
+    prompt = random_prompts(1000, [9], seed=8)[0]
+    greedy = SamplingParams(max_tokens=12, temperature=0)
+    context = prompt + mtp.generate([prompt], greedy)[0].token_ids
+    oracle = OracleDrafts([context], wrong_every=2)
     drafter = mtp.engine.scheduler.drafter
     offers: list[tuple[int, list[int]]] = []
-    drafter.offer = lambda seq_id, n, drafts, offer=drafter.offer: (offers.append((n, drafts)), offer(seq_id, n, drafts))
-    prompt = random_prompts(1000, [9], seed=8)[0]
-    context = prompt + mtp.generate([prompt], SamplingParams(max_tokens=10, temperature=0))[0].token_ids
-    del drafter.offer
-    fresh = LLM("qwen3.6-tiny", block_size=4, num_kv_blocks=256, speculative="mtp", enable_prefix_caching=False)
+
+    def offer(seq_id, n, drafts, offer=drafter.offer):
+        offers.append((n, drafts))
+        offer(seq_id, n, oracle(seq_id, "mtp", context[:n], len(drafts), None) or drafts)
+
+    drafter.offer = offer
+    accepted = drafter.stats["mtp"].accepted_tokens
+    try:
+        assert mtp.generate([prompt], greedy)[0].token_ids == context[len(prompt):]
+    finally:
+        del drafter.offer
+    assert drafter.stats["mtp"].accepted_tokens > accepted
+    fresh = LLM(name, block_size=4, num_kv_blocks=256, speculative="mtp", enable_prefix_caching=False)
     for length, drafts in offers[-3:]:
         first: list[tuple[int, list[int]]] = []
         fresh.engine.scheduler.drafter.offer = lambda seq_id, n, d: first.append((n, d))
         fresh.generate([context[: length - 1]], SamplingParams(max_tokens=2, temperature=0))
         assert first[0] == (length, drafts)
+
+
+def test_mtp_refused_where_it_cannot_run(tmp_path):
+    """--speculative mtp asks for the checkpoint's MTP layer: a model without one, tensor parallelism (the layer is
+    not split), and a checkpoint whose config announces a layer its tensors lack are refused, saying what to use."""
+    with pytest.raises(ValueError, match="no multi-token-prediction layer.*use ngram or suffix"):
+        LLM("qwen3-tiny", speculative="mtp")
+    with pytest.raises(ValueError, match="tensor parallelism.*ngram or suffix.*--tensor-parallel-size 1"):
+        LLM("deepseek-v3-tiny", speculative="mtp", tensor_parallel_size=2)
+
+
+@pytest.mark.slow
+def test_mtp_refused_when_the_checkpoint_lacks_the_layer(tmp_path):
+    """A DeepSeek-V3 checkpoint whose config.json announces an MTP layer that its tensors lack (as some re-quantized
+    releases strip it) loads without --speculative mtp and is refused with it."""
+    src, dst = resolve_model("deepseek-v3-tiny"), tmp_path / "stripped"
+    dst.mkdir()
+    for f in src.iterdir():
+        if f.name != "model.safetensors":
+            (dst / f.name).symlink_to(f)
+    tensors = load_file(src / "model.safetensors")
+    save_file({k: v for k, v in tensors.items() if not k.startswith("model.layers.3.")}, str(dst / "model.safetensors"))
+    LLM(str(dst), block_size=4, num_kv_blocks=16)
+    with pytest.raises(ValueError, match="lacks the multi-token-prediction layer.*use ngram or suffix"):
+        LLM(str(dst), block_size=4, num_kv_blocks=16, speculative="mtp")
