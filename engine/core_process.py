@@ -80,7 +80,8 @@ class CoreProcess(EngineCoreClient):
         self._stderr = _StderrForwarder(stderr_reader)
         self._process = mp.get_context("spawn").Process(
             target=run_core, name="kvserve-core", daemon=False,  # a daemonic process could not start TP workers
-            args=(Path(model_dir), cfg, model_id, self._address("commands"), self._address("outputs"), stderr_writer))
+            args=(Path(model_dir), cfg, model_id, self._address("commands"), self._address("outputs"), stderr_writer,
+                  logging.getLogger().getEffectiveLevel()))
         with caller_script_hidden():
             self._process.start()
         stderr_writer.close()
@@ -112,7 +113,7 @@ class CoreProcess(EngineCoreClient):
         self._kill()
         if self._receiver is not None:
             self._receiver.join(timeout)
-        self._die(EngineDeadError("the engine stopped"), report=False)
+        self._fail_pending(EngineDeadError("the engine stopped"))
         self._release()
 
     @property
@@ -156,6 +157,11 @@ class CoreProcess(EngineCoreClient):
     @property
     def pid(self) -> int | None:
         return self._process.pid
+
+    @property
+    def exitcode(self) -> int | None:
+        """The core process's exit status once it ended (0: stopped by `shutdown`), else None."""
+        return self._process.exitcode
 
     # ---- internals -----------------------------------------------------------------------------------------------
     def _address(self, name: str) -> str:
@@ -248,22 +254,24 @@ class CoreProcess(EngineCoreClient):
         else:
             future.set_exception(wire.decode_error(message[3], message[4]))
 
-    def _die(self, error: BaseException, report: bool = True) -> None:
-        """Once: fail every sink and pending call, then tell ``on_death`` (unless we are stopping it ourselves)."""
+    def _die(self, error: BaseException) -> None:
+        """Once: fail every sink and pending call, then tell ``on_death``."""
         with self._death_lock:
             if self._error is not None:
                 return
             self._error = error
+        self._fail_pending(error)
+        log.error("%s", error)
+        if self.on_death is not None:
+            self.on_death(error)
+
+    def _fail_pending(self, error: BaseException) -> None:
         for sink in list(self._sinks.values()):
             sink.put(error)
         for call in list(self._calls):
             entry = self._calls.pop(call, None)
             if entry is not None and not entry[0].done():
                 entry[0].set_exception(error)
-        if report and not self._closing:
-            log.error("%s", error)
-            if self.on_death is not None:
-                self.on_death(error)
 
     def _kill(self) -> None:
         if self._process.is_alive():
@@ -318,7 +326,7 @@ class _StderrForwarder:
 
 # ---- the child --------------------------------------------------------------------------------------------------------
 def run_core(model_dir: Path, cfg: EngineConfig, model_id: str | None, commands_address: str,
-             outputs_address: str, stderr: Connection) -> None:
+             outputs_address: str, stderr: Connection, log_level: int = logging.INFO) -> None:
     """The core process's entry point: build the engine, report its facts, then serve commands until told to stop
     (exit 0) or the engine dies (exit 1)."""
     os.dup2(stderr.fileno(), 2)
@@ -326,7 +334,7 @@ def run_core(model_dir: Path, cfg: EngineConfig, model_id: str | None, commands_
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent drains, then stops us
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     exit_with_parent()
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s")  # as the parent logs
     context = zmq.Context()
     outputs = context.socket(zmq.PUSH)
     outputs.connect(outputs_address)
@@ -348,12 +356,14 @@ def run_core(model_dir: Path, cfg: EngineConfig, model_id: str | None, commands_
     core.send(["ready", wire.encode_facts(facts)])
     stopped = core.serve(loop, commands)
     loop.shutdown()
-    _flush_and_exit(context, 0 if stopped else 1)
+    if not stopped:
+        _flush_and_exit(context, 1)
+    context.destroy(linger=5000)  # stopped: a normal exit, whose finalizers release what the engine registered
 
 
 def _flush_and_exit(context: zmq.Context, code: int) -> None:
     """Send what is queued (the parent may be gone: give up after a few seconds), then exit without the
-    interpreter's teardown (a thread of the engine's may still hold its locks)."""
+    interpreter's teardown (a broken engine's threads may still hold its locks)."""
     context.destroy(linger=5000)
     os._exit(code)
 

@@ -26,11 +26,17 @@ MESSAGES = [{"role": "system", "content": "You are a careful coding agent."},
 
 @pytest.fixture(scope="module")
 def process_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    """The `qwen_server` fixture's engine and tenants, its core in a process of its own, with the inspector."""
-    yield from _live_server(
+    """The `qwen_server` fixture's engine and tenants, its core in a process of its own, with the inspector. A server
+    that stops stops its core cleanly: no engine error (`kvserve serve` would exit 1), the core's exit code 0."""
+    servers = _live_server(
         tmp_path_factory, "qwen3-tiny", EngineConfig(block_size=4, num_kv_blocks=2048, max_num_seqs=64,
                                                      max_model_len=512),
         ServerSettings(api_keys=(KEY_A, KEY_B), max_n=4, ui=True), api_key=KEY_A, engine_process=True)
+    server = next(servers)
+    yield server
+    next(servers, None)
+    core = server.ctx.engine.core
+    assert server.ctx.engine.error is None and core.exitcode == 0, (server.ctx.engine.error, core.exitcode)
 
 
 def _texts(server: LiveServer, stream: bool) -> list[str]:
