@@ -71,10 +71,6 @@ class LLMEngine:
             raise ValueError("--speculative mtp: this checkpoint has no multi-token-prediction layer (Qwen3.5 / 3.6 "
                              "and Qwen3-Next carry one as mtp.*, DeepSeek-V3 / R1 as the layer after the last, "
                              "num_nextn_predict_layers in config.json); use ngram or suffix")
-        if cfg.speculative == "mtp" and cfg.tensor_parallel_size > 1:
-            raise ValueError("--speculative mtp does not run under tensor parallelism yet (its layer is not split): "
-                             "use --speculative ngram or suffix with tensor parallelism, or mtp with "
-                             "--tensor-parallel-size 1")
         if cfg.speculative != "mtp":  # the MTP layer is built and loaded only to draft with it
             self.model_cfg = dataclasses.replace(self.model_cfg, num_mtp_layers=0)
         self.max_model_len = min(cfg.max_model_len or self.model_cfg.max_position_embeddings,

@@ -37,16 +37,19 @@ class MTPHead(nn.Module):
         """A chained state -> the LM head's input."""
         raise NotImplementedError
 
-    def forward(self, ops: Ops, embeddings: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
-                cos_sin: torch.Tensor, kv_cache: tuple[torch.Tensor, ...], meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, ops: Ops, tp: TensorParallel, embeddings: torch.Tensor, hidden: torch.Tensor,
+                positions: torch.Tensor, cos_sin: torch.Tensor, kv_cache: tuple[torch.Tensor, ...],
+                meta: AttentionMetadata) -> torch.Tensor:
         """``embeddings`` of the next tokens and the ``hidden`` states ``[T, H]`` at ``positions`` -> the states
-        ``[T, H]`` the next draft step chains (`head_input` turns them into the LM head's input)."""
+        ``[T, H]`` the next draft step chains (`head_input` turns them into the LM head's input). Under tensor
+        parallelism the projection is replicated and the decoder layer split as the model's (its partial sums
+        reduced here, as the model's loop does)."""
         embedding_norm, hidden_norm, proj, layer = self.parts()
         x = proj(torch.cat([embedding_norm(ops, embeddings), hidden_norm(ops, hidden)], -1))
         h = layer.input_layernorm(ops, x)
-        h = layer.mixer(ops, h, positions, cos_sin, kv_cache, meta)
+        h = tp.all_reduce(layer.mixer(ops, h, positions, cos_sin, kv_cache, meta))
         h, residual = layer.post_attention_layernorm(ops, h, x)
-        return self.finish(ops, layer.mlp(ops, h), residual)
+        return self.finish(ops, tp.all_reduce(layer.mlp(ops, h)), residual)
 
 
 class QwenMTPHead(MTPHead):

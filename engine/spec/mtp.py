@@ -75,7 +75,8 @@ class MTPDrafter:
     def _forward(self, token_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, kv_caches: list,
                  meta: AttentionMetadata) -> torch.Tensor:
         model = self.model
-        return model.mtp(model.ops, model.embed_tokens(token_ids), hidden, positions, model.cos_sin_cache,
+        embeddings = model.tp.all_reduce(model.embed_tokens(token_ids))  # this rank's part of the vocabulary
+        return model.mtp(model.ops, model.tp, embeddings, hidden, positions, model.cos_sin_cache,
                          kv_caches[model.cfg.num_layers], meta)
 
     def _chain(self, hidden: torch.Tensor, positions: torch.Tensor, rows: np.ndarray, batch: InputBatch,
@@ -100,5 +101,10 @@ class MTPDrafter:
         return torch.stack(tokens, dim=1).tolist()
 
     def _argmax(self, state: torch.Tensor) -> torch.Tensor:
+        """The greedy drafts; under tensor parallelism rank 0's (it alone has the logits), on every rank, which
+        embeds them for the next chained step."""
         model = self.model
-        return model.compute_logits(model.mtp.head_input(model.ops, state)).argmax(dim=-1)
+        logits = model.compute_logits(model.mtp.head_input(model.ops, state))
+        if logits is None:
+            return model.tp.broadcast_from_first(torch.empty(len(state), dtype=torch.long, device=state.device))
+        return model.tp.broadcast_from_first(logits.argmax(dim=-1))

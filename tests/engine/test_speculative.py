@@ -251,13 +251,31 @@ def test_mtp_catch_up_drafts_as_one_prefill_would(mtp):
         assert first[0] == (length, drafts)
 
 
-def test_mtp_refused_where_it_cannot_run(tmp_path):
-    """--speculative mtp asks for the checkpoint's MTP layer: a model without one, tensor parallelism (the layer is
-    not split), and a checkpoint whose config announces a layer its tensors lack are refused, saying what to use."""
+def test_mtp_refused_on_a_model_without_an_mtp_layer():
     with pytest.raises(ValueError, match="no multi-token-prediction layer.*use ngram or suffix"):
         LLM("qwen3-tiny", speculative="mtp")
-    with pytest.raises(ValueError, match="tensor parallelism.*ngram or suffix.*--tensor-parallel-size 1"):
-        LLM("deepseek-v3-tiny", speculative="mtp", tensor_parallel_size=2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["qwen3.6-tiny", "deepseek-v3-tiny"])
+def test_mtp_under_tensor_parallelism_drafts_as_one_rank(model):
+    """Tensor parallel 2: the MTP layer is split as the model's layers (its projection replicated), rank 0 takes
+    the drafts' argmax and broadcasts them for the next chained step. The drafts equal one rank's, and so do the
+    greedy tokens (which equal the plain engine's: test_mtp_drafts_keep_greedy_tokens_identical), cache hot."""
+    prompts = random_prompts(1000, [13, 6], seed=9)
+    params = SamplingParams(max_tokens=10, temperature=0)
+    runs = []
+    for size in (1, 2):
+        with LLM(model, block_size=4, num_kv_blocks=256, speculative="mtp", speculative_draft_budget=64,
+                 tensor_parallel_size=size) as llm:
+            drafter = llm.engine.scheduler.drafter
+            offers: list[tuple[int, list[int]]] = []
+            drafter.offer = lambda seq_id, n, drafts, offer=drafter.offer: (offers.append((n, drafts)),
+                                                                             offer(seq_id, n, drafts))
+            tokens = [o.token_ids for _ in range(2) for o in llm.generate(prompts, params)]
+            assert llm.stats.prefix_cache_hits_tokens > 0
+            runs.append((tokens, sorted(offers), drafter.stats["mtp"].draft_tokens))
+    assert runs[1] == runs[0] and runs[0][2] > 0
 
 
 @pytest.mark.slow
