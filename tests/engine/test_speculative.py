@@ -11,6 +11,7 @@ import json
 
 import jsonschema
 import pytest
+import torch
 from safetensors.torch import load_file, save_file
 from scipy.stats import chi2_contingency
 
@@ -18,7 +19,7 @@ from engine import LLM, SamplingParams
 from engine.errors import RequestRejected
 from engine.registry import resolve_model
 from engine.sampling_params import StructuredOutputSpec
-from tests.engine.conftest import random_prompts
+from tests.engine.conftest import hf_model, random_prompts
 
 P_VALUE_THRESHOLD = 1e-3  # the two-sample chi-square test passes above this
 
@@ -292,3 +293,68 @@ def test_mtp_refused_when_the_checkpoint_lacks_the_layer(tmp_path):
     LLM(str(dst), block_size=4, num_kv_blocks=16)
     with pytest.raises(ValueError, match="lacks the multi-token-prediction layer.*use ngram or suffix"):
         LLM(str(dst), block_size=4, num_kv_blocks=16, speculative="mtp")
+
+
+def _one_layer_model(src, tensors: dict, out_dir):
+    """DeepSeek-V3's MTP layer as transformers' own one-layer DeepSeek-V3 model: its decoder layer as layer 0 and
+    ``shared_head.norm`` as the final norm, with the target's embedding and LM head."""
+    from transformers import AutoModelForCausalLM
+
+    config = json.loads((src / "config.json").read_text())
+    mtp = f"model.layers.{config['num_hidden_layers']}."
+    own = ("enorm", "hnorm", "eh_proj", "shared_head", "embed_tokens")
+    layer = {"model.layers.0." + name[len(mtp):]: t for name, t in tensors.items()
+             if name.startswith(mtp) and not name[len(mtp):].startswith(own)}
+    out_dir.mkdir()
+    save_file({**layer, "model.embed_tokens.weight": tensors["model.embed_tokens.weight"],
+               "lm_head.weight": tensors["lm_head.weight"], "model.norm.weight": tensors[mtp + "shared_head.norm.weight"]},
+              str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    (out_dir / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1, "first_k_dense_replace": 0}))
+    model, info = AutoModelForCausalLM.from_pretrained(str(out_dir), output_loading_info=True)
+    assert not info["missing_keys"] and not info["mismatched_keys"], info
+    return model.eval(), mtp
+
+
+@pytest.mark.slow
+def test_deepseek_mtp_drafts_equal_transformers_decoder_layer(tmp_path):
+    """kvserve's DeepSeek-V3 MTP drafts against an oracle built from transformers' own layers on the same weights:
+    ``x_i = eh_proj([enorm(embed(t_{i+1})), hnorm(h_i)])`` with ``h_i`` transformers' target hidden states (after the
+    final norm), the MTP decoder layer and ``shared_head.norm`` run as a one-layer model over ``x``, and each further
+    draft chained from the layer's output before the norm. The drafts offered after one prefill are its argmaxes."""
+    src = resolve_model("deepseek-v3-tiny")
+    tensors = load_file(src / "model.safetensors")
+    block, mtp = _one_layer_model(src, tensors, tmp_path / "mtp")
+    target = hf_model("deepseek-v3-tiny")
+    states: list = []
+    block.model.layers[0].register_forward_hook(lambda module, args, out: states.append(out))
+    embed = tensors["model.embed_tokens.weight"]
+
+    def rms_norm(x: torch.Tensor, name: str) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + target.config.rms_norm_eps) * tensors[mtp + name]
+
+    def project(next_tokens: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        both = torch.cat([rms_norm(embed[next_tokens], "enorm.weight"), rms_norm(hidden, "hnorm.weight")], -1)
+        return both @ tensors[mtp + "eh_proj.weight"].T
+
+    @torch.no_grad()
+    def oracle(context: list[int], k: int) -> list[int]:
+        ids = torch.tensor([context])
+        hidden = target.model(ids).last_hidden_state[0]
+        emitted = int(target(ids).logits[0, -1].argmax())
+        x = project(torch.tensor(context[1:] + [emitted]), hidden)
+        drafts: list[int] = []
+        for _ in range(k):
+            states.clear()
+            drafts.append(int(block(inputs_embeds=x[None]).logits[0, -1].argmax()))
+            state = states[-1][0] if isinstance(states[-1], tuple) else states[-1]
+            x = torch.cat([x, project(torch.tensor([drafts[-1]]), state[0, -1:])])
+        return drafts
+
+    llm = LLM("deepseek-v3-tiny", block_size=4, num_kv_blocks=256, speculative="mtp", enable_prefix_caching=False)
+    for context in random_prompts(1000, [9, 14], seed=8):
+        offers: list[tuple[int, list[int]]] = []
+        llm.engine.scheduler.drafter.offer = lambda seq_id, n, drafts: offers.append((n, drafts))
+        llm.generate([context], SamplingParams(max_tokens=2, temperature=0))
+        n, drafts = offers[0]
+        assert n == len(context) + 1 and len(drafts) > 1
+        assert drafts == oracle(context, len(drafts))
