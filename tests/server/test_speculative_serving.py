@@ -3,10 +3,13 @@ counters in /metrics and --record, and a clear 400 for a bad value."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 import jsonschema
+import pytest
 
-from tests.server.conftest import LiveServer
+from engine.config import EngineConfig
+from tests.server.conftest import LiveServer, _live_server
 
 MESSAGES = [{"role": "user", "content": "Write the list of the first primes, then say it again."}]
 
@@ -61,3 +64,26 @@ def test_a_bad_speculative_value_is_a_400(qwen_server: LiveServer) -> None:
         "model": "qwen3-tiny", "messages": MESSAGES, "max_tokens": 1, "speculative": "eagle"})
     assert response.status_code == 400, response.text
     assert "speculative" in response.text
+
+
+@pytest.fixture(scope="module")
+def mtp_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """deepseek-v3-tiny started with --speculative mtp: its random MTP layer (model.layers.3.*) drafts."""
+    yield from _live_server(tmp_path_factory, "deepseek-v3-tiny",
+                            EngineConfig(block_size=4, num_kv_blocks=1024, max_model_len=512, speculative="mtp"))
+
+
+@pytest.mark.slow
+def test_mtp_drafts_through_the_server_and_the_tokens_do_not_change(mtp_server: LiveServer) -> None:
+    """The server's default proposer is the model's MTP layer: the reply equals one with ``"speculative": "off"``,
+    and the drafts and their acceptance are counted in /metrics and in the request's --record row."""
+    client = mtp_server.client()
+    kwargs = dict(model="deepseek-v3-tiny", messages=MESSAGES, max_tokens=16, temperature=0)
+    plain = client.chat.completions.create(**kwargs, extra_body={"speculative": "off"})
+    drafted = mtp_server.metric("kvserve_spec_draft_tokens_total")
+    reply = client.chat.completions.create(**kwargs)
+    assert reply.choices[0].message.content == plain.choices[0].message.content
+    assert reply.usage.completion_tokens == plain.usage.completion_tokens == 16
+    assert mtp_server.metric("kvserve_spec_draft_tokens_total") - drafted > 16  # several drafts a step
+    speculation = mtp_server.last_record()["speculation"]
+    assert speculation["draft_tokens"] > 16 and 0 <= speculation["acceptance_rate"] <= 1
