@@ -18,6 +18,7 @@ import pytest
 
 from engine.config import EngineConfig
 from engine.engine_loop import EngineLoop
+from engine.outputs import SchedulerStats
 from engine.llm_engine import LLMEngine
 from server.app import create_app
 from server.context import ServerSettings, ServingContext, load_context
@@ -66,6 +67,13 @@ class LiveServer:
         core = self.ctx.engine.core
         assert isinstance(core, EngineLoop), "looking inside the engine needs the in-process core"
         return core.call(fn).result(timeout=60)
+
+    def stats(self) -> SchedulerStats:
+        """The engine's counters now (a named query: either core answers it)."""
+        return self.ctx.engine.core.stats().result(timeout=60)
+
+    def reset_prefix_cache(self) -> None:
+        self.ctx.engine.core.reset_prefix_cache().result(timeout=60)
 
     def metrics(self) -> dict[str, float]:
         """`/metrics` as {name{labels}: value}, comments dropped."""

@@ -58,7 +58,7 @@ def session(seed: int, system_words: int, user_words: int) -> tuple[str, str]:
 @pytest.mark.parametrize("tier", ["offload", "plain"])
 def test_a_b_a(request, tier):
     server = request.getfixturevalue(f"{tier}_server")
-    server.in_engine(lambda engine: engine.reset_prefix_cache())
+    server.reset_prefix_cache()
     a, b = session(10, 300, 650), session(20, 500, 930)  # A ~60 blocks, B ~90 blocks of the 96
     first, _, _ = ask(server, *a)
     ask(server, *b)
@@ -75,7 +75,7 @@ def test_a_b_a(request, tier):
 @pytest.mark.parametrize("pinned", [True, False])
 def test_breakpoint_on_the_system_prompt_survives_newer_sessions(plain_server, pinned):
     server = plain_server
-    server.in_engine(lambda engine: engine.reset_prefix_cache())
+    server.reset_prefix_cache()
     system_text, user = session(30 + pinned, 400, 560)
     system = [{"type": "text", "text": system_text, **({"cache_control": {"type": "ephemeral"}} if pinned else {})}]
     _, first, _ = ask(server, system, user)
@@ -120,7 +120,7 @@ def _chain_retained_for(server: LiveServer, request_id: str) -> float:
 
 @pytest.mark.parametrize("session_id", ["agent-7", None])
 def test_a_reply_ending_in_tool_calls_holds_its_session(smol_server: LiveServer, session_id):
-    smol_server.in_engine(lambda engine: engine.reset_prefix_cache())
+    smol_server.reset_prefix_cache()
     headers = {"X-Session-Id": session_id} if session_id else {}
     response = smol_server.client().chat.completions.create(
         model="smollm2-135m", messages=FEW_SHOT, tools=[WEATHER], tool_choice=NAMED, max_tokens=60, temperature=0,
@@ -135,7 +135,7 @@ def test_a_reply_ending_in_tool_calls_holds_its_session(smol_server: LiveServer,
 
 
 def test_a_session_reply_without_tool_calls_is_released_when_it_closes(smol_server: LiveServer):
-    smol_server.in_engine(lambda engine: engine.reset_prefix_cache())
+    smol_server.reset_prefix_cache()
     response = smol_server.client().chat.completions.create(
         model="smollm2-135m", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, temperature=0,
         extra_headers={"X-Session-Id": "agent-8"})

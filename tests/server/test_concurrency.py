@@ -104,7 +104,7 @@ def test_non_streaming_client_that_gives_up_aborts_its_request(qwen_server: Live
         http.post("/v1/chat/completions", json=body, timeout=httpx.Timeout(60, read=0.5))
     # Hanging up closes the connection; the server notices and aborts the request, freeing its pages.
     qwen_server.wait_until_idle(timeout=20)
-    stats = qwen_server.in_engine(lambda engine: engine.stats())
+    stats = qwen_server.stats()
     assert stats.kv_blocks_free == stats.kv_blocks_total
     after = qwen_server.metrics()
     assert after[ABORTED] - before.get(ABORTED, 0.0) == 1

@@ -40,7 +40,7 @@ def test_create_list_show_and_delete(qwen_server: LiveServer, cache):
 
 def test_pinned_blocks_are_released_on_delete(qwen_server: LiveServer, cache):
     def retained() -> int:
-        return qwen_server.in_engine(lambda engine: engine.scheduler.kv.num_retained_blocks)
+        return qwen_server.stats().kv_blocks_retained
 
     before = retained()
     assert before >= cache["tokens"] // 4
@@ -96,12 +96,12 @@ def test_bad_cache_requests(qwen_server: LiveServer, body, message):
 
 
 def test_chat_content_part_breakpoints_pin(qwen_server: LiveServer):
-    qwen_server.in_engine(lambda engine: engine.reset_prefix_cache())
-    before = qwen_server.in_engine(lambda engine: engine.stats().kv_blocks_retained)
+    qwen_server.reset_prefix_cache()
+    before = qwen_server.stats().kv_blocks_retained
     parts = [{"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral", "ttl": "5m"}}]
     qwen_server.chat(messages=[{"role": "system", "content": parts}, {"role": "user", "content": "hi"}],
                      max_tokens=2, temperature=0)
-    assert qwen_server.in_engine(lambda engine: engine.stats().kv_blocks_retained) >= before + 50  # ~220 tokens
+    assert qwen_server.stats().kv_blocks_retained >= before + 50  # ~220 tokens
 
 
 @pytest.mark.parametrize("mark", [{"type": "persistent"}, {"type": "ephemeral", "ttl": "10m"}, "yes"])
