@@ -68,6 +68,7 @@ class CoreProcess(EngineCoreClient):
         self._death_lock = threading.Lock()
         self._send_lock = threading.Lock()
         self._sinks: dict[int, OutputSink] = {}  # by sink id (id() of the sink)
+        self._decoders: dict[int, wire.StepDecoder] = {}  # by sink id (receiver thread)
         self._calls: dict[int, tuple[concurrent.futures.Future, str]] = {}  # by call id: the future, the query
         self._call_ids = itertools.count()
         self._started = self._closing = False
@@ -125,7 +126,8 @@ class CoreProcess(EngineCoreClient):
         return self._error
 
     def submit(self, requests: list[EngineRequest], sink: OutputSink) -> concurrent.futures.Future[None]:
-        self._sinks.setdefault(id(sink), sink)
+        if id(sink) not in self._sinks:
+            self._sinks[id(sink)], self._decoders[id(sink)] = sink, wire.StepDecoder()
         return self._call("add", lambda call: ["add", call, id(sink), [wire.encode_request(r) for r in requests]])
 
     def abort(self, request_id: str, index: int | None = None) -> None:
@@ -212,7 +214,7 @@ class CoreProcess(EngineCoreClient):
 
     def _receive(self) -> None:
         """The receiver thread: every message from the child, until it stops or dies."""
-        sinks, outputs, decode_step = self._sinks, self._outputs, wire.decode_step
+        sinks, outputs, decoders = self._sinks, self._outputs, self._decoders
         try:
             while True:
                 if not outputs.poll(POLL_MS):
@@ -222,9 +224,10 @@ class CoreProcess(EngineCoreClient):
                 message = wire.unpack(outputs.recv())
                 kind = message[0]
                 if kind == "step":
+                    step = decoders[message[1]].decode(message[2])  # decoded even for a sink gone: its state
                     sink = sinks.get(message[1])
                     if sink is not None:
-                        sink.put(decode_step(message[2]))
+                        sink.put(step)
                 elif kind == "stats":
                     if self.on_stats is not None:
                         self.on_stats(wire.decode_result("stats", message[1]))
@@ -239,6 +242,11 @@ class CoreProcess(EngineCoreClient):
         except zmq.ZMQError:  # the sockets closed under us: shutting down
             if not self._closing:
                 raise
+        except Exception as exc:  # noqa: BLE001 - a message we cannot read: fail loudly rather than hang everyone
+            log.exception("reading the engine core's messages failed")
+            self._die(EngineDeadError(f"the engine core's messages could not be read: {exc!r}"))
+            self._kill()
+            return
         if not self._closing:
             self._process.join(1.0)
             self._die(EngineDeadError(f"the engine core process (pid {self._process.pid}) "
@@ -369,17 +377,19 @@ def _flush_and_exit(context: zmq.Context, code: int) -> None:
 
 
 class _RemoteSink:
-    """An `OutputSink` in the child for one sink of the client: each step's outputs as one message."""
+    """An `OutputSink` in the child for one sink of the client: each step's outputs as one message (put from the
+    engine thread)."""
 
-    def __init__(self, core: _CoreServer, sink_id: int) -> None:
+    def __init__(self, core: _CoreServer, sink_id: int, is_live: Callable[[str], bool]) -> None:
         self.core = core
         self.sink_id = sink_id
+        self.encoder = wire.StepEncoder(is_live)
 
     def put(self, item: StepOutputs | BaseException) -> None:
         if isinstance(item, BaseException):
             self.core.send(["fail", self.sink_id, str(item)])
         else:
-            self.core.send(["step", self.sink_id, wire.encode_step(item)])
+            self.core.send(["step", self.sink_id, self.encoder.encode(item)])
 
 
 class _CoreServer:
@@ -413,7 +423,7 @@ class _CoreServer:
                 _, call, sink_id, requests = message
                 sink = self._sinks.get(sink_id)
                 if sink is None:
-                    sink = self._sinks[sink_id] = _RemoteSink(self, sink_id)
+                    sink = self._sinks[sink_id] = _RemoteSink(self, sink_id, loop.engine.has_request)
                 prepared = [wire.decode_request(r) for r in requests]
                 loop.compile_grammars(prepared)  # here, not on the engine thread (commands wait, steps go on)
                 self._answer(call, "add", loop.submit(prepared, sink))

@@ -7,7 +7,8 @@ Every message is a list whose first element names it:
     client -> core   ["add", call, sink, [request, ...]]     ["abort", request_id, index]
                      ["query", call, name, [arg, ...]]       ["stop"]
     core -> client   ["ready", facts]    ["failed", traceback]    ["dead", message]
-                     ["step", sink, step_outputs]     ["fail", sink, message]     ["stats", [value, ...]]
+                     ["step", sink, step_outputs (StepEncoder)]     ["fail", sink, message]
+                     ["stats", [value, ...]]
                      ["reply", call, true, result]    ["reply", call, false, error class, message]
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ import dataclasses
 import math
 from array import array
 from itertools import chain
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -81,48 +83,111 @@ def _maybe(value: float) -> float | None:
     return None if math.isnan(value) else value
 
 
-def encode_step(out: StepOutputs) -> list:
-    infos = out.infos
+def _info_columns(infos: list[SequenceInfo]) -> tuple[bytes, bytes]:
     counts = array("i", [info.num_prompt_tokens for info in infos])
     counts.extend(info.num_cached_tokens for info in infos)
     counts.extend(info.num_host_cached_tokens for info in infos)
     counts.extend(info.num_disk_cached_tokens for info in infos)
-    times = array("d", [t.arrival for t in (info.timings for info in infos)])
+    times = array("d", [info.timings.arrival for info in infos])
     for name in ("scheduled", "first_token", "finished"):
         times.extend(_time(getattr(info.timings, name)) for info in infos)
-    return [
-        out.request_ids, array("i", out.indices).tobytes(), array("i", map(len, out.new_token_ids)).tobytes(),
-        array("i", chain.from_iterable(out.new_token_ids)).tobytes(), counts.tobytes(), times.tobytes(),
-        [[row, reason.value] for row, reason in out.finish_reasons.items()],
-        list(out.errors.items()),
-        [[row, _logprobs(entries)] for row, entries in out.logprobs.items()],
-        [[row, _logprobs(entries)] for row, entries in out.prompt_logprobs.items()],
-        [[row, dataclasses.astuple(stats)] for row, stats in out.speculation.items()],
-    ]
+    return counts.tobytes(), times.tobytes()
 
 
-def decode_step(fields: list) -> StepOutputs:
-    (request_ids, indices, lengths, flat, counts, times, reasons, errors_, logprobs, prompt_logprobs,
-     speculation) = fields
-    n = len(request_ids)
-    tokens = array("i", flat).tolist()
-    new_token_ids, start = [], 0
-    for length in array("i", lengths):
-        new_token_ids.append(tokens[start:start + length])
-        start += length
-    c = array("i", counts).tolist()
-    t = array("d", times).tolist()
-    infos = [SequenceInfo(c[i], c[n + i], c[2 * n + i], c[3 * n + i],
-                          RequestTimings(t[i], _maybe(t[n + i]), _maybe(t[2 * n + i]), _maybe(t[3 * n + i])))
-             for i in range(n)]
-    return StepOutputs(
-        request_ids, array("i", indices).tolist(), new_token_ids, infos,
-        finish_reasons={row: FinishReason(reason) for row, reason in reasons},
-        errors=dict(errors_),
-        logprobs={row: _token_logprobs(entries) for row, entries in logprobs},
-        prompt_logprobs={row: _token_logprobs(entries) for row, entries in prompt_logprobs},
-        speculation={row: DraftStats(*stats) for row, stats in speculation},
-    )
+def _infos(counts: bytes, times: bytes) -> list[SequenceInfo]:
+    c, t = array("i", counts).tolist(), array("d", times).tolist()
+    n = len(c) // 4
+    return [SequenceInfo(c[i], c[n + i], c[2 * n + i], c[3 * n + i],
+                         RequestTimings(t[i], _maybe(t[n + i]), _maybe(t[2 * n + i]), _maybe(t[3 * n + i])))
+            for i in range(n)]
+
+
+class StepEncoder:
+    """The core's side of one sink's steps. A sequence's `SequenceInfo` (prompt length, cached tokens, timings)
+    travels with its first row and its last only, so a steady decode row carries its tokens alone: the encoder
+    remembers what the decoder holds, and every ``PRUNE_EVERY`` steps tells it which requests are gone for good
+    (aborted ones end without a last row). ``is_live``: whether the engine still runs a request (engine thread)."""
+
+    PRUNE_EVERY = 64
+
+    def __init__(self, is_live: Callable[[str], bool]) -> None:
+        self.is_live = is_live
+        self.known: dict[str, set[int]] = {}  # request id -> indices of its sequences the decoder has an info of
+        self._steps = 0
+
+    def encode(self, out: StepOutputs) -> list:
+        known, finished, request_ids = self.known, out.finish_reasons, out.request_ids
+        info_rows = []
+        for row, (request_id, index) in enumerate(zip(request_ids, out.indices)):
+            indices = known.get(request_id)
+            if indices is None:
+                indices = known[request_id] = set()
+            if index not in indices:
+                indices.add(index)
+                info_rows.append(row)
+            elif row in finished:  # its final timings
+                info_rows.append(row)
+        for row in finished:
+            indices = known[request_ids[row]]
+            indices.discard(out.indices[row])
+            if not indices:
+                del known[request_ids[row]]
+        gone: list[str] = []
+        self._steps += 1
+        if self._steps % self.PRUNE_EVERY == 0:
+            gone = [request_id for request_id in known if not self.is_live(request_id)]
+            for request_id in gone:
+                del known[request_id]
+        counts, times = _info_columns([out.infos[row] for row in info_rows])
+        return [
+            request_ids, array("i", out.indices).tobytes(), array("i", map(len, out.new_token_ids)).tobytes(),
+            array("i", chain.from_iterable(out.new_token_ids)).tobytes(),
+            array("i", info_rows).tobytes(), counts, times, gone,
+            [[row, reason.value] for row, reason in finished.items()],
+            list(out.errors.items()),
+            [[row, _logprobs(entries)] for row, entries in out.logprobs.items()],
+            [[row, _logprobs(entries)] for row, entries in out.prompt_logprobs.items()],
+            [[row, dataclasses.astuple(stats)] for row, stats in out.speculation.items()],
+        ]
+
+
+class StepDecoder:
+    """The client's side of one sink's steps: a `StepEncoder`'s messages back into `StepOutputs`, each row with its
+    sequence's `SequenceInfo` (kept from the sequence's first row until its last)."""
+
+    def __init__(self) -> None:
+        self.infos: dict[str, dict[int, SequenceInfo]] = {}
+
+    def decode(self, fields: list) -> StepOutputs:
+        (request_ids, indices, lengths, flat, info_rows, counts, times, gone, reasons, errors_, logprobs,
+         prompt_logprobs, speculation) = fields
+        tokens = array("i", flat).tolist()
+        new_token_ids, start = [], 0
+        for length in array("i", lengths):
+            new_token_ids.append(tokens[start:start + length])
+            start += length
+        indices = array("i", indices).tolist()
+        known = self.infos
+        for row, info in zip(array("i", info_rows), _infos(counts, times)):
+            by_index = known.get(request_ids[row])
+            if by_index is None:
+                by_index = known[request_ids[row]] = {}
+            by_index[indices[row]] = info
+        infos = [known[request_id][index] for request_id, index in zip(request_ids, indices)]
+        finish_reasons = {row: FinishReason(reason) for row, reason in reasons}
+        for row in finish_reasons:
+            by_index = known[request_ids[row]]
+            del by_index[indices[row]]
+            if not by_index:
+                del known[request_ids[row]]
+        for request_id in gone:
+            known.pop(request_id, None)
+        return StepOutputs(
+            request_ids, indices, new_token_ids, infos, finish_reasons=finish_reasons, errors=dict(errors_),
+            logprobs={row: _token_logprobs(entries) for row, entries in logprobs},
+            prompt_logprobs={row: _token_logprobs(entries) for row, entries in prompt_logprobs},
+            speculation={row: DraftStats(*stats) for row, stats in speculation},
+        )
 
 
 # ---- facts, query results, errors -----------------------------------------------------------------------------------
