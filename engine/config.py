@@ -19,9 +19,9 @@ SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "qwen3_moe", "d
                            "deepseek_v32", "deepseek_v4", "qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text",
                            "qwen3_5_moe_text")
 DEEPSEEK_V3_ROUTING = ("deepseek_v3", "deepseek_v32")  # sigmoid scores, correction bias, grouped top-k
-# Checkpoints whose MTP layers follow the last decoder layer (model.layers.{num_hidden_layers}.*) and that kvserve can
-# draft with (V3.2's carries its indexer too: not built yet)
-MTP_AFTER_LAST_LAYER = ("deepseek_v3",)
+# Checkpoints whose MTP layers follow the last decoder layer (model.layers.{num_hidden_layers}.*): DeepSeek-V3 / R1,
+# and V3.2, whose MTP layer has its own indexer
+MTP_AFTER_LAST_LAYER = ("deepseek_v3", "deepseek_v32")
 # Hybrid decoders: Gated DeltaNet linear attention (a recurrent state per sequence) between gated full attention.
 # qwen3_5 / qwen3_5_moe are the released VLM checkpoints (text_config); the *_text types their language models alone.
 HYBRID_ARCHITECTURES = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text")

@@ -69,7 +69,7 @@ class LLMEngine:
             raise ValueError(f"--speculative {cfg.speculative}: {self.speculation_refused}")
         if cfg.speculative == "mtp" and not self.model_cfg.num_mtp_layers:
             raise ValueError("--speculative mtp: this checkpoint has no multi-token-prediction layer (Qwen3.5 / 3.6 "
-                             "and Qwen3-Next carry one as mtp.*, DeepSeek-V3 / R1 as the layer after the last, "
+                             "and Qwen3-Next carry one as mtp.*, DeepSeek-V3 / R1 / V3.2 as the layer after the last, "
                              "num_nextn_predict_layers in config.json); use ngram or suffix")
         if cfg.speculative != "mtp":  # the MTP layer is built and loaded only to draft with it
             self.model_cfg = dataclasses.replace(self.model_cfg, num_mtp_layers=0)

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from engine.config import HYBRID_ARCHITECTURES
+from engine.config import HYBRID_ARCHITECTURES, MTP_AFTER_LAST_LAYER
 
 from .deepseek_tokenizer import write_deepseek_tokenizer
 from .hf_layout import DecoderDims, TokenizerInfo, write_model_configs
@@ -164,15 +164,15 @@ def _mtp_shapes(shapes: dict[str, tuple[int, ...]], config: dict[str, Any]) -> d
     """The multi-token-prediction layer the released checkpoints carry beside the model (transformers does not build
     it, so its tensors are added here, in the released layout). Qwen3.5 / 3.6: ``mtp.fc`` over [embedding, hidden],
     its two input norms, one full-attention decoder layer shaped as the model's (``mtp.layers.0.*``) and a norm.
-    DeepSeek-V3: ``model.layers.{num_hidden_layers}.*``, a decoder layer shaped as the last one with ``eh_proj``,
-    ``enorm``, ``hnorm``, ``shared_head.norm`` and the copies of the embedding and head (`_mtp_copies`)."""
+    DeepSeek-V3 / V3.2: ``model.layers.{num_hidden_layers}.*``, a decoder layer shaped as the last one with
+    ``eh_proj``, ``enorm``, ``hnorm``, ``shared_head.norm`` and the copies of the embedding and head (`_mtp_copies`)."""
     hidden = config["hidden_size"]
     if config.get("mtp_num_hidden_layers"):
         attention = next(name.split(".")[2] for name in sorted(shapes) if ".self_attn." in name)  # full attention
         return {"mtp.fc.weight": (hidden, 2 * hidden),
                 **{f"mtp.{name}.weight": (hidden,) for name in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm")},
                 **_renamed_layer(shapes, f"model.layers.{attention}.", "mtp.layers.0.")}
-    if config.get("model_type") == "deepseek_v3" and config.get("num_nextn_predict_layers"):
+    if config.get("model_type") in MTP_AFTER_LAST_LAYER and config.get("num_nextn_predict_layers"):
         last = config["num_hidden_layers"]
         prefix = f"model.layers.{last}."
         norms = {f"{prefix}{name}.weight": (hidden,) for name in ("enorm", "hnorm", "shared_head.norm")}
@@ -187,8 +187,8 @@ def _renamed_layer(shapes: dict[str, tuple[int, ...]], prefix: str, new_prefix: 
 
 
 def _mtp_copies(shapes: dict[str, tuple[int, ...]], config: dict[str, Any]) -> dict[str, str]:
-    """DeepSeek-V3's MTP layer stores copies of the model's embedding and LM head: copy name -> the model's tensor."""
-    if config.get("model_type") != "deepseek_v3" or not config.get("num_nextn_predict_layers"):
+    """DeepSeek's MTP layer stores copies of the model's embedding and LM head: copy name -> the model's tensor."""
+    if config.get("model_type") not in MTP_AFTER_LAST_LAYER or not config.get("num_nextn_predict_layers"):
         return {}
     prefix = f"model.layers.{config['num_hidden_layers']}."
     head = "lm_head.weight" if "lm_head.weight" in shapes else "model.embed_tokens.weight"  # tied: the embedding

@@ -45,4 +45,5 @@ class DeepseekV32ForCausalLM(DeepseekV3ForCausalLM):
     def kv_cache_spec(self) -> KVCacheSpec:
         mla, indexer = self.cfg.mla, self.cfg.indexer
         assert mla is not None and indexer is not None
-        return KVCacheSpec.sparse_mla(self.cfg.num_layers, mla.kv_lora_rank, mla.qk_rope_head_dim, indexer.head_dim)
+        return KVCacheSpec.sparse_mla(self.cfg.num_layers + (self.mtp is not None), mla.kv_lora_rank,
+                                      mla.qk_rope_head_dim, indexer.head_dim)

@@ -1,6 +1,6 @@
 """The multi-token-prediction (MTP) layers that checkpoints carry beside the model, run as draft models for
-speculative decoding (`engine/spec/mtp.py` drives them): Qwen3.5 / 3.6 and Qwen3-Next (``mtp.*``) and DeepSeek-V3
-(one decoder layer after the last, ``model.layers.{num_hidden_layers}.*``).
+speculative decoding (`engine/spec/mtp.py` drives them): Qwen3.5 / 3.6 and Qwen3-Next (``mtp.*``) and DeepSeek-V3 /
+V3.2 (one decoder layer after the last, ``model.layers.{num_hidden_layers}.*``; V3.2's attention with its indexer).
 
 Both are the same computation under different names. At position i the layer reads the target model's last hidden
 state there (after the final norm, as the model hands it to its head) and the embedding of token i + 1, and
@@ -86,7 +86,7 @@ class SharedHead(nn.Module):
 
 
 class DeepseekMTPHead(MTPHead, DecoderLayer):
-    """DeepSeek-V3's ``model.layers.{num_hidden_layers}.*`` (the loader names it ``mtp.``): a decoder layer
+    """DeepSeek-V3's / V3.2's ``model.layers.{num_hidden_layers}.*`` (the loader names it ``mtp.``): a decoder layer
     (``self_attn``, ``mlp``, its two norms) with ``enorm``, ``hnorm``, ``eh_proj`` and ``shared_head.norm``. The
     checkpoint also stores ``embed_tokens`` and ``shared_head.head``, copies of the model's embedding and LM head
     (the paper's MTP modules share them): the model's own are used and the copies left on disk."""
