@@ -164,14 +164,21 @@ def test_padding_rows_write_no_state_slot(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("model", ["qwen3-tiny", "qwen3.6-tiny"])
-def test_cuda_graph_decode_matches_eager(model):
+@pytest.mark.parametrize("model, options", [
+    ("qwen3-tiny", {}),
+    ("qwen3.6-tiny", {}),
+    # MTP drafts after graph-replayed decode steps (a draft budget of 4: batches of 5 to 7 decode without drafts)
+    ("deepseek-v3-tiny", {"speculative": "mtp", "speculative_draft_budget": 4}),
+], ids=["qwen3-tiny", "qwen3.6-tiny", "deepseek-v3-tiny-mtp"])
+def test_cuda_graph_decode_matches_eager(model, options):
     prompts = random_prompts(50_000, [5 + 3 * i for i in range(7)], seed=5)
     params = [SamplingParams(max_tokens=m, temperature=0, ignore_eos=True) for m in range(2, 9)]
     tokens = {}
     for eager in (True, False):
         llm = LLM(model, device="cuda", attention_backend="triton", enforce_eager=eager, max_model_len=2048,
-                  **ENGINE)
+                  **ENGINE, **options)
         assert (llm.engine.runner.decode_graphs is None) == eager
         tokens[eager] = [o.token_ids for o in llm.generate(prompts, params)]
+        if options:
+            assert llm.engine.scheduler.drafter.stats["mtp"].verifications > 0
     assert tokens[False] == tokens[True]
