@@ -15,6 +15,7 @@ with its parent, and ignores SIGINT/SIGTERM: the parent drains first, then stops
 """
 from __future__ import annotations
 
+import atexit
 import collections
 import concurrent.futures
 import itertools
@@ -92,6 +93,8 @@ class CoreProcess(EngineCoreClient):
             self._kill()
             self._release()
             raise
+        # An interpreter that exits without a shutdown (a script's error) would otherwise join the child forever.
+        atexit.register(self.shutdown)
 
     # ---- EngineCoreClient --------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -105,6 +108,7 @@ class CoreProcess(EngineCoreClient):
         if self._closing:
             return
         self._closing = True
+        atexit.unregister(self.shutdown)
         if self._process.is_alive():
             try:
                 self._send(["stop"])

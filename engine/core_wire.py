@@ -16,8 +16,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from array import array
-from itertools import chain
 from collections.abc import Callable
+from itertools import chain
 from typing import Any
 
 import msgpack
