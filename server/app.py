@@ -31,7 +31,7 @@ from server.anthropic_protocol import (
 from server.async_engine import RequestStream
 from server.cache_salt import effective_salt, tenant_salt
 from server.caches_api import add_cache_routes
-from server.chat import complete_chat, plan_chat, render_chat, stream_chat
+from server.chat import chat_turn, complete_chat, plan_chat, render_chat, stream_chat, tokenize_turn
 from server.completions import complete_text, plan_completion, stream_text
 from server.context import ServingContext
 from server.generation import Prompt, submit
@@ -178,8 +178,9 @@ def create_app(ctx: ServingContext) -> FastAPI:
     async def chat_completions(request: Request) -> Response:
         return await generate(
             request, ChatCompletionRequest,
-            lambda req, body: plan_chat(ctx, req, body, salt_for(request, req.cache_salt), int(time.time()),
-                                        session=prompt_cache_key_session(req.prompt_cache_key, request.headers)),
+            lambda req, body: plan_chat(
+                ctx, chat_turn(req, ctx.family, prompt_cache_key_session(req.prompt_cache_key, request.headers)),
+                body, salt_for(request, req.cache_salt), int(time.time())),
             lambda plan: [plan.prompt], partial(complete_chat, ctx), partial(stream_chat, ctx))
 
     @api.post("/v1/messages", openapi_extra=request_body(MessagesRequest))
@@ -255,7 +256,7 @@ def create_app(ctx: ServingContext) -> FastAPI:
             raise APIError(400, "send exactly one of 'prompt' and 'messages'")
 
         def render_and_encode() -> tuple[str | None, list[int]]:
-            text = req.prompt if req.messages is None else render_chat(ctx, req)
+            text = req.prompt if req.messages is None else render_chat(ctx, tokenize_turn(req, ctx.family))
             return text, ctx.encode(text)
 
         text, ids = await ctx.prepare(render_and_encode)

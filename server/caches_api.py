@@ -10,13 +10,13 @@ from fastapi import APIRouter, Request
 from engine.retention import CachePin, Retention
 from engine.sampling_params import SamplingParams
 from server.async_engine import EngineRequest
-from server.chat import render_chat
+from server.chat import chat_template_kwargs, render_chat
 from server.context import ServingContext, new_request_id
 from server.generation import Prompt, outputs, submit
 from server.http_io import parse_body, read_json
 from server.named_caches import CreateCacheRequest, NamedCache
 from server.openapi import request_body
-from server.protocol import ChatCompletionRequest
+from server.turn import Turn
 
 SaltFor = Callable[[Request, str | None], str | None]
 
@@ -37,10 +37,9 @@ def add_cache_routes(api: APIRouter, ctx: ServingContext, salt_for: SaltFor) -> 
         caches.check_free(salt, req.name)
 
         def render_and_encode() -> list[int]:
-            chat = parse_body(ChatCompletionRequest, {"messages": req.messages, "tools": req.tools,
-                                                      "chat_template_kwargs": req.chat_template_kwargs,
-                                                      "add_generation_prompt": False})
-            return ctx.encode(render_chat(ctx, chat))
+            turn = Turn(messages=req.messages, tools=req.tools, add_generation_prompt=False,
+                        template_kwargs=chat_template_kwargs(ctx.family, req.chat_template_kwargs))
+            return ctx.encode(render_chat(ctx, turn))
 
         ids = await ctx.prepare(render_and_encode)
         pin = Retention((CachePin(len(ids), ttl),))

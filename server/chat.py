@@ -2,8 +2,9 @@
 and `response_format`; engine output -> assistant message (reasoning and tool-call parsers), as one JSON response or
 as SSE chunks.
 
-`plan_chat` is also how `/v1/messages` and `/v1/responses` reach the engine: they convert their requests into a
-`ChatCompletionRequest` (the internal chat form) and format `server.pipeline.parsed_updates` their own way.
+`plan_chat` plans a `server.turn.Turn`, whichever API it came from: a chat request becomes one here (`chat_turn`),
+`/v1/messages` and `/v1/responses` make theirs in their adapters and format `server.pipeline.parsed_updates` their
+own way.
 The engine detokenizes with special tokens kept, so tool-call and thinking markers reach the parsers; the parsers
 are split-independent, so the streamed deltas concatenate to the non-streamed message (except for a call the output
 cuts off: streamed, its arguments are closed into valid JSON; not streamed, it is dropped).
@@ -11,11 +12,11 @@ cuts off: streamed, its arguments are closed into valid JSON; not streamed, it i
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from server.async_engine import EngineRequest, RequestStream
-from server.cache_control import Breakpoint, breakpoint_pins, chat_breakpoints, snapshot_hints
+from server.cache_control import breakpoint_pins, chat_breakpoints, snapshot_hints
 from server.context import ServingContext, new_request_id
 from server.generation import Prompt, Usage, record
 from server.limits import check_request
@@ -28,6 +29,7 @@ from server.pipeline import ChoiceState, choice_states, parsed_updates
 from server.protocol import APIError, ChatCompletionRequest, TokenizeRequest
 from server.rendering import serving_template_kwargs
 from server.sse import SSE_DONE, sse
+from server.turn import Sampling, Turn
 
 # The template kwarg that switches thinking, per family with a switch.
 _THINKING_SWITCH = {
@@ -41,16 +43,14 @@ OFF_EFFORTS = ("none", "minimal")
 
 @dataclass
 class ChatPlan:
-    """A validated chat request, rendered and tokenized, ready for the engine."""
+    """A turn, rendered and tokenized, ready for the engine."""
 
     request_id: str
     created: int
-    req: ChatCompletionRequest
+    turn: Turn  # as the engine runs it: a named cache's messages first
     body: dict[str, Any]
     prompt: Prompt
     thinking: bool  # this request's output starts with / may contain reasoning
-    num_top_logprobs: int | None  # None: no logprobs
-    session: str | None = None  # the agent session, as the client named it (recorded; its blocks are held)
     endpoint: str = "chat"  # which API it came from, for the record
     pinned_tokens: int = 0  # prompt tokens up to the last cache_control breakpoint
 
@@ -84,35 +84,60 @@ def effort_kwargs(family: str, effort: str | None) -> dict[str, Any]:
     return kwargs
 
 
-def template_kwargs(family: str, req: ChatCompletionRequest | TokenizeRequest) -> dict[str, Any]:
-    """A chat request's template kwargs: its `chat_template_kwargs` over what its `reasoning_effort` asks for."""
-    effort = req.reasoning_effort if isinstance(req, ChatCompletionRequest) else None
-    return {**effort_kwargs(family, effort), **(req.chat_template_kwargs or {})}
-
-
 # The renderer's own arguments: a template kwarg cannot take their place.
 _RESERVED_TEMPLATE_KWARGS = frozenset({"self", "messages", "tools", "add_generation_prompt"})
 
 
-def render_chat(ctx: ServingContext, req: ChatCompletionRequest | TokenizeRequest) -> str:
-    """The prompt text of a chat request, after the cache-stability rules (server/normalize.py)."""
-    kwargs = req.chat_template_kwargs or {}
+def chat_template_kwargs(family: str, requested: dict[str, Any] | None, effort: str | None = None) -> dict[str, Any]:
+    """A request's template kwargs: its `chat_template_kwargs` over what its `reasoning_effort` asks for."""
+    kwargs = requested or {}
     reserved = sorted(_RESERVED_TEMPLATE_KWARGS & kwargs.keys())
     if reserved:
         raise APIError(400, f"chat_template_kwargs may not set {', '.join(reserved)}: send them as request fields",
                        param="chat_template_kwargs")
-    check_request(ctx.settings.limits, messages=req.messages, tools=req.tools)
+    return {**effort_kwargs(family, effort), **kwargs}
+
+
+def chat_turn(req: ChatCompletionRequest, family: str, session: str | None = None) -> Turn:
+    """A chat completions request as a turn (the chat API's adapter)."""
+    if req.top_logprobs is not None and not req.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+    if req.prompt_logprobs is not None and req.stream:
+        raise APIError(400, "prompt_logprobs is returned with the whole response only; send stream: false",
+                       param="prompt_logprobs")
+    return Turn(
+        messages=req.messages, model=req.model, tools=req.tools, tool_choice=req.tool_choice,
+        parallel_tool_calls=req.parallel_tool_calls, response_format=req.response_format,
+        structured_outputs=req.structured_outputs, template_kwargs=chat_template_kwargs(family, req.chat_template_kwargs, req.reasoning_effort),
+        add_generation_prompt=req.add_generation_prompt, cached_content=req.cached_content,
+        sampling=Sampling.of(req, req.requested_max_tokens),
+        num_top_logprobs=(req.top_logprobs or 0) if req.logprobs else None, prompt_logprobs=req.prompt_logprobs,
+        include_usage=req.include_usage, session=session,
+    )
+
+
+def tokenize_turn(req: TokenizeRequest, family: str) -> Turn:
+    """/tokenize's messages, rendered as a chat request with the same fields would be."""
+    assert req.messages is not None
+    return Turn(messages=req.messages, model=req.model, tools=req.tools,
+                template_kwargs=chat_template_kwargs(family, req.chat_template_kwargs),
+                add_generation_prompt=req.add_generation_prompt)
+
+
+def render_chat(ctx: ServingContext, turn: Turn) -> str:
+    """The prompt text of a turn, after the cache-stability rules (server/normalize.py)."""
+    check_request(ctx.settings.limits, messages=turn.messages, tools=turn.tools)
     try:
-        return _render(ctx, req.messages, req.tools, req.add_generation_prompt, template_kwargs(ctx.family, req))
+        return _render(ctx, turn.messages, turn.tools, turn.add_generation_prompt, turn.template_kwargs)
     except ValueError as exc:
         raise APIError(400, str(exc), param="tools" if str(exc).startswith("tools") else "messages") from None
 
 
-def guards_only_auto_calls(req: ChatCompletionRequest) -> bool:
-    """The request's grammar (if any) only keeps the tool calls the model chooses to open valid: nothing else is
+def guards_only_auto_calls(turn: Turn) -> bool:
+    """The turn's grammar (if any) only keeps the tool calls the model chooses to open valid: nothing else is
     promised, so the request can run without it."""
-    choice = req.tool_choice
-    return (choice is None or choice == "auto") and not req.structured_answer
+    choice = turn.tool_choice
+    return (choice is None or choice == "auto") and not turn.structured_answer
 
 
 def _render(ctx: ServingContext, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool,
@@ -121,66 +146,56 @@ def _render(ctx: ServingContext, messages: list[dict], tools: list[dict] | None,
     return ctx.renderer.render(normalize_for_cache(messages, ctx.renderer), tools, add_generation_prompt, **kwargs)
 
 
-def with_cached_content(ctx: ServingContext, req: ChatCompletionRequest, cache_salt: str | None,
-                        points: list[Breakpoint] | None = None) -> tuple[ChatCompletionRequest, list[Breakpoint]]:
-    """A request naming a cache (`cached_content`) continues the cache's messages (server/named_caches.py)."""
-    if req.cached_content is None:
-        return req, points or []
-    return ctx.named_caches.use(cache_salt, req.cached_content).continue_with(req, points or [])
+def with_cached_content(ctx: ServingContext, turn: Turn, cache_salt: str | None) -> Turn:
+    """A turn naming a cache (`cached_content`) continues the cache's messages (server/named_caches.py)."""
+    if turn.cached_content is None:
+        return turn
+    return ctx.named_caches.use(cache_salt, turn.cached_content).continue_with(turn)
 
 
-def chat_prompt_text(ctx: ServingContext, req: ChatCompletionRequest, cache_salt: str | None,
-                     points: list[Breakpoint] | None = None) -> tuple[ChatCompletionRequest, list[Breakpoint], str]:
-    """The request as the engine runs it (a named cache's messages first), its breakpoints, and its prompt text."""
-    ctx.check_model(req.model)
-    req, points = with_cached_content(ctx, req, cache_salt, points)
-    return req, points, render_chat(ctx, req)
+def chat_prompt_text(ctx: ServingContext, turn: Turn, cache_salt: str | None) -> tuple[Turn, str]:
+    """The turn as the engine runs it (a named cache's messages first, its breakpoints with them; by default
+    those on chat content parts), and its prompt text."""
+    ctx.check_model(turn.model)
+    if turn.breakpoints is None:
+        turn = replace(turn, breakpoints=chat_breakpoints(turn.messages, turn.tools))
+    turn = with_cached_content(ctx, turn, cache_salt)
+    return turn, render_chat(ctx, turn)
 
 
-def plan_chat(
-    ctx: ServingContext, req: ChatCompletionRequest, body: dict[str, Any], cache_salt: str | None, created: int,
-    *, session: str | None = None, endpoint: str = "chat", id_prefix: str = "chatcmpl",
-    breakpoints: list[Breakpoint] | None = None,
-) -> ChatPlan:
-    """``breakpoints``: the request's `cache_control` marks, for APIs whose marks the chat form does not carry
-    (Anthropic's); by default the chat content parts' marks."""
+def plan_chat(ctx: ServingContext, turn: Turn, body: dict[str, Any], cache_salt: str | None, created: int,
+              *, endpoint: str = "chat", id_prefix: str = "chatcmpl") -> ChatPlan:
+    """A turn (from any API) rendered, constrained, tokenized and made an engine request."""
     # Messages and tools are checked where they are rendered (`render_chat`).
-    check_request(ctx.settings.limits, response_format=req.response_format, structured_outputs=req.structured_outputs)
-    points = chat_breakpoints(req.messages, req.tools) if breakpoints is None else breakpoints
-    req, points, text = chat_prompt_text(ctx, req, cache_salt, points)
-    kwargs = template_kwargs(ctx.family, req)
-    thinking = request_thinking(ctx.family, kwargs)
+    check_request(ctx.settings.limits, response_format=turn.response_format,
+                  structured_outputs=turn.structured_outputs)
+    turn, text = chat_prompt_text(ctx, turn, cache_salt)
+    thinking = request_thinking(ctx.family, turn.template_kwargs)
     try:
         constraint = output_constraint(
-            ctx.family, req.tools, req.tool_choice, req.parallel_tool_calls, req.response_format, reasoning=thinking,
-            structured_outputs=req.structured_outputs,
+            ctx.family, turn.tools, turn.tool_choice, turn.parallel_tool_calls, turn.response_format,
+            reasoning=thinking, structured_outputs=turn.structured_outputs,
         )
     except ConstraintError as exc:
         raise APIError(400, str(exc), param=exc.param) from None
     prompt_ids = ctx.encode(text)
-    if req.top_logprobs is not None and not req.logprobs:
-        raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-    num_top = (req.top_logprobs or 0) if req.logprobs else None
-    if req.prompt_logprobs is not None and req.stream:
-        raise APIError(400, "prompt_logprobs is returned with the whole response only; send stream: false",
-                       param="prompt_logprobs")
     params = ctx.sampling_params(
-        req, len(prompt_ids), skip_special_tokens=False, num_logprobs=num_top, structured_output=constraint,
-        prompt_logprobs=req.prompt_logprobs, session=session,
+        turn.sampling, len(prompt_ids), skip_special_tokens=False, num_logprobs=turn.num_top_logprobs,
+        structured_output=constraint, prompt_logprobs=turn.prompt_logprobs, session=turn.session,
     )
-    cut = lambda m, t: _render(ctx, m, t, False, kwargs)  # noqa: E731 - a conversation cut, rendered
-    pins = breakpoint_pins(points, text, prompt_ids, cut, ctx.encode)
-    hints = (snapshot_hints(req.messages, req.tools, text, prompt_ids, cut, ctx.encode)
+    cut = lambda m, t: _render(ctx, m, t, False, turn.template_kwargs)  # noqa: E731 - a conversation cut, rendered
+    pins = breakpoint_pins(turn.breakpoints or [], text, prompt_ids, cut, ctx.encode)
+    hints = (snapshot_hints(turn.messages, turn.tools, text, prompt_ids, cut, ctx.encode)
              if ctx.recurrent_state else ())
     request_id = new_request_id(id_prefix)
-    request = EngineRequest(request_id, prompt_ids, params, cache_salt, ctx.retention(pins, session, hints))
-    prompt = Prompt(request, constraint_param="tools", constraint_optional=guards_only_auto_calls(req))
-    return ChatPlan(request_id, created, req, body, prompt, thinking, num_top, session, endpoint,
+    request = EngineRequest(request_id, prompt_ids, params, cache_salt, ctx.retention(pins, turn.session, hints))
+    prompt = Prompt(request, constraint_param="tools", constraint_optional=guards_only_auto_calls(turn))
+    return ChatPlan(request_id, created, turn, body, prompt, thinking, endpoint,
                     max((p.num_tokens for p in pins), default=0))
 
 
 def record_plan(ctx: ServingContext, plan: ChatPlan) -> None:
-    record(ctx, plan.endpoint, plan.body, [plan.prompt], session=plan.session, chat=plan.req)
+    record(ctx, plan.endpoint, plan.body, [plan.prompt], session=plan.turn.session, turn=plan.turn)
 
 
 async def complete_chat(ctx: ServingContext, plan: ChatPlan, stream: RequestStream) -> dict[str, Any]:
@@ -193,8 +208,8 @@ async def complete_chat(ctx: ServingContext, plan: ChatPlan, stream: RequestStre
     choices = []
     for index, state in enumerate(states):
         logprobs = None
-        if plan.num_top_logprobs is not None:
-            logprobs = chat_logprobs(ctx.token_texts, state.output.logprobs, plan.num_top_logprobs)
+        if plan.turn.num_top_logprobs is not None:
+            logprobs = chat_logprobs(ctx.token_texts, state.output.logprobs, plan.turn.num_top_logprobs)
         choices.append({
             "index": index, "message": state.message(), "logprobs": logprobs, "finish_reason": state.finish_reason(),
         })
@@ -207,9 +222,9 @@ async def complete_chat(ctx: ServingContext, plan: ChatPlan, stream: RequestStre
         "choices": choices,
         "usage": Usage.of([plan.prompt], sum(s.num_tokens for s in states)).openai(),
     }
-    if plan.req.prompt_logprobs is not None:  # vLLM's extension, in vLLM's shape
+    if plan.turn.prompt_logprobs is not None:  # vLLM's extension, in vLLM's shape
         scored = plan.prompt.first_choice.prompt_logprobs
-        response["prompt_logprobs"] = vllm_prompt_logprobs(ctx.token_texts, scored, plan.req.prompt_logprobs)
+        response["prompt_logprobs"] = vllm_prompt_logprobs(ctx.token_texts, scored, plan.turn.prompt_logprobs)
     return response
 
 
@@ -227,7 +242,7 @@ def openai_delta(delta: Delta) -> dict[str, Any]:
 async def stream_chat(ctx: ServingContext, plan: ChatPlan, stream: RequestStream) -> AsyncIterator[str]:
     """SSE: a role delta per choice, content / reasoning / tool-call deltas, a finish chunk per choice, then (with
     `stream_options.include_usage`) a usage chunk with no choices, then `[DONE]`."""
-    include_usage = plan.req.include_usage
+    include_usage = plan.turn.include_usage
 
     def chunk(choices: list[dict[str, Any]], usage_value: dict[str, Any] | None = None) -> str:
         payload: dict[str, Any] = {
@@ -240,8 +255,8 @@ async def stream_chat(ctx: ServingContext, plan: ChatPlan, stream: RequestStream
 
     def choice_chunk(index: int, delta: dict[str, Any], state: ChoiceState, finish_reason: str | None = None):
         logprobs = None
-        if plan.num_top_logprobs is not None and state.unsent_logprobs:
-            logprobs = chat_logprobs(ctx.token_texts, state.unsent_logprobs, plan.num_top_logprobs)
+        if plan.turn.num_top_logprobs is not None and state.unsent_logprobs:
+            logprobs = chat_logprobs(ctx.token_texts, state.unsent_logprobs, plan.turn.num_top_logprobs)
             state.unsent_logprobs = []
         return chunk([{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}])
 

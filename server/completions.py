@@ -20,6 +20,7 @@ from server.logprobs import completion_logprobs, echoed_logprobs, vllm_prompt_lo
 from server.parsing.constraint import ConstraintError, completion_constraint
 from server.protocol import APIError, CompletionRequest
 from server.sse import SSE_DONE, sse
+from server.turn import Sampling
 
 
 @dataclass
@@ -58,10 +59,11 @@ def plan_completion(
     if bad is not None:  # before anything decodes them (echo)
         raise APIError(400, f"token id {bad} is outside the vocabulary [0, {vocab})", param="prompt")
     request_id = new_request_id("cmpl")
+    sampling = Sampling.of(req, req.max_tokens)
     prompts = []
     for i, ids in enumerate(token_lists):
         params = ctx.sampling_params(
-            req, len(ids), skip_special_tokens=True, num_logprobs=req.logprobs, structured_output=constraint,
+            sampling, len(ids), skip_special_tokens=True, num_logprobs=req.logprobs, structured_output=constraint,
             prompt_logprobs=_prompt_logprobs(req),
         )
         engine_id = request_id if len(token_lists) == 1 else f"{request_id}-{i}"

@@ -29,9 +29,10 @@ from server.logprobs import TokenTexts
 from server.metrics import Metrics
 from server.named_caches import NamedCaches
 from server.optional_grammars import OptionalGrammars
-from server.protocol import APIError, ChatCompletionRequest, CompletionRequest
+from server.protocol import APIError
 from server.recorder import Recorder
 from server.rendering import Renderer
+from server.turn import Sampling
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -182,7 +183,7 @@ class ServingContext:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def sampling_params(
-        self, req: ChatCompletionRequest | CompletionRequest, prompt_len: int, *, skip_special_tokens: bool,
+        self, req: Sampling, prompt_len: int, *, skip_special_tokens: bool,
         num_logprobs: int | None, structured_output: StructuredOutputSpec | None = None,
         prompt_logprobs: int | None = None, session: str | None = None,
     ) -> SamplingParams:
@@ -191,7 +192,7 @@ class ServingContext:
             raise APIError(400, f"n is {req.n}; this server allows at most {self.settings.max_n}", param="n")
         try:
             return SamplingParams(
-                max_tokens=self._max_tokens(req.requested_max_tokens, prompt_len),
+                max_tokens=self._max_tokens(req.max_tokens, prompt_len),
                 temperature=1.0 if req.temperature is None else req.temperature,
                 top_k=req.top_k or 0,
                 top_p=1.0 if req.top_p is None else req.top_p,
@@ -200,8 +201,8 @@ class ServingContext:
                 presence_penalty=req.presence_penalty or 0.0,
                 frequency_penalty=req.frequency_penalty or 0.0,
                 repetition_penalty=req.repetition_penalty or 1.0,
-                stop=[req.stop] if isinstance(req.stop, str) else list(req.stop or []),
-                stop_token_ids=list(req.stop_token_ids or []),
+                stop=list(req.stop),
+                stop_token_ids=list(req.stop_token_ids),
                 ignore_eos=req.ignore_eos,
                 logprobs=num_logprobs,
                 prompt_logprobs=prompt_logprobs,

@@ -16,8 +16,9 @@ from engine.worker.grammar_compile import CompileCancelled
 from server.async_engine import EngineDeadError, EngineRequest, RequestStream
 from server.context import ServingContext
 from server.inspector.hook import inspect_finished
-from server.protocol import APIError, ChatCompletionRequest
+from server.protocol import APIError
 from server.recorder import RequestRecord, timing_fields
+from server.turn import Turn
 
 log = logging.getLogger("kvserve.server")
 
@@ -179,11 +180,11 @@ async def outputs(stream: RequestStream, prompts: list[Prompt]) -> AsyncIterator
 
 def record(
     ctx: ServingContext, endpoint: str, body: dict[str, Any], prompts: list[Prompt], session: str | None = None,
-    chat: ChatCompletionRequest | None = None,
+    turn: Turn | None = None,
 ) -> None:
-    """A request finished: record it (`--record`) and show it in the inspector (`--ui`). ``chat``: the chat form of
-    the request, for the inspector's explanation of what changed."""
-    inspect_finished(ctx, endpoint, prompts, session, chat)
+    """A request finished: record it (`--record`) and show it in the inspector (`--ui`). ``turn``: the request's
+    conversation (not for raw text prompts), for the inspector's explanation of what changed."""
+    inspect_finished(ctx, endpoint, prompts, session, turn)
     if ctx.recorder is None:
         return
     for p in prompts:

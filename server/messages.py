@@ -18,7 +18,7 @@ from server.async_engine import RequestStream
 from server.chat import ChatPlan, plan_chat, record_plan, render_chat, with_cached_content
 from server.context import ServingContext
 from server.generation import Usage
-from server.messages_input import FORMAT_PARAMS, breakpoints, to_chat_request
+from server.messages_input import FORMAT_PARAMS, to_turn
 from server.parsing import OutputItem
 from server.pipeline import ChoiceState, ItemEvent, ItemStream, choice_states, parsed_updates
 from server.protocol import APIError
@@ -31,11 +31,9 @@ def plan_messages(
     ctx: ServingContext, req: MessagesRequest, body: dict[str, Any], cache_salt: str | None,
     headers: Mapping[str, str],
 ) -> ChatPlan:
-    chat = to_chat_request(req, ctx.family)
+    turn = to_turn(req, ctx.family, claude_code_session(headers, req.metadata))
     try:
-        return plan_chat(ctx, chat, body, cache_salt, int(time.time()),
-                         session=claude_code_session(headers, req.metadata), endpoint="messages", id_prefix="msg",
-                         breakpoints=breakpoints(req))
+        return plan_chat(ctx, turn, body, cache_salt, int(time.time()), endpoint="messages", id_prefix="msg")
     except APIError as exc:
         raise exc.renamed(FORMAT_PARAMS) from None
 
@@ -43,8 +41,8 @@ def plan_messages(
 def count_tokens(ctx: ServingContext, req: CountTokensRequest, cache_salt: str | None) -> dict[str, int]:
     """The prompt's length in tokens, rendered exactly as `/v1/messages` renders it."""
     ctx.check_model(req.model)
-    chat, _ = with_cached_content(ctx, to_chat_request(req, ctx.family), cache_salt)
-    return {"input_tokens": len(ctx.encode(render_chat(ctx, chat)))}
+    turn = with_cached_content(ctx, to_turn(req, ctx.family), cache_salt)
+    return {"input_tokens": len(ctx.encode(render_chat(ctx, turn)))}
 
 
 def _block(item: OutputItem, streamed: bool = False) -> dict[str, Any]:
@@ -82,7 +80,7 @@ def _json_object(text: str) -> dict[str, Any]:
 
 
 def _message(ctx: ServingContext, plan: ChatPlan, content: list[dict], state: ChoiceState | None) -> dict[str, Any]:
-    reason, sequence = state.finish(plan.req.max_tokens).anthropic() if state else (None, None)
+    reason, sequence = state.finish(plan.turn.sampling.max_tokens).anthropic() if state else (None, None)
     return {
         "id": plan.request_id, "type": "message", "role": "assistant", "model": ctx.model_name, "content": content,
         "stop_reason": reason, "stop_sequence": sequence, "usage": _usage(ctx, plan, state),
@@ -122,7 +120,7 @@ async def stream_messages(ctx: ServingContext, plan: ChatPlan, stream: RequestSt
         record_plan(ctx, plan)
     for item_event in blocks.close():
         yield anthropic_sse(*_block_event(item_event))
-    reason, sequence = state.finish(plan.req.max_tokens).anthropic()
+    reason, sequence = state.finish(plan.turn.sampling.max_tokens).anthropic()
     yield anthropic_sse("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": sequence},
                                           "usage": _usage(ctx, plan, state)})
     yield anthropic_sse("message_stop", {})

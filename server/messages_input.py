@@ -1,5 +1,5 @@
-"""An Anthropic Messages request -> the internal chat form (`ChatCompletionRequest`): messages, tools, tool_choice,
-sampling and the thinking switch, so that it renders through the same templates as a chat request.
+"""An Anthropic Messages request -> a turn (`server.turn.Turn`): messages, tools, tool_choice, sampling, the thinking
+switch and the `cache_control` breakpoints, so that it renders through the same templates as a chat request.
 
 - `system` (a string or text blocks) becomes the first system message; mid-conversation `system` messages stay
   where they are (server/normalize.py decides how a template that hoists them gets them).
@@ -13,14 +13,14 @@ sampling and the thinking switch, so that it renders through the same templates 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
-
-from pydantic import ValidationError
 
 from server.anthropic_protocol import AnthropicMessage, Conversation, MessagesRequest
 from server.cache_control import Breakpoint, checked, mark_ttl
 from server.chat import effort_kwargs, thinking_kwargs
-from server.protocol import APIError, ChatCompletionRequest, validation_error
+from server.protocol import APIError
+from server.turn import Sampling, Turn
 
 _MEDIA_BLOCKS = ("image", "document")
 # Chat's name of a field -> its name in a Messages request, for errors.
@@ -205,23 +205,17 @@ def template_kwargs(family: str, req: Conversation) -> dict[str, Any]:
     return {**thinking_kwargs(family, on), **effort_kwargs(family, effort)}
 
 
-def to_chat_request(req: Conversation, family: str) -> ChatCompletionRequest:
+def to_turn(req: Conversation, family: str, session: str | None = None) -> Turn:
+    """The request as a turn (a `CountTokensRequest` too: its conversation, nothing sampled)."""
     tool_choice, parallel = chat_tool_choice(req.tool_choice)
-    fields: dict[str, Any] = {
-        "model": req.model,
-        "messages": chat_messages(req),
-        "tools": chat_tools(req.tools),
-        "tool_choice": tool_choice,
-        "parallel_tool_calls": parallel,
-        "chat_template_kwargs": template_kwargs(family, req),
-        "cached_content": req.cached_content,
-    }
-    if isinstance(req, MessagesRequest):
-        fields.update(max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
-                      stop=req.stop_sequences, response_format=response_format(req))
-    if fields["tools"] is None and tool_choice not in (None, "none", "auto"):
+    tools = chat_tools(req.tools)
+    if tools is None and tool_choice not in (None, "none", "auto"):
         raise _bad("tool_choice needs at least one tool with an input_schema in 'tools'", "tool_choice")
-    try:
-        return ChatCompletionRequest.model_validate(fields)
-    except ValidationError as exc:
-        raise validation_error(exc) from None
+    turn = Turn(messages=chat_messages(req), model=req.model, tools=tools, tool_choice=tool_choice,
+                parallel_tool_calls=parallel, template_kwargs=template_kwargs(family, req),
+                cached_content=req.cached_content, session=session, breakpoints=breakpoints(req))
+    if not isinstance(req, MessagesRequest):
+        return turn
+    sampling = Sampling(max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
+                        stop=tuple(req.stop_sequences or ()))
+    return replace(turn, sampling=sampling, response_format=response_format(req))

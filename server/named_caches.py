@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import Field
 
 from engine.retention import TTL_CHOICES
 from server.cache_control import Breakpoint
-from server.protocol import APIError, ChatCompletionRequest, _Request
+from server.protocol import APIError, _Request
+from server.turn import Turn
 
 MAX_TTL_S = 24 * 3600.0
 
@@ -68,15 +69,14 @@ class NamedCache:
             card["cached_tokens"] = cached_tokens
         return card
 
-    def continue_with(self, req: ChatCompletionRequest, points: list[Breakpoint]
-                      ) -> tuple[ChatCompletionRequest, list[Breakpoint]]:
-        """``req`` after the cache's messages, its breakpoints likewise, plus a breakpoint at the cache's end."""
-        if req.tools is not None and req.tools != self.tools:
+    def continue_with(self, turn: Turn) -> Turn:
+        """``turn`` after the cache's messages, its breakpoints likewise, plus a breakpoint at the cache's end."""
+        if turn.tools is not None and turn.tools != self.tools:
             raise APIError(400, f"cache {self.name!r} fixes the tools; send the request without 'tools'",
                            param="tools")
-        merged = req.model_copy(update={"messages": [*self.messages, *req.messages], "tools": self.tools})
-        shifted = [Breakpoint([*self.messages, *p.messages], self.tools, p.ttl_s) for p in points]
-        return merged, [Breakpoint(self.messages, self.tools, self.ttl_s), *shifted]
+        shifted = [Breakpoint([*self.messages, *p.messages], self.tools, p.ttl_s) for p in turn.breakpoints or []]
+        return replace(turn, messages=[*self.messages, *turn.messages], tools=self.tools,
+                       breakpoints=[Breakpoint(self.messages, self.tools, self.ttl_s), *shifted])
 
 
 class NamedCaches:

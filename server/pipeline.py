@@ -1,7 +1,8 @@
 """The server pipeline's shared core, API-neutral: engine outputs -> each choice's parsed deltas (answer text,
 reasoning, tool-call starts and argument fragments, `server.parsing.Delta`), the output items they build, how the
-choice finished (`Finish`). Chat completions, Anthropic messages and OpenAI responses are thin adapters: each turns
-its request into a chat plan (server/chat.py), and formats `parsed_updates` and the final state in its wire shape.
+choice finished (`Finish`). Chat completions, Anthropic messages and OpenAI responses are thin adapters: each makes
+its request a turn (server/turn.py), which server/chat.py plans, and formats `parsed_updates` and the final state in
+its wire shape.
 """
 from __future__ import annotations
 
@@ -103,12 +104,12 @@ def choice_states(ctx: ServingContext, plan: ChatPlan, streaming: bool) -> list[
     """One parser per choice. ``streaming``: a call the output cuts off once its name was sent is closed into valid
     JSON; otherwise such a call is dropped (never content). tool_choice was validated when the prompt was planned;
     one id prefix per choice keeps call ids unique."""
-    req = plan.req
-    max_calls = 1 if req.parallel_tool_calls is False else None
+    turn = plan.turn
+    max_calls = 1 if turn.parallel_tool_calls is False else None
     return [
-        ChoiceState(get_output_parser(ctx.family, req.tools, req.tool_choice, reasoning=plan.thinking,
+        ChoiceState(get_output_parser(ctx.family, turn.tools, turn.tool_choice, reasoning=plan.thinking,
                                       id_prefix=new_id_prefix(), streaming=streaming, max_calls=max_calls),
-                    output, structured=req.structured_answer)
+                    output, structured=turn.structured_answer)
         for output in plan.prompt.choices
     ]
 

@@ -61,7 +61,7 @@ class StreamOptions(_Request):
     include_usage: bool = False
 
 
-class _SamplingFields(_Request):
+class SamplingFields(_Request):
     """Fields shared by chat and text completions. Ranges follow the OpenAI API where it defines them."""
 
     model: str | None = None
@@ -90,14 +90,8 @@ class _SamplingFields(_Request):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
-    @property
-    def structured_answer(self) -> bool:
-        """The answer must be JSON (`response_format`) or match a grammar (`structured_outputs`)."""
-        return self.structured_outputs is not None or (self.response_format or {}).get("type", "text") != "text"
 
-
-class ChatCompletionRequest(_SamplingFields):
-    api: ClassVar[str] = "chat"  # its fields in server/request_fields.py
+class ChatCompletionRequest(SamplingFields):
     api: ClassVar[str] = "chat"  # its fields in server/request_fields.py
     # Messages and tools stay dicts: the renderer validates them precisely, and their key order is prompt bytes.
     messages: list[dict[str, Any]] = Field(min_length=1)
@@ -119,17 +113,13 @@ class ChatCompletionRequest(_SamplingFields):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 
-class CompletionRequest(_SamplingFields):
+class CompletionRequest(SamplingFields):
     api: ClassVar[str] = "completions"
     # One prompt (text or token ids) or a batch of them; each becomes its own engine request.
     prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
     max_tokens: int | None = Field(16, ge=0)  # the OpenAI default for text completions; 0: scoring only
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
-
-    @property
-    def requested_max_tokens(self) -> int | None:
-        return self.max_tokens
 
 
 class TokenizeRequest(_Request):

@@ -20,7 +20,7 @@ from server.generation import Usage
 from server.parsing import Delta, OutputItem
 from server.pipeline import ChoiceState, ItemEvent, ItemStream, choice_states, parsed_updates
 from server.protocol import APIError
-from server.responses_input import FORMAT_PARAMS, ResponseStore, to_chat_request
+from server.responses_input import FORMAT_PARAMS, ResponseStore, to_turn
 from server.responses_protocol import ResponsesRequest, responses_sse
 from server.session import prompt_cache_key_session
 
@@ -42,13 +42,12 @@ def plan_response(
     headers: Mapping[str, str],
 ) -> ResponsePlan:
     previous = store.history(cache_salt, req.previous_response_id) if req.previous_response_id else []
-    chat, names = to_chat_request(req, ctx.family, previous)
+    turn, names = to_turn(req, ctx.family, previous, prompt_cache_key_session(req.prompt_cache_key, headers))
     try:
-        plan = plan_chat(ctx, chat, body, cache_salt, int(time.time()), session=prompt_cache_key_session(
-            req.prompt_cache_key, headers), endpoint="responses", id_prefix="resp")
+        plan = plan_chat(ctx, turn, body, cache_salt, int(time.time()), endpoint="responses", id_prefix="resp")
     except APIError as exc:
         raise exc.renamed(FORMAT_PARAMS) from None
-    history = chat.messages[1:] if req.instructions else chat.messages
+    history = turn.messages[1:] if req.instructions else turn.messages
     return ResponsePlan(plan, req, names, history)
 
 

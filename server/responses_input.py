@@ -1,4 +1,4 @@
-"""An OpenAI Responses request -> the internal chat form (`ChatCompletionRequest`), and the bounded store that makes
+"""An OpenAI Responses request -> a turn (`server.turn.Turn`), and the bounded store that makes
 `previous_response_id` work.
 
 - `input`: a string (one user message) or items. `message` items (`developer` and `system` become system messages,
@@ -19,12 +19,11 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import ValidationError
-
 from server.chat import effort_kwargs
-from server.protocol import APIError, ChatCompletionRequest, validation_error
+from server.protocol import APIError
 from server.rendering.messages import flatten_content
 from server.responses_protocol import ResponsesRequest
+from server.turn import Sampling, Turn
 
 NAMESPACE_SEPARATOR = "__"
 # Chat's name of a field -> its name in a Responses request, for errors.
@@ -181,21 +180,17 @@ class ResponseStore:
         return list(messages)
 
 
-def to_chat_request(req: ResponsesRequest, family: str, history: list[dict]) -> tuple[ChatCompletionRequest, dict]:
-    """(the chat request, {flat tool name: (namespace, name)} to map calls back)."""
+def to_turn(req: ResponsesRequest, family: str, history: list[dict], session: str | None) -> tuple[Turn, dict]:
+    """(the turn, {flat tool name: (namespace, name)} to map calls back)."""
     tools, names = chat_tools(req.tools)
     messages = [*history, *chat_messages(req.input, names)]
     if req.instructions:
         messages.insert(0, {"role": "system", "content": req.instructions})
-    fields = {
-        "model": req.model, "messages": messages or [{"role": "user", "content": ""}], "tools": tools,
-        "tool_choice": chat_tool_choice(req.tool_choice, names), "parallel_tool_calls": req.parallel_tool_calls,
-        "max_tokens": req.max_output_tokens, "temperature": req.temperature, "top_p": req.top_p,
-        "chat_template_kwargs": effort_kwargs(family, reasoning_effort(req.reasoning)),
-        "prompt_cache_key": req.prompt_cache_key, "response_format": response_format(req.text),
-    }
-    try:
-        chat = ChatCompletionRequest.model_validate(fields)
-    except ValidationError as exc:
-        raise validation_error(exc) from None
-    return chat, {flat: key for key, flat in names.items()}
+    turn = Turn(
+        messages=messages or [{"role": "user", "content": ""}], model=req.model, tools=tools,
+        tool_choice=chat_tool_choice(req.tool_choice, names), parallel_tool_calls=req.parallel_tool_calls,
+        response_format=response_format(req.text), template_kwargs=effort_kwargs(family, reasoning_effort(req.reasoning)),
+        sampling=Sampling(max_tokens=req.max_output_tokens, temperature=req.temperature, top_p=req.top_p),
+        session=session,
+    )
+    return turn, {flat: key for key, flat in names.items()}

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from fastapi import APIRouter, FastAPI, Request
 
-from server.chat import chat_prompt_text
+from server.chat import chat_prompt_text, chat_turn
 from server.context import ServingContext
 from server.http_io import parse_body, read_json
 from server.openapi import request_body
@@ -55,7 +55,7 @@ def add_router_routes(app: FastAPI, api: APIRouter, ctx: ServingContext,
         req = parse_body(ChatCompletionRequest, body)
 
         def token_ids() -> list[int]:
-            _, _, text = chat_prompt_text(ctx, req, salt_for(request, req.cache_salt))
+            _, text = chat_prompt_text(ctx, chat_turn(req, ctx.family), salt_for(request, req.cache_salt))
             return ctx.encode(text)
 
         return {"model": ctx.model_name, "token_ids": await ctx.prepare(token_ids)}

@@ -9,7 +9,7 @@ from server.context import ServingContext
 from server.inspector.attribution import Conversation
 from server.inspector.store import Inspector, Observation
 from server.normalize import normalize_for_cache
-from server.protocol import ChatCompletionRequest
+from server.turn import Turn
 
 if TYPE_CHECKING:
     from server.generation import Prompt
@@ -18,14 +18,14 @@ log = logging.getLogger("kvserve.inspector")
 
 
 def inspect_finished(ctx: ServingContext, endpoint: str, prompts: list[Prompt], session: str | None,
-                     chat: ChatCompletionRequest | None) -> None:
+                     turn: Turn | None) -> None:
     inspector = ctx.inspector
     if inspector is None:
         return
     # As rendered: the cache rules applied, so a change they remove (a billing nonce) is no change here either. The
     # rules read only the renderer's flags, never its tokenizer: any lane's renderer does, on the event loop.
-    conversation = Conversation() if chat is None else Conversation(
-        normalize_for_cache(chat.messages, ctx.lane_tools.renderer), chat.tools)
+    conversation = Conversation() if turn is None else Conversation(
+        normalize_for_cache(turn.messages, ctx.lane_tools.renderer), turn.tools)
     for p in prompts:
         try:
             _observe(inspector, endpoint, p, session, conversation)

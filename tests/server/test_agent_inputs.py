@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from server.anthropic_protocol import MessagesRequest
-from server.messages_input import to_chat_request as messages_to_chat
+from server.messages_input import to_turn as messages_to_turn
 from server.normalize import normalize_for_cache, strip_billing_nonce, system_messages_in_place
 from server.protocol import APIError
 from server.rendering import get_renderer
-from server.responses_input import ResponseStore, to_chat_request as responses_to_chat
+from server.responses_input import ResponseStore, to_turn as responses_to_turn
 from server.responses_protocol import ResponsesRequest
 from server.session import claude_code_session, prompt_cache_key_session
 
@@ -61,7 +61,7 @@ def test_anthropic_request_becomes_the_chat_form() -> None:
                                          {"type": "text", "text": "try again"}]},
         ],
     })
-    chat = messages_to_chat(req, "qwen3")
+    chat = messages_to_turn(req, "qwen3")
     assert chat.messages == [
         {"role": "system", "content": [{"type": "text", "text": "sys"}]},
         {"role": "user", "content": "read it"},
@@ -72,11 +72,12 @@ def test_anthropic_request_becomes_the_chat_form() -> None:
     ]
     assert chat.tools == [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}]
     assert chat.tool_choice == "required" and chat.parallel_tool_calls is False
-    assert chat.stop == ["\n\n"] and chat.max_tokens == 5 and chat.chat_template_kwargs == {"enable_thinking": True}
-    assert messages_to_chat(req.model_copy(update={"thinking": None}), "deepseek-v3.1").chat_template_kwargs == \
+    assert chat.sampling.stop == ("\n\n",) and chat.sampling.max_tokens == 5
+    assert chat.template_kwargs == {"enable_thinking": True}
+    assert messages_to_turn(req.model_copy(update={"thinking": None}), "deepseek-v3.1").template_kwargs == \
         {"thinking": False}
     with pytest.raises(APIError, match="text only"):
-        messages_to_chat(MessagesRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": [
+        messages_to_turn(MessagesRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": [
             {"type": "document", "source": {}}]}]}), "qwen3")
 
 
@@ -97,7 +98,7 @@ def test_responses_request_becomes_the_chat_form_with_flat_namespaced_tools() ->
             {"type": "web_search_call", "id": "ws"},
         ],
     })
-    chat, names = responses_to_chat(req, "qwen3", history=[])
+    chat, names = responses_to_turn(req, "qwen3", history=[], session=None)
     assert chat.messages == [
         {"role": "system", "content": "be brief"},
         {"role": "system", "content": "dev"},
@@ -109,7 +110,7 @@ def test_responses_request_becomes_the_chat_form_with_flat_namespaced_tools() ->
     assert [t["function"]["name"] for t in chat.tools] == ["exec", "agents__spawn"]
     assert names == {"exec": (None, "exec"), "agents__spawn": ("agents", "spawn")}
     assert chat.tool_choice == {"type": "function", "function": {"name": "agents__spawn"}}
-    assert chat.max_tokens == 9 and chat.chat_template_kwargs == {"enable_thinking": False}
+    assert chat.sampling.max_tokens == 9 and chat.template_kwargs == {"enable_thinking": False}
 
 
 def test_response_store_is_bounded() -> None:
