@@ -23,7 +23,7 @@ def test_serve_help_lists_the_options() -> None:
     text = serve.format_help()
     for flag in ("--model", "--host", "--port", "--api-key", "--block-size", "--num-kv-blocks", "--max-num-seqs",
                  "--max-num-batched-tokens", "--no-prefix-cache", "--device", "--dtype", "--record",
-                 "--allow-request-cache-salt", "--strict-max-tokens"):
+                 "--allow-request-cache-salt", "--strict-max-tokens", "--engine-process", "--engine-process-timeout"):
         assert flag in text, flag
     assert "smollm2-135m" in text and "curl" in text
 

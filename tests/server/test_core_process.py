@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -19,6 +20,7 @@ import pytest
 from engine.config import EngineConfig
 from server.context import ServerSettings
 from tests.server.conftest import KEY_A, KEY_B, LiveServer, _live_server
+from tests.server.test_tensor_parallel_serve import ServeProcess
 
 MESSAGES = [{"role": "system", "content": "You are a careful coding agent."},
             {"role": "user", "content": "List the files of the repository, then explain the cache."}]
@@ -111,52 +113,65 @@ def test_caches_tokens_and_the_inspector_over_the_process_boundary(process_serve
     assert counted.input_tokens > 10
 
 
-def _lines(stream, sink: queue.Queue) -> None:
-    for line in stream:
-        sink.put(line)
-    sink.put(None)
+@contextmanager
+def _serve(*flags: str) -> Iterator[ServeProcess]:
+    """`kvserve serve --engine-process on` as a user runs it, on qwen3-tiny, until its banner."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "server.cli", "serve", "--model", "qwen3-tiny", "--port", "0", "--block-size", "4",
+         "--num-kv-blocks", "256", "--max-model-len", "512", "--engine-process", "on", "--log-level", "warning",
+         *flags], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr] + [lines.put(None)], daemon=True).start()
+    server = ServeProcess(proc, lines)
+    try:
+        server.url = server.read_until(r"serving qwen3-tiny at (http://127\.0\.0\.1:\d+)/v1", 180).group(1)
+        yield server
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+
+
+def _unhealthy_then_exit(server: ServeProcess, since: float) -> None:
+    """/health answers 503, then the server exits with status 1, within seconds of ``since``."""
+    statuses = set()
+    while time.monotonic() - since < 10:
+        try:
+            statuses.add(httpx.get(f"{server.url}/health", timeout=2).status_code)
+        except httpx.TransportError:  # exiting: no longer listening
+            break
+        time.sleep(0.02)
+    assert 503 in statuses, statuses
+    assert server.proc.wait(timeout=20) == 1
+    assert time.monotonic() - since < 20
+    assert "stopped: the engine died" in server.rest_of_output()
 
 
 @pytest.mark.slow
 def test_a_killed_core_process_fails_health_and_ends_the_server() -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "server.cli", "serve", "--model", "qwen3-tiny", "--port", "0", "--block-size", "4",
-         "--num-kv-blocks", "256", "--max-model-len", "256", "--engine-process", "on", "--log-level", "warning"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=_lines, args=(proc.stderr, lines), daemon=True).start()
-    output: list[str] = []
-    try:
-        url = core_pid = None
-        deadline = time.monotonic() + 120
-        while url is None:
-            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
-            assert line is not None, "".join(output)
-            output.append(line)
-            if found := re.search(r"the engine core runs in process (\d+)", line):
-                core_pid = int(found.group(1))
-            if found := re.search(r"serving qwen3-tiny at (http://127\.0\.0\.1:\d+)/v1", line):
-                url = found.group(1)
-        assert core_pid is not None and core_pid != proc.pid, output
-        assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+    with _serve() as server:
+        core_pid = int(re.search(r"the engine core runs in process (\d+)", "".join(server.output)).group(1))
+        assert core_pid != server.proc.pid and httpx.get(f"{server.url}/health", timeout=10).status_code == 200
         os.kill(core_pid, signal.SIGKILL)
-        killed = time.monotonic()
-        health = None
-        while time.monotonic() - killed < 5:
-            try:
-                health = httpx.get(f"{url}/health", timeout=2)
-            except httpx.HTTPError:  # the server already closed its socket
-                break
-            if health.status_code == 503:
-                break
-            time.sleep(0.02)
-        assert health is not None and health.status_code == 503 and "SIGKILL" in health.text, health
-        assert proc.wait(timeout=10) == 1
-        assert time.monotonic() - killed < 10
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _unhealthy_then_exit(server, time.monotonic())
+        assert f"the engine core process (pid {core_pid}) was killed by SIGKILL" in "".join(server.output)
+
+
+@pytest.mark.slow
+def test_a_killed_tensor_parallel_worker_of_the_core_process_ends_the_server() -> None:
+    """The core process is rank 0: a worker's death ends its engine, and so the server, as in-process."""
+    with _serve("--tensor-parallel-size", "2") as server:
+        worker_pid = int(re.search(r"tensor parallel rank 1 \(cpu, pid (\d+)\)", "".join(server.output)).group(1))
+        body = {"model": "qwen3-tiny", "messages": MESSAGES, "max_tokens": 400, "temperature": 0, "stream": True,
+                "ignore_eos": True}
+        with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, timeout=60) as response:
+            frames = (line for line in response.iter_lines() if line)
+            assert next(frames).startswith("data: ")
+            killed = time.monotonic()
+            os.kill(worker_pid, signal.SIGKILL)
+            rest = list(frames)
+        assert '"error"' in rest[-2] and "killed by SIGKILL" in rest[-2] and rest[-1] == "data: [DONE]", rest[-3:]
+        _unhealthy_then_exit(server, killed)
 
 
 @pytest.mark.slow
