@@ -74,7 +74,8 @@ def test_serve_subprocess_banner_request_record_and_graceful_sigterm(tmp_path: P
         assert proc.wait(timeout=60) == 0
         while (line := lines.get(timeout=10)) is not None:
             output.append(line)
-        assert "stopped" in output[-1]
+        # (not necessarily the last line: Triton's bindings may report leaks as the interpreter exits)
+        assert any("stopped" in line for line in output), output[-5:]
         [row] = [json.loads(line) for line in record.read_text().splitlines()]
         assert row["endpoint"] == "chat" and len(row["output_token_ids"]) == 24 and row["body"]["max_tokens"] == 24
         assert row["cache_salt"] and "sk-cli" not in json.dumps(row)
