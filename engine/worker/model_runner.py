@@ -275,10 +275,18 @@ class ModelRunner:
             handle.launched = self._run_on_device(work)
         return handle
 
-    @torch.inference_mode()
     def _run_on_device(self, work: _DeviceWork) -> _Launched:
-        """Upload, forward, sample; on CUDA also start copying the sampled ids back. Steps run here in order."""
+        """The device part of a step, timed whole: entering inference mode and freeing the forward's intermediates
+        (as its frame goes) are the device part's too."""
         start, start_cpu = time.perf_counter(), time.thread_time()
+        launched = self._device_part(work)
+        self.profile.launch_s += time.perf_counter() - start
+        self.profile.launch_cpu_s += time.thread_time() - start_cpu
+        return launched
+
+    @torch.inference_mode()
+    def _device_part(self, work: _DeviceWork) -> _Launched:
+        """Upload, forward, sample; on CUDA also start copying the sampled ids back. Steps run here in order."""
         if work.transfers:
             self.kv_offload.run(work.transfers)
         self._copy_states(work.state_restores)
@@ -303,8 +311,6 @@ class ModelRunner:
         launched = self._to_host(sampled, scored, timed=started is not None)
         if sampled is not None or scored:
             launched.started = started
-        self.profile.launch_s += time.perf_counter() - start
-        self.profile.launch_cpu_s += time.thread_time() - start_cpu
         return launched
 
     def _copy_states(self, copies: list[StateCopy]) -> None:
