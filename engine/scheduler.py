@@ -17,6 +17,8 @@ from collections import abc
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
+import numpy as np
+
 from engine.block_hashing import BlockHash, BlockHasher
 from engine.config import EngineConfig, SchedulingPolicy
 from engine.kv.snapshot_policy import DEFAULT_POLICY, SnapshotPolicy
@@ -36,11 +38,14 @@ from engine.outputs import (
 )
 from engine.sequence import Sequence, SequenceStatus
 from engine.retention import Retention
+from engine.running_columns import RunningColumns, horizon_after
 from engine.sampling_params import SamplingParams
 from engine.spec.drafter import Drafter, Method
 
 T = TypeVar("T")
 MAX_HELD_REQUESTS = 4096  # finished requests whose hold a caller may still extend (`retain_finished`)
+# Below this many decodes a step's per-sequence loops beat column arithmetic (numpy's fixed cost per call)
+MIN_COLUMNAR_ROWS = 32
 
 
 def admission_order(policy: SchedulingPolicy, candidates: abc.Sequence[T], num_cached_tokens: Callable[[T], int]) -> list[T]:
@@ -70,7 +75,8 @@ class Scheduler:
                                  state_slots=state_slots, host_states=host_states, disk_states=disk_states)
         self.hasher = BlockHasher(cfg.block_size, model_id)
         self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []  # in admission order: the last one is preempted first
+        # The running sequences in admission order (the last one is preempted first), as columns too
+        self._running = RunningColumns(cfg.max_num_seqs)
         self.sequences: dict[str, Sequence] = {}  # every live sequence
         self.requests: dict[str, list[Sequence]] = {}  # caller request id -> its live sequences
         self.num_constrained = 0  # live sequences under a grammar: without any, the engine skips grammar work
@@ -82,6 +88,8 @@ class Scheduler:
         self._finished_seq_ids: list[str] = []  # for the next SchedulerOutput: the runner forgets them
         self._held: OrderedDict[str, list[BlockHash]] = OrderedDict()  # finished with a hold: their block chains
         self._outputs = StepOutputs()
+        # the rows of the last sampled sequences (the runner's order), while neither they nor the rows change
+        self._sampled_rows: tuple[list[str], int, np.ndarray] | None = None
         self.num_preemptions = 0
         self.num_prompt_tokens = 0  # computed prompt tokens (cache hits excluded)
         self.num_generation_tokens = 0
@@ -149,6 +157,11 @@ class Scheduler:
             if index is None or seq.index == index:
                 self._finish(seq, FinishReason.ABORT)
 
+    @property
+    def running(self) -> list[Sequence]:
+        """The running sequences in admission order (the last one is preempted first)."""
+        return self._running.seqs
+
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
@@ -204,12 +217,15 @@ class Scheduler:
         self.kv.begin_step()
         # speculation turns itself down as the batch grows (engine/spec/drafter.py)
         k = self.drafter.drafts_per_sequence(len(self.running)) if self.num_speculative else 0
-        # Decodes first (one token each, latency-critical, plus any drafts), then continuing chunked prefills.
-        decodes, prefills = [], []
-        for seq in self.running:  # more than one token left to compute: a prefill
-            (prefills if len(seq.token_ids) + seq.num_output_placeholders - seq.num_computed_tokens > 1
-             else decodes).append(seq)
-        budget = self._schedule_decodes(decodes, self.cfg.max_num_batched_tokens, k, out)
+        # Decodes first (one token each, latency-critical, plus any drafts), then continuing chunked prefills. The
+        # running sequences' lengths (known tokens and those in flight) and computed tokens, as columns:
+        running = self.running
+        lengths = np.array([len(seq.token_ids) + seq.num_output_placeholders for seq in running], dtype=np.int64)
+        computed = np.array([seq.num_computed_tokens for seq in running], dtype=np.int64)
+        is_prefill = lengths - computed > 1  # more than one token left to compute
+        decode_rows = np.flatnonzero(~is_prefill) if is_prefill.any() else None  # None: every running sequence
+        prefills = [running[i] for i in np.flatnonzero(is_prefill).tolist()] if decode_rows is not None else []
+        budget = self._schedule_decodes(decode_rows, lengths, computed, self.cfg.max_num_batched_tokens, k, out)
         for seq in prefills:
             if budget == 0:
                 break
@@ -230,10 +246,68 @@ class Scheduler:
         out.state_restores, out.state_snapshots = self.kv.take_state_copies()
         return out
 
-    def _schedule_decodes(self, decodes: list[Sequence], budget: int, k: int, out: SchedulerOutput) -> int:
-        """The running sequences with one token to compute, the bulk of a step, in one tight loop: a decode that
-        drafts (up to ``k`` tokens), needs a block, fills one, is still in its prompt or has siblings to queue takes
-        the general path. Returns the budget left."""
+    def _schedule_decodes(self, rows: np.ndarray | None, lengths: np.ndarray, computed: np.ndarray, budget: int,
+                          k: int, out: SchedulerOutput) -> int:
+        """The running sequences with one token to compute, the bulk of a step: rows ``rows`` of the running list
+        (None: all), whose ``lengths`` (known tokens and those in flight) and ``computed`` tokens are given for every
+        running sequence. A steady decode (below its horizon: engine/running_columns.py) is scheduled in bulk by
+        column arithmetic; the others take the general path one at a time. When blocks could run short, the general
+        path runs in running order between runs of steady ones, so that a preemption picks the victims it would in
+        one loop. Returns the budget left."""
+        cols = self._running
+        decodes = list(cols.seqs) if rows is None else [cols.seqs[i] for i in rows.tolist()]
+        if k or len(decodes) > budget or len(decodes) < MIN_COLUMNAR_ROWS:
+            # drafts, a budget that runs out among them, or too few for numpy to pay: one at a time
+            return self._schedule_decodes_in_turn(decodes, budget, k, out)
+        if rows is None:
+            rows = np.arange(len(decodes))
+        else:
+            lengths, computed = lengths[rows], computed[rows]
+        todo = lengths < cols.max_num_tokens[rows]  # else the tokens in flight reach max_tokens or the context length
+        general = todo & ((lengths >= cols.horizon[rows]) | (lengths - computed != 1))
+        steady = todo & ~general
+        general_rows = np.flatnonzero(general).tolist()
+        first, start, version = len(out.seq_ids), 0, cols.version
+        by_position = len(general_rows) > self.kv.num_free_blocks  # each needs at most one block
+        general_n = (lengths - computed)[general_rows].tolist()
+        horizons = []
+        for i, n in zip(general_rows, general_n):
+            if by_position:
+                self._schedule_steady(decodes, steady, lengths, computed, start, i, out)
+                start = i + 1
+            seq = decodes[i]
+            new_block_ids = self._make_room(seq, n, out)
+            if new_block_ids is not None:
+                self._schedule(seq, n, new_block_ids, out)
+            if cols.version != version:  # rows moved (a preemption, or one out of blocks): the rest one at a time
+                unscheduled = (np.flatnonzero(steady[start:i]) + start).tolist() + list(range(i + 1, len(decodes)))
+                return self._schedule_decodes_in_turn([decodes[j] for j in unscheduled],
+                                                      budget - sum(out.num_new_tokens[first:]), 0, out)
+            horizons.append(horizon_after(seq, len(self.kv.seqs[seq.seq_id].block_ids), self.cfg.block_size))
+        cols.horizon[rows[general_rows]] = horizons
+        self._schedule_steady(decodes, steady, lengths, computed, start, len(decodes), out)
+        return budget - sum(out.num_new_tokens[first:])
+
+    @staticmethod
+    def _schedule_steady(decodes: list[Sequence], steady: np.ndarray, lengths: np.ndarray, computed: np.ndarray,
+                         start: int, end: int, out: SchedulerOutput) -> None:
+        """The steady ones among decodes ``start:end``, in bulk: what `_schedule` does for them (one token, which
+        samples)."""
+        if start == end:
+            return
+        rows = np.flatnonzero(steady[start:end]) + start
+        seqs = decodes[start:end] if len(rows) == end - start else [decodes[i] for i in rows.tolist()]
+        out.seq_ids += [seq.seq_id for seq in seqs]
+        out.num_new_tokens += [1] * len(rows)
+        out.num_computed_tokens += computed[rows].tolist()
+        out.samples += [True] * len(rows)
+        for seq, num_tokens in zip(seqs, lengths[rows].tolist()):
+            seq.num_computed_tokens = num_tokens
+            seq.num_output_placeholders += 1
+
+    def _schedule_decodes_in_turn(self, decodes: list[Sequence], budget: int, k: int, out: SchedulerOutput) -> int:
+        """`_schedule_decodes` one sequence at a time (a decode that drafts up to ``k`` tokens, needs a block, fills
+        one, is still in its prompt or has siblings to queue takes the general path)."""
         block_size, kv_seqs, running = self.cfg.block_size, self.kv.seqs, SequenceStatus.RUNNING
         seq_ids, num_new, num_computed, samples = out.seq_ids, out.num_new_tokens, out.num_computed_tokens, out.samples
         for seq in decodes:
@@ -323,7 +397,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         """Recompute later: release the blocks now; its full blocks stay cached, so re-admission mostly hits."""
-        self.running.remove(seq)
+        self._running.remove(seq)
         self.kv.free(seq.seq_id)
         seq.status = SequenceStatus.PREEMPTED
         seq.num_computed_tokens = 0
@@ -393,7 +467,7 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             seq.num_computed_tokens = cached
             n = self._chunk(seq, min(seq.num_uncomputed_tokens, budget))
-            self.running.append(seq)
+            self._running.append(seq)
             self._schedule(seq, n, list(self.kv.block_table(seq.seq_id)), out, resumed,
                            self.kv.state_slot(seq.seq_id))
             budget -= n
@@ -419,6 +493,13 @@ class Scheduler:
             seq = self.sequences.get(seq_id)
             if seq is not None and seq.prompt_logprobs is not None:  # a recompute may score some tokens again
                 seq.prompt_logprobs += entries[len(seq.prompt_logprobs) - first :]
+        if (runner_output.logprobs is None and runner_output.emitted_token_ids is None and not grammar_ends
+                and runner_output.draft_token_ids is None and not self.num_speculative
+                and len(runner_output.seq_ids) >= MIN_COLUMNAR_ROWS):
+            rows = self._rows_sampled(runner_output.seq_ids)
+            if rows is not None and not self._running.prefill_only[rows].any():
+                self._update_steady(rows, runner_output.sampled_token_ids, now)
+                return
         logprobs = runner_output.logprobs or [None] * len(runner_output.seq_ids)
         sequences, outputs, eos = self.sequences, self._outputs, self.eos_token_ids
         block_size = self.cfg.block_size if self.cfg.enable_prefix_caching else 0
@@ -482,6 +563,74 @@ class Scheduler:
         self.num_decode_steps += decode_steps
         self.num_generation_tokens += generated
 
+    def _rows_sampled(self, seq_ids: list[str]) -> np.ndarray | None:
+        """The running rows of the sequences a step sampled for, in its order (kept while neither they nor the rows
+        change); None when one of them is no longer running (finished or preempted after the step was scheduled)."""
+        cached = self._sampled_rows
+        if cached is None or cached[1] != self._running.version or cached[0] != seq_ids:
+            rows = self._running.rows_of(seq_ids)
+            if rows is None:
+                return None
+            self._sampled_rows = cached = (list(seq_ids), self._running.version, rows)
+        return cached[2]
+
+    def _update_steady(self, rows: np.ndarray, tokens: list[int], now: float) -> None:
+        """`update` for a step that sampled one token per sequence (running rows ``rows``), with no logprobs, drafts
+        or grammar ends (a steady decode): the tokens are appended in one loop, the finish checks are column
+        arithmetic, and only the sequences that fill a block, finish or give their first output are visited one by
+        one."""
+        cols = self._running
+        in_order = len(rows) == len(cols) and cols.seq_ids == self._sampled_rows[0]  # rows 0, 1, 2, ...
+        seqs = list(cols.seqs) if in_order else [cols.seqs[i] for i in rows.tolist()]  # (finishes change the rows)
+        for seq, token in zip(seqs, tokens):
+            seq.token_ids.append(token)
+            seq.num_output_placeholders -= 1
+        token_column = np.array(tokens, dtype=np.int64)
+        stops = np.zeros(len(seqs), dtype=bool)
+        for eos in self.eos_token_ids:
+            stops |= token_column == eos
+        stops &= ~cols.ignore_eos[rows]
+        if cols.num_with_stop_token_ids:
+            stop_token_ids = cols.stop_token_ids
+            stops |= np.array([token in stop_token_ids[row] for token, row in zip(tokens, rows.tolist())], dtype=bool)
+        lengths = np.array([len(seq.token_ids) for seq in seqs], dtype=np.int64)
+        too_long = lengths >= cols.max_num_tokens[rows]  # max_tokens, or the context length
+        fills_block = lengths % self.cfg.block_size == 0 if self.cfg.enable_prefix_caching else np.zeros_like(stops)
+        outputs = self._outputs
+        first_row = len(outputs.request_ids)
+        if in_order:
+            outputs.request_ids += cols.request_ids
+            outputs.indices += cols.indices
+        else:
+            outputs.request_ids += [cols.request_ids[i] for i in rows.tolist()]
+            outputs.indices += [cols.indices[i] for i in rows.tolist()]
+        outputs.new_token_ids += [[token] for token in tokens]
+        infos = cols.infos if in_order else [cols.infos[i] for i in rows.tolist()]
+        if None in infos:  # first outputs
+            for i in [i for i, info in enumerate(infos) if info is None]:
+                seq = seqs[i]
+                if seq.timings.first_token is None:
+                    seq.timings.first_token = now
+                cols.infos[int(rows[i])] = infos[i] = seq.info or self._info(seq)
+                if seq.prompt_logprobs is not None:  # with the first token
+                    outputs.prompt_logprobs[first_row + i], seq.prompt_logprobs = seq.prompt_logprobs, None
+        outputs.infos += infos
+        for i in np.flatnonzero(fills_block | stops | too_long).tolist():
+            seq = seqs[i]
+            if fills_block[i]:
+                self.hasher.extend(seq.block_hashes, seq.token_ids, seq.cache_salt)
+                if seq.status is SequenceStatus.RUNNING:  # (not preempted with this token in flight)
+                    self._commit(seq)
+            reason = FinishReason.STOP if stops[i] else FinishReason.LENGTH if too_long[i] else None
+            if reason is not None:
+                outputs.finish_reasons[first_row + i] = reason
+                stats = self.drafter.request_stats.get(seq.seq_id)
+                if stats is not None:
+                    outputs.speculation[first_row + i] = stats
+                self._finish(seq, reason)
+        self.num_decode_steps += len(seqs)
+        self.num_generation_tokens += len(seqs)
+
     def _record_speculation(self, seq: Sequence, tokens: list[int]) -> None:
         """A decoding sequence's step came back with ``tokens``: roll its computed tokens back to the accepted ones
         (the rejected drafts' K/V slots are garbage, overwritten by later steps) and count the drafts."""
@@ -505,7 +654,7 @@ class Scheduler:
 
     def _finish(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:
         if seq.status is SequenceStatus.RUNNING:
-            self.running.remove(seq)
+            self._running.remove(seq)
             hold = seq.retention.hold_after_finish_s if seq.retention else 0.0
             if hold > 0 and seq.index == 0:
                 self._remember_held(seq)

@@ -54,7 +54,11 @@ class InputBatch:
         # id is not on the host yet when the next step is prepared, so the device copies it into the inputs.
         self.pending_src = np.zeros(max_rows, dtype=np.int32)
         self.version = 0  # changes whenever rows are added, removed or moved
-        self._deltas: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (rows, cols, block ids)
+        # every block-table change since the last step: rows, columns, block ids (plain lists: a step where every
+        # row crosses a block boundary appends one entry per row)
+        self._delta_rows: list[int] = []
+        self._delta_cols: list[int] = []
+        self._delta_ids: list[int] = []
 
     @property
     def num_rows(self) -> int:
@@ -124,8 +128,9 @@ class InputBatch:
         end = start + len(block_ids)
         self.block_table[row, start:end] = block_ids
         self.num_blocks[row] = end
-        cols = np.arange(start, end, dtype=np.int32)
-        self._deltas.append((np.full(len(block_ids), row, dtype=np.int32), cols, self.block_table[row, start:end].copy()))
+        self._delta_rows += [row] * len(block_ids)
+        self._delta_cols += range(start, end)
+        self._delta_ids += block_ids
 
     def append_tokens(self, rows: list[int], tokens: list[int]) -> None:
         """One token each at the end of the rows' known tokens (rows distinct)."""
@@ -151,7 +156,8 @@ class InputBatch:
 
     def take_block_table_deltas(self) -> np.ndarray:
         """``[3, D]`` int32 (rows, columns, block ids) of every table change since the last call."""
-        deltas, self._deltas = self._deltas, []
-        if not deltas:
+        if not self._delta_rows:
             return np.zeros((3, 0), dtype=np.int32)
-        return np.concatenate([np.stack(d) for d in deltas], axis=1)
+        deltas = np.array([self._delta_rows, self._delta_cols, self._delta_ids], dtype=np.int32)
+        self._delta_rows, self._delta_cols, self._delta_ids = [], [], []
+        return deltas

@@ -58,9 +58,11 @@ def flatten(batch: InputBatch, block_size: int, pad_rows_to: int | None = None, 
     rows = batch.num_rows
     n = batch.num_new[:rows]
     start = batch.num_computed[:rows]
+    max_query_len = int(n.max()) if rows else 0
+    if max_query_len == 1 and batch.samples[:rows].all():  # (so no drafts either)
+        return _flatten_decodes(batch, block_size, pad_rows_to)
     ends = np.cumsum(n, dtype=np.int32)
     total = int(ends[-1]) if rows else 0
-    max_query_len = int(n.max()) if rows else 0
     drafts = batch.num_drafts[:rows]
     if max_query_len == 1:  # decode only (so no drafts): each row's one token at its next position
         row_of_token, positions = np.arange(rows, dtype=np.int32), start.copy()
@@ -92,6 +94,27 @@ def flatten(batch: InputBatch, block_size: int, pad_rows_to: int | None = None, 
     )
     if draft_state_base >= 0 and drafts.any():
         _keep_verified_states(host, drafts, ends, row_of_token, draft_state_base)
+    if pad_rows_to is not None and pad_rows_to > rows:
+        _pad_decode(host, pad_rows_to)
+    return host
+
+
+def _flatten_decodes(batch: InputBatch, block_size: int, pad_rows_to: int | None) -> HostInputs:
+    """`flatten` for a step where every row computes one token and samples (a steady decode): row r is token r."""
+    rows = batch.num_rows
+    positions = batch.num_computed[:rows].copy()
+    query_start_loc = np.arange(rows + 1, dtype=np.int32)
+    row_of_token = query_start_loc[:rows]
+    block_index, offset = np.divmod(positions, block_size)
+    pending_dst = np.flatnonzero(positions >= batch.num_known[:rows]).astype(np.int32)
+    host = HostInputs(
+        input_ids=batch.token_ids[row_of_token, positions], positions=positions,
+        slot_mapping=batch.block_table[row_of_token, block_index] * block_size + offset,
+        query_start_loc=query_start_loc, context_lens=positions + 1, sample_index=row_of_token,
+        sample_rows=row_of_token, sample_counts=None, pending_dst=pending_dst, pending_src=batch.pending_src[pending_dst],
+        block_table_deltas=batch.take_block_table_deltas(), state_slots=batch.state_slots[:rows].copy(),
+        has_initial_state=positions > 0, max_query_len=1, max_context_len=int(positions.max()) + 1,
+    )
     if pad_rows_to is not None and pad_rows_to > rows:
         _pad_decode(host, pad_rows_to)
     return host
