@@ -18,8 +18,8 @@ from benchmarks.prefix.text import TextGen
 from benchmarks.prefix.workloads import ChatRequest, Workload, WorkloadParams, make_head
 from server.anthropic_protocol import Conversation, MessagesRequest
 from server.messages_input import chat_messages as anthropic_chat_messages
-from server.messages_input import to_chat_request as messages_to_chat
-from server.responses_input import to_chat_request as responses_to_chat
+from server.messages_input import to_turn as messages_to_turn
+from server.responses_input import to_turn as responses_to_turn
 from server.responses_protocol import ResponsesRequest
 
 _CLAUDE_TOOLS = ("Agent", "Bash", "Edit", "Glob", "Grep", "NotebookEdit", "Read", "TodoWrite", "WebFetch",
@@ -65,7 +65,7 @@ def claude_code(p: WorkloadParams, normalize: bool = True) -> Workload:
                       {"type": "text", "text": head, "cache_control": {"type": "ephemeral"}}]
             body = {"model": "m", "max_tokens": 32000, "system": system, "tools": tools,
                     "thinking": {"type": "adaptive"}, "messages": copy.deepcopy(messages)}
-            chat = messages_to_chat(MessagesRequest.model_validate(body), _FAMILY)
+            chat = messages_to_turn(MessagesRequest.model_validate(body), _FAMILY)
             [reply] = anthropic_chat_messages(Conversation(model="m", messages=[
                 {"role": "assistant", "content": reply_blocks}]))
             request_id = f"cc/{len(requests)}"
@@ -113,9 +113,9 @@ def codex(p: WorkloadParams) -> Workload:
             body = {"model": "m", "input": copy.deepcopy(items), "tools": tools, "tool_choice": "auto",
                     "parallel_tool_calls": True, "reasoning": {"summary": "auto"}, "store": False,
                     "include": ["reasoning.encrypted_content"], "prompt_cache_key": "thread"}
-            chat, _ = responses_to_chat(ResponsesRequest.model_validate(body), _FAMILY, history=[])
-            reply_chat, _ = responses_to_chat(ResponsesRequest.model_validate({"input": output, "tools": tools}),
-                                              _FAMILY, history=[])
+            chat, _ = responses_to_turn(ResponsesRequest.model_validate(body), _FAMILY, history=[], session=None)
+            reply_chat, _ = responses_to_turn(ResponsesRequest.model_validate({"input": output, "tools": tools}),
+                                              _FAMILY, history=[], session=None)
             request_id = f"codex/{len(requests)}"
             requests.append(ChatRequest(request_id, "codex", chat.messages, chat.tools, reply_chat.messages[0],
                                         parent=parent, turn=len(requests)))
