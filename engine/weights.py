@@ -51,7 +51,7 @@ _FUSED = {
 # Checkpoint prefixes kvserve does not run: a VLM's vision tower (Qwen3.5 / 3.6 serve text only)
 _SKIPPED_PREFIXES = ("model.visual.", "visual.")
 # Multi-token-prediction weights, loaded only into a model that built its MTP layer (engine/models/mtp.py): ``mtp.*``
-# (Qwen3.5 / 3.6, Qwen3-Next, DeepSeek-V4) or the layers after the last decoder layer (DeepSeek-V3)
+# (Qwen3.5 / 3.6, Qwen3-Next, DeepSeek-V4) or the layers after the last decoder layer (DeepSeek-V3 / V3.2)
 MTP_PREFIX = "mtp."
 _LAYER_INDEX = re.compile(r"^model\.layers\.(\d+)\.")
 
@@ -148,7 +148,7 @@ def _model_name(model: nn.Module, name: str) -> str:
     for pattern, repl in _CHECKPOINT_RENAMES.get(model.cfg.architecture, ()):
         name = pattern.sub(repl, name)
     after_last = f"layers.{model.cfg.num_layers}."
-    if name.startswith(after_last) and getattr(model, "mtp", None) is not None:  # DeepSeek-V3's MTP layer
+    if name.startswith(after_last) and getattr(model, "mtp", None) is not None:  # DeepSeek-V3 / V3.2's MTP layer
         name = MTP_PREFIX + name[len(after_last):]
     return name
 

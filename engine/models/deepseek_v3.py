@@ -12,8 +12,8 @@ from kernels.ops import Ops
 
 
 class DeepseekV3ForCausalLM(LlamaForCausalLM):
-    """With ``cfg.num_mtp_layers`` (V3's ``num_nextn_predict_layers``), the checkpoint's MTP layer as ``mtp`` (a draft
-    model, `engine.models.mtp`)."""
+    """With ``cfg.num_mtp_layers`` (``num_nextn_predict_layers``), the checkpoint's MTP layer as ``mtp`` (a draft
+    model, `engine.models.mtp`; V3.2's attends with its own indexer)."""
 
     attention_class = MLAAttention
 

@@ -1,5 +1,6 @@
 """The MTP proposer, the runner's side: after a step's forward and acceptance, the model's multi-token-prediction
-layer (`engine/models/mtp.py`: Qwen3.5 / 3.6 / Next or DeepSeek-V3, one interface) drafts the next step's tokens.
+layer (`engine/models/mtp.py`: Qwen3.5 / 3.6 / Next or DeepSeek-V3 / V3.2, one interface) drafts the next step's
+tokens.
 
 1. **Catch up.** The MTP layer runs over every position the step computed and kept (a verification row's rejected
    drafts excluded), position i paired with token i + 1: the next prompt token, an accepted draft, or the token the
@@ -7,8 +8,10 @@ layer (`engine/models/mtp.py`: Qwen3.5 / 3.6 / Next or DeepSeek-V3, one interfac
    needs at every computed position, and a block committed to the prefix cache carries correct MTP K/V too.
 2. **Draft.** Each sampled row's last kept position gives the first draft (greedy: the argmax of the model's head);
    each further draft chains the MTP layer's own output state in place of the target's hidden state, one position
-   on, as the released models were trained (vLLM's qwen3_next_mtp and deepseek_mtp draft the same way). Those chained positions write K/V
-   that the next step's catch-up overwrites with the real tokens'; the scheduler reserves their blocks.
+   on, as the released models were trained (vLLM's qwen3_next_mtp and deepseek_mtp draft the same way). Those
+   chained positions write K/V that the next step's catch-up overwrites with the real tokens'; the scheduler
+   reserves their blocks. Under tensor parallelism every rank runs its shard of the layer, and each chained draft
+   is rank 0's argmax, broadcast.
 
 Drafts are the MTP layer's argmax, deterministic given the context, so the exact acceptance rules of `acceptance.py`
 apply unchanged (greedy by equality, sampled rows by the rejection rule with a one-hot draft distribution).

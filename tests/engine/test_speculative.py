@@ -307,9 +307,9 @@ def _one_layer_model(src, tensors: dict, out_dir):
     layer = {"model.layers.0." + name[len(mtp):]: t for name, t in tensors.items()
              if name.startswith(mtp) and not name[len(mtp):].startswith(own)}
     out_dir.mkdir()
-    save_file({**layer, "model.embed_tokens.weight": tensors["model.embed_tokens.weight"],
-               "lm_head.weight": tensors["lm_head.weight"], "model.norm.weight": tensors[mtp + "shared_head.norm.weight"]},
-              str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    shared = {name: tensors[name] for name in ("model.embed_tokens.weight", "lm_head.weight")}
+    shared["model.norm.weight"] = tensors[mtp + "shared_head.norm.weight"]
+    save_file({**layer, **shared}, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     (out_dir / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1, "first_k_dense_replace": 0}))
     model, info = AutoModelForCausalLM.from_pretrained(str(out_dir), output_loading_info=True)
     assert not info["missing_keys"] and not info["mismatched_keys"], info
