@@ -217,15 +217,22 @@ class Scheduler:
         self.kv.begin_step()
         # speculation turns itself down as the batch grows (engine/spec/drafter.py)
         k = self.drafter.drafts_per_sequence(len(self.running)) if self.num_speculative else 0
-        # Decodes first (one token each, latency-critical, plus any drafts), then continuing chunked prefills. The
-        # running sequences' lengths (known tokens and those in flight) and computed tokens, as columns:
-        running = self.running
-        lengths = np.array([len(seq.token_ids) + seq.num_output_placeholders for seq in running], dtype=np.int64)
-        computed = np.array([seq.num_computed_tokens for seq in running], dtype=np.int64)
-        is_prefill = lengths - computed > 1  # more than one token left to compute
-        decode_rows = np.flatnonzero(~is_prefill) if is_prefill.any() else None  # None: every running sequence
-        prefills = [running[i] for i in np.flatnonzero(is_prefill).tolist()] if decode_rows is not None else []
-        budget = self._schedule_decodes(decode_rows, lengths, computed, self.cfg.max_num_batched_tokens, k, out)
+        # Decodes first (one token each, latency-critical, plus any drafts), then continuing chunked prefills; more
+        # than one token left to compute: a prefill.
+        running, budget = self.running, self.cfg.max_num_batched_tokens
+        if len(running) >= MIN_COLUMNAR_ROWS and not k:  # their lengths (known + in flight) and computed, as columns
+            lengths = np.array([len(seq.token_ids) + seq.num_output_placeholders for seq in running], dtype=np.int64)
+            computed = np.array([seq.num_computed_tokens for seq in running], dtype=np.int64)
+            is_prefill = lengths - computed > 1
+            decode_rows = np.flatnonzero(~is_prefill) if is_prefill.any() else None  # None: every running sequence
+            prefills = [running[i] for i in np.flatnonzero(is_prefill).tolist()] if decode_rows is not None else []
+            budget = self._schedule_decodes(decode_rows, lengths, computed, budget, out)
+        else:
+            decodes, prefills = [], []
+            for seq in running:
+                (prefills if len(seq.token_ids) + seq.num_output_placeholders - seq.num_computed_tokens > 1
+                 else decodes).append(seq)
+            budget = self._schedule_decodes_in_turn(decodes, budget, k, out)
         for seq in prefills:
             if budget == 0:
                 break
@@ -247,44 +254,47 @@ class Scheduler:
         return out
 
     def _schedule_decodes(self, rows: np.ndarray | None, lengths: np.ndarray, computed: np.ndarray, budget: int,
-                          k: int, out: SchedulerOutput) -> int:
-        """The running sequences with one token to compute, the bulk of a step: rows ``rows`` of the running list
-        (None: all), whose ``lengths`` (known tokens and those in flight) and ``computed`` tokens are given for every
-        running sequence. A steady decode (below its horizon: engine/running_columns.py) is scheduled in bulk by
+                          out: SchedulerOutput) -> int:
+        """The running sequences with one token to compute and no drafts, the bulk of a step: rows ``rows`` of the
+        running list (None: all), whose ``lengths`` (known tokens and those in flight) and ``computed`` tokens are
+        given for every running sequence. A steady decode (below its horizon: engine/running_columns.py) is scheduled in bulk by
         column arithmetic; the others take the general path one at a time. When blocks could run short, the general
         path runs in running order between runs of steady ones, so that a preemption picks the victims it would in
         one loop. Returns the budget left."""
         cols = self._running
         decodes = list(cols.seqs) if rows is None else [cols.seqs[i] for i in rows.tolist()]
-        if k or len(decodes) > budget or len(decodes) < MIN_COLUMNAR_ROWS:
-            # drafts, a budget that runs out among them, or too few for numpy to pay: one at a time
-            return self._schedule_decodes_in_turn(decodes, budget, k, out)
-        if rows is None:
-            rows = np.arange(len(decodes))
+        if len(decodes) > budget or len(decodes) < MIN_COLUMNAR_ROWS:
+            # a budget that runs out among them, or too few for numpy to pay: one at a time
+            return self._schedule_decodes_in_turn(decodes, budget, 0, out)
+        # (numpy calls kept few: with the caches cold after a forward each costs microseconds)
+        if rows is None:  # every running sequence: the columns as they are
+            max_tokens, horizon = cols.max_num_tokens[: len(decodes)], cols.horizon[: len(decodes)]
         else:
             lengths, computed = lengths[rows], computed[rows]
-        todo = lengths < cols.max_num_tokens[rows]  # else the tokens in flight reach max_tokens or the context length
-        general = todo & ((lengths >= cols.horizon[rows]) | (lengths - computed != 1))
-        steady = todo & ~general
+            max_tokens, horizon = cols.max_num_tokens[rows], cols.horizon[rows]
+        todo = lengths < max_tokens  # else the tokens in flight reach max_tokens or the context length
+        general = (lengths >= horizon) | (lengths - computed != 1)
+        general &= todo
+        steady = todo > general  # todo and not general
         general_rows = np.flatnonzero(general).tolist()
         first, start, version = len(out.seq_ids), 0, cols.version
-        by_position = len(general_rows) > self.kv.num_free_blocks  # each needs at most one block
-        general_n = (lengths - computed)[general_rows].tolist()
-        horizons = []
-        for i, n in zip(general_rows, general_n):
-            if by_position:
-                self._schedule_steady(decodes, steady, lengths, computed, start, i, out)
-                start = i + 1
-            seq = decodes[i]
-            new_block_ids = self._make_room(seq, n, out)
-            if new_block_ids is not None:
-                self._schedule(seq, n, new_block_ids, out)
-            if cols.version != version:  # rows moved (a preemption, or one out of blocks): the rest one at a time
-                unscheduled = (np.flatnonzero(steady[start:i]) + start).tolist() + list(range(i + 1, len(decodes)))
-                return self._schedule_decodes_in_turn([decodes[j] for j in unscheduled],
-                                                      budget - sum(out.num_new_tokens[first:]), 0, out)
-            horizons.append(horizon_after(seq, len(self.kv.seqs[seq.seq_id].block_ids), self.cfg.block_size))
-        cols.horizon[rows[general_rows]] = horizons
+        if general_rows:
+            by_position = len(general_rows) > self.kv.num_free_blocks  # each needs at most one block
+            horizons = []
+            for i in general_rows:
+                if by_position:
+                    self._schedule_steady(decodes, steady, lengths, computed, start, i, out)
+                    start = i + 1
+                seq, n = decodes[i], int(lengths[i] - computed[i])
+                new_block_ids = self._make_room(seq, n, out)
+                if new_block_ids is not None:
+                    self._schedule(seq, n, new_block_ids, out)
+                if cols.version != version:  # rows moved (a preemption, or one out of blocks): the rest one at a time
+                    unscheduled = (np.flatnonzero(steady[start:i]) + start).tolist() + list(range(i + 1, len(decodes)))
+                    return self._schedule_decodes_in_turn([decodes[j] for j in unscheduled],
+                                                          budget - sum(out.num_new_tokens[first:]), 0, out)
+                horizons.append(horizon_after(seq, len(self.kv.seqs[seq.seq_id].block_ids), self.cfg.block_size))
+            cols.horizon[general_rows if rows is None else rows[general_rows]] = horizons
         self._schedule_steady(decodes, steady, lengths, computed, start, len(decodes), out)
         return budget - sum(out.num_new_tokens[first:])
 
@@ -295,13 +305,16 @@ class Scheduler:
         samples)."""
         if start == end:
             return
-        rows = np.flatnonzero(steady[start:end]) + start
-        seqs = decodes[start:end] if len(rows) == end - start else [decodes[i] for i in rows.tolist()]
+        if steady[start:end].all():
+            seqs, ends, starts = decodes[start:end], lengths[start:end], computed[start:end]
+        else:
+            rows = np.flatnonzero(steady[start:end]) + start
+            seqs, ends, starts = [decodes[i] for i in rows.tolist()], lengths[rows], computed[rows]
         out.seq_ids += [seq.seq_id for seq in seqs]
-        out.num_new_tokens += [1] * len(rows)
-        out.num_computed_tokens += computed[rows].tolist()
-        out.samples += [True] * len(rows)
-        for seq, num_tokens in zip(seqs, lengths[rows].tolist()):
+        out.num_new_tokens += [1] * len(seqs)
+        out.num_computed_tokens += starts.tolist()
+        out.samples += [True] * len(seqs)
+        for seq, num_tokens in zip(seqs, ends.tolist()):
             seq.num_computed_tokens = num_tokens
             seq.num_output_placeholders += 1
 
@@ -585,17 +598,26 @@ class Scheduler:
         for seq, token in zip(seqs, tokens):
             seq.token_ids.append(token)
             seq.num_output_placeholders -= 1
+        # (numpy calls kept few: with the caches cold after a forward each costs microseconds)
         token_column = np.array(tokens, dtype=np.int64)
-        stops = np.zeros(len(seqs), dtype=bool)
+        stops = None
         for eos in self.eos_token_ids:
-            stops |= token_column == eos
-        stops &= ~cols.ignore_eos[rows]
+            stops = token_column == eos if stops is None else stops | (token_column == eos)
+        if stops is None:
+            stops = np.zeros(len(seqs), dtype=bool)
+        elif stops.any():
+            stops &= ~cols.ignore_eos[rows]
         if cols.num_with_stop_token_ids:
             stop_token_ids = cols.stop_token_ids
             stops |= np.array([token in stop_token_ids[row] for token, row in zip(tokens, rows.tolist())], dtype=bool)
         lengths = np.array([len(seq.token_ids) for seq in seqs], dtype=np.int64)
-        too_long = lengths >= cols.max_num_tokens[rows]  # max_tokens, or the context length
-        fills_block = lengths % self.cfg.block_size == 0 if self.cfg.enable_prefix_caching else np.zeros_like(stops)
+        # max_tokens, or the context length
+        too_long = lengths >= (cols.max_num_tokens[: len(seqs)] if in_order else cols.max_num_tokens[rows])
+        visit = stops | too_long
+        fills_block = None
+        if self.cfg.enable_prefix_caching:
+            fills_block = lengths % self.cfg.block_size == 0
+            visit |= fills_block
         outputs = self._outputs
         first_row = len(outputs.request_ids)
         if in_order:
@@ -615,9 +637,9 @@ class Scheduler:
                 if seq.prompt_logprobs is not None:  # with the first token
                     outputs.prompt_logprobs[first_row + i], seq.prompt_logprobs = seq.prompt_logprobs, None
         outputs.infos += infos
-        for i in np.flatnonzero(fills_block | stops | too_long).tolist():
+        for i in np.flatnonzero(visit).tolist():
             seq = seqs[i]
-            if fills_block[i]:
+            if fills_block is not None and fills_block[i]:
                 self.hasher.extend(seq.block_hashes, seq.token_ids, seq.cache_salt)
                 if seq.status is SequenceStatus.RUNNING:  # (not preempted with this token in flight)
                     self._commit(seq)
