@@ -4,15 +4,11 @@ inspector answer over the process boundary; a killed core process turns /health 
 from __future__ import annotations
 
 import os
-import queue
 import re
 import signal
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 
 import httpx
 import pytest
@@ -20,7 +16,7 @@ import pytest
 from engine.config import EngineConfig
 from server.context import ServerSettings
 from tests.server.conftest import KEY_A, KEY_B, LiveServer, _live_server
-from tests.server.test_tensor_parallel_serve import ServeProcess
+from tests.server.serve_process import ServeProcess, serve_qwen3_tiny
 
 MESSAGES = [{"role": "system", "content": "You are a careful coding agent."},
             {"role": "user", "content": "List the files of the repository, then explain the cache."}]
@@ -113,23 +109,9 @@ def test_caches_tokens_and_the_inspector_over_the_process_boundary(process_serve
     assert counted.input_tokens > 10
 
 
-@contextmanager
-def _serve(*flags: str) -> Iterator[ServeProcess]:
+def _serve(*flags: str) -> AbstractContextManager[ServeProcess]:
     """`kvserve serve --engine-process on` as a user runs it, on qwen3-tiny, until its banner."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "server.cli", "serve", "--model", "qwen3-tiny", "--port", "0", "--block-size", "4",
-         "--num-kv-blocks", "256", "--max-model-len", "512", "--engine-process", "on", "--log-level", "warning",
-         *flags], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr] + [lines.put(None)], daemon=True).start()
-    server = ServeProcess(proc, lines)
-    try:
-        server.url = server.read_until(r"serving qwen3-tiny at (http://127\.0\.0\.1:\d+)/v1", 180).group(1)
-        yield server
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
+    return serve_qwen3_tiny("--num-kv-blocks", "256", "--engine-process", "on", *flags)
 
 
 def _unhealthy_then_exit(server: ServeProcess, since: float) -> None:

@@ -3,64 +3,25 @@ chat works end to end with the single-process server's exact answers, and killin
 /health to 503 and makes the server exit with status 1 and the worker's fate within seconds."""
 from __future__ import annotations
 
-import queue
 import re
 import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import httpx
 import openai
 import pytest
 
 from tests.server.conftest import LiveServer
+from tests.server.serve_process import ServeProcess, serve_qwen3_tiny
 
 MESSAGES = [{"role": "user", "content": "Name three prime numbers and explain why they are prime."}]
 
 
-@dataclass
-class ServeProcess:
-    proc: subprocess.Popen
-    lines: queue.Queue
-    output: list[str] = field(default_factory=list)
-    url: str = ""
-
-    def read_until(self, pattern: str, timeout: float) -> re.Match:
-        deadline = time.monotonic() + timeout
-        while True:
-            line = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
-            assert line is not None, "the server exited:\n" + "".join(self.output)
-            self.output.append(line)
-            if found := re.search(pattern, line):
-                return found
-
-    def rest_of_output(self) -> str:
-        while (line := self.lines.get(timeout=30)) is not None:
-            self.output.append(line)
-        return "".join(self.output)
-
-
 @pytest.fixture(scope="module")
 def tp_server() -> Iterator[ServeProcess]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "server.cli", "serve", "--model", "qwen3-tiny", "--tensor-parallel-size", "2",
-         "--port", "0", "--block-size", "4", "--num-kv-blocks", "2048", "--max-model-len", "512",
-         "--shutdown-timeout", "5", "--log-level", "warning"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr] + [lines.put(None)], daemon=True).start()
-    server = ServeProcess(proc, lines)
-    try:
-        server.url = server.read_until(r"serving qwen3-tiny at (http://127\.0\.0\.1:\d+)/v1", 180).group(1)
+    with serve_qwen3_tiny("--tensor-parallel-size", "2", "--num-kv-blocks", "2048", "--shutdown-timeout", "5") as server:
         yield server
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
 
 
 def test_banner_shows_what_each_rank_holds(tp_server: ServeProcess):

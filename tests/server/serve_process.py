@@ -1,0 +1,55 @@
+"""`kvserve serve` as a user runs it, in a subprocess: its stderr read line by line, its URL from the banner."""
+from __future__ import annotations
+
+import queue
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ServeProcess:
+    proc: subprocess.Popen
+    lines: queue.Queue
+    output: list[str] = field(default_factory=list)
+    url: str = ""
+
+    def read_until(self, pattern: str, timeout: float) -> re.Match:
+        deadline = time.monotonic() + timeout
+        while True:
+            line = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            assert line is not None, "the server exited:\n" + "".join(self.output)
+            self.output.append(line)
+            if found := re.search(pattern, line):
+                return found
+
+    def rest_of_output(self) -> str:
+        while (line := self.lines.get(timeout=30)) is not None:
+            self.output.append(line)
+        return "".join(self.output)
+
+
+@contextmanager
+def serve_qwen3_tiny(*flags: str) -> Iterator[ServeProcess]:
+    """`kvserve serve` on qwen3-tiny (4-token blocks, a 512-token context) with ``flags``, from its banner on;
+    killed on exit if it still runs."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "server.cli", "serve", "--model", "qwen3-tiny", "--port", "0", "--block-size", "4",
+         "--max-model-len", "512", "--log-level", "warning", *flags],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr] + [lines.put(None)], daemon=True).start()
+    server = ServeProcess(proc, lines)
+    try:
+        server.url = server.read_until(r"serving qwen3-tiny at (http://127\.0\.0\.1:\d+)/v1", 180).group(1)
+        yield server
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
