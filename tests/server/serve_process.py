@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import httpx
+
 
 @dataclass
 class ServeProcess:
@@ -27,6 +29,21 @@ class ServeProcess:
             self.output.append(line)
             if found := re.search(pattern, line):
                 return found
+
+    def unhealthy_then_exit(self, since: float) -> str:
+        """/health answers 503, then the server exits with status 1, within seconds of ``since``; returns its
+        output."""
+        statuses = set()
+        while time.monotonic() - since < 10:
+            try:
+                statuses.add(httpx.get(f"{self.url}/health", timeout=2).status_code)
+            except httpx.TransportError:  # exiting: no longer listening
+                break
+            time.sleep(0.02)
+        assert 503 in statuses, statuses
+        assert self.proc.wait(timeout=20) == 1
+        assert time.monotonic() - since < 20
+        return self.rest_of_output()
 
     def rest_of_output(self) -> str:
         while (line := self.lines.get(timeout=30)) is not None:
