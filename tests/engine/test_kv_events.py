@@ -240,10 +240,11 @@ def test_a_fresh_publisher_announces_an_empty_cache_to_its_first_subscriber():
         assert (topic, int.from_bytes(seq, "big")) == (b"kv", 0)
         assert msgpack.unpackb(payload)[1] == [{"type": "AllBlocksCleared"}]
         publisher.publish([BlockStored([bytes(16)], None, list(range(BLOCK)), "GPU")])
+        # seq 1 has left the publisher's thread once the first subscriber holds it; only then may the late one join
+        assert sub.poll(5000) and int.from_bytes(sub.recv_multipart()[1], "big") == 1
         late = ctx.socket(zmq.SUB)  # a second subscriber after the stream began gets no announcement
         late.setsockopt(zmq.SUBSCRIBE, b"kv")
         late.connect(f"tcp://127.0.0.1:{port}")
-        assert sub.poll(5000) and int.from_bytes(sub.recv_multipart()[1], "big") == 1
         time.sleep(0.3)
         publisher.publish([AllBlocksCleared()])
         assert late.poll(5000) and int.from_bytes(late.recv_multipart()[1], "big") == 2
