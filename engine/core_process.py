@@ -31,7 +31,7 @@ import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.multiprocessing as mp
 import zmq
@@ -45,6 +45,9 @@ from engine.kv_blocks import CachedPrefix
 from engine.outputs import SchedulerStats, StepOutputs
 from engine.processes import caller_script_hidden, exit_with_parent
 from engine.requests import EngineRequest
+
+if TYPE_CHECKING:
+    from engine.worker.structured_output import StructuredOutputs
 
 log = logging.getLogger("kvserve.engine")
 STARTUP_TIMEOUT_S = 1800.0  # building a large model's engine (weights, KV pool) takes minutes, not hours
@@ -65,6 +68,8 @@ class CoreProcess(EngineCoreClient):
                  startup_timeout_s: float = STARTUP_TIMEOUT_S) -> None:
         self.on_death: Callable[[BaseException], None] | None = None
         self.on_stats: StatsListener | None = None
+        # The client's grammar compiler (a server's): the grammars it compiled travel with their requests as JSON.
+        self.grammars: StructuredOutputs | None = None
         self._error: BaseException | None = None
         self._death_lock = threading.Lock()
         self._send_lock = threading.Lock()
@@ -132,7 +137,10 @@ class CoreProcess(EngineCoreClient):
     def submit(self, requests: list[EngineRequest], sink: OutputSink) -> concurrent.futures.Future[None]:
         if id(sink) not in self._sinks:
             self._sinks[id(sink)], self._decoders[id(sink)] = sink, wire.StepDecoder()
-        return self._call("add", lambda call: ["add", call, id(sink), [wire.encode_request(r) for r in requests]])
+        grammars = [None if self.grammars is None or r.params.structured_output is None
+                    else self.grammars.serialized(r.params.structured_output) for r in requests]
+        return self._call("add", lambda call: ["add", call, id(sink), [wire.encode_request(r) for r in requests],
+                                               grammars])
 
     def abort(self, request_id: str, index: int | None = None) -> None:
         if self.alive:
@@ -424,12 +432,12 @@ class _CoreServer:
             message = wire.unpack(commands.recv())
             kind = message[0]
             if kind == "add":
-                _, call, sink_id, requests = message
+                _, call, sink_id, requests, grammars = message
                 sink = self._sinks.get(sink_id)
                 if sink is None:
                     sink = self._sinks[sink_id] = _RemoteSink(self, sink_id, loop.engine.has_request)
                 prepared = [wire.decode_request(r) for r in requests]
-                loop.compile_grammars(prepared)  # here, not on the engine thread (commands wait, steps go on)
+                loop.compile_grammars(prepared, grammars)  # here, not on the engine thread (commands wait, steps go on)
                 self._answer(call, "add", loop.submit(prepared, sink))
             elif kind == "abort":
                 loop.abort(message[1], message[2])

@@ -4,7 +4,7 @@ bytes (int32 / float64 arrays), its sparse ones as (row, value) pairs.
 
 Every message is a list whose first element names it:
 
-    client -> core   ["add", call, sink, [request, ...]]     ["abort", request_id, index]
+    client -> core   ["add", call, sink, [request, ...], [grammar JSON or None, ...]]     ["abort", request_id, index]
                      ["query", call, name, [arg, ...]]       ["stop"]
     core -> client   ["ready", facts]    ["failed", traceback]    ["dead", message]
                      ["step", sink, step_outputs (StepEncoder)]     ["fail", sink, message]

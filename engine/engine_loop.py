@@ -126,16 +126,20 @@ class EngineLoop(EngineCoreClient):
             self._commands.put(_Add(list(requests), sink, accepted))
         return accepted
 
-    def compile_grammars(self, requests: list[EngineRequest]) -> None:
-        """Compile the requests' grammars on the calling thread (the compiler is thread-safe), so that admitting them
-        finds them cached instead of compiling on the engine thread while every stream waits. (A server in this
-        process compiles them in its handlers already.) One that fails is left to admission, which rejects it."""
-        for request in requests:
-            if request.params.structured_output is not None:
-                try:
-                    self.engine.structured_outputs.compile(request.params.structured_output)
-                except ValueError:
-                    pass
+    def compile_grammars(self, requests: list[EngineRequest], serialized: list[str | None]) -> None:
+        """Cache the requests' grammars on the calling thread (the compiler is thread-safe), so that admitting them
+        finds them cached instead of compiling on the engine thread while every stream waits: read from
+        ``serialized`` (one per request: what the client's compiler sent, or None), else compiled here. (A server in
+        this process compiles them in its handlers already.) One that fails is left to admission, which rejects it."""
+        grammars = self.engine.structured_outputs
+        for request, grammar in zip(requests, serialized, strict=True):
+            spec = request.params.structured_output
+            if spec is None:
+                continue
+            try:
+                grammars.compile(spec) if grammar is None else grammars.adopt(spec, grammar)
+            except (ValueError, RuntimeError):  # RuntimeError: xgrammar could not read the JSON
+                pass
 
     def abort(self, request_id: str, index: int | None = None) -> None:
         """Finish the request (or one of its sequences) and free its blocks before the next step."""

@@ -305,6 +305,7 @@ def _start_core(model_dir: Path, config: EngineConfig, model_id: str, in_process
         facts = core.facts
         grammars = StructuredOutputs(AutoTokenizer.from_pretrained(str(model_dir)), facts.vocab_size,
                                      facts.eos_token_ids, "cpu", config.json_whitespace)
+        core.grammars = grammars  # what the handlers compiled reaches the core compiled
         return core, grammars
     from engine.engine_loop import EngineLoop
     from engine.llm_engine import LLMEngine

@@ -84,6 +84,7 @@ class PendingMasks:
 class _CachedGrammar:
     compiled: xgrammar.CompiledGrammar
     scopes: set[str | None] = field(default_factory=set)  # who compiled it (`compile_isolated`)
+    serialized: str | None = None  # its JSON, once asked for (`serialized`) or as a compile worker sent it
 
 
 class StructuredOutputs:
@@ -131,8 +132,28 @@ class StructuredOutputs:
 
             serialized = self._workers.compile((spec, self.json_whitespace), timeout_s, cancelled)
             compiled = xgr.CompiledGrammar.deserialize_json(serialized, self._tokenizer_info())
-            compiled = self._remember(spec, compiled, scope)
+            compiled = self._remember(spec, compiled, scope, serialized)
         return compiled
+
+    def serialized(self, spec: StructuredOutputSpec) -> str | None:
+        """The cached grammar of ``spec`` as JSON (what `adopt` reads), or None when it is not cached: what a server
+        sends with a request to a core process, which then need not compile it a second time."""
+        with self._lock:
+            entry = self._compiled.get(spec)
+        if entry is None:
+            return None
+        if entry.serialized is None:
+            entry.serialized = entry.compiled.serialize_json()
+        return entry.serialized
+
+    def adopt(self, spec: StructuredOutputSpec, serialized: str) -> None:
+        """Cache ``spec``'s grammar from its JSON (`serialized` of another process's compiler for the same
+        tokenizer): reading it takes milliseconds where compiling can take seconds."""
+        if self._cached(spec, any_scope=True) is None:
+            import xgrammar as xgr
+
+            self._remember(spec, xgr.CompiledGrammar.deserialize_json(serialized, self._tokenizer_info()),
+                           serialized=serialized)
 
     def is_cached(self, spec: StructuredOutputSpec, scope: str | None) -> bool:
         """``scope`` compiled ``spec`` before (`compile_isolated`) and it is still cached: it needs no compile."""
@@ -151,12 +172,12 @@ class StructuredOutputs:
             self._compiled.move_to_end(spec)
             return entry.compiled
 
-    def _remember(self, spec: StructuredOutputSpec, compiled: xgrammar.CompiledGrammar,
-                  scope: str | None = None) -> xgrammar.CompiledGrammar:
+    def _remember(self, spec: StructuredOutputSpec, compiled: xgrammar.CompiledGrammar, scope: str | None = None,
+                  serialized: str | None = None) -> xgrammar.CompiledGrammar:
         with self._lock:
             entry = self._compiled.get(spec)
             if entry is None:
-                entry = self._compiled[spec] = _CachedGrammar(compiled)
+                entry = self._compiled[spec] = _CachedGrammar(compiled, serialized=serialized)
                 self._compiled_bytes += compiled.memory_size_bytes
                 while self._compiled_bytes > _CACHE_LIMIT_BYTES and len(self._compiled) > 1:
                     self._compiled_bytes -= self._compiled.popitem(last=False)[1].compiled.memory_size_bytes

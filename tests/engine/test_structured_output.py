@@ -86,6 +86,30 @@ def test_regex_and_ebnf(qwen3_llm: LLM, spec, pattern):
     assert len({out.text for out in outs}) > 1
 
 
+def test_a_grammar_compiled_elsewhere_is_read_not_compiled_again(qwen3_llm: LLM, monkeypatch):
+    """A server beside a core process compiles a request's grammar in its own workers and sends it with the request
+    as JSON: the core reads it (milliseconds) instead of compiling the schema a second time, and it constrains."""
+    from engine.worker import structured_output
+
+    engine = qwen3_llm.engine
+    spec = StructuredOutputSpec("json_schema", json.dumps(SCHEMA | {"title": "sent along"}))  # compiled nowhere yet
+    server_side = structured_output.StructuredOutputs(engine.tokenizer, engine.model_cfg.vocab_size,
+                                                      engine.eos_token_ids, "cpu")
+    assert server_side.serialized(spec) is None
+    server_side.compile_isolated(spec, timeout_s=120)
+    sent = server_side.serialized(spec)
+    server_side.close()
+
+    def no_compile(*args):
+        raise AssertionError("compiled a grammar it was sent")
+
+    monkeypatch.setattr(structured_output, "compile_spec", no_compile)
+    engine.structured_outputs.adopt(spec, sent)
+    outs = qwen3_llm.generate([[5, 6, 7]] * 3, [SamplingParams(max_tokens=200, temperature=1.0, seed=seed, structured_output=spec) for seed in range(3)])
+    for out in outs:
+        jsonschema.validate(json.loads(out.text), SCHEMA)
+
+
 def test_a_grammar_that_cannot_compile_is_refused_before_it_runs(qwen3_llm: LLM):
     bad = StructuredOutputSpec("json_schema", json.dumps({"type": "object", "properties": {"a": {"type": "strange"}}}))
     with pytest.raises(ValueError, match='json schema cannot be enforced: Unsupported type "strange"'):

@@ -62,7 +62,7 @@ def test_the_process_core_gives_the_thread_cores_greedy_tokens(process_server: L
 @pytest.mark.slow
 def test_a_grammar_constrains_the_process_cores_output_as_the_thread_cores(process_server: LiveServer,
                                                                             qwen_server: LiveServer) -> None:
-    """The server compiles it in its compile workers, the core process again beside its engine thread."""
+    """The server compiles it in its compile workers and sends it with the request; the core process reads it."""
     constrained = dict(messages=MESSAGES, max_tokens=12, temperature=0, response_format={"type": "json_object"})
     json_text = process_server.chat(**constrained).choices[0].message.content
     assert json_text.strip().startswith("{") and json_text == qwen_server.chat(**constrained).choices[0].message.content
