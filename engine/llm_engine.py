@@ -152,7 +152,9 @@ class LLMEngine:
         return self.scheduler.has_unfinished_requests() or self._pipeline.in_flight is not None
 
     def stats(self) -> SchedulerStats:
-        stats = self.scheduler.stats()
+        masks = self.structured_outputs.stats
+        stats = dataclasses.replace(self.scheduler.stats(), grammar_mask_steps=masks.steps,
+                                    grammar_mask_wait_seconds=masks.wait_s)
         offload = self.runner.kv_offload
         if offload is None:
             return stats

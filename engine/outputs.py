@@ -369,3 +369,5 @@ class SchedulerStats:
     spec_accepted_tokens: int = 0  # drafts accepted
     decode_steps: int = 0  # sequence-steps that sampled a token (with or without drafts): tokens per step is
     # generation_tokens / decode_steps
+    grammar_mask_steps: int = 0  # steps that applied a grammar's token masks (structured output, tool choice)
+    grammar_mask_wait_seconds: float = 0.0  # of those steps' time, waiting for masks after the forward pass

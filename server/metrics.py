@@ -57,6 +57,8 @@ _SNAPSHOT_METRICS: dict[str, tuple[str, str]] = {
     "spec_accepted_tokens": ("counter", "Speculative decoding: draft tokens accepted (mean accepted length: "
                                         "(accepted + verifications) / verifications)."),
     "decode_steps": ("counter", "Sequence-steps that produced tokens (tokens per step: generation_tokens / this)."),
+    "grammar_mask_steps": ("counter", "Steps that applied a grammar's token masks (structured output, tool choice)."),
+    "grammar_mask_wait_seconds": ("counter", "Time steps waited for grammar masks after the forward pass."),
 }
 assert set(_SNAPSHOT_METRICS) == {f.name for f in fields(SchedulerStats)}
 

@@ -92,7 +92,7 @@ class LiveServer:
     def wait_until_idle(self, timeout: float = 30.0) -> None:
         """Aborts reach the engine through its command queue; wait until it holds no sequence at all."""
         deadline = time.monotonic() + timeout
-        while self.in_engine(lambda e: e.has_unfinished_requests() or bool(e.scheduler.kv.seqs)):
+        while (stats := self.stats()).requests_running or stats.requests_waiting:
             assert time.monotonic() < deadline, "the engine still holds sequences"
             time.sleep(0.05)
 

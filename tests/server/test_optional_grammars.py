@@ -47,7 +47,7 @@ def _limits(server: LiveServer, monkeypatch: pytest.MonkeyPatch, **limits: float
 
 def _mask_steps(server: LiveServer) -> int:
     """Engine steps that applied a grammar's token masks so far."""
-    return server.in_engine(lambda engine: engine.structured_outputs.stats.steps)
+    return server.stats().grammar_mask_steps
 
 
 def _constrained(server: LiveServer, ask: Callable[[], object]) -> bool:
