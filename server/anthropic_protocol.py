@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from server.protocol import APIError
+from server.protocol import APIError, RequestModel
 from server.sse import sse
 
 # The Anthropic error type of each status this server answers with.
@@ -36,20 +36,16 @@ def anthropic_error_event(exc: APIError) -> str:
     return anthropic_sse("error", {"error": body["error"]})
 
 
-class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
 ContentBlocks = list[dict[str, Any]]
 
 
-class AnthropicMessage(_Request):
+class AnthropicMessage(RequestModel):
     # "system" is not in Anthropic's API, but Claude Code sends mid-conversation system messages.
     role: Literal["user", "assistant", "system"]
     content: str | ContentBlocks
 
 
-class Conversation(_Request):
+class Conversation(RequestModel):
     """What a prompt is made of: shared by messages and count_tokens."""
 
     model: str

@@ -24,13 +24,13 @@ from pydantic import Field
 
 from engine.retention import TTL_CHOICES
 from server.cache_control import Breakpoint
-from server.protocol import APIError, _Request
+from server.protocol import APIError, RequestModel
 from server.turn import Turn
 
 MAX_TTL_S = 24 * 3600.0
 
 
-class CreateCacheRequest(_Request):
+class CreateCacheRequest(RequestModel):
     # At least one character that is not a dot: "." and ".." are path segments that clients normalize away, so
     # such a cache could never be shown or deleted at /v1/caches/{name}.
     name: str = Field(pattern=r"^[A-Za-z0-9._-]*[A-Za-z0-9_-][A-Za-z0-9._-]*$", max_length=128)

@@ -53,15 +53,18 @@ def validation_error(exc: ValidationError) -> APIError:
     return APIError(400, f"{where}{first['msg']}", param=param, code="invalid_value")
 
 
-class _Request(BaseModel):
+class RequestModel(BaseModel):
+    """A request body (or part of one): unknown fields are ignored here; server/request_fields.py says which of the
+    APIs' fields are honoured, refused with a 400, or ignored."""
+
     model_config = ConfigDict(extra="ignore")
 
 
-class StreamOptions(_Request):
+class StreamOptions(RequestModel):
     include_usage: bool = False
 
 
-class SamplingFields(_Request):
+class SamplingFields(RequestModel):
     """Fields shared by chat and text completions. Ranges follow the OpenAI API where it defines them."""
 
     model: str | None = None
@@ -122,7 +125,7 @@ class CompletionRequest(SamplingFields):
     echo: bool = False
 
 
-class TokenizeRequest(_Request):
+class TokenizeRequest(RequestModel):
     model: str | None = None
     prompt: str | None = None
     messages: list[dict[str, Any]] | None = None
@@ -131,6 +134,6 @@ class TokenizeRequest(_Request):
     add_generation_prompt: bool = True
 
 
-class DetokenizeRequest(_Request):
+class DetokenizeRequest(RequestModel):
     model: str | None = None
     tokens: list[int]

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from server.protocol import APIError
+from server.protocol import APIError, RequestModel
 from server.sse import sse
 
 
-class ResponsesRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class ResponsesRequest(RequestModel):
     api: ClassVar[str] = "responses"  # its fields in server/request_fields.py
 
     model: str | None = None
