@@ -17,7 +17,11 @@ from engine.outputs import SchedulerStats, StepOutputs
 from engine.requests import EngineRequest, RequestPreparer
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
+    from engine.worker.structured_output import StructuredOutputs
 
 
 class OutputSink(Protocol):
@@ -93,6 +97,10 @@ class EngineCoreClient(ABC):
     """
 
     facts: EngineFacts
+    # The grammar compiler the client compiles structured-output grammars with (thread-safe), so that the core finds
+    # them compiled: the engine's own in-process; beside a core process, the client's, whose grammars travel with
+    # their requests.
+    grammars: StructuredOutputs
     on_death: Callable[[BaseException], None] | None
     on_stats: StatsListener | None  # the engine's counters after every step (/metrics), before its outputs leave
 
@@ -154,3 +162,20 @@ class EngineCoreClient(ABC):
 # The named queries, as a core in another process receives them by name (each answers with a future).
 QUERIES = ("num_cached_tokens", "pin", "settle_hold", "stats", "reset_prefix_cache", "blocks_now",
            "largest_prefixes")
+
+
+def start_core(model_dir: Path, config: EngineConfig, model_id: str, in_process_of_its_own: bool,
+               startup_timeout_s: float | None = None,
+               progress: Callable[[str], None] = lambda message: None) -> EngineCoreClient:
+    """Build the engine on ``model_dir`` and return its core, not started: in a process of its own
+    (`engine.core_process.CoreProcess`, waiting at most ``startup_timeout_s`` for its engine), or in this one."""
+    if in_process_of_its_own:
+        from engine.core_process import STARTUP_TIMEOUT_S, CoreProcess
+
+        core = CoreProcess(model_dir, config, model_id, startup_timeout_s or STARTUP_TIMEOUT_S)
+        progress(f"the engine core runs in process {core.pid}")
+        return core
+    from engine.engine_loop import EngineLoop
+    from engine.llm_engine import LLMEngine
+
+    return EngineLoop(LLMEngine(model_dir, config, model_id=model_id), owns_engine=True)

@@ -31,7 +31,7 @@ import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch.multiprocessing as mp
 import zmq
@@ -45,9 +45,7 @@ from engine.kv_blocks import CachedPrefix
 from engine.outputs import SchedulerStats, StepOutputs
 from engine.processes import caller_script_hidden, exit_with_parent
 from engine.requests import EngineRequest
-
-if TYPE_CHECKING:
-    from engine.worker.structured_output import StructuredOutputs
+from engine.worker.structured_output import StructuredOutputs
 
 log = logging.getLogger("kvserve.engine")
 STARTUP_TIMEOUT_S = 1800.0  # building a large model's engine (weights, KV pool) takes minutes, not hours
@@ -68,8 +66,6 @@ class CoreProcess(EngineCoreClient):
                  startup_timeout_s: float = STARTUP_TIMEOUT_S) -> None:
         self.on_death: Callable[[BaseException], None] | None = None
         self.on_stats: StatsListener | None = None
-        # The client's grammar compiler (a server's): the grammars it compiled travel with their requests as JSON.
-        self.grammars: StructuredOutputs | None = None
         self._error: BaseException | None = None
         self._death_lock = threading.Lock()
         self._send_lock = threading.Lock()
@@ -98,6 +94,12 @@ class CoreProcess(EngineCoreClient):
             self._kill()
             self._release()
             raise
+        from transformers import AutoTokenizer
+
+        # This side's grammar compiler (its tokenizer is the engine's): what it compiled travels with the requests as
+        # JSON, so the core reads it instead of compiling it again.
+        self.grammars = StructuredOutputs(AutoTokenizer.from_pretrained(str(model_dir)), self.facts.vocab_size,
+                                          self.facts.eos_token_ids, "cpu", cfg.json_whitespace)
         # An interpreter that exits without a shutdown (a script's error) would otherwise join the child forever.
         atexit.register(self.shutdown)
 
@@ -137,8 +139,8 @@ class CoreProcess(EngineCoreClient):
     def submit(self, requests: list[EngineRequest], sink: OutputSink) -> concurrent.futures.Future[None]:
         if id(sink) not in self._sinks:
             self._sinks[id(sink)], self._decoders[id(sink)] = sink, wire.StepDecoder()
-        grammars = [None if self.grammars is None or r.params.structured_output is None
-                    else self.grammars.serialized(r.params.structured_output) for r in requests]
+        grammars = [None if r.params.structured_output is None else self.grammars.serialized(r.params.structured_output)
+                    for r in requests]
         return self._call("add", lambda call: ["add", call, id(sink), [wire.encode_request(r) for r in requests],
                                                grammars])
 

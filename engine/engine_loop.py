@@ -72,6 +72,7 @@ class EngineLoop(EngineCoreClient):
     def __init__(self, engine: LLMEngine, on_stats: StatsListener | None = None,
                  on_death: Callable[[BaseException], None] | None = None, owns_engine: bool = False) -> None:
         self.engine = engine
+        self.grammars = engine.structured_outputs
         self.on_stats = on_stats
         self.owns_engine = owns_engine
         self.on_death = on_death  # called once, from whichever thread saw the engine die

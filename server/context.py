@@ -14,14 +14,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 from engine.config import EngineConfig
-from engine.core_client import EngineCoreClient
+from engine.core_client import start_core
 from engine.retention import CachePin, Retention
-from engine.sampling_params import SamplingParams
-from engine.worker.structured_output import StructuredOutputs, StructuredOutputSpec
+from engine.sampling_params import SamplingParams, StructuredOutputSpec
+from engine.worker.structured_output import StructuredOutputs
 from server.async_engine import AsyncEngine
 from server.inspector.store import DEFAULT_MAX_REQUESTS, Inspector
 from server.limits import RequestLimits
@@ -258,8 +257,8 @@ def load_context(
     model_dir = resolve_model(model or spec.name)
     where = " in a process of its own" if engine_process else ""
     progress(f"loading {model_dir} onto {engine_config.device} ({engine_config.dtype}){where}")
-    core, grammars = _start_core(model_dir, engine_config, model_identity(spec, model_dir), engine_process,
-                                 engine_process_timeout_s, progress)
+    core = start_core(model_dir, engine_config, model_identity(spec, model_dir), engine_process,
+                      engine_process_timeout_s, progress)
     facts = core.facts
     # Each thread that touches a tokenizer has its own: each prepare lane renders and encodes with one, the event loop
     # detokenizes with another, and the engine's serves grammar compilation. A Rust tokenizer shared across threads
@@ -282,33 +281,9 @@ def load_context(
         max_model_len=facts.max_model_len,
         engine=AsyncEngine(core, output_tokenizer, metrics),
         metrics=metrics,
-        grammars=grammars,
+        grammars=core.grammars,
         settings=settings,
         recorder=Recorder(record_path) if record_path else None,
         aliases=frozenset(name for name in (spec.repo_id,) if name),
         inspector=inspector,
     )
-
-
-def _start_core(model_dir: Path, config: EngineConfig, model_id: str, in_process_of_its_own: bool,
-                startup_timeout_s: float | None,
-                progress: Callable[[str], None]) -> tuple[EngineCoreClient, StructuredOutputs]:
-    """The engine core, and the grammar compiler the handlers compile with: the engine's own in-process (the core
-    finds what they compiled cached), one of the server's own beside a core process."""
-    from transformers import AutoTokenizer
-
-    if in_process_of_its_own:
-        from engine.core_process import STARTUP_TIMEOUT_S, CoreProcess
-
-        core = CoreProcess(model_dir, config, model_id, startup_timeout_s or STARTUP_TIMEOUT_S)
-        progress(f"the engine core runs in process {core.pid}")
-        facts = core.facts
-        grammars = StructuredOutputs(AutoTokenizer.from_pretrained(str(model_dir)), facts.vocab_size,
-                                     facts.eos_token_ids, "cpu", config.json_whitespace)
-        core.grammars = grammars  # what the handlers compiled reaches the core compiled
-        return core, grammars
-    from engine.engine_loop import EngineLoop
-    from engine.llm_engine import LLMEngine
-
-    engine = LLMEngine(model_dir, config, model_id=model_id)
-    return EngineLoop(engine, owns_engine=True), engine.structured_outputs

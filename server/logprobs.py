@@ -9,7 +9,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from engine.worker.sampler import TokenLogprobs
+from engine.outputs import TokenLogprobs
 
 
 @lru_cache(maxsize=1)

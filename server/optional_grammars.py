@@ -17,8 +17,9 @@ import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
+from engine.sampling_params import StructuredOutputSpec
 from engine.worker.grammar_compile import CompileCancelled
-from engine.worker.structured_output import StructuredOutputs, StructuredOutputSpec
+from engine.worker.structured_output import StructuredOutputs
 
 log = logging.getLogger("kvserve.server")
 
