@@ -17,10 +17,10 @@ import dataclasses
 import math
 from array import array
 from collections.abc import Callable
-from itertools import chain
 from typing import Any
 
 import msgpack
+import numpy as np
 
 from engine import errors
 from engine.core_client import EngineFacts
@@ -140,8 +140,8 @@ class StepEncoder:
                 del known[request_id]
         counts, times = _info_columns([out.infos[row] for row in info_rows])
         return [
-            request_ids, array("i", out.indices).tobytes(), array("i", map(len, out.new_token_ids)).tobytes(),
-            array("i", chain.from_iterable(out.new_token_ids)).tobytes(),
+            request_ids, array("i", out.indices).tobytes(), out.num_tokens.astype(np.int32).tobytes(),
+            out.token_ids.astype(np.int32).tobytes(),
             array("i", info_rows).tobytes(), counts, times, gone,
             [[row, reason.value] for row, reason in finished.items()],
             list(out.errors.items()),
@@ -159,13 +159,8 @@ class StepDecoder:
         self.infos: dict[str, dict[int, SequenceInfo]] = {}
 
     def decode(self, fields: list) -> StepOutputs:
-        (request_ids, indices, lengths, flat, info_rows, counts, times, gone, reasons, errors_, logprobs,
+        (request_ids, indices, num_tokens, token_ids, info_rows, counts, times, gone, reasons, errors_, logprobs,
          prompt_logprobs, speculation) = fields
-        tokens = array("i", flat).tolist()
-        new_token_ids, start = [], 0
-        for length in array("i", lengths):
-            new_token_ids.append(tokens[start:start + length])
-            start += length
         indices = array("i", indices).tolist()
         known = self.infos
         for row, info in zip(array("i", info_rows), _infos(counts, times)):
@@ -182,12 +177,13 @@ class StepDecoder:
                 del known[request_ids[row]]
         for request_id in gone:
             known.pop(request_id, None)
-        return StepOutputs(
-            request_ids, indices, new_token_ids, infos, finish_reasons=finish_reasons, errors=dict(errors_),
-            logprobs={row: _token_logprobs(entries) for row, entries in logprobs},
-            prompt_logprobs={row: _token_logprobs(entries) for row, entries in prompt_logprobs},
-            speculation={row: DraftStats(*stats) for row, stats in speculation},
-        )
+        out = StepOutputs(request_ids, indices, np.frombuffer(token_ids, dtype=np.int32),
+                          np.frombuffer(num_tokens, dtype=np.int32), infos)
+        out.finish_reasons, out.errors = finish_reasons, dict(errors_)
+        out.logprobs = {row: _token_logprobs(entries) for row, entries in logprobs}
+        out.prompt_logprobs = {row: _token_logprobs(entries) for row, entries in prompt_logprobs}
+        out.speculation = {row: DraftStats(*stats) for row, stats in speculation}
+        return out
 
 
 # ---- facts, query results, errors -----------------------------------------------------------------------------------

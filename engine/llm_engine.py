@@ -282,7 +282,7 @@ class LLMEngine:
             self.scheduler.update(out)
             return
         sequences = self.scheduler.sequences
-        emitted = out.emitted_token_ids or [[t] for t in out.sampled_token_ids]
+        emitted = out.emitted()
         live = [(sequences[s], tokens) for s, tokens in zip(out.seq_ids, emitted) if s in sequences]
         ends = self.structured_outputs.accept([r for r, _ in live], [t for _, t in live])
         failed = {GrammarEnd.REJECTED: lambda seq, tokens: f"token {tokens[0]} is outside the grammar",

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import enum
 import time
+from collections import abc
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from engine.sampling_params import SamplingParams
 
@@ -179,7 +182,7 @@ class ModelRunnerOutput:
     """The tokens one step sampled, per sequence whose scheduled chunk reached its last known token."""
 
     seq_ids: list[str]
-    sampled_token_ids: list[int]
+    sampled_token_ids: abc.Sequence[int]  # from the runner, an int64 array
     logprobs: list[TokenLogprobs | None] | None = None  # None when no sequence asked for logprobs
     # Prompt logprobs computed by this step: (seq id, index of the first prompt token scored, one entry per token).
     prompt_logprobs: list[tuple[str, int, list[TokenLogprobs]]] = field(default_factory=list)
@@ -188,6 +191,12 @@ class ModelRunnerOutput:
     emitted_token_ids: list[list[int]] | None = None
     # The MTP proposer (engine/spec/mtp.py): per sequence the drafts for its next step (None: no MTP layer)
     draft_token_ids: list[list[int]] | None = None
+
+    def emitted(self) -> list[list[int]]:
+        """Per sequence every token the step emitted (one, or its accepted drafts and the target's own)."""
+        if self.emitted_token_ids is not None:
+            return self.emitted_token_ids
+        return [[token] for token in np.asarray(self.sampled_token_ids).tolist()]
 
 
 @dataclass
@@ -243,22 +252,31 @@ class SequenceInfo:
     timings: RequestTimings
 
 
-@dataclass
 class StepOutputs:
     """What one engine step produced, as columns (the engine core emits one per step, and a client routes its rows to
     their streams in one hop): row ``i`` is sequence ``indices[i]`` of request ``request_ids[i]``, which gained
-    ``new_token_ids[i]`` (one token, several with speculative decoding, none when it ended without one). What few
-    rows carry is sparse, by row: a finish reason, an error, logprobs, prompt logprobs, speculation counters."""
+    ``tokens(i)`` (one token, several with speculative decoding, none when it ended without one). The new tokens are
+    arrays: ``token_ids``, every row's one after another, and ``num_tokens`` per row, so that a steady decode's rows
+    come in one `extend` and cross a process boundary as bytes. What few rows carry is sparse, by row: a finish
+    reason, an error, logprobs, prompt logprobs, speculation counters."""
 
-    request_ids: list[str] = field(default_factory=list)
-    indices: list[int] = field(default_factory=list)
-    new_token_ids: list[list[int]] = field(default_factory=list)
-    infos: list[SequenceInfo] = field(default_factory=list)
-    finish_reasons: dict[int, FinishReason] = field(default_factory=dict)
-    errors: dict[int, str] = field(default_factory=dict)  # why a sequence ended abnormally (e.g. out of KV blocks)
-    logprobs: dict[int, list[TokenLogprobs | None]] = field(default_factory=dict)  # one per new token
-    prompt_logprobs: dict[int, list[TokenLogprobs | None]] = field(default_factory=dict)  # one per prompt token
-    speculation: dict[int, DraftStats] = field(default_factory=dict)  # on a speculating sequence's last row
+    def __init__(self, request_ids: list[str] | None = None, indices: list[int] | None = None,
+                 token_ids: np.ndarray | None = None, num_tokens: np.ndarray | None = None,
+                 infos: list[SequenceInfo] | None = None) -> None:
+        self.request_ids: list[str] = request_ids if request_ids is not None else []
+        self.indices: list[int] = indices if indices is not None else []
+        self.infos: list[SequenceInfo] = infos if infos is not None else []
+        self.finish_reasons: dict[int, FinishReason] = {}
+        self.errors: dict[int, str] = {}  # why a sequence ended abnormally (e.g. out of KV blocks)
+        self.logprobs: dict[int, list[TokenLogprobs | None]] = {}  # one per new token
+        self.prompt_logprobs: dict[int, list[TokenLogprobs | None]] = {}  # one per prompt token
+        self.speculation: dict[int, DraftStats] = {}  # on a speculating sequence's last row
+        # The token columns as chunks in row order, joined when read: arrays (`extend`, or given), then the rows
+        # `add`ed one at a time since (lists)
+        self._chunks: list[tuple[np.ndarray, np.ndarray]] = [] if token_ids is None else [(token_ids, num_tokens)]
+        self._added_ids: list[int] = []
+        self._added_counts: list[int] = []
+        self._starts: np.ndarray | None = None  # each row's first token in ``token_ids`` (None: not made yet)
 
     def __len__(self) -> int:
         return len(self.request_ids)
@@ -269,15 +287,61 @@ class StepOutputs:
         row = len(self.request_ids)
         self.request_ids.append(request_id)
         self.indices.append(index)
-        self.new_token_ids.append(new_token_ids)
+        self._added_ids += new_token_ids
+        self._added_counts.append(len(new_token_ids))
         self.infos.append(info)
         if finish_reason is not None:
             self.finish_reasons[row] = finish_reason
+        self._starts = None
         return row
+
+    def extend(self, request_ids: list[str], indices: list[int], token_ids: np.ndarray,
+               infos: list[SequenceInfo | None]) -> int:
+        """Append rows that gained one token each (``token_ids``, one per row); returns the first of them."""
+        row = len(self.request_ids)
+        self._join_added()
+        self.request_ids += request_ids
+        self.indices += indices
+        self.infos += infos
+        self._chunks.append((token_ids, np.ones(len(token_ids), dtype=np.int64)))
+        self._starts = None
+        return row
+
+    def _join_added(self) -> None:
+        if self._added_counts:
+            self._chunks.append((np.array(self._added_ids, dtype=np.int64),
+                                 np.array(self._added_counts, dtype=np.int64)))
+            self._added_ids, self._added_counts = [], []
+
+    def _columns(self) -> tuple[np.ndarray, np.ndarray]:
+        self._join_added()
+        if len(self._chunks) != 1:
+            chunks = self._chunks or [(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))]
+            self._chunks = [(np.concatenate([ids for ids, _ in chunks]),
+                             np.concatenate([counts for _, counts in chunks]))]
+        return self._chunks[0]
+
+    @property
+    def token_ids(self) -> np.ndarray:
+        """Every row's new tokens, one row after another."""
+        return self._columns()[0]
+
+    @property
+    def num_tokens(self) -> np.ndarray:
+        """Per row, how many new tokens it has in ``token_ids``."""
+        return self._columns()[1]
+
+    def tokens(self, row: int) -> list[int]:
+        """Row ``row``'s new tokens."""
+        token_ids, num_tokens = self._columns()
+        if self._starts is None:
+            self._starts = np.cumsum(num_tokens) - num_tokens
+        start = self._starts.item(row)
+        return token_ids[start : start + num_tokens.item(row)].tolist()
 
     def output(self, row: int) -> SequenceOutput:
         """Row ``row`` as one sequence's output (the client side's view)."""
-        info, tokens = self.infos[row], self.new_token_ids[row]
+        info, tokens = self.infos[row], self.tokens(row)
         logprobs = self.logprobs.get(row)
         return SequenceOutput(self.request_ids[row], self.indices[row], tokens,
                               [None] * len(tokens) if logprobs is None else logprobs, self.finish_reasons.get(row),
@@ -292,8 +356,15 @@ class StepOutputs:
 
     def select(self, rows: list[int]) -> "StepOutputs":
         """These rows only, in this order (a client's share of a step that several clients' requests ran in)."""
+        token_ids, num_tokens = self._columns()
+        index = np.asarray(rows, dtype=np.int64)
+        counts = num_tokens[index]
+        starts = np.cumsum(num_tokens) - num_tokens
+        # each picked row's tokens: its start plus 0, 1, ... up to its count
+        offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
         picked = StepOutputs([self.request_ids[r] for r in rows], [self.indices[r] for r in rows],
-                             [self.new_token_ids[r] for r in rows], [self.infos[r] for r in rows])
+                             token_ids[np.repeat(starts[index], counts) + offsets], counts,
+                             [self.infos[r] for r in rows])
         for column in ("finish_reasons", "errors", "logprobs", "prompt_logprobs", "speculation"):
             sparse = getattr(self, column)
             if sparse:

@@ -8,7 +8,8 @@ still in its prompt or has siblings to queue (and on arrival: the general path t
 by one token a step until it reaches its horizon; the general path then schedules it and sets its next one
 (`horizon_after`). A horizon can only be too low (blocks are only added while a sequence runs, siblings only ever
 leave), which sends a sequence the general way once more, never the steady way wrongly. What changes every step
-(known tokens, tokens in flight, computed tokens) stays on the `Sequence` alone.
+(known tokens, tokens in flight, computed tokens, the newest tokens) is in ``state`` (engine/step_state.py), at the
+entry ``entries[row]`` while the sequence runs.
 
 Rows follow the running list as it changes (`append`, `remove`), so a batch that changes by a few sequences costs a few
 row moves, never a rebuild.
@@ -19,6 +20,7 @@ import numpy as np
 
 from engine.outputs import SequenceInfo
 from engine.sequence import Sequence
+from engine.step_state import StepState
 
 
 class RunningColumns:
@@ -28,12 +30,15 @@ class RunningColumns:
         self.request_ids: list[str] = []
         self.indices: list[int] = []
         self.infos: list[SequenceInfo | None] = []  # None until the sequence's first output
+        self.num_without_info = 0
         self.stop_token_ids: list[list[int]] = []
         self.num_with_stop_token_ids = 0
         self.max_num_tokens = np.zeros(capacity, dtype=np.int64)  # prompt + max_tokens, capped by the context length
         self.horizon = np.zeros(capacity, dtype=np.int64)
-        self.prefill_only = np.zeros(capacity, dtype=bool)  # max_tokens 0
+        self.num_prefill_only = 0  # running sequences with max_tokens 0
         self.ignore_eos = np.zeros(capacity, dtype=bool)
+        self.state = StepState(capacity)
+        self.entries = np.zeros(capacity, dtype=np.intp)  # each row's entry in ``state``
         self.version = 0  # changes whenever a row comes, goes or moves
 
     def __len__(self) -> int:
@@ -42,7 +47,7 @@ class RunningColumns:
     def append(self, seq: Sequence) -> None:
         row = len(self.seqs)
         if row == len(self.horizon):  # more running sequences than planned for: grow
-            for name in ("max_num_tokens", "horizon", "prefill_only", "ignore_eos"):
+            for name in ("max_num_tokens", "horizon", "ignore_eos", "entries"):
                 setattr(self, name, np.concatenate([getattr(self, name), np.zeros_like(getattr(self, name))]))
         params = seq.params
         self.seqs.append(seq)
@@ -50,23 +55,32 @@ class RunningColumns:
         self.request_ids.append(seq.request_id)
         self.indices.append(seq.index)
         self.infos.append(seq.info)
+        self.num_without_info += seq.info is None
         self.stop_token_ids.append(params.stop_token_ids)
         self.num_with_stop_token_ids += bool(params.stop_token_ids)
         self.max_num_tokens[row] = seq.max_num_tokens
         self.horizon[row] = 0
-        self.prefill_only[row] = params.max_tokens == 0
+        self.num_prefill_only += params.max_tokens == 0
         self.ignore_eos[row] = params.ignore_eos
+        self.entries[row] = self.state.attach(seq)
         self.version += 1
 
     def remove(self, seq: Sequence) -> None:
         row = self.seqs.index(seq)
         n = len(self.seqs)
+        self.num_without_info -= self.infos[row] is None
         for column in (self.seqs, self.seq_ids, self.request_ids, self.indices, self.infos, self.stop_token_ids):
             del column[row]
         self.num_with_stop_token_ids -= bool(seq.params.stop_token_ids)
-        for array in (self.max_num_tokens, self.horizon, self.prefill_only, self.ignore_eos):
+        self.num_prefill_only -= seq.params.max_tokens == 0
+        self.state.detach(seq)
+        for array in (self.max_num_tokens, self.horizon, self.ignore_eos, self.entries):
             array[row : n - 1] = array[row + 1 : n]
         self.version += 1
+
+    def set_info(self, row: int, info: SequenceInfo) -> None:
+        self.num_without_info -= self.infos[row] is None
+        self.infos[row] = info
 
     def rows_of(self, seq_ids: list[str]) -> np.ndarray | None:
         """The rows of ``seq_ids`` (None when one is not running)."""
@@ -77,7 +91,7 @@ class RunningColumns:
 
 def horizon_after(seq: Sequence, num_blocks: int, block_size: int) -> int:
     """The horizon of ``seq``, which the general path just scheduled, from the next step on."""
-    length = len(seq.token_ids) + seq.num_output_placeholders
+    length = seq.num_tokens
     if length - seq.num_computed_tokens != 1 or seq.num_computed_tokens < seq.num_prompt_tokens \
             or seq.pending_siblings:
         return 0

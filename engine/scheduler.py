@@ -221,10 +221,12 @@ class Scheduler:
         # than one token left to compute: a prefill.
         running, budget = self.running, self.cfg.max_num_batched_tokens
         if len(running) >= MIN_COLUMNAR_ROWS and not k:  # their lengths (known + in flight) and computed, as columns
-            lengths = np.array([len(seq.token_ids) + seq.num_output_placeholders for seq in running], dtype=np.int64)
-            computed = np.array([seq.num_computed_tokens for seq in running], dtype=np.int64)
+            state, entries = self._running.state, self._running.entries[: len(running)]
+            lengths = state.num_known[entries] + state.num_placeholders[entries]
+            computed = state.num_computed[entries]
+            # (numpy calls kept few and plain: with the caches cold after a forward each costs microseconds)
             is_prefill = lengths - computed > 1
-            decode_rows = np.flatnonzero(~is_prefill) if is_prefill.any() else None  # None: every running sequence
+            decode_rows = np.flatnonzero(~is_prefill) if np.count_nonzero(is_prefill) else None  # None: all running
             prefills = [running[i] for i in np.flatnonzero(is_prefill).tolist()] if decode_rows is not None else []
             budget = self._schedule_decodes(decode_rows, lengths, computed, budget, out)
         else:
@@ -262,20 +264,19 @@ class Scheduler:
         path runs in running order between runs of steady ones, so that a preemption picks the victims it would in
         one loop. Returns the budget left."""
         cols = self._running
-        decodes = list(cols.seqs) if rows is None else [cols.seqs[i] for i in rows.tolist()]
+        decodes = list(cols.seqs) if rows is None else [cols.seqs[i] for i in rows.tolist()]  # (a C-level copy)
         if len(decodes) > budget or len(decodes) < MIN_COLUMNAR_ROWS:
             # a budget that runs out among them, or too few for numpy to pay: one at a time
             return self._schedule_decodes_in_turn(decodes, budget, 0, out)
-        # (numpy calls kept few: with the caches cold after a forward each costs microseconds)
         if rows is None:  # every running sequence: the columns as they are
-            max_tokens, horizon = cols.max_num_tokens[: len(decodes)], cols.horizon[: len(decodes)]
+            rows = slice(0, len(decodes))
         else:
             lengths, computed = lengths[rows], computed[rows]
-            max_tokens, horizon = cols.max_num_tokens[rows], cols.horizon[rows]
+        max_tokens, horizon = cols.max_num_tokens[rows], cols.horizon[rows]
         todo = lengths < max_tokens  # else the tokens in flight reach max_tokens or the context length
         general = (lengths >= horizon) | (lengths - computed != 1)
         general &= todo
-        steady = todo > general  # todo and not general
+        steady = todo ^ general  # todo and not general
         general_rows = np.flatnonzero(general).tolist()
         first, start, version = len(out.seq_ids), 0, cols.version
         if general_rows:
@@ -283,7 +284,7 @@ class Scheduler:
             horizons = []
             for i in general_rows:
                 if by_position:
-                    self._schedule_steady(decodes, steady, lengths, computed, start, i, out)
+                    self._schedule_steady(rows, steady, lengths, computed, start, i, out)
                     start = i + 1
                 seq, n = decodes[i], int(lengths[i] - computed[i])
                 new_block_ids = self._make_room(seq, n, out)
@@ -294,29 +295,31 @@ class Scheduler:
                     return self._schedule_decodes_in_turn([decodes[j] for j in unscheduled],
                                                           budget - sum(out.num_new_tokens[first:]), 0, out)
                 horizons.append(horizon_after(seq, len(self.kv.seqs[seq.seq_id].block_ids), self.cfg.block_size))
-            cols.horizon[general_rows if rows is None else rows[general_rows]] = horizons
-        self._schedule_steady(decodes, steady, lengths, computed, start, len(decodes), out)
+            cols.horizon[general_rows if isinstance(rows, slice) else rows[general_rows]] = horizons
+        self._schedule_steady(rows, steady, lengths, computed, start, len(decodes), out)
         return budget - sum(out.num_new_tokens[first:])
 
-    @staticmethod
-    def _schedule_steady(decodes: list[Sequence], steady: np.ndarray, lengths: np.ndarray, computed: np.ndarray,
-                         start: int, end: int, out: SchedulerOutput) -> None:
-        """The steady ones among decodes ``start:end``, in bulk: what `_schedule` does for them (one token, which
-        samples)."""
+    def _schedule_steady(self, rows: slice | np.ndarray, steady: np.ndarray, lengths: np.ndarray,
+                         computed: np.ndarray, start: int, end: int, out: SchedulerOutput) -> None:
+        """The steady ones among decodes ``start:end`` (running rows ``rows[start:end]``), in bulk: what `_schedule`
+        does for them (one token, which samples), on the columns alone."""
         if start == end:
             return
-        if steady[start:end].all():
-            seqs, ends, starts = decodes[start:end], lengths[start:end], computed[start:end]
+        cols = self._running
+        picked = np.flatnonzero(steady[start:end]) + start
+        if len(picked) == end - start:  # all of them
+            picked = slice(start, end)
+        running_rows = picked if isinstance(rows, slice) else rows[picked]  # (the slice is every running row)
+        if isinstance(running_rows, slice):
+            seq_ids = cols.seq_ids[running_rows]
         else:
-            rows = np.flatnonzero(steady[start:end]) + start
-            seqs, ends, starts = [decodes[i] for i in rows.tolist()], lengths[rows], computed[rows]
-        out.seq_ids += [seq.seq_id for seq in seqs]
-        out.num_new_tokens += [1] * len(seqs)
-        out.num_computed_tokens += starts.tolist()
-        out.samples += [True] * len(seqs)
-        for seq, num_tokens in zip(seqs, ends.tolist()):
-            seq.num_computed_tokens = num_tokens
-            seq.num_output_placeholders += 1
+            seq_ids = [cols.seq_ids[i] for i in running_rows.tolist()]
+        count = len(seq_ids)
+        out.seq_ids += seq_ids
+        out.num_new_tokens += [1] * count
+        out.num_computed_tokens += computed[picked].tolist()
+        out.samples += [True] * count
+        cols.state.scheduled(cols.entries[running_rows], lengths[picked])
 
     def _schedule_decodes_in_turn(self, decodes: list[Sequence], budget: int, k: int, out: SchedulerOutput) -> int:
         """`_schedule_decodes` one sequence at a time (a decode that drafts up to ``k`` tokens, needs a block, fills
@@ -510,16 +513,13 @@ class Scheduler:
                 and runner_output.draft_token_ids is None and not self.num_speculative
                 and len(runner_output.seq_ids) >= MIN_COLUMNAR_ROWS):
             rows = self._rows_sampled(runner_output.seq_ids)
-            if rows is not None and not self._running.prefill_only[rows].any():
+            if rows is not None and not self._running.num_prefill_only:
                 self._update_steady(rows, runner_output.sampled_token_ids, now)
                 return
         logprobs = runner_output.logprobs or [None] * len(runner_output.seq_ids)
         sequences, outputs, eos = self.sequences, self._outputs, self.eos_token_ids
         block_size = self.cfg.block_size if self.cfg.enable_prefix_caching else 0
-        emitted = runner_output.emitted_token_ids or [[t] for t in runner_output.sampled_token_ids]
-        # the step's output columns, appended in the loop (`StepOutputs.add` inlined: this loop runs per sequence)
-        request_ids, indices, new_token_ids, infos = (outputs.request_ids, outputs.indices, outputs.new_token_ids,
-                                                      outputs.infos)
+        emitted = runner_output.emitted()
         speculative, decode_steps, generated = self.num_speculative, 0, 0
         mtp_drafts = runner_output.draft_token_ids or [None] * len(runner_output.seq_ids)
         for seq_id, tokens, logprob, drafts in zip(runner_output.seq_ids, emitted, logprobs, mtp_drafts):
@@ -541,7 +541,7 @@ class Scheduler:
                 seq.timings.first_token = now
             token_ids, reason, count = seq.token_ids, None, 0
             for token in tokens:  # one token, or the accepted drafts and the target's own
-                token_ids.append(token)
+                seq.append_token(token)
                 count += 1
                 if block_size and len(token_ids) % block_size == 0:  # a block is full
                     self.hasher.extend(seq.block_hashes, token_ids, seq.cache_salt)
@@ -558,11 +558,8 @@ class Scheduler:
             if drafts is not None and reason is None:
                 self.drafter.offer(seq_id, len(token_ids), drafts)
             generated += count
-            row = len(request_ids)
-            request_ids.append(seq.request_id)
-            indices.append(seq.index)
-            new_token_ids.append(tokens if count == len(tokens) else tokens[:count])
-            infos.append(seq.info or self._info(seq))
+            row = outputs.add(seq.request_id, seq.index, tokens if count == len(tokens) else tokens[:count],
+                              seq.info or self._info(seq))
             if logprob is not None:
                 outputs.logprobs[row] = [logprob] * count
             if seq.prompt_logprobs is not None:  # with the first token
@@ -587,58 +584,46 @@ class Scheduler:
             self._sampled_rows = cached = (list(seq_ids), self._running.version, rows)
         return cached[2]
 
-    def _update_steady(self, rows: np.ndarray, tokens: list[int], now: float) -> None:
+    def _update_steady(self, rows: np.ndarray, tokens: abc.Sequence[int], now: float) -> None:
         """`update` for a step that sampled one token per sequence (running rows ``rows``), with no logprobs, drafts
-        or grammar ends (a steady decode): the tokens are appended in one loop, the finish checks are column
-        arithmetic, and only the sequences that fill a block, finish or give their first output are visited one by
-        one."""
+        or grammar ends (a steady decode): the tokens join the step state and the outputs as arrays, the finish checks
+        are column arithmetic, and only the sequences that fill a block, finish, give their first output or have
+        their recent tokens' room full are visited one by one."""
         cols = self._running
-        in_order = len(rows) == len(cols) and cols.seq_ids == self._sampled_rows[0]  # rows 0, 1, 2, ...
-        seqs = list(cols.seqs) if in_order else [cols.seqs[i] for i in rows.tolist()]  # (finishes change the rows)
-        for seq, token in zip(seqs, tokens):
-            seq.token_ids.append(token)
-            seq.num_output_placeholders -= 1
         # (numpy calls kept few: with the caches cold after a forward each costs microseconds)
-        token_column = np.array(tokens, dtype=np.int64)
+        in_order = len(rows) == len(cols) and cols.seq_ids == self._sampled_rows[0]  # rows 0, 1, 2, ...
+        picked = slice(0, len(rows)) if in_order else rows
+        token_column = np.asarray(tokens, dtype=np.int64)
+        lengths = cols.state.append(cols.entries[picked], token_column)
         stops = None
         for eos in self.eos_token_ids:
             stops = token_column == eos if stops is None else stops | (token_column == eos)
         if stops is None:
-            stops = np.zeros(len(seqs), dtype=bool)
+            stops = np.zeros(len(rows), dtype=bool)
         elif stops.any():
-            stops &= ~cols.ignore_eos[rows]
+            stops &= ~cols.ignore_eos[picked]
         if cols.num_with_stop_token_ids:
             stop_token_ids = cols.stop_token_ids
-            stops |= np.array([token in stop_token_ids[row] for token, row in zip(tokens, rows.tolist())], dtype=bool)
-        lengths = np.array([len(seq.token_ids) for seq in seqs], dtype=np.int64)
-        # max_tokens, or the context length
-        too_long = lengths >= (cols.max_num_tokens[: len(seqs)] if in_order else cols.max_num_tokens[rows])
+            stops |= np.array([token in stop_token_ids[row] for token, row in zip(token_column.tolist(), rows.tolist())],
+                              dtype=bool)
+        too_long = lengths >= cols.max_num_tokens[picked]  # max_tokens, or the context length
         visit = stops | too_long
         fills_block = None
         if self.cfg.enable_prefix_caching:
             fills_block = lengths % self.cfg.block_size == 0
             visit |= fills_block
         outputs = self._outputs
-        first_row = len(outputs.request_ids)
         if in_order:
-            outputs.request_ids += cols.request_ids
-            outputs.indices += cols.indices
+            first_row = outputs.extend(cols.request_ids, cols.indices, token_column, cols.infos)
         else:
-            outputs.request_ids += [cols.request_ids[i] for i in rows.tolist()]
-            outputs.indices += [cols.indices[i] for i in rows.tolist()]
-        outputs.new_token_ids += [[token] for token in tokens]
-        infos = cols.infos if in_order else [cols.infos[i] for i in rows.tolist()]
-        if None in infos:  # first outputs
-            for i in [i for i, info in enumerate(infos) if info is None]:
-                seq = seqs[i]
-                if seq.timings.first_token is None:
-                    seq.timings.first_token = now
-                cols.infos[int(rows[i])] = infos[i] = seq.info or self._info(seq)
-                if seq.prompt_logprobs is not None:  # with the first token
-                    outputs.prompt_logprobs[first_row + i], seq.prompt_logprobs = seq.prompt_logprobs, None
-        outputs.infos += infos
-        for i in np.flatnonzero(visit).tolist():
-            seq = seqs[i]
+            row_list = rows.tolist()
+            first_row = outputs.extend([cols.request_ids[i] for i in row_list], [cols.indices[i] for i in row_list],
+                                       token_column, [cols.infos[i] for i in row_list])
+        if cols.num_without_info:  # first outputs
+            self._first_outputs(rows, first_row, now)
+        visited = np.flatnonzero(visit).tolist()
+        seqs = cols.seqs
+        for i, seq in [(i, seqs[int(rows[i])]) for i in visited]:  # (finishes move the rows)
             if fills_block is not None and fills_block[i]:
                 self.hasher.extend(seq.block_hashes, seq.token_ids, seq.cache_salt)
                 if seq.status is SequenceStatus.RUNNING:  # (not preempted with this token in flight)
@@ -650,8 +635,24 @@ class Scheduler:
                 if stats is not None:
                     outputs.speculation[first_row + i] = stats
                 self._finish(seq, reason)
-        self.num_decode_steps += len(seqs)
-        self.num_generation_tokens += len(seqs)
+        self.num_decode_steps += len(rows)
+        self.num_generation_tokens += len(rows)
+
+    def _first_outputs(self, rows: np.ndarray, first_row: int, now: float) -> None:
+        """The sequences among running rows ``rows`` (output rows ``first_row`` on) that gave their first output:
+        their info, first-token time and prompt logprobs."""
+        cols, outputs = self._running, self._outputs
+        for i, row in enumerate(rows.tolist()):
+            if cols.infos[row] is not None:
+                continue
+            seq = cols.seqs[row]
+            if seq.timings.first_token is None:
+                seq.timings.first_token = now
+            info = seq.info or self._info(seq)
+            cols.set_info(row, info)
+            outputs.infos[first_row + i] = info
+            if seq.prompt_logprobs is not None:  # with the first token
+                outputs.prompt_logprobs[first_row + i], seq.prompt_logprobs = seq.prompt_logprobs, None
 
     def _record_speculation(self, seq: Sequence, tokens: list[int]) -> None:
         """A decoding sequence's step came back with ``tokens``: roll its computed tokens back to the accepted ones

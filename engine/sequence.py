@@ -6,6 +6,10 @@ manager and the worker deal in sequences; what leaves the engine carries the req
 
 Owned by the scheduler alone. With async scheduling a step is scheduled before the previous step's sampled tokens
 are known: ``num_output_placeholders`` counts tokens that are sampled on the device but not yet appended here.
+
+While it runs, what changes every step (its tokens, placeholders and computed tokens) lives in the scheduler's
+`StepState` (engine/step_state.py), so that a steady decode step never touches the sequence; the properties below
+read through to it, and the fields behind them hold the state while the sequence does not run.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from engine.block_hashing import BlockHash
 from engine.outputs import FinishReason, RequestTimings, SequenceInfo, TokenLogprobs
 from engine.retention import Retention
 from engine.sampling_params import SamplingParams
+from engine.step_state import StepState
 
 
 class SequenceStatus(enum.Enum):
@@ -25,10 +30,31 @@ class SequenceStatus(enum.Enum):
     FINISHED = "finished"
 
 
+class _StepCounter:
+    """A counter of the sequence's that lives in its step state's ``column`` while it runs, in its field ``own``
+    otherwise."""
+
+    def __init__(self, column: str, own: str, doc: str) -> None:
+        self.column, self.own, self.__doc__ = column, own, doc
+
+    def __get__(self, seq: Sequence | None, owner: type | None = None):
+        if seq is None:
+            return self
+        state = seq.step_state
+        return getattr(seq, self.own) if state is None else getattr(state, self.column).item(seq.entry)
+
+    def __set__(self, seq: Sequence, value: int) -> None:
+        state = seq.step_state
+        if state is None:
+            setattr(seq, self.own, value)
+        else:
+            getattr(state, self.column)[seq.entry] = value
+
+
 @dataclass(eq=False, slots=True)
 class Sequence:
     seq_id: str  # this sequence's id (n > 1 siblings: "<request_id>#<index>")
-    token_ids: list[int]  # prompt then output: one list, so the hot path never concatenates
+    _tokens: list[int]  # prompt then output (while running, the newest may still be in the step state: `token_ids`)
     num_prompt_tokens: int
     params: SamplingParams
     cache_salt: str | None = None
@@ -37,8 +63,8 @@ class Sequence:
     block_hashes: list[BlockHash] = field(default_factory=list)  # of every full block of token_ids, grown as they fill
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
-    num_computed_tokens: int = 0  # tokens whose K/V are in blocks (or will be, once the scheduled step ran)
-    num_output_placeholders: int = 0  # sampled in a step whose output is not back yet
+    _num_computed: int = 0  # `num_computed_tokens` while not running
+    _num_placeholders: int = 0  # `num_output_placeholders` while not running
     num_cached_tokens: int = 0  # of the prompt, served by the prefix cache at first admission
     num_host_cached_tokens: int = 0  # of those, restored from the host tier
     num_disk_cached_tokens: int = 0  # ... and from the disk tier
@@ -51,6 +77,31 @@ class Sequence:
     prompt_logprobs: list[TokenLogprobs | None] | None = None
     snapshot_points: list[int] = field(default_factory=list)  # hybrid models: prompt boundaries to snapshot at
     info: SequenceInfo | None = None  # what its outputs share, made at its first output
+    step_state: StepState | None = None  # while running: where its per-step state lives ...
+    entry: int = -1  # ... and its entry there
+
+    @property
+    def token_ids(self) -> list[int]:
+        """Prompt then output, every token sampled so far (one list, so the hot path never concatenates)."""
+        if self.step_state is not None:
+            self.step_state.flush(self.entry)
+        return self._tokens
+
+    def append_token(self, token: int) -> None:
+        self.token_ids.append(token)
+        if self.step_state is not None:
+            self.step_state.num_known[self.entry] += 1
+
+    num_computed_tokens = _StepCounter("num_computed", "_num_computed", "tokens whose K/V are in blocks (or will be, "
+                                       "once the scheduled step ran)")
+    num_output_placeholders = _StepCounter("num_placeholders", "_num_placeholders", "tokens sampled in a step whose "
+                                           "output is not back yet")
+
+    @property
+    def num_known_tokens(self) -> int:
+        """``len(token_ids)``, without bringing the token list up to date."""
+        state = self.step_state
+        return len(self._tokens) if state is None else state.num_known.item(self.entry)
 
     @property
     def seed(self) -> int | None:
@@ -67,12 +118,12 @@ class Sequence:
     @property
     def num_output_tokens(self) -> int:
         """Generated so far, counting tokens still on their way back from the device."""
-        return len(self.token_ids) - self.num_prompt_tokens + self.num_output_placeholders
+        return self.num_known_tokens - self.num_prompt_tokens + self.num_output_placeholders
 
     @property
     def num_tokens(self) -> int:
         """Known tokens plus placeholders: the sequence's length once the steps in flight are back."""
-        return len(self.token_ids) + self.num_output_placeholders
+        return self.num_known_tokens + self.num_output_placeholders
 
     @property
     def num_uncomputed_tokens(self) -> int:

@@ -39,8 +39,8 @@ def sample(logits: torch.Tensor, rows: list[Row]) -> Sampled:
     batch = SamplingBatch(params, [r.generator for r in rows], logits.device)
     penalized = any(has_penalties(p) for p in params) and len(rows) == logits.shape[0]
     out = sampler.sample(logits, batch, penalties(logits, rows) if penalized else None)
-    token_ids, logprobs = out.host_lists(params)
-    return Sampled(token_ids, logprobs or [None] * len(rows))
+    token_ids, logprobs = out.on_host(params)
+    return Sampled(token_ids.tolist(), logprobs or [None] * len(rows))
 
 
 def apply_penalties(logits: torch.Tensor, rows: list[Row]) -> torch.Tensor:

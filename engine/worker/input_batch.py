@@ -53,6 +53,8 @@ class InputBatch:
         # Where the row's last sampled token sits in the previous step's device output: with async scheduling its
         # id is not on the host yet when the next step is prepared, so the device copies it into the inputs.
         self.pending_src = np.zeros(max_rows, dtype=np.int32)
+        self.steps_unrecorded = 0  # sampling steps launched whose ids are not appended yet (0: no token is pending)
+        self.row_numbers = np.arange(max_rows + 1, dtype=np.int32)  # 0, 1, 2, ...: views of it are steps' inputs
         self.version = 0  # changes whenever rows are added, removed or moved
         # every block-table change since the last step: rows, columns, block ids (plain lists: a step where every
         # row crosses a block boundary appends one entry per row)
@@ -132,8 +134,8 @@ class InputBatch:
         self._delta_cols += range(start, end)
         self._delta_ids += block_ids
 
-    def append_tokens(self, rows: list[int], tokens: list[int]) -> None:
-        """One token each at the end of the rows' known tokens (rows distinct)."""
+    def append_tokens(self, rows: np.ndarray | list[int], tokens: np.ndarray | list[int]) -> None:
+        """One token each at the end of the rows' known tokens (rows distinct; an intp array is the fast index)."""
         self.token_ids[rows, self.num_known[rows]] = tokens
         self.num_known[rows] += 1
 

@@ -119,11 +119,11 @@ class StepHandle:
         token_ids, logprobs = [], None
         emitted = drafts = None
         if launched.sampled is not None:
-            token_ids, logprobs = launched.sampled.host_lists(self.params)
+            token_ids, logprobs = launched.sampled.on_host(self.params)
             emitted, drafts = launched.sampled.emitted, launched.sampled.drafts
             self.runner.record_sampled(self, token_ids, emitted)
         scored = [(s.seq_id, s.first_token, s.entries()) for s in launched.scored]
-        self._output = ModelRunnerOutput(self.seq_ids if token_ids else [], token_ids, logprobs, scored, emitted,
+        self._output = ModelRunnerOutput(self.seq_ids if len(token_ids) else [], token_ids, logprobs, scored, emitted,
                                          drafts)
         return self._output
 
@@ -178,7 +178,7 @@ class ModelRunner:
         self.time_device = False  # CUDA: time each step's kernels with events (benchmarks)
         self._prev_sampled: torch.Tensor | None = None  # the last launched step's sampled ids, on the device
         # The sampled rows' sampler view and sequences, rebuilt only when the set of sampling sequences changes ...
-        self._sampling_batch: tuple[tuple[str, ...], SamplingBatch, list[RunnerSequence]] | None = None
+        self._sampling_batch: tuple[tuple, SamplingBatch, list[RunnerSequence]] | None = None
         # ... and its penalties (device thread), with the sequences whose output counts are rows of them
         self._penalties: tuple[SamplingBatch, Penalties, list[RunnerSequence]] | None = None
         # Async scheduling on CPU: the device part of each step runs in order on this thread (as kernels run in
@@ -255,17 +255,22 @@ class ModelRunner:
         all_ids = batch.seq_ids
         # every row samples in a decode-only step: the rows' ids as they are
         sample_rows = host.sample_rows
-        seq_ids = all_ids[:] if len(sample_rows) == len(all_ids) else [all_ids[r] for r in sample_rows.tolist()]
+        every_row = len(sample_rows) == len(all_ids)
+        seq_ids = all_ids[:] if every_row else [all_ids[r] for r in sample_rows.tolist()]
         work = _DeviceWork(host, pad_to, None, [], seq_ids, logits_processor, sched.kv_transfers,
                            state_restores=sched.state_restores, state_snapshots=sched.state_snapshots)
         if self.scoring:
             work.prompt_spans = self.scoring.spans(sched, batch.row_of, host.query_start_loc)
         handle = StepHandle(self, seq_ids, rows=host.sample_rows, batch_version=batch.version)
         if seq_ids and self.tp.is_first:  # rank 0 samples (module docstring)
-            work.sampling, work.sampled = self._sampling_batch_for(seq_ids)
+            # the same rows, all sampling: the same sequences (else compare them)
+            key = ("every row", batch.version) if every_row else tuple(seq_ids)
+            work.sampling, work.sampled = self._sampling_batch_for(key, seq_ids)
             handle.params = work.sampling.params
         if seq_ids:
-            batch.pending_src[host.sample_rows] = np.arange(len(seq_ids), dtype=np.int32)
+            if self.cfg.async_scheduling:  # the next step may be prepared before these ids are back
+                batch.pending_src[host.sample_rows] = batch.row_numbers[: len(seq_ids)]
+            batch.steps_unrecorded += 1
         if host.sample_counts is not None:
             work.drafts = [batch.drafts(r) for r in host.sample_rows.tolist()]
         self.profile.prepare_s += time.perf_counter() - start
@@ -463,10 +468,9 @@ class ModelRunner:
         done.record()
         return launched
 
-    def _sampling_batch_for(self, seq_ids: list[str]) -> tuple[SamplingBatch, list[RunnerSequence]]:
-        """The sampler's per-row tensors and the rows' sequences, rebuilt only when the set of sampling sequences
-        changes."""
-        key = tuple(seq_ids)
+    def _sampling_batch_for(self, key: tuple, seq_ids: list[str]) -> tuple[SamplingBatch, list[RunnerSequence]]:
+        """The sampler's per-row tensors and the rows' sequences, rebuilt only when the sampling sequences (``key``)
+        change."""
         if self._sampling_batch is None or self._sampling_batch[0] != key:
             seqs = [self.sequences[r] for r in seq_ids]
             batch = SamplingBatch([r.params for r in seqs], [r.generator for r in seqs], self.device)
@@ -497,11 +501,12 @@ class ModelRunner:
         self._penalties = (sampling, penalties, [seqs[i] for i in sampling.penalized_rows])
         return penalties
 
-    def record_sampled(self, handle: StepHandle, token_ids: list[int], emitted: list[list[int]] | None = None
+    def record_sampled(self, handle: StepHandle, token_ids: np.ndarray, emitted: list[list[int]] | None = None
                        ) -> None:
         """A step's sampled ids reached the host: append them to each sequence's row (or, rowless, its tokens).
         ``emitted``: speculative decoding's tokens per row, which replace the one sampled id each."""
         batch = self.batch
+        batch.steps_unrecorded -= 1
         if emitted is not None:  # a speculative step is collected before the next is scheduled: rows unchanged
             assert batch.version == handle.batch_version, "rows moved under a speculative step"
             batch.append_token_lists(handle.rows.tolist(), emitted)
@@ -510,7 +515,7 @@ class ModelRunner:
             batch.append_tokens(handle.rows, token_ids)
             return
         rows, row_tokens = [], []
-        for seq_id, token in zip(handle.seq_ids, token_ids):
+        for seq_id, token in zip(handle.seq_ids, token_ids.tolist()):
             row = batch.row_of.get(seq_id)
             if row is not None:
                 rows.append(row)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from engine.outputs import TokenLogprobs
@@ -124,12 +125,12 @@ class SamplerOutput:
     emitted: list[list[int]] | None = None  # speculative decoding: every row's tokens, on the host (engine/spec/)
     drafts: list[list[int]] | None = None  # the MTP proposer's drafts for each row's next step, on the host
 
-    def host_lists(self, params: Sequence[SamplingParams]) -> tuple[list[int], list[TokenLogprobs | None] | None]:
-        """Python lists (call on host tensors): the ids, and per row its `TokenLogprobs` (None if not asked)."""
-        token_list = self.token_ids.tolist()
+    def on_host(self, params: Sequence[SamplingParams]) -> tuple[np.ndarray, list[TokenLogprobs | None] | None]:
+        """Call on host tensors: the ids (int64, one per row), and per row its `TokenLogprobs` (None if not asked)."""
+        token_ids = self.token_ids.numpy()
         if not self.logprob_rows:
-            return token_list, None
-        result: list[TokenLogprobs | None] = [None] * len(token_list)
+            return token_ids, None
+        result: list[TokenLogprobs | None] = [None] * len(token_ids)
         chosen = self.chosen_logprobs.tolist()
         top_ids = self.top_ids.tolist() if self.top_ids is not None else [[] for _ in chosen]
         top_values = self.top_logprobs.tolist() if self.top_logprobs is not None else [[] for _ in chosen]
@@ -137,8 +138,8 @@ class SamplerOutput:
             n = params[i].logprobs or 0
             # Tokens a grammar ruled out (-inf) are no alternatives; -inf is not valid JSON either.
             top = [(t, v) for t, v in zip(top_ids[j][:n], top_values[j][:n]) if v != float("-inf")]
-            result[i] = TokenLogprobs(token_list[i], chosen[j], top)
-        return token_list, result
+            result[i] = TokenLogprobs(token_ids.item(i), chosen[j], top)
+        return token_ids, result
 
 
 def sample(logits: torch.Tensor, batch: SamplingBatch, penalties: Penalties | None = None) -> SamplerOutput:

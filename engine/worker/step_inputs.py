@@ -27,7 +27,7 @@ class HostInputs:
     query_start_loc: np.ndarray
     context_lens: np.ndarray
     sample_index: np.ndarray  # token rows whose hidden state is sampled, in row order
-    sample_rows: np.ndarray  # the batch rows they belong to
+    sample_rows: np.ndarray  # the batch rows they belong to (intp: an index on the host)
     sample_counts: np.ndarray | None  # speculative decoding: per sampled row, its positions (1 + drafts); else None
     pending_dst: np.ndarray  # token rows whose id is still on the device (async scheduling) ...
     pending_src: np.ndarray  # ... and where it is in the previous step's sampled ids
@@ -75,7 +75,7 @@ def flatten(batch: InputBatch, block_size: int, pad_rows_to: int | None = None, 
     slots = batch.block_table[row_of_token, positions // block_size] * block_size + positions % block_size
     pending_dst = np.nonzero(positions >= known)[0].astype(np.int32)
     pending_src = batch.pending_src[row_of_token[pending_dst]]
-    sample_rows = np.nonzero(batch.samples[:rows])[0].astype(np.int32)
+    sample_rows = np.flatnonzero(batch.samples[:rows])
     sample_index, sample_counts = ends[sample_rows] - 1, None
     if drafts.any():  # a row with d drafts samples its last d + 1 positions: the last known token's and each draft's
         sample_counts = drafts[sample_rows] + 1
@@ -103,15 +103,18 @@ def _flatten_decodes(batch: InputBatch, block_size: int, pad_rows_to: int | None
     """`flatten` for a step where every row computes one token and samples (a steady decode): row r is token r."""
     rows = batch.num_rows
     positions = batch.num_computed[:rows].copy()
-    query_start_loc = np.arange(rows + 1, dtype=np.int32)
+    query_start_loc = batch.row_numbers[: rows + 1]
     row_of_token = query_start_loc[:rows]
     block_index, offset = np.divmod(positions, block_size)
-    pending_dst = np.flatnonzero(positions >= batch.num_known[:rows]).astype(np.int32)
+    if batch.steps_unrecorded:  # (else every row's tokens are known: nothing is pending)
+        pending_dst = np.flatnonzero(positions >= batch.num_known[:rows]).astype(np.int32)
+    else:
+        pending_dst = query_start_loc[:0]
     host = HostInputs(
         input_ids=batch.token_ids[row_of_token, positions], positions=positions,
         slot_mapping=batch.block_table[row_of_token, block_index] * block_size + offset,
         query_start_loc=query_start_loc, context_lens=positions + 1, sample_index=row_of_token,
-        sample_rows=row_of_token, sample_counts=None, pending_dst=pending_dst, pending_src=batch.pending_src[pending_dst],
+        sample_rows=np.arange(rows), sample_counts=None, pending_dst=pending_dst, pending_src=batch.pending_src[pending_dst],
         block_table_deltas=batch.take_block_table_deltas(), state_slots=batch.state_slots[:rows].copy(),
         has_initial_state=positions > 0, max_query_len=1, max_context_len=int(positions.max()) + 1,
     )
