@@ -91,8 +91,7 @@ class RunningColumns:
 
 def horizon_after(seq: Sequence, num_blocks: int, block_size: int) -> int:
     """The horizon of ``seq``, which the general path just scheduled, from the next step on."""
-    length = seq.num_tokens
-    if length - seq.num_computed_tokens != 1 or seq.num_computed_tokens < seq.num_prompt_tokens \
-            or seq.pending_siblings:
+    length, computed = seq.num_tokens, seq.num_computed_tokens
+    if length - computed != 1 or computed < seq.num_prompt_tokens or seq.pending_siblings:
         return 0
     return min(-(-length // block_size) * block_size, num_blocks * block_size + 1)

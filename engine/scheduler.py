@@ -426,7 +426,7 @@ class Scheduler:
                   resumed: bool = False, state_slot: int = -1, drafts: list[int] | None = None) -> None:
         start = seq.num_computed_tokens
         end = start + n
-        samples = end == len(seq.token_ids) + seq.num_output_placeholders  # reaches the last token: samples the next
+        samples = end == seq.num_tokens  # reaches the last token: samples the next
         out.add(seq.seq_id, n, start, samples, new_block_ids, resumed, state_slot, drafts)
         # Drafts are computed too, but never enter token_ids unless accepted, so nothing below commits them to the
         # prefix cache; update() rolls num_computed_tokens back to what was accepted.
@@ -444,8 +444,8 @@ class Scheduler:
 
     def _commit(self, seq: Sequence) -> None:
         """Cache the blocks whose tokens are known and computed (or being computed by a scheduled step)."""
-        self.kv.commit(seq.seq_id, seq.block_hashes, seq.token_ids,
-                       min(seq.num_computed_tokens, len(seq.token_ids)))
+        token_ids = seq.token_ids
+        self.kv.commit(seq.seq_id, seq.block_hashes, token_ids, min(seq.num_computed_tokens, len(token_ids)))
 
     def _queue_siblings(self, leader: Sequence) -> None:
         """n > 1: the leader's prompt is scheduled, so its blocks are cached; the siblings queue first and share

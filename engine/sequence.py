@@ -14,6 +14,7 @@ read through to it, and the fields behind them hold the state while the sequence
 from __future__ import annotations
 
 import enum
+import operator
 from dataclasses import dataclass, field
 
 from engine.block_hashing import BlockHash
@@ -30,25 +31,23 @@ class SequenceStatus(enum.Enum):
     FINISHED = "finished"
 
 
-class _StepCounter:
+def _step_counter(column: str, own: str, doc: str) -> property:
     """A counter of the sequence's that lives in its step state's ``column`` while it runs, in its field ``own``
-    otherwise."""
+    otherwise. (A property of closures: the general path reads these often, and a descriptor class costs twice.)"""
+    read_column, read_own = operator.attrgetter(column), operator.attrgetter(own)
 
-    def __init__(self, column: str, own: str, doc: str) -> None:
-        self.column, self.own, self.__doc__ = column, own, doc
-
-    def __get__(self, seq: Sequence | None, owner: type | None = None):
-        if seq is None:
-            return self
+    def get(seq: Sequence) -> int:
         state = seq.step_state
-        return getattr(seq, self.own) if state is None else getattr(state, self.column).item(seq.entry)
+        return read_own(seq) if state is None else read_column(state).item(seq.entry)
 
-    def __set__(self, seq: Sequence, value: int) -> None:
+    def set_(seq: Sequence, value: int) -> None:
         state = seq.step_state
         if state is None:
-            setattr(seq, self.own, value)
+            setattr(seq, own, value)
         else:
-            getattr(state, self.column)[seq.entry] = value
+            read_column(state)[seq.entry] = value
+
+    return property(get, set_, doc=doc)
 
 
 @dataclass(eq=False, slots=True)
@@ -92,9 +91,9 @@ class Sequence:
         if self.step_state is not None:
             self.step_state.num_known[self.entry] += 1
 
-    num_computed_tokens = _StepCounter("num_computed", "_num_computed", "tokens whose K/V are in blocks (or will be, "
+    num_computed_tokens = _step_counter("num_computed", "_num_computed", "tokens whose K/V are in blocks (or will be, "
                                        "once the scheduled step ran)")
-    num_output_placeholders = _StepCounter("num_placeholders", "_num_placeholders", "tokens sampled in a step whose "
+    num_output_placeholders = _step_counter("num_placeholders", "_num_placeholders", "tokens sampled in a step whose "
                                            "output is not back yet")
 
     @property
@@ -123,7 +122,10 @@ class Sequence:
     @property
     def num_tokens(self) -> int:
         """Known tokens plus placeholders: the sequence's length once the steps in flight are back."""
-        return self.num_known_tokens + self.num_output_placeholders
+        state = self.step_state
+        if state is None:
+            return len(self._tokens) + self._num_placeholders
+        return state.num_known.item(self.entry) + state.num_placeholders.item(self.entry)
 
     @property
     def num_uncomputed_tokens(self) -> int:
