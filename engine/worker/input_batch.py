@@ -54,7 +54,9 @@ class InputBatch:
         # id is not on the host yet when the next step is prepared, so the device copies it into the inputs.
         self.pending_src = np.zeros(max_rows, dtype=np.int32)
         self.steps_unrecorded = 0  # sampling steps launched whose ids are not appended yet (0: no token is pending)
-        self.row_numbers = np.arange(max_rows + 1, dtype=np.int32)  # 0, 1, 2, ...: views of it are steps' inputs
+        # 0, 1, 2, ...: views of these are steps' inputs (int32, shipped) and row indexes (intp, on the host)
+        self.row_numbers = np.arange(max_rows + 1, dtype=np.int32)
+        self.row_index = np.arange(max_rows, dtype=np.intp)
         self.version = 0  # changes whenever rows are added, removed or moved
         # every block-table change since the last step: rows, columns, block ids (plain lists: a step where every
         # row crosses a block boundary appends one entry per row)

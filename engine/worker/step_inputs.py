@@ -114,7 +114,7 @@ def _flatten_decodes(batch: InputBatch, block_size: int, pad_rows_to: int | None
         input_ids=batch.token_ids[row_of_token, positions], positions=positions,
         slot_mapping=batch.block_table[row_of_token, block_index] * block_size + offset,
         query_start_loc=query_start_loc, context_lens=positions + 1, sample_index=row_of_token,
-        sample_rows=np.arange(rows), sample_counts=None, pending_dst=pending_dst, pending_src=batch.pending_src[pending_dst],
+        sample_rows=batch.row_index[:rows], sample_counts=None, pending_dst=pending_dst, pending_src=batch.pending_src[pending_dst],
         block_table_deltas=batch.take_block_table_deltas(), state_slots=batch.state_slots[:rows].copy(),
         has_initial_state=positions > 0, max_query_len=1, max_context_len=int(positions.max()) + 1,
     )
