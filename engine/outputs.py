@@ -240,10 +240,11 @@ class DraftStats:
 
 
 # ---- engine core -> clients ---------------------------------------------------------------------------------------
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class SequenceInfo:
     """What every output of one sequence shares, made once at its first output: its prompt's length, what the
-    prefix cache served of it at admission, and its timings (which the engine fills in as it runs)."""
+    prefix cache served of it at admission, and its timings (which the engine fills in as it runs). One object per
+    sequence, compared by identity (``None in infos`` then runs at C speed)."""
 
     num_prompt_tokens: int
     num_cached_tokens: int  # of the prompt, from the prefix cache: the device pool, host and disk tiers together

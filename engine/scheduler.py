@@ -614,12 +614,14 @@ class Scheduler:
             visit |= fills_block
         outputs = self._outputs
         if in_order:
-            first_row = outputs.extend(cols.request_ids, cols.indices, token_column, cols.infos)
+            infos = cols.infos
+            first_row = outputs.extend(cols.request_ids, cols.indices, token_column, infos)
         else:
             row_list = rows.tolist()
+            infos = [cols.infos[i] for i in row_list]
             first_row = outputs.extend([cols.request_ids[i] for i in row_list], [cols.indices[i] for i in row_list],
-                                       token_column, [cols.infos[i] for i in row_list])
-        if cols.num_without_info:  # first outputs
+                                       token_column, infos)
+        if cols.num_without_info and None in infos:  # first outputs (`SequenceInfo` compares by identity: C speed)
             self._first_outputs(rows, first_row, now)
         visited = np.flatnonzero(visit).tolist()
         seqs = cols.seqs
