@@ -233,13 +233,14 @@ def test_text_completions_honour_response_format(qwen: LiveServer):
             "$ref": "https://example.com/schema.json"}}}), "response_format.json_schema.schema", "another document"),
     ],
 )
-def test_what_cannot_be_enforced_is_a_400_naming_the_part(qwen: LiveServer, endpoint, body, param, message):
+def test_what_cannot_be_enforced_is_a_400_naming_the_part(qwen_server: LiveServer, endpoint, body, param, message):
+    """Refused before any generation, so the session's server serves it (the fast tier starts no server for it)."""
     extra = body.pop("extra_body", {})
     with pytest.raises(openai.BadRequestError) as err:
         if endpoint == "chat":
-            qwen.chat(messages=MESSAGES, max_tokens=4, extra_body=extra, **body)
+            qwen_server.chat(messages=MESSAGES, max_tokens=4, extra_body=extra, **body)
         else:
-            qwen.client().completions.create(model="qwen3-tiny", prompt="x", max_tokens=4,
+            qwen_server.client().completions.create(model="qwen3-tiny", prompt="x", max_tokens=4,
                                              extra_body={**body, **extra})
     error = err.value.body
     assert error["param"] == param and message in error["message"], error
