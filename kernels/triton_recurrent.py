@@ -211,7 +211,9 @@ def _chunk_prepare_kernel(
         neg_a = neg_a * tl.exp(tl.where(lower, g_cum[:, None] - g_cum[None, :], 0.0))
         # Forward substitution: m = (I + A)^-1 - I row by row, m_i = -a_i + (-a_i) m (rows < i already solved)
         m = neg_a
-        for r in range(2, BT):
+        # Rows past the chunk's last token are zero in neg_a and stay zero: solve only the valid ones (a prompt's
+        # last chunk, and every short prompt, fills a fraction of BT).
+        for r in range(2, tl.minimum(length - chunk * BT, BT)):
             a_r = tl.sum(tl.where(i == r, neg_a, 0.0), axis=0)
             m_r = a_r + tl.sum(a_r[:, None] * m, axis=0)
             m = tl.where(i == r, m_r[None, :], m)
