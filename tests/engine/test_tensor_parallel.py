@@ -22,16 +22,20 @@ LENGTHS = [3, 9, 17, 26, 40, 5, 12, 31]
 ENGINE = dict(block_size=4, num_kv_blocks=56, max_num_batched_tokens=16)
 
 
-def _params() -> list[SamplingParams]:
+def _params(turn: int) -> list[SamplingParams]:
+    """The mixed batch's parameters; each turn seeds its sampled requests apart, so that the second round's
+    continuation of a conversation does not draw with the first round's noise (same-seed draws are coupled: a
+    continuation can repeat its first reply token for token)."""
+    seed = 100 * turn
     return [
         SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=5),
-        SamplingParams(max_tokens=9, temperature=1.0, seed=11, ignore_eos=True, logprobs=3),
-        SamplingParams(max_tokens=10, temperature=0.8, top_k=20, top_p=0.9, seed=5, ignore_eos=True),
+        SamplingParams(max_tokens=9, temperature=1.0, seed=seed + 11, ignore_eos=True, logprobs=3),
+        SamplingParams(max_tokens=10, temperature=0.8, top_k=20, top_p=0.9, seed=seed + 5, ignore_eos=True),
         SamplingParams(max_tokens=10, temperature=0, repetition_penalty=1.3, frequency_penalty=0.5, ignore_eos=True,
                        logprobs=0),
-        SamplingParams(max_tokens=7, temperature=1.2, seed=3, n=2, ignore_eos=True),
+        SamplingParams(max_tokens=7, temperature=1.2, seed=seed + 3, n=2, ignore_eos=True),
         SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=2),
-        SamplingParams(max_tokens=11, temperature=0.7, seed=9, presence_penalty=0.4, ignore_eos=True),
+        SamplingParams(max_tokens=11, temperature=0.7, seed=seed + 9, presence_penalty=0.4, ignore_eos=True),
         SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=0),
     ]
 
@@ -50,10 +54,10 @@ def run_workload(name: str, **options) -> Run:
     prompts hit the prefix cache, while the pool is small enough to preempt."""
     with LLM(name, **ENGINE, **options) as llm:
         first = random_prompts(llm.engine.model_cfg.vocab_size, LENGTHS, seed=41)
-        outs = llm.generate(first, _params())
+        outs = llm.generate(first, _params(0))
         follow = random_prompts(llm.engine.model_cfg.vocab_size, [5] * len(LENGTHS), seed=42)
         second = [p + o.token_ids + f for p, o, f in zip(first, outs, follow)]
-        outs += llm.generate(second, _params())
+        outs += llm.generate(second, _params(1))
         llm.engine.scheduler.kv.check_invariants()
         return Run(
             tokens=[[(c.token_ids, c.finish_reason) for c in o.outputs] for o in outs],
