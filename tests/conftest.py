@@ -171,6 +171,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 def pytest_sessionfinish(session: pytest.Session) -> None:
     if os.environ.get("KVSERVE_RECORD_DURATIONS") != "1" or not _run_times:
         return
+    if hasattr(session.config, "workerinput"):  # a pytest-xdist worker: the controller records every worker's tests
+        return
     recorded = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
     recorded.update({nodeid: round(seconds, 2) for nodeid, seconds in _run_times.items()})
     DURATIONS.write_text(json.dumps(dict(sorted(recorded.items())), indent=0) + "\n")
