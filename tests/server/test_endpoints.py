@@ -83,7 +83,7 @@ def test_metrics_page_is_prometheus_text(qwen_server: LiveServer) -> None:
         ("kvserve_time_to_first_token_seconds", "histogram"), ("kvserve_e2e_request_latency_seconds", "histogram"),
     ]:
         assert f"# TYPE {name} {kind}\n" in text, name
-    sample = re.compile(r'^[a-z_][a-z0-9_]*(\{[a-z_]+="[^"]*"(,[a-z_]+="[^"]*")*\})? -?[0-9.e+]+$|^#.*$')
+    sample = re.compile(r'^[a-z_][a-z0-9_]*(\{[a-z_]+="[^"]*"(,[a-z_]+="[^"]*")*\})? -?[0-9.]+(e[+-]?[0-9]+)?$|^#.*$')
     assert all(sample.match(line) for line in text.splitlines()), "every line is a sample or a comment"
     metrics = qwen_server.metrics()
     count = metrics['kvserve_time_to_first_token_seconds_count{model="qwen3-tiny"}']
