@@ -29,11 +29,10 @@ from server.anthropic_protocol import (
     anthropic_error_event,
 )
 from server.async_engine import RequestStream
-from server.cache_salt import effective_salt, tenant_salt
 from server.caches_api import add_cache_routes
 from server.chat import chat_turn, complete_chat, plan_chat, render_chat, stream_chat, tokenize_turn
 from server.completions import complete_text, plan_completion, stream_text
-from server.context import ServingContext
+from server.context import Served, ServerSettings, ServingContext
 from server.generation import Prompt, submit
 from server.http_io import (
     Draining,
@@ -114,35 +113,75 @@ class _Auth:
         return given.decode()
 
 
+async def generate(
+    ctx: ServingContext, request: Request, api_model: type[M], plan: Callable[[M, dict[str, Any]], P],
+    prompts: Callable[[P], list[Prompt]], complete: Callable[[P, RequestStream], Awaitable[dict[str, Any]]],
+    events: Callable[[P, RequestStream], AsyncIterator[str]],
+    error_event: Callable[[APIError], str] = openai_error_event,
+) -> Response:
+    """The one route handler of the generating APIs: body -> the API's request -> its plan (prepared off the
+    event loop) -> the engine -> one JSON body, or SSE events in the API's shape (`error_event` once the 200 is
+    out). A client that leaves, at any point, aborts what it started."""
+    body = await read_json(request, ctx.settings.limits)
+    req = parse_body(api_model, body)
+    planned = await until_disconnect(request, ctx.prepare(plan, req, body))
+    stream = await until_disconnect(request, submit(ctx, prompts(planned)))
+    if req.stream:
+        return EngineStreamingResponse(events(planned, stream), on_close=stream.abort, error_event=error_event)
+    try:
+        return JSONResponse(await until_disconnect(request, complete(planned, stream)))
+    finally:
+        stream.abort()  # no-op once finished; covers a cancellation before the work started
+
+
+def _model_card(ctx: ServingContext, request: Request) -> dict[str, Any]:
+    """OpenAI's model object, or Anthropic's for clients that send `anthropic-version`."""
+    if "anthropic-version" in request.headers:
+        created = datetime.fromtimestamp(ctx.created, timezone.utc).isoformat().replace("+00:00", "Z")
+        return {"type": "model", "id": ctx.model_name, "display_name": ctx.model_name, "created_at": created}
+    return {"id": ctx.model_name, "object": "model", "created": ctx.created, "owned_by": "kvserve",
+            "max_model_len": ctx.max_model_len}
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """The engine thread starts with the app and stops (aborting what still runs) when uvicorn shuts it down, after
+    in-flight responses drained."""
+    ctx: ServingContext = app.state.ctx
+    ctx.engine.start()
+    # Everything loaded so far (model, tokenizers, templates, the app) lives as long as the server: frozen, the
+    # garbage collector stops re-scanning those hundreds of thousands of objects in every collection that the
+    # per-token garbage of the streams triggers (a third of the event loop's time per token at 256 streams,
+    # and each collection holds the GIL the engine thread needs).
+    gc.collect()
+    gc.freeze()
+    sampler = asyncio.create_task(ctx.inspector.sample_forever(ctx.metrics.snapshot)) if ctx.inspector else None
+    try:
+        yield
+    finally:
+        if sampler is not None:
+            sampler.cancel()
+        ctx.close()  # compiles in progress end now: nothing that prepares a request outlives the shutdown
+        await asyncio.to_thread(ctx.engine.shutdown)
+        if ctx.recorder is not None:
+            ctx.recorder.close()
+        gc.unfreeze()  # a stopped server's objects can be collected
+
+
 def create_app(ctx: ServingContext) -> FastAPI:
-    """The app for one served model. The engine thread starts with the app and stops (aborting what still runs)
-    when uvicorn shuts it down, after in-flight responses drained."""
-
-    @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        ctx.engine.start()
-        # Everything loaded so far (model, tokenizers, templates, the app) lives as long as the server: frozen, the
-        # garbage collector stops re-scanning those hundreds of thousands of objects in every collection that the
-        # per-token garbage of the streams triggers (a third of the event loop's time per token at 256 streams,
-        # and each collection holds the GIL the engine thread needs).
-        gc.collect()
-        gc.freeze()
-        sampler = asyncio.create_task(ctx.inspector.sample_forever(ctx.metrics.snapshot)) if ctx.inspector else None
-        try:
-            yield
-        finally:
-            if sampler is not None:
-                sampler.cancel()
-            ctx.close()  # compiles in progress end now: nothing that prepares a request outlives the shutdown
-            await asyncio.to_thread(ctx.engine.shutdown)
-            if ctx.recorder is not None:
-                ctx.recorder.close()
-
-    app = FastAPI(title="kvserve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    """The app for one served model (``ctx``: its handlers take it as `Served`)."""
+    app = FastAPI(title="kvserve", lifespan=_lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.ctx = ctx
     app.state.draining = Draining()  # started by the server at shutdown (server/graceful.py)
+    app.state.responses = ResponseStore()  # stored Responses, for `previous_response_id`
     _install_error_handlers(app)
-    auth = _Auth(ctx.settings.api_keys + ctx.settings.operator_keys)
+    _add_routes(app, ctx.settings, ui=ctx.inspector is not None)
+    return app
+
+
+def _add_routes(app: FastAPI, settings: ServerSettings, ui: bool) -> None:
+    """Every route, from the operator's settings alone (no context in scope: handlers take theirs as `Served`)."""
+    auth = _Auth(settings.api_keys + settings.operator_keys)
 
     def authenticate(request: Request) -> None:
         request.state.api_key = auth(request)
@@ -150,103 +189,70 @@ def create_app(ctx: ServingContext) -> FastAPI:
     # Everything but the probes needs a key (when the server has keys).
     api = APIRouter(dependencies=[Depends(authenticate)])
 
-    def salt_for(request: Request, requested: str | None) -> str | None:
-        tenant = tenant_salt(request.state.api_key)
-        return effective_salt(tenant, requested, ctx.settings.allow_request_cache_salt)
-
-    async def generate(
-        request: Request, api_model: type[M], plan: Callable[[M, dict[str, Any]], P],
-        prompts: Callable[[P], list[Prompt]], complete: Callable[[P, RequestStream], Awaitable[dict[str, Any]]],
-        events: Callable[[P, RequestStream], AsyncIterator[str]],
-        error_event: Callable[[APIError], str] = openai_error_event,
-    ) -> Response:
-        """The one route handler of the generating APIs: body -> the API's request -> its plan (prepared off the
-        event loop) -> the engine -> one JSON body, or SSE events in the API's shape (`error_event` once the 200 is
-        out). A client that leaves, at any point, aborts what it started."""
-        body = await read_json(request, ctx.settings.limits)
-        req = parse_body(api_model, body)
-        planned = await until_disconnect(request, ctx.prepare(plan, req, body))
-        stream = await until_disconnect(request, submit(ctx, prompts(planned)))
-        if req.stream:
-            return EngineStreamingResponse(events(planned, stream), on_close=stream.abort, error_event=error_event)
-        try:
-            return JSONResponse(await until_disconnect(request, complete(planned, stream)))
-        finally:
-            stream.abort()  # no-op once finished; covers a cancellation before the work started
-
     @api.post("/v1/chat/completions", openapi_extra=request_body(ChatCompletionRequest))
-    async def chat_completions(request: Request) -> Response:
+    async def chat_completions(request: Request, ctx: Served) -> Response:
         return await generate(
-            request, ChatCompletionRequest,
+            ctx, request, ChatCompletionRequest,
             lambda req, body: plan_chat(
                 ctx, chat_turn(req, ctx.family, prompt_cache_key_session(req.prompt_cache_key, request.headers)),
-                body, salt_for(request, req.cache_salt), int(time.time())),
+                body, ctx.salt_for(request, req.cache_salt), int(time.time())),
             lambda plan: [plan.prompt], partial(complete_chat, ctx), partial(stream_chat, ctx))
 
     @api.post("/v1/messages", openapi_extra=request_body(MessagesRequest))
-    async def messages(request: Request) -> Response:
+    async def messages(request: Request, ctx: Served) -> Response:
         """Anthropic Messages (Claude Code also sends `?beta=true`, which changes nothing here)."""
         return await generate(
-            request, MessagesRequest,
-            lambda req, body: plan_messages(ctx, req, body, salt_for(request, None), request.headers),
+            ctx, request, MessagesRequest,
+            lambda req, body: plan_messages(ctx, req, body, ctx.salt_for(request, None), request.headers),
             lambda plan: [plan.prompt], partial(complete_messages, ctx), partial(stream_messages, ctx),
             anthropic_error_event)
 
-    responses_store = ResponseStore()
-
     @api.post("/v1/responses", openapi_extra=request_body(ResponsesRequest))
-    async def responses(request: Request) -> Response:
+    async def responses(request: Request, ctx: Served) -> Response:
         """OpenAI Responses, stateless unless `store` (then `previous_response_id` can continue it)."""
+        store: ResponseStore = request.app.state.responses
         return await generate(
-            request, ResponsesRequest,
-            lambda req, body: plan_response(ctx, req, body, salt_for(request, None), responses_store, request.headers),
-            lambda plan: [plan.chat.prompt], lambda plan, stream: complete_response(ctx, plan, stream, responses_store),
-            lambda plan, stream: stream_response(ctx, plan, stream, responses_store), responses_error_event)
+            ctx, request, ResponsesRequest,
+            lambda req, body: plan_response(ctx, req, body, ctx.salt_for(request, None), store, request.headers),
+            lambda plan: [plan.chat.prompt], lambda plan, stream: complete_response(ctx, plan, stream, store),
+            lambda plan, stream: stream_response(ctx, plan, stream, store), responses_error_event)
 
     @api.post("/v1/completions", openapi_extra=request_body(CompletionRequest))
-    async def completions(request: Request) -> Response:
+    async def completions(request: Request, ctx: Served) -> Response:
         return await generate(
-            request, CompletionRequest,
-            lambda req, body: plan_completion(ctx, req, body, salt_for(request, req.cache_salt), int(time.time())),
+            ctx, request, CompletionRequest,
+            lambda req, body: plan_completion(ctx, req, body, ctx.salt_for(request, req.cache_salt), int(time.time())),
             lambda plan: plan.prompts, partial(complete_text, ctx), partial(stream_text, ctx))
 
     @api.post("/v1/messages/count_tokens", openapi_extra=request_body(CountTokensRequest))
-    async def messages_count_tokens(request: Request) -> dict[str, int]:
+    async def messages_count_tokens(request: Request, ctx: Served) -> dict[str, int]:
         body = await read_json(request, ctx.settings.limits)
-        return await ctx.prepare(count_tokens, ctx, parse_body(CountTokensRequest, body), salt_for(request, None))
-
-    def model_card(request: Request) -> dict[str, Any]:
-        """OpenAI's model object, or Anthropic's for clients that send `anthropic-version`."""
-        if "anthropic-version" in request.headers:
-            created = datetime.fromtimestamp(ctx.created, timezone.utc).isoformat().replace("+00:00", "Z")
-            return {"type": "model", "id": ctx.model_name, "display_name": ctx.model_name, "created_at": created}
-        return {"id": ctx.model_name, "object": "model", "created": ctx.created, "owned_by": "kvserve",
-                "max_model_len": ctx.max_model_len}
+        return await ctx.prepare(count_tokens, ctx, parse_body(CountTokensRequest, body), ctx.salt_for(request, None))
 
     @api.get("/v1/models")
-    async def list_models(request: Request) -> dict[str, Any]:
+    async def list_models(request: Request, ctx: Served) -> dict[str, Any]:
         if "anthropic-version" in request.headers:
-            return {"data": [model_card(request)], "has_more": False, "first_id": ctx.model_name,
+            return {"data": [_model_card(ctx, request)], "has_more": False, "first_id": ctx.model_name,
                     "last_id": ctx.model_name}
-        return {"object": "list", "data": [model_card(request)]}
+        return {"object": "list", "data": [_model_card(ctx, request)]}
 
     @api.get("/v1/models/{model:path}")
-    async def get_model(request: Request, model: str) -> dict[str, Any]:
+    async def get_model(request: Request, ctx: Served, model: str) -> dict[str, Any]:
         ctx.check_model(model)
-        return model_card(request)
+        return _model_card(ctx, request)
 
     @app.get("/health")
-    async def health() -> JSONResponse:
+    async def health(ctx: Served) -> JSONResponse:
         if not ctx.engine.alive:
             return JSONResponse({"status": "error", "error": repr(ctx.engine.error)}, status_code=503)
         return JSONResponse({"status": "ok", "model": ctx.model_name})
 
     @app.get("/metrics")
-    async def metrics() -> PlainTextResponse:
+    async def metrics(ctx: Served) -> PlainTextResponse:
         return PlainTextResponse(ctx.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @api.post("/tokenize", openapi_extra=request_body(TokenizeRequest))
-    async def tokenize(request: Request) -> dict[str, Any]:
+    async def tokenize(request: Request, ctx: Served) -> dict[str, Any]:
         """Token ids of a text prompt, or of a chat request's rendered prompt (shown too), and how many of them the
         caller's prefix cache holds right now."""
         body = await read_json(request, ctx.settings.limits)
@@ -260,7 +266,7 @@ def create_app(ctx: ServingContext) -> FastAPI:
             return text, ctx.encode(text)
 
         text, ids = await ctx.prepare(render_and_encode)
-        salt = salt_for(request, None)
+        salt = ctx.salt_for(request, None)
         cached = await ctx.engine.num_cached_tokens(ids, salt)
         result: dict[str, Any] = {"tokens": ids, "count": len(ids), "max_model_len": ctx.max_model_len,
                                   "cached_tokens": cached}
@@ -269,7 +275,7 @@ def create_app(ctx: ServingContext) -> FastAPI:
         return result
 
     @api.post("/detokenize", openapi_extra=request_body(DetokenizeRequest))
-    async def detokenize(request: Request) -> dict[str, Any]:
+    async def detokenize(request: Request, ctx: Served) -> dict[str, Any]:
         req = parse_body(DetokenizeRequest, await read_json(request, ctx.settings.limits))
         ctx.check_model(req.model)
 
@@ -282,12 +288,11 @@ def create_app(ctx: ServingContext) -> FastAPI:
 
         return {"prompt": await ctx.prepare(decode)}
 
-    add_cache_routes(api, ctx, salt_for)
-    add_router_routes(app, api, ctx, salt_for)
-    add_openapi_route(app, api, ctx.settings.openapi)
-    if ctx.inspector is not None:
-        add_inspector_routes(app, api, ctx)
+    add_cache_routes(api)
+    add_router_routes(app, api)
+    add_openapi_route(app, api, settings.openapi)
+    if ui:
+        add_inspector_routes(app, api, settings)
     app.include_router(api)
     declare_request_bodies(app, [ChatCompletionRequest, CompletionRequest, MessagesRequest, CountTokensRequest,
                                  ResponsesRequest, TokenizeRequest, DetokenizeRequest, CreateCacheRequest])
-    return app

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -11,30 +10,23 @@ from engine.retention import CachePin, Retention
 from engine.sampling_params import SamplingParams
 from server.async_engine import EngineRequest
 from server.chat import chat_template_kwargs, render_chat
-from server.context import ServingContext, new_request_id
+from server.context import Served, new_request_id
 from server.generation import Prompt, outputs, submit
 from server.http_io import parse_body, read_json
 from server.named_caches import CreateCacheRequest, NamedCache
 from server.openapi import request_body
 from server.turn import Turn
 
-SaltFor = Callable[[Request, str | None], str | None]
 
-
-def add_cache_routes(api: APIRouter, ctx: ServingContext, salt_for: SaltFor) -> None:
-    caches = ctx.named_caches
-
-    async def cached_tokens(cache: NamedCache) -> int:
-        return await ctx.engine.num_cached_tokens(cache.token_ids, cache.salt)
-
+def add_cache_routes(api: APIRouter) -> None:
     @api.post("/v1/caches", openapi_extra=request_body(CreateCacheRequest))
-    async def create_cache(request: Request) -> dict[str, Any]:
+    async def create_cache(request: Request, ctx: Served) -> dict[str, Any]:
         """Prefill a prefix once and pin it under a name; requests continue it with `cached_content`."""
         req = parse_body(CreateCacheRequest, await read_json(request, ctx.settings.limits))
         ctx.check_model(req.model)
         ttl = req.ttl_seconds()
-        salt = salt_for(request, None)
-        caches.check_free(salt, req.name)
+        salt = ctx.salt_for(request, None)
+        ctx.named_caches.check_free(salt, req.name)
 
         def render_and_encode() -> list[int]:
             turn = Turn(messages=req.messages, tools=req.tools, add_generation_prompt=False,
@@ -50,22 +42,22 @@ def add_cache_routes(api: APIRouter, ctx: ServingContext, salt_for: SaltFor) -> 
             pass
         now = time.time()
         cache = NamedCache(req.name, salt, req.messages, req.tools, ttl, ids, now, now)
-        caches.add(cache)
+        ctx.named_caches.add(cache)
         return cache.card(cached_tokens=prompt.num_cached_tokens)
 
     @api.get("/v1/caches")
-    async def list_caches(request: Request) -> dict[str, Any]:
-        return {"object": "list", "data": [c.card() for c in caches.list(salt_for(request, None))]}
+    async def list_caches(request: Request, ctx: Served) -> dict[str, Any]:
+        return {"object": "list", "data": [c.card() for c in ctx.named_caches.list(ctx.salt_for(request, None))]}
 
     @api.get("/v1/caches/{name}")
-    async def get_cache(request: Request, name: str) -> dict[str, Any]:
+    async def get_cache(request: Request, ctx: Served, name: str) -> dict[str, Any]:
         """The cache, with how many of its tokens the KV cache holds right now (`cached_tokens`)."""
-        cache = caches.get(salt_for(request, None), name)
-        return cache.card(cached_tokens=await cached_tokens(cache))
+        cache = ctx.named_caches.get(ctx.salt_for(request, None), name)
+        return cache.card(cached_tokens=await ctx.engine.num_cached_tokens(cache.token_ids, cache.salt))
 
     @api.delete("/v1/caches/{name}")
-    async def delete_cache(request: Request, name: str) -> dict[str, Any]:
+    async def delete_cache(request: Request, ctx: Served, name: str) -> dict[str, Any]:
         """Forget the name and unpin its blocks (they stay cached as ordinary blocks)."""
-        cache = caches.remove(salt_for(request, None), name)
+        cache = ctx.named_caches.remove(ctx.salt_for(request, None), name)
         await ctx.engine.pin(cache.token_ids, cache.salt, 0)
         return {"object": "cache.deleted", "name": name, "deleted": True}

@@ -14,7 +14,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, ParamSpec, TypeVar
+from typing import Annotated, Any, ParamSpec, TypeVar
+
+from fastapi import Depends, Request
 
 from engine.config import EngineConfig
 from engine.core_client import start_core
@@ -22,6 +24,7 @@ from engine.retention import CachePin, Retention
 from engine.sampling_params import SamplingParams, StructuredOutputSpec
 from engine.worker.structured_output import StructuredOutputs
 from server.async_engine import AsyncEngine
+from server.cache_salt import effective_salt, tenant_salt
 from server.inspector.store import DEFAULT_MAX_REQUESTS, Inspector
 from server.limits import RequestLimits
 from server.logprobs import TokenTexts
@@ -157,6 +160,11 @@ class ServingContext:
             lane.executor.shutdown(wait=False, cancel_futures=True)
         self._compile_waits.shutdown(wait=False, cancel_futures=True)
 
+    def salt_for(self, request: Request, requested: str | None) -> str | None:
+        """The cache salt of an authenticated request: its tenant's, with the request's own where the operator allows
+        it (server/cache_salt.py)."""
+        return effective_salt(tenant_salt(request.state.api_key), requested, self.settings.allow_request_cache_salt)
+
     def check_model(self, requested: str | None) -> None:
         if requested is not None and requested != self.model_name and requested not in self.aliases:
             raise APIError(
@@ -232,6 +240,17 @@ class ServingContext:
                 code="context_length_exceeded",
             )
         return min(requested, cap)
+
+
+def served(request: Request) -> ServingContext:
+    """The served model's context, from the app that took the request (server/app.py: create_app)."""
+    return request.app.state.ctx
+
+
+# Handlers take the context as a dependency, never from a closure: FastAPI caches every endpoint function for the
+# process's life, so a closure over the context would keep each stopped server's model and KV cache alive (tests,
+# benchmarks and notebooks start many servers in one process).
+Served = Annotated[ServingContext, Depends(served)]
 
 
 def new_request_id(prefix: str) -> str:

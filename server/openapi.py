@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
@@ -24,8 +24,8 @@ def add_openapi_route(app: FastAPI, api: APIRouter, mode: str) -> None:
     if mode == "off":
         return
 
-    async def openapi_json() -> JSONResponse:
-        return JSONResponse(app.openapi())
+    async def openapi_json(request: Request) -> JSONResponse:
+        return JSONResponse(request.app.openapi())  # the app from the request: endpoints outlive their app
 
     (api if mode == "key" else app).add_api_route("/openapi.json", openapi_json, methods=["GET"],
                                                  include_in_schema=False)

@@ -11,12 +11,12 @@ docs/ROUTERS.md shows each router these serve, as run here.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 
 from server.chat import chat_prompt_text, chat_turn
-from server.context import ServingContext
+from server.context import Served
 from server.http_io import parse_body, read_json
 from server.openapi import request_body
 from server.protocol import APIError, ChatCompletionRequest
@@ -25,23 +25,22 @@ from server.protocol import APIError, ChatCompletionRequest
 KV_EVENTS_WIRE = {"publisher": "zmq", "encoding": "msgpack", "schema_version": 1, "enable_kv_cache_events": True}
 
 
-def add_router_routes(app: FastAPI, api: APIRouter, ctx: ServingContext,
-                      salt_for: Callable[[Request, str | None], str | None]) -> None:
+def add_router_routes(app: FastAPI, api: APIRouter) -> None:
     """``app`` takes the probe (no API key), ``api`` the rest."""
-    facts = ctx.engine.facts
 
     @app.get("/get_load")
-    async def get_load() -> dict[str, int]:
+    async def get_load(ctx: Served) -> dict[str, int]:
         stats = ctx.metrics.snapshot()
         return {"load": stats.requests_running + stats.requests_waiting}
 
     @api.get("/get_server_info")
-    async def get_server_info() -> dict[str, Any]:
+    async def get_server_info(ctx: Served) -> dict[str, Any]:
         return {"model_id": ctx.model_name, "model_path": ctx.model_name, "instance_id": ctx.instance_id,
-                "kv_block_size": facts.block_size, "max_model_len": ctx.max_model_len}
+                "kv_block_size": ctx.engine.facts.block_size, "max_model_len": ctx.max_model_len}
 
     @api.get("/kv_event_sources")
-    async def kv_event_sources() -> dict[str, Any]:
+    async def kv_event_sources(ctx: Served) -> dict[str, Any]:
+        facts = ctx.engine.facts
         if not facts.kv_events_endpoint:
             raise APIError(404, "this replica publishes no KV events (start it with --kv-events-endpoint)",
                            type="not_found_error")
@@ -49,13 +48,13 @@ def add_router_routes(app: FastAPI, api: APIRouter, ctx: ServingContext,
                       "topic": facts.kv_events_topic, **KV_EVENTS_WIRE}}
 
     @api.post("/v1/chat/completions/render", openapi_extra=request_body(ChatCompletionRequest))
-    async def render_chat_completion(request: Request) -> dict[str, Any]:
+    async def render_chat_completion(request: Request, ctx: Served) -> dict[str, Any]:
         """Render and tokenize only: the same steps, in the same order, as /v1/chat/completions."""
         body = await read_json(request, ctx.settings.limits)
         req = parse_body(ChatCompletionRequest, body)
 
         def token_ids() -> list[int]:
-            _, text = chat_prompt_text(ctx, chat_turn(req, ctx.family), salt_for(request, req.cache_salt))
+            _, text = chat_prompt_text(ctx, chat_turn(req, ctx.family), ctx.salt_for(request, req.cache_salt))
             return ctx.encode(text)
 
         return {"model": ctx.model_name, "token_ids": await ctx.prepare(token_ids)}

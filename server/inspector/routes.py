@@ -22,7 +22,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from server.cache_salt import tenant_salt
-from server.context import ServingContext
+from server.context import Served, ServerSettings
 from server.inspector import views
 from server.protocol import APIError
 
@@ -37,11 +37,9 @@ LARGEST_PREFIXES = 12
 PREFIXES_TTL_S = 5.0
 
 
-def add_inspector_routes(app: FastAPI, api: APIRouter, ctx: ServingContext) -> None:
-    """``app`` takes the page (no key), ``api`` the JSON (the key)."""
-    inspector = ctx.inspector
-    assert inspector is not None
-    operators = set(ctx.settings.operator_keys)
+def add_inspector_routes(app: FastAPI, api: APIRouter, settings: ServerSettings) -> None:
+    """``app`` takes the page (no key), ``api`` the JSON (the key); the served context has an inspector."""
+    operators = set(settings.operator_keys)
 
     def viewer(request: Request) -> views.Viewer:
         key = request.state.api_key
@@ -57,11 +55,12 @@ def add_inspector_routes(app: FastAPI, api: APIRouter, ctx: ServingContext) -> N
 
     # Views are plain JSON already: JSONResponse skips FastAPI's per-value encoding (a 1,000-request session).
     @api.get("/ui/api/sessions", include_in_schema=False)
-    async def sessions(request: Request) -> JSONResponse:
-        return JSONResponse(views.sessions_view(inspector, viewer(request)))
+    async def sessions(request: Request, ctx: Served) -> JSONResponse:
+        return JSONResponse(views.sessions_view(ctx.inspector, viewer(request)))
 
     @api.get("/ui/api/sessions/{key}", include_in_schema=False)
-    async def session(request: Request, key: str) -> JSONResponse:
+    async def session(request: Request, ctx: Served, key: str) -> JSONResponse:
+        inspector = ctx.inspector
         found = views.visible_session(inspector, viewer(request), key)
         if found is None:
             raise _not_found(f"no session '{key}' (it may have left the inspector's window of "
@@ -69,7 +68,8 @@ def add_inspector_routes(app: FastAPI, api: APIRouter, ctx: ServingContext) -> N
         return JSONResponse(views.session_view(inspector, found))
 
     @api.get("/ui/api/requests/{request_id}", include_in_schema=False)
-    async def inspected_request(request: Request, request_id: str) -> JSONResponse:
+    async def inspected_request(request: Request, ctx: Served, request_id: str) -> JSONResponse:
+        inspector = ctx.inspector
         record = views.visible_request(inspector, viewer(request), request_id)
         if record is None:
             raise _not_found(f"no request '{request_id}' (it may have left the inspector's window of "
@@ -81,15 +81,16 @@ def add_inspector_routes(app: FastAPI, api: APIRouter, ctx: ServingContext) -> N
     largest_prefixes = _Recent(PREFIXES_TTL_S)
 
     @api.get("/ui/api/cache", include_in_schema=False)
-    async def cache(request: Request) -> JSONResponse:
+    async def cache(request: Request, ctx: Served) -> JSONResponse:
+        inspector = ctx.inspector
         inspector.sample(ctx.metrics.snapshot())
         prefixes, now = await largest_prefixes.get(lambda: ctx.engine.largest_prefixes(4 * LARGEST_PREFIXES))
         return JSONResponse(views.cache_view(inspector, viewer(request), prefixes, now, LARGEST_PREFIXES))
 
     @api.get("/ui/api/updates", include_in_schema=False)
-    async def updates(request: Request, after: int = 0) -> dict[str, Any]:
+    async def updates(request: Request, ctx: Served, after: int = 0) -> dict[str, Any]:
         who = viewer(request)
-        seq, sessions = inspector.updated_sessions(after)
+        seq, sessions = ctx.inspector.updated_sessions(after)
         return {"seq": seq, "sessions": [s.key for s in sessions if who.sees(s.tenant)]}
 
 

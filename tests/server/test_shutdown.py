@@ -3,6 +3,7 @@ with no closing event); SIGTERM finishes within its timeout whatever is compilin
 tensor-parallel workers that never closes its `LLM` still exits."""
 from __future__ import annotations
 
+import gc
 import json
 import os
 import queue
@@ -14,6 +15,7 @@ import sys
 import textwrap
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import httpx
@@ -23,6 +25,7 @@ from engine.config import EngineConfig
 from server.app import create_app
 from server.context import ServerSettings, load_context
 from server.graceful import GracefulServer
+from tests.server.conftest import serve
 
 LONG_STREAM = {"model": "qwen3-tiny", "messages": [{"role": "user", "content": "count"}], "max_tokens": 100_000,
                "temperature": 0, "ignore_eos": True, "stream": True}
@@ -69,6 +72,24 @@ def test_a_stream_cut_by_shutdown_ends_with_the_apis_error_event() -> None:
     assert chat[-1] == "[DONE]" and json.loads(chat[-2])["error"]["code"] == "server_shutting_down", chat[-3:]
     last = json.loads(events["messages"][-1])
     assert last["type"] == "error" and "shutting down" in last["error"]["message"], last
+
+
+def test_a_stopped_server_lets_go_of_its_model() -> None:
+    """FastAPI keeps every endpoint function for the process's life: a handler that closed over the served context
+    would keep each stopped server's model, KV cache and tokenizers alive (a process that starts many servers, as
+    this suite does, grew by ~400 MB per server). Every route is registered (the inspector's too) and called."""
+    ctx = load_context("qwen3-tiny", EngineConfig(block_size=4, num_kv_blocks=256, max_model_len=256),
+                       ServerSettings(ui=True))
+    with serve(ctx) as url:
+        reply = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
+            "model": "qwen3-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+        assert reply.status_code == 200, reply.text
+        for path in ("/v1/caches", "/get_load", "/ui/api/sessions", "/health", "/metrics"):
+            assert httpx.get(f"{url}{path}", timeout=60).status_code == 200, path
+    served, model = weakref.ref(ctx), weakref.ref(ctx.engine.core)
+    del ctx
+    gc.collect()
+    assert served() is None and model() is None, gc.get_referrers(served() or model())
 
 
 def _serve_subprocess(*flags: str) -> tuple[subprocess.Popen, str, queue.Queue]:
