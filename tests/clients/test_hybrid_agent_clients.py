@@ -1,11 +1,19 @@
 """The real agent clients against a hybrid model: Claude Code, Codex and OpenCode run the same two-turn session
 against `kvserve serve --model qwen3.6-tiny` (Gated DeltaNet + gated attention: a prefix is resumable only where a
 recurrent-state snapshot exists) and against `--model qwen3-tiny` (a dense model: every cached block is a hit).
-The clients' request flows depend on the replies (noise from random weights), so the two runs need not send the
-same requests: request for request (`--record`), the hybrid model leaves at most one block more of each prompt to
-compute than a dense cache would on the very same requests (the engine's KV manager without states, replayed), and
-its last turn at most one block more than the dense model's last turn. The snapshot policy (message-boundary hints,
-prompt end, reply end) loses nothing an agent reuses.
+
+What is compared, and what is not. The two runs do not send the same requests: the templates differ (Qwen3.6 opens
+a `<think>` block and re-renders a reply's reasoning trimmed, so a reasoning reply that starts with a space comes
+back one token different from the first; Qwen3-tiny echoes its reply verbatim), the replies are noise from random
+weights, and the clients' flows follow them (Claude Code retries a reply with no visible output, which every
+all-reasoning reply is). So the uncached tokens of one model's requests say nothing about the other's. Checked:
+  - request for request (`--record`), the hybrid model leaves at most one block more of each prompt to compute than
+    a dense cache leaves of the very same requests (the engine's KV manager without states, replayed): the snapshot
+    policy (message-boundary hints, prompt end, reply end) loses nothing an agent reuses;
+  - on each model, the last request computes at most what its prompt added to the session's first prompt, plus one
+    block: the previous prompt's end is always a snapshot point, so this holds whatever the replies are, and it is
+    the part of "reads as much as the dense model" that two different models' runs share. The dense model's run
+    checks the client's flow (the replay above means something only if the client resends its context).
 
 Slow tier: two servers and two agent sessions of 8-12k-token prompts per client: 116-207 s a client on two cores
 at load 16-18, about 60 s of CPU. Claude Code and Codex are CI's pinned clients (tests/clients/harness.py: missing, they skip here and
@@ -99,6 +107,12 @@ def _dense_uncached(rows: list[dict]) -> list[int]:
     return uncached
 
 
+def _last_turn_excess(rows: list[dict]) -> int:
+    """Tokens the last request computed beyond what its prompt added to the session's first prompt."""
+    added = len(rows[-1]["prompt_token_ids"]) - len(rows[0]["prompt_token_ids"])
+    return _uncached(rows)[-1] - added
+
+
 @pytest.mark.parametrize("client", ["claude", "codex", "opencode"])
 def test_hybrid_model_reads_the_cache_as_the_dense_one(client: str, tmp_path: Path) -> None:
     bins = opencode_bins() if client == "opencode" else installed_bins()
@@ -108,9 +122,10 @@ def test_hybrid_model_reads_the_cache_as_the_dense_one(client: str, tmp_path: Pa
         with serve(model, record.with_suffix(".log"), "--block-size", str(BLOCK), "--record", str(record)) as url:
             _session(client, bins, url, model, tmp_path / model)
         rows[model] = _rows(record)
-    hybrid, dense = _uncached(rows["qwen3.6-tiny"]), _uncached(rows["qwen3-tiny"])
+    hybrid = _uncached(rows["qwen3.6-tiny"])
     same_requests_dense = _dense_uncached(rows["qwen3.6-tiny"])
-    assert len(hybrid) >= 2 and len(dense) >= 2, (hybrid, dense)
+    assert all(len(r) >= 2 for r in rows.values()), {model: _uncached(r) for model, r in rows.items()}
     for h, d in zip(hybrid, same_requests_dense):
         assert h <= d + BLOCK, (hybrid, same_requests_dense)
-    assert hybrid[-1] <= dense[-1] + BLOCK, (hybrid, dense)  # the second turn, as against qwen3-tiny
+    excess = {model: (_last_turn_excess(r), _uncached(r)) for model, r in rows.items()}
+    assert all(e <= BLOCK for e, _ in excess.values()), excess
