@@ -12,14 +12,17 @@ correction at the first rejection, or the bonus token after the last draft), so 
   deterministic: `q` is one-hot at the draft, so a draft is accepted with probability `p(x)` and a rejection draws
   from `p` with `x` removed.
 
-The functions take their randomness as arguments (uniforms and exponential noise), so they are pure: the caller draws
-it from each row's generator (seeded requests stay reproducible) and tests can drive them deterministically.
+The functions take their randomness as arguments (uniforms, and exponential noise for `draw_from`), so they are
+pure: the caller draws it from each row's generator (seeded requests stay reproducible) and tests can drive them
+deterministically.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+
+from engine.worker.sampler import draw_from
 
 
 @dataclass
@@ -69,8 +72,9 @@ def rejection_sample(
     """The rejection rule for sampled rows.
 
     draft_ids [B, k], num_drafts [B]; target_probs [B, k + 1, V]: the target's sampling distribution at each position
-    (after temperature, top-k/p, min-p); uniforms [B, k] in [0, 1); noise [B, V] ~ Exp(1) for the one token each row
-    draws itself; draft_probs [B, k, V] for a proposer that samples (None: deterministic drafts, q one-hot).
+    (after temperature, top-k/p, min-p); uniforms [B, k] in [0, 1); noise [B, draw_noise_width(V)] ~ Exp(1) for
+    the one token each row draws itself (`draw_from`); draft_probs [B, k, V] for a proposer that samples (None:
+    deterministic drafts, q one-hot).
     """
     batch, k = draft_ids.shape
     safe_drafts = draft_ids.clamp(min=0).long()
@@ -95,5 +99,5 @@ def rejection_sample(
         residual = torch.where(rejected.unsqueeze(1), (p - q).clamp(min=0), p)
     # A rejection has residual mass > 0 in exact arithmetic; rounding could leave none, and then p itself is exact.
     residual = torch.where(residual.sum(dim=1, keepdim=True) > 0, residual, p)
-    last = (residual / noise.clamp(min=torch.finfo(noise.dtype).tiny)).argmax(dim=1)  # exponential race: ~ residual
+    last = draw_from(residual, noise)  # ~ residual
     return Acceptance(_emit(draft_ids, num_accepted, last), num_accepted)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from engine.worker.sampler import SamplingBatch, sampling_probs
+from engine.worker.sampler import SamplingBatch, draw_noise_width, sampling_probs
 from engine.sampling_params import SamplingParams
 from engine.spec.acceptance import accept_greedy, rejection_sample
 
@@ -49,7 +49,7 @@ def verify(logits: torch.Tensor, drafts: Sequence[Sequence[int]], params: Sequen
         expanded = [params[i] for i in sampled for _ in range(kmax + 1)]
         probs = sampling_probs(rows.reshape(-1, vocab), SamplingBatch(expanded, [None] * len(expanded), device))
         uniforms = torch.empty(len(sampled), kmax, device=device)
-        noise = torch.empty(len(sampled), vocab, device=device)
+        noise = torch.empty(len(sampled), draw_noise_width(vocab), device=device)
         for j, i in enumerate(sampled):  # each row's randomness from its own generator (seeded requests)
             uniforms[j].uniform_(generator=generators[i])
             noise[j].exponential_(generator=generators[i])

@@ -224,24 +224,56 @@ def _apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(probs < threshold, float("-inf"))
 
 
-def _draw(probs: torch.Tensor, generators: Sequence[torch.Generator | None]) -> torch.Tensor:
-    """One draw per row by the exponential race: argmax(p / E) with E ~ Exp(1) picks index i with probability p_i.
+# Width of the blocks a draw races in (`draw_from`): one race among a row's block masses, then one within the block.
+DRAW_BLOCK = 1024
 
-    Seeded rows fill their noise from their own generator; the rest share the default generator in one call.
-    """
-    noise = torch.empty_like(probs)
+
+def draw_noise_width(vocab: int) -> int:
+    """Exp(1) variates one draw over a ``vocab``-token distribution takes: one per block, then one per token of a
+    block."""
+    return -(-vocab // DRAW_BLOCK) + min(vocab, DRAW_BLOCK)
+
+
+def _draw(probs: torch.Tensor, generators: Sequence[torch.Generator | None]) -> torch.Tensor:
+    """One draw per row. Seeded rows fill their noise from their own generator; the rest share the default generator
+    in one call."""
+    noise = torch.empty(probs.shape[0], draw_noise_width(probs.shape[1]), device=probs.device)
     unseeded = [i for i, g in enumerate(generators) if g is None]
     if len(unseeded) == len(generators):
         noise.exponential_()
     elif unseeded:
         index = torch.tensor(unseeded, device=probs.device)
-        noise[index] = torch.empty(len(unseeded), probs.shape[1], device=probs.device).exponential_()
+        noise[index] = torch.empty(len(unseeded), noise.shape[1], device=probs.device).exponential_()
     for i, generator in enumerate(generators):
         if generator is not None:
             noise[i].exponential_(generator=generator)
-    # Exp(1) can round to exactly 0; a zero would turn a zero-probability token into 0/0 = nan.
-    noise.clamp_(min=torch.finfo(noise.dtype).tiny)
-    return (probs / noise).argmax(dim=-1)
+    return draw_from(probs, noise)
+
+
+def draw_from(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """Per row of ``probs`` ([R, V], non-negative, any total), a token drawn with probability proportional to its
+    own, by the exponential race (argmax p / E with E ~ Exp(1) picks i with probability p_i) in two levels: among the
+    row's masses in blocks of DRAW_BLOCK tokens, then among the chosen block's tokens. ``noise``: [R,
+    draw_noise_width(V)] Exp(1) variates. Never a token of probability 0.
+
+    One race over the whole vocabulary (vLLM's draw) needs an exponential variate per token: about 10 ms a row per
+    step for a 152k vocabulary on a CPU core, most of a seeded batch's step time on the tiny models; two levels need
+    ~1,200. (An inverse-transform draw needs one uniform, but its prefix sums carry the rounding of every earlier
+    token: rows of the same request in different batch positions, whose logits differ in the last bits, then draw
+    different tokens far more often.)
+    """
+    rows, vocab = probs.shape
+    width = min(vocab, DRAW_BLOCK)
+    blocks, full = -(-vocab // width), vocab // width * width
+    masses = probs[:, :full].view(rows, vocab // width, width).sum(dim=-1)
+    if full < vocab:
+        masses = torch.cat([masses, probs[:, full:].sum(dim=-1, keepdim=True)], dim=1)
+    # Exp(1) can round to exactly 0; a zero would turn a zero-probability block or token into 0/0 = nan.
+    noise = noise.clamp(min=torch.finfo(noise.dtype).tiny)
+    block = (masses / noise[:, :blocks]).argmax(dim=-1, keepdim=True)
+    tokens = block * width + torch.arange(width, device=probs.device)
+    inside = probs.gather(1, tokens.clamp(max=vocab - 1)).masked_fill(tokens >= vocab, 0.0)
+    return (block * width + (inside / noise[:, blocks:]).argmax(dim=-1, keepdim=True)).squeeze(1)
 
 
 def _with_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:

@@ -4,6 +4,7 @@ import torch
 from scipy.stats import chisquare
 
 from engine.spec.acceptance import accept_greedy, rejection_sample
+from engine.worker.sampler import draw_noise_width
 
 # The chi-square tests below pass when the p-value is above this; with fixed seeds they are deterministic, and a
 # rule that is off by a few percent in any cell lands far below it (see the negative control).
@@ -36,7 +37,7 @@ def sample_two_tokens(first, second, drafts, draft_probs, trials, seed):
     target = torch.stack([first.expand(trials, vocab), second[drafts[:, 0]]], dim=1)
     target = torch.cat([target, second[drafts[:, 1]].unsqueeze(1)], dim=1)  # bonus position (not used by pairs)
     uniforms = torch.rand(trials, 2, generator=g)
-    noise = torch.empty(trials, vocab).exponential_(generator=g)
+    noise = torch.empty(trials, draw_noise_width(vocab)).exponential_(generator=g)
     result = rejection_sample(drafts, torch.full((trials,), 2), target, uniforms, noise, draft_probs)
     t0 = result.token_ids[:, 0]
     # Rows that emitted one token draw t1 in the next step from p(. | t0): do that here to observe the pair.
@@ -80,7 +81,7 @@ def test_chi_square_catches_a_biased_rule():
     g = torch.Generator().manual_seed(3)
     target = torch.stack([first.expand(trials, vocab), second[drafts[:, 0]], second[drafts[:, 1]]], 1)
     biased = rejection_sample(drafts, torch.full((trials,), 2), target, torch.zeros(trials, 2),
-                              torch.empty(trials, vocab).exponential_(generator=g))
+                              torch.empty(trials, draw_noise_width(vocab)).exponential_(generator=g))
     t0 = biased.token_ids[:, 0]
     t1 = biased.token_ids[:, 1]
     assert pair_p_value(first, second, t0, t1) < 1e-12
@@ -92,9 +93,9 @@ def test_rejection_sampling_handles_certain_and_padded_rows():
     certain[:, :, 1] = 1.0  # the target puts all mass on token 1
     drafts = torch.tensor([[1, 1], [3, 1]])
     result = rejection_sample(drafts, torch.tensor([2, 1]), certain, torch.full((2, 2), 0.999),
-                              torch.ones(2, vocab))
+                              torch.ones(2, draw_noise_width(vocab)))
     assert result.num_accepted.tolist() == [2, 0]
     assert result.token_ids[0].tolist() == [1, 1, 1] and result.token_ids[1, 0].item() == 1  # never token 3
     empty = rejection_sample(torch.zeros(1, 0, dtype=torch.long), torch.tensor([0]), certain[:1, :1],
-                             torch.zeros(1, 0), torch.ones(1, vocab))
+                             torch.zeros(1, 0), torch.ones(1, draw_noise_width(vocab)))
     assert empty.token_ids.tolist() == [[1]]
