@@ -21,6 +21,25 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# `-n auto` (pyproject's addopts) runs the suite on pytest-xdist workers: one per core, no more than the machine's
+# memory holds (a worker, its session servers and the processes its tests start reached 10 GB in the whole suite:
+# WORKER_BYTES), and no more than MAX_WORKERS (past that, every worker's own session servers cost more than the
+# parallelism gives). `-n 0` runs in one process (`--pdb` implies it).
+WORKER_BYTES = 10 << 30
+MAX_WORKERS = 8
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    cores = len(os.sched_getaffinity(0))
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return max(1, min(cores, memory // WORKER_BYTES, MAX_WORKERS))
+
+
+# A worker's torch uses its share of the cores: two workers with a thread per core each oversubscribe the machine
+# (on two cores, over half the CPU time went to the kernel, threads waiting on each other).
+if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
+
 # Files whose parametrized tests sweep Triton kernels against their references under the interpreter: the first case
 # of each test stays in the fast tier, the others are slow.
 KERNEL_SWEEPS = ("tests/test_kernels.py", "tests/test_kernels_fp8.py", "tests/test_kernels_sparse.py",
@@ -129,7 +148,7 @@ _swept_at_rss = 0
 @pytest.fixture(autouse=True, scope="module")
 def _free_module_memory():
     """Before each module: engines the modules before it left in reference cycles are freed and the heap handed back,
-    so that the suite's one process does not grow module by module (it passed 20 GB on a 24 GB machine before this).
+    so that a test process does not grow module by module (it passed 20 GB on a 24 GB machine before this).
     What survives is frozen (`gc.freeze`): a full collection walks the objects of torch, transformers and the live
     servers for about 0.5 s, over a minute of the fast tier's 116 modules; frozen ones are not walked again. An object
     frozen while in use and dropped in a cycle later waits for the process to grow by SWEEP_GROWTH: then all are
