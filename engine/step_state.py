@@ -6,8 +6,8 @@ the scheduler's columns (engine/running_columns.py) gather them by entry. A runn
 through its entry (`Sequence.num_computed_tokens` and the rest are properties), so every reader sees the same values.
 Sampled tokens land in ``recent`` first and join the sequence's token list when anyone reads it (`flush`), and every
 entry's are flushed before ``recent`` could overflow. (With the caches cold after a forward each numpy call costs
-microseconds, so a step makes few, and plain ones: 1-D gathers and scatters.) `attach` copies a sequence's state in when it starts running; `detach` copies it back out when it
-stops.
+microseconds, so a step makes few, and plain ones: 1-D gathers and scatters.) `attach` copies a sequence's state in
+when it starts running; `detach` copies it back out when it stops.
 """
 from __future__ import annotations
 
