@@ -83,7 +83,9 @@ def resolve_environment(ctx: Context) -> dict[str, Any]:
 def _pytest(*extra: str, timeout: float) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["KVSERVE_KERNEL_TEST_DEVICE"] = "cuda"
-    return subprocess.run([sys.executable, "-m", "pytest", *KERNEL_TESTS, "-q", "-p", "no:cacheprovider", *extra],
+    # `-o addopts=`: not the repository's `-n auto` (workers here are this step's choice, and xdist may be missing).
+    return subprocess.run([sys.executable, "-m", "pytest", *KERNEL_TESTS, "-q", "-p", "no:cacheprovider",
+                           "-o", "addopts=", *extra],
                           cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
