@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,13 +42,19 @@ class EvictionPolicy(enum.StrEnum):
     FIFO = "fifo"  # oldest cached
 
 
+DEFAULT_BLOCK_SIZE = 16
+
+
 def _help(text: str, **extra: Any) -> dict[str, Any]:
     return {"help": text, **extra}
 
 
 @dataclass
 class EngineConfig:
-    block_size: int = field(default=16, metadata=_help("tokens per KV block (power of two)"))
+    block_size: int | None = field(
+        default=None, metadata=_help(f"tokens per KV block, a power of two (default: {DEFAULT_BLOCK_SIZE}, or the "
+                                     "least the model needs: DeepSeek-V4 keeps its compressed entries per block, so "
+                                     "its blocks hold whole pools of its largest compression rate, 128)"))
     num_kv_blocks: int | None = field(
         default=None, metadata=_help("KV blocks in the pool (default: from the memory budget)"))
     kv_cache_memory_gb: float = field(
@@ -141,7 +148,7 @@ class EngineConfig:
                                    "decoding sequences))"))
 
     def __post_init__(self) -> None:
-        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+        if self.block_size is not None and (self.block_size < 1 or self.block_size & (self.block_size - 1)):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")
@@ -368,6 +375,11 @@ class V4Config:
     hc_sinkhorn_iters: int
     hc_eps: float
 
+    @property
+    def block_multiple(self) -> int:
+        """A block holds whole pools of every compressed layer (their entries and pooling state live per block)."""
+        return math.lcm(1, *self.compress_rates)
+
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> "V4Config":
         rates = dict(cfg.get("compress_rates") or {})
@@ -485,6 +497,21 @@ class ModelConfig:
     @property
     def is_hybrid(self) -> bool:
         return self.linear is not None
+
+    @property
+    def block_multiple(self) -> int:
+        """The block size must be a multiple of this (1: any power of two)."""
+        return self.v4.block_multiple if self.v4 is not None else 1
+
+    def choose_block_size(self, requested: int | None) -> int:
+        """``requested``, or the default block size raised to the least multiple this model needs."""
+        if requested is not None:
+            return requested
+        size = math.lcm(DEFAULT_BLOCK_SIZE, self.block_multiple)
+        if size & (size - 1):
+            raise ValueError(f"this model needs blocks of a multiple of {self.block_multiple} tokens, which no power of "
+                             "two is")
+        return size
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> "ModelConfig":

@@ -34,21 +34,25 @@ class RecurrentStateSpec:
 
 @dataclass(frozen=True)
 class BlockTensor:
-    """One block tensor of a layer whose layers differ (DeepSeek-V4): ``[num_blocks, block_size, *shape]`` per token,
-    or ``[num_blocks, *shape]`` with ``per_block`` (state kept once per block), fp32 whatever the KV dtype with
+    """One block tensor of a layer whose layers differ (DeepSeek-V4): ``[num_blocks, block_size / tokens_per_row,
+    *shape]``, a row per token or per ``tokens_per_row`` tokens (a compressed entry pools that many), or
+    ``[num_blocks, *shape]`` with ``per_block`` (state kept once per block); fp32 whatever the KV dtype with
     ``fp32``."""
 
     shape: tuple[int, ...]
     per_block: bool = False
     fp32: bool = False
+    tokens_per_row: int = 1
+
+    def rows(self, block_size: int) -> tuple[int, ...]:
+        return () if self.per_block else (block_size // self.tokens_per_row,)
 
     def bytes_per_block(self, block_size: int, dtype: torch.dtype) -> int:
-        rows = 1 if self.per_block else block_size
-        return rows * math.prod(self.shape) * (4 if self.fp32 else dtype.itemsize)
+        return math.prod(self.rows(block_size)) * math.prod(self.shape) * (4 if self.fp32 else dtype.itemsize)
 
     def allocate(self, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        rows = () if self.per_block else (block_size,)
-        return torch.zeros(num_blocks, *rows, *self.shape, dtype=torch.float32 if self.fp32 else dtype, device=device)
+        return torch.zeros(num_blocks, *self.rows(block_size), *self.shape, dtype=torch.float32 if self.fp32 else dtype,
+                           device=device)
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from engine.config import EngineConfig, ModelConfig
+from engine.config import DEFAULT_BLOCK_SIZE, EngineConfig, ModelConfig
 from engine.block_hashing import BlockHasher
 from engine.errors import FatalEngineError, RequestRejected, WorkerDiedError
 from engine.kv_blocks import CacheStats
@@ -33,6 +34,8 @@ from engine.retention import Retention
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.worker.structured_output import GrammarEnd, StructuredOutputs
+
+log = logging.getLogger(__name__)
 
 
 def _eos_ids(model_dir: Path, model_cfg: ModelConfig, tokenizer) -> set[int]:
@@ -61,9 +64,14 @@ class LLMEngine:
                  clock: Callable[[], float] = time.monotonic) -> None:
         from transformers import AutoTokenizer
 
-        self.cfg = cfg
         self.model_dir = Path(model_dir)
         self.model_cfg = ModelConfig.from_dir(self.model_dir)
+        if cfg.block_size is None:
+            cfg = dataclasses.replace(cfg, block_size=self.model_cfg.choose_block_size(None))
+            if cfg.block_size != DEFAULT_BLOCK_SIZE:
+                log.info("block size %d: the least this model accepts (it keeps pools of %d tokens per block)",
+                         cfg.block_size, self.model_cfg.block_multiple)
+        self.cfg = cfg
         self.speculation_refused = _speculation_refused(self.model_cfg, cfg)
         if self.speculation_refused and cfg.speculative != "off":
             raise ValueError(f"--speculative {cfg.speculative}: {self.speculation_refused}")

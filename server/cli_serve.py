@@ -153,7 +153,8 @@ def run_serve(args: argparse.Namespace) -> int:
     facts = ctx.engine.facts
     blocks, ranks = facts.num_blocks, config.tensor_parallel_size
     _say(f"loaded {ctx.model_name} in {time.perf_counter() - started:.1f}s: context {ctx.max_model_len} tokens, "
-         f"{blocks} KV blocks of {config.block_size} tokens = {blocks * config.block_size:,} tokens fit "
+         f"{blocks} KV blocks of {facts.block_size} tokens{'' if config.block_size else ' (the model default)'} = "
+         f"{blocks * facts.block_size:,} tokens fit "
          f"({facts.kv_cache_kind} cache, {facts.kv_bytes_per_token:,} KV bytes per token{' on each rank' if ranks > 1 else ''}), "
          f"prefix cache {'on' if config.enable_prefix_caching else 'off'}")
     if ranks > 1:

@@ -2,8 +2,8 @@
 picks which compressed entries a query of a compressed-sparse-attention layer attends to.
 
 A layer's compressed entries live in the blocks whose tokens they pool: entry w (tokens ``w * rate``
-onwards) in the block holding token ``w * rate``, at row ``w % (block_size / rate)`` of a ``[block_size / rate, D]``
-view of a per-token ``[D / rate]`` block tensor. The pooling state of the windows still open lives in a row per
+onwards) in the block holding token ``w * rate``, at row ``w % (block_size / rate)`` of its ``[block_size / rate, D]``
+block tensor. The pooling state of the windows still open lives in a row per
 block (`kernels.reference_compressed`). So the prefix cache, the KV tiers and preemption treat them as they treat
 the tokens' K: a hit on a block is a hit on its entries and on the state to resume after it.
 """
@@ -37,15 +37,15 @@ class Compressor(nn.Module):
                 meta: AttentionMetadata, cos_sin: torch.Tensor) -> None:
         """Pool the step's tokens; write the entries they close into ``entry_blocks`` and the open windows into
         ``state``."""
-        block_size = entry_blocks.shape[1]
+        entries_per_block = entry_blocks.shape[1]
         pooled, seq, window = ops.pool_windows(
             self.kv_proj(x), self.gate_proj(x), self.position_bias, state, meta.block_tables, meta.context_lens,
-            meta.query_start_loc, self.rate, self.overlap, block_size)
+            meta.query_start_loc, self.rate, self.overlap, entries_per_block * self.rate)
         if not len(pooled):
             return
         entries = ops.rms_norm(pooled, self.kv_norm.weight, self.kv_norm.eps)
         entries = rotate_pairs(entries, window * self.rate, cos_sin)
-        rows = entry_rows(window[:, None], seq, meta.block_tables, block_size, self.rate)[:, 0]
+        rows = entry_rows(window[:, None], seq, meta.block_tables, entries_per_block)[:, 0]
         # stored as the keys are (FP8 blocks too): the entry rows as one-slot blocks, each half an entry
         blocks, half = entry_view(entry_blocks, self.head_dim)[:, None, None, :], self.head_dim // 2
         entries = entries.unsqueeze(1)
@@ -53,14 +53,14 @@ class Compressor(nn.Module):
 
 
 def entry_view(entry_blocks: torch.Tensor, head_dim: int) -> torch.Tensor:
-    """A layer's compressed entries as ``[num_blocks * block_size / rate, head_dim]`` rows."""
+    """A layer's compressed entries ``[num_blocks, block_size / rate, head_dim]`` as rows."""
     return entry_blocks.view(-1, head_dim)
 
 
-def entry_rows(windows: torch.Tensor, seq: torch.Tensor, block_tables: torch.Tensor, block_size: int,
-               rate: int) -> torch.Tensor:
+def entry_rows(windows: torch.Tensor, seq: torch.Tensor, block_tables: torch.Tensor,
+               entries_per_block: int) -> torch.Tensor:
     """Rows of `entry_view` holding entries ``windows`` ``[T, n]`` of each row's sequence (``-1``: none)."""
-    return positions_to_slots(windows, seq, block_tables, block_size // rate)
+    return positions_to_slots(windows, seq, block_tables, entries_per_block)
 
 
 class IndexScorer(nn.Module):

@@ -71,12 +71,12 @@ class V4Attention(nn.Module):
             self.compressor = Compressor(hidden, v4.head_dim, self.rate, overlap=False, eps=eps)
 
     def block_tensors(self) -> tuple[BlockTensor, ...]:
-        """Keys per token; compressed entries per token (``head_dim / rate`` values: ``block / rate`` entries a
-        block) and their pooling state per block, for the compressor and, on CSA layers, the indexer's."""
+        """Keys per token; compressed entries (a ``head_dim`` row per ``rate`` tokens: ``block / rate`` a block) and
+        their pooling state per block, for the compressor and, on CSA layers, the indexer's."""
         tensors = [BlockTensor((1, self.head_dim))]
         compressors = [] if self.compressor is None else [self.compressor, *self._indexer()]
         for c in compressors:
-            tensors.append(BlockTensor((c.head_dim // c.rate,)))
+            tensors.append(BlockTensor((c.head_dim,), tokens_per_row=c.rate))
         for c in compressors:
             tensors.append(BlockTensor((pooling_state_size(c.head_dim, c.overlap),), per_block=True, fp32=True))
         return tuple(tensors)
@@ -123,7 +123,7 @@ class V4Attention(nn.Module):
             closed = (pos + 1) // self.rate
             windows = torch.arange(max(1, meta.max_context_len // self.rate), device=pos.device)[None, :]
             windows = torch.where(windows < closed[:, None], windows, -1)
-            picks = entry_rows(windows, seq, meta.block_tables, entries.shape[1], self.rate)
+            picks = entry_rows(windows, seq, meta.block_tables, entries.shape[1])
         return entry_view(entries, self.head_dim), picks
 
 
@@ -161,7 +161,7 @@ class DeepseekV4ForCausalLM(nn.Module):
 
     def kv_cache_spec(self) -> KVCacheSpec:
         layers = [layer.self_attn.block_tensors() for layer in self.layers]
-        return KVCacheSpec.per_layer("compressed", layers, max(self.v4.csa_rate, self.v4.hca_rate))
+        return KVCacheSpec.per_layer("compressed", layers, self.v4.block_multiple)
 
     def init_rope(self, max_positions: int, device: torch.device) -> None:
         v4 = self.v4
