@@ -44,12 +44,18 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+def bf16_supported() -> bool:
+    """Whether oneDNN runs bf16 on this CPU (AVX-512 BF16 / AMX, or Arm's bf16). Many laptops and cloud CPUs (AVX2
+    only) have neither: there bf16 layers stay unpacked and run through ``F.linear``."""
+    return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
 def packable(linear: nn.Module) -> bool:
     """A plain ``nn.Linear`` (not a subclass: FP8 and other quantized layers compute differently) on the CPU, in a
-    dtype oneDNN packs."""
+    dtype oneDNN packs on this CPU."""
     weight = getattr(linear, "weight", None)
     return (type(linear) is nn.Linear and weight.device.type == "cpu" and weight.dtype in PACKED_DTYPES
-            and (weight.dtype != torch.bfloat16 or torch.ops.mkldnn._is_mkldnn_bf16_supported()))
+            and (weight.dtype != torch.bfloat16 or bf16_supported()))
 
 
 @torch.no_grad()

@@ -3,6 +3,7 @@ set must equal the "torch" one on every batch shape, reading pages in place (eve
 so a read past a context poisons the output)."""
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -14,15 +15,25 @@ from kernels import cpu_attention, reference  # noqa: I001 - after the interpret
 from kernels.ops import get_ops
 
 CPU = get_ops("cpu")
+KERNELS_ON = os.environ.get("KVSERVE_CPU_KERNELS", "1") != "0"  # the whole suite also runs with them off
 
 
 def on_cpu(items) -> tuple:
     return tuple(t.cpu() if isinstance(t, torch.Tensor) else t for t in items)
 
 
-def test_the_kernel_builds_here() -> None:
+def test_the_kernel_builds_here_unless_turned_off() -> None:
     """The project's machines have a C compiler: the op set must not silently fall back to the reference."""
-    assert cpu_attention.available()
+    assert cpu_attention.available() == KERNELS_ON
+
+
+def test_without_the_kernel_the_op_set_is_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No compiler, a failed build or ``KVSERVE_CPU_KERNELS=0``: decode rows go through the reference."""
+    monkeypatch.setattr(cpu_attention, "_library", lambda: None)
+    args = on_cpu(make_batch(MIXED_CONTEXT, MIXED_QUERY, 2, 3, 64, 4, torch.float32, seed=7).args())
+    assert torch.equal(CPU.paged_attention(*args), reference.paged_attention(*args))
+    batch = on_cpu(latent_batch(CONTEXTS, 16, 32, 16, 4, torch.float32, seed=3))
+    assert torch.equal(CPU.mla_decode(*batch), reference.mla_decode(*batch))
 
 
 @pytest.mark.parametrize("group", [1, 3, 4])
@@ -67,6 +78,6 @@ def test_mla_decode_matches_reference(dtype: torch.dtype) -> None:
 
 def test_loading_the_kernel_leaves_the_process_floats_alone() -> None:
     """Built with -ffast-math, the library switched the whole process to flush denormals to zero."""
-    assert cpu_attention.available()
+    assert cpu_attention.available() == KERNELS_ON
     assert torch.tensor([1e-40]).mul(1.0).item() > 0  # a subnormal survives a multiplication
     assert sys.float_info.min / 4 > 0
