@@ -19,17 +19,39 @@ prefix-cache benchmark and the cache inspector name each cause they remove (serv
 """
 from __future__ import annotations
 
-import re
-
 from server.rendering import Renderer
 
 BILLING_HEADER = "x-anthropic-billing-header:"
-_NONCE = re.compile(r"(?m)^(" + re.escape(BILLING_HEADER) + r"[^\n]*?)[ \t]*\bcch=[^;\n]*;?")
+_NONCE_KEY = "cch="
+
+
+def _is_word_char(char: str) -> bool:
+    return char.isalnum() or char == "_"
+
+
+def _strip_nonce_in_line(line: str) -> str:
+    """A billing header line without its first `cch=...;` field (one that starts a word) and the blanks before it.
+    Plain string scans, each character looked at a bounded number of times: linear in the line (a regex with a lazy
+    prefix and a blank run before the key backtracks quadratically on a header followed by many blanks)."""
+    start = len(BILLING_HEADER)
+    key = line.find(_NONCE_KEY, start)
+    while key != -1 and _is_word_char(line[key - 1]):
+        key = line.find(_NONCE_KEY, key + 1)
+    if key == -1:
+        return line
+    blanks = key
+    while blanks > start and line[blanks - 1] in " \t":
+        blanks -= 1
+    end = line.find(";", key + len(_NONCE_KEY))
+    return line[:blanks] + (line[end + 1:] if end != -1 else "")
 
 
 def strip_billing_nonce(text: str) -> str:
     """The text with the `cch=...;` field of a Claude Code billing header line removed (other text unchanged)."""
-    return _NONCE.sub(r"\1", text) if BILLING_HEADER in text else text
+    if BILLING_HEADER not in text:
+        return text
+    return "\n".join(_strip_nonce_in_line(line) if line.startswith(BILLING_HEADER) else line
+                     for line in text.split("\n"))
 
 
 def _map_text(content: object, fn) -> object:

@@ -35,12 +35,23 @@ class Delta:
 
 @dataclass
 class OutputItem:
-    """A run of answer text or of reasoning, or one tool call (`text`: its arguments as generated)."""
+    """A run of answer text or of reasoning, or one tool call (`text`: its arguments as generated). Text grows by
+    `append` into a list of parts joined when read, so an output of many small pieces costs linear time (`+=` on an
+    attribute copies the whole string each time)."""
 
     kind: ItemKind
-    text: str = ""
     name: str = ""  # a call's function
     call_id: str = ""
+    _parts: list[str] = field(default_factory=list, repr=False)
+
+    def append(self, text: str) -> None:
+        self._parts.append(text)
+
+    @property
+    def text(self) -> str:
+        if len(self._parts) > 1:
+            self._parts[:] = ["".join(self._parts)]
+        return self._parts[0] if self._parts else ""
 
 
 @dataclass
@@ -84,7 +95,7 @@ class OutputItems:
                               else OutputItem(item_kind))
             self.num_calls += kind == "call"
         if kind != "call":
-            self.items[-1].text += text
+            self.items[-1].append(text)
         call_index = self.num_calls - 1 if item_kind == "call" else -1
         return Delta(kind, text, len(self.items) - 1, call_index, call_id)
 
@@ -101,11 +112,13 @@ def tool_call_dict(call_id: str, name: str, arguments: str = "") -> dict:
 
 def merge(deltas: list[Delta]) -> list[Delta]:
     """Joins neighbouring deltas of one item (text, reasoning, one call's arguments) so one feed yields one per run."""
-    out: list[Delta] = []
+    runs: list[list[Delta]] = []
     for delta in deltas:
-        if out and delta.kind != "call" and out[-1].kind == delta.kind and out[-1].item == delta.item:
-            last = out[-1]
-            out[-1] = Delta(last.kind, last.text + delta.text, last.item, last.call_index, last.call_id)
+        last = runs[-1][0] if runs else None
+        if last is not None and delta.kind != "call" and last.kind == delta.kind and last.item == delta.item:
+            runs[-1].append(delta)
         else:
-            out.append(delta)
-    return out
+            runs.append([delta])
+    return [run[0] if len(run) == 1 else
+            Delta(run[0].kind, "".join(d.text for d in run), run[0].item, run[0].call_index, run[0].call_id)
+            for run in runs]
