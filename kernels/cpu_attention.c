@@ -1,7 +1,8 @@
 /* Decode attention on a CPU, read straight from the KV pages (kernels/cpu_attention.py builds and calls it).
  *
  * Query row i attends to the first row_lens[i] tokens of sequence seqs[i]: one row per decoding sequence, or a few
- * rows of one sequence (speculative drafts being verified). For each (row, KV head), the query heads of its group score every context token
+ * rows of one sequence (speculative drafts being verified). With a window (sliding-window layers, window > 0), to the
+ * last `window` of them only: the pages before the window are not read. For each (row, KV head), the query heads of its group score every context token
  * of that head, take the softmax, and sum the value rows: one pass over the keys, one over the values, each row read
  * once from its page, page by page. Nothing is gathered into a copy first, as the pure-torch reference
  * (kernels/reference.py) must before it can call SDPA.
@@ -51,22 +52,26 @@ ALWAYS_INLINE float exp_nonpositive(float x) {
 typedef struct {
     int64_t n, hq, hkv, dk, dv, block_size, bt_stride;
     int64_t k_page, k_token, k_head, v_page, v_token, v_head;
+    int64_t window; /* 0: every token of the context; else the last `window` tokens */
     float scale;
     int threads;
 } Shape;
 
-/* One (sequence i, KV head h) task; `bf16` is a constant at each call site, so each page dtype gets its own loop. */
+/* One (sequence i, KV head h) task over tokens [lo, end) of the sequence; `bf16` is a constant at each call site,
+ * so each page dtype gets its own loop. Scores are indexed from lo: token t's is scores[g * len + t - lo]. */
 ALWAYS_INLINE void attend(const Shape *p, const float *q, const void *k, const void *v, const int32_t *table,
-                          int64_t len, int64_t i, int64_t h, float *scores, float *out, int bf16) {
-    const int64_t group = p->hq / p->hkv, dk = p->dk, dv = p->dv, bs = p->block_size;
+                          int64_t lo, int64_t end, int64_t i, int64_t h, float *scores, float *out, int bf16) {
+    const int64_t group = p->hq / p->hkv, dk = p->dk, dv = p->dv, bs = p->block_size, len = end - lo;
     const float *qrows = q + (i * p->hq + h * group) * dk;
-    for (int64_t start = 0; start < len; start += bs) {  /* keys, a page at a time; a page's rows stay in L1 */
-        const int64_t page = table[start / bs], rows = len - start < bs ? len - start : bs;
+    /* keys, a page at a time from the page holding lo; a page's rows stay in L1. j0: the page's first row read */
+    for (int64_t start = lo - lo % bs; start < end; start += bs) {
+        const int64_t page = table[start / bs], rows = end - start < bs ? end - start : bs;
+        const int64_t j0 = start < lo ? lo - start : 0;
         const int64_t first = page * p->k_page + h * p->k_head;
         for (int64_t g = 0; g < group; g++) {
             const float *qg = qrows + g * dk;
-            float *sg = scores + g * len + start;
-            for (int64_t j = 0; j < rows; j++) {
+            float *sg = scores + g * len + start - lo;
+            for (int64_t j = j0; j < rows; j++) {
                 const int64_t row = first + j * p->k_token;
                 float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
@@ -86,16 +91,17 @@ ALWAYS_INLINE void attend(const Shape *p, const float *q, const void *k, const v
 #pragma omp simd
         for (int64_t t = 0; t < len; t++) s[t] *= inverse;
     }
-    for (int64_t start = 0; start < len; start += bs) {  /* values, a page at a time */
-        const int64_t page = table[start / bs], rows = len - start < bs ? len - start : bs;
+    for (int64_t start = lo - lo % bs; start < end; start += bs) {  /* values, a page at a time */
+        const int64_t page = table[start / bs], rows = end - start < bs ? end - start : bs;
+        const int64_t j0 = start < lo ? lo - start : 0;
         const int64_t first = page * p->v_page + h * p->v_head;
         for (int64_t g = 0; g < group; g++) {
-            const float *weights = scores + g * len + start;
+            const float *weights = scores + g * len + start - lo;
             float *o = out + g * dv;
             for (int64_t d0 = 0; d0 < dv; d0 += 32) {  /* 32 outputs in registers across the page's rows */
                 const int64_t width = dv - d0 < 32 ? dv - d0 : 32;
                 float acc[32] = {0};
-                for (int64_t j = 0; j < rows; j++) {
+                for (int64_t j = j0; j < rows; j++) {
                     const int64_t row = first + j * p->v_token + d0;
                     const float weight = weights[j];
 #pragma omp simd
@@ -116,6 +122,7 @@ void paged_decode_attention(int dtype, const Shape *p, const float *q, const voi
     int64_t longest = 1;
     for (int64_t i = 0; i < p->n; i++)
         if (row_lens[i] > longest) longest = row_lens[i];
+    if (p->window > 0 && p->window < longest) longest = p->window;
 #pragma omp parallel num_threads(p->threads)
     {
         float *scores = malloc(sizeof(float) * group * longest);
@@ -124,10 +131,11 @@ void paged_decode_attention(int dtype, const Shape *p, const float *q, const voi
             const int64_t i = task / p->hkv, h = task % p->hkv, s = seqs[i];
             const int32_t *table = block_tables + s * p->bt_stride;
             float *rows = out + (i * p->hq + h * group) * p->dv;
+            const int64_t end = row_lens[i], lo = p->window > 0 && end > p->window ? end - p->window : 0;
             if (dtype == 1)
-                attend(p, q, k, v, table, row_lens[i], i, h, scores, rows, 1);
+                attend(p, q, k, v, table, lo, end, i, h, scores, rows, 1);
             else
-                attend(p, q, k, v, table, row_lens[i], i, h, scores, rows, 0);
+                attend(p, q, k, v, table, lo, end, i, h, scores, rows, 0);
         }
         free(scores);
     }

@@ -45,7 +45,7 @@ MAX_DECODE_ROWS = 16
 class _Shape(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int64) for name in (
         "n", "hq", "hkv", "dk", "dv", "block_size", "bt_stride", "k_page", "k_token", "k_head", "v_page", "v_token",
-        "v_head")] + [("scale", ctypes.c_float), ("threads", ctypes.c_int)]
+        "v_head", "window")] + [("scale", ctypes.c_float), ("threads", ctypes.c_int)]
 
 
 def _cache_dir() -> Path:
@@ -110,10 +110,11 @@ def supports(cache: torch.Tensor) -> bool:
 
 def paged_decode(
     query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-    row_lens: torch.Tensor, seqs: torch.Tensor, scale: float, value_dim: int | None = None,
+    row_lens: torch.Tensor, seqs: torch.Tensor, scale: float, value_dim: int | None = None, window: int | None = None,
 ) -> torch.Tensor:
     """Attention of query rows over their sequences' first tokens: ``query`` ``[n, Hq, Dk]``, row i attending to the
-    first ``row_lens[i]`` tokens of sequence ``seqs[i]`` (int32, indexing ``block_tables``), over pages
+    first ``row_lens[i]`` tokens of sequence ``seqs[i]`` (int32, indexing ``block_tables``; with ``window``, to the
+    last ``window`` of them, and only their pages are read), over pages
     ``[num_blocks, block_size, Hkv, D]`` -> ``[n, Hq, Dv]`` in the query's dtype. One row per decoding sequence, or
     a few rows of one sequence (drafts being verified), each a token longer than the one before. ``value_dim``: MLA,
     where ``v_cache`` is ``k_cache`` and the value is the first ``value_dim`` entries of each row. Callers check
@@ -129,7 +130,8 @@ def paged_decode(
     seqs = seqs.to(torch.int32).contiguous()
     k_strides, v_strides = k_cache.stride(), v_cache.stride()
     shape = _Shape(n, num_heads, num_kv_heads, dk, dv, block_size, tables.stride(0), k_strides[0], k_strides[1],
-                   k_strides[2], v_strides[0], v_strides[1], v_strides[2], scale, torch.get_num_threads())
+                   k_strides[2], v_strides[0], v_strides[1], v_strides[2], window or 0, scale,
+                   torch.get_num_threads())
     _library().paged_decode_attention(
         ctypes.c_int(PAGE_DTYPES[k_cache.dtype]), ctypes.byref(shape), ctypes.c_void_p(q.data_ptr()),
         ctypes.c_void_p(k_cache.data_ptr()), ctypes.c_void_p(v_cache.data_ptr()), ctypes.c_void_p(tables.data_ptr()),
@@ -140,16 +142,19 @@ def paged_decode(
 # ---- the "cpu" op set's attention ops: the reference, with decode rows read in place where the kernel can ---------
 def paged_attention(
     query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-    context_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float, **launch_hints,
+    context_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float, *, window: int | None = None,
+    **launch_hints,
 ) -> torch.Tensor:
-    """`kernels.reference.paged_attention`, its decode rows attended by the native kernel."""
+    """`kernels.reference.paged_attention`, its decode rows attended by the native kernel (which reads only the pages
+    of a sliding ``window``)."""
     if not (available() and supports(k_cache) and supports(v_cache)):
-        return reference.paged_attention(query, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale)
+        return reference.paged_attention(query, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale,
+                                         window=window)
     return reference.attend(
         query, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale,
         lambda q, plan: paged_decode(q, k_cache, v_cache, block_tables, plan.decode_row_lens, plan.decode_seq_ids,
-                                     scale),
-        max_decode_rows=MAX_DECODE_ROWS)
+                                     scale, window=window),
+        max_decode_rows=MAX_DECODE_ROWS, window=window)
 
 
 def mla_decode(

@@ -30,6 +30,7 @@ class Ops:
     rms_norm: Callable
     rotary_embedding: Callable
     silu_and_mul: Callable
+    gelu_tanh_and_mul: Callable  # Gemma's gated MLP
     fp8_linear: Callable  # x @ W.T + b for a block-scaled e4m3 weight
     fused_moe: Callable
     mla_decode: Callable
@@ -47,6 +48,7 @@ TORCH_OPS = Ops(
     rms_norm=reference.rms_norm,
     rotary_embedding=reference.rotary_embedding,
     silu_and_mul=reference.silu_and_mul,
+    gelu_tanh_and_mul=reference.gelu_tanh_and_mul,
     fp8_linear=reference.fp8_block_linear,
     fused_moe=reference.fused_moe,
     mla_decode=reference.mla_decode,

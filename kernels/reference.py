@@ -8,6 +8,9 @@ Shapes (T = tokens in the flattened batch, B = sequences):
 - ``context_lens`` ``[B]`` int32: tokens of sequence b in pages after this step's store (cached prefix + new tokens).
   The new tokens are the last ``q_len`` positions of that context, so query i of b sits at position
   ``context_lens[b] - q_len + i`` and attends causally to positions ``<=`` it.
+- ``window`` (sliding-window layers: Gemma 3's local layers, gpt-oss' even ones): a query at position p attends only
+  to positions in ``(p - window, p]``, its own included (transformers' ``sliding_window``); None attends to all.
+  Keys outside the window are never read: their slots may hold anything, NaN included.
 - ``block_tables`` ``[B, max_blocks]`` int32, rows padded with any valid page id (never read past the context).
 """
 from __future__ import annotations
@@ -80,12 +83,13 @@ def store_kv(
         cache.view(-1, *cache.shape[2:]).index_copy_(0, slot_mapping, new.to(cache.dtype))
 
 
-def gather_context(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
-    """The first ``length`` tokens of one sequence's pages as ``[length, Hkv, D]``."""
+def gather_context(cache: torch.Tensor, block_table: torch.Tensor, length: int, start: int = 0) -> torch.Tensor:
+    """Tokens ``[start, length)`` of one sequence's pages as ``[length - start, Hkv, D]`` (only the pages holding
+    them are read)."""
     block_size = cache.shape[1]
-    num_blocks = (length + block_size - 1) // block_size
-    pages = cache.index_select(0, block_table[:num_blocks].long())
-    return pages.reshape(-1, *cache.shape[2:])[:length]
+    first, num_blocks = start // block_size, (length + block_size - 1) // block_size
+    pages = cache.index_select(0, block_table[first:num_blocks].long())
+    return pages.reshape(-1, *cache.shape[2:])[start - first * block_size : length - first * block_size]
 
 
 DecodeRows = Callable[[torch.Tensor, "_AttentionPlan"], torch.Tensor]  # (decode query rows [n, Hq, D], plan) -> out
@@ -100,19 +104,23 @@ def paged_attention(
     query_start_loc: torch.Tensor,
     scale: float,
     *,
+    window: int | None = None,
     max_query_len: int | None = None,
     max_context_len: int | None = None,
     split_k: bool | None = None,
     partition_size: int | None = None,
 ) -> torch.Tensor:
-    """Causal attention of each sequence's new query rows ``[T, Hq, D]`` over its paged context (GQA aware).
+    """Causal attention of each sequence's new query rows ``[T, Hq, D]`` over its paged context (GQA aware), or over
+    the last ``window`` positions of it (sliding-window layers).
 
-    Decode rows (one query per sequence) are attended in one batched call over a padded gather of their contexts;
-    prefill chunks one sequence at a time. The keyword-only arguments are the Triton kernel's launch hints, accepted
-    so that both backends share one call site; the reference has no launch to size and reads exact lengths anyway.
+    Decode rows (one query per sequence) are attended in one batched call over a padded gather of their contexts
+    (of the pages their windows overlap); prefill chunks one sequence at a time. The other keyword-only arguments
+    are the Triton kernel's launch hints, accepted so that both backends share one call site; the reference has no
+    launch to size and reads exact lengths anyway.
     """
     return attend(query, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale,
-                  lambda q, plan: _batched_decode(q, k_cache, v_cache, plan.padded_contexts, scale))
+                  lambda q, plan: _batched_decode(q, k_cache, v_cache, plan.padded_contexts(window), scale),
+                  window=window)
 
 
 def attend(
@@ -125,11 +133,13 @@ def attend(
     scale: float,
     decode_rows: DecodeRows,
     max_decode_rows: int = 1,
+    window: int | None = None,
 ) -> torch.Tensor:
     """`paged_attention` with the decode rows attended by ``decode_rows`` (the reference's padded gather, or a native
-    kernel that reads the pages in place); prefill chunks go through SDPA one sequence at a time. A sequence with up
-    to ``max_decode_rows`` query rows after its cached context (speculative drafts being verified) is decode rows
-    too, each row with its own causal length (`_AttentionPlan.decode_row_lens`), for kernels that take them."""
+    kernel that reads the pages in place; either applies ``window`` to them itself); prefill chunks go through SDPA
+    one sequence at a time, each reading only the pages its rows' windows overlap. A sequence with up to
+    ``max_decode_rows`` query rows after its cached context (speculative drafts being verified) is decode rows too,
+    each row with its own causal length (`_AttentionPlan.decode_row_lens`), for kernels that take them."""
     plan = _ATTENTION_PLANS.get((block_tables, context_lens, query_start_loc), (k_cache.shape[1], max_decode_rows),
                                 lambda: _AttentionPlan(block_tables, context_lens, query_start_loc, k_cache.shape[1],
                                                        max_decode_rows))
@@ -140,14 +150,20 @@ def attend(
         out[plan.query_rows] = decode_rows(query[plan.query_rows], plan)
     for b in plan.one_by_one:
         ctx_len, q_start, q_len = plan.lens[b], plan.starts[b], plan.starts[b + 1] - plan.starts[b]
-        k = gather_context(k_cache, block_tables[b], ctx_len).transpose(0, 1).to(query.dtype)
-        v = gather_context(v_cache, block_tables[b], ctx_len).transpose(0, 1).to(query.dtype)
+        # the first position any row of the chunk sees: 0, or the first row's window start
+        lo = 0 if window is None or ctx_len <= window else max(0, ctx_len - q_len - window + 1)
+        k = gather_context(k_cache, block_tables[b], ctx_len, lo).transpose(0, 1).to(query.dtype)
+        v = gather_context(v_cache, block_tables[b], ctx_len, lo).transpose(0, 1).to(query.dtype)
         q = query[q_start : q_start + q_len].transpose(0, 1)  # [Hq, q_len, D]
         mask = None
-        if q_len < ctx_len:  # a chunk after a cached prefix: causal, offset by the prefix
-            q_pos = torch.arange(ctx_len - q_len, ctx_len, device=q.device)
-            mask = q_pos[:, None] >= torch.arange(ctx_len, device=q.device)[None, :]
-        causal = q_len == ctx_len  # a whole prompt: plain causal, SDPA's fast path
+        windowed = window is not None and ctx_len > window  # some row cannot see position 0
+        if q_len < ctx_len or windowed:  # a chunk after a cached prefix, or a window: causal, offset by the prefix
+            q_pos = torch.arange(ctx_len - q_len, ctx_len, device=q.device)[:, None]
+            k_pos = torch.arange(lo, ctx_len, device=q.device)[None, :]
+            mask = q_pos >= k_pos
+            if windowed:
+                mask &= k_pos > q_pos - window
+        causal = mask is None  # a whole prompt: plain causal, SDPA's fast path
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True)
         out[q_start : q_start + q_len] = o.transpose(0, 1)
     return out
@@ -172,15 +188,26 @@ class _PaddedContexts:
     num_seqs: int
 
     @classmethod
-    def build(cls, block_tables: torch.Tensor, lens: list[int], rows: list[int], block_size: int) -> _PaddedContexts:
+    def build(cls, block_tables: torch.Tensor, lens: list[int], rows: list[int], block_size: int,
+              window: int | None = None) -> _PaddedContexts:
+        """With ``window``, each sequence's gather starts at the page holding its window's first position
+        (``len - window``), and the positions before that one count as padding too."""
         dev = block_tables.device
-        ctx = [lens[b] for b in rows]
-        length = max(ctx)
+        ctx = np.array([lens[b] for b in rows])
+        lo = np.zeros_like(ctx) if window is None else np.maximum(ctx - window, 0)  # each one's first visible position
+        first = lo // block_size  # each one's first page
+        length = int((ctx - first * block_size).max())
         width = -(-length // block_size)
-        pages = block_tables[torch.tensor(rows, device=dev), :width].flatten().long()
-        if min(ctx) == length:
+        row_ids = torch.tensor(rows, device=dev)
+        if window is None:
+            pages = block_tables[row_ids, :width].flatten().long()
+        else:  # columns past a table's end are padding (clamped to a real column, then zeroed and masked)
+            cols = torch.from_numpy(first[:, None] + np.arange(width)[None, :]).clamp(max=block_tables.shape[1] - 1)
+            pages = block_tables[row_ids[:, None], cols.to(dev)].flatten().long()
+        position = first[:, None] * block_size + np.arange(length)[None, :]  # [B, L]: each gathered row's position
+        past = (position >= ctx[:, None]) | (position < lo[:, None])
+        if not past.any():
             return cls(pages, None, None, length, len(rows))
-        past = np.arange(length)[None, :] >= np.array(ctx)[:, None]  # [B, L]
         row, position = np.nonzero(past)
         padding = torch.from_numpy(row * (width * block_size) + position).to(dev)
         mask = torch.from_numpy(np.where(past, -np.inf, 0.0).astype(np.float32)).to(dev)[:, None, None, :]
@@ -212,16 +239,20 @@ class _AttentionPlan:
                             if n == 1 or 1 < n <= max_decode_rows and n < self.lens[b]]
         decoding = set(self.decode_seqs)
         self.one_by_one = [b for b, n in enumerate(q_lens) if n > 0 and b not in decoding]
+        self._padded: dict[int | None, _PaddedContexts] = {}
         # The decode rows in the flattened query; None when every row decodes, in order.
         self.query_rows: torch.Tensor | None = None
         if self.decode_seqs and self.one_by_one:
             rows = [r for b in self.decode_seqs for r in range(self.starts[b], self.starts[b + 1])]
             self.query_rows = torch.tensor(rows, device=block_tables.device)
 
-    @functools.cached_property
-    def padded_contexts(self) -> _PaddedContexts:
-        """The decode rows' contexts as the reference gathers them (one row per sequence)."""
-        return _PaddedContexts.build(self.block_tables, self.lens, self.decode_seqs, self.block_size)
+    def padded_contexts(self, window: int | None = None) -> _PaddedContexts:
+        """The decode rows' contexts (their last ``window`` positions) as the reference gathers them (one row per
+        sequence); built once per window size (a model's local and global layers share a step's plan)."""
+        if window not in self._padded:
+            self._padded[window] = _PaddedContexts.build(self.block_tables, self.lens, self.decode_seqs,
+                                                         self.block_size, window)
+        return self._padded[window]
 
     @functools.cached_property
     def decode_seq_ids(self) -> torch.Tensor:
@@ -404,6 +435,13 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """``silu(x[..., :I]) * x[..., I:]`` for ``x`` ``[..., 2I]``."""
     half = x.shape[-1] // 2
     return F.silu(x[..., :half]) * x[..., half:]
+
+
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """``gelu(x[..., :I]) * x[..., I:]`` for ``x`` ``[..., 2I]``, GELU in its tanh approximation (Gemma's
+    ``gelu_pytorch_tanh``)."""
+    half = x.shape[-1] // 2
+    return F.gelu(x[..., :half], approximate="tanh") * x[..., half:]
 
 
 # ------------------------------------------------------------------------------------------- FP8 (e4m3) block scaling

@@ -11,6 +11,10 @@ table, so small pages (4 tokens in tests) still give ``tl.dot``-sized tiles.
   kernel rescales and merges the partitions. This keeps the GPU busy when batch x KV heads is small and the
   context is long (batch-1 decode would otherwise run on a handful of SMs).
 
+Sliding-window layers (``window``): a query at position p sees keys in ``(p - window, p]``. A tile's key walk starts
+at its first row's window start instead of 0, so blocks wholly before the window are never read (a split-K partition
+before every window exits at once); the later rows of a tile mask the keys before their own window.
+
 Semantics and shapes are those of ``kernels.reference.paged_attention``.
 """
 from __future__ import annotations
@@ -35,13 +39,13 @@ def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
     block_tables_ptr, context_lens_ptr, query_start_loc_ptr,
     part_acc_ptr, part_max_ptr, part_sum_ptr,
-    qk_scale,
+    qk_scale, window,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     stride_bt, num_partitions, partition_size,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    SPLIT: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SPLIT: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, SLIDING: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -76,6 +80,9 @@ def _paged_attention_kernel(
         kv_end = tl.minimum(kv_end, kv_start + partition_size)
     else:
         kv_start = 0
+    if SLIDING:  # nothing before the window of the tile's first row: those blocks are skipped, not masked
+        first_row = tl.minimum((tile * BLOCK_M) // GROUP, q_len - 1)
+        kv_start = tl.maximum(kv_start, ctx_len - q_len + first_row - window + 1)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -102,8 +109,12 @@ def _paged_attention_kernel(
         v = v.to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
         visible = k_valid[None, :] & (k_pos[None, :] <= q_pos[:, None])
+        if SLIDING:
+            visible = visible & (k_pos[None, :] > q_pos[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        if SLIDING:  # a row may see none of this tile's keys (its window starts later): no -inf - -inf
+            m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
@@ -204,12 +215,14 @@ def paged_attention(
     query_start_loc: torch.Tensor,
     scale: float,
     *,
+    window: int | None = None,
     max_query_len: int | None = None,
     max_context_len: int | None = None,
     split_k: bool | None = None,
     partition_size: int | None = None,
 ) -> torch.Tensor:
-    """Causal paged attention; same contract as ``kernels.reference.paged_attention``.
+    """Causal paged attention; same contract as ``kernels.reference.paged_attention`` (``window``: a sliding-window
+    layer's, None for full attention).
 
     ``max_query_len`` / ``max_context_len`` size the launch grid. Pass them from host-side values the caller already
     has to avoid a device sync; under CUDA-graph capture pass fixed upper bounds (extra programs exit at once).
@@ -246,7 +259,7 @@ def paged_attention(
     precision = "ieee" if query.dtype == torch.float32 else "tf32"
     common = dict(
         HEAD_DIM=head_dim, BLOCK_D=block_d, GROUP=group, PAGE_SIZE=page_size,
-        DOT_FP32=dot_fp32, DOT_PRECISION=precision,
+        DOT_FP32=dot_fp32, DOT_PRECISION=precision, SLIDING=window is not None,
     )
     strides = (
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
@@ -255,6 +268,9 @@ def paged_attention(
         block_tables.stride(0),
     )
     qk_scale = scale * _LOG2E
+    if window is not None and window < 1:
+        raise ValueError(f"a sliding window holds at least one position, got {window}")
+    window = window or 0
 
     if not split_k:
         rows = max_query_len * group
@@ -264,7 +280,7 @@ def paged_attention(
         _paged_attention_kernel[grid](
             query, k_cache, v_cache, out, block_tables, context_lens, query_start_loc,
             out, out, out,  # partial buffers: unused on the direct path
-            qk_scale, *strides, 1, 0,  # partition count and size: read only when SPLIT
+            qk_scale, window, *strides, 1, 0,  # partition count and size: read only when SPLIT
             BLOCK_M=block_m, BLOCK_N=block_n, SPLIT=False, **common,
         )
         return out
@@ -280,7 +296,7 @@ def paged_attention(
     _paged_attention_kernel[(num_seqs, num_kv_heads, num_partitions)](
         query, k_cache, v_cache, out, block_tables, context_lens, query_start_loc,
         part_acc, part_max, part_sum,
-        qk_scale, *strides, num_partitions, partition_size,
+        qk_scale, window, *strides, num_partitions, partition_size,
         BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, SPLIT=True, **common,
     )
     reduce_partitions(out, part_acc, part_max, part_sum, query_start_loc)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from kernels import reference_compressed
 from kernels.ops import Ops
-from kernels.triton_activation import silu_and_mul
+from kernels.triton_activation import gelu_tanh_and_mul, silu_and_mul
 from kernels.triton_attention import paged_attention
 from kernels.triton_compressed import sink_attention
 from kernels.triton_fp8 import fp8_block_linear
@@ -21,6 +21,7 @@ TRITON_OPS = Ops(
     rms_norm=rms_norm,
     rotary_embedding=rotary_embedding,
     silu_and_mul=silu_and_mul,
+    gelu_tanh_and_mul=gelu_tanh_and_mul,
     fp8_linear=fp8_block_linear,
     fused_moe=fused_moe,
     mla_decode=mla_decode,
