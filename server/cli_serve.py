@@ -11,6 +11,7 @@ import threading
 import time
 from dataclasses import fields
 
+from server.connections import ConnectionLimits
 from server.engine_args import add_engine_args, engine_config_from_args
 from server.inspector.store import DEFAULT_MAX_REQUESTS
 from server.limits import RequestLimits
@@ -76,11 +77,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="GET /openapi.json: behind the API key like every endpoint (key), to anyone who can "
                      "connect (public), or not served (off) (default: %(default)s)")
 
-    limits = parser.add_argument_group("request limits", "checked before any work on a request (docs/SERVER.md)")
-    for f in fields(RequestLimits):
-        limits.add_argument(f.metadata["flag"], dest=f"limit_{f.name}", type=type(f.default), default=f.default,
-                            metavar="S" if isinstance(f.default, float) else "N",
-                            help=f"{f.metadata['help']} (default: %(default)s)")
+    _add_limit_flags(parser.add_argument_group("request limits", "checked before any work on a request "
+                                               "(docs/SERVER.md)"), RequestLimits, "limit")
+    _add_limit_flags(parser.add_argument_group("connection limits", "checked in the HTTP protocol, before a request "
+                                               "reaches the app"), ConnectionLimits, "connection")
 
     ui = parser.add_argument_group("cache inspector (docs/INSPECTOR.md)")
     ui.add_argument("--ui", action="store_true",
@@ -103,6 +103,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       "and shows the end of its stderr (default: half an hour)")
     add_engine_args(parser)  # --model and the engine flags, shared with `kvserve generate`
     parser.set_defaults(func=run_serve)
+
+
+def _add_limit_flags(group: argparse._ArgumentGroup, limits: type, prefix: str) -> None:
+    """One flag per field of the dataclass ``limits`` (its metadata names the flag and its help)."""
+    for f in fields(limits):
+        group.add_argument(f.metadata["flag"], dest=f"{prefix}_{f.name}", type=type(f.default), default=f.default,
+                           metavar="S" if isinstance(f.default, float) else "N",
+                           help=f"{f.metadata['help']} (default: %(default)s)")
+
+
+def _limits_from_args(args: argparse.Namespace, limits: type, prefix: str):
+    return limits(**{f.name: getattr(args, f"{prefix}_{f.name}") for f in fields(limits)})
 
 
 def _say(message: str) -> None:
@@ -135,7 +147,7 @@ def run_serve(args: argparse.Namespace) -> int:
         api_keys=keys, allow_request_cache_salt=args.allow_request_cache_salt,
         strict_max_tokens=args.strict_max_tokens, max_output_tokens=args.max_output_tokens, max_n=args.max_n,
         preserve_thinking=not args.no_preserve_thinking,
-        limits=RequestLimits(**{f.name: getattr(args, f"limit_{f.name}") for f in fields(RequestLimits)}),
+        limits=_limits_from_args(args, RequestLimits, "limit"),
         openapi=args.openapi,
         operator_keys=operators, ui=args.ui, ui_max_requests=args.ui_max_requests,
     )
@@ -175,8 +187,8 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.ui:
         who = "each key sees its own sessions" if keys or operators else "anyone who can connect sees every prompt"
         _say(f"cache inspector at http://{shown}:{port}/ui (the last {args.ui_max_requests} requests; {who})")
-    server = GracefulServer(create_app(ctx), log_level=args.log_level,
-                            timeout_graceful_shutdown=args.shutdown_timeout)
+    server = GracefulServer(create_app(ctx), connection_limits=_limits_from_args(args, ConnectionLimits, "connection"),
+                            log_level=args.log_level, timeout_graceful_shutdown=args.shutdown_timeout)
     ctx.engine.on_death(lambda error: _exit_soon(server, error))
     # uvicorn handles SIGINT/SIGTERM itself (stop accepting, drain, shut down), then re-raises the signal to whatever
     # handler was there before; with nothing left to interrupt by then, that handler just lets serve return (exit 0).

@@ -8,10 +8,14 @@ import socket
 import uvicorn
 from fastapi import FastAPI
 
+from server.connections import ConnectionLimits, uvicorn_settings
+
 
 class GracefulServer(uvicorn.Server):
-    def __init__(self, app: FastAPI, **config) -> None:
-        super().__init__(uvicorn.Config(app, **config))
+    """``connection_limits``: the bounds on request heads, idle and open connections (server/connections.py)."""
+
+    def __init__(self, app: FastAPI, connection_limits: ConnectionLimits = ConnectionLimits(), **config) -> None:
+        super().__init__(uvicorn.Config(app, **uvicorn_settings(connection_limits), **config))
         self._draining = app.state.draining
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
