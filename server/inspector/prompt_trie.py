@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from engine.block_hashing import BlockHash, BlockHasher, block_extra, hash_block
@@ -125,10 +125,12 @@ class PromptTrie:
             matched, deepest = matched + 1, node
         return matched, deepest
 
-    def best_match_other_salts(self, salt: str | None, packed: bytes, max_blocks: int) -> int:
+    def best_match_other_salts(self, salt: str | None, packed: bytes, max_blocks: int,
+                               among: Iterable[str | None] | None = None) -> int:
         """The longest match under any salt but ``salt`` (what a cache that ignored salts would have served
-        beyond the salt's own)."""
-        return max((self.match(other, packed, max_blocks)[0] for other in self.roots if other != salt), default=0)
+        beyond the salt's own); ``among``: only those salts (the inspector passes the tenant's own)."""
+        others = self.roots if among is None else [other for other in among if other in self.roots]
+        return max((self.match(other, packed, max_blocks)[0] for other in others if other != salt), default=0)
 
     def tail(self, packed: bytes) -> bytes:
         """What follows the last full block of a packed sequence (`insert` stores the full blocks)."""

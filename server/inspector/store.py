@@ -125,6 +125,10 @@ class Inspector:
         self.by_id: dict[str, InspectedRequest] = {}
         self.sessions: dict[str, Session] = {}
         self._named: dict[tuple[str | None, str], Session] = {}  # (tenant, client id) -> session
+        # Each tenant's salts (its own, and those its requests' cache_salt scoped inside it) with how many requests in
+        # the ring used each: a miss is charged to "different_salt" only against the same tenant's other salts, so no
+        # view depends on another tenant's prompts (it would answer "is this prefix cached for someone?").
+        self._tenant_salts: dict[str | None, dict[str | None, int]] = {}
         self.timeline: deque[CacheSample] = deque(maxlen=TIMELINE_SAMPLES)
         self.latest_stats: SchedulerStats | None = None  # the last snapshot sampled (its counters: evictions)
         self.lock = threading.RLock()
@@ -142,8 +146,10 @@ class Inspector:
             num_prompt = len(obs.prompt_token_ids)
             shareable = max(0, (num_prompt - 1) // bs)  # the engine always recomputes the last prompt token
             ideal_blocks = min(len(known), shareable)
+            own_salts = self._tenant_salts.setdefault(tenant, {})
             unsalted_blocks = ideal_blocks if ideal_blocks == shareable else max(
-                ideal_blocks, self.trie.best_match_other_salts(obs.salt, prompt, shareable))
+                ideal_blocks, self.trie.best_match_other_salts(obs.salt, prompt, shareable, own_salts))
+            own_salts[obs.salt] = own_salts.get(obs.salt, 0) + 1
             ideal, unsalted = ideal_blocks * bs, unsalted_blocks * bs
             session, parent = self._session_of(obs, tenant, known[: num_prompt // bs])
             previous = None
@@ -195,6 +201,12 @@ class Inspector:
         del self.by_id[record.request_id]
         self.trie.release(record.end, record.salt)
         session = record.session
+        own_salts = self._tenant_salts[session.tenant]
+        own_salts[record.salt] -= 1
+        if not own_salts[record.salt]:
+            del own_salts[record.salt]
+            if not own_salts:
+                del self._tenant_salts[session.tenant]
         session.requests.popleft()
         if not session.requests:
             del self.sessions[session.key]

@@ -121,8 +121,23 @@ def test_ideal_evicted_and_different_salt():
     # Same prompt, same salt, nothing cached (say it was evicted): the ideal would have served 12 tokens.
     again = observe(ins, "b", list(range(16)), [1], salt="tenant-a", tenant="tenant-a")
     assert again.ideal_tokens == 12 and again.misses["evicted"] == 12
-    other = observe(ins, "c", list(range(16)), [1], salt="tenant-b", tenant="tenant-b")
-    assert other.misses["different_salt"] == 12 and other.session.tenant == "tenant-b"
+    # The same tenant under another salt (a request's cache_salt scoped inside it): kept apart by the salt.
+    scoped = observe(ins, "c", list(range(16)), [1], salt="tenant-a/scoped", tenant="tenant-a")
+    assert scoped.misses["different_salt"] == 12
+
+
+def test_another_tenants_prompts_never_show_in_a_tenants_misses():
+    """Issue 41, item 3: tenant B resending tenant A's system prompt saw `different_salt` 12 (0 for a wrong guess),
+    which told B that A's prompt was exactly that. Now B's misses are the same either way."""
+    ins = make()
+    observe(ins, "a", list(range(16)), [1], salt="tenant-a", tenant="tenant-a")
+    right = observe(ins, "b-right", list(range(16)), [1], salt="tenant-b", tenant="tenant-b")
+    wrong = observe(ins, "b-wrong", list(range(500, 516)), [1], salt="tenant-b2", tenant="tenant-c")
+    assert right.misses == wrong.misses == {"first_request": 16}
+    assert right.ideal_tokens == 0 and right.session.tenant == "tenant-b"
+    for i in range(120):  # the per-tenant salt counts leave with the ring's requests
+        observe(ins, f"r{i}", [i] * 8, [1], salt=f"salt-{i}", tenant=f"tenant-{i}")
+    assert len(ins._tenant_salts) <= ins.max_requests
 
 
 def test_memory_stays_bounded():
