@@ -39,7 +39,7 @@ import zmq
 from engine import core_wire as wire
 from engine.block_hashing import BlockHash
 from engine.config import EngineConfig
-from engine.core_client import QUERIES, EngineCoreClient, EngineFacts, OutputSink, StatsListener
+from engine.core_api import QUERIES, EngineCoreClient, EngineFacts, OutputSink, StatsListener
 from engine.errors import EngineDeadError
 from engine.kv_blocks import CachedPrefix
 from engine.outputs import SchedulerStats, StepOutputs

@@ -23,7 +23,7 @@ import msgpack
 import numpy as np
 
 from engine import errors
-from engine.core_client import EngineFacts
+from engine.core_api import EngineFacts
 from engine.kv_blocks import CachedPrefix
 from engine.outputs import DraftStats, FinishReason, RequestTimings, SchedulerStats, SequenceInfo, StepOutputs, \
     TokenLogprobs

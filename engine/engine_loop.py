@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from engine.block_hashing import BlockHash
-from engine.core_client import EngineCoreClient, EngineFacts, OutputSink, StatsListener
+from engine.core_api import EngineCoreClient, EngineFacts, OutputSink, StatsListener
 from engine.errors import EngineDeadError, RequestRejected
 from engine.kv_blocks import CachedPrefix
 from engine.llm_engine import LLMEngine

@@ -1,4 +1,4 @@
-"""The asyncio face of an engine core (`engine.core_client.EngineCoreClient`: the engine thread, or the core in a
+"""The asyncio face of an engine core (`engine.core_api.EngineCoreClient`: the engine thread, or the core in a
 process of its own): the server's only way to the engine.
 
 Requests are prepared (validated, block hashes made) before they reach the core, on the caller's thread (the
@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from engine.block_hashing import BlockHash
-from engine.core_client import EngineCoreClient, EngineFacts
+from engine.core_api import EngineCoreClient, EngineFacts
 from engine.errors import EngineDeadError
 from engine.kv_blocks import CachedPrefix
 from engine.output_processor import OutputProcessor
@@ -73,6 +73,7 @@ class RequestStream:
         self._held = [r.request_id for r in requests if r.retention and r.retention.hold_after_finish_s > 0]
         self._hold_s = 0.0
         self._processor = OutputProcessor(engine.tokenizer)
+        self._on_close: list[Callable[[], None]] = []
         for r in requests:
             self._processor.add_request(r.request_id, r.prompt_token_ids, r.params)
             dispatcher.streams[r.request_id] = self
@@ -107,9 +108,16 @@ class RequestStream:
         ended in tool calls); by default the close releases them."""
         self._hold_s = seconds
 
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once, when the stream closes (`abort`)."""
+        self._on_close.append(callback)
+
     def abort(self) -> None:
         """Close the stream (every route handler does, however it ends): stop every unfinished request (the client
         went away), their blocks freed before the next step, and settle the holds (`hold`)."""
+        callbacks, self._on_close = self._on_close, []
+        for callback in callbacks:
+            callback()
         if self._remaining:
             self._engine.observe_aborted(self._remaining)
             self._finish()

@@ -25,8 +25,10 @@ from engine.sampling_params import SamplingParams, StructuredOutputSpec
 from engine.worker.structured_output import StructuredOutputs
 from server.async_engine import AsyncEngine
 from server.cache_salt import effective_salt, tenant_salt
+from server.inspector.hook import inspect_finished
 from server.inspector.store import DEFAULT_MAX_REQUESTS, Inspector
 from server.limits import RequestLimits
+from server.tenant_budget import TenantLimits, TenantSlots
 from server.logprobs import TokenTexts
 from server.metrics import Metrics
 from server.named_caches import NamedCaches
@@ -52,6 +54,7 @@ class ServerSettings:
     max_n: int = 16
     preserve_thinking: bool = True  # keep past turns' reasoning where the template can (Qwen3.6; docs/SERVER.md)
     limits: RequestLimits = RequestLimits()
+    tenant_limits: TenantLimits = TenantLimits()  # per-tenant budgets (server/tenant_budget.py)
     openapi: str = "key"  # GET /openapi.json: "key" (behind the API key), "public" or "off" (server/openapi.py)
     operator_keys: tuple[str, ...] = ()  # API keys that see every tenant in the cache inspector
     ui: bool = False  # serve the cache inspector (/ui; docs/INSPECTOR.md)
@@ -94,12 +97,16 @@ class ServingContext:
     aliases: frozenset[str] = frozenset()  # other names clients may use for the model (its HF repo id)
     named_caches: NamedCaches = field(default_factory=NamedCaches)
     inspector: Inspector | None = None  # the cache inspector (`--ui`)
+    # Called where a request finishes (`server.generation.record`) with (context, endpoint, prompts, session, turn):
+    # the inspector's hook with `--ui`. The pipeline calls it and knows nothing of what listens.
+    on_finished: Callable[..., None] | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     # This process's identity, new at every start (a restarted replica's cache is empty): responses carry it as
     # `system_fingerprint`, routers read it from /get_server_info.
     instance_id: str = field(default_factory=lambda: f"kvserve-{secrets.token_hex(6)}")
     large_lane: PrepareTools | None = None
     token_texts: TokenTexts = field(init=False)  # token id -> text and bytes, for logprobs (event loop)
+    tenant_slots: TenantSlots = field(init=False)  # each tenant's sequences in the engine
     optional_grammars: OptionalGrammars = field(init=False)  # tool_choice auto's grammars, compiled in the background
     _current: threading.local = field(init=False, repr=False)
     _lanes: tuple[_Lane, _Lane] = field(init=False, repr=False)
@@ -107,6 +114,7 @@ class ServingContext:
 
     def __post_init__(self) -> None:
         self.token_texts = TokenTexts(self.engine.tokenizer)
+        self.tenant_slots = TenantSlots(self.settings.tenant_limits.sequences)
         self.optional_grammars = OptionalGrammars(self.grammars)
         self._current = threading.local()
         small = _Lane("kvserve-prepare", self.lane_tools, self._current)
@@ -305,4 +313,5 @@ def load_context(
         recorder=Recorder(record_path) if record_path else None,
         aliases=frozenset(name for name in (spec.repo_id,) if name),
         inspector=inspector,
+        on_finished=inspect_finished if inspector is not None else None,
     )

@@ -15,7 +15,6 @@ from engine.outputs import DraftStats, FinishReason, RequestTimings, SequenceOut
 from engine.worker.grammar_compile import CompileCancelled
 from server.async_engine import EngineDeadError, EngineRequest, RequestStream
 from server.context import ServingContext
-from server.inspector.hook import inspect_finished
 from server.protocol import APIError
 from server.recorder import RequestRecord, timing_fields
 from server.turn import Turn
@@ -145,17 +144,25 @@ async def _compile_constraint(ctx: ServingContext, prompt: Prompt) -> None:
 async def submit(ctx: ServingContext, prompts: list[Prompt]) -> RequestStream:
     """Compile the prompts' grammars and prepare the requests (validation, block hashes: off the engine thread and
     the event loop), then hand them to the engine; its rejections (prompt too long for the context or the KV pool)
-    are 400s."""
+    are 400s. The tenant's sequences count against its budget until the stream closes (429 past it)."""
     for prompt in prompts:
         await _compile_constraint(ctx, prompt)
     requests = [p.request for p in prompts]
+    release = ctx.tenant_slots.acquire(requests[0].cache_salt, sum(r.params.n for r in requests))
     try:
         await ctx.prepare(ctx.engine.prepare, requests)
-        return await ctx.engine.submit(requests)
+        stream = await ctx.engine.submit(requests)
     except RequestRejected as exc:
+        release()
         raise APIError(400, str(exc), code=exc.code) from None
     except EngineDeadError as exc:
+        release()
         raise APIError(503, str(exc), type="server_error", code="engine_unavailable") from None
+    except BaseException:
+        release()
+        raise
+    stream.on_close(release)
+    return stream
 
 
 async def outputs(stream: RequestStream, prompts: list[Prompt]) -> AsyncIterator[tuple[int, SequenceOutput]]:
@@ -182,9 +189,11 @@ def record(
     ctx: ServingContext, endpoint: str, body: dict[str, Any], prompts: list[Prompt], session: str | None = None,
     turn: Turn | None = None,
 ) -> None:
-    """A request finished: record it (`--record`) and show it in the inspector (`--ui`). ``turn``: the request's
-    conversation (not for raw text prompts), for the inspector's explanation of what changed."""
-    inspect_finished(ctx, endpoint, prompts, session, turn)
+    """A request finished: record it (`--record`) and tell the context's ``on_finished`` listener (the inspector with
+    `--ui`). ``turn``: the request's conversation (not for raw text prompts), for the inspector's explanation of what
+    changed."""
+    if ctx.on_finished is not None:
+        ctx.on_finished(ctx, endpoint, prompts, session, turn)
     if ctx.recorder is None:
         return
     for p in prompts:
