@@ -128,25 +128,10 @@ class KVCacheManager:
             return 0
         return min(len(block_hashes), (num_tokens - 1) // self.block_size)
 
-    def num_cached_blocks_of(self, block_hashes: Sequence[BlockHash], num_tokens: int) -> int:
-        """How many leading blocks of a sequence the device tree holds now (no side effects; O(log blocks)).
-
-        The cached blocks of any hash chain form a prefix of it (blocks enter parent first and leave leaf first),
-        so a binary search over the chain finds the match length. A hybrid model's match ends at the deepest of
-        those blocks with a usable snapshot (a walk down the chain)."""
-        if self.states is not None:
-            resumable = 0
-            for i, block_hash in enumerate(block_hashes[: self._shareable_blocks(block_hashes, num_tokens)]):
-                node = self.by_hash.get(block_hash)
-                if node is None:
-                    break
-                if self.states.usable(node):
-                    resumable = i + 1
-            return resumable
-        return self._device_prefix(block_hashes, num_tokens)
-
     def _device_prefix(self, block_hashes: Sequence[BlockHash], num_tokens: int) -> int:
-        """Leading blocks of the chain in the device tree, snapshots or not (a binary search)."""
+        """Leading blocks of the chain in the device tree, snapshots or not (no side effects; O(log blocks)): the
+        cached blocks of any hash chain form a prefix of it (blocks enter parent first and leave leaf first), so a
+        binary search over the chain finds the match length."""
         lo, hi = 0, self._shareable_blocks(block_hashes, num_tokens)
         while lo < hi:
             mid = (lo + hi + 1) // 2

@@ -31,10 +31,6 @@ class StatePool:
         self.step = 0  # the scheduler's step counter: snapshots of the current step are not usable yet
         self.evictions = 0  # snapshots dropped to make room
 
-    @property
-    def num_free(self) -> int:
-        return len(self._free)
-
     def num_available(self, keep: int = -1) -> int:
         """Slots a sequence could take now: free ones plus evictable snapshots (never ``keep``)."""
         return len(self._free) + sum(1 for slot, node in self.snapshots.items()
