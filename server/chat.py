@@ -19,7 +19,7 @@ from server.async_engine import EngineRequest, RequestStream
 from server.cache_control import breakpoint_pins, chat_breakpoints, snapshot_hints
 from server.context import ServingContext, new_request_id
 from server.generation import Prompt, Usage, record
-from server.limits import check_request
+from server.limits import check_request, check_sampling, check_scored
 from server.logprobs import chat_logprobs, vllm_prompt_logprobs
 from server.normalize import normalize_for_cache
 from server.parsing import Delta, default_thinking
@@ -169,6 +169,7 @@ def plan_chat(ctx: ServingContext, turn: Turn, body: dict[str, Any], cache_salt:
     # Messages and tools are checked where they are rendered (`render_chat`).
     check_request(ctx.settings.limits, response_format=turn.response_format,
                   structured_outputs=turn.structured_outputs)
+    check_sampling(ctx.settings.limits, turn.sampling)
     turn, text = chat_prompt_text(ctx, turn, cache_salt)
     thinking = request_thinking(ctx.family, turn.template_kwargs)
     try:
@@ -179,6 +180,7 @@ def plan_chat(ctx: ServingContext, turn: Turn, body: dict[str, Any], cache_salt:
     except ConstraintError as exc:
         raise APIError(400, str(exc), param=exc.param) from None
     prompt_ids = ctx.encode(text)
+    check_scored(ctx.settings.limits, [len(prompt_ids)], turn.sampling.n, prompt_logprobs=turn.prompt_logprobs)
     params = ctx.sampling_params(
         turn.sampling, len(prompt_ids), skip_special_tokens=False, num_logprobs=turn.num_top_logprobs,
         structured_output=constraint, prompt_logprobs=turn.prompt_logprobs, session=turn.session,

@@ -15,6 +15,7 @@ from server.connections import ConnectionLimits
 from server.engine_args import add_engine_args, engine_config_from_args
 from server.inspector.store import DEFAULT_MAX_REQUESTS
 from server.limits import RequestLimits
+from server.tenant_budget import TenantLimits
 from server.openapi import OPENAPI_MODES
 
 _EPILOG = """\
@@ -81,6 +82,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                                "(docs/SERVER.md)"), RequestLimits, "limit")
     _add_limit_flags(parser.add_argument_group("connection limits", "checked in the HTTP protocol, before a request "
                                                "reaches the app"), ConnectionLimits, "connection")
+    _add_limit_flags(parser.add_argument_group("tenant budgets", "per API key, so that no tenant starves another"),
+                     TenantLimits, "tenant")
 
     ui = parser.add_argument_group("cache inspector (docs/INSPECTOR.md)")
     ui.add_argument("--ui", action="store_true",
@@ -148,6 +151,7 @@ def run_serve(args: argparse.Namespace) -> int:
         strict_max_tokens=args.strict_max_tokens, max_output_tokens=args.max_output_tokens, max_n=args.max_n,
         preserve_thinking=not args.no_preserve_thinking,
         limits=_limits_from_args(args, RequestLimits, "limit"),
+        tenant_limits=_limits_from_args(args, TenantLimits, "tenant"),
         openapi=args.openapi,
         operator_keys=operators, ui=args.ui, ui_max_requests=args.ui_max_requests,
     )

@@ -15,7 +15,7 @@ from typing import Any
 from server.async_engine import EngineRequest, RequestStream
 from server.context import ServingContext, new_request_id
 from server.generation import Prompt, Usage, outputs, record
-from server.limits import check_request
+from server.limits import check_request, check_sampling, check_scored
 from server.logprobs import completion_logprobs, echoed_logprobs, vllm_prompt_logprobs
 from server.parsing.constraint import ConstraintError, completion_constraint
 from server.protocol import APIError, CompletionRequest
@@ -43,6 +43,11 @@ def _prompt_ids(ctx: ServingContext, prompt: str | list[int] | list[str] | list[
     return [list(prompt)]
 
 
+def _num_prompts(prompt: str | list[int] | list[str] | list[list[int]]) -> int:
+    """How many prompts a `prompt` field holds (a batch of texts or of token lists), before any is tokenized."""
+    return len(prompt) if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)) else 1
+
+
 def plan_completion(
     ctx: ServingContext, req: CompletionRequest, body: dict[str, Any], cache_salt: str | None, created: int
 ) -> CompletionPlan:
@@ -53,13 +58,16 @@ def plan_completion(
     except ConstraintError as exc:
         raise APIError(400, str(exc), param=exc.param) from None
     param = "structured_outputs" if req.structured_outputs is not None else "response_format"
+    sampling = Sampling.of(req, req.max_tokens)
+    check_sampling(ctx.settings.limits, sampling, _num_prompts(req.prompt))
     token_lists = _prompt_ids(ctx, req.prompt)
+    check_scored(ctx.settings.limits, map(len, token_lists), req.n, echo=req.echo, echo_logprobs=req.logprobs,
+                 prompt_logprobs=req.prompt_logprobs)
     vocab = ctx.engine.facts.vocab_size
     bad = next((t for ids in token_lists for t in ids if not 0 <= t < vocab), None)
     if bad is not None:  # before anything decodes them (echo)
         raise APIError(400, f"token id {bad} is outside the vocabulary [0, {vocab})", param="prompt")
     request_id = new_request_id("cmpl")
-    sampling = Sampling.of(req, req.max_tokens)
     prompts = []
     for i, ids in enumerate(token_lists):
         params = ctx.sampling_params(

@@ -8,7 +8,9 @@ field and the limit instead. Every bound is a `kvserve serve` flag (docs/SERVER.
   size in bytes and its nesting depth; all of a request's `enum` / `structured_outputs.choice` values together;
 - `structured_outputs.regex` / `.grammar` (EBNF): their size in bytes;
 - grammar compilation: time limits, one for a request waiting on its grammar and one for an optional grammar
-  compiling in the background (engine/worker/grammar_compile.py enforces them in a worker process).
+  compiling in the background (engine/worker/grammar_compile.py enforces them in a worker process);
+- sampling: sequences (prompts x n), stop strings (count and bytes), stop token ids, and the prompt tokens a reply
+  echoes or scores (`check_sampling`, `check_scored`); `cache_control` marks (server/cache_control.py counts them).
 """
 from __future__ import annotations
 
@@ -16,9 +18,12 @@ import json
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from server.protocol import APIError
+
+if TYPE_CHECKING:
+    from server.turn import Sampling
 
 # A JSON escape of a UTF-16 surrogate: only then can a parsed body hold a lone one (raw UTF-8 never decodes to one).
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
@@ -48,6 +53,20 @@ class RequestLimits:
     compile_timeout_s: float = field(default=30.0, metadata=_flag(
         "--grammar-compile-timeout", "seconds a request waits for its grammar (response_format, tool_choice required "
         "or named) to compile in a worker process before it gets a 400"))
+    sequences: int = field(default=64, metadata=_flag(
+        "--max-sequences", "most sequences one request runs: its prompts times n"))
+    stop_strings: int = field(default=64, metadata=_flag(
+        "--max-stop-strings", "most stop strings (stop, stop_sequences) of one request"))
+    stop_bytes: int = field(default=16 * 1024, metadata=_flag(
+        "--max-stop-bytes", "most bytes of one request's stop strings together"))
+    stop_token_ids: int = field(default=256, metadata=_flag(
+        "--max-stop-token-ids", "most stop_token_ids of one request"))
+    scored_tokens: int = field(default=262_144, metadata=_flag(
+        "--max-scored-tokens", "most prompt-token entries a reply may carry: each echoed prompt token (echo) or scored "
+        "one (echo with logprobs, prompt_logprobs) counts 1 + its alternatives, once per choice that carries it"))
+    cache_control_marks: int = field(default=64, metadata=_flag(
+        "--max-cache-control-marks", "most cache_control marks one request may carry (each is counted before any is "
+        "built; 4 of them are breakpoints, as on Anthropic)"))
     background_compile_timeout_s: float = field(default=300.0, metadata=_flag(
         "--grammar-background-compile-timeout", "seconds an optional grammar (the tool calls of tool_choice auto) may "
         "compile in the background; its request never waits: it runs unconstrained until the grammar is cached"))
@@ -147,3 +166,36 @@ def check_request(limits: RequestLimits, *, messages: Iterable | None = None, to
     if enums > limits.enum_values:
         raise _too_big(f"the request's schemas and choices list {enums} enum values together; this server takes at "
                        f"most {limits.enum_values}")
+
+
+def check_sampling(limits: RequestLimits, sampling: Sampling, num_prompts: int = 1) -> None:
+    """Sequences (``num_prompts`` x n), stop strings and stop token ids against the limits (400), before any work."""
+    sequences = num_prompts * sampling.n
+    if sequences > limits.sequences:
+        raise _too_big(f"the request asks for {sequences} sequences ({num_prompts} prompt(s) x n={sampling.n}); this "
+                       f"server runs at most {limits.sequences} for one request (--max-sequences)",
+                       "n" if num_prompts == 1 else "prompt")
+    if len(sampling.stop) > limits.stop_strings:
+        raise _too_big(f"the request has {len(sampling.stop)} stop strings; this server takes at most "
+                       f"{limits.stop_strings} (--max-stop-strings)", "stop")
+    stop_bytes = sum(len(s.encode("utf-8", "surrogatepass")) for s in sampling.stop)
+    if stop_bytes > limits.stop_bytes:
+        raise _too_big(f"the request's stop strings are {stop_bytes} bytes together; this server takes at most "
+                       f"{limits.stop_bytes} (--max-stop-bytes)", "stop")
+    if len(sampling.stop_token_ids) > limits.stop_token_ids:
+        raise _too_big(f"the request has {len(sampling.stop_token_ids)} stop_token_ids; this server takes at most "
+                       f"{limits.stop_token_ids} (--max-stop-token-ids)", "stop_token_ids")
+
+
+def check_scored(limits: RequestLimits, prompt_lengths: Iterable[int], n: int, *, echo: bool = False,
+                 echo_logprobs: int | None = None, prompt_logprobs: int | None = None) -> None:
+    """The prompt-token entries a reply will carry (echoed tokens and their logprobs once per choice, vLLM's
+    `prompt_logprobs` once per prompt, each with its alternatives) against `--max-scored-tokens` (400)."""
+    per_token = (n * (1 + (echo_logprobs or 0)) if echo else 0) + (1 + prompt_logprobs if prompt_logprobs is not None
+                                                                   else 0)
+    entries = per_token * sum(prompt_lengths)
+    if entries > limits.scored_tokens:
+        param = "prompt_logprobs" if prompt_logprobs is not None else "echo"
+        raise _too_big(f"the reply would carry {entries} prompt-token entries (echo, logprobs and prompt_logprobs "
+                       f"over every prompt token and choice); this server returns at most {limits.scored_tokens} "
+                       f"(--max-scored-tokens)", param)

@@ -1,0 +1,134 @@
+"""Issue 41 ("one request never hurts another, round 2"): every per-request cost is bounded before work starts, and
+each tenant has a budget of engine slots and stored state. Each case gets a 4xx in the API's shape naming its limit
+(its flag), on the old code it ran (or 500'd)."""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+
+import httpx
+import pytest
+
+from server.cache_salt import tenant_salt
+from server.cli import build_parser
+from server.limits import RequestLimits
+from server.tenant_budget import TenantLimits, TenantSlots
+from tests.server.conftest import KEY_A, KEY_B, LiveServer
+
+HI = [{"role": "user", "content": "hi"}]
+
+
+def post(server: LiveServer, path: str, body: dict, key: str = KEY_A, **kwargs) -> httpx.Response:
+    return httpx.post(f"{server.base_url}{path}", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=120,
+                      **kwargs)
+
+
+def assert_limit(response: httpx.Response, status: int, flag: str, param: str | None = None) -> None:
+    assert response.status_code == status, response.text[:500]
+    error = response.json()["error"]
+    assert flag in error["message"], error
+    if param is not None:
+        assert error["param"] == param, error
+
+
+# ---- sequences, stop strings, stop token ids, scored tokens (items 4, 6, 7, 13) -------------------------------------
+
+def test_a_batch_of_prompts_times_n_is_bounded(qwen_server: LiveServer) -> None:
+    # 65 one-token prompts: 65 sequences (before: each its own engine request; 2,000 took every slot)
+    response = post(qwen_server, "/v1/completions", {"prompt": [[1, 2]] * 65, "max_tokens": 1})
+    assert_limit(response, 400, "--max-sequences", "prompt")
+    response = post(qwen_server, "/v1/completions", {"prompt": [[1, 2]] * 16, "n": 4, "max_tokens": 1})
+    assert response.status_code == 200 and len(response.json()["choices"]) == 64
+
+
+@pytest.mark.parametrize("field, value, flag", [
+    ("stop", ["x"] * 65, "--max-stop-strings"),
+    ("stop", ["a" * 9000, "b" * 9000], "--max-stop-bytes"),
+    ("stop_token_ids", list(range(257)), "--max-stop-token-ids"),
+])
+def test_stop_strings_and_token_ids_are_bounded(qwen_server: LiveServer, field: str, value: list, flag: str) -> None:
+    for path, body in (("/v1/chat/completions", {"messages": HI}), ("/v1/completions", {"prompt": "hi"})):
+        assert_limit(post(qwen_server, path, {**body, "max_tokens": 1, field: value}), 400, flag, field)
+
+
+def test_anthropic_stop_sequences_are_bounded(qwen_server: LiveServer) -> None:
+    response = post(qwen_server, "/v1/messages", {"model": qwen_server.ctx.model_name, "max_tokens": 1,
+                                                  "messages": HI, "stop_sequences": ["x"] * 65})
+    assert response.status_code == 400 and "--max-stop-strings" in response.json()["error"]["message"]
+    assert response.json()["type"] == "error"  # Anthropic's error shape
+
+
+def test_echoed_and_scored_prompt_tokens_are_budgeted(qwen_server: LiveServer) -> None:
+    # 64 prompts of 500 tokens, echoed with 20 alternatives each: 672,000 entries (before: a reply of tens of MB
+    # built on the event loop)
+    prompts = [[(7 * i + j) % 1000 + 10 for j in range(500)] for i in range(64)]
+    response = post(qwen_server, "/v1/completions", {"prompt": prompts, "max_tokens": 1, "echo": True,
+                                                     "logprobs": 20})
+    assert_limit(response, 400, "--max-scored-tokens", "echo")
+    response = post(qwen_server, "/v1/completions", {"prompt": prompts, "max_tokens": 1,
+                                                     "prompt_logprobs": 20})
+    assert_limit(response, 400, "--max-scored-tokens", "prompt_logprobs")
+    small = post(qwen_server, "/v1/completions", {"prompt": prompts[0][:50], "max_tokens": 1, "echo": True,
+                                                  "logprobs": 2})
+    assert small.status_code == 200
+
+
+# ---- per-tenant slots (item 4) ----------------------------------------------------------------------------------------
+
+@contextmanager
+def tenant_sequences(server: LiveServer, limit: int) -> Iterator[None]:
+    old = server.ctx.tenant_slots
+    server.ctx.tenant_slots = TenantSlots(limit)
+    try:
+        yield
+    finally:
+        server.ctx.tenant_slots = old
+
+
+def test_a_tenant_cannot_take_every_slot(qwen_server: LiveServer) -> None:
+    """Tenant A's requests wait in the engine (held at a gate on the engine thread) with 4 sequences: its next one
+    gets 429 at once, tenant B's runs; once they finish A's budget is whole again."""
+    body = {"messages": HI, "max_tokens": 2, "n": 2}
+    gate = threading.Event()
+    with tenant_sequences(qwen_server, 4), ThreadPoolExecutor(4) as pool:
+        blocked = qwen_server.ctx.engine.core.call(lambda engine: gate.wait(60))
+        try:
+            waiting = [pool.submit(post, qwen_server, "/v1/chat/completions", body) for _ in range(2)]
+            deadline = time.monotonic() + 30
+            while qwen_server.ctx.tenant_slots.held(tenant_salt(KEY_A)) < 4:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            refused = post(qwen_server, "/v1/chat/completions", {"messages": HI, "max_tokens": 1})
+            assert_limit(refused, 429, "--max-sequences-per-tenant")
+            other = pool.submit(post, qwen_server, "/v1/chat/completions", {"messages": HI, "max_tokens": 1},
+                                key=KEY_B)
+        finally:
+            gate.set()
+        blocked.result(60)
+        assert other.result(60).status_code == 200  # tenant B was never refused
+        assert [w.result(60).status_code for w in waiting] == [200, 200]
+    assert qwen_server.ctx.tenant_slots.held(tenant_salt(KEY_A)) == 0
+    assert post(qwen_server, "/v1/chat/completions", {"messages": HI, "max_tokens": 1}).status_code == 200
+
+
+def test_tenant_slots_release_once() -> None:
+    slots = TenantSlots(3)
+    release = slots.acquire("tenant-a", 3)
+    with pytest.raises(Exception, match="--max-sequences-per-tenant"):
+        slots.acquire("tenant-a", 1)
+    slots.acquire("tenant-b", 3)
+    release()
+    release()
+    assert slots.held("tenant-a") == 0 and slots.held("tenant-b") == 3
+    slots.acquire("8:tenant-a:scoped", 3)  # a request's salt scoped inside tenant a counts as tenant a
+    assert slots.held("tenant-a") == 3
+
+
+def test_every_new_limit_has_a_flag_and_a_default() -> None:
+    args = build_parser().parse_args(["serve"])
+    for limits, prefix in ((RequestLimits(), "limit"), (TenantLimits(), "tenant")):
+        for name, value in vars(limits).items():
+            assert getattr(args, f"{prefix}_{name}") == value
