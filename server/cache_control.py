@@ -14,14 +14,15 @@ prompt. Whatever a template does at the cut, the pin never covers a token the fu
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from engine.retention import DEFAULT_TTL, TTL_CHOICES, CachePin
 from server.protocol import APIError
 
 MAX_BREAKPOINTS = 4  # as Anthropic allows
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -54,29 +55,37 @@ def mark_ttl(block: Any, where: str) -> float | None:
     return parse_cache_control(block.get("cache_control"), f"{where}.cache_control")
 
 
-def checked(points: list[Breakpoint]) -> list[Breakpoint]:
-    if len(points) > MAX_BREAKPOINTS:
+def counted(marks: Iterable[tuple[T, float | None]]) -> list[tuple[T, float]]:
+    """The marked places (with their TTLs) among ``marks``, counted before any breakpoint is built: a cut copies
+    the conversation up to its mark, so building a breakpoint per mark first was quadratic in the marks (20,000
+    marked parts: 11 s and 1.4 GB before the 400)."""
+    found = [(where, ttl) for where, ttl in marks if ttl is not None]
+    if len(found) > MAX_BREAKPOINTS:
         raise APIError(400, f"a request may carry at most {MAX_BREAKPOINTS} cache_control breakpoints, this one has "
-                            f"{len(points)}", param="cache_control")
-    return points
+                            f"{len(found)}", param="cache_control")
+    return found
 
 
 def chat_breakpoints(messages: list[dict], tools: list[dict] | None) -> list[Breakpoint]:
     """Marks on chat content parts (and on whole messages, as some clients put them)."""
+    def marks() -> Iterator[tuple[tuple[int, int | None], float | None]]:
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict):
+                continue
+            content = message.get("content")
+            if isinstance(content, list):
+                for j, part in enumerate(content):
+                    yield (i, j), mark_ttl(part, f"messages.{i}.content.{j}")
+            yield (i, None), mark_ttl(message, f"messages.{i}")
+
     points = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            continue
-        content = message.get("content")
-        if isinstance(content, list):
-            for j, part in enumerate(content):
-                ttl = mark_ttl(part, f"messages.{i}.content.{j}")
-                if ttl is not None:
-                    points.append(Breakpoint([*messages[:i], {**message, "content": content[: j + 1]}], tools, ttl))
-        ttl = mark_ttl(message, f"messages.{i}")
-        if ttl is not None:
+    for (i, j), ttl in counted(marks()):
+        if j is None:
             points.append(Breakpoint(messages[: i + 1], tools, ttl))
-    return checked(points)
+        else:
+            message = messages[i]
+            points.append(Breakpoint([*messages[:i], {**message, "content": message["content"][: j + 1]}], tools, ttl))
+    return points
 
 
 Render = Callable[[list[dict], list[dict] | None], str]  # (messages, tools) -> prompt text, no generation prompt

@@ -10,7 +10,7 @@ field and the limit instead. Every bound is a `kvserve serve` flag (docs/SERVER.
 - grammar compilation: time limits, one for a request waiting on its grammar and one for an optional grammar
   compiling in the background (engine/worker/grammar_compile.py enforces them in a worker process);
 - sampling: sequences (prompts x n), stop strings (count and bytes), stop token ids, and the prompt tokens a reply
-  echoes or scores (`check_sampling`, `check_scored`); `cache_control` marks (server/cache_control.py counts them).
+  echoes or scores (`check_sampling`, `check_scored`).
 """
 from __future__ import annotations
 
@@ -64,9 +64,6 @@ class RequestLimits:
     scored_tokens: int = field(default=262_144, metadata=_flag(
         "--max-scored-tokens", "most prompt-token entries a reply may carry: each echoed prompt token (echo) or scored "
         "one (echo with logprobs, prompt_logprobs) counts 1 + its alternatives, once per choice that carries it"))
-    cache_control_marks: int = field(default=64, metadata=_flag(
-        "--max-cache-control-marks", "most cache_control marks one request may carry (each is counted before any is "
-        "built; 4 of them are breakpoints, as on Anthropic)"))
     background_compile_timeout_s: float = field(default=300.0, metadata=_flag(
         "--grammar-background-compile-timeout", "seconds an optional grammar (the tool calls of tool_choice auto) may "
         "compile in the background; its request never waits: it runs unconstrained until the grammar is cached"))

@@ -13,11 +13,12 @@ switch and the `cache_control` breakpoints, so that it renders through the same 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
 from server.anthropic_protocol import AnthropicMessage, Conversation, MessagesRequest
-from server.cache_control import Breakpoint, checked, mark_ttl
+from server.cache_control import Breakpoint, counted, mark_ttl
 from server.chat import effort_kwargs, thinking_kwargs
 from server.protocol import APIError
 from server.turn import Sampling, Turn
@@ -132,24 +133,30 @@ def breakpoints(req: Conversation) -> list[Breakpoint]:
     def cut(system: str | list | None, messages: list[AnthropicMessage]) -> list[dict]:
         return chat_messages(Conversation.model_construct(model=req.model, system=system, messages=messages))
 
-    points = []
-    for i, tool in enumerate(req.tools or []):
-        ttl = mark_ttl(tool, f"tools.{i}")
-        if ttl is not None:
-            points.append(Breakpoint(cut(req.system, []), chat_tools(req.tools[: i + 1]), ttl))
-    tools = chat_tools(req.tools)
     system = req.system if isinstance(req.system, list) else []
-    for j, block in enumerate(system):
-        ttl = mark_ttl(block, f"system.{j}")
-        if ttl is not None:
-            points.append(Breakpoint(cut(system[: j + 1], []), tools, ttl))
-    for i, message in enumerate(req.messages):
-        for j, block in enumerate(message.content if isinstance(message.content, list) else []):
-            ttl = mark_ttl(block, f"messages.{i}.content.{j}")
-            if ttl is not None:
-                cut_message = message.model_copy(update={"content": message.content[: j + 1]})
-                points.append(Breakpoint(cut(req.system, [*req.messages[:i], cut_message]), tools, ttl))
-    return checked(points)
+
+    def marks() -> Iterator[tuple[tuple[str, int, int], float | None]]:
+        for i, tool in enumerate(req.tools or []):
+            yield ("tool", i, 0), mark_ttl(tool, f"tools.{i}")
+        for j, block in enumerate(system):
+            yield ("system", j, 0), mark_ttl(block, f"system.{j}")
+        for i, message in enumerate(req.messages):
+            for j, block in enumerate(message.content if isinstance(message.content, list) else []):
+                yield ("message", i, j), mark_ttl(block, f"messages.{i}.content.{j}")
+
+    found = counted(marks())  # all counted before any cut is built
+    tools = chat_tools(req.tools)
+    points = []
+    for (kind, i, j), ttl in found:
+        if kind == "tool":
+            points.append(Breakpoint(cut(req.system, []), chat_tools(req.tools[: i + 1]), ttl))
+        elif kind == "system":
+            points.append(Breakpoint(cut(system[: i + 1], []), tools, ttl))
+        else:
+            message = req.messages[i]
+            cut_message = message.model_copy(update={"content": message.content[: j + 1]})
+            points.append(Breakpoint(cut(req.system, [*req.messages[:i], cut_message]), tools, ttl))
+    return points
 
 
 def chat_tools(tools: list[dict] | None) -> list[dict] | None:

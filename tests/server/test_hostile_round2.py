@@ -12,9 +12,13 @@ from contextlib import contextmanager
 import httpx
 import pytest
 
+from server.anthropic_protocol import MessagesRequest
+from server.cache_control import chat_breakpoints
 from server.cache_salt import tenant_salt
 from server.cli import build_parser
 from server.limits import RequestLimits
+from server.messages_input import breakpoints as anthropic_breakpoints
+from server.protocol import APIError
 from server.tenant_budget import TenantLimits, TenantSlots
 from tests.server.conftest import KEY_A, KEY_B, LiveServer
 
@@ -74,6 +78,35 @@ def test_echoed_and_scored_prompt_tokens_are_budgeted(qwen_server: LiveServer) -
     small = post(qwen_server, "/v1/completions", {"prompt": prompts[0][:50], "max_tokens": 1, "echo": True,
                                                   "logprobs": 2})
     assert small.status_code == 200
+
+
+# ---- cache_control marks are counted before any breakpoint is built (item 8) ------------------------------------------
+
+MARK = {"type": "ephemeral"}
+
+
+def test_marks_are_counted_before_breakpoints_are_built() -> None:
+    """Before: each mark built its cut of the conversation first (20,000 marked chat parts: 400 after 11 s and
+    +1.4 GB; 3,000 marked Anthropic tools: 20-26 s, +3 GB). Now the count refuses them in milliseconds."""
+    parts = [{"type": "text", "text": "x", "cache_control": MARK}] * 20_000
+    started = time.perf_counter()
+    with pytest.raises(APIError, match="at most 4 cache_control breakpoints, this one has 20000"):
+        chat_breakpoints([{"role": "user", "content": parts}], None)
+    tools = [{"name": f"t{i}", "input_schema": {"type": "object"}, "cache_control": MARK} for i in range(3000)]
+    req = MessagesRequest.model_validate({"model": "m", "max_tokens": 1, "messages": HI, "tools": tools})
+    with pytest.raises(APIError, match="this one has 3000"):
+        anthropic_breakpoints(req)
+    assert time.perf_counter() - started < 1.0
+
+
+def test_too_many_marks_are_a_400_on_both_apis(qwen_server: LiveServer) -> None:
+    parts = [{"type": "text", "text": "x", "cache_control": MARK}] * 5
+    response = post(qwen_server, "/v1/chat/completions", {"messages": [{"role": "user", "content": parts}],
+                                                          "max_tokens": 1})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "cache_control"
+    response = post(qwen_server, "/v1/messages", {"model": qwen_server.ctx.model_name, "max_tokens": 1,
+                                                  "messages": [{"role": "user", "content": parts}]})
+    assert response.status_code == 400 and response.json()["type"] == "error"
 
 
 # ---- per-tenant slots (item 4) ----------------------------------------------------------------------------------------
