@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from server import json_text
 from server.context import LARGE_REQUEST_BYTES, body_bytes
 from server.limits import RequestLimits, check_body
 from server.protocol import APIError, validation_error
@@ -51,7 +52,10 @@ def _parse_json(raw: bytes, limits: RequestLimits) -> Any:
     except UnicodeDecodeError as exc:
         raise APIError(400, f"request body is not valid UTF-8 (byte {exc.start})", code="invalid_encoding") from None
     try:
-        body = json.loads(text)
+        body = json_text.loads(text, max_depth=None)
+    except json_text.TooDeep:
+        raise APIError(400, f"the request body nests arrays and objects deeper than {limits.json_depth} levels",
+                       code="limit_exceeded") from None
     except json.JSONDecodeError as exc:
         raise APIError(400, f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
                        code="invalid_json") from None

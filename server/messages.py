@@ -13,6 +13,7 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+from server import json_text
 from server.anthropic_protocol import CountTokensRequest, MessagesRequest, anthropic_sse
 from server.async_engine import RequestStream
 from server.chat import ChatPlan, plan_chat, record_plan, render_chat, with_cached_content
@@ -73,7 +74,7 @@ def _block_event(event: ItemEvent) -> Event:
 def _json_object(text: str) -> dict[str, Any]:
     """A tool call's input; arguments that are not a JSON object (output cut off mid-call) give {}."""
     try:
-        value = json.loads(text) if text.strip() else {}
+        value = json_text.loads(text) if text.strip() else {}
     except json.JSONDecodeError:
         return {}
     return value if isinstance(value, dict) else {}

@@ -10,17 +10,20 @@ text completion writes one line per prompt.
 
 A path with `{salt}` writes one file per cache salt (a tenant, or an end user behind a request `cache_salt`): the
 placeholder becomes a hash of the salt (`shared` without one), so that each tenant's traffic can be handed to it
-alone. Files are created readable by their owner only (they hold prompts).
+alone. Files are created readable by their owner only (they hold prompts). At most 64 stay open at once, and a
+failed write (a full disk) drops its record with a warning: recording never fails a request.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import threading
+from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from engine.outputs import RequestTimings
 
@@ -49,40 +52,68 @@ def timing_fields(timings: RequestTimings | None) -> dict[str, float | None]:
 
 
 SALT_PLACEHOLDER = "{salt}"
+MAX_OPEN_FILES = 64  # descriptors a `{salt}` recorder keeps open at once
+log = logging.getLogger("kvserve.server")
 
 
 class Recorder:
-    """Appends records to a JSONL file (one per cache salt when the path has `{salt}`); one line per write, flushed,
-    so a crash loses at most the line in flight."""
+    """Appends records to a JSONL file (one per cache salt when the path has `{salt}`); one line per write, in one
+    `write` call on an append-only descriptor, so a crash loses at most the line in flight. At most
+    ``max_open_files`` descriptors stay open (the least recently written is closed first and reopened when its
+    salt writes again), so many salts cannot use up the process's descriptors. Recording never fails a request: a
+    write that fails (a full disk, a file that cannot be opened) is dropped, counted and logged (once, then once
+    when writes work again)."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, max_open_files: int = MAX_OPEN_FILES) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._files: dict[Path, TextIO] = {}
+        self.max_open_files = max_open_files
+        self.dropped = 0  # records lost to failed writes
+        self._fds: OrderedDict[Path, int] = OrderedDict()
         self._lock = threading.Lock()
         if SALT_PLACEHOLDER not in str(path):
-            self._file_for(None)  # created at once, so a bad path fails at start-up
+            self._fd_for(None)  # created at once, so a bad path fails at start-up
 
-    def _file_for(self, salt: str | None) -> TextIO:
-        path = self.path
-        if SALT_PLACEHOLDER in str(path):
-            name = "shared" if salt is None else hashlib.sha256(salt.encode()).hexdigest()[:16]
-            path = Path(str(path).replace(SALT_PLACEHOLDER, name))
-        file = self._files.get(path)
-        if file is None:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            file = self._files[path] = os.fdopen(fd, "a", encoding="utf-8")
-        return file
+    def _path_for(self, salt: str | None) -> Path:
+        if SALT_PLACEHOLDER not in str(self.path):
+            return self.path
+        name = "shared" if salt is None else hashlib.sha256(salt.encode()).hexdigest()[:16]
+        return Path(str(self.path).replace(SALT_PLACEHOLDER, name))
+
+    def _fd_for(self, salt: str | None) -> int:
+        path = self._path_for(salt)
+        fd = self._fds.get(path)
+        if fd is not None:
+            self._fds.move_to_end(path)
+            return fd
+        while len(self._fds) >= self.max_open_files:
+            os.close(self._fds.popitem(last=False)[1])
+        fd = self._fds[path] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        return fd
 
     def write(self, record: RequestRecord) -> None:
-        line = json.dumps(asdict(record), ensure_ascii=False) + "\n"
+        try:
+            line = (json.dumps(asdict(record), ensure_ascii=False) + "\n").encode("utf-8", "surrogatepass")
+            with self._lock:
+                written = os.write(self._fd_for(record.cache_salt), line)
+            if written != len(line):
+                raise OSError(f"wrote {written} of {len(line)} bytes")
+        except (OSError, ValueError) as exc:
+            self.dropped += 1
+            if self.dropped == 1 or self._recovered:
+                log.warning("--record: a record was dropped (%s); requests go on unrecorded while writes fail", exc)
+            self._recovered = False
+            return
+        self._recovered = True
+
+    _recovered = False
+
+    def open_files(self) -> int:
         with self._lock:
-            file = self._file_for(record.cache_salt)
-            file.write(line)
-            file.flush()
+            return len(self._fds)
 
     def close(self) -> None:
         with self._lock:
-            for file in self._files.values():
-                file.close()
-            self._files.clear()
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from typing import Any
+from server import json_text
 
 MAX_SESSION_CHARS = 256
 CLAUDE_CODE_SESSION_HEADER = "x-claude-code-session-id"
@@ -40,7 +41,7 @@ def _metadata_session(metadata: Any) -> str | None:
     if not isinstance(user_id, str):
         return None
     try:
-        parsed = json.loads(user_id)
+        parsed = json_text.loads(user_id)
     except json.JSONDecodeError:
         return None
     return _clean(parsed.get("session_id")) if isinstance(parsed, dict) else None

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 
+from server import json_text
 from server.parsing.deltas import ParsedCall
 from server.parsing.param_types import coerce_parameter, tool_properties
 
@@ -132,10 +133,6 @@ class DsmlCallParser:
 
 def _json_value(raw: str, schema: dict | None) -> object:
     try:
-        return json.loads(raw, parse_constant=_not_json)
+        return json_text.loads(raw)
     except ValueError:
         return coerce_parameter(raw, schema)
-
-
-def _not_json(constant: str) -> object:
-    raise ValueError(f"{constant} is not JSON")

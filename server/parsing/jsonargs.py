@@ -4,13 +4,15 @@ from __future__ import annotations
 import json
 import re
 
+from server import json_text
+
 _WS = re.compile(r"[ \t\n\r]*")
 _DECODER = json.JSONDecoder()
 
 
 def is_json_object(text: str) -> bool:
     try:
-        return isinstance(json.loads(text), dict)
+        return isinstance(json_text.loads(text), dict)
     except ValueError:
         return False
 

@@ -5,6 +5,8 @@ import ast
 import json
 import math
 
+from server import json_text
+
 _ALIASES = {
     "int": "integer",
     "float": "number",
@@ -77,7 +79,7 @@ def _boolean(raw: str) -> object:
 def _number(raw: str) -> object:
     text = raw.strip()
     try:
-        value = json.loads(text)
+        value = json_text.loads(text)
     except ValueError:
         try:
             value = float(text)
@@ -99,7 +101,7 @@ def _structured(kind: type):
     def convert(raw: str) -> object:
         text = raw.strip()
         try:
-            value = json.loads(text)
+            value = json_text.loads(text)
         except ValueError:
             try:  # the July 2025 template rendered history values with Python str(), so models echo that form
                 value = ast.literal_eval(text)

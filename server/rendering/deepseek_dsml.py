@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from server import json_text
 from server.rendering.base import Prepared, Renderer, tojson
 from server.rendering.deepseek import ASSISTANT, BOS, EOS, USER
 from server.rendering.messages import MessagePolicy
@@ -100,7 +101,7 @@ def _object(arguments: Any) -> dict:
 def strict_arguments(text: str) -> dict:
     """V3.2: the arguments string must be a JSON object."""
     try:
-        return _object(json.loads(text))
+        return _object(json_text.loads(text))
     except json.JSONDecodeError as exc:
         raise ValueError(f"tool call arguments are not valid JSON ({exc.msg})") from None
 
@@ -108,7 +109,7 @@ def strict_arguments(text: str) -> dict:
 def lenient_arguments(text: str) -> dict:
     """V4: a string that is not JSON becomes one string parameter named `arguments`."""
     try:
-        value = json.loads(text)
+        value = json_text.loads(text)
     except json.JSONDecodeError:
         return {"arguments": text}
     return _object(value)

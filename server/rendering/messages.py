@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from typing import Any, Literal
+from server import json_text
 
 ROLES = ("system", "user", "assistant", "tool")
 # OpenAI's newer "developer" role plays the part of the system prompt for models that only know "system".
@@ -92,7 +93,7 @@ def _normalize_arguments(raw: Any, policy: MessagePolicy, where: str) -> Any:
     if isinstance(raw, dict):
         return raw
     try:
-        parsed = json.loads(raw) if raw.strip() else {}
+        parsed = json_text.loads(raw) if raw.strip() else {}
     except json.JSONDecodeError as exc:
         if policy.lenient_object_arguments:
             return raw

@@ -19,6 +19,9 @@ from server.cli import build_parser
 from server.limits import RequestLimits
 from server.messages_input import breakpoints as anthropic_breakpoints
 from server.protocol import APIError
+from server.recorder import Recorder, RequestRecord
+from server.rendering import FAMILIES as RENDERING_FAMILIES
+from server.rendering import get_renderer
 from server.tenant_budget import TenantLimits, TenantSlots
 from tests.server.conftest import KEY_A, KEY_B, LiveServer
 
@@ -165,3 +168,79 @@ def test_every_new_limit_has_a_flag_and_a_default() -> None:
     for limits, prefix in ((RequestLimits(), "limit"), (TenantLimits(), "tenant")):
         for name, value in vars(limits).items():
             assert getattr(args, f"{prefix}_{name}") == value
+
+
+# ---- no 500s (item 9) ---------------------------------------------------------------------------------------------------
+
+def post_raw(server: LiveServer, path: str, raw: bytes) -> httpx.Response:
+    return httpx.post(f"{server.base_url}{path}", content=raw, timeout=120,
+                      headers={"Authorization": f"Bearer {KEY_A}", "Content-Type": "application/json"})
+
+
+@pytest.mark.parametrize("path, raw", [
+    ("/v1/responses", b'{"input": "hi", "max_output_tokens": 1, "metadata": {"a": NaN}}'),
+    ("/v1/responses", b'{"input": "hi", "max_output_tokens": 1, "text": {"format": {"type": "text", "x": Infinity}}}'),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": ' + b"9" * 5000 + b"}"),
+    ("/v1/completions", b'{"prompt": "hi", "max_tokens": 1, "seed": -' + b"1" * 4301 + b"}"),
+])
+def test_non_json_numbers_are_400s(qwen_server: LiveServer, path: str, raw: bytes) -> None:
+    """NaN / Infinity (Python's json accepts them; the JSON response then failed: 500) and integers past Python's
+    4,300-digit limit (ValueError from the parser: 500) are invalid JSON."""
+    response = post_raw(qwen_server, path, raw)
+    assert response.status_code == 400, response.text[:300]
+    assert response.json()["error"]["code"] == "invalid_json"
+
+
+def test_a_deeply_nested_user_id_is_not_a_session(qwen_server: LiveServer) -> None:
+    # metadata.user_id is JSON in a string (Claude Code's session id); 50,000 levels made the parser recurse: 500
+    user_id = "[" * 50_000 + "]" * 50_000
+    response = post(qwen_server, "/v1/messages", {"model": qwen_server.ctx.model_name, "max_tokens": 1,
+                                                  "messages": HI, "metadata": {"user_id": user_id}})
+    assert response.status_code == 200, response.text[:300]
+
+
+@pytest.mark.parametrize("arguments", ['{"a": ' * 2000 + "1" + "}" * 2000, '{"a": ' + "9" * 5000 + "}",
+                                       '{"a": NaN}'], ids=["2,000 deep", "5,000 digits", "NaN"])
+def test_tool_call_arguments_beyond_json_are_bad_input_for_every_template(arguments: str) -> None:
+    """A past tool call's `arguments` string is parsed by the templates that render calls as parameters (Qwen3.6's
+    XML, DeepSeek V3.2/V4): 2,000 levels raised RecursionError (a 500); now it is bad input (ValueError: 400) or
+    rendered as given."""
+    messages = [*HI, {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": arguments}}]},
+        {"role": "tool", "tool_call_id": "c", "content": "ok"}]
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    for family in RENDERING_FAMILIES:
+        try:
+            get_renderer(family).render(messages, tools, True)
+        except ValueError:
+            pass
+
+
+def test_recording_on_a_full_disk_never_fails_a_request(qwen_server: LiveServer) -> None:
+    """/dev/full answers every write with ENOSPC: before, every non-streamed request got a 500 and every stream
+    ended without [DONE]."""
+    old = qwen_server.ctx.recorder
+    qwen_server.ctx.recorder = full = Recorder("/dev/full")
+    try:
+        assert post(qwen_server, "/v1/chat/completions", {"messages": HI, "max_tokens": 2}).status_code == 200
+        with httpx.stream("POST", f"{qwen_server.base_url}/v1/chat/completions", timeout=120,
+                          json={"messages": HI, "max_tokens": 2, "stream": True},
+                          headers={"Authorization": f"Bearer {KEY_A}"}) as response:
+            lines = [line for line in response.iter_lines() if line]
+        assert lines[-1] == "data: [DONE]"
+        assert full.dropped == 2
+    finally:
+        qwen_server.ctx.recorder = old
+        full.close()
+
+
+def test_a_recorder_per_salt_keeps_few_files_open(tmp_path) -> None:
+    """`--record 'trace-{salt}.jsonl'` kept one open file per salt forever ("Too many open files" 500s)."""
+    recorder = Recorder(tmp_path / "trace-{salt}.jsonl", max_open_files=8)
+    for i in range(100):
+        for salt in (f"salt-{i}", "salt-0"):
+            recorder.write(RequestRecord(f"r{i}", "chat", "m", {}, [1], [2], 0, salt, None, "stop", {}, 0.0))
+    assert recorder.open_files() <= 8
+    files = sorted(tmp_path.glob("trace-*.jsonl"))
+    assert len(files) == 100 and sum(len(f.read_text().splitlines()) for f in files) == 200
+    recorder.close()
