@@ -7,7 +7,7 @@
   its top level) and the class defines ``schedule`` (a method, property, field or nested class);
 - an inline-code ``engine.core_api.EngineCoreClient``: the longest prefix that is a module exists, and the rest is
   defined in it the same way;
-- a relative markdown link: its target exists.
+- a relative markdown link: its target exists (in every page of docs/ too).
 
 Nothing is imported: definitions are read with ``ast``, so the check runs without torch and sees what a reader sees.
 """
@@ -117,6 +117,16 @@ def test_every_relative_link_resolves(doc: str):
     base = (ROOT / doc).parent
     missing = sorted(t for t in links if not (base / t.split("#")[0]).exists())
     assert not missing, f"{doc} links to files that do not exist: {missing}"
+
+
+def test_every_relative_link_of_the_docs_resolves():
+    """The pages the README's material moved to (docs/, docs/bench/) link to each other; none of the links dangles."""
+    missing = []
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        _, _, _, links = references(page.read_text(encoding="utf-8"))
+        missing += [f"{page.relative_to(ROOT)} -> {target}" for target in sorted(links)
+                    if not (page.parent / target.split("#")[0]).exists()]
+    assert not missing, f"links to files that do not exist: {missing}"
 
 
 def test_the_architecture_walk_names_real_code():
