@@ -42,11 +42,12 @@ KNOWN_LATE_CYCLES: dict[tuple[str, ...], str] = {
         "the dispatch point loads the optional Triton op set on first use; triton_ops builds an `Ops` from "
         "kernels.ops (issue 36: move `Ops` into a leaf module)",
     ("benchmarks.prefix.agent_workloads", "benchmarks.prefix.workloads"):
-        "the WORKLOADS registry in workloads.py builds the agent-shaped workloads on demand, and those build on "
-        "workloads.py's types (issue 36: a registry module of its own)",
+        "the WORKLOADS registry in workloads.py builds the agent-shaped workloads on demand (they load the server's "
+        "Anthropic and Responses adapters, which the plain workloads do not need), and those build on workloads.py's "
+        "types (issue 36: the registry in a module of its own)",
     ("benchmarks.prefix.hybrid", "benchmarks.prefix.hybrid_engine"):
-        "the hybrid report runs the engine part on demand (it loads torch); hybrid_engine builds on hybrid.py's "
-        "policies (issue 36: the report in a module of its own)",
+        "the hybrid report (hybrid.py) runs the engine comparison only when asked (--engine); hybrid_engine builds on "
+        "hybrid.py's policies (issue 36: the report in a module of its own)",
 }
 
 
