@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "qwen3_moe", "deepseek_v2", "deepseek_v3",
                            "deepseek_v32", "deepseek_v4", "qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text",
-                           "qwen3_5_moe_text")
+                           "qwen3_5_moe_text", "gemma3", "gemma3_text")
 DEEPSEEK_V3_ROUTING = ("deepseek_v3", "deepseek_v32")  # sigmoid scores, correction bias, grouped top-k
 # Checkpoints whose MTP layers follow the last decoder layer (model.layers.{num_hidden_layers}.*): DeepSeek-V3 / R1,
 # and V3.2, whose MTP layer has its own indexer
@@ -26,6 +26,11 @@ MTP_AFTER_LAST_LAYER = ("deepseek_v3", "deepseek_v32")
 # Hybrid decoders: Gated DeltaNet linear attention (a recurrent state per sequence) between gated full attention.
 # qwen3_5 / qwen3_5_moe are the released VLM checkpoints (text_config); the *_text types their language models alone.
 HYBRID_ARCHITECTURES = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text")
+# Gemma 3: gemma3 is the released VLM checkpoint (text_config; the language model under model.language_model.*),
+# gemma3_text its language model alone (Gemma3ForCausalLM: the 270M and 1B checkpoints)
+GEMMA3_ARCHITECTURES = ("gemma3", "gemma3_text")
+# VLM checkpoints whose language model's shape sits in text_config
+_TEXT_CONFIG_ARCHITECTURES = ("qwen3_5", "qwen3_5_moe", "gemma3")
 
 
 class SchedulingPolicy(enum.StrEnum):
@@ -463,6 +468,59 @@ class LinearAttentionConfig:
         return self.layer_types[layer] == "linear_attention"
 
 
+@dataclass(frozen=True)
+class SlidingWindowConfig:
+    """Layers that attend to a sliding window (Gemma 3's local layers) beside full-attention ones: a query at position
+    p sees keys in ``(p - window, p]``, as transformers' ``sliding_window``. Their RoPE has its own base (Gemma 3:
+    ``rope_local_base_freq``, or ``rope_parameters["sliding_attention"]`` in transformers 5's configs)."""
+
+    window: int
+    layer_types: tuple[str, ...]  # per layer: "sliding_attention" or "full_attention"
+    rope_theta: float
+    rope_scaling: dict[str, Any] = field(default_factory=dict)
+
+    def layer_window(self, layer: int) -> int | None:
+        """Layer ``layer``'s window, None for full attention."""
+        return self.window if self.layer_types[layer] == "sliding_attention" else None
+
+    @classmethod
+    def from_dict(cls, cfg: dict[str, Any]) -> "SlidingWindowConfig":
+        num_layers = cfg["num_hidden_layers"]
+        pattern = cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6
+        types = cfg.get("layer_types") or [  # transformers' default: every pattern-th layer is global
+            "full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(num_layers)]
+        unknown = set(types) - {"sliding_attention", "full_attention"}
+        if unknown:
+            raise ValueError(f"layer types {sorted(unknown)} are not supported (sliding_attention, full_attention are)")
+        local = dict((cfg.get("rope_parameters") or {}).get("sliding_attention") or {})
+        theta = float(local.pop("rope_theta", cfg.get("rope_local_base_freq", 10000.0)))
+        return cls(window=cfg.get("sliding_window") or 4096, layer_types=tuple(types[:num_layers]), rope_theta=theta,
+                   rope_scaling=_rope_scaling(local, cfg))
+
+
+def _rope_scaling(rope: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """A RoPE scaling dict as `engine.models.rope` reads it: empty for plain RoPE; else with the trained length."""
+    rope = {k: v for k, v in rope.items() if k not in ("rope_theta", "partial_rotary_factor")}
+    if rope.get("rope_type", rope.get("type", "default")) == "default":
+        return {}
+    rope.setdefault("original_max_position_embeddings", cfg.get("max_position_embeddings", 2048))
+    return rope
+
+
+def _gemma3_text(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A Gemma 3 config with its global layers' RoPE where every other model has it (transformers 5 keys RoPE by
+    layer type; older configs have rope_theta for the global layers and rope_local_base_freq for the local ones),
+    after refusing what kvserve does not run."""
+    if cfg.get("use_bidirectional_attention"):
+        raise ValueError("Gemma 3 with bidirectional attention (an embedding model) is not a decoder kvserve runs")
+    if cfg.get("attn_logit_softcapping") is not None:
+        raise ValueError("attention logit softcapping (attn_logit_softcapping) is not supported")
+    rope = cfg.get("rope_parameters") or {}
+    if "full_attention" in rope or "sliding_attention" in rope:
+        return {**cfg, "rope_parameters": dict(rope.get("full_attention") or {"rope_theta": 1_000_000.0})}
+    return {**cfg, "rope_theta": cfg.get("rope_theta", 1_000_000.0)}
+
+
 @dataclass
 class ModelConfig:
     """The decoder's shape, from an HF config.json: Llama / Qwen2 / Qwen3 (dense), Qwen3-MoE, DeepSeek-V2/V3/V3.2."""
@@ -493,6 +551,14 @@ class ModelConfig:
     zero_centered_norms: bool = False  # RMSNorm weights w apply as (1 + w) (Qwen3-Next / 3.5)
     has_vision_tower: bool = False  # a VLM checkpoint (Qwen3.5 / 3.6): kvserve serves its language model, text only
     num_mtp_layers: int = 0  # multi-token-prediction layers the checkpoint carries (engine/models/mtp.py)
+    sliding: SlidingWindowConfig | None = None  # sliding-window layers beside full ones (Gemma 3)
+    query_pre_attn_scalar: float | None = None  # the softmax scale is its -1/2 power (Gemma 3); None: head_dim's
+    final_logit_softcapping: float | None = None  # logits = cap * tanh(logits / cap)
+    hidden_act: str = "silu"  # the gated MLP's activation: silu, or gelu_pytorch_tanh (Gemma)
+
+    def layer_window(self, layer: int) -> int | None:
+        """Layer ``layer``'s sliding window, None for full attention."""
+        return None if self.sliding is None else self.sliding.layer_window(layer)
 
     @property
     def is_hybrid(self) -> bool:
@@ -517,7 +583,7 @@ class ModelConfig:
     def from_dict(cls, cfg: dict[str, Any]) -> "ModelConfig":
         arch = cfg.get("model_type", "")
         vision = False
-        if arch in ("qwen3_5", "qwen3_5_moe") and "text_config" in cfg:
+        if arch in _TEXT_CONFIG_ARCHITECTURES and "text_config" in cfg:
             # The released VLM layout: the language model's shape sits in text_config (ids may sit outside it).
             vision = cfg.get("vision_config") is not None
             cfg = {**{k: v for k, v in cfg.items() if k != "text_config"}, **cfg["text_config"], "model_type": arch}
@@ -525,6 +591,9 @@ class ModelConfig:
             raise ValueError(
                 f"model_type {arch!r} is not supported; kvserve runs {', '.join(SUPPORTED_ARCHITECTURES)} decoders"
             )
+        gemma3 = arch in GEMMA3_ARCHITECTURES
+        if gemma3:
+            cfg = _gemma3_text(cfg)
         num_heads = cfg["num_attention_heads"]
         rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
         rope_theta = float(rope.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
@@ -550,9 +619,9 @@ class ModelConfig:
             head_dim=cfg.get("head_dim") or cfg["hidden_size"] // num_heads,
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
             max_position_embeddings=cfg.get("max_position_embeddings", 2048),
-            tie_word_embeddings=cfg.get("tie_word_embeddings", False),
+            tie_word_embeddings=cfg.get("tie_word_embeddings", gemma3),
             attention_bias=cfg.get("attention_bias", arch == "qwen2"),
-            qk_norm=arch in ("qwen3", "qwen3_moe") or hybrid,
+            qk_norm=arch in ("qwen3", "qwen3_moe") or hybrid or gemma3,
             rope_theta=rope_theta,
             rope_scaling=rope,
             eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
@@ -563,12 +632,16 @@ class ModelConfig:
             linear=LinearAttentionConfig.from_dict(arch, cfg) if hybrid else None,
             partial_rotary_factor=partial_rotary,
             attn_output_gate=hybrid,
-            zero_centered_norms=hybrid,
+            zero_centered_norms=hybrid or gemma3,
             has_vision_tower=vision,
             # Qwen3.5 / 3.6 name the count mtp_num_hidden_layers, Qwen3-Next num_nextn_predict_layers (both: mtp.*),
             # DeepSeek-V3 num_nextn_predict_layers (layers after the last: model.layers.{num_hidden_layers}.*)
             num_mtp_layers=(cfg.get("mtp_num_hidden_layers") or cfg.get("num_nextn_predict_layers") or 0)
             if hybrid or arch in MTP_AFTER_LAST_LAYER else 0,
+            sliding=SlidingWindowConfig.from_dict(cfg) if gemma3 else None,
+            query_pre_attn_scalar=cfg.get("query_pre_attn_scalar", 256) if gemma3 else None,
+            final_logit_softcapping=cfg.get("final_logit_softcapping") if gemma3 else None,
+            hidden_act=cfg.get("hidden_activation") or "gelu_pytorch_tanh" if gemma3 else "silu",
         )
 
     @classmethod

@@ -48,8 +48,10 @@ _FUSED = {
     "in_proj_qkvz": ("in_proj", 0, 1),
     "in_proj_ba": ("in_proj", 1, 1),
 }
-# Checkpoint prefixes kvserve does not run: a VLM's vision tower (Qwen3.5 / 3.6 serve text only)
-_SKIPPED_PREFIXES = ("model.visual.", "visual.")
+# Checkpoint prefixes kvserve does not run: a VLM's vision tower (Qwen3.5 / 3.6, Gemma 3 serve text only) and
+# Gemma 3's projection of image features into the language model
+_SKIPPED_PREFIXES = ("model.visual.", "visual.", "model.vision_tower.", "vision_tower.", "model.multi_modal_projector.",
+                     "multi_modal_projector.")
 # Multi-token-prediction weights, loaded only into a model that built its MTP layer (engine/models/mtp.py): ``mtp.*``
 # (Qwen3.5 / 3.6, Qwen3-Next, DeepSeek-V4) or the layers after the last decoder layer (DeepSeek-V3 / V3.2)
 MTP_PREFIX = "mtp."
@@ -143,6 +145,9 @@ _CHECKPOINT_RENAMES = {"deepseek_v4": _DEEPSEEK_V4_RENAMES}
 def _model_name(model: nn.Module, name: str) -> str:
     """Checkpoint tensor ``name`` under the model's module names (a VLM checkpoint's language model as the model)."""
     name = name.replace("model.language_model.", "model.", 1)
+    if name.startswith("language_model."):  # the Hub's VLM layout, which transformers still saves (Gemma 3's
+        # language_model.model.*), where it holds the language model as model.language_model.*
+        name = name[len("language_model."):]
     if name.startswith("model."):
         name = name[len("model.") :]
     for pattern, repl in _CHECKPOINT_RENAMES.get(model.cfg.architecture, ()):

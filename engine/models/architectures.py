@@ -10,6 +10,7 @@ from engine.config import SUPPORTED_ARCHITECTURES, ModelConfig
 from engine.models.deepseek_v3 import DeepseekV3ForCausalLM
 from engine.models.deepseek_v32 import DeepseekV32ForCausalLM
 from engine.models.deepseek_v4 import DeepseekV4ForCausalLM
+from engine.models.gemma3 import Gemma3ForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.models.qwen3_next import HybridForCausalLM
 from engine.parallel.state import SINGLE, TensorParallel
@@ -30,6 +31,8 @@ MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "qwen3_5_moe": HybridForCausalLM,
     "qwen3_5_text": HybridForCausalLM,  # Qwen3_5ForCausalLM: the language model alone (qwen3.6-tiny)
     "qwen3_5_moe_text": HybridForCausalLM,
+    "gemma3": Gemma3ForCausalLM,  # the language model of Gemma3ForConditionalGeneration (its vision tower skipped)
+    "gemma3_text": Gemma3ForCausalLM,
 }
 assert set(MODEL_CLASSES) == set(SUPPORTED_ARCHITECTURES)
 

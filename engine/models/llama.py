@@ -34,9 +34,10 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    """This rank's query heads and the KV heads they read; returns this rank's partial sum of ``o_proj``."""
+    """This rank's query heads and the KV heads they read; returns this rank's partial sum of ``o_proj``.
+    ``window``: a sliding-window layer's (queries see the last ``window`` positions, their own included)."""
 
-    def __init__(self, cfg: ModelConfig, tp: TensorParallel) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel, window: int | None = None) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads = tp.split(cfg.num_heads), tp.split(cfg.num_kv_heads)
         self.head_dim = cfg.head_dim
@@ -45,9 +46,10 @@ class Attention(nn.Module):
         self.qkv_proj = qkv_parallel(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, tp,
                                      bias=cfg.attention_bias)
         self.o_proj = row_parallel(cfg.num_heads * cfg.head_dim, cfg.hidden_size, tp, unit_size=cfg.head_dim)
-        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.scale = cfg.head_dim**-0.5
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, cfg.zero_centered_norms) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, cfg.zero_centered_norms) if cfg.qk_norm else None
+        self.scale = (cfg.query_pre_attn_scalar or cfg.head_dim) ** -0.5
+        self.window = window
 
     def forward(
         self,
@@ -63,14 +65,14 @@ class Attention(nn.Module):
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
-            q = ops.rms_norm(q, self.q_norm.weight, self.q_norm.eps)
-            k = ops.rms_norm(k, self.k_norm.weight, self.k_norm.eps)
+            q = self.q_norm(ops, q)
+            k = self.k_norm(ops, k)
         q, k = ops.rotary_embedding(positions, q, k, cos_sin)
         k_cache, v_cache = kv_cache
         ops.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         out = ops.paged_attention(
             q, k_cache, v_cache, meta.block_tables, meta.context_lens, meta.query_start_loc, self.scale,
-            max_query_len=meta.max_query_len, max_context_len=meta.max_context_len,
+            window=self.window, max_query_len=meta.max_query_len, max_context_len=meta.max_context_len,
         )
         return self.o_proj(out.reshape(-1, self.q_size))
 
@@ -98,6 +100,7 @@ class LlamaForCausalLM(nn.Module):
     compute this rank's share, and the decoder loop sums the shares over ranks (engine/parallel/linear.py)."""
 
     attention_class: type[nn.Module] = Attention
+    layer_class: type[DecoderLayer] = DecoderLayer
 
     def __init__(self, cfg: ModelConfig, ops: Ops, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
@@ -105,7 +108,7 @@ class LlamaForCausalLM(nn.Module):
         self.ops = ops
         self.tp = tp
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, self.make_mixer(i), tp) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(self.layer_class(cfg, i, self.make_mixer(i), tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.zero_centered_norms)
         self.lm_head = lm_head_parallel(cfg.hidden_size, cfg.vocab_size, tp)
         self.tie_weights()

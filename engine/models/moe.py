@@ -145,4 +145,4 @@ def make_mlp(cfg: ModelConfig, layer_idx: int, tp: TensorParallel) -> MLP | Spar
     """Layer ``layer_idx``'s MLP: the MoE where the config puts one, else the dense MLP."""
     if cfg.moe is not None and layer_idx in cfg.moe.moe_layers:
         return SparseMoE(cfg.hidden_size, cfg.moe, tp, cfg.vocab_size if layer_idx in cfg.moe.hash_layers else None)
-    return MLP(cfg.hidden_size, cfg.intermediate_size, tp)
+    return MLP(cfg.hidden_size, cfg.intermediate_size, tp, activation=cfg.hidden_act)

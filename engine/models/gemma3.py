@@ -1,0 +1,87 @@
+"""Gemma 3 (``gemma3_text``: Gemma3ForCausalLM, the 270M / 1B checkpoints; ``gemma3``: the language model of the
+released Gemma3ForConditionalGeneration checkpoints, its vision tower skipped).
+
+The Llama decoder with Gemma's differences:
+- local and global layers (``cfg.sliding``: five sliding-window layers to one full-attention layer in the released
+  models), each with its own RoPE base (10k local, 1M global, the global one possibly scaled);
+- sandwich norms: every sub-block's output is normed before it joins the residual stream (``post_attention_layernorm``,
+  ``post_feedforward_layernorm``), beside the usual pre-norms (``input_layernorm``, ``pre_feedforward_layernorm``);
+- (1 + w) RMSNorm everywhere, q/k norm included; embeddings scaled by sqrt(hidden_size) (rounded to the model's
+  dtype, as transformers does); a GELU(tanh) gated MLP; the softmax scale ``query_pre_attn_scalar ** -0.5``;
+  optional final logit softcapping.
+
+The KV cache is the Llama one: every layer keeps every position for now; the local layers read only their window.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine.config import ModelConfig
+from engine.models.llama import Attention, DecoderLayer, LlamaForCausalLM, RMSNorm
+from engine.models.rope import build_cos_sin_cache
+from engine.parallel.state import SINGLE, TensorParallel
+from engine.kv_cache_spec import KVCaches
+from kernels.ops import AttentionMetadata, Ops
+
+
+class Gemma3DecoderLayer(DecoderLayer):
+    """The Llama layer (pre-attention norm, attention, ``post_attention_layernorm``, MLP) plus Gemma's norms around
+    the MLP; ``post_attention_layernorm`` norms the attention output itself here, before the residual add."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int, mixer: nn.Module, tp: TensorParallel) -> None:
+        super().__init__(cfg, layer_idx, mixer, tp)
+        self.pre_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zero_centered=True)
+        self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zero_centered=True)
+
+
+class Gemma3ForCausalLM(LlamaForCausalLM):
+    layer_class = Gemma3DecoderLayer
+
+    def __init__(self, cfg: ModelConfig, ops: Ops, tp: TensorParallel = SINGLE) -> None:
+        assert cfg.sliding is not None, "a Gemma 3 config has its local layers' window"
+        super().__init__(cfg, ops, tp)
+        self.local_cos_sin_cache: torch.Tensor | None = None  # the sliding layers' RoPE (init_rope)
+
+    def make_mixer(self, layer_idx: int) -> nn.Module:
+        return Attention(self.cfg, self.tp, window=self.cfg.layer_window(layer_idx))
+
+    def init_rope(self, max_positions: int, device: torch.device) -> None:
+        super().init_rope(max_positions, device)  # the global layers'
+        local = self.cfg.sliding
+        self.local_cos_sin_cache = build_cos_sin_cache(self.rope_dim, max_positions, local.rope_theta,
+                                                       local.rope_scaling).to(device)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: KVCaches,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Hidden states ``[T, hidden]`` after the final norm. Each residual add is fused into the norm after it:
+        ``post_attention_layernorm``'s output joins the stream in ``pre_feedforward_layernorm``, and
+        ``post_feedforward_layernorm``'s in the next layer's ``input_layernorm`` (or the final norm)."""
+        ops, tp = self.ops, self.tp
+        x = tp.all_reduce(self.embed_tokens(input_ids))
+        x = x * torch.tensor(self.cfg.hidden_size**0.5, dtype=x.dtype)  # transformers rounds the scale to the dtype
+        residual, out = x, None
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            attention = layer.mixer
+            if out is None:
+                h = layer.input_layernorm(ops, residual)
+            else:
+                h, residual = layer.input_layernorm(ops, out, residual)
+            cos_sin = self.cos_sin_cache if attention.window is None else self.local_cos_sin_cache
+            h = tp.all_reduce(attention(ops, h, positions, cos_sin, kv_cache, meta))
+            h, residual = layer.pre_feedforward_layernorm(ops, layer.post_attention_layernorm(ops, h), residual)
+            out = layer.post_feedforward_layernorm(ops, tp.all_reduce(layer.mlp(ops, h)))
+        out, _ = self.norm(ops, out, residual)
+        return out
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        logits = super().compute_logits(hidden)
+        cap = self.cfg.final_logit_softcapping
+        if logits is None or cap is None:
+            return logits
+        return torch.tanh(logits / cap) * cap

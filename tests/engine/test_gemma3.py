@@ -1,0 +1,247 @@
+"""Gemma 3 on tiny random checkpoints written by transformers' own save_pretrained, in the released layouts:
+``gemma3`` (Gemma3ForConditionalGeneration: the language model under ``language_model.model.*`` beside a SigLIP vision
+tower and the multimodal projector, as on the Hub; transformers 5 holds it as ``model.language_model.*``, which loads
+too) and ``gemma3_text`` (Gemma3ForCausalLM, as the 270M / 1B checkpoints).
+
+Five sliding-window layers to one global layer, with a window of 8 or 12 tokens, so every prompt but the shortest
+reaches past it: greedy tokens equal transformers' one prompt at a time, all together, with the prefix cache hot,
+with chunked prefills ending off block boundaries, under preemption, on each op set (the reference, the native CPU
+decode kernel, Triton under its interpreter); top-20 logprobs within 1e-4 in fp32. The weights use the tiny models'
+scales (engine/model_sources/tiny.py) so that continuations are varied and depend on the whole context; the tokenizer
+is the real Qwen3 one (the tests work on token ids).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.config import ModelConfig
+from engine.model_sources.tiny import InitScales, random_tensor
+from engine.registry import resolve_model
+from tests.engine.conftest import hf_greedy, hf_model, random_prompts
+
+KINDS = ("gemma3", "gemma3_text")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
+VOCAB = 151936  # the Qwen3 tokenizer's
+LENGTHS = [1, 4, 9, 17, 40, 70]  # windows of 8 / 12: all but the first two reach past them
+NEW_TOKENS = 8
+GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
+_TEXT = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24, max_position_embeddings=4096,
+             eos_token_id=151645, pad_token_id=0, bos_token_id=151643)
+_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=32,
+               patch_size=8)
+# The 4B-and-up layout: the global layers' RoPE linearly scaled by 8, the local ones plain with base 10k
+_SCALED_ROPE = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
+WINDOW = {"gemma3": 8, "gemma3_text": 12}
+FINAL_NORM_GAIN = 8.0
+
+
+def hf_gemma3_model(kind: str, seed: int = 23):
+    """The transformers model of ``kind`` with the tiny models' weight scales (norm weights drawn as (1 + w) gains)."""
+    import transformers as tf
+
+    if kind == "gemma3":
+        text = tf.Gemma3TextConfig(**_TEXT, sliding_window=WINDOW[kind], rope_parameters=_SCALED_ROPE)
+        model = tf.Gemma3ForConditionalGeneration(tf.Gemma3Config(
+            text_config=text, vision_config=tf.SiglipVisionConfig(**_VISION), mm_tokens_per_image=4))
+    elif kind == "gemma3_text":  # the 270M / 1B layout, here with final logit softcapping (Gemma 2's) as well
+        model = tf.Gemma3ForCausalLM(tf.Gemma3TextConfig(**_TEXT, sliding_window=WINDOW[kind],
+                                                         final_logit_softcapping=4.0))
+    else:
+        raise ValueError(kind)
+    # The embedding is scaled by sqrt(64) = 8 on the way in: drawn small, so that the residual stream is not just the
+    # input token's embedding (tied, it is the LM head too: every position would predict its own token). The final
+    # norm's gains are large instead, so that logits still spread over several units.
+    scales = InitScales(embedding=0.03)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            value = random_tensor(name, tuple(param.shape), seed, scales, zero_centered_norms=True)
+            if name.endswith("model.norm.weight") or name.endswith("language_model.norm.weight"):
+                value = FINAL_NORM_GAIN * (1.0 + value) - 1.0
+            param.copy_(value)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def gemma3_dirs(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("gemma3")
+    tokenizer_dir = resolve_model("qwen3-tiny")
+
+    class Dirs(dict):
+        def __missing__(self, kind: str) -> str:
+            out = root / kind
+            hf_gemma3_model(kind).save_pretrained(out)
+            for name in TOKENIZER_FILES:
+                shutil.copyfile(tokenizer_dir / name, out / name)
+            self[kind] = str(out)
+            return self[kind]
+
+    return Dirs()
+
+
+SWEEP = [pytest.param(kind, marks=() if kind == "gemma3" else pytest.mark.slow) for kind in KINDS]
+
+
+@pytest.fixture(scope="module", params=SWEEP)
+def case(request, gemma3_dirs):
+    path = gemma3_dirs[request.param]
+    prompts = random_prompts(VOCAB, LENGTHS, seed=len(request.param))
+    return path, prompts, [hf_greedy(path, p, NEW_TOKENS) for p in prompts]
+
+
+def test_the_checkpoints_are_the_released_layouts(gemma3_dirs):
+    from safetensors import safe_open
+
+    # transformers saves the VLM as the Hub's checkpoints are (language_model.model.*, vision_tower.*), reverting
+    # the names it holds in memory (model.language_model.*)
+    for kind, prefix in (("gemma3", "language_model.model.layers.0."), ("gemma3_text", "model.layers.0.")):
+        path = Path(gemma3_dirs[kind])
+        config = json.loads((path / "config.json").read_text())
+        assert config["model_type"] == kind
+        with safe_open(path / "model.safetensors", "pt") as f:
+            names = set(f.keys())
+        assert {prefix + n for n in ("self_attn.q_norm.weight", "pre_feedforward_layernorm.weight",
+                                     "post_feedforward_layernorm.weight")} <= names
+        assert (kind == "gemma3") == any(n.startswith("vision_tower.") for n in names)
+        cfg = ModelConfig.from_dir(path)
+        assert cfg.sliding.layer_types == ("sliding_attention",) * 5 + ("full_attention",)
+        assert [cfg.layer_window(i) for i in range(6)] == [WINDOW[kind]] * 5 + [None]
+        assert cfg.zero_centered_norms and cfg.qk_norm and cfg.tie_word_embeddings
+        assert cfg.query_pre_attn_scalar == 24 and cfg.hidden_act == "gelu_pytorch_tanh"
+        assert cfg.has_vision_tower == (kind == "gemma3")
+        assert (cfg.rope_theta, cfg.sliding.rope_theta) == (1e6, 1e4)
+    assert ModelConfig.from_dir(Path(gemma3_dirs["gemma3"])).rope_scaling["factor"] == 8.0
+    assert ModelConfig.from_dir(Path(gemma3_dirs["gemma3_text"])).final_logit_softcapping == 4.0
+
+
+def test_outputs_are_varied_and_depend_on_the_whole_context(case):
+    """Different prompts continue differently, and a token far outside every local window still moves the next
+    token's logits (through the global layer), while the last few tokens move them a lot."""
+    path, prompts, expected = case
+    assert len({tuple(e) for e in expected}) == len(expected), "different prompts continue differently"
+    assert sum(len(set(e)) for e in expected) > 5 * len(expected), "continuations do not repeat one token"
+    model, long = hf_model(path), prompts[-1]
+
+    def last_logits(prompt: list[int]) -> torch.Tensor:
+        with torch.no_grad():
+            return model(torch.tensor([prompt])).logits[0, -1]
+
+    def changed(back: int) -> list[int]:
+        return long[:-back] + [long[-back] + 7] + long[len(long) - back + 1:]
+
+    base = last_logits(long)
+    assert (last_logits(changed(3)) - base).abs().max() > 0.5, "a token inside the window moves the logits"
+    assert (last_logits(changed(69)) - base).abs().max() > 0.05, "so does the first one, through the global layer"
+
+
+@pytest.mark.parametrize("block_size", [4, 16])  # windows of 2-3 blocks; under one block
+def test_greedy_one_at_a_time_all_together_and_cache_hot(case, block_size):
+    path, prompts, expected = case
+    llm = LLM(path, block_size=block_size, num_kv_blocks=512)
+    for prompt, want in zip(prompts, expected):
+        assert llm.generate([prompt], GREEDY)[0].token_ids == want
+    params = [SamplingParams(max_tokens=1 + (3 * i) % NEW_TOKENS, temperature=0, ignore_eos=True)
+              for i in range(len(prompts))]
+    outs = llm.generate(prompts, params)
+    assert [o.token_ids for o in outs] == [want[: p.max_tokens] for want, p in zip(expected, params)]
+    # cache hot: the prompts' full blocks come from the prefix cache this time
+    outs = llm.generate(prompts, GREEDY)
+    assert [o.token_ids for o in outs] == expected
+    cached = [o.num_cached_tokens for o in outs]
+    assert cached == [(len(p) - 1) // block_size * block_size for p in prompts]
+    assert sum(cached) > 0
+    llm.engine.scheduler.kv.check_invariants()
+
+
+def test_chunked_prefill_ending_off_block_boundaries(case):
+    """A 7-token budget with 4-token blocks: chunks end mid-block and mid-window, decodes and prefill chunks share
+    steps, and each chunk's local layers see the window's part of the previous chunks through the pages."""
+    path, prompts, expected = case
+    llm = LLM(path, block_size=4, num_kv_blocks=512, max_num_batched_tokens=7)
+    assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == expected
+
+
+def test_preemption_in_a_small_pool(case):
+    path, prompts, expected = case
+    llm = LLM(path, block_size=4, num_kv_blocks=32, max_num_batched_tokens=32)
+    outs = llm.generate(prompts, GREEDY)
+    assert llm.engine.scheduler.num_preemptions > 0
+    assert [o.token_ids for o in outs] == expected
+    llm.engine.scheduler.kv.check_invariants()
+
+
+def test_top20_logprobs_within_1e_4(case):
+    path, prompts, _ = case
+    llm = LLM(path, block_size=4, num_kv_blocks=512, max_num_batched_tokens=32)
+    outs = llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0, logprobs=20))
+    model = hf_model(path)
+    for prompt, out in zip(prompts, outs):
+        with torch.no_grad():
+            ref = torch.log_softmax(model(torch.tensor([prompt])).logits[0, -1].float(), -1)
+        top = out.outputs[0].logprobs[0].top
+        ids = torch.tensor([t for t, _ in top])
+        assert ids.tolist() == ref.topk(20).indices.tolist()
+        torch.testing.assert_close(torch.tensor([lp for _, lp in top]), ref[ids], atol=1e-4, rtol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("case", ["gemma3"], indirect=True)
+def test_other_op_sets_chunked_and_together(case, backend):
+    """The pure-torch reference and the Triton kernels (under the interpreter on CPU; the GELU MLP and windowed
+    attention among them), in steps that mix chunked prefills with decodes."""
+    path, prompts, expected = case
+    llm = LLM(path, attention_backend=backend, block_size=4, num_kv_blocks=512, max_num_batched_tokens=13)
+    assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == expected
+
+
+def test_vision_tower_skipped_with_one_log_line(gemma3_dirs, caplog):
+    with caplog.at_level(logging.INFO, logger="engine.weights"):
+        llm = LLM(gemma3_dirs["gemma3"], block_size=4, num_kv_blocks=64)
+    assert sum("vision tower" in r.message for r in caplog.records) == 1
+    assert llm.engine.model_cfg.has_vision_tower
+    names = [name for name, _ in llm.engine.runner.model.named_parameters()]
+    assert not any("vision" in name or "multi_modal" in name for name in names)
+
+
+def test_the_in_memory_names_load_too(gemma3_dirs, tmp_path: Path):
+    """A checkpoint under the names transformers 5 holds the VLM by (model.language_model.*, model.vision_tower.*,
+    model.multi_modal_projector.*) gives the same tokens."""
+    from safetensors.torch import load_file, save_file
+
+    source = Path(gemma3_dirs["gemma3"])
+    shutil.copytree(source, tmp_path / "renamed")
+    tensors = load_file(source / "model.safetensors")
+    renamed = {("model.language_model." + n.removeprefix("language_model.model.")
+                if n.startswith("language_model.model.") else "model." + n): t for n, t in tensors.items()}
+    assert any(n.startswith("model.language_model.layers.") for n in renamed)
+    save_file(renamed, str(tmp_path / "renamed" / "model.safetensors"), metadata={"format": "pt"})
+    prompts = random_prompts(VOCAB, [5, 30], seed=4)
+    outs = LLM(str(tmp_path / "renamed"), block_size=4, num_kv_blocks=64).generate(prompts, GREEDY)
+    assert [o.token_ids for o in outs] == [hf_greedy(str(source), p, NEW_TOKENS) for p in prompts]
+
+
+def test_older_configs_and_what_is_refused():
+    """Configs as the Hub's Gemma 3 checkpoints were written before transformers 5 (rope_theta for the global layers,
+    rope_local_base_freq for the local ones, rope_scaling, a sliding-window pattern instead of layer types), and
+    the variants kvserve does not run."""
+    old = dict(_TEXT, model_type="gemma3_text", sliding_window=512, rope_theta=1e6, rope_local_base_freq=1e4,
+               rope_scaling={"rope_type": "linear", "factor": 8.0}, sliding_window_pattern=3, num_hidden_layers=7)
+    cfg = ModelConfig.from_dict(old)
+    assert [cfg.layer_window(i) for i in range(7)] == [512, 512, None, 512, 512, None, 512]
+    assert (cfg.rope_theta, cfg.sliding.rope_theta, cfg.rope_scaling["factor"]) == (1e6, 1e4, 8.0)
+    assert cfg.sliding.rope_scaling == {} and cfg.final_logit_softcapping is None
+    defaults = ModelConfig.from_dict(dict(_TEXT, model_type="gemma3_text"))
+    assert (defaults.rope_theta, defaults.sliding.rope_theta, defaults.sliding.window) == (1e6, 1e4, 4096)
+    for bad, message in (({"use_bidirectional_attention": True}, "bidirectional"),
+                         ({"attn_logit_softcapping": 50.0}, "softcapping")):
+        with pytest.raises(ValueError, match=message):
+            ModelConfig.from_dict(dict(_TEXT, model_type="gemma3_text", **bad))
