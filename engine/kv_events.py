@@ -167,6 +167,7 @@ class KVEventPublisher:
         import msgpack
         import zmq
 
+        replay_bind = _local_unless(replay_endpoint, all_interfaces) if replay_endpoint else None  # before any socket
         self._pack = msgpack.Packer(use_bin_type=True).pack
         self.block_size = block_size
         self.topic = topic.encode()
@@ -180,7 +181,7 @@ class KVEventPublisher:
         if replay_endpoint:
             self._replay = self._ctx.socket(zmq.ROUTER)
             self._replay.setsockopt(zmq.LINGER, 0)
-            self._replay.bind(_local_unless(replay_endpoint, all_interfaces))
+            self._replay.bind(replay_bind)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._queue: queue.SimpleQueue[list[KVEvent] | None] = queue.SimpleQueue()
         self._next_seq = 0
@@ -241,13 +242,26 @@ class KVEventPublisher:
         self._replay.send_multipart([client, b"", b"", END_SEQ, b""])
 
 
+_WILDCARD_HOSTS = ("*", "0.0.0.0", "::", "[::]", "")
+_LOOPBACK_HOSTS = ("localhost", "::1", "[::1]")
+
+
 def _local_unless(endpoint: str, all_interfaces: bool) -> str:
-    """``tcp://*:PORT`` as ``tcp://127.0.0.1:PORT`` unless every interface is asked for."""
-    if all_interfaces or not endpoint.startswith("tcp://*:"):
+    """A TCP endpoint to bind, loopback unless every interface is asked for: a wildcard host (``*``, ``0.0.0.0``,
+    ``::``) becomes 127.0.0.1, and any other host that is not loopback (an address, an interface name) is refused
+    with a ValueError naming the flag."""
+    if all_interfaces or not endpoint.startswith("tcp://"):
         return endpoint
-    local = endpoint.replace("tcp://*:", "tcp://127.0.0.1:", 1)
-    log.info("KV events: binding %s as %s (--kv-events-all-interfaces binds every interface)", endpoint, local)
-    return local
+    host, _, port = endpoint[len("tcp://"):].rpartition(":")
+    if host in _WILDCARD_HOSTS:
+        local = f"tcp://127.0.0.1:{port}"
+        log.info("KV events: binding %s as %s (--kv-events-all-interfaces binds every interface)", endpoint, local)
+        return local
+    if host in _LOOPBACK_HOSTS or host.startswith("127."):
+        return endpoint
+    raise ValueError(f"KV events: binding {endpoint} would listen beyond this machine, and the events and their replay "
+                     "have no access control; bind a loopback or wildcard address (served on 127.0.0.1), or pass "
+                     "--kv-events-all-interfaces")
 
 
 def _bind_or_connect(socket: Any, endpoint: str, all_interfaces: bool = False) -> None:

@@ -3,6 +3,7 @@ each tenant has a budget of engine slots and stored state. Each case gets a 4xx 
 (its flag), on the old code it ran (or 500'd)."""
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ from contextlib import contextmanager
 import httpx
 import pytest
 
+from engine.kv_events import KVEventPublisher
 from server.anthropic_protocol import MessagesRequest
 from server.cache_control import chat_breakpoints
 from server.cache_salt import tenant_salt
@@ -244,3 +246,29 @@ def test_a_recorder_per_salt_keeps_few_files_open(tmp_path) -> None:
     files = sorted(tmp_path.glob("trace-*.jsonl"))
     assert len(files) == 100 and sum(len(f.read_text().splitlines()) for f in files) == 200
     recorder.close()
+
+
+# ---- KV events bind loopback unless told otherwise (item 10) -------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "*", "[::]"])
+def test_a_wildcard_replay_endpoint_binds_loopback(host: str) -> None:
+    """`--kv-events-replay-endpoint tcp://0.0.0.0:PORT` bound every interface (only `tcp://*:` was rewritten), and
+    the replay hands out every tenant's prompt token ids."""
+    zmq = pytest.importorskip("zmq")
+    port, replay_port = _free_port(), _free_port()
+    publisher = KVEventPublisher(f"tcp://*:{port}", f"tcp://{host}:{replay_port}")
+    try:
+        assert publisher._replay.getsockopt(zmq.LAST_ENDPOINT) == f"tcp://127.0.0.1:{replay_port}".encode()
+    finally:
+        publisher.close()
+
+
+def test_a_non_loopback_bind_needs_the_flag() -> None:
+    with pytest.raises(ValueError, match="--kv-events-all-interfaces"):
+        KVEventPublisher(f"tcp://*:{_free_port()}", f"tcp://192.0.2.7:{_free_port()}")
