@@ -173,7 +173,7 @@ def create_app(ctx: ServingContext) -> FastAPI:
     app = FastAPI(title="kvserve", lifespan=_lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.ctx = ctx
     app.state.draining = Draining()  # started by the server at shutdown (server/graceful.py)
-    app.state.responses = ResponseStore()  # stored Responses, for `previous_response_id`
+    app.state.responses = ResponseStore(ctx.settings.tenant_limits.stored_responses)  # for `previous_response_id`
     _install_error_handlers(app)
     _add_routes(app, ctx.settings, ui=ctx.inspector is not None)
     return app

@@ -19,6 +19,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from server.cache_salt import salt_tenant
 from server.chat import effort_kwargs
 from server.protocol import APIError
 from server.rendering.messages import flatten_content
@@ -155,29 +156,35 @@ def reasoning_effort(reasoning: dict | None) -> str | None:
 
 @dataclass
 class ResponseStore:
-    """`store: true` responses, as the conversation they end (chat messages, without `instructions`), bounded:
-    the oldest are forgotten first. Each belongs to its tenant (the cache salt of its API key): another tenant's id
-    is unknown, exactly like an id that never existed. Read on the prepare thread, written on the event loop: one
-    lock."""
+    """`store: true` responses, as the conversation they end (chat messages, without `instructions`), bounded per
+    tenant: each tenant (the API key behind the cache salt) keeps its last ``capacity_per_tenant`` (a tenant's
+    oldest are forgotten first, so one tenant's traffic never evicts another's). Each belongs to its salt: another
+    tenant's id is unknown, exactly like an id that never existed. Read on the prepare thread, written on the event
+    loop: one lock."""
 
-    capacity: int = 1024
-    _items: OrderedDict = field(default_factory=OrderedDict)
+    capacity_per_tenant: int = 1024
+    _items: dict[str | None, OrderedDict] = field(default_factory=dict)  # tenant -> (salt, id) -> messages
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def put(self, tenant: str | None, response_id: str, messages: list[dict]) -> None:
+    def put(self, salt: str | None, response_id: str, messages: list[dict]) -> None:
         with self._lock:
-            self._items[tenant, response_id] = messages
-            while len(self._items) > self.capacity:
-                self._items.popitem(last=False)
+            items = self._items.setdefault(salt_tenant(salt), OrderedDict())
+            items[salt, response_id] = messages
+            while len(items) > self.capacity_per_tenant:
+                items.popitem(last=False)
 
-    def history(self, tenant: str | None, response_id: str) -> list[dict]:
+    def history(self, salt: str | None, response_id: str) -> list[dict]:
         with self._lock:
-            messages = self._items.get((tenant, response_id))
+            messages = self._items.get(salt_tenant(salt), {}).get((salt, response_id))
         if messages is None:
             raise _bad(f"previous response {response_id!r} is unknown or was evicted (this server keeps the last "
-                       f"{self.capacity} stored responses in memory); resend the conversation instead",
-                       "previous_response_id")
+                       f"{self.capacity_per_tenant} stored responses of each API key in memory, "
+                       "--max-stored-responses-per-tenant); resend the conversation instead", "previous_response_id")
         return list(messages)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return sum(len(items) for items in self._items.values())
 
 
 def to_turn(req: ResponsesRequest, family: str, history: list[dict], session: str | None) -> tuple[Turn, dict]:

@@ -22,6 +22,7 @@ from server.limits import RequestLimits
 from server.messages_input import breakpoints as anthropic_breakpoints
 from server.protocol import APIError
 from server.recorder import Recorder, RequestRecord
+from server.responses_input import ResponseStore
 from server.rendering import FAMILIES as RENDERING_FAMILIES
 from server.rendering import get_renderer
 from server.tenant_budget import TenantLimits, TenantSlots
@@ -272,3 +273,22 @@ def test_a_wildcard_replay_endpoint_binds_loopback(host: str) -> None:
 def test_a_non_loopback_bind_needs_the_flag() -> None:
     with pytest.raises(ValueError, match="--kv-events-all-interfaces"):
         KVEventPublisher(f"tcp://*:{_free_port()}", f"tcp://192.0.2.7:{_free_port()}")
+
+
+# ---- stored responses per tenant (item 12) ------------------------------------------------------------------------------
+
+def test_one_tenants_stored_responses_never_evict_anothers() -> None:
+    """Before: one 1,024-entry LRU for everyone, so 1,030 cheap requests of tenant A evicted B's
+    previous_response_id."""
+    store = ResponseStore(capacity_per_tenant=3)
+    b_salt = tenant_salt(KEY_B)
+    store.put(b_salt, "resp-b", [{"role": "user", "content": "my secret"}])
+    for i in range(10):
+        store.put(tenant_salt(KEY_A), f"resp-a{i}", [])
+    assert store.history(b_salt, "resp-b") == [{"role": "user", "content": "my secret"}]
+    with pytest.raises(APIError, match="--max-stored-responses-per-tenant"):
+        store.history(tenant_salt(KEY_A), "resp-a0")  # A's own oldest went first
+    assert store.history(tenant_salt(KEY_A), "resp-a9") == []
+    with pytest.raises(APIError):
+        store.history(tenant_salt(KEY_A), "resp-b")  # and B's stays B's
+    assert len(store) == 4
