@@ -179,7 +179,7 @@ def plan_chat(ctx: ServingContext, turn: Turn, body: dict[str, Any], cache_salt:
         )
     except ConstraintError as exc:
         raise APIError(400, str(exc), param=exc.param) from None
-    prompt_ids = ctx.encode(text)
+    prompt_ids = ctx.encode_prompt(text, "messages")
     check_scored(ctx.settings.limits, [len(prompt_ids)], turn.sampling.n, prompt_logprobs=turn.prompt_logprobs)
     params = ctx.sampling_params(
         turn.sampling, len(prompt_ids), skip_special_tokens=False, num_logprobs=turn.num_top_logprobs,

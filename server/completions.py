@@ -35,9 +35,9 @@ class CompletionPlan:
 
 def _prompt_ids(ctx: ServingContext, prompt: str | list[int] | list[str] | list[list[int]]) -> list[list[int]]:
     if isinstance(prompt, str):
-        return [ctx.encode(prompt)]
+        return [ctx.encode_prompt(prompt, "prompt")]
     if prompt and isinstance(prompt[0], str):
-        return [ctx.encode(p) for p in prompt]
+        return [ctx.encode_prompt(p, "prompt") for p in prompt]
     if prompt and isinstance(prompt[0], list):
         return [list(p) for p in prompt]
     return [list(prompt)]

@@ -28,6 +28,7 @@ from server.cache_salt import effective_salt, tenant_salt
 from server.inspector.hook import inspect_finished
 from server.inspector.store import DEFAULT_MAX_REQUESTS, Inspector
 from server.limits import RequestLimits
+from server.fair_lane import FairLane
 from server.tenant_budget import TenantLimits, TenantSlots
 from server.logprobs import TokenTexts
 from server.metrics import Metrics
@@ -43,6 +44,8 @@ R = TypeVar("R")
 LARGE_REQUEST_BYTES = 256 * 1024  # bodies above this are parsed off the event loop and prepared on the large lane
 # The size of the request being handled (set when its body is read): which lane prepares it.
 body_bytes: ContextVar[int] = ContextVar("body_bytes", default=0)
+# The tenant of the request being handled (set with its size): a lane takes each tenant's preparations in turn.
+prepare_tenant: ContextVar[str | None] = ContextVar("prepare_tenant", default=None)
 
 
 @dataclass(frozen=True)
@@ -71,12 +74,11 @@ class PrepareTools:
 
 
 class _Lane:
-    """One thread and its own tokenizer and renderer."""
+    """One thread and its own tokenizer and renderer, taking each tenant's jobs in turn (server/fair_lane.py)."""
 
     def __init__(self, name: str, tools: PrepareTools, current: threading.local) -> None:
         self.tools = tools
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name,
-                                           initializer=lambda: setattr(current, "tools", tools))
+        self.executor = FairLane(name, initializer=lambda: setattr(current, "tools", tools))
 
 
 @dataclass
@@ -111,10 +113,12 @@ class ServingContext:
     _current: threading.local = field(init=False, repr=False)
     _lanes: tuple[_Lane, _Lane] = field(init=False, repr=False)
     _compile_waits: ThreadPoolExecutor = field(init=False, repr=False)
+    _max_token_bytes: int = field(init=False, repr=False)  # the longest token's bytes (`encode_prompt`)
 
     def __post_init__(self) -> None:
         self.token_texts = TokenTexts(self.engine.tokenizer)
         self.tenant_slots = TenantSlots(self.settings.tenant_limits.sequences)
+        self._max_token_bytes = max_token_bytes(self.lane_tools.tokenizer)
         self.optional_grammars = OptionalGrammars(self.grammars)
         self._current = threading.local()
         small = _Lane("kvserve-prepare", self.lane_tools, self._current)
@@ -138,9 +142,10 @@ class ServingContext:
     async def prepare(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         """Run ``fn`` (rendering, tokenizing: a 40k-token agent prompt takes a while) on a prepare lane, so the event
         loop keeps streaming other requests meanwhile: the large lane for a request whose body is over
-        `LARGE_REQUEST_BYTES`, else the small one. Cancelled before it starts, it never runs."""
+        `LARGE_REQUEST_BYTES`, else the small one; on either, each tenant's preparations take turns with the other
+        tenants'. Cancelled before it starts, it never runs."""
         lane = self._lanes[body_bytes.get() > LARGE_REQUEST_BYTES]
-        return await asyncio.get_running_loop().run_in_executor(lane.executor, lambda: fn(*args, **kwargs))
+        return await asyncio.wrap_future(lane.executor.submit(prepare_tenant.get(), lambda: fn(*args, **kwargs)))
 
     async def compile_grammar(self, spec: StructuredOutputSpec, tenant: str | None) -> None:
         """Compile ``spec`` (unless ``tenant`` compiled it before) in a compile worker, within the operator's time
@@ -165,7 +170,7 @@ class ServingContext:
         self.optional_grammars.close()
         self.grammars.close()
         for lane in set(self._lanes):
-            lane.executor.shutdown(wait=False, cancel_futures=True)
+            lane.executor.shutdown()
         self._compile_waits.shutdown(wait=False, cancel_futures=True)
 
     def salt_for(self, request: Request, requested: str | None) -> str | None:
@@ -196,6 +201,18 @@ class ServingContext:
     def encode(self, text: str) -> list[int]:
         # The chat templates write BOS and friends themselves; adding special tokens would double them.
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def encode_prompt(self, text: str, param: str | None = None) -> list[int]:
+        """A prompt's token ids, refusing (400) before tokenizing a text that cannot fit the context whatever its
+        tokens: more bytes than the context's tokens times the longest token's bytes (tokenizing a too-long prompt
+        held a prepare lane for its whole length before the engine said so)."""
+        limit = self.max_model_len * self._max_token_bytes
+        size = len(text.encode("utf-8", "surrogatepass")) if len(text) * 4 > limit else 0
+        if size > limit:
+            raise APIError(400, f"the prompt is {size} bytes: too long for the context of {self.max_model_len} tokens "
+                           f"(no token of this model is longer than {self._max_token_bytes} bytes)", param=param,
+                           code="context_length_exceeded")
+        return self.encode(text)
 
     def sampling_params(
         self, req: Sampling, prompt_len: int, *, skip_special_tokens: bool,
@@ -248,6 +265,12 @@ class ServingContext:
                 code="context_length_exceeded",
             )
         return min(requested, cap)
+
+
+def max_token_bytes(tokenizer: Any) -> int:
+    """An upper bound of the bytes one token decodes to: its vocabulary's longest entry in UTF-8 (a byte-level BPE
+    entry writes each byte as one character, a sentencepiece one its space as three bytes and a byte as six)."""
+    return max((len(t.encode("utf-8", "surrogatepass")) for t in tokenizer.get_vocab()), default=1)
 
 
 def served(request: Request) -> ServingContext:

@@ -15,7 +15,8 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from server import json_text
-from server.context import LARGE_REQUEST_BYTES, body_bytes
+from server.cache_salt import tenant_salt
+from server.context import LARGE_REQUEST_BYTES, body_bytes, prepare_tenant
 from server.limits import RequestLimits, check_body
 from server.protocol import APIError, validation_error
 from server.request_fields import refuse_unsupported
@@ -41,6 +42,7 @@ async def read_json(request: Request, limits: RequestLimits) -> Any:
         chunks.append(chunk)
     raw = b"".join(chunks)
     body_bytes.set(len(raw))
+    prepare_tenant.set(tenant_salt(getattr(request.state, "api_key", None)))
     if len(raw) > LARGE_REQUEST_BYTES:
         return await asyncio.to_thread(_parse_json, raw, limits)
     return _parse_json(raw, limits)

@@ -18,6 +18,7 @@ from server.anthropic_protocol import MessagesRequest
 from server.cache_control import chat_breakpoints
 from server.cache_salt import tenant_salt
 from server.cli import build_parser
+from server.fair_lane import FairLane
 from server.limits import RequestLimits
 from server.messages_input import breakpoints as anthropic_breakpoints
 from server.protocol import APIError
@@ -292,3 +293,37 @@ def test_one_tenants_stored_responses_never_evict_anothers() -> None:
     with pytest.raises(APIError):
         store.history(tenant_salt(KEY_A), "resp-b")  # and B's stays B's
     assert len(store) == 4
+
+
+# ---- the prepare lanes (item 16) -----------------------------------------------------------------------------------------
+
+def test_a_lane_takes_each_tenants_jobs_in_turn() -> None:
+    """Twenty slow preparations of tenant A, then one of tenant B: B's runs second, not twenty-first (before, the
+    lane was first come, first served: 20 concurrent 250 KB too-long prompts added 4.9 s to a newcomer)."""
+    order: list[str] = []
+    lane = FairLane("test-lane")
+    try:
+        gate = threading.Event()
+        first = lane.submit("a", lambda: gate.wait(10) and order.append("a0"))
+        hostile = [lane.submit("a", lambda i=i: order.append(f"a{i}")) for i in range(1, 20)]
+        newcomer = lane.submit("b", lambda: order.append("b"))
+        cancelled = lane.submit("a", lambda: order.append("never"))
+        assert cancelled.cancel()
+        gate.set()
+        newcomer.result(10)
+        for job in (first, *hostile):
+            job.result(10)
+        assert order[0] == "a0" and "b" in order[1:3]  # right after the job in progress, or one more of A's
+        assert len(order) == 21 and "never" not in order
+    finally:
+        lane.shutdown()
+
+
+def test_a_prompt_longer_than_any_tokenization_is_refused_before_tokenizing(qwen_server: LiveServer) -> None:
+    # 512 tokens of context, no token over 128 bytes: 200 KB cannot fit, whatever it says
+    for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 200_000}]}),
+                       ("/v1/completions", {"prompt": "x" * 200_000})):
+        response = post(qwen_server, path, {**body, "max_tokens": 1})
+        assert response.status_code == 400
+        error = response.json()["error"]
+        assert error["code"] == "context_length_exceeded" and "bytes" in error["message"], error
