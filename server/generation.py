@@ -142,15 +142,16 @@ async def _compile_constraint(ctx: ServingContext, prompt: Prompt) -> None:
 
 
 async def submit(ctx: ServingContext, prompts: list[Prompt]) -> RequestStream:
-    """Compile the prompts' grammars and prepare the requests (validation, block hashes: off the engine thread and
-    the event loop), then hand them to the engine; its rejections (prompt too long for the context or the KV pool)
-    are 400s. The tenant's sequences count against its budget until the stream closes (429 past it)."""
-    for prompt in prompts:
-        await _compile_constraint(ctx, prompt)
+    """Prepare the requests (validation, block hashes: off the engine thread and the event loop), compile their
+    grammars, then hand them to the engine; rejections (prompt too long for the context or the KV pool) are 400s,
+    before any grammar compiles (a required tool call's grammar could take its whole time limit first). The
+    tenant's sequences count against its budget until the stream closes (429 past it)."""
     requests = [p.request for p in prompts]
     release = ctx.tenant_slots.acquire(requests[0].cache_salt, sum(r.params.n for r in requests))
     try:
-        await ctx.prepare(ctx.engine.prepare, requests)
+        await ctx.prepare(ctx.engine.prepare, requests)  # a prompt too long is refused before its grammar compiles
+        for prompt in prompts:
+            await _compile_constraint(ctx, prompt)
         stream = await ctx.engine.submit(requests)
     except RequestRejected as exc:
         release()

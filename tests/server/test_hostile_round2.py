@@ -327,3 +327,17 @@ def test_a_prompt_longer_than_any_tokenization_is_refused_before_tokenizing(qwen
         assert response.status_code == 400
         error = response.json()["error"]
         assert error["code"] == "context_length_exceeded" and "bytes" in error["message"], error
+
+
+# ---- the context-length check comes before the grammar (item 17) -------------------------------------------------------
+
+def test_a_too_long_prompt_is_refused_before_its_grammar_compiles(qwen_server: LiveServer) -> None:
+    """Before: the grammar compiled first (up to --grammar-compile-timeout, 30 s), then the engine said "too long"."""
+    schema = {"type": "object", "properties": {"q": {"type": "string", "minLength": 141}}, "required": ["q"]}
+    started = time.monotonic()
+    response = post(qwen_server, "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": " a" * 600}], "max_tokens": 2,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}})
+    elapsed = time.monotonic() - started
+    assert response.status_code == 400 and response.json()["error"]["code"] == "context_length_exceeded"
+    assert elapsed < 2.0, elapsed
