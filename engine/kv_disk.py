@@ -22,6 +22,7 @@ import logging
 import os
 import shutil
 import stat
+import time
 from dataclasses import dataclass
 from hashlib import blake2b
 from pathlib import Path
@@ -31,6 +32,7 @@ from engine.block_hashing import BlockHash
 
 log = logging.getLogger(__name__)
 SUFFIX = ".kvb"
+STALE_TMP_S = 600.0  # a write's .tmp file older than this at a scan was left by a process that died mid-write
 
 
 class DiskBlockError(RuntimeError):
@@ -58,17 +60,28 @@ def _write_private(path: Path, chunks: list[bytes]) -> None:
             f.write(chunk)
 
 
-def _read_regular(path: Path) -> bytes:
-    """The bytes of a regular file; OSError for anything else, never blocking on a FIFO or following a link."""
+def _read_regular(path: Path, max_bytes: int | None = None) -> bytes:
+    """The bytes of a regular file; OSError for anything else, never blocking on a FIFO or following a link, and
+    for a file over ``max_bytes`` before reading any of it (an oversized file was read and hashed whole)."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
             raise OSError(f"{path} is not a regular file")
+        if max_bytes is not None and info.st_size > max_bytes:
+            raise OSError(f"{path} is {info.st_size} bytes, more than a block file can be ({max_bytes})")
         return f.read()
 
 
+HEADER_BYTES = 64 * 1024  # room for a block file's header (hashes, the block's token ids) beyond its payload
+
+
 class DiskStore:
-    def __init__(self, root: str | Path, layout: dict[str, Any]) -> None:
+    """``max_payload_bytes``: the most a block's payload (its pages and snapshot) can be; a file larger than that
+    and a header is refused before it is read (None: unchecked)."""
+
+    def __init__(self, root: str | Path, layout: dict[str, Any], max_payload_bytes: int | None = None) -> None:
+        self.max_file_bytes = None if max_payload_bytes is None else 4 + HEADER_BYTES + max_payload_bytes
         described = json.dumps(layout, sort_keys=True)
         self.dir = Path(root) / blake2b(described.encode(), digest_size=8).hexdigest()
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -89,8 +102,12 @@ class DiskStore:
         path = self.path(block_hash)
         path.parent.mkdir(exist_ok=True, mode=0o700)
         tmp = path.with_suffix(".tmp")
-        _write_private(tmp, [len(header).to_bytes(4, "little"), header, payload])
-        os.replace(tmp, path)
+        try:
+            _write_private(tmp, [len(header).to_bytes(4, "little"), header, payload])
+            os.replace(tmp, path)
+        except BaseException:
+            self._remove(tmp)  # a failed write (a full disk) leaves no .tmp behind
+            raise
 
     def read(self, block_hash: BlockHash) -> bytes:
         """The block's payload; `DiskBlockError` when its file is missing, unreadable or fails its checksum."""
@@ -136,6 +153,8 @@ class DiskStore:
             if not sub.is_dir() or sub.is_symlink():
                 continue
             for entry in os.scandir(sub):
+                if entry.name.endswith(".tmp"):
+                    self._remove_stale_tmp(Path(entry.path))
                 if not entry.name.endswith(SUFFIX):
                     continue
                 if entry.is_file(follow_symlinks=False):
@@ -144,6 +163,15 @@ class DiskStore:
                     log.warning("skipping %s in the KV disk tier: not a regular file", entry.path)
         return found
 
+    def _remove_stale_tmp(self, path: Path) -> None:
+        """A write's temporary file that no write can still be making (a process killed mid-write left it)."""
+        try:
+            stale = time.time() - path.lstat().st_mtime > STALE_TMP_S
+        except OSError:
+            return
+        if stale:
+            self._remove(path)
+
     @staticmethod
     def _remove(path: Path) -> None:
         try:
@@ -151,9 +179,8 @@ class DiskStore:
         except OSError as exc:
             log.warning("cannot delete KV block file %s (%s); it stays unused", path, exc)
 
-    @staticmethod
-    def _read(path: Path) -> tuple[dict[str, Any], bytes]:
-        data = _read_regular(path)
+    def _read(self, path: Path) -> tuple[dict[str, Any], bytes]:
+        data = _read_regular(path, self.max_file_bytes)
         size = int.from_bytes(data[:4], "little")
         if len(data) < 4 + size:
             raise ValueError("truncated header")

@@ -229,7 +229,7 @@ class ModelRunner:
                       "dtype": str(tensors[0].dtype), "shapes": [list(t.shape[1:]) for t in tensors]}
             if state_tensors:  # a file may end with its block's snapshot
                 layout["state_shapes"] = [[str(t.dtype), *t.shape[1:]] for t in state_tensors]
-            disk = DiskStore(self.cfg.kv_disk_dir, layout)
+            disk = DiskStore(self.cfg.kv_disk_dir, layout, row_bytes(tensors) + row_bytes(state_tensors))
         blocks, snapshots = KVOffload.tier_capacity(self.cfg.kv_offload_gb, row_bytes(tensors), row_bytes(state_tensors),
                                                     self.cfg.state_snapshot_fraction)
         return KVOffload(pages, blocks, disk, states, snapshots)

@@ -3,6 +3,7 @@ each tenant has a budget of engine slots and stored state. Each case gets a 4xx 
 (its flag), on the old code it ran (or 500'd)."""
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -13,6 +14,8 @@ from contextlib import contextmanager
 import httpx
 import pytest
 
+from engine import kv_disk
+from engine.kv_disk import DiskBlockError, DiskStore
 from engine.kv_events import KVEventPublisher
 from server.anthropic_protocol import MessagesRequest
 from server.cache_control import chat_breakpoints
@@ -341,3 +344,52 @@ def test_a_too_long_prompt_is_refused_before_its_grammar_compiles(qwen_server: L
     elapsed = time.monotonic() - started
     assert response.status_code == 400 and response.json()["error"]["code"] == "context_length_exceeded"
     assert elapsed < 2.0, elapsed
+
+
+# ---- the disk tier: block files sized before they are read, no .tmp left behind (items 14, 17) --------------------------
+
+def _disk(tmp_path) -> DiskStore:
+    return DiskStore(tmp_path, {"model": "m", "block_size": 4}, max_payload_bytes=1024)
+
+
+def test_an_oversized_block_file_is_refused_before_it_is_read(tmp_path) -> None:
+    """A 2 GiB block file was read and hashed whole before its size was checked (19.6 s, +4 GB; start-up scans ~10 s
+    a file). Sparse here: refused by its size, neither read nor hashed."""
+    store = _disk(tmp_path)
+    good, bad = bytes(16), bytes([1] * 16)
+    store.write(good, None, (1, 2, 3, 4), b"x" * 1024)
+    store.write(bad, None, (5, 6, 7, 8), b"y" * 1024)
+    with open(store.path(bad), "r+b") as f:
+        f.truncate(2 * 1024**3)
+    started = time.monotonic()
+    with pytest.raises(DiskBlockError, match="more than a block file can be"):
+        store.read(bad)
+    assert [b.block_hash for b in store.scan()] == [good] and not store.path(bad).exists()
+    assert time.monotonic() - started < 1.0
+    assert store.read(good) == b"x" * 1024
+
+
+def test_a_failed_block_write_leaves_no_tmp_file(tmp_path, monkeypatch) -> None:
+    store = _disk(tmp_path)
+
+    def full_disk(path, chunks) -> None:
+        path.write_bytes(b"partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(kv_disk, "_write_private", full_disk)
+    with pytest.raises(OSError):
+        store.write(bytes(16), None, (1, 2, 3, 4), b"x" * 1024)
+    assert not list(store.dir.rglob("*.tmp"))
+
+
+def test_a_stale_tmp_file_is_removed_at_the_scan(tmp_path) -> None:
+    store = _disk(tmp_path)
+    store.write(bytes(16), None, (1, 2, 3, 4), b"x" * 1024)
+    stale = store.path(bytes(16)).with_suffix(".tmp")
+    stale.write_bytes(b"left by a killed process")
+    fresh = stale.with_name("ff" * 16 + ".tmp")
+    fresh.write_bytes(b"a write in progress")
+    old = time.time() - kv_disk.STALE_TMP_S - 60
+    os.utime(stale, (old, old))
+    assert len(store.scan()) == 1
+    assert not stale.exists() and fresh.exists()
