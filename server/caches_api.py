@@ -34,6 +34,8 @@ def add_cache_routes(api: APIRouter) -> None:
             return ctx.encode(render_chat(ctx, turn))
 
         ids = await ctx.prepare(render_and_encode)
+        budget = ctx.named_cache_budget()
+        ctx.named_caches.check_budget(salt, len(ids), *budget)  # before the prefill
         pin = Retention((CachePin(len(ids), ttl),))
         prompt = Prompt(EngineRequest(new_request_id("cache"), ids, SamplingParams(max_tokens=1, temperature=0.0),
                                       salt, pin))
@@ -42,7 +44,7 @@ def add_cache_routes(api: APIRouter) -> None:
             pass
         now = time.time()
         cache = NamedCache(req.name, salt, req.messages, req.tools, ttl, ids, now, now)
-        ctx.named_caches.add(cache)
+        ctx.named_caches.add(cache, *budget)
         return cache.card(cached_tokens=prompt.num_cached_tokens)
 
     @api.get("/v1/caches")

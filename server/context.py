@@ -202,6 +202,11 @@ class ServingContext:
         # The chat templates write BOS and friends themselves; adding special tokens would double them.
         return self.tokenizer.encode(text, add_special_tokens=False)
 
+    def named_cache_budget(self) -> tuple[int, int]:
+        """(caches, pinned tokens) one tenant's named caches may hold (server/tenant_budget.py)."""
+        limits, facts = self.settings.tenant_limits, self.engine.facts
+        return limits.named_caches, int(limits.named_cache_share * facts.num_blocks * facts.block_size)
+
     def encode_prompt(self, text: str, param: str | None = None) -> list[int]:
         """A prompt's token ids, refusing (400) before tokenizing a text that cannot fit the context whatever its
         tokens: more bytes than the context's tokens times the longest token's bytes (tokenizing a too-long prompt

@@ -24,6 +24,7 @@ from pydantic import Field
 
 from engine.retention import TTL_CHOICES
 from server.cache_control import Breakpoint
+from server.cache_salt import salt_tenant
 from server.protocol import APIError, RequestModel
 from server.turn import Turn
 
@@ -118,11 +119,34 @@ class NamedCaches:
                 raise APIError(409, f"a cache named {name!r} exists; delete it first", param="name",
                                code="cache_exists")
 
-    def add(self, cache: NamedCache) -> None:
+    def check_budget(self, salt: str | None, tokens: int, max_caches: int, max_tokens: int) -> None:
+        """429 when one more cache of ``tokens`` would take the tenant (the API key behind ``salt``) past its share:
+        ``max_caches`` caches, ``max_tokens`` pinned tokens together (so one tenant's long-lived caches cannot take
+        the whole retention cap from the others)."""
+        with self._lock:
+            self._check_budget(salt, tokens, max_caches, max_tokens)
+
+    def _check_budget(self, salt: str | None, tokens: int, max_caches: int, max_tokens: int) -> None:
+        tenant = salt_tenant(salt)
+        held = [c for (s, name) in list(self._caches) if salt_tenant(s) == tenant
+                and (c := self._live(s, name)) is not None]
+        if len(held) >= max_caches:
+            raise APIError(429, f"this API key holds {len(held)} named caches; at most {max_caches} "
+                           "(--max-named-caches-per-tenant): delete one first", type="rate_limit_error",
+                           code="named_caches_exceeded")
+        pinned = sum(len(c.token_ids) for c in held)
+        if pinned + tokens > max_tokens:
+            raise APIError(429, f"this API key's named caches pin {pinned} tokens and this one {tokens}; together at "
+                           f"most {max_tokens} (--max-named-cache-share of the KV pool): delete one first",
+                           type="rate_limit_error", code="named_caches_exceeded")
+
+    def add(self, cache: NamedCache, max_caches: int | None = None, max_tokens: int | None = None) -> None:
         with self._lock:
             if self._live(cache.salt, cache.name) is not None:  # created meanwhile by a concurrent request
                 raise APIError(409, f"a cache named {cache.name!r} exists; delete it first", param="name",
                                code="cache_exists")
+            if max_caches is not None and max_tokens is not None:  # again: concurrent creates passed the first check
+                self._check_budget(cache.salt, len(cache.token_ids), max_caches, max_tokens)
             self._caches[cache.salt, cache.name] = cache
 
     def remove(self, salt: str | None, name: str) -> NamedCache:

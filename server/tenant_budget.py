@@ -30,11 +30,16 @@ class TenantLimits:
         "a tenant's oldest are forgotten first"))
     named_caches: int = field(default=64, metadata=_flag(
         "--max-named-caches-per-tenant", "named caches (/v1/caches) one tenant may hold at once; another gets 429"))
+    named_cache_share: float = field(default=0.25, metadata=_flag(
+        "--max-named-cache-share", "the largest fraction of the KV pool one tenant's named caches may pin together "
+        "(the engine retains at most --max-retained-fraction for everyone); a cache beyond it gets 429"))
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
             if value <= 0:
                 raise ValueError(f"tenant limit {name} must be positive, got {value}")
+        if self.named_cache_share > 1:
+            raise ValueError(f"named_cache_share is a fraction of the KV pool, at most 1, got {self.named_cache_share}")
 
 
 class TenantSlots:

@@ -3,6 +3,7 @@ each tenant has a budget of engine slots and stored state. Each case gets a 4xx 
 (its flag), on the old code it ran (or 500'd)."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import threading
@@ -393,3 +394,43 @@ def test_a_stale_tmp_file_is_removed_at_the_scan(tmp_path) -> None:
     os.utime(stale, (old, old))
     assert len(store.scan()) == 1
     assert not stale.exists() and fresh.exists()
+
+
+# ---- named caches: each tenant's share (item 15) -------------------------------------------------------------------------
+
+@contextmanager
+def tenant_limits(server: LiveServer, **fields) -> Iterator[None]:
+    old = server.ctx.settings
+    server.ctx.settings = dataclasses.replace(old, tenant_limits=TenantLimits(**fields))
+    try:
+        yield
+    finally:
+        server.ctx.settings = old
+
+
+def _create_cache(server: LiveServer, name: str, key: str, words: int = 8) -> httpx.Response:
+    return post(server, "/v1/caches", {"name": name, "ttl": 86400, "messages": [
+        {"role": "system", "content": " ".join(f"{name}-{i}" for i in range(words))}]}, key=key)
+
+
+def _delete_caches(server: LiveServer, key: str) -> None:
+    with httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {key}"}, timeout=60) as http:
+        for cache in http.get("/v1/caches").json()["data"]:
+            http.delete(f"/v1/caches/{cache['name']}")
+
+
+def test_one_tenant_cannot_hold_every_named_cache(qwen_server: LiveServer) -> None:
+    """Before: one tenant's 24 h named caches could take the whole retention cap; now each tenant has a count and a
+    share of the pool, and another tenant's caches are untouched by it."""
+    try:
+        with tenant_limits(qwen_server, named_caches=2, named_cache_share=0.25):
+            assert _create_cache(qwen_server, "a1", KEY_A).status_code == 200
+            assert _create_cache(qwen_server, "a2", KEY_A).status_code == 200
+            assert_limit(_create_cache(qwen_server, "a3", KEY_A), 429, "--max-named-caches-per-tenant")
+            assert _create_cache(qwen_server, "b1", KEY_B).status_code == 200
+        pool = qwen_server.ctx.engine.facts.num_blocks * qwen_server.ctx.engine.facts.block_size
+        with tenant_limits(qwen_server, named_caches=64, named_cache_share=200 / pool):  # 200 tokens each
+            assert_limit(_create_cache(qwen_server, "big", KEY_B, words=150), 429, "--max-named-cache-share")
+    finally:
+        _delete_caches(qwen_server, KEY_A)
+        _delete_caches(qwen_server, KEY_B)
