@@ -6,6 +6,7 @@ from these fields (server/engine_args.py), so a default lives in exactly one pla
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import math
@@ -301,7 +302,9 @@ class MoEConfig:
         return cls(
             num_experts=num_experts, top_k=cfg["num_experts_per_tok"],
             intermediate_size=cfg["moe_intermediate_size"], moe_layers=tuple(layers),
-            norm_topk_prob=bool(cfg.get("norm_topk_prob", v3)), scoring=scoring,
+            # DeepSeek-V2 never renormalizes (transformers' router ignores norm_topk_prob; the released V2 checkpoints
+            # set it false, and their original code renormalized only above one expert)
+            norm_topk_prob=v3 and bool(cfg.get("norm_topk_prob", True)), scoring=scoring,
             num_shared_experts=cfg.get("n_shared_experts") or 0,
             n_group=(cfg.get("n_group") or 1) if grouped else 1,
             topk_group=(cfg.get("topk_group") or 1) if grouped else 1,
@@ -383,7 +386,7 @@ class V4Config:
     @property
     def block_multiple(self) -> int:
         """A block holds whole pools of every compressed layer (their entries and pooling state live per block)."""
-        return math.lcm(1, *self.compress_rates)
+        return math.lcm(1, *(rate for rate in self.compress_rates if rate))
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> "V4Config":
@@ -649,4 +652,23 @@ class ModelConfig:
         path = Path(model_dir) / "config.json"
         if not path.exists():
             raise ValueError(f"{model_dir} has no config.json; is it an HF-format model directory?")
-        return cls.from_dict(json.loads(path.read_text()))
+        cfg = cls.from_dict(json.loads(path.read_text()))
+        if cfg.tie_word_embeddings and _holds_tensor(Path(model_dir), "lm_head.weight"):
+            # As transformers: a checkpoint that saved a head of its own is not tied, whatever config.json says
+            # (a VLM's text_config may say tied while the model, by its top-level config, is not).
+            cfg = dataclasses.replace(cfg, tie_word_embeddings=False)
+        return cfg
+
+
+def _holds_tensor(model_dir: Path, name: str) -> bool:
+    """Whether the safetensors checkpoint in ``model_dir`` has tensor ``name`` (read from the index or the file
+    headers: no tensor data, no torch)."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        return name in json.loads(index.read_text())["weight_map"]
+    for path in model_dir.glob("*.safetensors"):
+        with path.open("rb") as f:
+            header = f.read(int.from_bytes(f.read(8), "little"))
+        if name in json.loads(header):
+            return True
+    return False

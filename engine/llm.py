@@ -88,7 +88,10 @@ class _Collector:
 class LLM:
     """An engine plus its tokenizer, for batch generation in-process."""
 
-    def __init__(self, model: str | None = None, clock: Callable[[], float] | None = None, **engine_config) -> None:
+    def __init__(self, model: str | None = None, clock: Callable[[], float] | None = None, tokenizer=None,
+                 **engine_config) -> None:
+        """``tokenizer``: a loaded tokenizer of this model to use instead of loading the directory's again (several
+        engines of one model: a Qwen tokenizer takes seconds to load)."""
         from engine.registry import default_model_name, get_model_spec, model_identity, resolve_model
 
         known = {f.name for f in fields(EngineConfig)}
@@ -100,7 +103,7 @@ class LLM:
         self.model_name = spec.name
         model_dir = resolve_model(name)
         self.engine = LLMEngine(model_dir, EngineConfig(**engine_config), model_id=model_identity(spec, model_dir),
-                                clock=clock or time.monotonic)
+                                tokenizer=tokenizer, clock=clock or time.monotonic)
         self._ids = itertools.count()
 
     @property

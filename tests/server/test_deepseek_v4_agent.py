@@ -1,11 +1,17 @@
 """A DeepSeek-V4 agent conversation through the server and the real openai client: the next turn (rendered by V4's
 encoder, a tool call and its result on the way) reads the previous prompt and reply from the cache, at most one block
-short, with V4's compressed entries and pooling state resumed from the cached blocks."""
+short, with V4's compressed entries and pooling state resumed from the cached blocks; and `kvserve serve` on a V4
+checkpoint directory, with no flags but the model, serves it."""
 from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
 
 from engine.config import EngineConfig
 from server.context import ServerSettings, load_context
 from tests.server.conftest import serve
+from tests.server.serve_process import serve_cli
 
 BLOCK = 16
 READ_FILE = {"type": "function", "function": {
@@ -35,3 +41,21 @@ def test_next_turn_reads_the_last_from_the_cache() -> None:
             messages += [{"role": "assistant", "content": reply.choices[0].message.content, "tool_calls": [call]},
                          {"role": "tool", "tool_call_id": call["id"], "content": f"print({turn})"}]
         assert cached_before > 100
+
+
+@pytest.mark.slow
+def test_serve_a_v4_checkpoint_directory_with_no_flags(tmp_path: Path) -> None:
+    """A checkpoint saved by transformers (pools of 128 tokens) needs 128-token blocks: the engine picks them and the
+    banner says so; a chat request through the openai client is answered."""
+    from openai import OpenAI
+
+    from tests.engine.config_sweep import write_v4_of_transformers_defaults
+
+    write_v4_of_transformers_defaults(tmp_path)
+    with serve_cli("--model", str(tmp_path)) as server:
+        assert "KV blocks of 128 tokens (the model default)" in "".join(server.output)
+        client = OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+        reply = client.chat.completions.create(model=tmp_path.name, max_tokens=5, temperature=0,
+                                               messages=[{"role": "user", "content": "Fix the failing test."}])
+        assert reply.usage.completion_tokens == 5 or reply.choices[0].finish_reason == "stop"
+        assert reply.usage.prompt_tokens > 5

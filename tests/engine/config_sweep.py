@@ -1,0 +1,294 @@
+"""Randomly drawn valid configurations of every architecture kvserve serves, written as transformers would save them.
+
+The registry's tiny models are one configuration per architecture, the one the code was written around; a bug that
+needs another mix (a compression rate larger than a head, a window smaller than a block, a layer kind missing) hides
+there. Each architecture here has a `draw` that picks layer counts and kinds, head counts, ranks, windows, top-k and
+rates from a seeded generator, within what transformers accepts. A drawn configuration is saved through transformers'
+own config class (the released layout and defaults), with the tiny models' random weights
+(`engine.model_sources.tiny.write_random_weights`: scales that make greedy outputs varied) and a real tokenizer.
+
+Greedy equality means something only where greedy choices are not near-ties: `hf_greedy_with_margin` returns the
+smallest gap between the first and second logit over the reference's steps, and the sweep draws again (the next
+seed) for a configuration and prompt set whose gap is under `MIN_MARGIN`.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import random
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+VOCAB = 2048  # model vocabulary: small, so that the LM head does not dominate; prompts draw ids below it
+MIN_MARGIN = 1e-3  # fp32 engines differ from transformers by ~1e-5 in a logit: a gap 100x that is not a tie
+QWEN_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+@dataclass(frozen=True)
+class Drawn:
+    """One drawn configuration: its architecture, config.json keys and the boundaries its prompts should cross."""
+
+    architecture: str
+    config: dict[str, Any]
+    block_size: int
+    boundaries: tuple[int, ...]  # windows, compression rates, chunk sizes a prompt should end below and above
+
+    @property
+    def tokenizer(self) -> str:
+        return "deepseek" if self.architecture.startswith("deepseek") else "qwen3"
+
+
+def _pick(rng: random.Random, *choices):
+    return rng.choice(choices)
+
+
+def _dense(rng: random.Random) -> dict[str, Any]:
+    heads = _pick(rng, 2, 4, 6, 8)
+    kv_heads = _pick(rng, *[d for d in (1, 2, 3, 4, 8) if heads % d == 0 and d <= heads])
+    head_dim = _pick(rng, 8, 16, 32)
+    return dict(vocab_size=VOCAB, hidden_size=_pick(rng, 32, 48, 64), intermediate_size=_pick(rng, 48, 96, 128),
+                num_hidden_layers=rng.randint(1, 4), num_attention_heads=heads, num_key_value_heads=kv_heads,
+                head_dim=head_dim, max_position_embeddings=4096, rms_norm_eps=1e-6,
+                rope_theta=_pick(rng, 10_000.0, 1_000_000.0), tie_word_embeddings=rng.random() < 0.5)
+
+
+def _llama(rng: random.Random) -> dict[str, Any]:
+    cfg = _dense(rng)
+    if rng.random() < 0.5:  # Llama 3's rope scaling
+        cfg["rope_scaling"] = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                   original_max_position_embeddings=64)
+    return cfg
+
+
+def _mistral(rng: random.Random) -> dict[str, Any]:
+    return dict(_dense(rng), sliding_window=None)  # a window is a sliding-window model (issue 37), not this one
+
+
+def _qwen3_moe(rng: random.Random) -> dict[str, Any]:
+    cfg = _dense(rng)
+    experts = _pick(rng, 4, 8, 16)
+    layers = cfg["num_hidden_layers"]
+    return dict(cfg, num_experts=experts, num_experts_per_tok=rng.randint(1, min(4, experts)),
+                moe_intermediate_size=_pick(rng, 16, 32), norm_topk_prob=rng.random() < 0.5,
+                decoder_sparse_step=_pick(rng, 1, 2),
+                mlp_only_layers=sorted(rng.sample(range(layers), rng.randint(0, layers - 1))))
+
+
+def _mla(rng: random.Random) -> dict[str, Any]:
+    """DeepSeek-V2 / V3's multi-head latent attention and routed experts."""
+    heads, layers = _pick(rng, 2, 4), rng.randint(1, 4)
+    experts = _pick(rng, 4, 8, 16)
+    groups = _pick(rng, *[g for g in (1, 2, 4) if experts // g >= 2])  # V3 ranks a group by its best two experts
+    rope = _pick(rng, 8, 16)
+    return dict(vocab_size=VOCAB, hidden_size=_pick(rng, 32, 64), intermediate_size=_pick(rng, 64, 128),
+                moe_intermediate_size=_pick(rng, 16, 32), num_hidden_layers=layers, num_attention_heads=heads,
+                num_key_value_heads=heads, q_lora_rank=_pick(rng, None, 24, 48), kv_lora_rank=_pick(rng, 16, 32),
+                qk_nope_head_dim=_pick(rng, 8, 16), qk_rope_head_dim=rope, head_dim=rope, v_head_dim=_pick(rng, 8, 16),
+                n_routed_experts=experts, n_shared_experts=_pick(rng, 1, 2),
+                num_experts_per_tok=rng.randint(1, min(4, experts // groups * min(2, groups))),
+                n_group=groups, topk_group=rng.randint(1, groups), first_k_dense_replace=rng.randint(0, layers - 1),
+                routed_scaling_factor=_pick(rng, 1.0, 2.5), norm_topk_prob=rng.random() < 0.5,
+                max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=10_000.0, tie_word_embeddings=False)
+
+
+def _deepseek_v2(rng: random.Random) -> dict[str, Any]:
+    cfg = _mla(rng)
+    cfg["topk_method"] = "group_limited_greedy" if cfg["n_group"] > 1 else "greedy"
+    return cfg
+
+
+def _deepseek_v3(rng: random.Random) -> dict[str, Any]:
+    cfg = _mla(rng)
+    if rng.random() < 0.5:
+        cfg["rope_scaling"] = dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=64,
+                                   beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0)
+    return cfg
+
+
+def _deepseek_v32(rng: random.Random) -> dict[str, Any]:
+    # At least 4 index heads: with 2, many relu scores are exactly 0 and the top-k is a tie that even transformers'
+    # prefill and decode break differently. V3.2's queries always come from a q-LoRA latent (the indexer reads it).
+    return dict(_deepseek_v3(rng), q_lora_rank=_pick(rng, 24, 48), index_n_heads=_pick(rng, 4, 8), index_head_dim=_pick(rng, 16, 32),
+                index_topk=_pick(rng, 4, 8, 16))
+
+
+V4_KINDS = ("sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention")
+
+
+def _deepseek_v4(rng: random.Random) -> dict[str, Any]:
+    layers = rng.randint(1, 4)
+    head_dim = _pick(rng, 16, 32)
+    rope = _pick(rng, 8, head_dim // 2)  # the indexer rotates the same trailing dims of its keys: index_head_dim >= it
+    experts = _pick(rng, 4, 8)
+    return dict(vocab_size=VOCAB, hidden_size=_pick(rng, 32, 64), moe_intermediate_size=_pick(rng, 16, 32),
+                num_hidden_layers=layers, num_attention_heads=_pick(rng, 2, 4), num_key_value_heads=1,
+                head_dim=head_dim, q_lora_rank=_pick(rng, 16, 32), n_routed_experts=experts,
+                num_experts_per_tok=rng.randint(1, 2), n_shared_experts=1, o_groups=_pick(rng, 1, 2),
+                o_lora_rank=_pick(rng, 8, 16), index_n_heads=_pick(rng, 4, 8), index_head_dim=_pick(rng, rope, 16),
+                index_topk=_pick(rng, 2, 4, 8), sliding_window=_pick(rng, 4, 8, 16, 24),
+                qk_rope_head_dim=rope, hc_mult=_pick(rng, 1, 2, 4),
+                num_hash_layers=rng.randint(0, layers),
+                compress_rates={"compressed_sparse_attention": _pick(rng, 2, 4),
+                                "heavily_compressed_attention": _pick(rng, 8, 16)},  # 128: test_deepseek_v4.py
+                layer_types=[rng.choice(V4_KINDS) for _ in range(layers)], max_position_embeddings=4096,
+                tie_word_embeddings=False, rms_norm_eps=1e-6)
+
+
+_LINEAR = ("linear_attention", "full_attention")
+
+
+def _hybrid_text(rng: random.Random) -> dict[str, Any]:
+    """Qwen3-Next / 3.5: Gated DeltaNet layers between gated full attention, any mix with at least one of each."""
+    layers = rng.randint(2, 4)
+    kinds = [rng.choice(_LINEAR) for _ in range(layers)]
+    kinds[rng.randrange(layers)] = "full_attention"
+    if "linear_attention" not in kinds:
+        kinds[rng.choice([i for i in range(layers) if i != kinds.index("full_attention")])] = "linear_attention"
+    heads = _pick(rng, 2, 4)
+    key_heads = _pick(rng, 1, 2)
+    return dict(vocab_size=VOCAB, hidden_size=_pick(rng, 32, 64), intermediate_size=_pick(rng, 64, 128),
+                num_hidden_layers=layers, layer_types=kinds, num_attention_heads=heads,
+                num_key_value_heads=_pick(rng, *[d for d in (1, 2) if heads % d == 0]), head_dim=_pick(rng, 16, 32),
+                linear_conv_kernel_dim=_pick(rng, 2, 4), linear_key_head_dim=_pick(rng, 8, 16),
+                linear_value_head_dim=_pick(rng, 8, 16), linear_num_key_heads=key_heads,
+                linear_num_value_heads=key_heads * _pick(rng, 1, 2), max_position_embeddings=4096,
+                tie_word_embeddings=rng.random() < 0.5, rms_norm_eps=1e-6)
+
+
+def _hybrid_moe(rng: random.Random) -> dict[str, Any]:
+    experts = _pick(rng, 4, 8)
+    return dict(num_experts=experts, num_experts_per_tok=rng.randint(1, min(3, experts)),
+                moe_intermediate_size=_pick(rng, 16, 32), shared_expert_intermediate_size=_pick(rng, 16, 48))
+
+
+def _rope(rng: random.Random, mrope: bool) -> dict[str, Any]:
+    rope = dict(rope_type="default", rope_theta=_pick(rng, 10_000.0, 1e6), partial_rotary_factor=0.25)
+    return dict(rope, mrope_section=[2, 1, 1], mrope_interleaved=True) if mrope else rope
+
+
+def _qwen3_next(rng: random.Random) -> dict[str, Any]:
+    return dict(_hybrid_text(rng), **_hybrid_moe(rng), rope_parameters=_rope(rng, mrope=False))
+
+
+_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=16, num_position_embeddings=64)
+
+
+def _qwen3_5(rng: random.Random) -> dict[str, Any]:
+    """The released VLM layout: the language model's config in text_config, beside a vision tower's."""
+    text = dict(_hybrid_text(rng), rope_parameters=_rope(rng, mrope=True))
+    return dict(text_config=text, vision_config=dict(_VISION, out_hidden_size=text["hidden_size"]))
+
+
+def _qwen3_5_moe(rng: random.Random) -> dict[str, Any]:
+    text = dict(_hybrid_text(rng), **_hybrid_moe(rng), rope_parameters=_rope(rng, mrope=True))
+    text.pop("intermediate_size")
+    return dict(text_config=text, vision_config=dict(_VISION, out_hidden_size=text["hidden_size"]))
+
+
+DRAWS: dict[str, Callable[[random.Random], dict[str, Any]]] = {
+    "llama": _llama, "qwen2": _dense, "qwen3": _dense, "mistral": _mistral, "qwen3_moe": _qwen3_moe,
+    "deepseek_v2": _deepseek_v2, "deepseek_v3": _deepseek_v3, "deepseek_v32": _deepseek_v32,
+    "deepseek_v4": _deepseek_v4, "qwen3_next": _qwen3_next, "qwen3_5": _qwen3_5, "qwen3_5_moe": _qwen3_5_moe,
+}
+
+
+def draw(architecture: str, seed: int) -> Drawn:
+    """The ``seed``-th drawn configuration of ``architecture`` (the same on every machine)."""
+    rng = random.Random(f"{architecture}:{seed}")
+    config = DRAWS[architecture](rng)
+    text = config.get("text_config", config)
+    bounds = [text.get("sliding_window") or 0]
+    if architecture == "deepseek_v4":
+        rates = [config["compress_rates"][kind] for kind in set(config["layer_types"]) if kind != V4_KINDS[0]]
+        block = math.lcm(4, *rates)
+        bounds += rates
+    else:
+        block = _pick(rng, 4, 8, 16)
+    return Drawn(architecture, config, block, tuple(sorted({b for b in bounds if b})))
+
+
+def write_checkpoint(drawn: Drawn, out: Path, seed: int) -> Path:
+    """``drawn`` saved by transformers' config class, with the tiny models' random weights and a real tokenizer."""
+    from transformers import AutoConfig
+
+    from engine.model_sources.deepseek_tokenizer import write_deepseek_tokenizer
+    from engine.model_sources.tiny import write_random_weights
+    from engine.registry import resolve_model
+
+    out.mkdir(parents=True, exist_ok=True)
+    config = AutoConfig.for_model(drawn.architecture, **drawn.config)
+    if "vision_config" in drawn.config:  # the released VLM layout: saved by the VLM class, vision tower included
+        _save_vlm(config, out, seed)
+    else:
+        config.save_pretrained(out)
+        write_random_weights(out, seed)
+    if drawn.tokenizer == "deepseek":
+        write_deepseek_tokenizer(out, "deepseek-v4")
+    else:
+        source = resolve_model("qwen3-tiny")
+        for name in QWEN_TOKENIZER_FILES:
+            shutil.copyfile(source / name, out / name)
+    return out
+
+
+# A valid DeepSeek-V4 configuration the registry's tiny model is not: transformers' default layer_types (three heavily
+# compressed layers pooling 128 tokens, more than the 32-dim head, then one compressed-sparse layer), a window of 8
+# inside a block, transformers' own random init. It crashed every prompt (zero-width entry tensors) and needed
+# --block-size 128.
+V4_OF_TRANSFORMERS_DEFAULTS = dict(
+    vocab_size=129280, hidden_size=64, moe_intermediate_size=32, num_hidden_layers=4, num_attention_heads=4,
+    num_key_value_heads=1, head_dim=32, q_lora_rank=32, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
+    o_groups=2, o_lora_rank=16, index_n_heads=8, index_head_dim=16, index_topk=4, sliding_window=8,
+    qk_rope_head_dim=8, hc_mult=2, initializer_range=0.3)
+
+
+def write_v4_of_transformers_defaults(out: Path):
+    """`V4_OF_TRANSFORMERS_DEFAULTS` with transformers' init (seed 0), saved with the DeepSeek tokenizer into ``out``;
+    returns the transformers model."""
+    import transformers
+
+    from engine.model_sources.deepseek_tokenizer import write_deepseek_tokenizer
+
+    torch.manual_seed(0)
+    config = transformers.DeepseekV4Config(**V4_OF_TRANSFORMERS_DEFAULTS)
+    model = transformers.DeepseekV4ForCausalLM(config).eval()
+    model.save_pretrained(out)
+    write_deepseek_tokenizer(out, "deepseek-v4")
+    return model
+
+
+def _save_vlm(config, out: Path, seed: int) -> None:
+    from transformers import AutoModelForImageTextToText
+
+    from engine.model_sources.tiny import InitScales, random_tensor
+
+    model = AutoModelForImageTextToText.from_config(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.copy_(random_tensor(name, tuple(param.shape), seed, InitScales(), zero_centered_norms=True))
+    model.save_pretrained(out)
+
+
+@functools.lru_cache(maxsize=None)
+def shared_tokenizer(kind: str, model_dir: Path):
+    """The tokenizer of every checkpoint of one kind (the same files), loaded once: a Qwen tokenizer takes seconds."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+def hf_greedy_with_margin(model, prompt: list[int], max_new_tokens: int) -> tuple[list[int], float]:
+    """Transformers' greedy continuation of ``prompt`` and the smallest top-1 / top-2 logit gap over its steps."""
+    model.generation_config.eos_token_id = None  # as the engine with ignore_eos: a drawn model may pick EOS
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                             max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0, output_logits=True,
+                             return_dict_in_generate=True)
+    assert out.sequences.shape[1] == len(prompt) + max_new_tokens
+    gaps = [float(top[0, 0] - top[0, 1]) for top in (step.float().topk(2).values for step in out.logits)]
+    return out.sequences[0, len(prompt):].tolist(), min(gaps)
