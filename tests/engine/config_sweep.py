@@ -190,10 +190,51 @@ def _qwen3_5_moe(rng: random.Random) -> dict[str, Any]:
     return dict(text_config=text, vision_config=dict(_VISION, out_hidden_size=text["hidden_size"]))
 
 
+def _qwen3_5_text(rng: random.Random) -> dict[str, Any]:
+    """A Qwen3.5 language model saved alone (its own model_type, no vision tower)."""
+    return _qwen3_5(rng)["text_config"]
+
+
+def _qwen3_5_moe_text(rng: random.Random) -> dict[str, Any]:
+    return _qwen3_5_moe(rng)["text_config"]
+
+
+GEMMA_KINDS = ("sliding_attention", "full_attention")
+
+
+def _gemma3_text(rng: random.Random) -> dict[str, Any]:
+    """Gemma 3: any mix of local (sliding-window) and global layers, their own RoPE bases (and a scaled global one),
+    query_pre_attn_scalar, optional final logit softcapping."""
+    layers = rng.randint(2, 6)
+    kinds = [rng.choice(GEMMA_KINDS) for _ in range(layers)]
+    kinds[rng.randrange(layers)] = "sliding_attention"
+    heads = _pick(rng, 2, 4)
+    head_dim = _pick(rng, 16, 32)
+    rope = {"full_attention": dict(rope_type="default", rope_theta=1e6),
+            "sliding_attention": dict(rope_type="default", rope_theta=1e4)}
+    if rng.random() < 0.5:  # the 4B-and-up layout: the global layers' RoPE scaled linearly
+        rope["full_attention"] = dict(rope_type="linear", factor=8.0, rope_theta=1e6)
+    return dict(vocab_size=VOCAB, hidden_size=_pick(rng, 32, 64), intermediate_size=_pick(rng, 64, 128),
+                num_hidden_layers=layers, layer_types=kinds, num_attention_heads=heads,
+                num_key_value_heads=_pick(rng, *[d for d in (1, 2) if heads % d == 0]), head_dim=head_dim,
+                query_pre_attn_scalar=_pick(rng, head_dim, 24), sliding_window=_pick(rng, 4, 8, 12, 24),
+                rope_parameters=rope, final_logit_softcapping=_pick(rng, None, 4.0, 30.0),
+                max_position_embeddings=4096, pad_token_id=0, eos_token_id=1, bos_token_id=2)
+
+
+def _gemma3(rng: random.Random) -> dict[str, Any]:
+    """The released VLM layout: the language model beside a SigLIP tower and the projector."""
+    return dict(text_config=_gemma3_text(rng), mm_tokens_per_image=4,
+                vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                   image_size=32, patch_size=8))
+
+
 DRAWS: dict[str, Callable[[random.Random], dict[str, Any]]] = {
     "llama": _llama, "qwen2": _dense, "qwen3": _dense, "mistral": _mistral, "qwen3_moe": _qwen3_moe,
     "deepseek_v2": _deepseek_v2, "deepseek_v3": _deepseek_v3, "deepseek_v32": _deepseek_v32,
     "deepseek_v4": _deepseek_v4, "qwen3_next": _qwen3_next, "qwen3_5": _qwen3_5, "qwen3_5_moe": _qwen3_5_moe,
+    "qwen3_5_text": _qwen3_5_text, "qwen3_5_moe_text": _qwen3_5_moe_text, "gemma3_text": _gemma3_text,
+    "gemma3": _gemma3,
 }
 
 
@@ -222,8 +263,8 @@ def write_checkpoint(drawn: Drawn, out: Path, seed: int) -> Path:
 
     out.mkdir(parents=True, exist_ok=True)
     config = AutoConfig.for_model(drawn.architecture, **drawn.config)
-    if "vision_config" in drawn.config:  # the released VLM layout: saved by the VLM class, vision tower included
-        _save_vlm(config, out, seed)
+    if drawn.architecture.startswith("gemma") or "vision_config" in drawn.config:
+        _save_by_model_class(config, out, seed, drawn.architecture.startswith("gemma"))
     else:
         config.save_pretrained(out)
         write_random_weights(out, seed)
@@ -262,15 +303,27 @@ def write_v4_of_transformers_defaults(out: Path):
     return model
 
 
-def _save_vlm(config, out: Path, seed: int) -> None:
-    from transformers import AutoModelForImageTextToText
+GEMMA_FINAL_NORM_GAIN = 8.0
+
+
+def _save_by_model_class(config, out: Path, seed: int, gemma: bool) -> None:
+    """The model transformers builds for ``config`` (a VLM with its vision tower, in the released layout), with the
+    tiny models' weights (norms as 1 + w), saved by save_pretrained. Gemma scales its embedding by sqrt(hidden) on the
+    way in and ties it to the head: drawn small, with large final-norm gains, so the residual stream is not just the
+    input token and the logits still spread over several units."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     from engine.model_sources.tiny import InitScales, random_tensor
 
-    model = AutoModelForImageTextToText.from_config(config)
+    vlm = hasattr(config, "vision_config")
+    model = (AutoModelForImageTextToText if vlm else AutoModelForCausalLM).from_config(config)
+    scales = InitScales(embedding=0.03) if gemma else InitScales()
     with torch.no_grad():
         for name, param in model.named_parameters():
-            param.copy_(random_tensor(name, tuple(param.shape), seed, InitScales(), zero_centered_norms=True))
+            value = random_tensor(name, tuple(param.shape), seed, scales, zero_centered_norms=True)
+            if gemma and name.endswith(("model.norm.weight", "language_model.norm.weight")):
+                value = GEMMA_FINAL_NORM_GAIN * (1.0 + value) - 1.0
+            param.copy_(value)
     model.save_pretrained(out)
 
 

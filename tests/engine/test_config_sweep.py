@@ -118,6 +118,12 @@ def check_chunked_prefill_with_preemption(case: Case) -> None:
         llm.close()
 
 
+def test_every_served_architecture_is_swept() -> None:
+    from engine.config import SUPPORTED_ARCHITECTURES
+
+    assert set(DRAWS) == set(SUPPORTED_ARCHITECTURES)
+
+
 CASES = [pytest.param(arch, i, id=f"{arch}-{i}", marks=() if arch in FAST and i == 0 else pytest.mark.slow)
          for arch in DRAWS for i in range(CONFIGS_PER_ARCHITECTURE)]
 
