@@ -242,13 +242,17 @@ def format_cache(view: dict[str, Any]) -> str:
     t = view["timeline"]
     now = {k: v[-1] for k, v in t.items() if v}
     out = []
-    if now:
+    if now and view.get("cache_wide", True):
         out.append(f"device: {now['device_total']:,} blocks, {now['device_used']:,} held by running requests, "
                    f"{now['device_cached']:,} cached, {now['device_pinned']:,} pinned or held, {now['device_free']:,} "
                    f"free (cached blocks nobody holds count as free)")
         out.append(f"host tier: {now['host_cached']:,} of {now['host_total']:,}; disk tier: {now['disk_cached']:,} of "
                    f"{now['disk_total']:,}")
-    out.append("blocks that left a tier: " + ", ".join(f"{k} {v:,}" for k, v in view["evictions"].items()))
+        out.append("blocks that left a tier: " + ", ".join(f"{k} {v:,}" for k, v in view["evictions"].items()))
+    elif pool := view.get("pool"):
+        out.append(f"device: {pool['device_total']:,} blocks; host tier: {pool['host_total']:,}; disk tier: "
+                   f"{pool['disk_total']:,} (the cache-wide figures depend on other tenants' requests: an operator's "
+                   "key shows them)")
     rows = [[p["tokens"], p["blocks"], (p["holder"] or {}).get("client_id") or (p["holder"] or {}).get("session") or
              "(not in the inspector's window)", (p["holder"] or {}).get("tenant") or "-", p["referenced_blocks"],
              p["retained_blocks"]] for p in view["largest_prefixes"]]
@@ -257,6 +261,7 @@ def format_cache(view: dict[str, Any]) -> str:
                                                         "pinned or held"], rows, left=0)]
     kept = view["inspector"]
     size = f", {kept['memory_bytes'] / 2**20:.1f} MiB" if "memory_bytes" in kept else ""
+    blocks = f" ({kept['trie_blocks']:,} distinct blocks{size})" if "trie_blocks" in kept else ""
     out.append(f"\nthe inspector keeps {kept['requests']} of {kept['max_requests']} requests in {kept['sessions']} "
-               f"sessions ({kept['trie_blocks']:,} distinct blocks{size})")
+               f"sessions{blocks}")
     return "\n".join(out)

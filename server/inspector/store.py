@@ -8,6 +8,7 @@ the same lock. Memory is bounded: the ring drops its oldest request (and the tri
 from __future__ import annotations
 
 import asyncio
+import secrets
 import sys
 import threading
 import time
@@ -74,6 +75,7 @@ class InspectedRequest:
     misses: dict[str, int]
     end: TrieNode | None = None  # the trie node of its sequence's last full block
     tail: bytes = b""  # the tokens after it
+    tenant_seq: int = 0  # its number among its tenant's requests (a tenant's cursor: `seq` counts everyone's)
 
     @property
     def device_cached_tokens(self) -> int:
@@ -82,7 +84,7 @@ class InspectedRequest:
 
 @dataclass(eq=False)
 class Session:
-    key: str  # the inspector's id for it ("s12"), the same for every viewer
+    key: str  # the inspector's id for it ("s3f9a0c1d"), random: a count would tell how many sessions others have
     client_id: str | None  # what the client called it (None: grouped by shared prefix)
     tenant: str | None
     requests: deque[InspectedRequest] = field(default_factory=deque)  # in the ring, oldest first
@@ -129,12 +131,12 @@ class Inspector:
         # the ring used each: a miss is charged to "different_salt" only against the same tenant's other salts, so no
         # view depends on another tenant's prompts (it would answer "is this prefix cached for someone?").
         self._tenant_salts: dict[str | None, dict[str | None, int]] = {}
+        self._tenant_seqs: dict[str | None, int] = {}  # each tenant's requests so far (one int per tenant ever seen)
         self.timeline: deque[CacheSample] = deque(maxlen=TIMELINE_SAMPLES)
         self.latest_stats: SchedulerStats | None = None  # the last snapshot sampled (its counters: evictions)
         self.lock = threading.RLock()
         self._decode = decode
         self._seq = 0
-        self._session_seq = 0
 
     # ---- in -------------------------------------------------------------------------------------------------------
     def observe(self, obs: Observation, tenant: str | None) -> InspectedRequest:
@@ -165,6 +167,7 @@ class Inspector:
                 obs.queue_s, obs.ttft_s, obs.e2e_s, obs.finish_reason, obs.breakpoints,
                 parent.request_id if parent else None, ideal, divergence, dict(misses.most_common()),
             )
+            self._tenant_seqs[tenant] = record.tenant_seq = self._tenant_seqs.get(tenant, 0) + 1
             record.end = self.trie.insert(obs.salt, sequence, known, record)
             record.tail = self.trie.tail(sequence)
             self.ring.append(record)
@@ -191,8 +194,9 @@ class Inspector:
         return self._new_session(None, tenant), None
 
     def _new_session(self, client_id: str | None, tenant: str | None) -> Session:
-        self._session_seq += 1
-        session = Session(f"s{self._session_seq}", client_id, tenant)
+        session = Session(f"s{secrets.token_hex(4)}", client_id, tenant)
+        while session.key in self.sessions:
+            session.key = f"s{secrets.token_hex(4)}"
         self.sessions[session.key] = session
         return session
 
@@ -241,6 +245,16 @@ class Inspector:
                     break
                 sessions.setdefault(record.session.key, record.session)
             return self._seq, list(sessions.values())
+
+    def updated_sessions_of(self, tenant: str | None, after: int) -> tuple[int, list[Session]]:
+        """`updated_sessions` for one tenant, numbered among its own requests (`tenant_seq`), so that nothing in it
+        depends on other tenants' requests."""
+        with self.lock:
+            sessions: dict[str, Session] = {}
+            for record in reversed(self.ring):
+                if record.session.tenant == tenant and record.tenant_seq > after:
+                    sessions.setdefault(record.session.key, record.session)
+            return self._tenant_seqs.get(tenant, 0), list(sessions.values())
 
     # ---- size ---------------------------------------------------------------------------------------------------
     def memory_bytes(self) -> int:

@@ -19,6 +19,9 @@ from server.logprobs import TokenTexts
 from server.miss_causes import CAUSES
 
 TENANT_CHARS = 12  # how much of a tenant's hash is shown
+# What a tenant sees of the cache: the tiers' sizes now, fixed by the operator (what is used, cached or evicted, and
+# when the samples were taken -- while the cache changes -- depend on every tenant's requests: operators only).
+TENANT_TIMELINE_COLUMNS = ("device_total", "host_total", "disk_total")
 SIDE_BY_SIDE_TOKENS = 48  # tokens shown on each side of a divergence
 
 
@@ -56,7 +59,7 @@ def visible_request(inspector: Inspector, viewer: Viewer, request_id: str) -> In
 def request_summary(r: InspectedRequest) -> dict[str, Any]:
     divergence = r.divergence
     return {
-        "id": r.request_id, "seq": r.seq, "time": r.time, "endpoint": r.endpoint, "session": r.session.key,
+        "id": r.request_id, "time": r.time, "endpoint": r.endpoint, "session": r.session.key,
         "prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens, "cached_tokens": r.cached_tokens,
         "cached": {"device": r.device_cached_tokens, "host": r.host_cached_tokens, "disk": r.disk_cached_tokens},
         "ideal_tokens": r.ideal_tokens, "queue_s": r.queue_s, "ttft_s": r.ttft_s, "e2e_s": r.e2e_s,
@@ -83,9 +86,11 @@ def session_summary(s: Session) -> dict[str, Any]:
 
 def sessions_view(inspector: Inspector, viewer: Viewer) -> dict[str, Any]:
     with inspector.lock:
-        sessions = [session_summary(s) for s in inspector.sessions.values() if viewer.sees(s.tenant)]
+        visible = [s for s in inspector.sessions.values() if viewer.sees(s.tenant)]
+        sessions = [session_summary(s) for s in visible]
+        kept = len(inspector.ring) if viewer.sees_all else sum(len(s.requests) for s in visible)
         return {"model": inspector.model_name, "block_size": inspector.block_size, "viewer": viewer.describe(),
-                "max_requests": inspector.max_requests, "requests_kept": len(inspector.ring),
+                "max_requests": inspector.max_requests, "requests_kept": kept,
                 "causes": CAUSES, "sessions": sorted(sessions, key=lambda s: -s["last_time"])}
 
 
@@ -164,13 +169,23 @@ def cache_view(inspector: Inspector, viewer: Viewer, prefixes: list[CachedPrefix
             })
             if len(largest) == limit:
                 break
-        kept = {"requests": len(inspector.ring), "max_requests": inspector.max_requests,
-                "sessions": len(inspector.sessions), "trie_blocks": len(inspector.trie.by_hash)}
+        if viewer.sees_all:
+            kept = {"requests": len(inspector.ring), "max_requests": inspector.max_requests,
+                    "sessions": len(inspector.sessions), "trie_blocks": len(inspector.trie.by_hash)}
+        else:
+            own = [s for s in inspector.sessions.values() if viewer.sees(s.tenant)]
+            kept = {"requests": sum(len(s.requests) for s in own), "max_requests": inspector.max_requests,
+                    "sessions": len(own)}
+    if not viewer.sees_all:  # a tenant sees the pool's sizes, nothing that other tenants' requests move
+        sizes = _timeline(samples[-1:], TENANT_TIMELINE_COLUMNS)
+        return {"timeline": {}, "pool": {name: sizes[name][0] for name in TENANT_TIMELINE_COLUMNS} if samples else {},
+                "evictions": {}, "largest_prefixes": largest, "inspector": kept, "cache_wide": False}
     return {
         "timeline": _timeline(samples),
         "evictions": _evictions(last) if last is not None else {},
         "largest_prefixes": largest,
-        "inspector": {**kept, "memory_bytes": inspector.memory_bytes()} if viewer.sees_all else kept,
+        "inspector": {**kept, "memory_bytes": inspector.memory_bytes()},
+        "cache_wide": True,
     }
 
 
@@ -183,11 +198,12 @@ def _holder(inspector: Inspector, prefix: CachedPrefix) -> InspectedRequest | No
     return None
 
 
-def _timeline(samples: list[CacheSample]) -> dict[str, list]:
-    """The samples as columns: "time", then TIMELINE_COLUMNS."""
+def _timeline(samples: list[CacheSample], names: Sequence[str] = tuple(TIMELINE_COLUMNS)) -> dict[str, list]:
+    """The samples as columns: "time", then ``names`` (of TIMELINE_COLUMNS)."""
     columns = {"time": [sample.time for sample in samples]}
     for i, name in enumerate(TIMELINE_COLUMNS):
-        columns[name] = [sample.values[i] for sample in samples]
+        if name in names:
+            columns[name] = [sample.values[i] for sample in samples]
     return columns
 
 

@@ -132,6 +132,27 @@ def test_cache_view(ui_server: LiveServer, session: dict) -> None:
     assert view["inspector"]["memory_bytes"] > 0 and view["inspector"]["requests"] >= 3
 
 
+def test_a_tenant_sees_nothing_that_another_tenants_requests_move(ui_server: LiveServer, session: dict) -> None:
+    """Issue 41: tenant B's views (its sessions, the cache, the update cursor) are the same before and after tenant
+    A's requests. Before, the global request count (updates' seq, requests_kept, session numbers), the cache's use
+    and evictions over time, and different_salt (test_inspector_store.py) all moved with A's traffic."""
+    b = ui_server.client(KEY_B)
+    b.chat.completions.create(model=ui_server.ctx.model_name, messages=[{"role": "user", "content": "b's own"}],
+                              max_tokens=2)
+
+    def b_views() -> list:
+        cache = get(ui_server, "/ui/api/cache", KEY_B).json()
+        return [get(ui_server, "/ui/api/sessions", KEY_B).json(), get(ui_server, "/ui/api/updates?after=0", KEY_B).json(),
+                {k: v for k, v in cache.items() if k != "largest_prefixes"}]
+
+    before = b_views()
+    for i in range(3):
+        ui_server.chat(messages=[{"role": "user", "content": f"a's request {i}"}], max_tokens=2)
+    ui_server.ctx.inspector.sample(ui_server.ctx.metrics.snapshot())
+    assert b_views() == before
+    assert before[1]["seq"] == 1 and before[0]["requests_kept"] == 1  # B's own count, not everyone's
+
+
 def test_breakpoints_of_an_anthropic_session(ui_server: LiveServer) -> None:
     client = ui_server.anthropic(default_headers={"X-Claude-Code-Session-Id": "claude-sess"})
     system = [{"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}]
@@ -178,7 +199,7 @@ def test_tiers_and_evictions_a_b_a(ui_server: LiveServer) -> None:
     assert third["cached_tokens"] == replies[2].usage.prompt_tokens_details.cached_tokens
     assert third["cached"]["host"] > 0 and sum(third["cached"].values()) == third["cached_tokens"]
     assert third["divergence"] is None and third["parent"] == replies[0].id
-    cache = get(server, "/ui/api/cache").json()
+    cache = get(server, "/ui/api/cache", KEY_OPERATOR).json()  # cache-wide figures: an operator's
     assert cache["evictions"]["pressure"] > 0 and cache["timeline"]["host_total"][-1] > 0
 
 

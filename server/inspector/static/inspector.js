@@ -235,7 +235,14 @@ async function showCache() {
   const c = await api("cache");
   if (!Object.keys(state.causes).length) describe(await api("sessions"));
   const t = c.timeline, last = t.time.length - 1;
-  const at = (k) => (last >= 0 ? t[k][last] : 0);
+  const at = (k) => (last >= 0 && t[k] ? t[k][last] : 0);
+  if (!c.cache_wide) {
+    main().innerHTML = `<section class="content" id="cache-view"><h1>The cache</h1><div class="sub">what your requests hold; the cache-wide figures (use, evictions over time) depend on other tenants' requests and are shown to operators only</div>
+    <div class="stats">${stat(num(c.pool.device_total || 0), "device blocks")}${stat(num(c.pool.host_total || 0), "host tier blocks")}${stat(num(c.pool.disk_total || 0), "disk tier blocks")}</div>
+    <h2>Your largest cached prefixes</h2>${prefixTable(c.largest_prefixes)}
+    <p class="muted">The inspector keeps ${num(c.inspector.requests)} of your requests in ${num(c.inspector.sessions)} sessions.</p></section>`;
+    return;
+  }
   const ev = c.evictions, evMax = Math.max(1, ...Object.values(ev));
   const inspector = c.inspector;
   main().innerHTML = `<section class="content" id="cache-view"><h1>The cache</h1><div class="sub">blocks per tier, sampled every second while they change</div>
