@@ -214,8 +214,8 @@ def _register_all() -> None:
     add_bench_command("spec", "speculative decoding at batch 1: output tok/s with no speculation, prompt lookup and "
                       "suffix decoding side by side on an edit-like and an agent workload; acceptance per proposer",
                       spec_bench.configure, spec_bench.run)
-    add_bench_command("hostile", "one request never hurts another: each hostile input of issue 22 sent while bystander "
-                      "streams of another tenant run; their worst wait vs their baseline, and server memory",
+    add_bench_command("hostile", "one request never hurts another: each hostile input of issues 22 and 41 sent while "
+                      "bystander streams of another tenant run; their worst wait vs their baseline, and server memory",
                       hostile.configure, hostile.run)
     add_bench_command("router", "kvserve replicas behind real routers (vLLM's, SGLang's, Dynamo's KV indexer): "
                       "prefix-cache hit rate and TTFT per routing policy side by side, then a replica killed mid-run",

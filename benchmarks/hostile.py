@@ -1,6 +1,7 @@
 """``kvserve bench hostile``: one request never hurts another, measured. A `kvserve serve` process with two tenants
-(API keys); bystander streams of tenant B are running when each hostile input of issue 22 is sent by tenant A, and a
-newcomer (a small request of tenant B) arrives just after it. For each input: its status and time, every
+(API keys); bystander streams of tenant B are running when each hostile input of issues 22 and 41
+(benchmarks/hostile_round2.py) is sent by tenant A, and a newcomer (a small request of tenant B) arrives just after
+it. For each input: its status (a 5xx, or a string naming a leak or a failure, counts as a failure) and time, every
 bystander's worst wait for its next token and the newcomer's whole time, each against its own baseline measured in
 the same run with nothing hostile going on, and the server's memory afterwards. The goal: no bystander waits more
 than 1 s longer than its baseline, for any input.
@@ -23,6 +24,8 @@ from typing import Any
 
 import httpx
 
+from benchmarks.hostile_round2 import SERVER_ARGS as ROUND2_SERVER_ARGS
+from benchmarks.hostile_round2 import round2_inputs
 from benchmarks.router_procs import Process, free_port
 
 KEY_HOSTILE, KEY_BYSTANDER = "sk-hostile", "sk-bystander"
@@ -86,7 +89,7 @@ def _nested_schema(depth: int) -> str:
 
 
 def hostile_inputs() -> list[Hostile]:
-    """The inputs of issue 22 that a request can carry, and two more that are legal but heavy."""
+    """The inputs of issue 22 that a request can carry, two more that are legal but heavy, and issue 41's."""
     deep_tool = ('{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "tool_choice": "required", '
                  '"tools": [{"type": "function", "function": {"name": "f", "parameters": %s}}]}' % _nested_schema(500))
     return [
@@ -110,6 +113,7 @@ def hostile_inputs() -> list[Hostile]:
         Hostile("slow grammar within the limits", _post({"messages": HI, "max_tokens": 2, "response_format":
                                                          _schema(_slow_string())})),
         Hostile("client leaving while its grammar compiles", _disconnect_while_compiling),
+        *round2_inputs(Hostile),
     ]
 
 
@@ -232,7 +236,7 @@ def run_hostile_bench(opts: HostileOptions) -> dict[str, Any]:
     url = f"http://127.0.0.1:{port}"
     argv = [sys.executable, "-m", "server.cli", "serve", "--model", opts.model, "--port", str(port), "--block-size", "16",
             "--num-kv-blocks", "8192", "--max-model-len", "131072", "--api-key", KEY_HOSTILE, "--api-key",
-            KEY_BYSTANDER, "--log-level", "warning"]
+            KEY_BYSTANDER, "--log-level", "warning", *ROUND2_SERVER_ARGS]
     inputs = [h for h in hostile_inputs() if not opts.only or any(o in h.name for o in opts.only)]
     rows: list[dict[str, Any]] = []
     with ExitStack() as stack:
@@ -258,9 +262,10 @@ def run_hostile_bench(opts: HostileOptions) -> dict[str, Any]:
         row["over_baseline_s"] = [w - b for w, b in zip(row["worst_wait_s"], baseline)]
         row["newcomer_over_baseline_s"] = row["newcomer_s"] - newcomer_baseline
     worst = max((max(r["over_baseline_s"]) for r in rows), default=0.0)
+    failed = [r["input"] for r in rows if not isinstance(r["status"], int) or r["status"] >= 500]
     return {"baseline_worst_wait_s": baseline, "newcomer_baseline_s": newcomer_baseline,
-            "baseline_rounds": [first, last], "inputs": rows,
-            "worst_over_baseline_s": worst, "goal_s": GOAL_S, "goal_met": worst <= GOAL_S,
+            "baseline_rounds": [first, last], "inputs": rows, "failed_inputs": failed,
+            "worst_over_baseline_s": worst, "goal_s": GOAL_S, "goal_met": worst <= GOAL_S and not failed,
             "all_healthy": all(r["healthy"] for r in rows), "bystander_errors": sum(len(r["errors"]) for r in rows)}
 
 
@@ -278,7 +283,8 @@ def markdown(figures: dict[str, Any]) -> str:
                      f"{r['newcomer_s']:.2f} | {r['newcomer_over_baseline_s']:+.2f} | {r['rss_mib']:.0f} | "
                      f"{r['rss_with_workers_mib']:.0f} |")
     lines += ["", f"Worst over baseline: {figures['worst_over_baseline_s']:+.2f} s (goal: at most {GOAL_S:g} s; "
-              f"{'met' if figures['goal_met'] else 'NOT met'}); server healthy after every input: "
+              f"{'met' if figures['goal_met'] else 'NOT met'}); inputs answered 5xx or failed: "
+              f"{', '.join(figures['failed_inputs']) or 'none'}; server healthy after every input: "
               f"{figures['all_healthy']}; bystander streams that failed: {figures['bystander_errors']}"]
     return "\n".join(lines)
 
