@@ -16,12 +16,14 @@ import httpx
 import pytest
 
 from engine import kv_disk
-from engine.kv_disk import DiskBlockError, DiskStore
-from engine.kv_events import KVEventPublisher
+from engine.config import EngineConfig
+from engine.worker.kv_disk import DiskBlockError, DiskStore
+from engine.kv.events import KVEventPublisher
 from server.anthropic_protocol import MessagesRequest
 from server.cache_control import chat_breakpoints
 from server.cache_salt import tenant_salt
 from server.cli import build_parser
+from server.context import ServerSettings
 from server.fair_lane import FairLane
 from server.limits import RequestLimits
 from server.messages_input import breakpoints as anthropic_breakpoints
@@ -31,7 +33,7 @@ from server.responses_input import ResponseStore
 from server.rendering import FAMILIES as RENDERING_FAMILIES
 from server.rendering import get_renderer
 from server.tenant_budget import TenantLimits, TenantSlots
-from tests.server.conftest import KEY_A, KEY_B, LiveServer
+from tests.server.conftest import KEY_A, KEY_B, LiveServer, _live_server
 
 HI = [{"role": "user", "content": "hi"}]
 
@@ -434,3 +436,30 @@ def test_one_tenant_cannot_hold_every_named_cache(qwen_server: LiveServer) -> No
     finally:
         _delete_caches(qwen_server, KEY_A)
         _delete_caches(qwen_server, KEY_B)
+
+
+@pytest.fixture(scope="module")
+def long_context_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """qwen3-tiny with a 131,072-token context (as `kvserve bench hostile` serves it): a 250 KB prompt is tokenized
+    before the engine finds it too long."""
+    yield from _live_server(tmp_path_factory, "qwen3-tiny",
+                            EngineConfig(block_size=16, num_kv_blocks=512, max_model_len=131_072),
+                            ServerSettings(api_keys=(KEY_A, KEY_B)), api_key=KEY_A)
+
+
+@pytest.mark.slow
+def test_a_newcomer_does_not_wait_behind_another_tenants_large_preparations(long_context_server: LiveServer) -> None:
+    """Twelve concurrent 250 KB prompts of tenant A (250,000 digit tokens each: ~0.55 s of tokenizing apiece, then
+    too long for the context), and a small request of tenant B just after them. Before, they shared the small lane
+    first come, first served (bodies up to 256 KiB) and B waited 3.1 s (5.7 s in the bench with 20); now they take
+    the large lane (bodies over 64 KiB), in turn with other tenants, and B's request takes 0.2 s."""
+    server = long_context_server
+    body = {"messages": [{"role": "user", "content": "0123456789" * 25_000}], "max_tokens": 2}
+    with ThreadPoolExecutor(12) as pool:
+        hostile = [pool.submit(post, server, "/v1/chat/completions", body) for _ in range(12)]
+        time.sleep(0.3)
+        started = time.monotonic()
+        newcomer = post(server, "/v1/chat/completions", {"messages": HI, "max_tokens": 2}, key=KEY_B)
+        waited = time.monotonic() - started
+        assert [h.result(300).status_code for h in hostile] == [400] * 12
+    assert newcomer.status_code == 200 and waited < 1.5, waited
