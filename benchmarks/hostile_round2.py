@@ -38,6 +38,15 @@ def _chat(**fields: Any) -> Callable[[str, dict], int]:
     return _status("/v1/chat/completions", {"messages": HI, "max_tokens": 2, **fields})
 
 
+def _messages(**fields: Any) -> Callable[[str, dict], int]:
+    """An Anthropic Messages request (its `model` is required: the served one)."""
+    def send(url: str, headers: dict) -> int:
+        model = httpx.get(url + "/v1/models", headers=headers, timeout=60).json()["data"][0]["id"]
+        return _post(url, headers, "/v1/messages", {"model": model, "max_tokens": 1, "messages": HI, **fields}
+                     ).status_code
+    return send
+
+
 def _huge_header(url: str, headers: dict, size: int = 64 * 1024 * 1024) -> int | str:
     """A 64 MB header, before authentication: answered 431 after the limit, not buffered whole."""
     host, port = url.removeprefix("http://").split(":")
@@ -139,7 +148,7 @@ def round2_inputs(Hostile: type) -> list:
     """The inputs of issue 41, as ``Hostile(name, send)`` (benchmarks/hostile.py's type)."""
     slow = {"type": "object", "properties": {"q": {"type": "string", "minLength": 143}}, "required": ["q"]}
     tool_call = [*HI, {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function", "function": {
-        "name": "f", "arguments": '{"a": ' * 2000 + "1" + "}" * 2000}}]}, {"role": "tool", "tool_call_id": "c",
+        "name": "f", "arguments": '{"a": ' + _deep_json_string(2000) + "}"}}]}, {"role": "tool", "tool_call_id": "c",
                                                                            "content": "ok"}]
     return [
         Hostile("billing header + 20,000 blanks (ReDoS)", _chat(messages=[
@@ -159,8 +168,7 @@ def round2_inputs(Hostile: type) -> list:
                                                                           b'"metadata": {"a": NaN}}')),
         Hostile("a 5,000-digit integer", _status("/v1/chat/completions", raw=b'{"messages": [{"role": "user", '
                                                  b'"content": "hi"}], "max_tokens": ' + b"9" * 5000 + b"}")),
-        Hostile("metadata.user_id nested 50,000 deep", _status("/v1/messages", {
-            "max_tokens": 1, "messages": HI, "metadata": {"user_id": _deep_json_string(50_000)}})),
+        Hostile("metadata.user_id nested 50,000 deep", _messages(metadata={"user_id": _deep_json_string(50_000)})),
         Hostile("tool-call arguments nested 2,000 deep", _chat(messages=tool_call)),
         Hostile("another tenant's stored responses past its share", _stored_responses_of_another_tenant_kept),
         Hostile("100,000 stop_token_ids", _chat(stop_token_ids=list(range(100_000)))),
