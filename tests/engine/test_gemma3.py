@@ -307,3 +307,16 @@ def test_registry_gemma3_tiny_matches_transformers():
     want = [hf_greedy("gemma3-tiny", p, NEW_TOKENS) for p in prompts]
     assert [o.token_ids for o in outs] == want
     assert len({tuple(w) for w in want}) == len(want) and sum(len(set(w)) for w in want) > 4 * len(want)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["gemma3"], indirect=True)
+def test_tensor_parallel_2(case):
+    """Two gloo ranks on CPU: each holds half the query and KV heads of every layer, local and global, half the MLPs
+    and half the vocabulary (the embedding is scaled after the ranks' shares are summed); the tokens and logprobs
+    are those of transformers."""
+    path, prompts, expected = case
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True, logprobs=2)
+    with LLM(path, block_size=4, num_kv_blocks=256, max_num_batched_tokens=16, tensor_parallel_size=2) as llm:
+        outs = llm.generate(prompts, params)
+    assert [o.token_ids for o in outs] == expected
