@@ -146,12 +146,17 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.ui_max_requests < 1:
         _say(f"cannot serve: --ui-max-requests must be at least 1, not {args.ui_max_requests}")
         return 2
+    try:  # a limit out of range is said before the model loads
+        limits, tenant_limits, connection_limits = (_limits_from_args(args, RequestLimits, "limit"),
+                                                    _limits_from_args(args, TenantLimits, "tenant"),
+                                                    _limits_from_args(args, ConnectionLimits, "connection"))
+    except ValueError as exc:
+        _say(f"cannot serve: {exc}")
+        return 2
     settings = ServerSettings(
         api_keys=keys, allow_request_cache_salt=args.allow_request_cache_salt,
         strict_max_tokens=args.strict_max_tokens, max_output_tokens=args.max_output_tokens, max_n=args.max_n,
-        preserve_thinking=not args.no_preserve_thinking,
-        limits=_limits_from_args(args, RequestLimits, "limit"),
-        tenant_limits=_limits_from_args(args, TenantLimits, "tenant"),
+        preserve_thinking=not args.no_preserve_thinking, limits=limits, tenant_limits=tenant_limits,
         openapi=args.openapi,
         operator_keys=operators, ui=args.ui, ui_max_requests=args.ui_max_requests,
     )
@@ -191,7 +196,7 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.ui:
         who = "each key sees its own sessions" if keys or operators else "anyone who can connect sees every prompt"
         _say(f"cache inspector at http://{shown}:{port}/ui (the last {args.ui_max_requests} requests; {who})")
-    server = GracefulServer(create_app(ctx), connection_limits=_limits_from_args(args, ConnectionLimits, "connection"),
+    server = GracefulServer(create_app(ctx), connection_limits=connection_limits,
                             log_level=args.log_level, timeout_graceful_shutdown=args.shutdown_timeout)
     ctx.engine.on_death(lambda error: _exit_soon(server, error))
     # uvicorn handles SIGINT/SIGTERM itself (stop accepting, drain, shut down), then re-raises the signal to whatever

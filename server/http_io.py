@@ -32,7 +32,8 @@ async def read_json(request: Request, limits: RequestLimits) -> Any:
     the event loop, and its size chooses the lane that prepares the request (`ServingContext.prepare`)."""
     limit = limits.body_bytes
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    if declared is not None and declared.isascii() and declared.isdigit() and (len(declared) > 18 or
+                                                                           int(declared) > limit):
         raise APIError(413, f"request body is {declared} bytes; the limit is {limit}", code="request_too_large")
     chunks, size = [], 0
     async for chunk in request.stream():

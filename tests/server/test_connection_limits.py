@@ -18,7 +18,7 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from server.cli import build_parser
+from server.cli import build_parser, main
 from server.connections import ConnectionLimits, uvicorn_settings
 from tests.server.conftest import LiveServer
 
@@ -155,3 +155,10 @@ def test_each_connection_limit_has_a_flag() -> None:
     assert (args.connection_header_bytes, args.connection_header_timeout_s, args.connection_keep_alive_s,
             args.connection_connections) == (1000, 2.5, 3.0, 10)
     assert build_parser().parse_args(["serve"]).connection_header_bytes == ConnectionLimits().header_bytes
+
+
+@pytest.mark.parametrize("flag", ["--max-connections", "--max-header-bytes", "--max-sequences-per-tenant",
+                                  "--max-stop-strings"])
+def test_a_limit_out_of_range_is_refused_before_the_model_loads(flag: str, capsys) -> None:
+    assert main(["serve", flag, "0", "--model", "no-such-model"]) == 2
+    assert "must be positive" in capsys.readouterr().err
