@@ -12,8 +12,9 @@ table, so small pages (4 tokens in tests) still give ``tl.dot``-sized tiles.
   context is long (batch-1 decode would otherwise run on a handful of SMs).
 
 Sliding-window layers (``window``): a query at position p sees keys in ``(p - window, p]``. A tile's key walk starts
-at its first row's window start instead of 0, so blocks wholly before the window are never read (a split-K partition
-before every window exits at once); the later rows of a tile mask the keys before their own window.
+at its first row's window start instead of 0, so blocks wholly before the window are never read; the later rows of a
+tile mask the keys before their own window. A decode reads at most ``window`` keys, so the split path's choice and its
+partitions count the window, not the context (partition k covers the k-th ``partition_size`` keys of the window).
 
 Semantics and shapes are those of ``kernels.reference.paged_attention``.
 """
@@ -75,14 +76,13 @@ def _paged_attention_kernel(
     # Causal end of this tile: one past the position of its last real row (0 when the tile has no real row).
     last_row = tl.minimum((tile * BLOCK_M + BLOCK_M - 1) // GROUP, q_len - 1)
     kv_end = tl.where(tile * BLOCK_M < q_len * GROUP, ctx_len - q_len + last_row + 1, 0)
-    if SPLIT:
-        kv_start = chunk * partition_size
-        kv_end = tl.minimum(kv_end, kv_start + partition_size)
-    else:
-        kv_start = 0
+    kv_start = 0
     if SLIDING:  # nothing before the window of the tile's first row: those blocks are skipped, not masked
         first_row = tl.minimum((tile * BLOCK_M) // GROUP, q_len - 1)
-        kv_start = tl.maximum(kv_start, ctx_len - q_len + first_row - window + 1)
+        kv_start = tl.maximum(ctx_len - q_len + first_row - window + 1, 0)
+    if SPLIT:  # partitions of the window (or of the whole context), from its start
+        kv_start = kv_start + chunk * partition_size
+        kv_end = tl.minimum(kv_end, kv_start + partition_size)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -248,6 +248,8 @@ def paged_attention(
         max_query_len = q_max if max_query_len is None else max_query_len
         max_context_len = ctx_max if max_context_len is None else max_context_len
     group = num_heads // num_kv_heads
+    if window is not None:  # a decode row reads at most `window` keys: what the split path divides
+        max_context_len = min(max_context_len, window)
     if split_k is None:
         split_k = use_split_k(num_seqs, num_kv_heads, max_query_len, max_context_len, query.device)
     elif split_k and max_query_len > 1:

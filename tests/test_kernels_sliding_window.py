@@ -128,6 +128,16 @@ def test_triton_split_k_decode_skips_partitions_before_the_window(window: int, g
     assert_close(direct, expected, 1e-5)
 
 
+@pytest.mark.parametrize("window", [20, 33])
+def test_triton_split_k_partitions_the_window_not_the_context(window: int) -> None:
+    """A long context with a short window: the split path cuts the window into partitions from its first key
+    (mid-partition of the context's own grid), so cdiv(window, 16) partitions cover it whatever the context."""
+    batch = windowed_batch([300, 45, 7], [1, 1, 1], window, group=2, seed=window)
+    expected = reference.paged_attention(*batch.args(), window=window)
+    split = TRITON.paged_attention(*batch.args(), window=window, split_k=True, partition_size=16)
+    assert_close(split, expected, 1e-5)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_triton_half_precision(dtype: torch.dtype) -> None:
     batch = windowed_batch(MIXED_CONTEXT, MIXED_QUERY, 6, group=2, dtype=dtype, seed=9)
