@@ -170,6 +170,22 @@ def test_preemption_in_a_small_pool(case):
     llm.engine.scheduler.kv.check_invariants()
 
 
+def test_speculative_drafts_verified_through_the_windows(case):
+    """Drafts (the reference continuation, every third step with a wrong token) verified several rows at a time:
+    each row of a verified sequence has its own window (the CPU kernel reads them in place), and the tokens are
+    transformers' greedy ones whatever is accepted or rolled back."""
+    from tests.engine.test_speculative import OracleDrafts
+
+    path, prompts, expected = case
+    llm = LLM(path, block_size=4, num_kv_blocks=512, speculative_draft_budget=64)
+    oracle = OracleDrafts([p + e for p, e in zip(prompts, expected)])
+    llm.engine.scheduler.drafter.propose = oracle
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True, speculative="ngram")
+    outs = llm.generate(prompts, params)
+    assert oracle.calls > 0
+    assert [o.token_ids for o in outs] == expected
+
+
 def test_top20_logprobs_within_1e_4(case):
     path, prompts, _ = case
     llm = LLM(path, block_size=4, num_kv_blocks=512, max_num_batched_tokens=32)
