@@ -138,7 +138,7 @@ def _traced_bytes(model: str, record: Path) -> int:
 
     from transformers import AutoTokenizer
 
-    from engine.block_hashing import BlockHasher
+    from engine.kv.block_hashing import BlockHasher
     from engine.registry import get_model_spec, model_identity, resolve_model
     from server.cache_salt import salt_tenant
     from server.inspector.attribution import Conversation

@@ -83,7 +83,7 @@ def bench_model_dir() -> Path:
 
 def _engine(model_dir: Path, device: str, max_batch: int, max_context: int, async_scheduling: bool | None):
     from engine.config import EngineConfig
-    from engine.llm_engine import LLMEngine
+    from engine.core.engine import LLMEngine
 
     block_size = 16
     blocks = max_context // block_size + max_batch * 4 + 64  # the shared prefix once, a few private blocks each

@@ -1,6 +1,6 @@
 """kvserve's engine: token ids in, token ids out. ``from engine import LLM, SamplingParams``.
 
-The names below load on first use, so importing a torch-free module (``engine.scheduler``) loads no torch.
+The names below load on first use, so importing a torch-free module (``engine.sched.scheduler``) loads no torch.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     "LLM": "engine.llm",
     "RequestOutput": "engine.llm",
-    "CompletionOutput": "engine.output_processor",
+    "CompletionOutput": "engine.text.output_processor",
     "EngineConfig": "engine.config",
     "SamplingParams": "engine.sampling_params",
 }
@@ -19,7 +19,7 @@ __all__ = list(_EXPORTS)
 if TYPE_CHECKING:
     from engine.config import EngineConfig
     from engine.llm import LLM, RequestOutput
-    from engine.output_processor import CompletionOutput
+    from engine.text.output_processor import CompletionOutput
     from engine.sampling_params import SamplingParams
 
 

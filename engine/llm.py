@@ -17,11 +17,11 @@ from typing import Sequence
 from tqdm import tqdm
 
 from engine.config import EngineConfig
-from engine.engine_loop import EngineLoop
+from engine.core.loop import EngineLoop
 from engine.errors import EngineDeadError
-from engine.kv_blocks import CacheStats
-from engine.llm_engine import LLMEngine
-from engine.output_processor import CompletionOutput, OutputProcessor
+from engine.kv.blocks import CacheStats
+from engine.core.engine import LLMEngine
+from engine.text.output_processor import CompletionOutput, OutputProcessor
 from engine.outputs import RequestTimings, SchedulerStats, SequenceOutput, StepOutputs
 from engine.requests import EngineRequest
 from engine.retention import Retention

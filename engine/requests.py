@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.block_hashing import BlockHash, BlockHasher
+from engine.kv.block_hashing import BlockHash, BlockHasher
 from engine.errors import KVCacheTooSmallError, PromptTooLongError, RequestRejected
 from engine.retention import Retention
 from engine.sampling_params import SamplingParams

@@ -1,4 +1,4 @@
-"""The asyncio face of an engine core (`engine.core_api.EngineCoreClient`: the engine thread, or the core in a
+"""The asyncio face of an engine core (`engine.core.api.EngineCoreClient`: the engine thread, or the core in a
 process of its own): the server's only way to the engine.
 
 Requests are prepared (validated, block hashes made) before they reach the core, on the caller's thread (the
@@ -14,11 +14,11 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from engine.block_hashing import BlockHash
-from engine.core_api import EngineCoreClient, EngineFacts
+from engine.kv.block_hashing import BlockHash
+from engine.core.api import EngineCoreClient, EngineFacts
 from engine.errors import EngineDeadError
-from engine.kv_blocks import CachedPrefix
-from engine.output_processor import OutputProcessor
+from engine.kv.blocks import CachedPrefix
+from engine.text.output_processor import OutputProcessor
 from engine.outputs import SchedulerStats, SequenceOutput, StepOutputs
 from engine.requests import EngineRequest
 from server.metrics import Metrics

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.errors import RequestRejected
-from engine.output_processor import CompletionOutput
+from engine.text.output_processor import CompletionOutput
 from engine.outputs import DraftStats, FinishReason, RequestTimings, SequenceOutput
 from engine.worker.grammar_compile import CompileCancelled
 from server.async_engine import EngineDeadError, EngineRequest, RequestStream

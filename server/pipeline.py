@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from engine.output_processor import CompletionOutput
+from engine.text.output_processor import CompletionOutput
 from engine.outputs import FinishReason
 from server.async_engine import RequestStream
 from server.context import ServingContext

@@ -21,7 +21,7 @@ from server.http_io import parse_body, read_json
 from server.openapi import request_body
 from server.protocol import APIError, ChatCompletionRequest
 
-# vLLM's KV event source descriptor: the wire this replica speaks (engine/kv_events.py).
+# vLLM's KV event source descriptor: the wire this replica speaks (engine/kv/events.py).
 KV_EVENTS_WIRE = {"publisher": "zmq", "encoding": "msgpack", "schema_version": 1, "enable_kv_cache_events": True}
 
 

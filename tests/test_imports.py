@@ -35,8 +35,8 @@ PACKAGES = ("engine", "kernels", "server", "benchmarks")
 KNOWN_CYCLES: set[tuple[str, ...]] = set()
 
 # Loops that exist only through a function-level (late) import, each with why (issue 36 tracks cutting them). The
-# core's circle (engine/core_client.py <-> engine_loop.py / core_process.py / core_wire.py) was one of these until
-# the contract moved to the leaf engine/core_api.py; server/generation.py -> server/inspector is a callback now.
+# core's circle (engine/core/client.py <-> engine_loop.py / core_process.py / core_wire.py) was one of these until
+# the contract moved to the leaf engine/core/api.py; server/generation.py -> server/inspector is a callback now.
 KNOWN_LATE_CYCLES: dict[tuple[str, ...], str] = {
     ("kernels.ops", "kernels.triton_ops"):
         "the dispatch point loads the optional Triton op set on first use; triton_ops builds an `Ops` from "
@@ -234,12 +234,12 @@ def test_circles_through_late_imports_are_the_known_ones():
 
 
 def test_the_core_never_imports_its_client():
-    """The engine core (both cores and their wire) import the contract (engine/core_api.py), never
-    engine/core_client.py, whose `start_core` builds them; and the pipeline does not import the inspector."""
+    """The engine core (both cores and their wire) import the contract (engine/core/api.py), never
+    engine/core/client.py, whose `start_core` builds them; and the pipeline does not import the inspector."""
     graph, _ = import_graph()
-    for core in ("engine.engine_loop", "engine.core_process", "engine.core_wire", "engine.core_api"):
+    for core in ("engine.core.loop", "engine.core.process", "engine.core.wire", "engine.core.api"):
         reach = graph["top"][core] | graph["function"][core] | graph["type_checking"][core]
-        assert "engine.core_client" not in reach, core
+        assert "engine.core.client" not in reach, core
     generation = graph["top"]["server.generation"] | graph["function"]["server.generation"]
     assert not any(m.startswith("server.inspector") for m in generation), sorted(generation)
 

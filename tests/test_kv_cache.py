@@ -8,8 +8,8 @@ import pytest
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from engine.block_hashing import BlockHasher, hash_block
-from engine.kv_cache import KVCacheManager
+from engine.kv.block_hashing import BlockHasher, hash_block
+from engine.kv.manager import KVCacheManager
 
 
 def hashes(toks: list[int], block_size: int = 4, salt: str | None = None) -> list[bytes]:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from engine.kv_cache import KVCacheManager
-from engine.kv_events import AllBlocksCleared
+from engine.kv.manager import KVCacheManager
+from engine.kv.events import AllBlocksCleared
 from engine.outputs import TransferKind
 from engine.retention import CachePin, Retention
 from tests.kv_model import BlockContents, EventReplay

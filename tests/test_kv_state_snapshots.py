@@ -9,8 +9,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.block_hashing import BlockHasher
-from engine.kv_cache import KVCacheManager
+from engine.kv.block_hashing import BlockHasher
+from engine.kv.manager import KVCacheManager
 from engine.outputs import TransferKind
 from tests.kv_model import BlockContents, EventReplay
 

@@ -8,16 +8,17 @@ import sys
 
 from engine.config import EngineConfig, SchedulingPolicy
 from engine.outputs import FinishReason, ModelRunnerOutput, SchedulerOutput, SequenceOutput
-from engine.sequence import SequenceStatus
+from engine.sched.sequence import SequenceStatus
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
+from engine.kv.block_hashing import BlockHasher
+from engine.sched.scheduler import Scheduler
 
 EOS = 2
 
 
 def make(num_blocks: int, **cfg) -> Scheduler:
     config = EngineConfig(block_size=4, device="cpu", **{"max_num_batched_tokens": 64, **cfg})
-    return Scheduler(config, num_blocks, "m", max_model_len=1024, eos_token_ids={EOS})
+    return Scheduler(config, num_blocks, BlockHasher(config.block_size, "m"), max_model_len=1024, eos_token_ids={EOS})
 
 
 def params(max_tokens: int = 8) -> SamplingParams:
@@ -119,7 +120,7 @@ def test_async_placeholders_let_the_next_step_be_scheduled_before_the_tokens_are
 
 
 def test_the_scheduler_imports_no_torch_runner_or_kernels():
-    code = ("import sys, engine.scheduler; "
+    code = ("import sys, engine.sched.scheduler; "
             "bad = [m for m in sys.modules if m == 'torch' or m.startswith(('kernels', 'engine.worker.model_runner'))]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,4 +1,4 @@
-"""The scheduler's columnar steady-decode path (engine/running_columns.py, engine/step_state.py) against its
+"""The scheduler's columnar steady-decode path (engine/sched/running_columns.py, engine/sched/step_state.py) against its
 one-sequence-at-a-time loop, on the same staggered workload, step by step: what is scheduled, the blocks each sequence
 gains, preemptions and every output, with each step's tokens back at once or after the next step was scheduled (async
 scheduling). Driven without a model."""
@@ -7,12 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import engine.scheduler as scheduler_module
-import engine.step_state as step_state
+import engine.sched.scheduler as scheduler_module
+import engine.sched.step_state as step_state
 from engine.config import EngineConfig
 from engine.outputs import ModelRunnerOutput
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
+from engine.kv.block_hashing import BlockHasher
+from engine.sched.scheduler import Scheduler
 
 EOS = 2
 STOP = 3
@@ -28,7 +29,7 @@ def run(num_blocks: int, columnar: bool, monkeypatch: pytest.MonkeyPatch, overla
     monkeypatch.setattr(scheduler_module, "MIN_COLUMNAR_ROWS", 8 if columnar else 10**9)
     monkeypatch.setattr(step_state, "RECENT_TOKENS", 2)  # the step state's room for tokens fills now and then
     cfg = EngineConfig(block_size=4, device="cpu", max_num_batched_tokens=256, max_num_seqs=40)
-    s = Scheduler(cfg, num_blocks, "m", max_model_len=1024, eos_token_ids={EOS})
+    s = Scheduler(cfg, num_blocks, BlockHasher(cfg.block_size, "m"), max_model_len=1024, eos_token_ids={EOS})
     for i in range(40):
         prompt = [10 + (i * j) % 50 for j in range(5 + i % 7)]  # lengths 5-11: the batch crosses blocks unevenly
         s.add_request(f"r{i}", prompt, SamplingParams(max_tokens=6 + (i * 5) % 30, temperature=0, n=2 if i % 9 == 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.core_wire import StepDecoder, StepEncoder
+from engine.core.wire import StepDecoder, StepEncoder
 from engine.outputs import FinishReason, RequestTimings, SequenceInfo, StepOutputs
 
 

@@ -24,10 +24,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from engine.block_hashing import BlockHasher
+from engine.kv.block_hashing import BlockHasher
 from engine.config import ModelConfig
 from engine.kv.snapshot_policy import SnapshotPolicy
-from engine.kv_cache import KVCacheManager
+from engine.kv.manager import KVCacheManager
 
 from benchmarks.gpu_models import QWEN36_27B, QWEN36_35B_A3B
 from benchmarks.prefix.trace import TokenRequest

@@ -86,7 +86,7 @@ def run_scale(opts: SessionsOptions) -> list[dict]:
 
 def bytes_per_block(llm) -> int:
     """One block's K/V over every attention layer (a hybrid model's recurrent states are not blocks)."""
-    from engine.kv_offload import flat_caches, row_bytes
+    from engine.worker.kv_offload import flat_caches, row_bytes
 
     runner = llm.engine.runner
     return row_bytes(flat_caches(runner.kv_spec.block_layers(runner.kv_caches)))

@@ -30,11 +30,11 @@ from typing import Callable, Iterable, Sequence
 
 from tqdm import tqdm
 
-from engine.block_hashing import BlockHash, BlockHasher
+from engine.kv.block_hashing import BlockHash, BlockHasher
 from engine.config import EvictionPolicy, SchedulingPolicy
-from engine.kv_cache import KVCacheManager
+from engine.kv.manager import KVCacheManager
 from engine.retention import Retention
-from engine.scheduler import admission_order
+from engine.sched.scheduler import admission_order
 
 from benchmarks.prefix.trace import PromptTotals, TokenRequest
 
@@ -62,7 +62,7 @@ class SimConfig:
     block_size: int = 16
     capacity_blocks: int | None = None  # None: unbounded (nothing is ever evicted)
     max_num_seqs: int = 8  # requests admitted together in one step
-    policy: SchedulingPolicy = SchedulingPolicy.FCFS  # the engine's admission order (engine.scheduler)
+    policy: SchedulingPolicy = SchedulingPolicy.FCFS  # the engine's admission order (engine.sched.scheduler)
     eviction_policy: EvictionPolicy = EvictionPolicy.LRU
     lookahead: int = 64  # how many ready requests "longest_prefix" compares (bounds the cost on big traces)
     commit_outputs: bool = True  # cache the reply's blocks too (the engine caches blocks during decode)

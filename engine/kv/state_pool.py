@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from engine.kv_blocks import CachedBlock
+    from engine.kv.blocks import CachedBlock
 
 
 class StatePool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from engine.config import ModelConfig
-from engine.kv_cache_spec import KVCacheSpec
+from engine.models.kv_cache_spec import KVCacheSpec
 from engine.models.deepseek_v3 import DeepseekV3ForCausalLM
 from engine.models.indexer import Indexer
 from engine.models.mla import MLAAttention

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from engine.config import ModelConfig, V4Config
-from engine.kv_cache_spec import BlockTensor, KVCacheSpec, KVCaches
+from engine.models.kv_cache_spec import BlockTensor, KVCacheSpec, KVCaches
 from engine.models.compressor import CompressedIndexer, Compressor, entry_rows, entry_view
 from engine.models.hyper_connections import HyperConnection, HyperHead, unweighted_rms_norm
 from engine.models.llama import RMSNorm

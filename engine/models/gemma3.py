@@ -21,7 +21,7 @@ from engine.config import ModelConfig
 from engine.models.llama import Attention, DecoderLayer, LlamaForCausalLM, RMSNorm
 from engine.models.rope import build_cos_sin_cache
 from engine.parallel.state import SINGLE, TensorParallel
-from engine.kv_cache_spec import KVCaches
+from engine.models.kv_cache_spec import KVCaches
 from kernels.ops import AttentionMetadata, Ops
 
 

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from engine.config import ModelConfig
-from engine.kv_cache_spec import KVCacheSpec, KVCaches
+from engine.models.kv_cache_spec import KVCacheSpec, KVCaches
 from engine.models.moe import make_mlp
 from engine.models.rope import build_cos_sin_cache
 from engine.parallel.linear import VocabParallelEmbedding, lm_head_parallel, qkv_parallel, row_parallel

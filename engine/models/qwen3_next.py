@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.config import ModelConfig
-from engine.kv_cache_spec import KVCacheSpec, RecurrentStateSpec
+from engine.models.kv_cache_spec import KVCacheSpec, RecurrentStateSpec
 from engine.models.llama import Attention, LlamaForCausalLM, RMSNorm
 from engine.models.mtp import QwenMTPHead
 from engine.parallel.linear import Part, Sharding, column_parallel, qkv_parallel, row_parallel

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from engine.kv_cache_spec import KVCaches
+from engine.models.kv_cache_spec import KVCaches
 
 MIB = 2**20
 

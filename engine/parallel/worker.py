@@ -23,7 +23,7 @@ from engine.worker.model_runner import ModelRunner, StepPipeline
 from engine.parallel.memory import RankMemory
 from engine.parallel.sizes import rank_device
 from engine.parallel.state import StepChannel, connect_store, join_group, leave_group
-from engine.processes import exit_with_parent
+from engine.core.processes import exit_with_parent
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from engine.parallel.memory import RankMemory
 from engine.parallel.sizes import check_sizes
 from engine.parallel.state import StepChannel, abort_group, leave_group, rendezvous_store
 from engine.parallel.worker import WorkerSpec, join, run_worker
-from engine.processes import caller_script_hidden
+from engine.core.processes import caller_script_hidden
 
 log = logging.getLogger("kvserve.parallel")
 STARTUP_POLL_S = 0.1

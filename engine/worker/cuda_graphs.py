@@ -23,7 +23,7 @@ import bisect
 
 import torch
 
-from engine.kv_cache_spec import KVCaches
+from engine.models.kv_cache_spec import KVCaches
 from engine.models.llama import LlamaForCausalLM
 from engine.worker.step_inputs import DeviceInputs
 from kernels.attention_metadata import AttentionMetadata

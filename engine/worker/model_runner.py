@@ -27,8 +27,8 @@ import torch
 from engine.config import EngineConfig, ModelConfig
 from engine.worker.cuda_graphs import DecodeGraphRunner, KVCaches
 from engine.worker.input_batch import InputBatch, RunnerSequence
-from engine.kv_disk import DiskStore
-from engine.kv_offload import KVOffload, flat_caches, row_bytes
+from engine.worker.kv_disk import DiskStore
+from engine.worker.kv_offload import KVOffload, flat_caches, row_bytes
 from engine.models.architectures import build_model, random_weights_
 from engine.outputs import KVTransfer, ModelRunnerOutput, NewSequence, SchedulerOutput, StateCopy
 from engine.parallel.memory import RankMemory, measure

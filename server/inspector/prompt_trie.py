@@ -17,7 +17,7 @@ from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from engine.block_hashing import BlockHash, BlockHasher, block_extra, hash_block
+from engine.kv.block_hashing import BlockHash, BlockHasher, block_extra, hash_block
 
 _TOKEN = "i"  # token ids as 32-bit ints
 _ITEM = array(_TOKEN).itemsize

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.block_hashing import BlockHasher
+from engine.kv.block_hashing import BlockHasher
 from engine.outputs import SchedulerStats
 from server.inspector.attribution import Conversation, Divergence, Previous, attribute
 from server.inspector.prompt_trie import PromptTrie, TrieNode, pack

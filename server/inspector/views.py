@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine.kv_blocks import CachedPrefix
+from engine.kv.blocks import CachedPrefix
 from engine.outputs import SchedulerStats
 from server.inspector.prompt_trie import unpack
 from server.inspector.store import TIMELINE_COLUMNS, CacheSample, InspectedRequest, Inspector, Session

@@ -30,8 +30,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.block_hashing import BlockHasher
-from engine.kv_cache import KVCacheManager
+from engine.kv.block_hashing import BlockHasher
+from engine.kv.manager import KVCacheManager
 from tests.clients.harness import CLIENTS, CODEX_CONFIG, clients_dir, installed_bins, run_client, serve
 
 pytestmark = pytest.mark.slow

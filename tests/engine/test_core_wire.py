@@ -1,8 +1,8 @@
-"""The engine core process's step messages (engine/core_wire.py): a step's outputs come back as they left, a
+"""The engine core process's step messages (engine/core/wire.py): a step's outputs come back as they left, a
 sequence's info travelling with its first and last rows only, and neither side keeps a sequence once it ended."""
 from __future__ import annotations
 
-from engine.core_wire import StepDecoder, StepEncoder, decode_request, encode_request, pack, unpack
+from engine.core.wire import StepDecoder, StepEncoder, decode_request, encode_request, pack, unpack
 from engine.outputs import DraftStats, FinishReason, RequestTimings, SequenceInfo, StepOutputs, TokenLogprobs
 from engine.requests import EngineRequest
 from engine.retention import CachePin, Retention

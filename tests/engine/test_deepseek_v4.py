@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.kv_cache_spec import BlockTensor
+from engine.models.kv_cache_spec import BlockTensor
 from tests.engine.config_sweep import MIN_MARGIN, hf_greedy_with_margin, write_v4_of_transformers_defaults
 from tests.engine.conftest import assert_top_logprobs_equal_hf, hf_greedy, random_prompts
 

@@ -7,7 +7,7 @@ import queue
 import pytest
 
 from engine import SamplingParams
-from engine.engine_loop import EngineLoop
+from engine.core.loop import EngineLoop
 from engine.errors import PromptTooLongError, RequestRejected
 from engine.outputs import FinishReason, StepOutputs
 from engine.requests import EngineRequest

@@ -9,7 +9,7 @@ import queue
 import pytest
 
 from engine import SamplingParams
-from engine.engine_loop import EngineLoop, EngineRequest
+from engine.core.loop import EngineLoop, EngineRequest
 from engine.errors import EngineDeadError, RequestRejected
 from engine.outputs import FinishReason
 from engine.sampling_params import StructuredOutputSpec

@@ -11,7 +11,7 @@ import msgpack
 import zmq
 
 from engine import LLM, SamplingParams
-from engine.kv_events import END_SEQ, external_block_hash
+from engine.kv.events import END_SEQ, external_block_hash
 from tests.engine.conftest import random_prompts
 
 BLOCK = 16
@@ -206,7 +206,7 @@ def test_malformed_replay_request_is_ignored():
 def test_an_endpoint_without_a_wildcard_is_connected_to():
     """Given a plain address, the publisher connects to it, as vLLM's does: a subscriber that bound that address
     (before or after) hears the publisher's first batch."""
-    from engine.kv_events import KVEventPublisher
+    from engine.kv.events import KVEventPublisher
 
     port = free_port()
     publisher = KVEventPublisher(f"tcp://127.0.0.1:{port}", topic="kv", block_size=BLOCK)  # nothing listens yet
@@ -226,7 +226,7 @@ def test_an_endpoint_without_a_wildcard_is_connected_to():
 
 def test_a_fresh_publisher_announces_an_empty_cache_to_its_first_subscriber():
     """A router reconnecting to a replica restarted on the same port learns at once that its blocks are gone."""
-    from engine.kv_events import AllBlocksCleared, BlockStored, KVEventPublisher
+    from engine.kv.events import AllBlocksCleared, BlockStored, KVEventPublisher
 
     port = free_port()
     publisher = KVEventPublisher(f"tcp://*:{port}", topic="kv", block_size=BLOCK)

@@ -123,7 +123,7 @@ def test_speculation_is_refused_where_it_cannot_be_exact(dense, tmp_path):
         SamplingParams(speculative="eagle")
     # Penalties and logprobs decode one token a step (their state would have to follow the drafts).
     sched = dense.engine.scheduler
-    from engine.sequence import Sequence
+    from engine.sched.sequence import Sequence
     for params in (SamplingParams(speculative="ngram", logprobs=2),
                    SamplingParams(speculative="ngram", presence_penalty=0.5)):
         assert sched.speculation(Sequence("x", [1], 1, params)) == "off"

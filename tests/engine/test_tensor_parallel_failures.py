@@ -15,7 +15,7 @@ import pytest
 
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig, ModelConfig
-from engine.engine_loop import EngineLoop
+from engine.core.loop import EngineLoop
 from engine.errors import EngineDeadError, ParallelConfigError, WorkerDiedError
 from engine.parallel.sizes import check_sizes
 from engine.registry import resolve_model

@@ -16,8 +16,8 @@ import pytest
 import zmq
 
 from engine import LLM, SamplingParams
-from engine.kv_disk import DiskStore
-from engine.kv_events import BlockStored, KVEventPublisher
+from engine.worker.kv_disk import DiskStore
+from engine.kv.events import BlockStored, KVEventPublisher
 from tests.engine.conftest import random_prompts
 
 BLOCK = 16

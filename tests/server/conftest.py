@@ -17,9 +17,9 @@ import openai
 import pytest
 
 from engine.config import EngineConfig
-from engine.engine_loop import EngineLoop
+from engine.core.loop import EngineLoop
 from engine.outputs import SchedulerStats
-from engine.llm_engine import LLMEngine
+from engine.core.engine import LLMEngine
 from server.app import create_app
 from server.context import ServerSettings, ServingContext, load_context
 from server.graceful import GracefulServer

@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 
 from engine import LLM, SamplingParams
-from engine.engine_loop import EngineLoop
+from engine.core.loop import EngineLoop
 from server.async_engine import AsyncEngine, EngineRequest
 from tests.engine.conftest import random_prompts
 

@@ -148,7 +148,7 @@ def test_a_killed_tensor_parallel_worker_of_the_core_process_ends_the_server() -
 
 @pytest.mark.slow
 def test_a_core_that_cannot_start_says_why(tmp_path) -> None:
-    from engine.core_process import CoreProcess, CoreStartError
+    from engine.core.process import CoreProcess, CoreStartError
 
     with pytest.raises(CoreStartError, match=r"could not build the engine:\n(.|\n)*config\.json"):
         CoreProcess(tmp_path, EngineConfig(device="cpu"))  # no model there

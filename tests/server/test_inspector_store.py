@@ -2,7 +2,7 @@
 sessions, the ring's bound, and where and why a request left its session's previous context."""
 from __future__ import annotations
 
-from engine.block_hashing import BlockHasher
+from engine.kv.block_hashing import BlockHasher
 from server.inspector.attribution import Conversation
 from server.inspector.prompt_trie import PromptTrie, common_prefix_packed, pack, unpack
 from server.inspector.store import Inspector, Observation

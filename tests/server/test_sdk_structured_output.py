@@ -16,7 +16,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from engine.output_processor import CompletionOutput
+from engine.text.output_processor import CompletionOutput
 from engine.outputs import FinishReason
 from server.parsing import get_output_parser
 from server.pipeline import ChoiceState

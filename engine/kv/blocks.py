@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.block_hashing import BlockHash
+from engine.kv.block_hashing import BlockHash
 from engine.retention import Retention
 
 
@@ -20,7 +20,7 @@ class CachedBlock:
     last_used: int = 0
     created: int = 0
     in_tree: bool = True
-    retained: bool = False  # pinned or held (see engine.kv_eviction); counted against the cap
+    retained: bool = False  # pinned or held (see engine.kv.eviction); counted against the cap
     retained_until: float = 0.0
     retain_ttl: float = 0.0  # a pin's TTL, which every hit renews (0: a hold, not renewed)
     snapshot_slot: int = -1  # hybrid models: the state slot holding the recurrent state at this block's end
@@ -76,3 +76,24 @@ class CacheStats:
     @property
     def hit_rate(self) -> float:
         return self.hits / self.queries if self.queries else 0.0
+
+
+@dataclass(frozen=True)
+class KVCounters:
+    """What the KV manager reports for the engine's stats: the cache's counters and the sizes of the pool, the lower
+    tiers and the snapshots, at one moment."""
+
+    cache: CacheStats
+    blocks_total: int
+    blocks_free: int
+    blocks_cached: int
+    blocks_retained: int
+    retention_refused_blocks: int
+    host_blocks_total: int
+    host_blocks_cached: int
+    disk_blocks_total: int
+    disk_blocks_cached: int
+    host_dropped_blocks: int
+    disk_dropped_blocks: int
+    snapshots_cached: int
+    snapshot_evictions: int

@@ -1,4 +1,4 @@
-"""What crosses between the engine core process and its client (engine/core_process.py), as msgpack: prepared
+"""What crosses between the engine core process and its client (engine/core/process.py), as msgpack: prepared
 requests, the named queries' answers, and each step's `StepOutputs` as one message whose dense columns travel as
 bytes (int32 / float64 arrays), its sparse ones as (row, value) pairs.
 
@@ -23,8 +23,8 @@ import msgpack
 import numpy as np
 
 from engine import errors
-from engine.core_api import EngineFacts
-from engine.kv_blocks import CachedPrefix
+from engine.core.api import EngineFacts
+from engine.kv.blocks import CachedPrefix
 from engine.outputs import DraftStats, FinishReason, RequestTimings, SchedulerStats, SequenceInfo, StepOutputs, \
     TokenLogprobs
 from engine.requests import EngineRequest

@@ -25,11 +25,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from engine.block_hashing import BlockHash
-from engine.core_api import EngineCoreClient, EngineFacts, OutputSink, StatsListener
+from engine.kv.block_hashing import BlockHash
+from engine.core.api import EngineCoreClient, EngineFacts, OutputSink, StatsListener
 from engine.errors import EngineDeadError, RequestRejected
-from engine.kv_blocks import CachedPrefix
-from engine.llm_engine import LLMEngine
+from engine.kv.blocks import CachedPrefix
+from engine.core.engine import LLMEngine
 from engine.outputs import SchedulerStats, StepOutputs
 from engine.requests import EngineRequest
 
@@ -164,15 +164,15 @@ class EngineLoop(EngineCoreClient):
     def blocks_now(self, block_hashes: list[BlockHash]) -> concurrent.futures.Future[tuple[list[str | None],
                                                                                           list[int]]]:
         def now(engine: LLMEngine) -> tuple[list[str | None], list[int]]:
-            kv = engine.scheduler.kv
-            return kv.where_cached(block_hashes), kv.snapshot_points(block_hashes)
+            cache = engine.scheduler.prefix_cache
+            return cache.where_cached(block_hashes), cache.snapshot_points(block_hashes)
 
         return self.call(now)
 
     def largest_prefixes(self, limit: int) -> concurrent.futures.Future[tuple[list[CachedPrefix], float]]:
         def largest(engine: LLMEngine) -> tuple[list[CachedPrefix], float]:
-            kv = engine.scheduler.kv
-            return kv.cached_prefixes(limit), kv.clock()
+            cache = engine.scheduler.prefix_cache
+            return cache.cached_prefixes(limit), cache.clock()
 
         return self.call(largest)
 

@@ -31,7 +31,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from engine.block_hashing import BlockHash
+from engine.kv.block_hashing import BlockHash
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from engine.config import EvictionPolicy
 
 if TYPE_CHECKING:
-    from engine.kv_blocks import CachedBlock
+    from engine.kv.blocks import CachedBlock
 
 
 class EvictionQueue:

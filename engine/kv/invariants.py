@@ -7,11 +7,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from engine.kv_cache import KVCacheManager
+    from engine.kv.manager import KVCacheManager
 
 
-def check_invariants(kv: KVCacheManager) -> None:
-    """Assert them all. O(blocks); for tests and debugging."""
+def check_invariants(kv: KVCacheManager, num_unreferenced: int) -> None:
+    """Assert them all (``num_unreferenced``: the manager's count of tree nodes nobody holds). O(blocks); for tests
+    and debugging."""
     free = set(kv.free_block_ids)
     assert len(free) == len(kv.free_block_ids), "a block is in the free list twice"
     holders: dict[int, int] = {}
@@ -40,7 +41,7 @@ def check_invariants(kv: KVCacheManager) -> None:
         retained += node.retained
         if node.ref_count:
             assert node.parent is None or node.parent.ref_count > 0, "a held block's parent is unreferenced"
-    assert unreferenced == kv._num_unreferenced
+    assert unreferenced == num_unreferenced
     assert retained == kv.queue.num_retained <= kv.queue.max_retained, "retention count is off"
     assert not (free & tree_blocks) and not (free & private) and not (tree_blocks & private)
     assert len(free) + len(tree_blocks) + len(private) == kv.num_blocks, "a block is lost"

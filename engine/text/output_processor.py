@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.detokenizer import IncrementalDetokenizer, StopStringMatcher, SupportsDecode
+from engine.text.detokenizer import IncrementalDetokenizer, StopStringMatcher, SupportsDecode
 from engine.outputs import FinishReason, SequenceOutput, TokenLogprobs
 from engine.sampling_params import SamplingParams
 

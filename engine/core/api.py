@@ -1,10 +1,10 @@
 """The engine core's boundary: what a client (the server, the offline API) may ask of a running engine core, and the
-facts about the engine it learns once, at startup. Two cores implement it: `engine.engine_loop.EngineLoop` (a
-thread of this process) and `engine.core_process.CoreProcess` (a process of its own, over ZMQ). Everything crosses
+facts about the engine it learns once, at startup. Two cores implement it: `engine.core.loop.EngineLoop` (a
+thread of this process) and `engine.core.process.CoreProcess` (a process of its own, over ZMQ). Everything crosses
 as plain data (requests, named queries, `StepOutputs`), never as code, so either core serves the same client.
 
-A leaf of the core's modules: the cores and the wire (engine/core_wire.py) import it and it imports none of them, so
-the core never imports its client. `engine.core_client.start_core` picks a core and builds it.
+A leaf of the core's modules: the cores and the wire (engine/core/wire.py) import it and it imports none of them, so
+the core never imports its client. `engine.core.client.start_core` picks a core and builds it.
 """
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from engine.block_hashing import BlockHash, BlockHasher
-from engine.kv_blocks import CachedPrefix
+from engine.kv.block_hashing import BlockHash, BlockHasher
+from engine.kv.blocks import CachedPrefix
 from engine.outputs import SchedulerStats, StepOutputs
 from engine.requests import EngineRequest, RequestPreparer
 
 if TYPE_CHECKING:
-    from engine.llm_engine import LLMEngine
+    from engine.core.engine import LLMEngine
     from engine.worker.structured_output import StructuredOutputs
 
 
@@ -61,7 +61,7 @@ class EngineFacts:
     def of(cls, engine: LLMEngine) -> EngineFacts:
         cfg, runner = engine.cfg, engine.runner
         return cls(
-            model_id=engine.scheduler.hasher.model_id, vocab_size=engine.model_cfg.vocab_size,
+            model_id=engine.hasher.model_id, vocab_size=engine.model_cfg.vocab_size,
             max_model_len=engine.max_model_len, block_size=cfg.block_size, num_blocks=runner.num_blocks,
             prefix_caching=cfg.enable_prefix_caching, is_hybrid=engine.model_cfg.is_hybrid,
             tool_call_ttl=cfg.tool_call_ttl, speculation_refused=engine.speculation_refused,

@@ -2,7 +2,7 @@
 its computed tokens and its newest sampled tokens. One *entry* per running sequence, fixed while it runs.
 
 A steady decode step reads and writes these for the whole batch with a few numpy calls and touches no `Sequence`:
-the scheduler's columns (engine/running_columns.py) gather them by entry. A running `Sequence` reads its counters
+the scheduler's columns (engine/sched/running_columns.py) gather them by entry. A running `Sequence` reads its counters
 through its entry (`Sequence.num_computed_tokens` and the rest are properties), so every reader sees the same values.
 Sampled tokens land in ``recent`` first and join the sequence's token list when anyone reads it (`flush`), and every
 entry's are flushed before ``recent`` could overflow. (With the caches cold after a forward each numpy call costs
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from engine.sequence import Sequence
+    from engine.sched.sequence import Sequence
 
 RECENT_TOKENS = 64  # sampled tokens an entry holds before its sequence's token list must take them
 

@@ -12,8 +12,8 @@ A sequence's block table only ever grows (the runner mirrors it with append-only
 (``nodes``, one per full block, each the child of the previous) is held alongside: block i of the table is
 ``nodes[i].block_id`` unless the sequence computed that block privately before anyone cached it.
 
-Eviction (`engine.kv_eviction`) takes ordinary unreferenced leaves first, blocks retained by a pin or a session
-hold last. With lower tiers (`engine.kv_tiers`), an evicted block is offloaded to the host pool instead of lost, and
+Eviction (`engine.kv.eviction`) takes ordinary unreferenced leaves first, blocks retained by a pin or a session
+hold last. With lower tiers (`engine.kv.tiers`), an evicted block is offloaded to the host pool instead of lost, and
 admission continues a device match in the host and disk tiers: those blocks are restored into fresh device blocks
 (copy instructions for the runner), counted as cached. Every change to what a tier holds is recorded as a KV event.
 
@@ -33,18 +33,34 @@ import heapq
 import itertools
 import time
 from collections.abc import Callable, Collection
-from typing import Hashable, Iterable, Sequence
+from dataclasses import replace
+from typing import Hashable, Iterable, Protocol, Sequence
 
-from engine.block_hashing import BlockHash
+from engine.kv.block_hashing import BlockHash
 from engine.config import EvictionPolicy
-from engine.kv_blocks import CachedBlock, CachedPrefix, CacheStats, SequenceBlocks
-from engine.kv_events import MEDIUM_DEVICE, EventRecorder, KVEvent
-from engine.kv_eviction import EvictionQueue
+from engine.kv.blocks import CachedBlock, CachedPrefix, CacheStats, KVCounters, SequenceBlocks
+from engine.kv.events import MEDIUM_DEVICE, EventRecorder, KVEvent
+from engine.kv.eviction import EvictionQueue
 from engine.kv.state_pool import StatePool
-from engine.kv_invariants import check_invariants
-from engine.kv_tiers import FoundBlock, LowerTiers, TierBlock, TierIndex
+from engine.kv.invariants import check_invariants
+from engine.kv.tiers import FoundBlock, LowerTiers, TierBlock, TierIndex
 from engine.outputs import KVTransfer, StateCopy
 from engine.retention import Retention
+
+
+class PrefixCacheView(Protocol):
+    """What the rest of the engine may ask of the prefix cache between steps (the inspector's queries), read-only:
+    the scheduler alone changes the KV state, through `KVCacheManager`'s other methods."""
+
+    def num_cached_tokens(self, block_hashes: Sequence[BlockHash], num_tokens: int) -> int: ...
+
+    def where_cached(self, block_hashes: Sequence[BlockHash]) -> list[str | None]: ...
+
+    def snapshot_points(self, block_hashes: Sequence[BlockHash]) -> list[int]: ...
+
+    def cached_prefixes(self, limit: int) -> list[CachedPrefix]: ...
+
+    def clock(self) -> float: ...
 
 
 class KVCacheManager:
@@ -121,6 +137,34 @@ class KVCacheManager:
     def state_slot(self, seq_id: Hashable) -> int:
         """The recurrent-state slot the sequence runs in (-1: not a hybrid model)."""
         return self.seqs[seq_id].state_slot
+
+    def num_held_blocks(self, seq_id: Hashable) -> int:
+        """Blocks in the sequence's block table (cached or private)."""
+        return len(self.seqs[seq_id].block_ids)
+
+    def num_shared_blocks(self, seq_id: Hashable) -> int:
+        """The leading blocks of the sequence that sit in the prefix tree (the rest are its own)."""
+        return len(self.seqs[seq_id].nodes)
+
+    def lower_tier_hits(self, seq_id: Hashable) -> tuple[int, int]:
+        """Tokens of the sequence's cached prefix restored at admission from the host and from the disk tier."""
+        blocks = self.seqs[seq_id]
+        return blocks.host_hits, blocks.disk_hits
+
+    def counters(self) -> KVCounters:
+        """The pool's, the tiers' and the snapshots' sizes and counts, for the engine's stats."""
+        host, disk, states = self.tiers.host, self.tiers.disk, self.states
+        return KVCounters(
+            cache=replace(self.stats), blocks_total=self.num_blocks, blocks_free=self.num_free_blocks,
+            blocks_cached=self.num_cached_blocks, blocks_retained=self.num_retained_blocks,
+            retention_refused_blocks=self.queue.refused,
+            host_blocks_total=host.capacity if host is not None else 0,
+            host_blocks_cached=len(host) if host is not None else 0,
+            disk_blocks_total=disk.capacity if disk is not None else 0,
+            disk_blocks_cached=len(disk) if disk is not None else 0,
+            host_dropped_blocks=self.tiers.host_drops, disk_dropped_blocks=self.tiers.disk_drops,
+            snapshots_cached=len(states.snapshots) if states is not None else 0,
+            snapshot_evictions=states.evictions if states is not None else 0)
 
     def _shareable_blocks(self, block_hashes: Sequence[BlockHash], num_tokens: int) -> int:
         """Blocks of a prefix that admission may take from the cache: full ones, leaving at least one token."""
@@ -481,8 +525,10 @@ class KVCacheManager:
             self.tiers.offload(node.block_hash, node.block_id, node.token_ids, node.parent_hash,
                                state_slot=self._usable_snapshot(node))
 
-    def load_disk_tier(self, blocks: Iterable[FoundBlock]) -> int:
-        """Index the block files a previous run left on disk (oldest first)."""
+    def load_disk_tier(self, blocks: Iterable[FoundBlock], reader: Callable[[BlockHash], bool]) -> int:
+        """Index the block files a previous run left on disk (oldest first); ``reader`` checks a block's file
+        before a hit uses it."""
+        self.tiers.disk_reader = reader
         return self.tiers.load_disk(blocks)
 
     def take_transfers(self) -> list[KVTransfer]:
@@ -568,4 +614,4 @@ class KVCacheManager:
     def check_invariants(self) -> None:
         """Assert the block-state partition, reference counts, tree links, retention counts and tier indexes.
         O(blocks); for tests."""
-        check_invariants(self)
+        check_invariants(self, self._num_unreferenced)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.kv_disk import DiskBlockError, DiskStore
+from engine.worker.kv_disk import DiskBlockError, DiskStore
 from engine.outputs import KVTransfer, TransferKind
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ Text (detokenization, stop strings) is not made here: an `OutputProcessor` does 
 async scheduling (`EngineConfig.async_scheduling`), `step()` schedules and launches step N+1 before it collects step
 N's sampled tokens, so the host's work for one step overlaps the device's work for the previous one; the tokens are
 the same either way. A grammar-constrained sequence's next mask needs its last token, so a step that sampled one is
-collected before the next is scheduled. Single-threaded by design: one thread drives it (see engine/engine_loop.py).
+collected before the next is scheduled. Single-threaded by design: one thread drives it (see engine/core/loop.py).
 
 With ``tensor_parallel_size`` N > 1 this process is rank 0: its runner holds rank 0's shard, and every step's
 `SchedulerOutput` also goes to the N-1 worker processes (engine/parallel/workers.py) before rank 0 runs it.
@@ -21,10 +21,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from engine.config import DEFAULT_BLOCK_SIZE, EngineConfig, ModelConfig
-from engine.block_hashing import BlockHasher
+from engine.kv.block_hashing import BlockHasher
 from engine.errors import FatalEngineError, RequestRejected, WorkerDiedError
-from engine.kv_blocks import CacheStats
-from engine.kv_events import KVEventPublisher
+from engine.kv.blocks import CacheStats
+from engine.kv.events import KVEventPublisher
 from engine.worker.model_runner import ModelRunner, StepHandle, StepPipeline
 from engine.outputs import KVTransfer, SchedulerOutput, SchedulerStats, StepOutputs
 from engine.parallel.memory import RankMemory
@@ -32,7 +32,7 @@ from engine.parallel.workers import TensorParallelWorkers
 from engine.requests import EngineRequest, RequestPreparer
 from engine.retention import Retention
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
+from engine.sched.scheduler import Scheduler
 from engine.worker.structured_output import GrammarEnd, StructuredOutputs
 
 log = logging.getLogger(__name__)
@@ -99,14 +99,15 @@ class LLMEngine:
         self.kv_events = (KVEventPublisher(cfg.kv_events_endpoint, cfg.kv_events_replay_endpoint, cfg.kv_events_topic,
                                            cfg.block_size, all_interfaces=cfg.kv_events_all_interfaces,
                                            token_ids=cfg.kv_events_token_ids) if cfg.kv_events_endpoint else None)
-        self.scheduler = Scheduler(cfg, self.runner.num_blocks, model_id or str(self.model_dir), self.max_model_len,
+        self.hasher = BlockHasher(cfg.block_size, model_id or str(self.model_dir))  # the one the engine hashes with
+        self.scheduler = Scheduler(cfg, self.runner.num_blocks, self.hasher, self.max_model_len,
                                    self.eos_token_ids, host_blocks=host_blocks, disk_blocks=disk_blocks,
                                    record_events=self.kv_events is not None, clock=clock,
                                    state_slots=self.runner.num_state_slots, host_states=host_states,
                                    disk_states=disk_states)
         self.preparer = RequestPreparer(
             self.model_cfg.vocab_size, self.max_model_len, cfg.block_size, self.runner.num_blocks,
-            BlockHasher(cfg.block_size, model_id or str(self.model_dir)) if cfg.enable_prefix_caching else None,
+            self.hasher if cfg.enable_prefix_caching else None,
             self.speculation_refused, mtp=self.model_cfg.num_mtp_layers > 0)
         self.structured_outputs = StructuredOutputs(self.tokenizer, self.model_cfg.vocab_size, self.eos_token_ids,
                                                     self.runner.device, cfg.json_whitespace)

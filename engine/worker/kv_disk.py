@@ -8,7 +8,7 @@ The header records the block's parent hash and token ids (a restart rebuilds the
 checks the tokens as the device tree does), the payload size and its blake2b-128 checksum, and how many bytes at the
 payload's end are a hybrid model's recurrent-state snapshot at the block's end (0: none). Files are written to a
 temporary name and renamed, so a crash never leaves half a block under a real name. The block hash already
-carries the model identity and the cache salt (engine/block_hashing.py); the layout id keeps a different dtype or
+carries the model identity and the cache salt (engine/kv/block_hashing.py); the layout id keeps a different dtype or
 block size from reading the bytes wrongly. Bytes only: the model runner turns tensors into payloads.
 
 Every tenant's token ids are in these files: directories are created 0700 and files 0600. Whatever else is found
@@ -28,7 +28,7 @@ from hashlib import blake2b
 from pathlib import Path
 from typing import Any
 
-from engine.block_hashing import BlockHash
+from engine.kv.block_hashing import BlockHash
 
 log = logging.getLogger(__name__)
 SUFFIX = ".kvb"

@@ -3,7 +3,7 @@ rendering, detokenization and parsing in the server's process never share a GIL 
 
 `CoreProcess` is the client's side, an `EngineCoreClient`: it spawns the child (multiprocessing, spawn), which builds
 the `LLMEngine` from the same model and `EngineConfig` and runs an `EngineLoop` in it; commands go over one ZMQ
-PUSH socket, answers and outputs come back over another, as msgpack (engine/core_wire.py: each step's
+PUSH socket, answers and outputs come back over another, as msgpack (engine/core/wire.py: each step's
 `StepOutputs` is one message, its columns as bytes). A receiver thread hands each step to its sink in one `put`, as
 the engine thread does in-process. Requests arrive prepared (validated, block hashes made on the client's side).
 
@@ -36,14 +36,14 @@ from typing import Any
 import torch.multiprocessing as mp
 import zmq
 
-from engine import core_wire as wire
-from engine.block_hashing import BlockHash
+from engine.core import wire
+from engine.kv.block_hashing import BlockHash
 from engine.config import EngineConfig
-from engine.core_api import QUERIES, EngineCoreClient, EngineFacts, OutputSink, StatsListener
+from engine.core.api import QUERIES, EngineCoreClient, EngineFacts, OutputSink, StatsListener
 from engine.errors import EngineDeadError
-from engine.kv_blocks import CachedPrefix
+from engine.kv.blocks import CachedPrefix
 from engine.outputs import SchedulerStats, StepOutputs
-from engine.processes import caller_script_hidden, exit_with_parent
+from engine.core.processes import caller_script_hidden, exit_with_parent
 from engine.requests import EngineRequest
 from engine.worker.structured_output import StructuredOutputs
 
@@ -364,8 +364,8 @@ def run_core(model_dir: Path, cfg: EngineConfig, model_id: str | None, commands_
     commands.connect(commands_address)
     core = _CoreServer(outputs)
     try:
-        from engine.engine_loop import EngineLoop
-        from engine.llm_engine import LLMEngine
+        from engine.core.loop import EngineLoop
+        from engine.core.engine import LLMEngine
 
         loop = EngineLoop(LLMEngine(model_dir, cfg, model_id=model_id), owns_engine=True)
         facts = loop.facts

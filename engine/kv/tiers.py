@@ -2,7 +2,7 @@
 hashes as the prefix tree, with its own LRU order.
 
 Bookkeeping only (no tensors, no files): the KV manager decides what moves where and emits copy instructions; the
-model runner's `engine.kv_offload` moves the bytes. Each block of a tier has an index in it (its row of the host
+model runner's `engine.worker.kv_offload` moves the bytes. Each block of a tier has an index in it (its row of the host
 pool's tensors; the disk tier uses indexes only to count its capacity). Tiers are inclusive: a block restored to the device keeps its
 lower-tier copy, so evicting it again costs no copy.
 
@@ -17,8 +17,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
-from engine.block_hashing import BlockHash
-from engine.kv_events import MEDIUM_DISK, MEDIUM_HOST, EventRecorder
+from engine.kv.block_hashing import BlockHash
+from engine.kv.events import MEDIUM_DISK, MEDIUM_HOST, EventRecorder
 from engine.outputs import KVTransfer, TransferKind
 
 

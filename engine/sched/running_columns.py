@@ -8,7 +8,7 @@ still in its prompt or has siblings to queue (and on arrival: the general path t
 by one token a step until it reaches its horizon; the general path then schedules it and sets its next one
 (`horizon_after`). A horizon can only be too low (blocks are only added while a sequence runs, siblings only ever
 leave), which sends a sequence the general way once more, never the steady way wrongly. What changes every step
-(known tokens, tokens in flight, computed tokens, the newest tokens) is in ``state`` (engine/step_state.py), at the
+(known tokens, tokens in flight, computed tokens, the newest tokens) is in ``state`` (engine/sched/step_state.py), at the
 entry ``entries[row]`` while the sequence runs.
 
 Rows follow the running list as it changes (`append`, `remove`), so a batch that changes by a few sequences costs a few
@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 
 from engine.outputs import SequenceInfo
-from engine.sequence import Sequence
-from engine.step_state import StepState
+from engine.sched.sequence import Sequence
+from engine.sched.step_state import StepState
 
 
 class RunningColumns:

@@ -19,13 +19,13 @@ from typing import TypeVar
 
 import numpy as np
 
-from engine.block_hashing import BlockHash, BlockHasher
+from engine.kv.block_hashing import BlockHash, BlockHasher
 from engine.config import EngineConfig, SchedulingPolicy
 from engine.kv.snapshot_policy import DEFAULT_POLICY, SnapshotPolicy
-from engine.kv_blocks import CacheStats
-from engine.kv_cache import KVCacheManager
-from engine.kv_events import KVEvent
-from engine.kv_tiers import FoundBlock
+from engine.kv.blocks import CacheStats
+from engine.kv.manager import KVCacheManager, PrefixCacheView
+from engine.kv.events import KVEvent
+from engine.kv.tiers import FoundBlock
 from engine.outputs import (
     FinishReason,
     KVTransfer,
@@ -36,9 +36,9 @@ from engine.outputs import (
     SequenceInfo,
     StepOutputs,
 )
-from engine.sequence import Sequence, SequenceStatus
+from engine.sched.sequence import Sequence, SequenceStatus
 from engine.retention import Retention
-from engine.running_columns import RunningColumns, horizon_after
+from engine.sched.running_columns import RunningColumns, horizon_after
 from engine.sampling_params import SamplingParams
 from engine.spec.drafter import Drafter, Method
 
@@ -58,7 +58,7 @@ def admission_order(policy: SchedulingPolicy, candidates: abc.Sequence[T], num_c
 
 class Scheduler:
     def __init__(
-        self, cfg: EngineConfig, num_blocks: int, model_id: str, max_model_len: int, eos_token_ids: set[int],
+        self, cfg: EngineConfig, num_blocks: int, hasher: BlockHasher, max_model_len: int, eos_token_ids: set[int],
         *, host_blocks: int = 0, disk_blocks: int = 0, record_events: bool = False,
         clock: Callable[[], float] = time.monotonic, state_slots: int = 0, host_states: int = 0,
         disk_states: int = 0,
@@ -73,7 +73,7 @@ class Scheduler:
                                  max_retained_fraction=cfg.max_retained_fraction, host_blocks=host_blocks,
                                  disk_blocks=disk_blocks, record_events=record_events, clock=clock,
                                  state_slots=state_slots, host_states=host_states, disk_states=disk_states)
-        self.hasher = BlockHasher(cfg.block_size, model_id)
+        self.hasher = hasher  # the engine's, shared with its request preparer
         self.waiting: deque[Sequence] = deque()
         # The running sequences in admission order (the last one is preempted first), as columns too
         self._running = RunningColumns(cfg.max_num_seqs)
@@ -186,6 +186,11 @@ class Scheduler:
     def num_blocks(self) -> int:
         return self.kv.num_blocks
 
+    @property
+    def prefix_cache(self) -> PrefixCacheView:
+        """The prefix cache's read-only queries (where a chain is cached, its largest prefixes)."""
+        return self.kv
+
     def pin(self, block_hashes: list[BlockHash], ttl_s: float) -> int:
         """Pin the cached blocks of a chain for ``ttl_s`` seconds (0: unpin); returns how many the device holds."""
         return self.kv.retain_chain(block_hashes, ttl_s, pin=True)
@@ -203,8 +208,7 @@ class Scheduler:
 
     def load_disk_tier(self, reader: Callable[[BlockHash], bool], blocks: Iterable[FoundBlock]) -> None:
         """Index the blocks a previous run left on disk; ``reader`` checks a block's file before a hit uses it."""
-        self.kv.tiers.disk_reader = reader
-        self.kv.load_disk_tier(blocks)
+        self.kv.load_disk_tier(blocks, reader)
 
     def persist(self) -> None:
         """Write the device-cached blocks through to the disk tier (at shutdown)."""
@@ -259,7 +263,7 @@ class Scheduler:
                           out: SchedulerOutput) -> int:
         """The running sequences with one token to compute and no drafts, the bulk of a step: rows ``rows`` of the
         running list (None: all), whose ``lengths`` (known tokens and those in flight) and ``computed`` tokens are
-        given for every running sequence. A steady decode (below its horizon: engine/running_columns.py) is scheduled in bulk by
+        given for every running sequence. A steady decode (below its horizon: engine/sched/running_columns.py) is scheduled in bulk by
         column arithmetic; the others take the general path one at a time. When blocks could run short, the general
         path runs in running order between runs of steady ones, so that a preemption picks the victims it would in
         one loop. Returns the budget left."""
@@ -294,7 +298,7 @@ class Scheduler:
                     unscheduled = (np.flatnonzero(steady[start:i]) + start).tolist() + list(range(i + 1, len(decodes)))
                     return self._schedule_decodes_in_turn([decodes[j] for j in unscheduled],
                                                           budget - sum(out.num_new_tokens[first:]), 0, out)
-                horizons.append(horizon_after(seq, len(self.kv.seqs[seq.seq_id].block_ids), self.cfg.block_size))
+                horizons.append(horizon_after(seq, self.kv.num_held_blocks(seq.seq_id), self.cfg.block_size))
             cols.horizon[general_rows if isinstance(rows, slice) else rows[general_rows]] = horizons
         self._schedule_steady(rows, steady, lengths, computed, start, len(decodes), out)
         return budget - sum(out.num_new_tokens[first:])
@@ -324,7 +328,7 @@ class Scheduler:
     def _schedule_decodes_in_turn(self, decodes: list[Sequence], budget: int, k: int, out: SchedulerOutput) -> int:
         """`_schedule_decodes` one sequence at a time (a decode that drafts up to ``k`` tokens, needs a block, fills
         one, is still in its prompt or has siblings to queue takes the general path)."""
-        block_size, kv_seqs, running = self.cfg.block_size, self.kv.seqs, SequenceStatus.RUNNING
+        block_size, held_blocks, running = self.cfg.block_size, self.kv.num_held_blocks, SequenceStatus.RUNNING
         seq_ids, num_new, num_computed, samples = out.seq_ids, out.num_new_tokens, out.num_computed_tokens, out.samples
         for seq in decodes:
             if budget == 0:
@@ -337,7 +341,7 @@ class Scheduler:
             n = num_tokens - start
             drafts = self._drafts(seq, n, min(k, budget - n)) if k else []
             if (drafts or n != 1 or num_tokens % block_size == 0 or start < seq.num_prompt_tokens
-                    or num_tokens > len(kv_seqs[seq.seq_id].block_ids) * block_size or seq.pending_siblings):
+                    or num_tokens > held_blocks(seq.seq_id) * block_size or seq.pending_siblings):
                 new_block_ids = self._make_room(seq, n + len(drafts), out)
                 if new_block_ids is None:
                     continue
@@ -476,8 +480,7 @@ class Scheduler:
             self.waiting.remove(seq)
             if not resumed:
                 seq.num_cached_tokens = min(cached, seq.num_prompt_tokens)
-                blocks = self.kv.seqs[seq.seq_id]
-                seq.num_host_cached_tokens, seq.num_disk_cached_tokens = blocks.host_hits, blocks.disk_hits
+                seq.num_host_cached_tokens, seq.num_disk_cached_tokens = self.kv.lower_tier_hits(seq.seq_id)
                 seq.timings.scheduled = time.perf_counter()
                 out.new_sequences.append(NewSequence(seq.seq_id, seq.prompt_token_ids, seq.params, seq.seed))
             seq.status = SequenceStatus.RUNNING
@@ -707,7 +710,7 @@ class Scheduler:
         seq.pending_siblings = 0
 
     def _remember_held(self, seq: Sequence) -> None:
-        self._held[seq.request_id] = seq.block_hashes[: len(self.kv.seqs[seq.seq_id].nodes)]
+        self._held[seq.request_id] = seq.block_hashes[: self.kv.num_shared_blocks(seq.seq_id)]
         while len(self._held) > MAX_HELD_REQUESTS:
             self._held.popitem(last=False)
 
@@ -720,8 +723,8 @@ class Scheduler:
 
     # ---- observation -----------------------------------------------------------------------------------------------
     def stats(self) -> SchedulerStats:
-        kv, cache = self.kv, self.kv.stats
-        host, disk = kv.tiers.host, kv.tiers.disk
+        kv = self.kv.counters()
+        cache = kv.cache
         return SchedulerStats(
             prefix_cache_queries_tokens=cache.queries,
             prefix_cache_hits_tokens=cache.hits,
@@ -732,19 +735,19 @@ class Scheduler:
             prefix_cache_reset_evictions=cache.reset_evictions,
             prefix_cache_host_hits_tokens=cache.host_hits,
             prefix_cache_disk_hits_tokens=cache.disk_hits,
-            state_snapshots_cached=len(kv.states.snapshots) if kv.states is not None else 0,
-            state_snapshot_evictions=kv.states.evictions if kv.states is not None else 0,
-            kv_blocks_total=kv.num_blocks,
-            kv_blocks_free=kv.num_free_blocks,
-            kv_blocks_cached=kv.num_cached_blocks,
-            kv_blocks_retained=kv.num_retained_blocks,
-            kv_retention_refused_blocks=kv.queue.refused,
-            kv_host_blocks_total=host.capacity if host is not None else 0,
-            kv_host_blocks_cached=len(host) if host is not None else 0,
-            kv_disk_blocks_total=disk.capacity if disk is not None else 0,
-            kv_disk_blocks_cached=len(disk) if disk is not None else 0,
-            kv_host_dropped_blocks=kv.tiers.host_drops,
-            kv_disk_dropped_blocks=kv.tiers.disk_drops,
+            state_snapshots_cached=kv.snapshots_cached,
+            state_snapshot_evictions=kv.snapshot_evictions,
+            kv_blocks_total=kv.blocks_total,
+            kv_blocks_free=kv.blocks_free,
+            kv_blocks_cached=kv.blocks_cached,
+            kv_blocks_retained=kv.blocks_retained,
+            kv_retention_refused_blocks=kv.retention_refused_blocks,
+            kv_host_blocks_total=kv.host_blocks_total,
+            kv_host_blocks_cached=kv.host_blocks_cached,
+            kv_disk_blocks_total=kv.disk_blocks_total,
+            kv_disk_blocks_cached=kv.disk_blocks_cached,
+            kv_host_dropped_blocks=kv.host_dropped_blocks,
+            kv_disk_dropped_blocks=kv.disk_dropped_blocks,
             requests_running=len(self.running),
             requests_waiting=len(self.waiting),
             prompt_tokens=self.num_prompt_tokens,

@@ -8,7 +8,7 @@ Owned by the scheduler alone. With async scheduling a step is scheduled before t
 are known: ``num_output_placeholders`` counts tokens that are sampled on the device but not yet appended here.
 
 While it runs, what changes every step (its tokens, placeholders and computed tokens) lives in the scheduler's
-`StepState` (engine/step_state.py), so that a steady decode step never touches the sequence; the properties below
+`StepState` (engine/sched/step_state.py), so that a steady decode step never touches the sequence; the properties below
 read through to it, and the fields behind them hold the state while the sequence does not run.
 """
 from __future__ import annotations
@@ -17,11 +17,11 @@ import enum
 import operator
 from dataclasses import dataclass, field
 
-from engine.block_hashing import BlockHash
+from engine.kv.block_hashing import BlockHash
 from engine.outputs import FinishReason, RequestTimings, SequenceInfo, TokenLogprobs
 from engine.retention import Retention
 from engine.sampling_params import SamplingParams
-from engine.step_state import StepState
+from engine.sched.step_state import StepState
 
 
 class SequenceStatus(enum.Enum):

@@ -1,0 +1,1 @@
+"""The engine core (`engine.core.engine.LLMEngine`), the loop that owns it on one thread, the process that can hold it, the wire between them, and the client the server and the offline API talk to."""
