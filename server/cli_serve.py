@@ -111,9 +111,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _add_limit_flags(group: argparse._ArgumentGroup, limits: type, prefix: str) -> None:
     """One flag per field of the dataclass ``limits`` (its metadata names the flag and its help)."""
     for f in fields(limits):
-        group.add_argument(f.metadata["flag"], dest=f"{prefix}_{f.name}", type=type(f.default), default=f.default,
-                           metavar="S" if isinstance(f.default, float) else "N",
-                           help=f"{f.metadata['help']} (default: %(default)s)")
+        kind = f.metadata.get("type", type(f.default))
+        group.add_argument(f.metadata["flag"], dest=f"{prefix}_{f.name}", type=kind, default=f.default,
+                           metavar="S" if kind is float else "N",
+                           help=f"{f.metadata['help']}{'' if f.default is None else ' (default: %(default)s)'}")
 
 
 def _limits_from_args(args: argparse.Namespace, limits: type, prefix: str):

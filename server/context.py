@@ -30,7 +30,7 @@ from server.inspector.hook import inspect_finished
 from server.inspector.store import DEFAULT_MAX_REQUESTS, Inspector
 from server.limits import RequestLimits
 from server.fair_lane import FairLane
-from server.tenant_budget import TenantLimits, TenantSlots
+from server.tenant_budget import TenantLimits, TenantSlots, sequences_per_tenant
 from server.logprobs import TokenTexts
 from server.metrics import Metrics
 from server.named_caches import NamedCaches
@@ -111,6 +111,7 @@ class ServingContext:
     # `system_fingerprint`, routers read it from /get_server_info.
     instance_id: str = field(default_factory=lambda: f"kvserve-{secrets.token_hex(6)}")
     large_lane: PrepareTools | None = None
+    max_num_seqs: int = 64  # the engine's running slots (EngineConfig.max_num_seqs): the tenants' default share
     token_texts: TokenTexts = field(init=False)  # token id -> text and bytes, for logprobs (event loop)
     tenant_slots: TenantSlots = field(init=False)  # each tenant's sequences in the engine
     optional_grammars: OptionalGrammars = field(init=False)  # tool_choice auto's grammars, compiled in the background
@@ -121,7 +122,9 @@ class ServingContext:
 
     def __post_init__(self) -> None:
         self.token_texts = TokenTexts(self.engine.tokenizer)
-        self.tenant_slots = TenantSlots(self.settings.tenant_limits.sequences)
+        self.tenant_slots = TenantSlots(sequences_per_tenant(
+            self.settings.tenant_limits, len(self.settings.api_keys) + len(self.settings.operator_keys),
+            self.max_num_seqs))
         self._max_token_bytes = max_token_bytes(self.lane_tools.tokenizer)
         self.optional_grammars = OptionalGrammars(self.grammars)
         self._current = threading.local()
@@ -338,6 +341,7 @@ def load_context(
         lane_tools=lane_tools(),
         large_lane=lane_tools(),
         max_model_len=facts.max_model_len,
+        max_num_seqs=engine_config.max_num_seqs,
         engine=AsyncEngine(core, output_tokenizer, metrics),
         metrics=metrics,
         grammars=core.grammars,

@@ -14,17 +14,19 @@ from server.cache_salt import salt_tenant
 from server.protocol import APIError
 
 
-def _flag(name: str, help_text: str) -> dict[str, str]:
-    return {"flag": name, "help": help_text}
+def _flag(name: str, help_text: str, kind: type | None = None) -> dict:
+    """A field's flag; ``kind``: its type where the default (None) does not tell it."""
+    return {"flag": name, "help": help_text, **({"type": kind} if kind else {})}
 
 
 @dataclass(frozen=True)
 class TenantLimits:
     """Each field's ``metadata`` names its `kvserve serve` flag (server/cli_serve.py builds them from it)."""
 
-    sequences: int = field(default=256, metadata=_flag(
-        "--max-sequences-per-tenant", "most sequences one tenant has in the engine at once, running or queued; "
-        "a request beyond it gets 429"))
+    sequences: int | None = field(default=None, metadata=_flag(
+        "--max-sequences-per-tenant", "most sequences one tenant has in the engine at once, running or queued; a "
+        "request beyond it gets 429 (default: half of --max-num-seqs when the server has two or more keys, so that "
+        "another tenant always finds a running slot; with one tenant, four times --max-num-seqs)", int))
     stored_responses: int = field(default=1024, metadata=_flag(
         "--max-stored-responses-per-tenant", "stored Responses (store: true) kept per tenant for previous_response_id; "
         "a tenant's oldest are forgotten first"))
@@ -36,10 +38,19 @@ class TenantLimits:
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
-            if value <= 0:
+            if value is not None and value <= 0:
                 raise ValueError(f"tenant limit {name} must be positive, got {value}")
         if self.named_cache_share > 1:
             raise ValueError(f"named_cache_share is a fraction of the KV pool, at most 1, got {self.named_cache_share}")
+
+
+def sequences_per_tenant(limits: TenantLimits, num_keys: int, max_num_seqs: int) -> int:
+    """The operator's `--max-sequences-per-tenant`, else its default: half the engine's running slots when there
+    are several tenants (one tenant's requests, however many, leave the other half to the rest), four times them
+    (a queue's worth) when there is one."""
+    if limits.sequences is not None:
+        return limits.sequences
+    return max(1, max_num_seqs // 2) if num_keys >= 2 else 4 * max_num_seqs
 
 
 class TenantSlots:
@@ -53,6 +64,9 @@ class TenantSlots:
 
     def acquire(self, salt: str | None, sequences: int) -> Callable[[], None]:
         tenant = salt_tenant(salt)
+        if sequences > self.limit:
+            raise APIError(400, f"the request runs {sequences} sequences; one API key may have at most {self.limit} "
+                           "in the engine at once (--max-sequences-per-tenant)", param="n", code="limit_exceeded")
         with self._lock:
             held = self._held.get(tenant, 0)
             if held + sequences > self.limit:

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 import httpx
 import pytest
 
-from engine import kv_disk
+from engine.worker import kv_disk
 from engine.config import EngineConfig
 from engine.worker.kv_disk import DiskBlockError, DiskStore
 from engine.kv.events import KVEventPublisher
@@ -32,7 +32,7 @@ from server.recorder import Recorder, RequestRecord
 from server.responses_input import ResponseStore
 from server.rendering import FAMILIES as RENDERING_FAMILIES
 from server.rendering import get_renderer
-from server.tenant_budget import TenantLimits, TenantSlots
+from server.tenant_budget import TenantLimits, TenantSlots, sequences_per_tenant
 from tests.server.conftest import KEY_A, KEY_B, LiveServer, _live_server
 
 HI = [{"role": "user", "content": "hi"}]
@@ -57,8 +57,17 @@ def test_a_batch_of_prompts_times_n_is_bounded(qwen_server: LiveServer) -> None:
     # 65 one-token prompts: 65 sequences (before: each its own engine request; 2,000 took every slot)
     response = post(qwen_server, "/v1/completions", {"prompt": [[1, 2]] * 65, "max_tokens": 1})
     assert_limit(response, 400, "--max-sequences", "prompt")
-    response = post(qwen_server, "/v1/completions", {"prompt": [[1, 2]] * 16, "n": 4, "max_tokens": 1})
-    assert response.status_code == 200 and len(response.json()["choices"]) == 64
+    response = post(qwen_server, "/v1/completions", {"prompt": [[1, 2]] * 8, "n": 4, "max_tokens": 1})
+    assert response.status_code == 200 and len(response.json()["choices"]) == 32
+
+
+def test_a_tenant_gets_half_the_running_slots_by_default(qwen_server: LiveServer) -> None:
+    """Two keys and 64 running slots: a tenant may hold 32 sequences, so the other always finds room (before: one
+    request could hold them all and queue more behind them)."""
+    assert qwen_server.ctx.tenant_slots.limit == qwen_server.ctx.max_num_seqs // 2 == 32
+    response = post(qwen_server, "/v1/completions", {"prompt": [[1, 2]] * 33, "max_tokens": 1})
+    assert_limit(response, 400, "--max-sequences-per-tenant")
+    assert sequences_per_tenant(TenantLimits(), 1, 64) == 256 and sequences_per_tenant(TenantLimits(8), 2, 64) == 8
 
 
 @pytest.mark.parametrize("field, value, flag", [
