@@ -44,7 +44,8 @@ if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
 # of each test stays in the fast tier, the others are slow.
 KERNEL_SWEEPS = ("tests/test_kernels.py", "tests/test_kernels_fp8.py", "tests/test_kernels_sparse.py",
                  "tests/test_kernels_moe.py", "tests/test_kernels_mla.py", "tests/test_kernels_recurrent.py",
-                 "tests/test_kernels_compressed.py")
+                 "tests/test_kernels_compressed.py", "tests/test_kernels_sliding_window.py",
+                 "tests/test_kernels_gelu.py")
 
 # Test ids (a prefix of the node id, parameters included) in the slow tier, with why.
 SLOW = (

@@ -89,6 +89,7 @@ def case(request, gemma3_dirs):
     return path, prompts, [hf_greedy(path, p, NEW_TOKENS) for p in prompts]
 
 
+@pytest.mark.slow  # writes the gemma3_text checkpoint too
 def test_the_checkpoints_are_the_released_layouts(gemma3_dirs):
     from safetensors import safe_open
 
@@ -134,7 +135,8 @@ def test_outputs_are_varied_and_depend_on_the_whole_context(case):
     assert (last_logits(changed(69)) - base).abs().max() > 0.05, "so does the first one, through the global layer"
 
 
-@pytest.mark.parametrize("block_size", [4, 16])  # windows of 2-3 blocks; under one block
+# blocks of 4: windows of 2-3 blocks; of 16: windows under one block
+@pytest.mark.parametrize("block_size", [4, pytest.param(16, marks=pytest.mark.slow)])
 def test_greedy_one_at_a_time_all_together_and_cache_hot(case, block_size):
     path, prompts, expected = case
     llm = LLM(path, block_size=block_size, num_kv_blocks=512)
@@ -153,6 +155,7 @@ def test_greedy_one_at_a_time_all_together_and_cache_hot(case, block_size):
     llm.engine.scheduler.kv.check_invariants()
 
 
+@pytest.mark.slow
 def test_chunked_prefill_ending_off_block_boundaries(case):
     """A 7-token budget with 4-token blocks: chunks end mid-block and mid-window, decodes and prefill chunks share
     steps, and each chunk's local layers see the window's part of the previous chunks through the pages."""
@@ -161,6 +164,7 @@ def test_chunked_prefill_ending_off_block_boundaries(case):
     assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == expected
 
 
+@pytest.mark.slow
 def test_preemption_in_a_small_pool(case):
     path, prompts, expected = case
     llm = LLM(path, block_size=4, num_kv_blocks=32, max_num_batched_tokens=32)
@@ -220,6 +224,7 @@ def test_vision_tower_skipped_with_one_log_line(gemma3_dirs, caplog):
     assert not any("vision" in name or "multi_modal" in name for name in names)
 
 
+@pytest.mark.slow
 def test_the_in_memory_names_load_too(gemma3_dirs, tmp_path: Path):
     """A checkpoint under the names transformers 5 holds the VLM by (model.language_model.*, model.vision_tower.*,
     model.multi_modal_projector.*) gives the same tokens."""
@@ -303,8 +308,8 @@ def test_gemma3_270m_from_its_gguf_equals_transformers(tmp_path: Path):
     gguf = _joined_gguf(get_model_spec("gemma3-270m"), _gguf_files(get_model_spec("gemma3-270m")), tmp_path)
     direct = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=gguf.name, dtype=torch.float32).eval()
     with torch.no_grad():
-        out = direct.generate(torch.tensor([prompts[1]]), attention_mask=torch.ones(1, len(prompts[1]), dtype=torch.long),
-                              max_new_tokens=24, do_sample=False)
+        ids = torch.tensor([prompts[1]])
+        out = direct.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False)
     assert out[0, len(prompts[1]):].tolist() == want[1]
 
 
