@@ -25,10 +25,9 @@ from typing import Any
 import httpx
 
 from benchmarks.hostile_round2 import SERVER_ARGS as ROUND2_SERVER_ARGS
-from benchmarks.hostile_round2 import round2_inputs
+from benchmarks.hostile_round2 import KEY_BYSTANDER, KEY_HOSTILE, round2_inputs
 from benchmarks.router_procs import Process, free_port
 
-KEY_HOSTILE, KEY_BYSTANDER = "sk-hostile", "sk-bystander"
 GOAL_S = 1.0
 
 

@@ -22,6 +22,8 @@ SERVER_ARGS = ["--ui", "--operator-key", "sk-operator", "--max-stored-responses-
 HI = [{"role": "user", "content": "hi"}]
 BILLING = "x-anthropic-billing-header:"
 
+KEY_HOSTILE, KEY_BYSTANDER = "sk-hostile", "sk-bystander"  # the two tenants of every hostile run
+
 
 def _post(url: str, headers: dict, path: str, body: Any = None, raw: bytes | None = None,
           timeout: float = 600.0) -> httpx.Response:
@@ -90,8 +92,6 @@ def _idle_connections(url: str, headers: dict, count: int = 300) -> int | str:
 def _prefix_probe_through_the_inspector(url: str, headers: dict) -> int | str:
     """The bystander tenant sends a secret system prompt; the hostile one sends the same prompt and reads its own
     request in the inspector: nothing there may depend on the bystander's blocks (different_salt was 336)."""
-    from benchmarks.hostile import KEY_BYSTANDER
-
     secret = [{"role": "system", "content": "the launch code is " + "7" * 400}, *HI]
     _post(url, {"Authorization": f"Bearer {KEY_BYSTANDER}"}, "/v1/chat/completions",
           {"messages": secret, "max_tokens": 1}).raise_for_status()
@@ -107,8 +107,6 @@ def _prefix_probe_through_the_inspector(url: str, headers: dict) -> int | str:
 def _stored_responses_of_another_tenant_kept(url: str, headers: dict) -> int | str:
     """The bystander stores a response; the hostile tenant stores more than its own share: the bystander's
     previous_response_id still works."""
-    from benchmarks.hostile import KEY_BYSTANDER
-
     bystander = {"Authorization": f"Bearer {KEY_BYSTANDER}"}
     kept = _post(url, bystander, "/v1/responses", {"input": "remember 1234", "max_output_tokens": 1, "store": True})
     kept.raise_for_status()

@@ -114,7 +114,7 @@ def test_responses_request_becomes_the_chat_form_with_flat_namespaced_tools() ->
 
 
 def test_response_store_is_bounded() -> None:
-    store = ResponseStore(capacity=2)
+    store = ResponseStore(capacity_per_tenant=2)
     for i in range(3):
         store.put("tenant-a", f"r{i}", [{"role": "user", "content": str(i)}])
     assert store.history("tenant-a", "r2") == [{"role": "user", "content": "2"}]
