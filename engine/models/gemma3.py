@@ -18,10 +18,10 @@ import torch
 from torch import nn
 
 from engine.config import ModelConfig
+from engine.models.kv_cache_spec import KVCaches
 from engine.models.llama import Attention, DecoderLayer, LlamaForCausalLM, RMSNorm
 from engine.models.rope import build_cos_sin_cache
 from engine.parallel.state import SINGLE, TensorParallel
-from engine.models.kv_cache_spec import KVCaches
 from kernels.ops import AttentionMetadata, Ops
 
 
