@@ -2,7 +2,7 @@
 
 This module imports no torch at load time, so the scheduler (which reads `EngineConfig`) stays free of it.
 Every `EngineConfig` field carries its command-line help in `metadata["help"]`: the CLI builds its engine flags
-from these fields (server/engine_args.py), so a default lives in exactly one place.
+from these fields (server/cli/engine_args.py), so a default lives in exactly one place.
 """
 from __future__ import annotations
 
@@ -653,22 +653,22 @@ class ModelConfig:
         if not path.exists():
             raise ValueError(f"{model_dir} has no config.json; is it an HF-format model directory?")
         cfg = cls.from_dict(json.loads(path.read_text()))
-        if cfg.tie_word_embeddings and _holds_tensor(Path(model_dir), "lm_head.weight"):
+        if cfg.tie_word_embeddings and _holds_head(Path(model_dir)):
             # As transformers: a checkpoint that saved a head of its own is not tied, whatever config.json says
             # (a VLM's text_config may say tied while the model, by its top-level config, is not).
             cfg = dataclasses.replace(cfg, tie_word_embeddings=False)
         return cfg
 
 
-def _holds_tensor(model_dir: Path, name: str) -> bool:
-    """Whether the safetensors checkpoint in ``model_dir`` has tensor ``name`` (read from the index or the file
-    headers: no tensor data, no torch)."""
+def _holds_head(model_dir: Path) -> bool:
+    """Whether the safetensors checkpoint in ``model_dir`` has an output head of its own (``lm_head.weight``, or a
+    VLM's ``language_model.lm_head.weight``), read from the index or the file headers: no tensor data, no torch."""
     index = model_dir / "model.safetensors.index.json"
     if index.exists():
-        return name in json.loads(index.read_text())["weight_map"]
-    for path in model_dir.glob("*.safetensors"):
-        with path.open("rb") as f:
-            header = f.read(int.from_bytes(f.read(8), "little"))
-        if name in json.loads(header):
-            return True
-    return False
+        names = json.loads(index.read_text())["weight_map"]
+    else:
+        names = []
+        for path in model_dir.glob("*.safetensors"):
+            with path.open("rb") as f:
+                names += json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    return any(name == "lm_head.weight" or name.endswith(".lm_head.weight") for name in names)
