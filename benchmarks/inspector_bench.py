@@ -140,10 +140,10 @@ def _traced_bytes(model: str, record: Path) -> int:
 
     from engine.kv.block_hashing import BlockHasher
     from engine.registry import get_model_spec, model_identity, resolve_model
-    from server.cache_salt import salt_tenant
+    from server.cache.cache_salt import salt_tenant
     from server.inspector.attribution import Conversation
     from server.inspector.store import Inspector, Observation
-    from server.normalize import normalize_for_cache
+    from server.cache.normalize import normalize_for_cache
     from server.rendering import renderer_for_model
 
     spec = get_model_spec(model)

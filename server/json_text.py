@@ -22,7 +22,7 @@ def _no_constant(name: str) -> Any:
 def loads(text: str | bytes, max_depth: int | None = MAX_DEPTH) -> Any:
     """``text`` as JSON; ``max_depth``: the deepest nesting of arrays and objects allowed (None: Python's recursion
     limit alone)."""
-    from server.limits import depth  # server.limits imports server.protocol; this module stays import-light
+    from server.http.limits import depth  # server.http.limits imports server.api.protocol; this module stays import-light
 
     doc = text if isinstance(text, str) else text.decode("utf-8", "replace")
     try:

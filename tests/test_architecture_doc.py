@@ -134,7 +134,7 @@ def test_the_architecture_walk_names_real_code():
     life among them."""
     paths, qualified, dotted, links = references(_doc("docs/ARCHITECTURE.md"))
     assert len(paths) > 150 and len(qualified) > 40 and len(links) >= 5, (len(paths), len(qualified), len(links))
-    for step in ("server/app.py::generate", "engine/sched/scheduler.py::Scheduler.schedule",
+    for step in ("server/http/app.py::generate", "engine/sched/scheduler.py::Scheduler.schedule",
                  "engine/kv/manager.py::KVCacheManager.admit", "engine/worker/model_runner.py::ModelRunner.execute"):
         file, name = step.split("::")
         assert (file, name) in qualified, step

@@ -51,7 +51,7 @@ def test_registry_lists_the_required_models() -> None:
 def test_todays_deepseek_models_and_the_gpus_they_need(capsys) -> None:
     """V3.2 and V4 by HF id with their encoders' families; `kvserve serve` says how many GPUs a real one needs
     before it downloads anything, and when they outgrow one machine."""
-    from server.cli_serve import _say_gpu_requirement
+    from server.cli.serve import _say_gpu_requirement
 
     specs = {spec.name: spec for spec in list_models()}
     assert (specs["deepseek-v3.2-tiny"].source, specs["deepseek-v3.2-tiny"].template) == ("tiny", "deepseek-v3.2")

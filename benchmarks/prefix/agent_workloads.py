@@ -1,10 +1,10 @@
 """Claude Code- and Codex-shaped workloads: each turn is the request body the agent sends (Anthropic Messages or
 OpenAI Responses, with their system blocks, tools and turn structure), converted to the chat form by the server's
-own adapters (server/messages_input.py, server/responses_input.py), the code path `kvserve serve` runs.
+own adapters (server/api/messages_input.py, server/api/responses_input.py), the code path `kvserve serve` runs.
 
 - claude_code: a billing header with a per-request `cch=` nonce heading the system blocks, a mid-conversation
   `system` environment message, tool_use / tool_result blocks, a new system message midway (a tool announcement).
-  `claude_code_raw` is the same session with the cache-stability rules off (server/normalize.py), so the
+  `claude_code_raw` is the same session with the cache-stability rules off (server/cache/normalize.py), so the
   benchmark shows the misses they remove ("billing_nonce", and "system_hoisted" on DeepSeek templates).
 - codex: developer + user input items, reasoning items echoed back, function_call / function_call_output items,
   function, namespace and hosted tools; the whole history resent every turn.
@@ -16,11 +16,11 @@ import json
 
 from benchmarks.prefix.text import TextGen
 from benchmarks.prefix.workloads import ChatRequest, Workload, WorkloadParams, make_head
-from server.anthropic_protocol import Conversation, MessagesRequest
-from server.messages_input import chat_messages as anthropic_chat_messages
-from server.messages_input import to_turn as messages_to_turn
-from server.responses_input import to_turn as responses_to_turn
-from server.responses_protocol import ResponsesRequest
+from server.api.anthropic_protocol import Conversation, MessagesRequest
+from server.api.messages_input import chat_messages as anthropic_chat_messages
+from server.api.messages_input import to_turn as messages_to_turn
+from server.api.responses_input import to_turn as responses_to_turn
+from server.api.responses_protocol import ResponsesRequest
 
 _CLAUDE_TOOLS = ("Agent", "Bash", "Edit", "Glob", "Grep", "NotebookEdit", "Read", "TodoWrite", "WebFetch",
                  "WebSearch", "Write", "Skill")

@@ -2,7 +2,7 @@
 
 Three runs of the same request sequence (same order and batching) give each request's cached tokens in the achieved
 run (finite cache), in an unbounded run (the ideal) and in an unbounded run that ignores salts; the causes and the
-rules that charge each missed token to one of them live in the product (server/miss_causes.py), shared with the
+rules that charge each missed token to one of them live in the product (server/cache/miss_causes.py), shared with the
 live cache inspector.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Sequence
 
 from benchmarks.prefix.simulator import SimResult
 from benchmarks.prefix.trace import TokenRequest
-from server.miss_causes import CAUSES, CHANGE_TEMPLATE, common_prefix, miss_causes
+from server.cache.miss_causes import CAUSES, CHANGE_TEMPLATE, common_prefix, miss_causes
 
 __all__ = ["CAUSES", "RequestMisses", "attribute", "summarize"]
 

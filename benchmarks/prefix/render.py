@@ -11,12 +11,12 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from server.cache_control import snapshot_hints
-from server.normalize import normalize_for_cache, strip_billing_nonces
+from server.cache.cache_control import snapshot_hints
+from server.cache.normalize import normalize_for_cache, strip_billing_nonces
 from server.rendering import Renderer, get_renderer
 from server.rendering.request import serving_template_kwargs
 
-from server.miss_causes import CHANGE_BILLING_NONCE, CHANGE_SYSTEM_HOISTED, message_change, template_change
+from server.cache.miss_causes import CHANGE_BILLING_NONCE, CHANGE_SYSTEM_HOISTED, message_change, template_change
 
 from benchmarks.prefix.trace import TokenRequest
 from benchmarks.prefix.workloads import ChatRequest, Workload

@@ -1,6 +1,6 @@
 """Requests recorded by ``kvserve serve --record FILE.jsonl``: one JSON line per request with at least
 ``{"body": <request json>, "prompt_token_ids": [...], "output_token_ids": [...], "cached_tokens": int}`` and,
-from server/recorder.py, ``cache_salt`` (the effective salt, e.g. a tenant hash; else the body's ``cache_salt``).
+from server/pipeline/recorder.py, ``cache_salt`` (the effective salt, e.g. a tenant hash; else the body's ``cache_salt``).
 
 Recorded requests carry no session ids, so each request's parent is inferred: the earlier request whose context
 (prompt + output) shares the longest prefix with it, if that is at least one block.
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.prefix.trace import TokenRequest, read_jsonl
-from server.miss_causes import common_prefix, message_change
+from server.cache.miss_causes import common_prefix, message_change
 
 
 @dataclass

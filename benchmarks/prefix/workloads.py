@@ -25,7 +25,7 @@ class ChatRequest:
     salt: str | None = None
     turn: int = 0
     arrival: int = 0  # earliest scheduler step at which the session's first request may start
-    normalize: bool = True  # apply the server's cache-stability rules (server/normalize.py) when rendering
+    normalize: bool = True  # apply the server's cache-stability rules (server/cache/normalize.py) when rendering
 
 
 @dataclass

@@ -102,7 +102,7 @@ class StructuredOutputs:
         self._info: xgrammar.TokenizerInfo | None = None
         self._compiled: OrderedDict[StructuredOutputSpec, _CachedGrammar] = OrderedDict()
         self._compiled_bytes = 0
-        # Three at once: a server compiles one grammar at a time in the background (server/optional_grammars.py),
+        # Three at once: a server compiles one grammar at a time in the background (server/pipeline/optional_grammars.py),
         # so that one never leaves fewer than two to requests waiting on their grammar.
         self._workers = CompileWorkers(lambda: self._tokenizer_info().serialize_json(), max_workers=3)
         self._batch: xgrammar.BatchGrammarMatcher | None = None

@@ -1,6 +1,6 @@
 """One live request against its session's previous one: where its prompt first leaves the previous context (prompt
 and reply) and why, and every missed prompt token's cause, named as the prefix benchmark names them
-(server/miss_causes.py)."""
+(server/cache/miss_causes.py)."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,7 @@ from hashlib import blake2b
 from typing import Any
 
 from server.inspector.prompt_trie import common_prefix_packed, num_tokens, unpack
-from server.miss_causes import CHANGE_PROMPT, CHANGE_REPLY, CHANGE_TEMPLATE, message_change, miss_causes, template_change
+from server.cache.miss_causes import CHANGE_PROMPT, CHANGE_REPLY, CHANGE_TEMPLATE, message_change, miss_causes, template_change
 
 # Tokens decoded on each side of a divergence to tell a template's change apart (the texts agree before it).
 _TEXT_WINDOW = (8, 32)
@@ -50,7 +50,7 @@ class Previous:
 @dataclass(frozen=True, slots=True)
 class Divergence:
     index: int  # the first prompt token that differs from the previous context
-    cause: str  # a key of server.miss_causes.CAUSES
+    cause: str  # a key of server.cache.miss_causes.CAUSES
     in_reply: bool  # the previous context differs there in its reply, not in its prompt
 
 

@@ -1,20 +1,20 @@
 """Where a request finishes: hand it to the inspector, if the server runs one. `inspect_finished` is the serving
-context's ``on_finished`` callback when the server runs with ``--ui`` (server/context.py), called by
-`server.generation.record`, which itself knows nothing of the inspector."""
+context's ``on_finished`` callback when the server runs with ``--ui`` (server/pipeline/context.py), called by
+`server.pipeline.generation.record`, which itself knows nothing of the inspector."""
 from __future__ import annotations
 
 import logging
 from typing import TYPE_CHECKING
 
-from server.cache_salt import salt_tenant
+from server.cache.cache_salt import salt_tenant
 from server.inspector.attribution import Conversation
 from server.inspector.store import Inspector, Observation
-from server.normalize import normalize_for_cache
-from server.turn import Turn
+from server.cache.normalize import normalize_for_cache
+from server.pipeline.turn import Turn
 
 if TYPE_CHECKING:
-    from server.context import ServingContext
-    from server.generation import Prompt
+    from server.pipeline.context import ServingContext
+    from server.pipeline.generation import Prompt
 
 log = logging.getLogger("kvserve.inspector")
 

@@ -21,10 +21,10 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from server.cache_salt import tenant_salt
-from server.context import Served, ServerSettings
+from server.cache.cache_salt import tenant_salt
+from server.pipeline.context import Served, ServerSettings
 from server.inspector import views
-from server.protocol import APIError
+from server.api.protocol import APIError
 
 STATIC_DIR = Path(__file__).parent / "static"
 _STATIC_TYPES = {"index.html": "text/html; charset=utf-8", "inspector.js": "text/javascript; charset=utf-8",

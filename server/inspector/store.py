@@ -1,7 +1,7 @@
 """What the inspector keeps: the last N finished requests (a ring), grouped into agent sessions, their tokens in a
 prefix trie (stored once per shared prefix), and the cache's gauges over time.
 
-`Inspector.observe` is the one way in (server/generation.py calls it where a request finishes); the views read under
+`Inspector.observe` is the one way in (server/pipeline/generation.py calls it where a request finishes); the views read under
 the same lock. Memory is bounded: the ring drops its oldest request (and the trie the blocks only it needed) past
 ``max_requests``, a session lives while it has a request in the ring, and the timeline is a ring of samples.
 """
@@ -35,8 +35,8 @@ class Observation:
 
     request_id: str
     endpoint: str
-    salt: str | None  # the engine's cache salt: the tenant's (server/cache_salt.py), maybe scoped by the request
-    session: str | None  # the client's session id (server/session.py), if it sent one
+    salt: str | None  # the engine's cache salt: the tenant's (server/cache/cache_salt.py), maybe scoped by the request
+    session: str | None  # the client's session id (server/cache/session.py), if it sent one
     prompt_token_ids: list[int]
     output_token_ids: list[int]
     cached_tokens: int  # device + host + disk

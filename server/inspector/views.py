@@ -15,8 +15,8 @@ from engine.kv.blocks import CachedPrefix
 from engine.outputs import SchedulerStats
 from server.inspector.prompt_trie import unpack
 from server.inspector.store import TIMELINE_COLUMNS, CacheSample, InspectedRequest, Inspector, Session
-from server.logprobs import TokenTexts
-from server.miss_causes import CAUSES
+from server.pipeline.logprobs import TokenTexts
+from server.cache.miss_causes import CAUSES
 
 TENANT_CHARS = 12  # how much of a tenant's hash is shown
 # What a tenant sees of the cache: the tiers' sizes now, fixed by the operator (what is used, cached or evicted, and

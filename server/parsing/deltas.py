@@ -1,6 +1,6 @@
 """What the parsers produce, API-neutral: parsed calls, deltas (the pieces of output as they are parsed), the items
 they build (runs of answer text or reasoning, and tool calls, in the order generated), and the final message.
-Each API formats these its own way (server/chat.py, server/messages.py, server/responses.py)."""
+Each API formats these its own way (server/api/chat.py, server/api/messages.py, server/api/responses.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -37,7 +37,7 @@ class Renderer(ABC):
     # The template moves every system message to the top (DeepSeek): one in mid-conversation changes the head.
     hoists_system_messages: bool = False
     # The template refuses a system message anywhere but first (Qwen3.5/3.6): the server renders later ones as user
-    # turns in place (server/normalize.py) rather than failing an agent's request.
+    # turns in place (server/cache/normalize.py) rather than failing an agent's request.
     refuses_late_system_messages: bool = False
     # The template kwarg that keeps the reasoning of every past turn in the prompt (Qwen3.6 `preserve_thinking`);
     # the server sets it by default so that each agent turn extends the previous prompt (docs/SERVER.md).

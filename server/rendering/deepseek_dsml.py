@@ -137,7 +137,7 @@ def drop_old_reasoning(messages: list[dict], keep_roles: tuple[str, ...]) -> lis
 
 
 def thinking_on(kwargs: dict[str, Any]) -> bool:
-    """Thinking mode, read as the server reads it (server/chat.py): off unless asked for."""
+    """Thinking mode, read as the server reads it (server/api/chat.py): off unless asked for."""
     if "enable_thinking" in kwargs:
         return kwargs["enable_thinking"] is not False
     return bool(kwargs.get("thinking"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from benchmarks.prefix.render import load_model_text, normalization_change, tokenize_workload
 from benchmarks.prefix.workloads import ChatRequest, WorkloadParams, build_workloads
-from server.miss_causes import CHANGE_BILLING_NONCE, CHANGE_REASONING, CHANGE_SYSTEM_HOISTED
+from server.cache.miss_causes import CHANGE_BILLING_NONCE, CHANGE_REASONING, CHANGE_SYSTEM_HOISTED
 from server.rendering import get_renderer
 
 SMALL = WorkloadParams(head_words=120, tasks=2, steps_per_task=2, result_words=(10, 30), reasoning_words=(5, 10))

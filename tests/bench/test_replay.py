@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks.prefix.replay import read_records, records_to_requests
 from benchmarks.prefix.simulator import SimConfig, simulate
-from server.miss_causes import CHANGE_SYSTEM, CHANGE_TOOLS
+from server.cache.miss_causes import CHANGE_SYSTEM, CHANGE_TOOLS
 from server.cli import main as kvserve
 
 MSG0 = [{"role": "user", "content": "hi"}]

@@ -8,7 +8,7 @@ import pytest
 from benchmarks.prefix.render import load_model_text, request_change, tokenize_workload
 from benchmarks.prefix.simulator import SimConfig, simulate
 from benchmarks.prefix.workloads import WORKLOADS, WorkloadParams, build_workloads
-from server.miss_causes import CHANGE_HISTORY, CHANGE_REASONING, CHANGE_TOOLS, template_change
+from server.cache.miss_causes import CHANGE_HISTORY, CHANGE_REASONING, CHANGE_TOOLS, template_change
 
 SMALL = WorkloadParams(
     head_words=120, tasks=2, steps_per_task=2, result_words=(5, 30), reasoning_words=(5, 10), compaction_words=150,

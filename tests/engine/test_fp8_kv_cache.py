@@ -79,7 +79,7 @@ def test_fp8_kv_cache_triton_backend_gives_the_torch_backends_tokens():
 def test_engine_flag_sets_the_kv_cache_dtype(capsys):
     import argparse
 
-    from server.engine_args import add_engine_args, engine_config_from_args
+    from server.cli.engine_args import add_engine_args, engine_config_from_args
 
     parser = argparse.ArgumentParser()
     add_engine_args(parser)

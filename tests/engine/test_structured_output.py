@@ -124,7 +124,7 @@ def test_strings_are_valid_utf8_and_json(qwen3_llm: LLM):
     tab; the schema rewrite (engine/json_schema_support.py) keeps both out, byte by byte, token by token."""
     import xgrammar as xgr
 
-    from server.logprobs import _byte_level_alphabet
+    from server.pipeline.logprobs import _byte_level_alphabet
 
     grammar = qwen3_llm.engine.structured_outputs.compile(StructuredOutputSpec("json_schema", '{"type": "string"}'))
     char_of = {byte: char for char, byte in _byte_level_alphabet().items()}

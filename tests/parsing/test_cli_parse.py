@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from server.cli_chat import add_parse_command
+from server.cli.chat import add_parse_command
 from tests.parsing.fixtures import TOOLS
 
 ROOT = Path(__file__).resolve().parents[2]

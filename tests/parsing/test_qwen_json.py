@@ -189,7 +189,7 @@ def test_partial_tag_is_held_back_then_released():
 
 def test_call_deltas_shape():
     """Neutral deltas from the parser, OpenAI chunk deltas from the chat adapter."""
-    from server.chat import openai_delta
+    from server.api.chat import openai_delta
 
     deltas, _ = run(lambda: get_output_parser("qwen2.5", TOOLS, reasoning=False, id_prefix="ab"), [call("now", "{}")])
     assert deltas == [Delta("call", "now", item=0, call_index=0, call_id="call_ab0000"),

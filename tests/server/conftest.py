@@ -20,10 +20,10 @@ from engine.config import EngineConfig
 from engine.core.loop import EngineLoop
 from engine.outputs import SchedulerStats
 from engine.core.engine import LLMEngine
-from server.app import create_app
-from server.context import ServerSettings, ServingContext, load_context
-from server.graceful import GracefulServer
-from server.limits import RequestLimits
+from server.http.app import create_app
+from server.pipeline.context import ServerSettings, ServingContext, load_context
+from server.http.graceful import GracefulServer
+from server.http.limits import RequestLimits
 
 T = TypeVar("T")
 KEY_A, KEY_B = "sk-tenant-a", "sk-tenant-b"

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from server.normalize import BILLING_HEADER, normalize_for_cache, strip_billing_nonce
+from server.cache.normalize import BILLING_HEADER, normalize_for_cache, strip_billing_nonce
 from server.parsing.registry import FAMILIES as PARSING_FAMILIES
 from server.parsing.registry import parse_output
 from server.rendering import FAMILIES as RENDERING_FAMILIES

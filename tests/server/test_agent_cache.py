@@ -10,7 +10,7 @@ from contextlib import contextmanager
 import pytest
 
 from engine.config import EngineConfig
-from server.context import ServerSettings, load_context
+from server.pipeline.context import ServerSettings, load_context
 from tests.server.conftest import LiveServer, serve
 from tests.server.test_tools import FEW_SHOT, NAMED, WEATHER
 

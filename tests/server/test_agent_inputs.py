@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from server.anthropic_protocol import MessagesRequest
-from server.messages_input import to_turn as messages_to_turn
-from server.normalize import normalize_for_cache, strip_billing_nonce, system_messages_in_place
-from server.protocol import APIError
+from server.api.anthropic_protocol import MessagesRequest
+from server.api.messages_input import to_turn as messages_to_turn
+from server.cache.normalize import normalize_for_cache, strip_billing_nonce, system_messages_in_place
+from server.api.protocol import APIError
 from server.rendering import get_renderer
-from server.responses_input import ResponseStore, to_turn as responses_to_turn
-from server.responses_protocol import ResponsesRequest
-from server.session import claude_code_session, prompt_cache_key_session
+from server.api.responses_input import ResponseStore, to_turn as responses_to_turn
+from server.api.responses_protocol import ResponsesRequest
+from server.cache.session import claude_code_session, prompt_cache_key_session
 
 HEADER = "x-anthropic-billing-header: cc_version=2.1.328.661; cc_entrypoint=sdk-cli;"
 

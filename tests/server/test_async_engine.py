@@ -5,7 +5,7 @@ import asyncio
 
 from engine import LLM, SamplingParams
 from engine.core.loop import EngineLoop
-from server.async_engine import AsyncEngine, EngineRequest
+from server.pipeline.async_engine import AsyncEngine, EngineRequest
 from tests.engine.conftest import random_prompts
 
 

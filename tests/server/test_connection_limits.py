@@ -19,7 +19,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 from server.cli import build_parser, main
-from server.connections import ConnectionLimits, uvicorn_settings
+from server.http.connections import ConnectionLimits, uvicorn_settings
 from tests.server.conftest import LiveServer
 
 LIMITS = ConnectionLimits(header_bytes=16 * 1024, header_timeout_s=1.0, keep_alive_s=1.0, connections=8)

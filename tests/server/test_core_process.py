@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from engine.config import EngineConfig
-from server.context import ServerSettings
+from server.pipeline.context import ServerSettings
 from tests.server.conftest import KEY_A, KEY_B, LiveServer, _live_server
 from tests.server.serve_process import ServeProcess, serve_qwen3_tiny
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from engine.config import EngineConfig
-from server.context import ServerSettings, load_context
+from server.pipeline.context import ServerSettings, load_context
 from server.rendering import get_renderer
 from server.rendering.deepseek_dsml import REASONING_EFFORT_MAX
 from tests.server.conftest import LiveServer, serve

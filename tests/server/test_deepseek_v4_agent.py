@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from engine.config import EngineConfig
-from server.context import ServerSettings, load_context
+from server.pipeline.context import ServerSettings, load_context
 from tests.server.conftest import serve
 from tests.server.serve_process import serve_cli
 

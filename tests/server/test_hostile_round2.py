@@ -19,20 +19,20 @@ from engine.worker import kv_disk
 from engine.config import EngineConfig
 from engine.worker.kv_disk import DiskBlockError, DiskStore
 from engine.kv.events import KVEventPublisher
-from server.anthropic_protocol import MessagesRequest
-from server.cache_control import chat_breakpoints
-from server.cache_salt import tenant_salt
+from server.api.anthropic_protocol import MessagesRequest
+from server.cache.cache_control import chat_breakpoints
+from server.cache.cache_salt import tenant_salt
 from server.cli import build_parser
-from server.context import ServerSettings
-from server.fair_lane import FairLane
-from server.limits import RequestLimits
-from server.messages_input import breakpoints as anthropic_breakpoints
-from server.protocol import APIError
-from server.recorder import Recorder, RequestRecord
-from server.responses_input import ResponseStore
+from server.pipeline.context import ServerSettings
+from server.pipeline.fair_lane import FairLane
+from server.http.limits import RequestLimits
+from server.api.messages_input import breakpoints as anthropic_breakpoints
+from server.api.protocol import APIError
+from server.pipeline.recorder import Recorder, RequestRecord
+from server.api.responses_input import ResponseStore
 from server.rendering import FAMILIES as RENDERING_FAMILIES
 from server.rendering import get_renderer
-from server.tenant_budget import TenantLimits, TenantSlots, sequences_per_tenant
+from server.cache.tenant_budget import TenantLimits, TenantSlots, sequences_per_tenant
 from tests.server.conftest import KEY_A, KEY_B, LiveServer, _live_server
 
 HI = [{"role": "user", "content": "hi"}]

@@ -13,9 +13,9 @@ import pytest
 from benchmarks import browser
 from engine.config import EngineConfig
 from server.cli import main as kvserve
-from server.cli_inspect import format_request
-from server.context import ServerSettings
-from server.miss_causes import CHANGE_SYSTEM, common_prefix
+from server.cli.inspect import format_request
+from server.pipeline.context import ServerSettings
+from server.cache.miss_causes import CHANGE_SYSTEM, common_prefix
 from tests.server.conftest import KEY_A, KEY_B, LiveServer, _live_server
 from tests.server.test_agent_cache import session as words
 

@@ -21,7 +21,7 @@ import pytest
 
 from benchmarks import browser
 from benchmarks.router_procs import Process, free_port
-from server.miss_causes import CHANGE_SYSTEM, common_prefix
+from server.cache.miss_causes import CHANGE_SYSTEM, common_prefix
 
 pytestmark = pytest.mark.slow
 

@@ -6,7 +6,7 @@ from engine.kv.block_hashing import BlockHasher
 from server.inspector.attribution import Conversation
 from server.inspector.prompt_trie import PromptTrie, common_prefix_packed, pack, unpack
 from server.inspector.store import Inspector, Observation
-from server.miss_causes import CHANGE_HISTORY, CHANGE_PROMPT, CHANGE_REPLY, CHANGE_SYSTEM, CHANGE_TOOLS
+from server.cache.miss_causes import CHANGE_HISTORY, CHANGE_PROMPT, CHANGE_REPLY, CHANGE_SYSTEM, CHANGE_TOOLS
 
 BS = 4
 HASHER = BlockHasher(BS, "model-x")

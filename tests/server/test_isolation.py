@@ -12,9 +12,9 @@ import pytest
 from starlette.testclient import TestClient
 
 from engine.sampling_params import StructuredOutputSpec
-from server.app import create_app
-from server.limits import RequestLimits
-from server.recorder import Recorder, RequestRecord
+from server.http.app import create_app
+from server.http.limits import RequestLimits
+from server.pipeline.recorder import Recorder, RequestRecord
 from tests.server.conftest import KEY_A, KEY_B, LiveServer
 
 HI = [{"role": "user", "content": "hi"}]

@@ -11,7 +11,7 @@ import pytest
 
 from engine.config import EngineConfig
 from server.parsing import parse_output
-from server.context import ServerSettings, load_context
+from server.pipeline.context import ServerSettings, load_context
 from tests.server.conftest import LiveServer, serve
 from tests.server.test_tools import AGENT_HISTORY, READ_FILE, _streamed_message
 

@@ -13,8 +13,8 @@ import openai
 import pytest
 
 from engine.config import EngineConfig
-from server.context import ServerSettings, load_context
-from server.limits import RequestLimits
+from server.pipeline.context import ServerSettings, load_context
+from server.http.limits import RequestLimits
 from tests.server.conftest import KEY_A, KEY_B, LiveServer, serve
 
 HI = [{"role": "user", "content": "List the files, then read the README."}]

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from engine.config import EngineConfig
-from server.context import ServerSettings, load_context
+from server.pipeline.context import ServerSettings, load_context
 from tests.server.conftest import LiveServer, serve
 
 

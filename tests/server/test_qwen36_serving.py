@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from engine.config import EngineConfig
-from server.context import ServerSettings, load_context
+from server.pipeline.context import ServerSettings, load_context
 from server.rendering import get_renderer, serving_template_kwargs
 from tests.server.conftest import LiveServer, serve
 

@@ -1,4 +1,4 @@
-"""The field audit (server/request_fields.py): every field the official SDKs can send is classified, SERVER.md's
+"""The field audit (server/api/request_fields.py): every field the official SDKs can send is classified, SERVER.md's
 tables are the registry's, and every refused field gets its 400 in its API's error shape."""
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from openai.types import completion_create_params
 from openai.types.chat import completion_create_params as chat_create_params
 from openai.types.responses import response_create_params
 
-from server.anthropic_protocol import MessagesRequest
-from server.protocol import ChatCompletionRequest, CompletionRequest
-from server.request_fields import FIELDS, markdown_table
-from server.responses_protocol import ResponsesRequest
+from server.api.anthropic_protocol import MessagesRequest
+from server.api.protocol import ChatCompletionRequest, CompletionRequest
+from server.api.request_fields import FIELDS, markdown_table
+from server.api.responses_protocol import ResponsesRequest
 from tests.server.conftest import LiveServer
 
 SDK_PARAMS = {

@@ -1,11 +1,11 @@
-"""What routers ask of a replica (server/router_api.py): load, identity, KV event sources, and the exact token ids
+"""What routers ask of a replica (server/api/router_api.py): load, identity, KV event sources, and the exact token ids
 of a chat request. The routers themselves run in tests/bench/test_router.py."""
 from __future__ import annotations
 
 import httpx
 
 from engine.config import EngineConfig
-from server.context import ServerSettings, load_context
+from server.pipeline.context import ServerSettings, load_context
 from tests.engine.test_kv_events import free_port
 from tests.server.conftest import LiveServer, serve
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 from engine.text.output_processor import CompletionOutput
 from engine.outputs import FinishReason
 from server.parsing import get_output_parser
-from server.pipeline import ChoiceState
+from server.pipeline.choices import ChoiceState
 from tests.server.conftest import LiveServer
 
 SAMPLES = range(4)

@@ -22,9 +22,9 @@ import httpx
 import pytest
 
 from engine.config import EngineConfig
-from server.app import create_app
-from server.context import ServerSettings, load_context
-from server.graceful import GracefulServer
+from server.http.app import create_app
+from server.pipeline.context import ServerSettings, load_context
+from server.http.graceful import GracefulServer
 from tests.server.conftest import serve
 
 LONG_STREAM = {"model": "qwen3-tiny", "messages": [{"role": "user", "content": "count"}], "max_tokens": 100_000,

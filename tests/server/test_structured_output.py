@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from engine.config import EngineConfig
-from server.context import ServerSettings, load_context
+from server.pipeline.context import ServerSettings, load_context
 from tests.server.conftest import LiveServer, serve
 
 # String lengths are bounded: a random model never closes a string by choice (a real one does), and the test must

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import pytest
 
-from server.cache_salt import effective_salt, tenant_salt
-from server.chat import request_thinking
-from server.http_io import parse_body
+from server.cache.cache_salt import effective_salt, tenant_salt
+from server.api.chat import request_thinking
+from server.http.http_io import parse_body
 from engine.outputs import SchedulerStats
-from server.metrics import Histogram, Metrics
-from server.protocol import APIError, ChatCompletionRequest
+from server.http.metrics import Histogram, Metrics
+from server.api.protocol import APIError, ChatCompletionRequest
 
 
 def test_tenant_salts_are_stable_distinct_and_not_the_key() -> None:

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 from engine.config import EngineConfig
-from server.context import ServerSettings, load_context
+from server.pipeline.context import ServerSettings, load_context
 from tests.server.conftest import serve
 
 OUT = Path(__file__).with_name("agent_session.jsonl")

@@ -1,0 +1,1 @@
+"""The APIs' adapters, each turning its request into a turn and the pipeline's deltas into its reply: chat, completions, Anthropic Messages, OpenAI Responses, named caches, what routers ask, and the wire models."""
