@@ -42,10 +42,10 @@ if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
 
 # Files whose parametrized tests sweep Triton kernels against their references under the interpreter: the first case
 # of each test stays in the fast tier, the others are slow.
-KERNEL_SWEEPS = ("tests/test_kernels.py", "tests/test_kernels_fp8.py", "tests/test_kernels_sparse.py",
-                 "tests/test_kernels_moe.py", "tests/test_kernels_mla.py", "tests/test_kernels_recurrent.py",
-                 "tests/test_kernels_compressed.py", "tests/test_kernels_sliding_window.py",
-                 "tests/test_kernels_gelu.py")
+KERNEL_SWEEPS = ("tests/kernels/test_triton_ops.py", "tests/kernels/test_fp8.py", "tests/kernels/test_sparse.py",
+                 "tests/kernels/test_moe.py", "tests/kernels/test_mla.py", "tests/kernels/test_recurrent.py",
+                 "tests/kernels/test_compressed.py", "tests/kernels/test_sliding_window.py",
+                 "tests/kernels/test_gelu.py")
 
 # Test ids (a prefix of the node id, parameters included) in the slow tier, with why.
 SLOW = (

@@ -6,7 +6,7 @@ one `Sequence` at a time.
 the algorithm: it uses the scheduler's running columns (``_running``), KV manager, outputs and counters, and hands
 every sequence it cannot do in bulk (one that needs a block, fills one, finishes, is in its prompt) to the general
 path (``_make_room``, ``_schedule``, ``_schedule_decodes_in_turn``, ``_commit``, ``_finish``). What it does is what
-the general path does: tests/test_scheduler_columns.py runs both on the same random workloads and compares every
+the general path does: tests/sched/test_steady_path.py runs both on the same random workloads and compares every
 step.
 """
 from __future__ import annotations

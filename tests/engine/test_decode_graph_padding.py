@@ -141,7 +141,7 @@ def test_memory_profile_step_fits_contexts_shorter_than_the_token_budget(monkeyp
 
 def test_padding_rows_write_no_state_slot(monkeypatch):
     """A hybrid model's padded decode step changes the state slots of its three sequences (and the snapshots it
-    takes) and no other. (The Triton kernels' padding rows: tests/test_kernels_recurrent.py.)"""
+    takes) and no other. (The Triton kernels' padding rows: tests/kernels/test_recurrent.py.)"""
     llm, sizes = make_llm("torch", padded=True, model="qwen3.6-tiny")
     engine, runner = llm.engine, llm.engine.runner
     for i, prompt in enumerate(random_prompts(50_000, [5, 9, 3], seed=11)):

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from engine import LLM, SamplingParams
 from tests.engine.conftest import hf_greedy, hf_model, random_prompts
-from tests.hybrid_models import KINDS
+from tests.engine.hybrid_models import KINDS
 
 LENGTHS = [1, 4, 5, 17, 40, 70]  # 70 crosses a 64-token chunk of the delta rule
 NEW_TOKENS = 8
@@ -75,7 +75,7 @@ def test_chunked_prefill_ending_off_block_boundaries(case):
 def test_triton_kernels_chunked_and_together(case):
     """The Triton op set (the recurrent kernels of kernels/triton_recurrent.py among them, under the interpreter on
     CPU): chunked prefills sharing steps with decodes, each chunk continuing its slot's state, give transformers'
-    tokens. (Chunks of more than 64 tokens: tests/test_kernels_recurrent.py.)"""
+    tokens. (Chunks of more than 64 tokens: tests/kernels/test_recurrent.py.)"""
     path, prompts, expected = case
     llm = LLM(path, attention_backend="triton", block_size=4, num_kv_blocks=512, max_num_batched_tokens=48)
     assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == expected

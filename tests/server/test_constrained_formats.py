@@ -13,7 +13,7 @@ from engine import LLM, SamplingParams
 from server.parsing import get_output_parser, parse_output
 from server.parsing.constraint import output_constraint
 from server.rendering import get_renderer
-from tests.server.test_structured_output import MESSAGES, SCHEMAS, TOOLS
+from tests.server.test_structured_output_serving import MESSAGES, SCHEMAS, TOOLS
 
 NAMED = {"type": "function", "function": {"name": "forecast"}}
 

@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from tests.server.conftest import LiveServer
-from tests.server.test_messages import FEW_SHOT
+from tests.server.test_anthropic_messages import FEW_SHOT
 
 GREEDY = {"temperature": 0}
 WEATHER = {"type": "function", "name": "get_weather", "description": "Get the current weather in a city",

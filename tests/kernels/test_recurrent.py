@@ -2,7 +2,7 @@
 torch gated delta rule (chunked and recurrent) and a plain conv1d over each whole sequence, on a flattened batch
 mixing fresh prefills, continued chunks (state from a slot) and decode rows, across 64-token chunk boundaries and with
 grouped value heads. Then the Triton kernels (kernels/triton_recurrent.py) against that reference, on CPU under the
-interpreter or natively on a GPU (``KVSERVE_KERNEL_TEST_DEVICE``, as tests/test_kernels.py; gpu_check runs this file),
+interpreter or natively on a GPU (``KVSERVE_KERNEL_TEST_DEVICE``, as tests/kernels/test_triton_ops.py; gpu_check runs this file),
 and the zero-centred RMSNorm the hybrid models use."""
 from __future__ import annotations
 

@@ -10,8 +10,8 @@ from engine.kv.manager import KVCacheManager
 from engine.kv.events import AllBlocksCleared
 from engine.outputs import TransferKind
 from engine.retention import CachePin, Retention
-from tests.kv_model import BlockContents, EventReplay
-from tests.test_kv_cache import cached, hashes
+from tests.kv.kv_model import BlockContents, EventReplay
+from tests.kv.test_manager import cached, hashes
 
 
 class Clock:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.test_kernels import ATTENTION_TOL, DEVICE, MIXED_CONTEXT, MIXED_QUERY, TRITON, assert_close, make_batch
-from kernels import cpu_attention, reference  # noqa: I001 - after the interpreter switch (tests.test_kernels)
+from tests.kernels.test_triton_ops import ATTENTION_TOL, DEVICE, MIXED_CONTEXT, MIXED_QUERY, TRITON, assert_close, make_batch
+from kernels import cpu_attention, reference  # noqa: I001 - after the interpreter switch (tests.kernels.test_triton_ops)
 from kernels.ops import get_ops
 
 CPU = get_ops("cpu")

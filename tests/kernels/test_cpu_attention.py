@@ -9,8 +9,8 @@ import sys
 import pytest
 import torch
 
-from tests.test_kernels import ATTENTION_TOL, MIXED_CONTEXT, MIXED_QUERY, assert_close, make_batch
-from tests.test_kernels_mla import CONTEXTS, latent_batch
+from tests.kernels.test_triton_ops import ATTENTION_TOL, MIXED_CONTEXT, MIXED_QUERY, assert_close, make_batch
+from tests.kernels.test_mla import CONTEXTS, latent_batch
 from kernels import cpu_attention, reference  # noqa: I001 - after the interpreter switch
 from kernels.ops import get_ops
 

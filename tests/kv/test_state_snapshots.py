@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from engine.kv.block_hashing import BlockHasher
 from engine.kv.manager import KVCacheManager
 from engine.outputs import TransferKind
-from tests.kv_model import BlockContents, EventReplay
+from tests.kv.kv_model import BlockContents, EventReplay
 
 BS = 4
 PROMPTS = [[1, 2, 3, 4] * k + [9, k] for k in range(1, 6)] + [[5, 6, 7, 8] * 3 + [1, 2]]

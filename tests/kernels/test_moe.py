@@ -1,12 +1,12 @@
 """The fused MoE op: its reference against a per-token oracle, and the Triton kernel against the reference (under the
-Triton interpreter on CPU, natively on a GPU; device and tolerances as in tests/test_kernels.py)."""
+Triton interpreter on CPU, natively on a GPU; device and tolerances as in tests/kernels/test_triton_ops.py)."""
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.test_kernels import DEVICE, ELEMENTWISE_TOL, TRITON, assert_close  # sets TRITON_INTERPRET first
+from tests.kernels.test_triton_ops import DEVICE, ELEMENTWISE_TOL, TRITON, assert_close  # sets TRITON_INTERPRET first
 from kernels import reference  # noqa: I001 - after the interpreter switch
 from kernels.triton_moe import align_by_expert, choose_block_m
 

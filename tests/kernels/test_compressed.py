@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.test_kernels import ATTENTION_TOL, DEVICE, TRITON, assert_close  # sets TRITON_INTERPRET first
+from tests.kernels.test_triton_ops import ATTENTION_TOL, DEVICE, TRITON, assert_close  # sets TRITON_INTERPRET first
 from kernels.reference_compressed import pool_windows, pooling_state_size, sink_attention  # noqa: I001
 
 BLOCK = 8

@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.test_kernels import DEVICE, ELEMENTWISE_TOL, TRITON, assert_close
-from kernels import reference  # noqa: I001 - after the interpreter switch (tests.test_kernels)
+from tests.kernels.test_triton_ops import DEVICE, ELEMENTWISE_TOL, TRITON, assert_close
+from kernels import reference  # noqa: I001 - after the interpreter switch (tests.kernels.test_triton_ops)
 
 
 def test_reference_is_torch_gelu_tanh() -> None:

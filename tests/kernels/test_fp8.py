@@ -1,6 +1,6 @@
 """FP8 kernels against their references: the block-scaled GEMM, and KV pages stored as e4m3 (store + attention).
 
-On CPU the Triton kernels run under the interpreter (see tests/test_kernels.py for the device choice). Tolerances:
+On CPU the Triton kernels run under the interpreter (see tests/kernels/test_triton_ops.py for the device choice). Tolerances:
 the GEMM quantizes activations exactly as the reference does (bit for bit), so only fp32 summation order differs:
 fp32 outputs within 1e-5 of the output's largest magnitude; bf16 within 1e-2 and fp16 within 2e-3 of it, about two
 ulps of the output dtype (the interpreter truncates fp32 -> bf16 where the reference rounds).
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.test_kernels import DEVICE, MIXED_CONTEXT, MIXED_QUERY, assert_close, make_batch  # sets the interpreter
+from tests.kernels.test_triton_ops import DEVICE, MIXED_CONTEXT, MIXED_QUERY, assert_close, make_batch  # sets the interpreter
 from kernels import reference  # noqa: I001 - after the interpreter switch
 from kernels.ops import get_ops
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from tests.test_kernels import ATTENTION_TOL, DEVICE, TRITON, assert_close  # sets TRITON_INTERPRET first
+from tests.kernels.test_triton_ops import ATTENTION_TOL, DEVICE, TRITON, assert_close  # sets TRITON_INTERPRET first
 from kernels import reference, reference_sparse  # noqa: I001 - after the interpreter switch
 
 BLOCK = 4

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.test_kernels import ATTENTION_TOL, DEVICE, TRITON, assert_close  # sets TRITON_INTERPRET first
+from tests.kernels.test_triton_ops import ATTENTION_TOL, DEVICE, TRITON, assert_close  # sets TRITON_INTERPRET first
 from kernels import reference  # noqa: I001 - after the interpreter switch
 
 

@@ -15,7 +15,7 @@ from engine.model_sources.qwen_tokenizer import QWEN35_ADDED_TOKENS, QWEN36, wri
 from engine.model_sources.templates import load_template
 from server.rendering import get_renderer
 from tests.rendering.corpus import CASES
-from tests.test_tiny_models import CORPUS
+from tests.model_sources.test_tiny_models import CORPUS
 
 # Combining marks (\p{M}) stay inside words with Qwen3.5's regex and split off with Qwen3's.
 MARKS = ["नमस्ते दुनिया", "ḍ̣ ṇ̃ ṃ x̧̌", unicodedata.normalize("NFD", "Ελληνικά ἄλφα"), "ไทย ภาษา",

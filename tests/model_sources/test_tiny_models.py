@@ -126,7 +126,7 @@ def test_qwen3_moe_tiny_is_qwen3_coder_shaped() -> None:
     assert (config.num_local_experts, config.num_experts_per_tok, config.mlp_only_layers) == (8, 2, [1])
     tokenizer_config = json.loads((model_dir / "tokenizer_config.json").read_text())
     assert tokenizer_config["chat_template"] == load_template("qwen3-coder")
-    official = Path(__file__).parent / "rendering" / "templates" / "Qwen3-Coder.jinja"
+    official = Path(__file__).parents[1] / "rendering" / "templates" / "Qwen3-Coder.jinja"
     assert load_template("qwen3-coder") == official.read_text(encoding="utf-8")  # the stored copy is verbatim
     with safe_open(str(model_dir / "model.safetensors"), "pt") as f:  # experts one by one, as real checkpoints
         names = set(f.keys())

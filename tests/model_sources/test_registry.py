@@ -22,7 +22,7 @@ from engine.registry import (
     resolve_model,
 )
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_registry_lists_the_required_models() -> None:
