@@ -13,7 +13,6 @@ seed) for a configuration and prompt set whose gap is under `MIN_MARGIN`.
 """
 from __future__ import annotations
 
-import functools
 import math
 import random
 import shutil
@@ -327,12 +326,17 @@ def _save_by_model_class(config, out: Path, seed: int, gemma: bool) -> None:
     model.save_pretrained(out)
 
 
-@functools.lru_cache(maxsize=None)
+_TOKENIZERS: dict[str, Any] = {}
+
+
 def shared_tokenizer(kind: str, model_dir: Path):
-    """The tokenizer of every checkpoint of one kind (the same files), loaded once: a Qwen tokenizer takes seconds."""
+    """The tokenizer of every checkpoint of one kind (the same files), loaded once, from the first such directory: a
+    Qwen tokenizer takes seconds to load and tens of MB to hold."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(model_dir))
+    if kind not in _TOKENIZERS:
+        _TOKENIZERS[kind] = AutoTokenizer.from_pretrained(str(model_dir))
+    return _TOKENIZERS[kind]
 
 
 def hf_greedy_with_margin(model, prompt: list[int], max_new_tokens: int) -> tuple[list[int], float]:

@@ -150,7 +150,10 @@ def test_a_tenant_sees_nothing_that_another_tenants_requests_move(ui_server: Liv
         ui_server.chat(messages=[{"role": "user", "content": f"a's request {i}"}], max_tokens=2)
     ui_server.ctx.inspector.sample(ui_server.ctx.metrics.snapshot())
     assert b_views() == before
-    assert before[1]["seq"] == 1 and before[0]["requests_kept"] == 1  # B's own count, not everyone's
+    b.chat.completions.create(model=ui_server.ctx.model_name, messages=[{"role": "user", "content": "b's next"}],
+                              max_tokens=2)
+    after = b_views()  # B's own count moves with B's one request, not with A's three
+    assert (after[1]["seq"], after[0]["requests_kept"]) == (before[1]["seq"] + 1, before[0]["requests_kept"] + 1)
 
 
 def test_breakpoints_of_an_anthropic_session(ui_server: LiveServer) -> None:
