@@ -224,7 +224,10 @@ class ToolCallStream:
         self._state, self._in_block = "call", in_block
 
     def _abandon_call(self, body: str, out: list[ToolEvent]) -> None:
-        """The open call is not one: its markup and body are content."""
+        """The open call is not one: its markup and body are content (and, outside a block, what the code-fence
+        tracker reads, as any content is: a fence opened right after it must be seen however the stream was split)."""
+        if not self._in_block:
+            self._fences.feed(self._raw + body)
         out.append(self._text.push(self._raw + body))
         self._raw = ""
         self._state = "block" if self._in_block else "text"

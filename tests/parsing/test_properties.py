@@ -63,3 +63,14 @@ def test_arbitrary_text_never_raises_and_loses_nothing_without_tags(text, family
     always_thinks = FAMILIES[family].thinking is not None and not FAMILIES[family].thinking.switchable
     if not any(tag in text for tag in ("<", "｜")) and not always_thinks:
         assert message.content == text
+
+
+def test_a_fence_right_after_an_abandoned_call_tag_is_seen_however_the_stream_is_split():
+    """A call tag that turns out to be text, then a code fence: whole, the fence tracker read the newline before the
+    fence; one character at a time, that newline went out with the abandoned tag and the fence was missed, so the
+    fenced tag below became a call (found by the property test above)."""
+    text = "<think><tool_call>\n```json\n<tool_call>\n<function=typed>\n<parameter=count>\n7\n</parameter>\n</function>\n</tool_call>"
+    factory = lambda: get_output_parser("qwen3-coder", TOOLS, None, reasoning=False, id_prefix="h")  # noqa: E731
+    _, whole = run(factory, [text])
+    _, chars = run(factory, list(text))
+    assert whole == chars and whole.tool_calls == [] and whole.content == text
