@@ -33,7 +33,7 @@ DEFAULT_COMMITS = [
     "3489e0f",  # reference attention: every decode row through the batched path
     "a83df28",  # reference attention: scratch buffers for the decode gathers
     "3220fb6",  # the second wave's last commit
-    "36f7131",  # native CPU decode attention (kernels/cpu_attention.c)
+    "36f7131",  # native CPU decode attention (kernels/cpu/attention.c)
 ]
 
 

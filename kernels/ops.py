@@ -1,9 +1,9 @@
 """The one dispatch point: ``get_ops("torch" | "cpu" | "triton")`` returns the op set the model calls.
 
-- ``torch``: the pure-torch reference (kernels/reference.py), on any device; the oracle every other op set is
+- ``torch``: the pure-torch reference (kernels/reference/__init__.py), on any device; the oracle every other op set is
   tested against.
 - ``cpu``: the reference, with decode attention read in place from the pages by a native kernel
-  (kernels/cpu_attention.py; falls back to the reference where it cannot build or run). The default on a CPU.
+  (kernels/cpu/attention.py; falls back to the reference where it cannot build or run). The default on a CPU.
 - ``triton``: the Triton kernels (GPU; on a CPU under ``TRITON_INTERPRET=1`` for tests).
 
 The models reach the kernels through this module alone: the op set, the step's metadata the ops read
@@ -18,9 +18,13 @@ from typing import Callable
 
 import torch
 
-from kernels import cpu_attention, reference, reference_compressed, reference_recurrent, reference_sparse
+from kernels.cpu import attention as cpu_attention
+from kernels import reference
+from kernels.reference import compressed as reference_compressed
+from kernels.reference import recurrent as reference_recurrent
+from kernels.reference import sparse as reference_sparse
 from kernels.attention_metadata import AttentionMetadata, StateBatch
-from kernels.triton_utils import interpreting
+from kernels.triton.utils import interpreting
 
 
 @dataclass(frozen=True)
@@ -72,7 +76,7 @@ def get_ops(backend: str) -> Ops:
     if backend == "cpu":
         return CPU_OPS
     if backend == "triton":
-        from kernels import triton_ops  # imported lazily: triton is an optional dependency
+        from kernels.triton import ops as triton_ops  # imported lazily: triton is an optional dependency
 
         return triton_ops.TRITON_OPS
     raise ValueError(f"unknown attention backend {backend!r}; choose one of {', '.join(BACKENDS)}")

@@ -4,7 +4,7 @@ picks which compressed entries a query of a compressed-sparse-attention layer at
 A layer's compressed entries live in the blocks whose tokens they pool: entry w (tokens ``w * rate``
 onwards) in the block holding token ``w * rate``, at row ``w % (block_size / rate)`` of its ``[block_size / rate, D]``
 block tensor. The pooling state of the windows still open lives in a row per
-block (`kernels.reference_compressed`). So the prefix cache, the KV tiers and preemption treat them as they treat
+block (`kernels.reference.compressed`). So the prefix cache, the KV tiers and preemption treat them as they treat
 the tokens' K: a hit on a block is a hit on its entries and on the state to resume after it.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 of the released VLM checkpoints).
 
 Three of every four layers are Gated DeltaNet linear attention, whose memory of the context is a recurrent state per
-sequence (a causal-conv window and an fp32 delta-rule state, `kernels.reference_recurrent`) instead of K/V blocks;
+sequence (a causal-conv window and an fp32 delta-rule state, `kernels.reference.recurrent`) instead of K/V blocks;
 the fourth is full attention with an output gate, partial RoPE and zero-centred q/k norms. Layer norms are
 zero-centred ((1 + w) gains). MLPs are dense (3.5) or MoE with a gated shared expert (Next, 3.5-MoE), from
 `engine.models.moe`. The decoder loop is the Llama one; only the token mixers differ.

@@ -40,7 +40,7 @@ from engine.spec.mtp import MTPDrafter
 from engine.spec.verify import verify
 from engine.worker.step_inputs import DeviceInputs, HostInputs, flatten
 from engine.weights import load_weights, use_fp8_layers
-from kernels.cpu_linear import pack_linears
+from kernels.cpu.linear import pack_linears
 from kernels.ops import fp8_gemm_supported, get_ops
 from kernels.attention_metadata import AttentionMetadata, StateBatch
 

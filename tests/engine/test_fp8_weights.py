@@ -23,7 +23,7 @@ from torch import nn
 from engine import LLM, SamplingParams
 from engine.models.quant import Fp8Format, Fp8Linear
 from engine.registry import resolve_model
-from kernels.cpu_linear import PackedLinear
+from kernels.cpu.linear import PackedLinear
 from kernels.reference import dequantize_fp8_blocks, quantize_fp8_blocks
 from tests.engine.conftest import hf_greedy, hf_model, random_prompts
 from tests.engine.fp8_checkpoint import write_fp8_checkpoint

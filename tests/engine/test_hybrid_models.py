@@ -73,7 +73,7 @@ def test_chunked_prefill_ending_off_block_boundaries(case):
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["qwen3_5"], indirect=True)  # the kernels are the same for every architecture
 def test_triton_kernels_chunked_and_together(case):
-    """The Triton op set (the recurrent kernels of kernels/triton_recurrent.py among them, under the interpreter on
+    """The Triton op set (the recurrent kernels of kernels/triton/recurrent.py among them, under the interpreter on
     CPU): chunked prefills sharing steps with decodes, each chunk continuing its slot's state, give transformers'
     tokens. (Chunks of more than 64 tokens: tests/kernels/test_recurrent.py.)"""
     path, prompts, expected = case

@@ -152,7 +152,7 @@ def test_suffix_drafts_from_the_sessions_earlier_replies(dense):
 @pytest.mark.parametrize("model", ["qwen3.6-tiny", pytest.param("qwen3.6-moe-tiny", marks=pytest.mark.slow)])
 def test_greedy_tokens_identical_hybrid(model):
     """Hybrids: a rejected draft leaves the recurrent state at the last accepted token (the state after each verified
-    position is kept, kernels/reference_recurrent.py), and steps with drafts stop short of the block boundaries where
+    position is kept, kernels/reference/recurrent.py), and steps with drafts stop short of the block boundaries where
     snapshots are taken; the prefix cache hot (the second round resumes from snapshots), n = 2."""
     llm = LLM(model, block_size=4, num_kv_blocks=256, speculative_draft_budget=64)
     prompts = random_prompts(1000, [13, 6], seed=6)

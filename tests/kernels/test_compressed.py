@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.kernels.test_triton_ops import ATTENTION_TOL, DEVICE, TRITON, assert_close  # sets TRITON_INTERPRET first
-from kernels.reference_compressed import pool_windows, pooling_state_size, sink_attention  # noqa: I001
+from kernels.reference.compressed import pool_windows, pooling_state_size, sink_attention  # noqa: I001
 
 BLOCK = 8
 DIM = 6

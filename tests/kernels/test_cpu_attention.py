@@ -1,4 +1,4 @@
-"""The native CPU decode-attention kernel (kernels/cpu_attention.py) against the pure-torch reference: the "cpu" op
+"""The native CPU decode-attention kernel (kernels/cpu/attention.py) against the pure-torch reference: the "cpu" op
 set must equal the "torch" one on every batch shape, reading pages in place (every slot outside a context holds NaN,
 so a read past a context poisons the output)."""
 from __future__ import annotations
@@ -11,7 +11,8 @@ import torch
 
 from tests.kernels.test_triton_ops import ATTENTION_TOL, MIXED_CONTEXT, MIXED_QUERY, assert_close, make_batch
 from tests.kernels.test_mla import CONTEXTS, latent_batch
-from kernels import cpu_attention, reference  # noqa: I001 - after the interpreter switch
+from kernels.cpu import attention as cpu_attention
+from kernels import reference  # noqa: I001 - after the interpreter switch
 from kernels.ops import get_ops
 
 CPU = get_ops("cpu")

@@ -1,4 +1,4 @@
-"""Packed CPU linears (kernels/cpu_linear.py): every plain linear layer of a model becomes a `PackedLinear` that
+"""Packed CPU linears (kernels/cpu/linear.py): every plain linear layer of a model becomes a `PackedLinear` that
 computes what ``F.linear`` does, keeping the dense parameters (tied weights stay tied); other layers are left alone.
 What is packed follows what the machine reports (bf16 needs AVX-512 BF16 / AMX; ``KVSERVE_CPU_KERNELS=0`` turns
 packing off), and both branches run on every machine: the unsupported one by a patched capability."""
@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels import cpu_linear
+from kernels.cpu import linear as cpu_linear
 
 
 class QuantLinear(nn.Linear):

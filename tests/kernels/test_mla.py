@@ -67,10 +67,10 @@ def test_mla_decode_matches_reference_half(dtype: torch.dtype) -> None:
 
 
 def test_mla_split_k_partitions_stay_bounded_at_long_contexts(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kernels.triton_mla import MAX_PARTITIONS, mla_partition_size
+    from kernels.triton.mla import MAX_PARTITIONS, mla_partition_size
 
     cpu = torch.device("cpu")
-    monkeypatch.setattr("kernels.triton_attention.num_compute_units", lambda device: 132)  # an H200's SMs
+    monkeypatch.setattr("kernels.triton.attention.num_compute_units", lambda device: 132)  # an H200's SMs
     assert mla_partition_size(1, 8, 1100, cpu) == 64  # short contexts: the attention kernel's choice
     assert mla_partition_size(1, 8, 4096, cpu) == 128
     for context in (65536, 163840):  # where the attention kernel's 512 would make 128 and 320 partitions

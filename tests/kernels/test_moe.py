@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from tests.kernels.test_triton_ops import DEVICE, ELEMENTWISE_TOL, TRITON, assert_close  # sets TRITON_INTERPRET first
 from kernels import reference  # noqa: I001 - after the interpreter switch
-from kernels.triton_moe import align_by_expert, choose_block_m
+from kernels.triton.moe import align_by_expert, choose_block_m
 
 # Expert GEMMs add up 48-64 products per output, so half precision gets the attention tolerances' headroom.
 MOE_TOL = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 3e-2}

@@ -1,7 +1,7 @@
-"""The recurrent ops of Gated DeltaNet (kernels/reference_recurrent.py) against independent oracles: transformers'
+"""The recurrent ops of Gated DeltaNet (kernels/reference/recurrent.py) against independent oracles: transformers'
 torch gated delta rule (chunked and recurrent) and a plain conv1d over each whole sequence, on a flattened batch
 mixing fresh prefills, continued chunks (state from a slot) and decode rows, across 64-token chunk boundaries and with
-grouped value heads. Then the Triton kernels (kernels/triton_recurrent.py) against that reference, on CPU under the
+grouped value heads. Then the Triton kernels (kernels/triton/recurrent.py) against that reference, on CPU under the
 interpreter or natively on a GPU (``KVSERVE_KERNEL_TEST_DEVICE``, as tests/kernels/test_triton_ops.py; gpu_check runs this file),
 and the zero-centred RMSNorm the hybrid models use."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from kernels import reference
 from kernels.ops import get_ops
-from kernels.reference_recurrent import StateBatch, causal_conv1d, gated_delta_rule
+from kernels.reference.recurrent import StateBatch, causal_conv1d, gated_delta_rule
 
 HK, HV, DK, DV, KERNEL = 2, 4, 16, 8, 4
 DEVICE = os.environ.get("KVSERVE_KERNEL_TEST_DEVICE", "cuda" if torch.cuda.is_available() else "cpu")

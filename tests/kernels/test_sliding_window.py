@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from tests.kernels.test_triton_ops import ATTENTION_TOL, DEVICE, MIXED_CONTEXT, MIXED_QUERY, TRITON, assert_close, make_batch
-from kernels import cpu_attention, reference  # noqa: I001 - after the interpreter switch (tests.kernels.test_triton_ops)
+from kernels.cpu import attention as cpu_attention
+from kernels import reference  # noqa: I001 - after the interpreter switch (tests.kernels.test_triton_ops)
 from kernels.ops import get_ops
 
 CPU = get_ops("cpu")

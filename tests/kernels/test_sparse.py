@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from tests.kernels.test_triton_ops import ATTENTION_TOL, DEVICE, TRITON, assert_close  # sets TRITON_INTERPRET first
-from kernels import reference, reference_sparse  # noqa: I001 - after the interpreter switch
+from kernels import reference
+from kernels.reference import sparse as reference_sparse  # noqa: I001 - after the interpreter switch
 
 BLOCK = 4
 # (context length, new query rows): decodes, a whole prompt, chunks after a cached prefix, contexts over topk

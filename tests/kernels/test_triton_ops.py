@@ -22,7 +22,7 @@ if DEVICE == "cpu":
 
 from kernels import reference  # noqa: E402 - after the interpreter switch
 from kernels.ops import get_ops  # noqa: E402
-from kernels.triton_attention import SPLIT_K_ENV, choose_partition_size, use_split_k  # noqa: E402
+from kernels.triton.attention import SPLIT_K_ENV, choose_partition_size, use_split_k  # noqa: E402
 
 TRITON = get_ops("triton")
 
@@ -256,7 +256,7 @@ def test_split_k_env_override_and_heuristics(monkeypatch: pytest.MonkeyPatch) ->
     assert not use_split_k(1, 8, 1, 4096, cpu)  # CPU counts as 1 compute unit: 8 programs already fill it
     assert not use_split_k(1, 8, 5, 4096, cpu)  # prefill rows never split
     with monkeypatch.context() as patch:  # an H200-sized device: 132 SMs
-        patch.setattr("kernels.triton_attention.num_compute_units", lambda device: 132)
+        patch.setattr("kernels.triton.attention.num_compute_units", lambda device: 132)
         assert use_split_k(1, 8, 1, 4096, cpu) and use_split_k(32, 8, 1, 2048, cpu)
         assert not use_split_k(256, 8, 1, 4096, cpu)  # 2048 programs fill the GPU already
         assert choose_partition_size(1, 8, 4096, cpu) == 128  # 32 partitions x 8 heads = 2 programs per SM
@@ -386,7 +386,7 @@ def test_every_kernel_compiles_for_sm90() -> None:
     if "nvidia" not in backends:
         pytest.skip("this Triton build has no NVIDIA backend to compile with")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, "-m", "kernels.triton_aot", "--arch", "90"], env=env,
+    result = subprocess.run([sys.executable, "-m", "kernels.triton.aot", "--arch", "90"], env=env,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     compiled = [line.split()[1] for line in result.stdout.splitlines() if line.startswith("ok ")]

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_utils import num_compute_units, upcast_bf16_dot
+from kernels.triton.utils import num_compute_units, upcast_bf16_dot
 
 MIN_PARTITION_SIZE, MAX_PARTITION_SIZE = 64, 512  # context positions per split-K partition
 SPLIT_MIN_CONTEXT = 1024  # below this a decode's context is too short for splitting to beat one extra launch

@@ -1,4 +1,4 @@
-"""Pure-torch reference ops. Each Triton kernel in `kernels.triton_ops` has the same signature.
+"""Pure-torch reference ops. Each Triton kernel in `kernels.triton.ops` has the same signature.
 
 Shapes (T = tokens in the flattened batch, B = sequences):
 - K/V pages: ``[num_blocks, block_size, num_kv_heads, head_dim]``; a slot is ``page * block_size + offset``. Pages are

@@ -1,4 +1,4 @@
-"""DeepSeek Sparse Attention in Triton (``kernels.reference_sparse``): the lightning indexer's scores and the
+"""DeepSeek Sparse Attention in Triton (``kernels.reference.sparse``): the lightning indexer's scores and the
 absorbed MLA over each query's chosen slots.
 
 - ``index_topk``: one program per (query row, tile of context positions) scores its tile against every index head
@@ -6,7 +6,7 @@ absorbed MLA over each query's chosen slots.
   ``-inf`` past each row's position; ``torch.topk`` then picks the best and the block tables turn positions into
   slots, all on the device (no host sync, CUDA-graph safe). Rows are scored in chunks that bound that matrix.
 - ``sparse_mla``: one program per (query row, tile of heads) walks the row's slots with an online softmax, as
-  ``kernels.triton_mla`` walks a context, reading each chosen latent row once for all heads of the tile.
+  ``kernels.triton.mla`` walks a context, reading each chosen latent row once for all heads of the tile.
 """
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.reference_sparse import positions_to_slots
-from kernels.triton_mla import latent_tile
-from kernels.triton_utils import upcast_bf16_dot
+from kernels.reference.sparse import positions_to_slots
+from kernels.triton.mla import latent_tile
+from kernels.triton.utils import upcast_bf16_dot
 
 BLOCK_N = 32  # context positions (index_topk) or slots (sparse_mla) per tile
 BLOCK_H = 16  # heads per sparse_mla program: the smallest tile tl.dot takes
@@ -71,7 +71,7 @@ def index_topk(
     *,
     max_context_len: int | None = None,
 ) -> torch.Tensor:
-    """Same contract as ``kernels.reference_sparse.index_topk``. ``max_context_len``: the host-side bound of
+    """Same contract as ``kernels.reference.sparse.index_topk``. ``max_context_len``: the host-side bound of
     ``row_last + 1`` (avoids a device sync; under CUDA-graph capture a fixed upper bound)."""
     num_rows, num_heads, dim = query.shape
     page_size = key_cache.shape[1]
@@ -150,7 +150,7 @@ def sparse_mla(
     scale: float,
     kv_lora_rank: int,
 ) -> torch.Tensor:
-    """Same contract as ``kernels.reference_sparse.sparse_mla``."""
+    """Same contract as ``kernels.reference.sparse.sparse_mla``."""
     num_rows, num_heads, width = query.shape
     rope_dim = width - kv_lora_rank
     assert latent_cache.shape[-1] == width and latent_cache.stride(-1) == 1 and query.stride(-1) == 1

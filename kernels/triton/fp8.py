@@ -13,8 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_fp8_cast import software_fp8_rounding, to_e4m3
-from kernels.triton_utils import row_view
+from kernels.triton.fp8_cast import software_fp8_rounding, to_e4m3
+from kernels.triton.utils import row_view
 
 
 @triton.jit

@@ -16,8 +16,8 @@ import triton
 import triton.language as tl
 
 from kernels.reference import clamp_swiglu
-from kernels.triton_activation import silu_and_mul
-from kernels.triton_utils import upcast_bf16_dot
+from kernels.triton.activation import silu_and_mul
+from kernels.triton.utils import upcast_bf16_dot
 
 
 def align_by_expert(

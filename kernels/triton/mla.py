@@ -5,7 +5,7 @@ keys' and values' shared part) and one rotary key (``R`` values). With the key p
 head's score is ``q_latent . latent + q_rope . rope_key`` and its output is the softmax-weighted sum of latents, so a
 program handles a tile of heads of one sequence and reads each cached row once for all of them.
 
-As in ``kernels.triton_attention``, long contexts with few programs take a split-K path: each program covers one
+As in ``kernels.triton.attention``, long contexts with few programs take a split-K path: each program covers one
 partition of the context and writes unnormalized partials that ``reduce_partitions`` merges.
 """
 from __future__ import annotations
@@ -16,8 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_attention import choose_partition_size, reduce_partitions, use_split_k
-from kernels.triton_utils import upcast_bf16_dot
+from kernels.triton.attention import choose_partition_size, reduce_partitions, use_split_k
+from kernels.triton.utils import upcast_bf16_dot
 
 BLOCK_H = 16  # heads per program: the smallest tile tl.dot takes
 MAX_PARTITIONS = 32  # split-K partials are [B, H, partitions, 512] fp32: bounded even at 160K-token contexts

@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_utils import row_view
+from kernels.triton.utils import row_view
 
 _BLOCK = 1024
 

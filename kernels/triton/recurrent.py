@@ -1,4 +1,4 @@
-"""Triton kernels of Gated DeltaNet's recurrent ops (``kernels.reference_recurrent``), reading and writing each
+"""Triton kernels of Gated DeltaNet's recurrent ops (``kernels.reference.recurrent``), reading and writing each
 sequence's state in place in its slot.
 
 - ``causal_conv1d``: one program per (sequence, tile of channels) walks the sequence's tokens in tiles; the first
@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from kernels.attention_metadata import StateBatch
-from kernels.reference_recurrent import CHUNK, L2NORM_EPS
+from kernels.reference.recurrent import CHUNK, L2NORM_EPS
 
 BLOCK_T_CONV = 16
 BLOCK_C_CONV = 128

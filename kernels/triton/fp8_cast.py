@@ -10,7 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.triton_utils import interpreting
+from kernels.triton.utils import interpreting
 
 
 def software_fp8_rounding() -> bool:

@@ -1,5 +1,5 @@
 """Pure-torch reference ops of DeepSeek Sparse Attention (DeepSeek-V3.2): the lightning indexer's top-k and the
-absorbed MLA over the chosen tokens. `kernels.triton_sparse` has the same signatures.
+absorbed MLA over the chosen tokens. `kernels.triton.sparse` has the same signatures.
 
 Shapes as in `kernels.reference` (T query rows of the flattened batch, pages ``[num_blocks, block_size, 1, D]``).
 The indexer names the tokens a query attends to by their **slots** (``page * block_size + offset``), so attention

@@ -2,7 +2,7 @@
 first use with the machine's C compiler and called through ctypes.
 
 Why native code: on a CPU a decode row's attention is bound by reading its context, and pure torch can only read
-scattered pages by gathering them into a copy first (kernels/reference.py), then reading the copy again in SDPA. On
+scattered pages by gathering them into a copy first (kernels/reference/__init__.py), then reading the copy again in SDPA. On
 the project's two-core machine that was about half of a SmolLM2 decode step at batch 64; the kernel reads each key
 and value row once, from its page.
 
@@ -30,7 +30,7 @@ from kernels import reference
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("cpu_attention.c")
+SOURCE = Path(__file__).with_name("attention.c")
 # The parts of -ffast-math the loops need (reassociated, vectorized sums; no errno), not -ffast-math itself: a shared
 # library linked with it sets the CPU to flush denormals to zero in the whole process that loads it (crtfastmath),
 # changing every other float operation there (torch's, hypothesis').

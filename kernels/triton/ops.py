@@ -1,19 +1,19 @@
 """The Triton op set returned by ``kernels.ops.get_ops("triton")``; one module per kernel."""
 from __future__ import annotations
 
-from kernels import reference_compressed
+from kernels.reference import compressed as reference_compressed
 from kernels.ops import Ops
-from kernels.triton_activation import gelu_tanh_and_mul, silu_and_mul
-from kernels.triton_attention import paged_attention
-from kernels.triton_compressed import sink_attention
-from kernels.triton_fp8 import fp8_block_linear
-from kernels.triton_mla import mla_decode
-from kernels.triton_moe import fused_moe
-from kernels.triton_recurrent import causal_conv1d, gated_delta_rule
-from kernels.triton_rms_norm import rms_norm
-from kernels.triton_rotary import rotary_embedding
-from kernels.triton_sparse import index_topk, sparse_mla
-from kernels.triton_store_kv import store_kv
+from kernels.triton.activation import gelu_tanh_and_mul, silu_and_mul
+from kernels.triton.attention import paged_attention
+from kernels.triton.compressed import sink_attention
+from kernels.triton.fp8 import fp8_block_linear
+from kernels.triton.mla import mla_decode
+from kernels.triton.moe import fused_moe
+from kernels.triton.recurrent import causal_conv1d, gated_delta_rule
+from kernels.triton.rms_norm import rms_norm
+from kernels.triton.rotary import rotary_embedding
+from kernels.triton.sparse import index_topk, sparse_mla
+from kernels.triton.store_kv import store_kv
 
 TRITON_OPS = Ops(
     store_kv=store_kv,

@@ -8,7 +8,7 @@ faster (one thread, fp32). Outputs differ from MKL's only by the order of the fl
 
 The packed copy is held beside the dense weight, which stays the layer's parameter (tied embeddings, MLA's absorbed
 ``kv_b_proj`` and the memory accounting read it), so packing costs one more copy of the linear weights in host memory.
-``KVSERVE_CPU_KERNELS=0`` turns packing off with the native attention kernel (kernels/cpu_attention.py).
+``KVSERVE_CPU_KERNELS=0`` turns packing off with the native attention kernel (kernels/cpu/attention.py).
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_utils import row_view
+from kernels.triton.utils import row_view
 
 # Elements one program normalizes: short rows (per-head q/k norms, 128 wide) are packed several to a program
 # instead of launching one tiny program per row.

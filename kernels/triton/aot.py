@@ -6,7 +6,7 @@ tensors with kernel launches intercepted; every launch is compiled (Triton's com
 cubin for the target instead of running. The launches are the wrapper's own, so the block sizes and constexprs
 checked are exactly the ones the GPU will see for those shapes.
 
-Usage (not under ``TRITON_INTERPRET=1``): ``python -m kernels.triton_aot [--arch 90]``
+Usage (not under ``TRITON_INTERPRET=1``): ``python -m kernels.triton.aot [--arch 90]``
 """
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ def _attention_inputs(
 
 def compile_all(arch: int) -> list[CompiledKernel]:
     """Compile the launches of every op at Qwen3-0.6B shapes (prefill, decode, split-K decode) for ``sm_<arch>``."""
-    from kernels import triton_ops as ops
+    from kernels.triton import ops
 
     with compile_instead_of_launch(GPUTarget("cuda", arch, 32)) as compiled:
         for dtype in (torch.bfloat16, torch.float16, torch.float32):

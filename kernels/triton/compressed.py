@@ -1,4 +1,4 @@
-"""DeepSeek-V4's attention with sinks over gathered slots in Triton (``kernels.reference_compressed.sink_attention``).
+"""DeepSeek-V4's attention with sinks over gathered slots in Triton (``kernels.reference.compressed.sink_attention``).
 
 One program per (query row, tile of heads) walks the row's slots in each source (the window's tokens, then the
 compressed entries) with an online softmax, reading each chosen K = V row once for all heads of the tile. The sink
@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_utils import upcast_bf16_dot
+from kernels.triton.utils import upcast_bf16_dot
 
 BLOCK_H = 16  # heads per program: the smallest tile tl.dot takes
 _LOG2E = 1.0 / math.log(2.0)
@@ -75,7 +75,7 @@ def sink_attention(
     sinks: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """Same contract as ``kernels.reference_compressed.sink_attention``, for one or two sources."""
+    """Same contract as ``kernels.reference.compressed.sink_attention``, for one or two sources."""
     num_rows, num_heads, dim = query.shape
     assert 1 <= len(sources) <= 2 and query.stride(-1) == 1
     assert all(flat.stride(-1) == 1 and slots.stride(-1) == 1 for flat, slots in sources)
