@@ -302,27 +302,19 @@ def write_v4_of_transformers_defaults(out: Path):
     return model
 
 
-GEMMA_FINAL_NORM_GAIN = 8.0
-
-
 def _save_by_model_class(config, out: Path, seed: int, gemma: bool) -> None:
     """The model transformers builds for ``config`` (a VLM with its vision tower, in the released layout), with the
-    tiny models' weights (norms as 1 + w), saved by save_pretrained. Gemma scales its embedding by sqrt(hidden) on the
-    way in and ties it to the head: drawn small, with large final-norm gains, so the residual stream is not just the
-    input token and the logits still spread over several units."""
+    tiny models' weights (norms as 1 + w; Gemma's `GEMMA3_SCALES`), saved by save_pretrained."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    from engine.model_sources.tiny import InitScales, random_tensor
+    from engine.model_sources.tiny import GEMMA3_SCALES, InitScales, random_tensor
 
     vlm = hasattr(config, "vision_config")
     model = (AutoModelForImageTextToText if vlm else AutoModelForCausalLM).from_config(config)
-    scales = InitScales(embedding=0.03) if gemma else InitScales()
+    scales = GEMMA3_SCALES if gemma else InitScales()
     with torch.no_grad():
         for name, param in model.named_parameters():
-            value = random_tensor(name, tuple(param.shape), seed, scales, zero_centered_norms=True)
-            if gemma and name.endswith(("model.norm.weight", "language_model.norm.weight")):
-                value = GEMMA_FINAL_NORM_GAIN * (1.0 + value) - 1.0
-            param.copy_(value)
+            param.copy_(random_tensor(name, tuple(param.shape), seed, scales, zero_centered_norms=True))
     model.save_pretrained(out)
 
 
