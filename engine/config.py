@@ -502,7 +502,7 @@ class SlidingWindowConfig:
 
 
 def _rope_scaling(rope: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
-    """A RoPE scaling dict as `engine.models.rope` reads it: empty for plain RoPE; else with the trained length."""
+    """A RoPE scaling dict as `engine.models.layers.rope` reads it: empty for plain RoPE; else with the trained length."""
     rope = {k: v for k, v in rope.items() if k not in ("rope_theta", "partial_rotary_factor")}
     if rope.get("rope_type", rope.get("type", "default")) == "default":
         return {}

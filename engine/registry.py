@@ -27,7 +27,7 @@ TEMPLATE_FAMILIES = (
     "qwen2.5",
     "qwen3",
     "qwen3-coder",
-    "qwen3.6",  # Qwen3.5 / 3.6 (server/rendering/qwen35.py)
+    "qwen3.6",  # Qwen3.5 / 3.6 (server/rendering/native/qwen35.py)
     "deepseek-v3",
     "deepseek-v3-0324",
     "deepseek-v3.1",

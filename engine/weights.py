@@ -4,7 +4,7 @@ weights as they stream in.
 Under tensor parallelism each rank reads only its part of every tensor (safetensors' ``get_slice``), as the
 layer's `Sharding` (engine/parallel/linear.py) says: no rank ever holds the full model in memory.
 
-FP8 block-scaled checkpoints (``engine.models.quant``) load either way: after `use_fp8_layers` their quantized
+FP8 block-scaled checkpoints (``engine.models.layers.quant``) load either way: after `use_fp8_layers` their quantized
 linears are `Fp8Linear` and take the FP8 bytes and scales as stored; otherwise each weight is dequantized with its
 ``weight_scale_inv`` into the engine dtype as it is read.
 """
@@ -21,7 +21,7 @@ from safetensors import safe_open
 from torch import nn
 from tqdm import tqdm
 
-from engine.models.quant import SCALE_SUFFIX, Fp8Format, Fp8Linear, swap_in_fp8_linears
+from engine.models.layers.quant import SCALE_SUFFIX, Fp8Format, Fp8Linear, swap_in_fp8_linears
 from kernels.ops import dequantize_fp4_blocks
 from engine.parallel.linear import Sharding
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from engine.config import ModelConfig
 from engine.models.kv_cache_spec import KVCacheSpec
 from engine.models.llama import LlamaForCausalLM
-from engine.models.mla import MLAAttention
+from engine.models.layers.mla import MLAAttention
 from engine.models.mtp import DeepseekMTPHead
 from engine.parallel.state import SINGLE, TensorParallel
 from kernels.ops import Ops

@@ -1,5 +1,5 @@
 """DeepSeek-V3.2: DeepSeek-V3 whose MLA attends, per query, only to the tokens the lightning indexer picks
-(`engine.models.indexer`). Attention runs in MLA's absorbed form for every row, prefill and decode alike, over the
+(`engine.models.layers.indexer`). Attention runs in MLA's absorbed form for every row, prefill and decode alike, over the
 chosen slots (`ops.sparse_mla`), as DeepSeek's sparse FlashMLA does."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import torch
 from engine.config import ModelConfig
 from engine.models.kv_cache_spec import KVCacheSpec
 from engine.models.deepseek_v3 import DeepseekV3ForCausalLM
-from engine.models.indexer import Indexer
-from engine.models.mla import MLAAttention
+from engine.models.layers.indexer import Indexer
+from engine.models.layers.mla import MLAAttention
 from engine.parallel.state import TensorParallel
 from kernels.ops import AttentionMetadata, Ops
 

@@ -7,11 +7,11 @@ interleaved pairs), queries from a q-LoRA latent (RMS-normalized per head), per-
   pooled from overlapping windows of ``2 x csa_rate`` tokens, or, on heavily-compressed layers, every entry pooled
   from ``hca_rate`` tokens that it has closed.
 The output is rotated back at the query's position (values carry the keys' rotation) and projected per group of
-heads (``o_a_proj``) then mixed (``o_b_proj``). MLPs are MoEs (`engine.models.moe`: hash routing first, then
-sqrt-softplus top-k; clamped SwiGLU), and the residual is ``hc_mult`` streams (`engine.models.hyper_connections`).
+heads (``o_a_proj``) then mixed (``o_b_proj``). MLPs are MoEs (`engine.models.layers.moe`: hash routing first, then
+sqrt-softplus top-k; clamped SwiGLU), and the residual is ``hc_mult`` streams (`engine.models.layers.hyper_connections`).
 
 Cache: each layer's blocks hold every token's key (``[block, 1, head_dim]``), its compressed entries and their
-pooling state (`engine.models.compressor`), all under the sequence's block ids. Tensor parallelism splits the experts
+pooling state (`engine.models.layers.compressor`), all under the sequence's block ids. Tensor parallelism splits the experts
 and the vocabulary; attention is replicated (one KV head), as transformers' plan has it.
 """
 from __future__ import annotations
@@ -21,11 +21,11 @@ from torch import nn
 
 from engine.config import ModelConfig, V4Config
 from engine.models.kv_cache_spec import BlockTensor, KVCacheSpec, KVCaches
-from engine.models.compressor import CompressedIndexer, Compressor, entry_rows, entry_view
-from engine.models.hyper_connections import HyperConnection, HyperHead, unweighted_rms_norm
+from engine.models.layers.compressor import CompressedIndexer, Compressor, entry_rows, entry_view
+from engine.models.layers.hyper_connections import HyperConnection, HyperHead, unweighted_rms_norm
 from engine.models.llama import RMSNorm
-from engine.models.moe import make_mlp
-from engine.models.rope import build_cos_sin_cache, rotate_pairs
+from engine.models.layers.moe import make_mlp
+from engine.models.layers.rope import build_cos_sin_cache, rotate_pairs
 from engine.parallel.linear import VocabParallelEmbedding, lm_head_parallel
 from engine.parallel.state import SINGLE, TensorParallel
 from kernels.ops import AttentionMetadata, Ops, pooling_state_size, positions_to_slots, query_rows

@@ -20,7 +20,7 @@ from torch import nn
 from engine.config import ModelConfig
 from engine.models.kv_cache_spec import KVCaches
 from engine.models.llama import Attention, DecoderLayer, LlamaForCausalLM, RMSNorm
-from engine.models.rope import build_cos_sin_cache
+from engine.models.layers.rope import build_cos_sin_cache
 from engine.parallel.state import SINGLE, TensorParallel
 from kernels.ops import AttentionMetadata, Ops
 

@@ -1,5 +1,5 @@
 """One decoder for the Llama family: Llama, Mistral-style, Qwen2 (QKV bias), Qwen3 (q/k RMSNorm) and Qwen3-MoE
-(Qwen3 with mixture-of-experts MLPs, `engine.models.moe`). DeepSeek-V2/V3 reuse its loop with MLA attention.
+(Qwen3 with mixture-of-experts MLPs, `engine.models.layers.moe`). DeepSeek-V2/V3 reuse its loop with MLA attention.
 
 Inputs are the flattened batch (all sequences' new tokens in one row dimension); attention reads and writes the
 paged KV cache through the ops chosen in `kernels.ops`.
@@ -11,8 +11,8 @@ from torch import nn
 
 from engine.config import ModelConfig
 from engine.models.kv_cache_spec import KVCacheSpec, KVCaches
-from engine.models.moe import make_mlp
-from engine.models.rope import build_cos_sin_cache
+from engine.models.layers.moe import make_mlp
+from engine.models.layers.rope import build_cos_sin_cache
 from engine.parallel.linear import VocabParallelEmbedding, lm_head_parallel, qkv_parallel, row_parallel
 from engine.parallel.state import SINGLE, TensorParallel
 from kernels.ops import AttentionMetadata, Ops

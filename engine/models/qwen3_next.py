@@ -5,7 +5,7 @@ Three of every four layers are Gated DeltaNet linear attention, whose memory of 
 sequence (a causal-conv window and an fp32 delta-rule state, `kernels.reference.recurrent`) instead of K/V blocks;
 the fourth is full attention with an output gate, partial RoPE and zero-centred q/k norms. Layer norms are
 zero-centred ((1 + w) gains). MLPs are dense (3.5) or MoE with a gated shared expert (Next, 3.5-MoE), from
-`engine.models.moe`. The decoder loop is the Llama one; only the token mixers differ.
+`engine.models.layers.moe`. The decoder loop is the Llama one; only the token mixers differ.
 
 A recurrent layer's ``kv_cache`` is its ``(conv_state, ssm_state)`` pair indexed by state slot; the step's
 `StateBatch` (``meta.states``) says which slot each sequence uses and whether it continues a state.

@@ -407,7 +407,7 @@ def rotary_embedding(
     """Neox-style RoPE on ``query`` ``[T, Hq, D]`` and ``key`` ``[T, Hkv, D]``.
 
     ``cos_sin_cache`` is ``[max_positions, D]``: cos in the first half, sin in the second (see
-    ``engine.models.rope``), so every scaling variant is only a different cache.
+    ``engine.models.layers.rope``), so every scaling variant is only a different cache.
     """
     cos_sin = cos_sin_cache.index_select(0, positions.long())
     half = cos_sin.shape[-1] // 2

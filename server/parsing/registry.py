@@ -6,10 +6,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from server.parsing.deltas import ParsedMessage
-from server.parsing.deepseek import DeepSeekV3Format, DeepSeekV31Format
-from server.parsing.dsml import DsmlFormat
-from server.parsing.qwen3_coder_xml import Qwen3CoderFormat
-from server.parsing.qwen_json import QwenJsonFormat
+from server.parsing.formats.deepseek import DeepSeekV3Format, DeepSeekV31Format
+from server.parsing.formats.dsml import DsmlFormat
+from server.parsing.formats.qwen3_coder_xml import Qwen3CoderFormat
+from server.parsing.formats.qwen_json import QwenJsonFormat
 from server.parsing.reasoning import ThinkReasoningParser
 from server.parsing.stream import OutputParser
 from server.parsing.tool_choice import ToolChoice, parse_tool_choice

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from server.rendering.base import Renderer
-from server.rendering.deepseek import (
+from server.rendering.native.deepseek import (
     DeepSeekR1DistillRenderer,
     DeepSeekR1Renderer,
     DeepSeekR10528Renderer,
@@ -10,9 +10,9 @@ from server.rendering.deepseek import (
     DeepSeekV30324Renderer,
     DeepSeekV31Renderer,
 )
-from server.rendering.deepseek_dsml import DeepSeekV4Renderer, DeepSeekV32Renderer
-from server.rendering.qwen import Qwen3CoderRenderer, Qwen3Renderer, Qwen25Renderer
-from server.rendering.qwen35 import Qwen36Renderer
+from server.rendering.native.deepseek_dsml import DeepSeekV4Renderer, DeepSeekV32Renderer
+from server.rendering.native.qwen import Qwen3CoderRenderer, Qwen3Renderer, Qwen25Renderer
+from server.rendering.native.qwen35 import Qwen36Renderer
 
 _RENDERERS: dict[str, type[Renderer]] = {
     cls.family: cls

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.models.indexer import Indexer
+from engine.models.layers.indexer import Indexer
 from engine.registry import resolve_model
 from tests.engine.conftest import assert_top_logprobs_equal_hf, hf_greedy, hf_model, random_prompts
 from tests.engine.test_moe_mla_models import _save_pretrained_copy

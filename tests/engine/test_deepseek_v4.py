@@ -180,7 +180,7 @@ def test_fp4_experts_and_fp8_projections_load_dequantized(tmp_path) -> None:
     # Where the FP8 GEMM runs (Triton; here its interpreter) projections keep their FP8 bytes, but the grouped
     # output projection, which has a GEMM of its own, is dequantized.
     from engine.models.deepseek_v4 import GroupedLinear
-    from engine.models.quant import Fp8Linear
+    from engine.models.layers.quant import Fp8Linear
 
     attn = LLM(str(quantized), block_size=BLOCK, num_kv_blocks=16, attention_backend="triton").engine.runner.model \
         .layers[1].self_attn

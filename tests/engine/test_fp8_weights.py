@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from engine import LLM, SamplingParams
-from engine.models.quant import Fp8Format, Fp8Linear
+from engine.models.layers.quant import Fp8Format, Fp8Linear
 from engine.registry import resolve_model
 from kernels.cpu.linear import PackedLinear
 from kernels.reference import dequantize_fp8_blocks, quantize_fp8_blocks

@@ -10,8 +10,8 @@ import torch
 
 from engine.config import ModelConfig
 from engine.models.architectures import MODEL_CLASSES
-from engine.models.mla import MLAAttention
-from engine.models.rope import build_cos_sin_cache
+from engine.models.layers.mla import MLAAttention
+from engine.models.layers.rope import build_cos_sin_cache
 from engine.parallel.state import SINGLE
 from kernels.ops import TORCH_OPS
 
@@ -145,7 +145,7 @@ def test_deepseek_v4_rope_equals_transformers() -> None:
     from transformers import DeepseekV4Config
     from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4RotaryEmbedding, apply_rotary_pos_emb
 
-    from engine.models.rope import rotate_pairs
+    from engine.models.layers.rope import rotate_pairs
 
     hf_rope = DeepseekV4RotaryEmbedding(DeepseekV4Config(**copy.deepcopy(DEEPSEEK_V4_FLASH)))
     model = _meta_model(DEEPSEEK_V4_FLASH)

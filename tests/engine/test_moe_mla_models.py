@@ -13,7 +13,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.model_sources.tiny import InitScales, random_tensor
-from engine.models.moe import Router
+from engine.models.layers.moe import Router
 from engine.registry import resolve_model
 from tests.engine.conftest import hf_greedy, hf_model, random_prompts
 

@@ -12,7 +12,7 @@ from engine.registry import resolve_model
 from engine.worker.structured_output import StructuredOutputs, StructuredOutputSpec
 from server.parsing import get_output_parser, parse_output
 from server.parsing.constraint import ConstraintError, completion_constraint, output_constraint
-from server.parsing.deepseek import CALL_BEGIN, CALL_END, CALLS_BEGIN, CALLS_END, SEP
+from server.parsing.formats.deepseek import CALL_BEGIN, CALL_END, CALLS_BEGIN, CALLS_END, SEP
 
 from tests.parsing.fixtures import NO_ARGS, TOOLS, WEATHER
 

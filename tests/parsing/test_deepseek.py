@@ -3,7 +3,7 @@ import json
 import pytest
 
 from server.parsing import get_output_parser
-from server.parsing.deepseek import CALL_BEGIN, CALL_END, CALLS_BEGIN, CALLS_END, SEP
+from server.parsing.formats.deepseek import CALL_BEGIN, CALL_END, CALLS_BEGIN, CALLS_END, SEP
 
 from tests.parsing.fixtures import TOOLS
 from tests.parsing.streaming import argument_fragments, parse_checked

@@ -3,7 +3,7 @@ prompt N + the model's raw output is a byte prefix of prompt N+1 rendered from t
 import pytest
 
 from server.parsing import parse_output
-from server.parsing.deepseek import CALL_BEGIN, CALL_END, CALLS_BEGIN, CALLS_END, SEP
+from server.parsing.formats.deepseek import CALL_BEGIN, CALL_END, CALLS_BEGIN, CALLS_END, SEP
 from server.rendering import get_renderer
 
 from tests.parsing.fixtures import WEATHER

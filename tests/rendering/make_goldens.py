@@ -24,7 +24,7 @@ from types import ModuleType
 from transformers.utils.chat_template_utils import render_jinja_template
 
 from server.rendering import get_renderer
-from server.rendering.deepseek_dsml import thinking_on
+from server.rendering.native.deepseek_dsml import thinking_on
 from tests.rendering.corpus import CASES
 
 HERE = Path(__file__).resolve().parent

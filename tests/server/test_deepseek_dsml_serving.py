@@ -13,7 +13,7 @@ import pytest
 from engine.config import EngineConfig
 from server.pipeline.context import ServerSettings, load_context
 from server.rendering import get_renderer
-from server.rendering.deepseek_dsml import REASONING_EFFORT_MAX
+from server.rendering.native.deepseek_dsml import REASONING_EFFORT_MAX
 from tests.server.conftest import LiveServer, serve
 
 QUESTION = [{"role": "user", "content": "Plan a trip to Rome."}]

@@ -16,7 +16,7 @@ def stored_template_families() -> list[str]:
 
 
 # Families whose models ship a Python encoder instead of a chat template (DeepSeek-V3.2 / V4): kvserve renders them
-# natively (server/rendering/deepseek_dsml.py) and writes no chat_template for them.
+# natively (server/rendering/native/deepseek_dsml.py) and writes no chat_template for them.
 ENCODER_FAMILIES = ("deepseek-v3.2", "deepseek-v4")
 # A checkpoint of these architectures is rendered by that family even without a chat template.
 FAMILY_OF_MODEL_TYPE = {"deepseek_v32": "deepseek-v3.2", "deepseek_v4": "deepseek-v4"}

@@ -4,7 +4,7 @@ The official templates are small state machines over the message list (``ns.is_f
 renderer here runs the same state machine in Python and reproduces the official bytes, bugs included (V3 and R1
 never reset their first-call/first-output flags, so a second tool round is malformed; see NOTES.md §2.4-2.9). All
 system messages are hoisted to the top. Tool descriptions, which the templates ignore, are merged into the system
-prompt by ``prepare`` (see :mod:`server.rendering.deepseek_tools`).
+prompt by ``prepare`` (see :mod:`server.rendering.native.deepseek_tools`).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from server.rendering.base import Prepared, Renderer
-from server.rendering.deepseek_tools import CallSyntax, tool_block, with_tool_system_prompt
+from server.rendering.native.deepseek_tools import CallSyntax, tool_block, with_tool_system_prompt
 from server.rendering.messages import MessagePolicy
 
 BOS = "<｜begin▁of▁sentence｜>"

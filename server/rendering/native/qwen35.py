@@ -12,7 +12,7 @@ from typing import Any
 
 from server.rendering.base import Prepared, Renderer, tojson
 from server.rendering.messages import MessagePolicy
-from server.rendering.qwen import (
+from server.rendering.native.qwen import (
     CODER_TOOLS_TAIL,
     IM_END,
     IM_START,

@@ -24,7 +24,7 @@ from typing import Any
 
 from server import json_text
 from server.rendering.base import Prepared, Renderer, tojson
-from server.rendering.deepseek import ASSISTANT, BOS, EOS, USER
+from server.rendering.native.deepseek import ASSISTANT, BOS, EOS, USER
 from server.rendering.messages import MessagePolicy
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"

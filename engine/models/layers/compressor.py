@@ -14,7 +14,7 @@ from torch import nn
 
 from engine.config import V4Config
 from engine.models.llama import RMSNorm
-from engine.models.rope import rotate_pairs
+from engine.models.layers.rope import rotate_pairs
 from kernels.ops import AttentionMetadata, Ops, positions_to_slots
 
 

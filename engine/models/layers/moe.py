@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.config import MoEConfig, ModelConfig
-from engine.models.mlp import MLP
+from engine.models.layers.mlp import MLP
 from engine.parallel.linear import ExpertSharding
 from engine.parallel.state import TensorParallel
 from kernels.ops import Ops

@@ -20,7 +20,7 @@ from torch import nn
 
 from engine.config import ModelConfig
 from engine.models.llama import RMSNorm
-from engine.models.rope import yarn_softmax_scale
+from engine.models.layers.rope import yarn_softmax_scale
 from engine.parallel.linear import Part, column_parallel, row_parallel
 from engine.parallel.state import TensorParallel
 from kernels.ops import AttentionMetadata, Ops, gather_context

@@ -13,7 +13,7 @@ import re
 
 from server.parsing.deltas import ParsedCall
 from server.parsing.param_types import coerce_parameter, tool_properties
-from server.parsing.qwen_json import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+from server.parsing.formats.qwen_json import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
 FUNCTION_OPEN = "<function="
 FUNCTION_CLOSE = "</function>"
