@@ -50,24 +50,24 @@ KERNEL_SWEEPS = ("tests/kernels/test_triton_ops.py", "tests/kernels/test_fp8.py"
 # Test ids (a prefix of the node id, parameters included) in the slow tier, with why.
 SLOW = (
     # HF equality: qwen3-moe-tiny's variety check repeats the dense models' (its equality checks stay quick).
-    "tests/engine/test_hf_equality.py::test_tiny_model_outputs_are_varied[qwen3-moe-tiny]",
+    "tests/models/test_hf_equality.py::test_tiny_model_outputs_are_varied[qwen3-moe-tiny]",
     # The padded decode path: the torch case stays quick; the Triton ones run the attention kernel interpreted.
-    "tests/engine/test_decode_graph_padding.py::test_padded_decode_matches_unpadded_greedy_tokens[triton",
-    "tests/engine/test_decode_graph_padding.py::test_padding_rows_write_no_kv_page[triton]",
+    "tests/worker/test_decode_graph_padding.py::test_padded_decode_matches_unpadded_greedy_tokens[triton",
+    "tests/worker/test_decode_graph_padding.py::test_padding_rows_write_no_kv_page[triton]",
     # FP8: the torch paths and the small block case stay quick.
-    "tests/engine/test_fp8_weights.py::test_triton_backend_keeps_fp8_weights_and_runs_the_fp8_gemm[block0-True]",
-    "tests/engine/test_fp8_weights.py::test_broken_fp8_checkpoints_fail_with_the_tensor_named",
-    "tests/engine/test_fp8_kv_cache.py::test_fp8_kv_cache_stays_within_the_stated_logprob_distance[qwen3-tiny]",
-    "tests/engine/test_fp8_kv_cache.py::test_fp8_kv_cache_triton_backend_gives_the_torch_backends_tokens",
+    "tests/models/test_fp8_weights.py::test_triton_backend_keeps_fp8_weights_and_runs_the_fp8_gemm[block0-True]",
+    "tests/models/test_fp8_weights.py::test_broken_fp8_checkpoints_fail_with_the_tensor_named",
+    "tests/worker/test_fp8_kv_cache.py::test_fp8_kv_cache_stays_within_the_stated_logprob_distance[qwen3-tiny]",
+    "tests/worker/test_fp8_kv_cache.py::test_fp8_kv_cache_triton_backend_gives_the_torch_backends_tokens",
     # KV tiers: the host tier's round trip stays quick; disk restarts and corruption write and reread files.
-    "tests/engine/test_kv_tiers.py::test_disk_tier_survives_a_restart",
-    "tests/engine/test_kv_tiers.py::test_a_corrupt_block_file_is_dropped_at_startup",
-    "tests/engine/test_kv_tiers.py::test_session_held_across_a_tool_call[False]",
+    "tests/kv/test_kv_tiers.py::test_disk_tier_survives_a_restart",
+    "tests/kv/test_kv_tiers.py::test_a_corrupt_block_file_is_dropped_at_startup",
+    "tests/kv/test_kv_tiers.py::test_session_held_across_a_tool_call[False]",
     # The offline CLI in a subprocess (the API itself is quick); constrained decoding at temperature 1 over seeds.
     "tests/engine/test_offline_api.py::test_generate_cli_prints_the_greedy_completion",
-    "tests/engine/test_structured_output.py::test_every_output_validates_at_temperature_1",
-    "tests/engine/test_structured_output.py::test_preempted_constrained_requests_resume_their_grammar",
-    "tests/engine/test_scheduling.py::test_chunked_prefill_with_tiny_token_budgets[7]",
+    "tests/worker/test_structured_output.py::test_every_output_validates_at_temperature_1",
+    "tests/worker/test_structured_output.py::test_preempted_constrained_requests_resume_their_grammar",
+    "tests/sched/test_scheduling.py::test_chunked_prefill_with_tiny_token_budgets[7]",
     # Benchmarks run end to end (their report shapes stay quick).
     "tests/bench/test_gpu_check.py::test_engine_steps_run_on_cpu_with_small_shapes",
     "tests/bench/test_gpu_check.py::test_dry_run_resolves_every_step_from_carried_wheels",
@@ -79,23 +79,23 @@ SLOW = (
     "tests/bench/test_structured_bench.py::test_bench_structured_reports_every_fraction",
     "tests/bench/test_engine_run.py::test_engine_hits_match_the_simulator",
     # Schema fuzzing (a few hundred hypothesis cases against qwen_server, ~15 s): the same validation and error
-    # shapes are checked case by case in the fast tier by tests/server/test_bad_input.py and test_request_fields.py.
-    "tests/server/test_fuzz_schema.py::",
+    # shapes are checked case by case in the fast tier by tests/server/http/test_bad_input.py and test_request_fields.py.
+    "tests/server/http/test_fuzz_schema.py::",
 )
 
 # Sweeps of one check over models or layouts: every test of the file whose parameter id is listed is slow.
 SLOW_CASES = {
     # qwen3-tiny, deepseek-tiny and qwen3-moe-tiny stay quick. deepseek-v3-tiny's MLA + MoE equality with HF stays in
-    # the fast tier through tests/engine/test_moe_mla_models.py (the greedy tokens of its save_pretrained directory).
-    "tests/engine/test_hf_equality.py": ("smollm2-135m", "deepseek-v3-tiny"),
+    # the fast tier through tests/models/test_moe_mla_models.py (the greedy tokens of its save_pretrained directory).
+    "tests/models/test_hf_equality.py": ("smollm2-135m", "deepseek-v3-tiny"),
 }
 
 # Sweeps whose cases each pay one expensive setup (a parametrized module fixture): one case stays in the fast tier
 # with all its tests (they cost little beyond that setup), every other case is slow.
 FAST_CASE = {
     # MoE split by expert over 2 ranks, with async scheduling; dense qwen3-tiny over 2 ranks stays quick in
-    # tests/server/test_tensor_parallel_serve.py.
-    "tests/engine/test_tensor_parallel.py": "qwen3-moe-tiny-tp2-ep-async",
+    # tests/server/models/test_tensor_parallel_serve.py.
+    "tests/parallel/test_tensor_parallel.py": "qwen3-moe-tiny-tp2-ep-async",
 }
 
 
@@ -196,3 +196,6 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     recorded = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
     recorded.update({nodeid: round(seconds, 2) for nodeid, seconds in _run_times.items()})
     DURATIONS.write_text(json.dumps(dict(sorted(recorded.items())), indent=0) + "\n")
+
+# The HF oracle's session fixtures (a Qwen3 LLM, the hybrid checkpoints), for every folder that compares with it.
+from tests.hf_oracle import hybrid_dirs, qwen3_llm  # noqa: E402, F401

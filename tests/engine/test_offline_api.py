@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from engine import LLM, SamplingParams
-from tests.engine.conftest import random_prompts
+from tests.hf_oracle import random_prompts
 
 
 def test_same_seed_same_tokens_whatever_the_batch(qwen3_llm: LLM):

@@ -1,0 +1,68 @@
+"""Shared engine fixtures: one LLM per model and configuration, and an HF transformers oracle on the same weights."""
+from __future__ import annotations
+
+import functools
+import random
+
+import pytest
+import torch
+
+from engine import LLM
+from engine.registry import resolve_model
+
+
+@functools.lru_cache(maxsize=2)  # the sweeps go model by model; every model kept would hold GBs to the session's end
+def hf_model(name: str):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(resolve_model(name)), dtype=torch.float32).eval()
+
+
+def hf_greedy(name: str, prompt: list[int], max_new_tokens: int) -> list[int]:
+    model = hf_model(name)
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0,
+        )
+    return out[0, len(prompt):].tolist()
+
+
+def assert_top_logprobs_equal_hf(name: str, prompt: list[int], top: list[tuple[int, float]], atol: float) -> None:
+    """The engine's top logprobs after ``prompt`` are transformers' top tokens, in order, within ``atol``."""
+    with torch.no_grad():
+        ref = torch.log_softmax(hf_model(name)(torch.tensor([prompt])).logits[0, -1].float(), -1)
+    ids = torch.tensor([t for t, _ in top])
+    assert ids.tolist() == ref.topk(len(top)).indices.tolist()
+    torch.testing.assert_close(torch.tensor([lp for _, lp in top]), ref[ids], atol=atol, rtol=0)
+
+
+def random_prompts(vocab: int, lengths: list[int], seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(100, min(vocab, 50_000)) for _ in range(n)] for n in lengths]
+
+
+@pytest.fixture(scope="session")
+def qwen3_llm() -> LLM:
+    return LLM("qwen3-tiny", block_size=4, num_kv_blocks=2048)
+
+
+class _HybridDirs(dict):
+    """kind -> directory, each written on first use."""
+
+    def __init__(self, root) -> None:
+        super().__init__()
+        self.root = root
+
+    def __missing__(self, kind: str) -> str:
+        from tests.models.hybrid_models import write_hybrid_checkpoint
+
+        self[kind] = str(write_hybrid_checkpoint(kind, self.root / kind))
+        return self[kind]
+
+
+@pytest.fixture(scope="session")
+def hybrid_dirs(tmp_path_factory) -> dict[str, str]:
+    """Tiny hybrid checkpoints (Qwen3.5 dense with its vision tower, Qwen3.5-MoE, Qwen3-Next) by kind, written
+    once per session, on first use, by transformers' save_pretrained (tests/models/hybrid_models.py)."""
+    return _HybridDirs(tmp_path_factory.mktemp("hybrid"))
