@@ -115,6 +115,12 @@ class EngineConfig:
         default=None, metadata=_help("directory for a disk KV tier behind the host pool (needs --kv-offload-gb); "
                                      "it survives restarts of the same model and settings"))
     kv_disk_gb: float = field(default=16.0, metadata=_help("size of the disk KV tier in GiB"))
+    language_model_only: bool = field(
+        default=False, metadata=_help("a vision-language checkpoint (Qwen3.5 / 3.6) without its vision tower: today's "
+                                      "memory and behaviour, and a request carrying images is a 400"))
+    encoder_cache_mb: float = field(
+        default=256.0, metadata=_help("memory (MiB) for encoded images (the vision tower's outputs), least recently "
+                                      "used out first: an image sent again is not encoded again (docs/IMAGES.md)"))
     json_whitespace: int = field(
         default=0, metadata=_help("whitespace characters allowed between the tokens of JSON in constrained output "
                                   "(response_format, tool arguments); 0: compact, json.dumps' one layout (', ' and "
@@ -166,6 +172,8 @@ class EngineConfig:
             raise ValueError(f"state_snapshot_fraction must be in [0, 1), got {self.state_snapshot_fraction}")
         if self.num_state_snapshots is not None and self.num_state_snapshots < 0:
             raise ValueError(f"num_state_snapshots must be >= 0, got {self.num_state_snapshots}")
+        if self.encoder_cache_mb < 0:
+            raise ValueError(f"encoder_cache_mb must be >= 0, got {self.encoder_cache_mb}")
         if self.tool_call_ttl < 0 or self.kv_offload_gb < 0 or self.kv_disk_gb <= 0:
             raise ValueError("tool_call_ttl and kv_offload_gb must be >= 0, kv_disk_gb > 0")
         if self.json_whitespace < 0:
