@@ -5,7 +5,8 @@
  * last `window` of them only: the pages before the window are not read. For each (row, KV head), the query heads of its group score every context token
  * of that head, take the softmax, and sum the value rows: one pass over the keys, one over the values, each row read
  * once from its page, page by page. Nothing is gathered into a copy first, as the pure-torch reference
- * (kernels/reference.py) must before it can call SDPA.
+ * (kernels/reference.py) must before it can call SDPA. With sinks (gpt-oss; NULL: none), query head q's softmax has one
+ * more term, e^{sinks[q]}, for a key whose value is zero: it takes probability and adds nothing.
  *
  * Layout (in elements): token t of sequence s lives in page block_tables[s * bt_stride + t / block_size] at offset
  * t % block_size; its key for KV head h starts at page * k_page + (t % block_size) * k_token + h * k_head, its value
@@ -60,7 +61,8 @@ typedef struct {
 /* One (sequence i, KV head h) task over tokens [lo, end) of the sequence; `bf16` is a constant at each call site,
  * so each page dtype gets its own loop. Scores are indexed from lo: token t's is scores[g * len + t - lo]. */
 ALWAYS_INLINE void attend(const Shape *p, const float *q, const void *k, const void *v, const int32_t *table,
-                          int64_t lo, int64_t end, int64_t i, int64_t h, float *scores, float *out, int bf16) {
+                          const float *sinks, int64_t lo, int64_t end, int64_t i, int64_t h, float *scores,
+                          float *out, int bf16) {
     const int64_t group = p->hq / p->hkv, dk = p->dk, dv = p->dv, bs = p->block_size, len = end - lo;
     const float *qrows = q + (i * p->hq + h * group) * dk;
     /* keys, a page at a time from the page holding lo; a page's rows stay in L1. j0: the page's first row read */
@@ -85,6 +87,11 @@ ALWAYS_INLINE void attend(const Shape *p, const float *q, const void *k, const v
         float *s = scores + g * len, best = s[0], total = 0.0f;
 #pragma omp simd reduction(max : best)
         for (int64_t t = 0; t < len; t++) best = s[t] > best ? s[t] : best;
+        if (sinks) {
+            const float sink = sinks[h * group + g];
+            best = sink > best ? sink : best;
+            total = exp_nonpositive(sink - best);
+        }
 #pragma omp simd reduction(+ : total)
         for (int64_t t = 0; t < len; t++) total += (s[t] = exp_nonpositive(s[t] - best));
         const float inverse = 1.0f / total;
@@ -114,10 +121,10 @@ ALWAYS_INLINE void attend(const Shape *p, const float *q, const void *k, const v
 }
 
 /* dtype: 0 = float32 pages, 1 = bfloat16 pages. seqs[i] is the sequence (row of block_tables) that query row i
- * belongs to, row_lens[i] how many of its tokens the row sees. */
+ * belongs to, row_lens[i] how many of its tokens the row sees; sinks: [hq] float32, or NULL. */
 void paged_decode_attention(int dtype, const Shape *p, const float *q, const void *k, const void *v,
                             const int32_t *block_tables, const int32_t *row_lens, const int32_t *seqs,
-                            float *out) {
+                            const float *sinks, float *out) {
     const int64_t group = p->hq / p->hkv;
     int64_t longest = 1;
     for (int64_t i = 0; i < p->n; i++)
@@ -133,9 +140,9 @@ void paged_decode_attention(int dtype, const Shape *p, const float *q, const voi
             float *rows = out + (i * p->hq + h * group) * p->dv;
             const int64_t end = row_lens[i], lo = p->window > 0 && end > p->window ? end - p->window : 0;
             if (dtype == 1)
-                attend(p, q, k, v, table, lo, end, i, h, scores, rows, 1);
+                attend(p, q, k, v, table, sinks, lo, end, i, h, scores, rows, 1);
             else
-                attend(p, q, k, v, table, lo, end, i, h, scores, rows, 0);
+                attend(p, q, k, v, table, sinks, lo, end, i, h, scores, rows, 0);
         }
         free(scores);
     }

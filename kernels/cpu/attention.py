@@ -111,12 +111,14 @@ def supports(cache: torch.Tensor) -> bool:
 def paged_decode(
     query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
     row_lens: torch.Tensor, seqs: torch.Tensor, scale: float, value_dim: int | None = None, window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of query rows over their sequences' first tokens: ``query`` ``[n, Hq, Dk]``, row i attending to the
     first ``row_lens[i]`` tokens of sequence ``seqs[i]`` (int32, indexing ``block_tables``; with ``window``, to the
     last ``window`` of them, and only their pages are read), over pages
     ``[num_blocks, block_size, Hkv, D]`` -> ``[n, Hq, Dv]`` in the query's dtype. One row per decoding sequence, or
-    a few rows of one sequence (drafts being verified), each a token longer than the one before. ``value_dim``: MLA,
+    a few rows of one sequence (drafts being verified), each a token longer than the one before. ``sinks`` ``[Hq]``:
+    per-head attention sinks (`kernels.reference.paged_attention`). ``value_dim``: MLA,
     where ``v_cache`` is ``k_cache`` and the value is the first ``value_dim`` entries of each row. Callers check
     `available()` and `supports()` first."""
     num_blocks, block_size, num_kv_heads, dk = k_cache.shape
@@ -128,6 +130,7 @@ def paged_decode(
         block_tables.to(torch.int32).contiguous()
     lens = row_lens.to(torch.int32).contiguous()
     seqs = seqs.to(torch.int32).contiguous()
+    sinks = None if sinks is None else sinks.float().contiguous()
     k_strides, v_strides = k_cache.stride(), v_cache.stride()
     shape = _Shape(n, num_heads, num_kv_heads, dk, dv, block_size, tables.stride(0), k_strides[0], k_strides[1],
                    k_strides[2], v_strides[0], v_strides[1], v_strides[2], window or 0, scale,
@@ -135,7 +138,8 @@ def paged_decode(
     _library().paged_decode_attention(
         ctypes.c_int(PAGE_DTYPES[k_cache.dtype]), ctypes.byref(shape), ctypes.c_void_p(q.data_ptr()),
         ctypes.c_void_p(k_cache.data_ptr()), ctypes.c_void_p(v_cache.data_ptr()), ctypes.c_void_p(tables.data_ptr()),
-        ctypes.c_void_p(lens.data_ptr()), ctypes.c_void_p(seqs.data_ptr()), ctypes.c_void_p(out.data_ptr()))
+        ctypes.c_void_p(lens.data_ptr()), ctypes.c_void_p(seqs.data_ptr()),
+        ctypes.c_void_p(None if sinks is None else sinks.data_ptr()), ctypes.c_void_p(out.data_ptr()))
     return out.to(query.dtype)
 
 
@@ -143,18 +147,18 @@ def paged_decode(
 def paged_attention(
     query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
     context_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float, *, window: int | None = None,
-    **launch_hints,
+    sinks: torch.Tensor | None = None, **launch_hints,
 ) -> torch.Tensor:
     """`kernels.reference.paged_attention`, its decode rows attended by the native kernel (which reads only the pages
-    of a sliding ``window``)."""
+    of a sliding ``window``, and takes the heads' ``sinks``)."""
     if not (available() and supports(k_cache) and supports(v_cache)):
         return reference.paged_attention(query, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale,
-                                         window=window)
+                                         window=window, sinks=sinks)
     return reference.attend(
         query, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale,
         lambda q, plan: paged_decode(q, k_cache, v_cache, block_tables, plan.decode_row_lens, plan.decode_seq_ids,
-                                     scale, window=window),
-        max_decode_rows=MAX_DECODE_ROWS, window=window)
+                                     scale, window=window, sinks=sinks),
+        max_decode_rows=MAX_DECODE_ROWS, window=window, sinks=sinks)
 
 
 def mla_decode(

@@ -11,6 +11,9 @@ Shapes (T = tokens in the flattened batch, B = sequences):
 - ``window`` (sliding-window layers: Gemma 3's local layers, gpt-oss' even ones): a query at position p attends only
   to positions in ``(p - window, p]``, its own included (transformers' ``sliding_window``); None attends to all.
   Keys outside the window are never read: their slots may hold anything, NaN included.
+- ``sinks`` (gpt-oss: learned attention sinks, a per-layer property): ``[Hq]`` logits, one per query head, that join
+  each row's softmax as one more key whose value is zero: they take probability mass and add nothing, so
+  ``out = sum_j e^{s_j} v_j / (sum_j e^{s_j} + e^{sink})`` (transformers' ``GptOssAttention``). None: no sink.
 - ``block_tables`` ``[B, max_blocks]`` int32, rows padded with any valid page id (never read past the context).
 """
 from __future__ import annotations
@@ -105,13 +108,14 @@ def paged_attention(
     scale: float,
     *,
     window: int | None = None,
+    sinks: torch.Tensor | None = None,
     max_query_len: int | None = None,
     max_context_len: int | None = None,
     split_k: bool | None = None,
     partition_size: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new query rows ``[T, Hq, D]`` over its paged context (GQA aware), or over
-    the last ``window`` positions of it (sliding-window layers).
+    the last ``window`` positions of it (sliding-window layers), with per-head ``sinks`` where given.
 
     Decode rows (one query per sequence) are attended in one batched call over a padded gather of their contexts
     (of the pages their windows overlap); prefill chunks one sequence at a time. The other keyword-only arguments
@@ -119,8 +123,8 @@ def paged_attention(
     launch to size and reads exact lengths anyway.
     """
     return attend(query, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale,
-                  lambda q, plan: _batched_decode(q, k_cache, v_cache, plan.padded_contexts(window), scale),
-                  window=window)
+                  lambda q, plan: _batched_decode(q, k_cache, v_cache, plan.padded_contexts(window), scale, sinks),
+                  window=window, sinks=sinks)
 
 
 def attend(
@@ -134,9 +138,10 @@ def attend(
     decode_rows: DecodeRows,
     max_decode_rows: int = 1,
     window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`paged_attention` with the decode rows attended by ``decode_rows`` (the reference's padded gather, or a native
-    kernel that reads the pages in place; either applies ``window`` to them itself); prefill chunks go through SDPA
+    kernel that reads the pages in place; either applies ``window`` and ``sinks`` to them itself); prefill chunks go through SDPA
     one sequence at a time, each reading only the pages its rows' windows overlap. A sequence with up to
     ``max_decode_rows`` query rows after its cached context (speculative drafts being verified) is decode rows too,
     each row with its own causal length (`_AttentionPlan.decode_row_lens`), for kernels that take them."""
@@ -163,6 +168,10 @@ def attend(
             mask = q_pos >= k_pos
             if windowed:
                 mask &= k_pos > q_pos - window
+        if sinks is not None:
+            if mask is None:
+                mask = torch.ones(q_len, ctx_len, dtype=torch.bool, device=q.device).tril()
+            k, v, mask = _with_sink_key(k, v, _additive(mask, q.dtype).expand(q.shape[0], -1, -1), sinks[:, None])
         causal = mask is None  # a whole prompt: plain causal, SDPA's fast path
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True)
         out[q_start : q_start + q_len] = o.transpose(0, 1)
@@ -295,7 +304,8 @@ def _scratch(buffer: int, shape: tuple[int, ...], like: torch.Tensor) -> torch.T
 
 
 def _batched_decode(
-    query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contexts: _PaddedContexts, scale: float
+    query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contexts: _PaddedContexts, scale: float,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query row ``[B, Hq, D]`` per sequence over its padded context, the padding masked -> ``[B, Hq, D]``."""
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
@@ -303,8 +313,28 @@ def _batched_decode(
     # so each KV head is read once instead of being repeated per query head.
     q = query.reshape(contexts.num_seqs, num_kv_heads, -1, head_dim)  # [B, Hkv, group, D]
     k, v = contexts.gather(k_cache, query.dtype, 0), contexts.gather(v_cache, query.dtype, 1)
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=contexts.mask, scale=scale)
+    mask = contexts.mask
+    if sinks is not None:
+        mask = q.new_zeros(1, 1, 1, k.shape[2]) if mask is None else mask.to(q.dtype)
+        k, v, mask = _with_sink_key(k, v, mask.expand(*q.shape[:3], -1), sinks.view(num_kv_heads, -1))
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     return o.reshape(query.shape)
+
+
+def _additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean visibility mask as SDPA's additive one (0 where visible, -inf elsewhere)."""
+    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, float("-inf"))
+
+
+def _with_sink_key(k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                   sinks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Attention sinks as one more key: a zero key and value after the context (``k`` / ``v`` ``[..., keys, D]``),
+    whose score is the head's sink through the additive ``mask`` ``[..., rows, keys]`` (``sinks`` broadcasts to
+    ``mask.shape[:-1]``). Softmax over it gives the sink its share of probability, and its value adds nothing."""
+    k = torch.cat([k, k.new_zeros(*k.shape[:-2], 1, k.shape[-1])], dim=-2)
+    v = torch.cat([v, v.new_zeros(*v.shape[:-2], 1, v.shape[-1])], dim=-2)
+    sink = sinks.to(mask.dtype).expand(mask.shape[:-1])[..., None]
+    return k, v, torch.cat([mask, sink], dim=-1)
 
 
 def mla_decode(

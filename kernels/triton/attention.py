@@ -16,6 +16,10 @@ at its first row's window start instead of 0, so blocks wholly before the window
 tile mask the keys before their own window. A decode reads at most ``window`` keys, so the split path's choice and its
 partitions count the window, not the context (partition k covers the k-th ``partition_size`` keys of the window).
 
+Attention sinks (``sinks``, gpt-oss): each query head's softmax starts from its sink, as if a key of score ``sink``
+and value zero came first (running max = the sink, running sum = 1); on the split path only partition 0 carries it,
+so the reduce counts it once.
+
 Semantics and shapes are those of ``kernels.reference.paged_attention``.
 """
 from __future__ import annotations
@@ -37,7 +41,7 @@ _LOG2E = 1.0 / math.log(2.0)  # softmax runs in base 2: exp(x) == exp2(x * log2(
 
 @triton.jit
 def _paged_attention_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, sinks_ptr,
     block_tables_ptr, context_lens_ptr, query_start_loc_ptr,
     part_acc_ptr, part_max_ptr, part_sum_ptr,
     qk_scale, window,
@@ -47,6 +51,7 @@ def _paged_attention_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr, DOT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, SLIDING: tl.constexpr,
+    SINKS: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -86,6 +91,14 @@ def _paged_attention_kernel(
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if SINKS:  # the sink as a first key of value zero (in base 2, unscaled: it is a logit already)
+        sink = tl.load(sinks_ptr + head).to(tl.float32) * 1.4426950408889634
+        if SPLIT:  # partition 0 carries it
+            m_i = tl.where(chunk == 0, sink, m_i)
+            l_i = tl.where(chunk == 0, 1.0, l_i)
+        else:
+            m_i = sink
+            l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
     for start in range(kv_start, kv_end, BLOCK_N):
@@ -216,13 +229,14 @@ def paged_attention(
     scale: float,
     *,
     window: int | None = None,
+    sinks: torch.Tensor | None = None,
     max_query_len: int | None = None,
     max_context_len: int | None = None,
     split_k: bool | None = None,
     partition_size: int | None = None,
 ) -> torch.Tensor:
     """Causal paged attention; same contract as ``kernels.reference.paged_attention`` (``window``: a sliding-window
-    layer's, None for full attention).
+    layer's, None for full attention; ``sinks``: per-head attention sinks ``[Hq]``, or None).
 
     ``max_query_len`` / ``max_context_len`` size the launch grid. Pass them from host-side values the caller already
     has to avoid a device sync; under CUDA-graph capture pass fixed upper bounds (extra programs exit at once).
@@ -261,8 +275,9 @@ def paged_attention(
     precision = "ieee" if query.dtype == torch.float32 else "tf32"
     common = dict(
         HEAD_DIM=head_dim, BLOCK_D=block_d, GROUP=group, PAGE_SIZE=page_size,
-        DOT_FP32=dot_fp32, DOT_PRECISION=precision, SLIDING=window is not None,
+        DOT_FP32=dot_fp32, DOT_PRECISION=precision, SLIDING=window is not None, SINKS=sinks is not None,
     )
+    sinks = out if sinks is None else sinks.float().contiguous()  # unread without SINKS
     strides = (
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -280,7 +295,7 @@ def paged_attention(
         block_n = 64 if block_d <= 64 else 32
         grid = (num_seqs, num_kv_heads, triton.cdiv(rows, block_m))
         _paged_attention_kernel[grid](
-            query, k_cache, v_cache, out, block_tables, context_lens, query_start_loc,
+            query, k_cache, v_cache, out, sinks, block_tables, context_lens, query_start_loc,
             out, out, out,  # partial buffers: unused on the direct path
             qk_scale, window, *strides, 1, 0,  # partition count and size: read only when SPLIT
             BLOCK_M=block_m, BLOCK_N=block_n, SPLIT=False, **common,
@@ -296,7 +311,7 @@ def paged_attention(
     part_max = torch.empty(num_seqs, num_heads, num_partitions, dtype=torch.float32, device=query.device)
     part_sum = torch.empty_like(part_max)
     _paged_attention_kernel[(num_seqs, num_kv_heads, num_partitions)](
-        query, k_cache, v_cache, out, block_tables, context_lens, query_start_loc,
+        query, k_cache, v_cache, out, sinks, block_tables, context_lens, query_start_loc,
         part_acc, part_max, part_sum,
         qk_scale, window, *strides, num_partitions, partition_size,
         BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, SPLIT=True, **common,
