@@ -107,6 +107,11 @@ class EngineConfig:
                                     "named caches, sessions held across tool calls) may take"))
     tool_call_ttl: float = field(
         default=30.0, metadata=_help("seconds a session's KV blocks stay retained after a reply that ends in tool "
+    max_retained_share_per_tenant: float = field(
+        default=0.5, metadata=_help("the largest fraction of the retention cap (--max-retained-fraction) that one "
+                                    "API key's retained blocks (its breakpoint pins, session holds and named caches "
+                                    "together) may take, so one tenant cannot hold the whole cap; applies when the "
+                                    "server has two or more keys (1: no per-tenant bound)"))
                                      "calls, so the turn with the tool result finds them (0: off)"))
     kv_offload_gb: float = field(
         default=0.0, metadata=_help("host memory (GiB) for KV blocks evicted from the device pool; a later hit "
@@ -170,6 +175,9 @@ class EngineConfig:
             raise ValueError(f"max_retained_fraction must be in [0, 1], got {self.max_retained_fraction}")
         if not 0 <= self.state_snapshot_fraction < 1:
             raise ValueError(f"state_snapshot_fraction must be in [0, 1), got {self.state_snapshot_fraction}")
+        if not 0 < self.max_retained_share_per_tenant <= 1:
+            raise ValueError("max_retained_share_per_tenant must be in (0, 1], got "
+                             f"{self.max_retained_share_per_tenant}")
         if self.num_state_snapshots is not None and self.num_state_snapshots < 0:
             raise ValueError(f"num_state_snapshots must be >= 0, got {self.num_state_snapshots}")
         if self.encoder_cache_mb < 0:

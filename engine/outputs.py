@@ -253,6 +253,9 @@ class SequenceInfo:
     timings: RequestTimings
 
 
+    # leading prompt tokens its breakpoints (`Retention.pins`) really retain: to the end of its last pin, or to the
+    # first block the retention cap or its tenant's share refused (`KVCacheManager.num_pinned_tokens`)
+    num_pinned_tokens: int = 0
 class StepOutputs:
     """What one engine step produced, as columns (the engine core emits one per step, and a client routes its rows to
     their streams in one hop): row ``i`` is sequence ``indices[i]`` of request ``request_ids[i]``, which gained
@@ -350,7 +353,7 @@ class StepOutputs:
                               error=self.errors.get(row), prompt_logprobs=self.prompt_logprobs.get(row),
                               num_host_cached_tokens=info.num_host_cached_tokens,
                               num_disk_cached_tokens=info.num_disk_cached_tokens,
-                              speculation=self.speculation.get(row))
+                              speculation=self.speculation.get(row), num_pinned_tokens=info.num_pinned_tokens)
 
     def __iter__(self) -> Iterator[SequenceOutput]:
         return map(self.output, range(len(self.request_ids)))
@@ -396,6 +399,7 @@ class SequenceOutput:
     stop_str: str | None = None  # the stop string that ended it (set by the output processor, which matches them)
 
     @property
+    num_pinned_tokens: int = 0  # leading prompt tokens its breakpoints really retain (`SequenceInfo`)
     def finished(self) -> bool:
         return self.finish_reason is not None
 

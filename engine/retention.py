@@ -8,6 +8,9 @@
   while a tool runs. The server holds a session's request for ``--tool-call-ttl`` and, once the reply is parsed,
   keeps that hold if it ended in tool calls or releases it: an explicit word, no timing window.
 
+The blocks one tenant retains (pins and holds together) are bounded by its share of the retention cap, so one
+tenant's breakpoints and sessions cannot take the whole cap from the others.
+
 Plain data, no torch: the server builds it, the scheduler hands it to the KV manager.
 """
 from __future__ import annotations
@@ -36,6 +39,9 @@ class Retention:
     # Hybrid models: message boundaries (token counts) where the recurrent state is worth a snapshot, e.g. the end of
     # the system prompt and tools, the start of the last user turn (engine.kv.snapshot_policy)
     snapshot_hints: tuple[int, ...] = ()
+    # Whose share of the retention cap these blocks count against (`EngineConfig.max_retained_share_per_tenant`);
+    # None: the cap's alone (one tenant, or a caller that does not split it)
+    tenant: str | None = None
 
     def __post_init__(self) -> None:
         if self.hold_after_finish_s < 0:

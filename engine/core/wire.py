@@ -50,7 +50,8 @@ def encode_request(request: EngineRequest) -> list:
     params[_PARAMS.index("structured_output")] = None if spec is None else [spec.kind, spec.value]
     retention = request.retention
     kept = None if retention is None else [[[p.num_tokens, p.ttl_s] for p in retention.pins],
-                                           retention.hold_after_finish_s, list(retention.snapshot_hints)]
+                                           retention.hold_after_finish_s, list(retention.snapshot_hints),
+                                           retention.tenant]
     return [request.request_id, array("i", request.prompt_token_ids).tobytes(), params, request.cache_salt, kept,
             request.block_hashes]
 
@@ -61,7 +62,7 @@ def decode_request(fields: list) -> EngineRequest:
     if values["structured_output"] is not None:
         values["structured_output"] = StructuredOutputSpec(*values["structured_output"])
     retention = None if kept is None else Retention(tuple(CachePin(n, ttl) for n, ttl in kept[0]), kept[1],
-                                                    tuple(kept[2]))
+                                                    tuple(kept[2]), kept[3])
     return EngineRequest(request_id, array("i", prompt).tolist(), SamplingParams(**values), cache_salt, retention,
                          block_hashes)
 
@@ -88,6 +89,7 @@ def _info_columns(infos: list[SequenceInfo]) -> tuple[bytes, bytes]:
     counts.extend(info.num_cached_tokens for info in infos)
     counts.extend(info.num_host_cached_tokens for info in infos)
     counts.extend(info.num_disk_cached_tokens for info in infos)
+    counts.extend(info.num_pinned_tokens for info in infos)
     times = array("d", [info.timings.arrival for info in infos])
     for name in ("scheduled", "first_token", "finished"):
         times.extend(_time(getattr(info.timings, name)) for info in infos)
@@ -96,9 +98,10 @@ def _info_columns(infos: list[SequenceInfo]) -> tuple[bytes, bytes]:
 
 def _infos(counts: bytes, times: bytes) -> list[SequenceInfo]:
     c, t = array("i", counts).tolist(), array("d", times).tolist()
-    n = len(c) // 4
+    n = len(c) // 5
     return [SequenceInfo(c[i], c[n + i], c[2 * n + i], c[3 * n + i],
-                         RequestTimings(t[i], _maybe(t[n + i]), _maybe(t[2 * n + i]), _maybe(t[3 * n + i])))
+                         RequestTimings(t[i], _maybe(t[n + i]), _maybe(t[2 * n + i]), _maybe(t[3 * n + i])),
+                         c[4 * n + i])
             for i in range(n)]
 
 

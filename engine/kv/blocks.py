@@ -23,6 +23,7 @@ class CachedBlock:
     retained: bool = False  # pinned or held (see engine.kv.eviction); counted against the cap
     retained_until: float = 0.0
     retain_ttl: float = 0.0  # a pin's TTL, which every hit renews (0: a hold, not renewed)
+    retained_by: str | None = None  # the tenant whose share the retention counts against (None: the cap's alone)
     snapshot_slot: int = -1  # hybrid models: the state slot holding the recurrent state at this block's end
     snapshot_step: int = 0  # ... taken in this scheduler step (usable from the next one)
 
@@ -54,6 +55,7 @@ class SequenceBlocks:
     pending_snapshots: list[tuple[int, int]] = field(default_factory=list)  # (block index, slot) not in the tree yet
     reply_snapshot: int = -1  # the block index of its latest reply-end snapshot (replaced as decoding goes on)
     host_hits: int = 0  # tokens of its cached prefix restored from the host tier at admission
+    first_pin_refused: int = -1  # the first of them whose retention the cap refused (-1: none)
     disk_hits: int = 0  # ... and from the disk tier
 
     def private_block_ids(self) -> list[int]:

@@ -4,7 +4,9 @@ Ordinary blocks go first: least recently used (LRU) or oldest cached (FIFO). Ret
 breakpoint or a named cache, or held for an agent session across a tool call -- go only when no ordinary leaf is
 left, least recently used first. Retention ends by the clock: an expired block is an ordinary one again. At most
 ``max_retained`` blocks are retained at once; retaining more is refused (and counted), so pins can never take the
-whole pool from ordinary traffic.
+whole pool from ordinary traffic. A retention that names a tenant also counts against that tenant's share,
+``max_retained_per_tenant`` blocks: one tenant's breakpoints, sessions and named caches cannot take the whole cap
+from the others (a block belongs to one tenant: tenants' cache salts never share a block).
 
 Heap entries are validated lazily: a block's state (references, children, last use, class) may have changed after
 it was queued, and then the entry is skipped.
@@ -23,11 +25,14 @@ if TYPE_CHECKING:
 
 
 class EvictionQueue:
-    def __init__(self, policy: EvictionPolicy, clock: Callable[[], float], max_retained: int) -> None:
+    def __init__(self, policy: EvictionPolicy, clock: Callable[[], float], max_retained: int,
+                 max_retained_per_tenant: int | None = None) -> None:
         self.policy = policy
         self.clock = clock
         self.max_retained = max_retained
+        self.max_retained_per_tenant = max_retained if max_retained_per_tenant is None else max_retained_per_tenant
         self.num_retained = 0
+        self.retained_by_tenant: dict[str, int] = {}  # blocks each named tenant retains now
         self.refused = 0  # blocks whose retention was refused at the cap
         self._ordinary: list[tuple[int, int, CachedBlock]] = []  # (policy priority, tiebreak, node)
         self._retained: list[tuple[int, int, CachedBlock]] = []  # (last use, tiebreak, node)
@@ -35,9 +40,9 @@ class EvictionQueue:
         self._tiebreak = itertools.count()
 
     # ---- classes -------------------------------------------------------------------------------------------------
-    def retain(self, node: CachedBlock, until: float, ttl_s: float = 0.0) -> bool:
+    def retain(self, node: CachedBlock, until: float, ttl_s: float = 0.0, tenant: str | None = None) -> bool:
         """Keep ``node`` retained until ``until`` at least (``ttl_s`` > 0: every hit extends it by that much); an
-        ``until`` in the past ends its retention now. False when the cap refused it."""
+        ``until`` in the past ends its retention now. False when the cap, or ``tenant``'s share of it, refused it."""
         if until <= self.clock():
             if node.retained:
                 self._end_retention(node)
@@ -45,11 +50,15 @@ class EvictionQueue:
             return True
         newly = not node.retained
         if newly:
-            if self.num_retained >= self.max_retained:
+            held = 0 if tenant is None else self.retained_by_tenant.get(tenant, 0)
+            if self.num_retained >= self.max_retained or held >= self.max_retained_per_tenant:
                 self.refused += 1
                 return False
             node.retained = True
             self.num_retained += 1
+            if tenant is not None:
+                self.retained_by_tenant[tenant] = held + 1
+                node.retained_by = tenant
         if until > node.retained_until:
             node.retained_until = until
             heapq.heappush(self._expiry, (until, next(self._tiebreak), node))
@@ -74,14 +83,24 @@ class EvictionQueue:
     def forget(self, node: CachedBlock) -> None:
         """``node`` left the tree."""
         if node.retained:
-            self.num_retained -= 1
-            node.retained = False
+            self._uncount(node)
 
     def _end_retention(self, node: CachedBlock) -> None:
-        node.retained = False
+        self._uncount(node)
         node.retain_ttl = 0.0
-        self.num_retained -= 1
         self.push(node)
+
+    def _uncount(self, node: CachedBlock) -> None:
+        node.retained = False
+        self.num_retained -= 1
+        tenant = node.retained_by
+        if tenant is not None:
+            node.retained_by = None
+            left = self.retained_by_tenant[tenant] - 1
+            if left:
+                self.retained_by_tenant[tenant] = left
+            else:
+                del self.retained_by_tenant[tenant]
 
     # ---- the queue -----------------------------------------------------------------------------------------------
     def _priority(self, node: CachedBlock) -> int:

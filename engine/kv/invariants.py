@@ -1,10 +1,13 @@
 """The KV manager's invariants, checkable at any point (the property tests check them after every operation):
 every block of the pool is exactly one of free / cached in the tree / private to a live sequence; reference counts
 equal the live holders; held nodes form tree paths; parent links match hashes; the retention count is right and
-within its cap; every lower tier's slots are consistent."""
+within its cap; every lower tier's slots are consistent; a sliding-window model's window pages are held by exactly
+what counts them (`engine.kv.window_cache.check_window_invariants`)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
+from engine.kv.window_cache import check_window_invariants
 
 if TYPE_CHECKING:
     from engine.kv.manager import KVCacheManager
@@ -28,6 +31,7 @@ def check_invariants(kv: KVCacheManager, num_unreferenced: int) -> None:
             private.add(block_id)
     tree_blocks = set()
     unreferenced = retained = 0
+    by_tenant: dict[str, int] = {}
     for block_hash, node in kv.by_hash.items():
         assert node.block_hash == block_hash and node.in_tree
         siblings = node.parent.children if node.parent else kv.roots
@@ -39,10 +43,15 @@ def check_invariants(kv: KVCacheManager, num_unreferenced: int) -> None:
         tree_blocks.add(node.block_id)
         unreferenced += node.ref_count == 0
         retained += node.retained
+        if node.retained_by is not None:
+            assert node.retained, "a tenant counts a block that is not retained"
+            by_tenant[node.retained_by] = by_tenant.get(node.retained_by, 0) + 1
         if node.ref_count:
             assert node.parent is None or node.parent.ref_count > 0, "a held block's parent is unreferenced"
     assert unreferenced == num_unreferenced
     assert retained == kv.queue.num_retained <= kv.queue.max_retained, "retention count is off"
+    assert by_tenant == kv.queue.retained_by_tenant, "a tenant's retention count is off"
+    assert max(by_tenant.values(), default=0) <= kv.queue.max_retained_per_tenant
     assert not (free & tree_blocks) and not (free & private) and not (tree_blocks & private)
     assert len(free) + len(tree_blocks) + len(private) == kv.num_blocks, "a block is lost"
     for tier in kv.tiers.tiers():
@@ -50,3 +59,5 @@ def check_invariants(kv: KVCacheManager, num_unreferenced: int) -> None:
     if kv.states is not None:
         kv.states.check_invariants([seq.state_slot for seq in kv.seqs.values()],
                                    [slot for seq in kv.seqs.values() for _, slot in seq.pending_snapshots])
+    if kv.window is not None:
+        check_window_invariants(kv.window, list(kv.seqs.values()), kv.block_size)

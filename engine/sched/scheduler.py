@@ -69,7 +69,8 @@ class Scheduler(SteadyPath):
         self.max_model_len = max_model_len
         self.eos_token_ids = eos_token_ids
         self.kv = KVCacheManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching, cfg.eviction_policy,
-                                 max_retained_fraction=cfg.max_retained_fraction, host_blocks=host_blocks,
+                                 max_retained_fraction=cfg.max_retained_fraction,
+                                 max_retained_share_per_tenant=cfg.max_retained_share_per_tenant, host_blocks=host_blocks,
                                  disk_blocks=disk_blocks, record_events=record_events, clock=clock,
                                  state_slots=state_slots, host_states=host_states, disk_states=disk_states)
         self.hasher = hasher  # the engine's, shared with its request preparer
@@ -85,7 +86,8 @@ class Scheduler(SteadyPath):
         self.num_speculative = 0
         self.num_decode_steps = 0
         self._finished_seq_ids: list[str] = []  # for the next SchedulerOutput: the runner forgets them
-        self._held: OrderedDict[str, list[BlockHash]] = OrderedDict()  # finished with a hold: their block chains
+        # finished with a hold: their block chains and the tenant the hold counts against
+        self._held: OrderedDict[str, tuple[list[BlockHash], str | None]] = OrderedDict()
         self._outputs = StepOutputs()
         # the rows of the last sampled sequences (the runner's order), while neither they nor the rows change
         self._sampled_rows: tuple[list[str], int, np.ndarray] | None = None
@@ -175,8 +177,8 @@ class Scheduler(SteadyPath):
     def retain_finished(self, request_id: str, seconds: float) -> int:
         """Set the hold on a finished request's blocks (prompt and reply) to ``seconds`` from now (0: release them).
         Returns the blocks retained (0: the request had no hold, or it was forgotten)."""
-        hashes = self._held.pop(request_id, None)
-        return 0 if hashes is None else self.kv.retain_chain(hashes, seconds)
+        held = self._held.pop(request_id, None)
+        return 0 if held is None else self.kv.retain_chain(held[0], seconds, tenant=held[1])
 
     def blocks_needed(self, num_tokens: int) -> int:
         return self.kv.blocks_needed(num_tokens)
@@ -548,15 +550,16 @@ class Scheduler(SteadyPath):
         seq.pending_siblings = 0
 
     def _remember_held(self, seq: Sequence) -> None:
-        self._held[seq.request_id] = seq.block_hashes[: self.kv.num_shared_blocks(seq.seq_id)]
+        tenant = seq.retention.tenant if seq.retention else None
+        self._held[seq.request_id] = (seq.block_hashes[: self.kv.num_shared_blocks(seq.seq_id)], tenant)
         while len(self._held) > MAX_HELD_REQUESTS:
             self._held.popitem(last=False)
 
-    @staticmethod
-    def _info(seq: Sequence) -> SequenceInfo:
-        """At a sequence's first output (after its admission, which fixed what the cache served of its prompt)."""
+    def _info(self, seq: Sequence) -> SequenceInfo:
+        """At a sequence's first output (after its admission, which fixed what the cache served of its prompt, and
+        its prefill, whose blocks its pins retained or the cap refused)."""
         seq.info = SequenceInfo(seq.num_prompt_tokens, seq.num_cached_tokens, seq.num_host_cached_tokens,
-                                seq.num_disk_cached_tokens, seq.timings)
+                                seq.num_disk_cached_tokens, seq.timings, self.kv.num_pinned_tokens(seq.seq_id))
         return seq.info
 
     # ---- observation -----------------------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ def add_cache_routes(api: APIRouter) -> None:
         ids = await ctx.prepare(render_and_encode)
         budget = ctx.named_cache_budget()
         ctx.named_caches.check_budget(salt, len(ids), *budget)  # before the prefill
-        pin = Retention((CachePin(len(ids), ttl),))
+        pin = Retention((CachePin(len(ids), ttl),), tenant=ctx.retention_tenant(salt))
         prompt = Prompt(EngineRequest(new_request_id("cache"), ids, SamplingParams(max_tokens=1, temperature=0.0),
                                       salt, pin))
         stream = await submit(ctx, [prompt])

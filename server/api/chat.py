@@ -190,7 +190,7 @@ def plan_chat(ctx: ServingContext, turn: Turn, body: dict[str, Any], cache_salt:
     hints = (snapshot_hints(turn.messages, turn.tools, text, prompt_ids, cut, ctx.encode)
              if ctx.recurrent_state else ())
     request_id = new_request_id(id_prefix)
-    request = EngineRequest(request_id, prompt_ids, params, cache_salt, ctx.retention(pins, turn.session, hints))
+    request = EngineRequest(request_id, prompt_ids, params, cache_salt, ctx.retention(pins, turn.session, cache_salt, hints))
     prompt = Prompt(request, constraint_param="tools", constraint_optional=guards_only_auto_calls(turn))
     return ChatPlan(request_id, created, turn, body, prompt, thinking, endpoint,
                     max((p.num_tokens for p in pins), default=0))

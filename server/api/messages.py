@@ -90,7 +90,9 @@ def _message(ctx: ServingContext, plan: ChatPlan, content: list[dict], state: Ch
 
 def _usage(ctx: ServingContext, plan: ChatPlan, state: ChoiceState | None) -> dict[str, int]:
     usage = Usage.of([plan.prompt], state.num_tokens if state else 0)
-    return usage.anthropic(plan.pinned_tokens, ctx.engine.facts.block_size)
+    # what the engine really retained (its cap or the tenant's share may refuse a pin), never more than asked
+    pinned = min(plan.pinned_tokens, plan.prompt.num_pinned_tokens)
+    return usage.anthropic(pinned, ctx.engine.facts.block_size)
 
 
 async def complete_messages(ctx: ServingContext, plan: ChatPlan, stream: RequestStream) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from engine.retention import CachePin, Retention
 from engine.sampling_params import SamplingParams, StructuredOutputSpec
 from engine.worker.structured_output import StructuredOutputs
 from server.pipeline.async_engine import AsyncEngine
-from server.cache.cache_salt import effective_salt, tenant_salt
+from server.cache.cache_salt import effective_salt, salt_tenant, tenant_salt
 from server.inspector.hook import inspect_finished
 from server.inspector.store import DEFAULT_MAX_REQUESTS, Inspector
 from server.http.limits import RequestLimits
@@ -197,13 +197,22 @@ class ServingContext:
         """The model is a hybrid whose prefix hits need state snapshots (requests carry message-boundary hints)."""
         return self.engine.facts.is_hybrid
 
-    def retention(self, pins: tuple[CachePin, ...], session: str | None,
+    def retention(self, pins: tuple[CachePin, ...], session: str | None, cache_salt: str | None,
                   snapshot_hints: tuple[int, ...] = ()) -> Retention | None:
         """What the engine should keep of a request: its breakpoints' pins, for an agent session a hold after it
         ends (kept if the reply ends in tool calls, else released: `RequestStream.hold`), and for a hybrid model
-        where to snapshot its recurrent state."""
+        where to snapshot its recurrent state. With two or more keys, what it retains counts against its tenant's
+        share of the retention cap (--max-retained-share-per-tenant)."""
         hold = self.engine.facts.tool_call_ttl if session else 0.0
-        return Retention(pins, hold, snapshot_hints) if pins or hold or snapshot_hints else None
+        if not (pins or hold or snapshot_hints):
+            return None
+        return Retention(pins, hold, snapshot_hints, self.retention_tenant(cache_salt))
+
+    def retention_tenant(self, cache_salt: str | None) -> str | None:
+        """The tenant whose share of the retention cap a request's pins and holds count against: its API key's,
+        when the server has several (with one, the cap is that tenant's alone)."""
+        several = len(self.settings.api_keys) + len(self.settings.operator_keys) >= 2
+        return salt_tenant(cache_salt) if several else None
 
     def encode(self, text: str) -> list[int]:
         # The chat templates write BOS and friends themselves; adding special tokens would double them.

@@ -33,6 +33,7 @@ class Prompt:
     timings: RequestTimings | None = None
     num_host_cached_tokens: int = 0  # of num_cached_tokens, restored from the host tier
     num_disk_cached_tokens: int = 0  # ... and from the disk tier
+    num_pinned_tokens: int = 0  # leading prompt tokens its breakpoints really retain (the engine's word)
     speculation: DraftStats | None = None  # choice 0's speculative decoding counters, for the record
     choices: list[CompletionOutput] = field(init=False)  # per sequence (n > 1): its tokens, text and logprobs so far
     _ended: set[int] = field(default_factory=set, init=False)  # choices whose output ended before the engine's
@@ -57,6 +58,7 @@ class Prompt:
             self.num_cached_tokens = out.num_cached_tokens  # siblings (n > 1) share the leader's cached prompt
             self.num_host_cached_tokens = out.num_host_cached_tokens
             self.num_disk_cached_tokens = out.num_disk_cached_tokens
+            self.num_pinned_tokens = out.num_pinned_tokens
             self.timings = out.timings
             if out.speculation is not None:
                 self.speculation = out.speculation
@@ -95,8 +97,9 @@ class Usage:
 
     def anthropic(self, pinned_tokens: int, block_size: int) -> dict[str, int]:
         """Anthropic's split of the prompt, which sums to it: `cache_read_input_tokens` (served by the cache),
-        `cache_creation_input_tokens` (written at a `cache_control` breakpoint: the tokens up to the last breakpoint,
-        ``pinned_tokens``, that were not read) and `input_tokens` (the rest). As Anthropic reports them: a prefix up
+        `cache_creation_input_tokens` (written at a `cache_control` breakpoint: the tokens up to the last breakpoint
+        that the engine really retained, ``pinned_tokens``, that were not read; a pin the retention cap or the
+        tenant's share refused writes nothing) and `input_tokens` (the rest). As Anthropic reports them: a prefix up
         to the last breakpoint that the cache holds is read whole (an identical repeat creates 0), although kvserve
         recomputes the part of it in its last, partly filled block (only full blocks are shared); a breakpoint
         prefix shorter than one block is never cached (as below Anthropic's minimum length): neither read nor

@@ -10,12 +10,12 @@ from engine.sampling_params import SamplingParams, StructuredOutputSpec
 
 
 def _info(prompt: int) -> SequenceInfo:
-    return SequenceInfo(prompt, 8, 4, 0, RequestTimings(10.0 + prompt, 10.5 + prompt, None, None))
+    return SequenceInfo(prompt, 8, 4, 0, RequestTimings(10.0 + prompt, 10.5 + prompt, None, None), prompt // 2)
 
 
 def _fields(out: StepOutputs) -> list:
     return [(o.request_id, o.index, o.new_token_ids, o.new_logprobs, o.finish_reason, o.error, o.num_prompt_tokens,
-             o.num_cached_tokens, o.num_host_cached_tokens, o.timings, o.speculation) for o in out]
+             o.num_cached_tokens, o.num_host_cached_tokens, o.timings, o.speculation, o.num_pinned_tokens) for o in out]
 
 
 def test_steps_round_trip_and_infos_travel_with_first_and_last_rows_only() -> None:
@@ -52,5 +52,5 @@ def test_a_prepared_request_crosses_whole() -> None:
     request = EngineRequest("r1", [1, 2, 151_000], SamplingParams(
         max_tokens=5, temperature=0.5, seed=2**64 - 1, stop=["\n\n"], logprobs=2,
         structured_output=StructuredOutputSpec("regex", "[a-z]+")), "salt",
-        Retention((CachePin(4, 30.0),), 2.0, (8,)), [b"\x01" * 16])
+        Retention((CachePin(4, 30.0),), 2.0, (8,), "tenant-a"), [b"\x01" * 16])
     assert decode_request(unpack(pack(encode_request(request)))) == request
