@@ -78,6 +78,7 @@ def _replay(variant: Variant, model: str = "qwen3-tiny", **engine) -> tuple[list
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
+@pytest.mark.slow
 def test_engine_replay_matches_the_simulator_request_for_request(variant):
     cached, stats = _replay(variant)
     assert all(sim == engine for sim, engine in cached), cached
@@ -85,6 +86,7 @@ def test_engine_replay_matches_the_simulator_request_for_request(variant):
     assert (stats.prefix_cache_host_hits_tokens > 0) == variant.host
 
 
+@pytest.mark.slow
 @pytest.mark.slow
 def test_hybrid_engine_replay_reads_within_a_block_of_the_dense_simulator():
     """qwen3.6-tiny resumes only at recurrent-state snapshots (the shared head, where the server hints one; prompt

@@ -2,6 +2,8 @@
 causes the cache-stability rules remove."""
 from __future__ import annotations
 
+import pytest
+
 from benchmarks.prefix.render import load_model_text, normalization_change, tokenize_workload
 from benchmarks.prefix.workloads import ChatRequest, WorkloadParams, build_workloads
 from server.cache.miss_causes import CHANGE_BILLING_NONCE, CHANGE_REASONING, CHANGE_SYSTEM_HOISTED
@@ -10,6 +12,7 @@ from server.rendering import get_renderer
 SMALL = WorkloadParams(head_words=120, tasks=2, steps_per_task=2, result_words=(10, 30), reasoning_words=(5, 10))
 
 
+@pytest.mark.slow
 def test_claude_code_raw_misses_on_the_billing_nonce_and_the_rules_remove_it() -> None:
     mt = load_model_text("qwen3-tiny")
     normalized, raw, codex = build_workloads(["claude_code", "claude_code_raw", "codex"], SMALL)

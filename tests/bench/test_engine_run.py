@@ -25,6 +25,7 @@ def test_ttft_warm_is_faster_and_outputs_identical(llm):
     print(f"cold {result.cold_ttft_s:.3f}s warm {result.warm_ttft_s:.3f}s speedup {result.speedup:.1f}x")
 
 
+@pytest.mark.slow
 def test_engine_hits_match_the_simulator(llm):
     params = WorkloadParams(head_words=80, tasks=2, steps_per_task=1, result_words=(5, 20), reasoning_words=(3, 6),
                             sessions=2, session_steps=1)

@@ -31,6 +31,7 @@ SMALL = dict(vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden
 SMALL_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=8, mlp_only_layers=[1])
 
 
+@pytest.mark.slow
 def test_engine_on_the_triton_backend_matches_hf():
     """The correctness step (interpreted on CPU): greedy tokens equal HF transformers' on a mixed batch whose second
     round hits the prefix cache."""
@@ -40,6 +41,7 @@ def test_engine_on_the_triton_backend_matches_hf():
     assert result["passed"], result
 
 
+@pytest.mark.slow
 def test_tensor_parallel_step_compares_two_ranks_with_one_and_says_when_gpus_are_missing(tmp_path):
     """The TP-2 step's measurement on CPU (gloo, the torch kernels); on a machine without 2 GPUs the step says so."""
     result = check_tensor_parallel("qwen3-tiny", "cpu", 2, backend="torch", max_tokens=4, block_size=4)
@@ -66,6 +68,7 @@ def test_benchmark_shapes_match_the_published_parameter_counts():
 
 @pytest.mark.parametrize("config", [{**QWEN3_0_6B, **SMALL}, {**QWEN3_30B_A3B, **SMALL, **SMALL_MOE}],
                          ids=["qwen3", "qwen3_moe"])
+@pytest.mark.slow
 def test_bench_model_dirs_load_in_transformers_unchanged(tmp_path, config):
     from transformers import AutoModelForCausalLM
 
@@ -81,6 +84,7 @@ def test_bench_model_dirs_load_in_transformers_unchanged(tmp_path, config):
         assert param_count(config, active_only=True) == param_count(config) - dropped
 
 
+@pytest.mark.slow
 def test_the_engine_runs_the_dense_bench_model(tmp_path):
     from engine import LLM, SamplingParams
     from engine.config import ModelConfig
@@ -101,6 +105,7 @@ def test_workload_and_bandwidth_math():
     assert bandwidth_fraction(4.8e9, 1e-3, 4.8e12) == pytest.approx(1.0)
 
 
+@pytest.mark.slow
 def test_timing_functions_drive_the_engine():
     """Full runs generate every requested token; a run past its deadline stops and leaves the engine clean."""
     from benchmarks.throughput import ThroughputWorkload
@@ -119,6 +124,7 @@ def test_timing_functions_drive_the_engine():
     assert not llm.engine.has_unfinished_requests()
 
 
+@pytest.mark.slow
 def test_engine_steps_run_on_cpu_with_small_shapes(tmp_path):
     """The throughput, decode and TTFT steps as the GPU runs them (engine builds, warm-up, deadlines), on CPU.
     (throughput_eager is throughput with the "eager" engine kind; enforce_eager means nothing on CPU.)"""
@@ -231,6 +237,7 @@ def _pack_installed_wheel(dist_name: str, out_dir: Path) -> Path:
     return wheel
 
 
+@pytest.mark.slow
 def test_dry_run_resolves_every_step_from_carried_wheels(tmp_path):
     wheels = tmp_path / "wheels"
     wheels.mkdir()

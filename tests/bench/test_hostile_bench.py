@@ -7,6 +7,7 @@ from benchmarks.hostile import HostileOptions, markdown, run_hostile_bench
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_hostile_bench_reports_each_input_against_the_baselines(tmp_path):
     figures = run_hostile_bench(HostileOptions(only=["seed", "surrogate"], quiet_s=1.0, log_dir=tmp_path))
     assert [r["input"] for r in figures["inputs"]] == ["seed 2^64", "lone surrogate"]

@@ -11,6 +11,7 @@ from benchmarks.prefix.workloads import WorkloadParams, build_workloads
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_engine_hits_equal_the_hybrid_simulator():
     from engine import LLM
 

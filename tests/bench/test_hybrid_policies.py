@@ -21,6 +21,7 @@ def test_snapshot_bytes_of_the_released_shapes(shape: str, kv_kib: int, state_mi
 
 
 @pytest.mark.slow  # renders and simulates two workloads: about 30 s
+@pytest.mark.slow
 def test_kvserve_reads_at_least_the_best_of_them_at_no_more_memory() -> None:
     params = WorkloadParams(head_words=300, tasks=2, steps_per_task=2, result_words=(20, 120), forked_workers=2,
                             fresh_workers=2, worker_steps=2)

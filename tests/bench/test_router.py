@@ -21,6 +21,7 @@ def chat(url: str, request, model: str) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_later_turns_land_where_their_prefix_is(tmp_path):
     config = ReplicaConfig(num_kv_blocks=1024, max_model_len=8192)
     # two sessions on two projects: no block in common

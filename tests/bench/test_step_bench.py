@@ -7,6 +7,7 @@ from benchmarks.step_bench import markdown, run_step_bench
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.fast_cases("True")
 def test_step_bench_measures_every_point(async_scheduling: bool) -> None:
     points = run_step_bench("cpu", [1, 3], [32, 64], steps=3, warmup=1, async_scheduling=async_scheduling, flush_mb=1)
     assert [(p.batch, p.context) for p in points] == [(1, 32), (3, 32), (1, 64), (3, 64)]

@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from server.cli import build_parser
 
 
+@pytest.mark.slow
 def test_bench_structured_reports_every_fraction(tmp_path, capsys):
     out = tmp_path / "out"
     args = build_parser().parse_args(["bench", "structured", "--batch", "4", "--max-tokens", "6", "--prompt-tokens",

@@ -17,6 +17,7 @@ MIN_RATIO = 1.2 if os.environ.get("KVSERVE_CPU_KERNELS", "1") != "0" else 1.0
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_kvserve_keeps_its_lead_over_hf_on_cpu(tmp_path: Path) -> None:
     out = tmp_path / "throughput.json"
     subprocess.run([sys.executable, "-m", "server.cli", "bench", "throughput", "--num-seqs", "16", "--min-len", "32",

@@ -63,6 +63,7 @@ def qwen3():
     return load_model_text("qwen3-tiny")
 
 
+@pytest.mark.slow
 def test_qwen3_tool_loop_tokens(qwen3):
     (wl,) = build_workloads("tool_loop", SMALL)
     reqs = tokenize_workload(wl, qwen3)
@@ -93,6 +94,7 @@ def test_ideal_hit_rate_of_the_tool_loop_by_hand(qwen3):
     assert result.hit_rate == pytest.approx(expected / sum(len(r.prompt) for r in reqs))
 
 
+@pytest.mark.slow
 def test_every_workload_renders_and_misses_add_up(qwen3):
     from benchmarks.prefix.bench import analyze
 

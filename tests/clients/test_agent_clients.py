@@ -31,6 +31,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield url
 
 
+@pytest.mark.slow
 def test_claude_code_two_turns_reads_the_cache(bins: Path, server: str, tmp_path: Path) -> None:
     env = {"ANTHROPIC_BASE_URL": server, "ANTHROPIC_API_KEY": "unused"}
     command = [str(bins / "claude"), "--model", MODEL, "--output-format", "json", "-p"]
@@ -50,6 +51,7 @@ def _codex_usage(stdout: str) -> dict:
     return next(e["usage"] for e in events if e["type"] == "turn.completed")
 
 
+@pytest.mark.slow
 def test_codex_two_turns_reads_the_cache(bins: Path, server: str, tmp_path: Path) -> None:
     (tmp_path / ".codex").mkdir()
     (tmp_path / ".codex" / "config.toml").write_text(CODEX_CONFIG.format(url=server, model=MODEL))
@@ -63,6 +65,7 @@ def test_codex_two_turns_reads_the_cache(bins: Path, server: str, tmp_path: Path
     assert second_input > 0 and second_cached >= second_input / 2, (first, total)
 
 
+@pytest.mark.slow
 def test_qwen_code_two_turns_reads_the_cache(bins: Path, server: str, tmp_path: Path) -> None:
     env = {"OPENAI_BASE_URL": f"{server}/v1", "OPENAI_API_KEY": "unused", "OPENAI_MODEL": MODEL}
     command = [str(bins / "qwen"), "--auth-type", "openai", "-o", "json"]

@@ -115,6 +115,7 @@ def _last_turn_excess(rows: list[dict]) -> int:
 
 
 @pytest.mark.parametrize("client", ["claude", "codex", "opencode"])
+@pytest.mark.slow
 def test_hybrid_model_reads_the_cache_as_the_dense_one(client: str, tmp_path: Path) -> None:
     bins = opencode_bins() if client == "opencode" else installed_bins()
     rows = {}

@@ -59,6 +59,7 @@ class _Sink:
         return got
 
 
+@pytest.mark.slow
 def test_each_step_reaches_each_sink_as_one_step_outputs(qwen3_llm):
     loop = EngineLoop(qwen3_llm.engine)
     loop.start()

@@ -41,6 +41,7 @@ def _collect(outputs: queue.SimpleQueue, request_ids: set[str], timeout: float =
     return got
 
 
+@pytest.mark.slow
 def test_a_grammar_that_breaks_in_a_step_ends_its_request_alone(qwen3_llm, monkeypatch):
     engine = qwen3_llm.engine
     grammars = engine.structured_outputs

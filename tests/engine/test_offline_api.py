@@ -56,6 +56,7 @@ def test_bad_input_raises_and_engine_keeps_serving(qwen3_llm: LLM, prompt, make_
     assert len(out.token_ids) == 3
 
 
+@pytest.mark.slow
 def test_smollm2_answers_paris():
     llm = LLM("smollm2-135m", block_size=16, num_kv_blocks=256)
     messages = [{"role": "user", "content": "What is the capital of France?"}]
@@ -65,6 +66,7 @@ def test_smollm2_answers_paris():
     assert "Paris" in out.text, out.text
 
 
+@pytest.mark.slow
 def test_generate_cli_prints_the_greedy_completion(qwen3_llm: LLM):
     import subprocess
     import sys
@@ -84,6 +86,7 @@ def test_generate_cli_prints_the_greedy_completion(qwen3_llm: LLM):
     assert bad.returncode == 2 and "top_p" in bad.stderr
 
 
+@pytest.mark.slow
 def test_local_model_directory_runs_like_the_registry_entry(qwen3_llm: LLM, tmp_path):
     """What users with their own checkpoints do: point at an HF-format directory."""
     import shutil
@@ -100,6 +103,7 @@ def test_local_model_directory_runs_like_the_registry_entry(qwen3_llm: LLM, tmp_
     assert from_dir == qwen3_llm.generate([prompt], greedy)[0].token_ids
 
 
+@pytest.mark.slow
 def test_engine_thread_gives_what_the_calling_thread_gives(qwen3_llm: LLM, monkeypatch):
     """On an accelerator `generate` steps the engine in a thread of its own; on a CPU the caller steps it. Same
     tokens, texts, stop-string cuts and finish reasons either way."""

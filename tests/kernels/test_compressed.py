@@ -45,6 +45,7 @@ def run_chunks(kv, gate, bias, rate, overlap, chunks: list[int], table: list[int
 
 @pytest.mark.parametrize("overlap,rate", [(False, 4), (False, 8), (True, 4)])
 @pytest.mark.parametrize("chunks", [[37], [1] * 37, [5, 1, 1, 9, 3, 2, 16], [8, 8, 13, 8]])
+@pytest.mark.fast_cases("chunks0-False-4")
 def test_pooling_in_any_steps_equals_the_whole_window_formula(overlap: bool, rate: int, chunks: list[int]) -> None:
     gen = torch.Generator().manual_seed(rate + len(chunks))
     width = 2 * DIM if overlap else DIM
@@ -58,6 +59,7 @@ def test_pooling_in_any_steps_equals_the_whole_window_formula(overlap: bool, rat
 
 
 @pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.fast_cases("False")
 def test_a_sequence_resumes_from_the_state_in_a_shared_block(overlap: bool) -> None:
     """Sequence B shares A's first two blocks (a prefix-cache hit) and computes only what follows: its entries
     equal those of the whole sequence, read from the state A left at the end of the shared block."""
@@ -92,6 +94,7 @@ def test_sink_attention_matches_the_formula() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("heads,dim,two_sources", [(4, 32, True), (16, 64, False), (20, 32, True)])
+@pytest.mark.fast_cases("4-32-True-dtype0")
 def test_triton_sink_attention_matches_reference(dtype: torch.dtype, heads: int, dim: int, two_sources: bool) -> None:
     """Rows with windows of 40 slots (several tiles, -1 where a row is younger than its window) and 6 picked
     entries (some rows none)."""

@@ -66,6 +66,7 @@ def test_dequantize_is_value_times_block_scale() -> None:
     ],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.fast_cases("dtype0-1-64-64-block0")
 def test_fp8_gemm_matches_reference(rows: int, num_out: int, width: int, block: tuple[int, int],
                                     dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(rows + num_out)
@@ -144,6 +145,7 @@ def test_store_kv_fp8_pages_round_like_torch() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("split_k", [False, True])
+@pytest.mark.fast_cases("False-dtype0")
 def test_paged_attention_reads_fp8_pages(dtype: torch.dtype, split_k: bool) -> None:
     context, query = (MIXED_CONTEXT, MIXED_QUERY) if not split_k else ([1, 5, 37, 70], [1, 1, 1, 1])
     batch = make_batch(context, query, 2, 2, 64, 4, dtype, seed=5)

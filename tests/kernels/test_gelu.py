@@ -17,6 +17,7 @@ def test_reference_is_torch_gelu_tanh() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("rows,inter", [(7, 128), (3, 1500), (0, 64)])  # 1500: two column blocks, a ragged one
+@pytest.mark.fast_cases("7-128-dtype0")
 def test_triton_matches_reference(dtype: torch.dtype, rows: int, inter: int) -> None:
     x = (torch.randn(rows, 2 * inter, generator=torch.Generator().manual_seed(inter)) * 4).to(DEVICE, dtype)
     assert_close(TRITON.gelu_tanh_and_mul(x), reference.gelu_tanh_and_mul(x), ELEMENTWISE_TOL[dtype])

@@ -51,6 +51,7 @@ def test_reference_matches_per_sequence_oracle() -> None:
 
 @pytest.mark.parametrize("num_heads", [4, 16, 20])  # fewer heads than a tile, one tile, a ragged second tile
 @pytest.mark.parametrize("split_k", [False, True])
+@pytest.mark.fast_cases("False-4")
 def test_mla_decode_matches_reference_fp32(num_heads: int, split_k: bool) -> None:
     batch = latent_batch(CONTEXTS, num_heads, 32, 16, 4, torch.float32, seed=num_heads)
     out = TRITON.mla_decode(*batch, split_k=split_k, partition_size=32)
@@ -58,6 +59,7 @@ def test_mla_decode_matches_reference_fp32(num_heads: int, split_k: bool) -> Non
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.fast_cases("dtype0")
 def test_mla_decode_matches_reference_half(dtype: torch.dtype) -> None:
     batch = latent_batch([3, 40], 8, 32, 16, 16, dtype, seed=7)
     expected = reference.mla_decode(*batch)
@@ -92,6 +94,7 @@ def test_mla_decode_empty_batch() -> None:
 
 
 @pytest.mark.parametrize("ops", [reference, TRITON], ids=["reference", "triton"])
+@pytest.mark.fast_cases("reference")
 def test_store_kv_writes_latent_and_rope_key_into_one_page(ops) -> None:
     latent, rope, block_size = 32, 16, 4
     cache = torch.zeros(3, block_size, 1, latent + rope, device=DEVICE)

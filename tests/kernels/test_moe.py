@@ -55,6 +55,7 @@ def test_reference_matches_per_token_oracle() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("top_k", [1, 2, 8])
+@pytest.mark.fast_cases("1-dtype0")
 def test_fused_moe_matches_reference_with_ragged_loads_and_idle_experts(dtype: torch.dtype, top_k: int) -> None:
     inputs = moe_inputs(37, 16, top_k, dtype, seed=top_k, empty=(0, 9))
     ids = inputs[-1].cpu()
@@ -64,6 +65,7 @@ def test_fused_moe_matches_reference_with_ragged_loads_and_idle_experts(dtype: t
 
 
 @pytest.mark.parametrize("num_tokens, top_k", [(1, 2), (70, 8)])  # a decode row; tiles of 64 rows
+@pytest.mark.fast_cases("1-2")
 def test_fused_moe_tile_sizes(num_tokens: int, top_k: int) -> None:
     inputs = moe_inputs(num_tokens, 8, top_k, torch.float32, hidden=80, inter=72, seed=num_tokens)
     assert_close(TRITON.fused_moe(*inputs), reference.fused_moe(*inputs), MOE_TOL[torch.float32])
@@ -82,6 +84,7 @@ def test_fused_moe_strided_hidden_and_empty_batch() -> None:
 
 
 @pytest.mark.parametrize("block_m", [16, 64])
+@pytest.mark.fast_cases("16")
 def test_align_by_expert_tiles_hold_one_expert_each(block_m: int) -> None:
     _, ids = routing(23, 8, 4, seed=3, empty=(5,))
     sorted_pairs, tile_experts, num_padded = align_by_expert(ids, 8, block_m)
@@ -100,6 +103,7 @@ def test_align_by_expert_tiles_hold_one_expert_each(block_m: int) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.fast_cases("dtype0")
 def test_experts_held_elsewhere_add_nothing(dtype: torch.dtype) -> None:
     """Expert parallelism: this rank holds experts 4..7 of 8; ids -1 mark the pairs of the other rank's experts."""
     x, gate_up, down, weights, ids = moe_inputs(29, 8, 3, dtype, seed=5)

@@ -122,6 +122,7 @@ def _triton_inputs(value_heads: int, dtype: torch.dtype, decode_only: bool = Fal
 
 @pytest.mark.parametrize("value_heads,dtype,decode_only", [(4, torch.float32, False), (6, torch.float32, False),
                                                           (4, torch.bfloat16, False), (6, torch.float32, True)])
+@pytest.mark.slow
 def test_triton_gated_delta_rule_matches_reference(value_heads: int, dtype: torch.dtype, decode_only: bool) -> None:
     """Value heads per key head 2 and 3; decode-only: the recurrent kernel alone (what a decode graph runs)."""
     sequences, slots, inputs, states, padded = _triton_inputs(value_heads, dtype, decode_only)
@@ -140,6 +141,7 @@ def test_triton_gated_delta_rule_matches_reference(value_heads: int, dtype: torc
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.slow
 def test_triton_causal_conv1d_matches_reference(dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(5)
     channels = 130  # more than one tile of channels
@@ -159,6 +161,7 @@ def test_triton_causal_conv1d_matches_reference(dtype: torch.dtype) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.fast_cases("dtype0")
 def test_zero_centred_rms_norm_triton_matches_reference(dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(5, 3, 32, generator=gen).to(dtype)
@@ -233,6 +236,7 @@ def test_verification_rows_keep_the_state_after_each_token() -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.slow)])
+@pytest.mark.slow
 def test_triton_verification_rows_match_reference(dtype: torch.dtype) -> None:
     inputs, states = _verify_inputs(dtype)
     want_states = states.clone()

@@ -68,6 +68,7 @@ def windowed_batch(contexts, queries, window, group=2, head_dim=64, block_size=4
 
 @pytest.mark.parametrize("window", WINDOWS)
 @pytest.mark.parametrize("block_size", [4, 16])
+@pytest.mark.fast_cases("4-1")
 def test_reference_equals_the_definition(window: int, block_size: int) -> None:
     batch = windowed_batch(MIXED_CONTEXT, MIXED_QUERY, window, group=2, block_size=block_size, seed=window)
     got = reference.paged_attention(*batch.args(), window=window)
@@ -100,6 +101,7 @@ def test_reference_decode_plan_serves_local_and_global_layers_of_one_step() -> N
 @pytest.mark.parametrize("window", WINDOWS)
 @pytest.mark.parametrize("block_size", [4, 16])
 @pytest.mark.parametrize("group", [1, 4])
+@pytest.mark.fast_cases("1-4-1")
 def test_triton_mixed_batch(window: int, block_size: int, group: int) -> None:
     batch = windowed_batch(MIXED_CONTEXT, MIXED_QUERY, window, group=group, block_size=block_size,
                            seed=window + group)
@@ -109,6 +111,7 @@ def test_triton_mixed_batch(window: int, block_size: int, group: int) -> None:
 
 @pytest.mark.parametrize("window", [2, 8, 40])
 @pytest.mark.parametrize("head_dim", [64, 128])  # 128: 32-key tiles, which some rows of a tile see nothing of
+@pytest.mark.fast_cases("64-2")
 def test_triton_long_prefill_crosses_query_and_key_tiles(window: int, head_dim: int) -> None:
     """70 new rows over 11 cached ones: the query tiles' rows span more positions than the window, so a tile's
     later rows see none of its first key tiles."""
@@ -119,6 +122,7 @@ def test_triton_long_prefill_crosses_query_and_key_tiles(window: int, head_dim: 
 
 @pytest.mark.parametrize("window", [3, 16, 37])
 @pytest.mark.parametrize("group", [1, 4])
+@pytest.mark.fast_cases("1-3")
 def test_triton_split_k_decode_skips_partitions_before_the_window(window: int, group: int) -> None:
     context, query = [1, 5, 37, 70, 16, 12], [1, 1, 1, 1, 1, 0]
     batch = windowed_batch(context, query, window, group=group, seed=group)
@@ -130,6 +134,7 @@ def test_triton_split_k_decode_skips_partitions_before_the_window(window: int, g
 
 
 @pytest.mark.parametrize("window", [20, 33])
+@pytest.mark.fast_cases("20")
 def test_triton_split_k_partitions_the_window_not_the_context(window: int) -> None:
     """A long context with a short window: the split path cuts the window into partitions from its first key
     (mid-partition of the context's own grid), so cdiv(window, 16) partitions cover it whatever the context."""
@@ -140,6 +145,7 @@ def test_triton_split_k_partitions_the_window_not_the_context(window: int) -> No
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.fast_cases("dtype0")
 def test_triton_half_precision(dtype: torch.dtype) -> None:
     batch = windowed_batch(MIXED_CONTEXT, MIXED_QUERY, 6, group=2, dtype=dtype, seed=9)
     got = TRITON.paged_attention(*batch.args(), window=6)
@@ -162,6 +168,7 @@ def cpu_args(batch) -> tuple:
 @pytest.mark.parametrize("window", WINDOWS)
 @pytest.mark.parametrize("block_size", [1, 4, 16])
 @pytest.mark.parametrize("group", [1, 3])
+@pytest.mark.fast_cases("1-1-1")
 def test_cpu_decode_only_step(window: int, block_size: int, group: int) -> None:
     contexts = [1, block_size, block_size + 1, 37, 5, 20]
     batch = windowed_batch(contexts, [1] * len(contexts), window, group=group, block_size=block_size, seed=window)
@@ -172,6 +179,7 @@ def test_cpu_decode_only_step(window: int, block_size: int, group: int) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("window", [1, 3, 6, 1000])
+@pytest.mark.fast_cases("1-dtype0")
 def test_cpu_mixed_step_and_drafts_being_verified(dtype: torch.dtype, window: int) -> None:
     """Decode rows and draft rows (each a token later than the one before, so each with its own window) read in
     place, beside prefill chunks attended like the reference."""

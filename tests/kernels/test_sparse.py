@@ -79,6 +79,7 @@ def _index_args(batch: Batch, query, weights, cache, topk: int) -> tuple:
 
 
 @pytest.mark.parametrize("topk", [8, 16, 128])  # fewer than most contexts, a page multiple, more than any
+@pytest.mark.fast_cases("8")
 def test_reference_index_topk_is_the_best_scored_visible_tokens(topk: int) -> None:
     batch = make_batch()
     query, weights, cache, keys = indexer_inputs(batch, 5, 24, torch.float32, signed=True)
@@ -96,6 +97,7 @@ def test_reference_index_topk_is_the_best_scored_visible_tokens(topk: int) -> No
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("heads", [4, 16, 20])
+@pytest.mark.fast_cases("4-dtype0")
 def test_triton_index_topk_matches_reference(dtype: torch.dtype, heads: int) -> None:
     batch = make_batch(seed=heads)
     query, weights, cache, _ = indexer_inputs(batch, heads, 32, dtype, seed=heads)
@@ -145,6 +147,7 @@ def test_sparse_mla_over_every_token_is_mla_decode() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("heads", [4, 16, 20])  # fewer heads than a tile, one tile, a ragged second tile
+@pytest.mark.fast_cases("4-dtype0")
 def test_triton_sparse_mla_matches_reference(dtype: torch.dtype, heads: int) -> None:
     batch = make_batch(seed=heads)
     args = latent_inputs(batch, heads, 32, 16, 40, dtype, seed=heads)  # several slot tiles, padded rows

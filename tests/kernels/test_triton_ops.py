@@ -102,6 +102,7 @@ MIXED_QUERY = [9, 13, 1, 1, 0, 1, 4]
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("block_size", [4, 16])
+@pytest.mark.fast_cases("4-dtype0")
 def test_store_kv_matches_reference_and_skips_padding(dtype: torch.dtype, block_size: int) -> None:
     num_tokens, num_kv_heads, head_dim = 9, 2, 64
     # key/value as strided views of a fused qkv projection, the layout the model hands over
@@ -138,6 +139,7 @@ def test_store_kv_all_padding_and_empty_batch() -> None:
 @pytest.mark.parametrize("block_size", [4, 16])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("group", [1, 2, 4])
+@pytest.mark.fast_cases("1-64-4")
 def test_paged_attention_mixed_batch_fp32(group: int, head_dim: int, block_size: int) -> None:
     batch = make_batch(MIXED_CONTEXT, MIXED_QUERY, 2, group, head_dim, block_size, torch.float32, seed=group)
     expected = reference.paged_attention(*batch.args())
@@ -146,6 +148,7 @@ def test_paged_attention_mixed_batch_fp32(group: int, head_dim: int, block_size:
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("group", [1, 4])
+@pytest.mark.fast_cases("1-dtype0")
 def test_paged_attention_mixed_batch_half(dtype: torch.dtype, group: int) -> None:
     batch = make_batch(MIXED_CONTEXT, MIXED_QUERY, 2, group, 64, 4, dtype, seed=7)
     expected = reference.paged_attention(*batch.args())
@@ -153,6 +156,7 @@ def test_paged_attention_mixed_batch_half(dtype: torch.dtype, group: int) -> Non
 
 
 @pytest.mark.parametrize("group", [1, 4])
+@pytest.mark.fast_cases("1")
 def test_paged_attention_lone_decode_beside_a_prefill(group: int) -> None:
     # A single decode row goes through the batched decode path (a batch of one) beside a prefill chunk.
     batch = make_batch([37, 12], [1, 5], 2, group, 64, 16, torch.float32, seed=11)
@@ -211,6 +215,7 @@ def test_paged_attention_strided_query_and_grid_upper_bounds() -> None:
 
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("group", [1, 2, 4])
+@pytest.mark.slow
 def test_paged_attention_split_k_decode(group: int, head_dim: int) -> None:
     # partition_size 16 splits these contexts into up to 5 partitions; one sequence has no row this step.
     context, query = [1, 5, 37, 70, 16, 12], [1, 1, 1, 1, 1, 0]
@@ -222,6 +227,7 @@ def test_paged_attention_split_k_decode(group: int, head_dim: int) -> None:
     assert_close(direct, expected, 1e-5)
 
 
+@pytest.mark.slow
 def test_paged_attention_split_k_reduce_spans_several_partition_tiles() -> None:
     # partition_size 4 cuts a 70-token context into 18 partitions: the reduce walks two 16-partition tiles.
     batch = make_batch([70, 3, 33], [1, 1, 1], 2, 2, 64, 4, torch.float32, seed=13)
@@ -234,6 +240,7 @@ def test_paged_attention_split_k_reduce_spans_several_partition_tiles() -> None:
 
 
 @pytest.mark.parametrize("group", [3, 7])  # e.g. Qwen2.5-7B: 28 query heads over 4 KV heads
+@pytest.mark.fast_cases("3")
 def test_paged_attention_non_power_of_two_group(group: int) -> None:
     batch = make_batch([19, 6, 33], [5, 1, 1], 2, group, 64, 4, torch.float32, seed=group)
     assert_close(TRITON.paged_attention(*batch.args()), reference.paged_attention(*batch.args()), 1e-5)
@@ -243,6 +250,7 @@ def test_paged_attention_non_power_of_two_group(group: int) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.fast_cases("dtype0")
 def test_paged_attention_split_k_half(dtype: torch.dtype) -> None:
     batch = make_batch([3, 45, 64], [1, 1, 1], 2, 2, 64, 16, dtype, seed=5)
     split = TRITON.paged_attention(*batch.args(), split_k=True, partition_size=16, max_context_len=100)
@@ -292,6 +300,7 @@ def test_paged_attention_empty_batch() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("hidden", [64, 96, 1100])  # 38 rows: one, two and nineteen multi-row programs
+@pytest.mark.fast_cases("64-dtype0")
 def test_rms_norm_matches_reference(dtype: torch.dtype, hidden: int) -> None:
     x = torch.randn(2, 19, hidden).to(DEVICE, dtype)
     weight = (1 + 0.5 * torch.randn(hidden)).to(DEVICE, dtype)
@@ -299,6 +308,7 @@ def test_rms_norm_matches_reference(dtype: torch.dtype, hidden: int) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.fast_cases("dtype0")
 def test_rms_norm_fused_residual(dtype: torch.dtype) -> None:
     x = torch.randn(7, 96).to(DEVICE, dtype)
     residual = torch.randn(7, 96).to(DEVICE, dtype)
@@ -312,6 +322,7 @@ def test_rms_norm_fused_residual(dtype: torch.dtype) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.fast_cases("dtype0")
 def test_rms_norm_per_head_on_a_fused_qkv_view(dtype: torch.dtype) -> None:
     """Qwen3's q/k norm: per-head rows of a strided [T, H, D] slice of the qkv projection."""
     tokens, heads, dim = 5, 4, 128
@@ -339,6 +350,7 @@ def neox_cache(max_pos: int, dim: int, theta: float = 10000.0) -> torch.Tensor:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.fast_cases("64-dtype0")
 def test_rotary_embedding_matches_reference(dtype: torch.dtype, head_dim: int) -> None:
     tokens, q_heads, kv_heads = 6, 4, 2
     qkv = torch.randn(tokens, (q_heads + 2 * kv_heads) * head_dim).to(DEVICE, dtype)
@@ -359,6 +371,7 @@ def test_rotary_embedding_matches_reference(dtype: torch.dtype, head_dim: int) -
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(5, 2 * 96), (2, 3, 2 * 1100)])  # 1100 spans two 1024-wide column blocks
+@pytest.mark.fast_cases("shape0-dtype0")
 def test_silu_and_mul_matches_reference(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
     x = (2 * torch.randn(shape)).to(DEVICE, dtype)
     assert_close(TRITON.silu_and_mul(x), reference.silu_and_mul(x), ELEMENTWISE_TOL[dtype])
@@ -379,6 +392,7 @@ def test_elementwise_ops_accept_empty_batches() -> None:
 
 @pytest.mark.skipif(DEVICE == "cuda", reason="on a GPU the tests above compile every kernel for real; this stand-in "
                     "intercepts launches through Triton internals that differ between Triton versions")
+@pytest.mark.slow
 def test_every_kernel_compiles_for_sm90() -> None:
     """The real compiler (not the interpreter) accepts every launch the wrappers make at Qwen3-0.6B shapes."""
     from triton.backends import backends

@@ -33,6 +33,7 @@ def test_policy_points_are_block_boundaries_inside_the_prompt():
 
 
 @pytest.mark.parametrize("kind", SWEEP)
+@pytest.mark.slow
 def test_greedy_with_the_cache_hot(kind, hybrid_dirs):
     path = hybrid_dirs[kind]
     prompts = random_prompts(151_000, LENGTHS, seed=4)
@@ -45,6 +46,7 @@ def test_greedy_with_the_cache_hot(kind, hybrid_dirs):
 
 
 @pytest.mark.parametrize("kind", SWEEP)
+@pytest.mark.slow
 def test_next_turn_reads_all_but_one_block_of_prompt_and_reply(kind, hybrid_dirs):
     """The reply-end snapshot (the last block boundary the reply reached) lets the next turn (prompt + reply + a
     new message) resume there; with async scheduling too (the boundary's last token still on the device when
@@ -63,6 +65,7 @@ def test_next_turn_reads_all_but_one_block_of_prompt_and_reply(kind, hybrid_dirs
         llm.engine.scheduler.kv.check_invariants()
 
 
+@pytest.mark.slow
 def test_shared_system_prompt_is_read_whole_with_a_hint(hybrid_dirs):
     """Subagents share only the system prompt and tools: with the server's hint (its end) the first request keeps
     a snapshot there (its prefill chunk ends on that boundary), so the second reads the whole shared part,
@@ -78,6 +81,7 @@ def test_shared_system_prompt_is_read_whole_with_a_hint(hybrid_dirs):
         assert out.token_ids == hf_greedy(path, system + task_b, 8)
 
 
+@pytest.mark.slow
 def test_breakpoint_pins_keep_their_snapshot(hybrid_dirs):
     """A cache_control breakpoint is a snapshot point, and its pinned block's snapshot outlives ordinary ones in a
     full pool (one running slot and three for snapshots: a snapshot may also sit in an idle running slot)."""
@@ -96,6 +100,7 @@ def test_breakpoint_pins_keep_their_snapshot(hybrid_dirs):
 
 
 @pytest.mark.parametrize("kind", SWEEP)
+@pytest.mark.slow
 def test_preemption_and_a_small_snapshot_pool(kind, hybrid_dirs):
     """40 blocks and 8 state slots (5 running, 3 snapshots) for 5 conversations: sequences are preempted
     (re-admitted from a snapshot where one is left), snapshots are evicted least recently used first, and every
@@ -112,6 +117,7 @@ def test_preemption_and_a_small_snapshot_pool(kind, hybrid_dirs):
     llm.engine.scheduler.kv.check_invariants()
 
 
+@pytest.mark.slow
 def test_no_snapshots_no_hits(hybrid_dirs):
     """Without a state slot to spare (one sequence at a time, no snapshot memory) a hybrid model never takes a
     prefix from the cache (its pages alone cannot resume the recurrent layers), and its outputs stay right."""
@@ -123,6 +129,7 @@ def test_no_snapshots_no_hits(hybrid_dirs):
     assert out.num_cached_tokens == 0 and out.token_ids == hf_greedy(path, prompt, 8)
 
 
+@pytest.mark.slow
 def test_snapshots_ride_the_host_and_disk_tiers(hybrid_dirs, tmp_path):
     """A small device pool: a prompt's blocks, and its prompt-end snapshot with them, evicted by other prompts come
     back from the host pool; after a restart, from the disk tier (the snapshot in its block's file). Transformers'
@@ -151,6 +158,7 @@ def test_snapshots_ride_the_host_and_disk_tiers(hybrid_dirs, tmp_path):
         llm.close()
 
 
+@pytest.mark.slow
 def test_n_siblings_resume_from_the_prompts_snapshot(hybrid_dirs):
     """n > 1: the siblings are admitted once the leader's prompt is scheduled, after the step that snapshotted the
     prompt's last full block (its chunk ends there), so each resumes from it; every sibling equals transformers."""

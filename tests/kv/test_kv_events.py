@@ -8,6 +8,7 @@ import socket
 import time
 
 import msgpack
+import pytest
 import zmq
 
 from engine import LLM, SamplingParams
@@ -132,6 +133,7 @@ def nonempty(tiers: dict[str, set[int]]) -> dict[str, set[int]]:
     return {medium: held for medium, held in tiers.items() if held}
 
 
+@pytest.mark.slow
 def test_late_subscriber_replays_and_tracks_every_tier(tmp_path):
     port, replay_port = free_port(), free_port()
     llm = LLM("qwen3-tiny", block_size=BLOCK, num_kv_blocks=64, kv_offload_gb=0.01, kv_disk_dir=str(tmp_path),
@@ -161,6 +163,7 @@ def test_late_subscriber_replays_and_tracks_every_tier(tmp_path):
         llm.close()
 
 
+@pytest.mark.slow
 def test_a_hybrid_models_events_say_where_its_snapshots_are(hybrid_dirs, tmp_path):
     """Qwen3.5-shaped hybrid: snapshots taken, evicted to the host with their blocks and on to disk, restored; the
     subscriber's blocks and snapshots per tier equal the manager's after every request."""
@@ -184,6 +187,7 @@ def test_a_hybrid_models_events_say_where_its_snapshots_are(hybrid_dirs, tmp_pat
         llm.close()
 
 
+@pytest.mark.slow
 def test_malformed_replay_request_is_ignored():
     port, replay_port = free_port(), free_port()
     llm = LLM("qwen3-tiny", block_size=BLOCK, num_kv_blocks=64, kv_events_endpoint=f"tcp://*:{port}",
@@ -224,6 +228,7 @@ def test_an_endpoint_without_a_wildcard_is_connected_to():
         ctx.destroy(linger=0)
 
 
+@pytest.mark.slow
 def test_a_fresh_publisher_announces_an_empty_cache_to_its_first_subscriber():
     """A router reconnecting to a replica restarted on the same port learns at once that its blocks are gone."""
     from engine.kv.events import AllBlocksCleared, BlockStored, KVEventPublisher

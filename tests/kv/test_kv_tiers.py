@@ -26,6 +26,7 @@ def aba(llm: LLM, a: list[int], b: list[int]):
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.slow
 def test_host_tier_brings_an_evicted_session_back(prompts, async_scheduling):
     a, b, _ = prompts
     llm = LLM("qwen3-tiny", block_size=BLOCK, num_kv_blocks=96, kv_offload_gb=0.05,
@@ -40,6 +41,7 @@ def test_host_tier_brings_an_evicted_session_back(prompts, async_scheduling):
         llm.close()
 
 
+@pytest.mark.slow
 def test_without_a_tier_the_session_is_recomputed(prompts):
     a, b, _ = prompts
     llm = LLM("qwen3-tiny", block_size=BLOCK, num_kv_blocks=96)
@@ -48,6 +50,7 @@ def test_without_a_tier_the_session_is_recomputed(prompts):
 
 
 @pytest.mark.parametrize("pin", [True, False])
+@pytest.mark.slow
 def test_pinned_prefix_outlives_newer_sessions_without_a_tier(prompts, pin):
     """A, then sessions B and C: plain LRU evicts A (the oldest) entirely; a breakpoint after A's first 400 tokens
     (its "system prompt") keeps that prefix, evicting B's blocks instead."""
@@ -60,6 +63,7 @@ def test_pinned_prefix_outlives_newer_sessions_without_a_tier(prompts, pin):
 
 
 @pytest.mark.parametrize("held", [True, False])
+@pytest.mark.slow
 def test_session_held_across_a_tool_call(prompts, held):
     a, b, c = prompts
     llm = LLM("qwen3-tiny", block_size=BLOCK, num_kv_blocks=96, tool_call_ttl=30.0, max_retained_fraction=0.7)
@@ -73,6 +77,7 @@ def test_session_held_across_a_tool_call(prompts, held):
     assert cached == (len(a) - 1) // BLOCK * BLOCK if held else cached < 0.7 * len(a)
 
 
+@pytest.mark.slow
 def test_disk_tier_survives_a_restart(prompts, tmp_path):
     a, b, c = prompts
     settings = dict(block_size=BLOCK, num_kv_blocks=96, kv_offload_gb=0.01, kv_disk_dir=str(tmp_path))
@@ -90,6 +95,7 @@ def test_disk_tier_survives_a_restart(prompts, tmp_path):
         llm.close()
 
 
+@pytest.mark.slow
 def test_a_corrupt_block_file_is_dropped_at_startup(prompts, tmp_path):
     a, _, _ = prompts
     settings = dict(block_size=BLOCK, num_kv_blocks=96, kv_offload_gb=0.01, kv_disk_dir=str(tmp_path))

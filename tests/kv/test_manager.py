@@ -228,9 +228,9 @@ class FIFOMachine(KVMachine):
     policy = "fifo"
 
 
-TestLRUMachine = KVMachine.TestCase
+TestLRUMachine = pytest.mark.slow(KVMachine.TestCase)  # hypothesis runs many steps
 TestLRUMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
-TestFIFOMachine = FIFOMachine.TestCase
+TestFIFOMachine = pytest.mark.slow(FIFOMachine.TestCase)  # hypothesis runs many steps
 TestFIFOMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
 
 

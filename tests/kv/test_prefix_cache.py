@@ -1,12 +1,15 @@
 """The prefix cache through the engine: exact hit lengths, multi-turn reuse, salts, and outputs never changed."""
 from __future__ import annotations
 
+import pytest
+
 from engine import LLM, SamplingParams
 from tests.hf_oracle import random_prompts
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
 
 
+@pytest.mark.slow
 def test_shared_prefix_reports_block_aligned_length(qwen3_llm: LLM):
     llm = qwen3_llm
     llm.reset_prefix_cache()
@@ -30,6 +33,7 @@ def test_multi_turn_conversation_hits_its_reply(qwen3_llm: LLM):
     assert out.num_cached_tokens > len(turn1)  # the reply itself was reused
 
 
+@pytest.mark.slow
 def test_cache_on_and_off_give_identical_outputs(qwen3_llm: LLM):
     on = qwen3_llm
     off = LLM("qwen3-tiny", block_size=4, num_kv_blocks=2048, enable_prefix_caching=False)
@@ -55,6 +59,7 @@ def test_different_salt_never_hits(qwen3_llm: LLM):
     assert llm.generate([prompt], GREEDY, cache_salt="tenant-a")[0].num_cached_tokens == 24
 
 
+@pytest.mark.slow
 def test_counters_track_queries_and_hits(qwen3_llm: LLM):
     llm = qwen3_llm
     llm.reset_prefix_cache()

@@ -33,6 +33,7 @@ def _block_files(llm: LLM) -> list[Path]:
     return sorted(llm.engine.runner.kv_offload.disk.dir.glob("*/*.kvb"))
 
 
+@pytest.mark.slow
 def test_a_disk_block_damaged_while_running_is_a_miss_for_its_request_alone(tmp_path):
     """Flipping a byte of a block file, then sending the prompt that owns it, gave its request a 500 and failed the
     engine step for every request in flight."""
@@ -90,6 +91,7 @@ def test_start_up_skips_what_it_cannot_use_without_blocking(tmp_path, monkeypatc
     assert stuck.exists() and (sub / "dir.kvb").is_dir() and fifo.exists()  # left alone, logged
 
 
+@pytest.mark.slow
 def test_the_disk_tier_keeps_its_size_after_a_restart_with_a_smaller_one(tmp_path):
     """2,616 files were kept for 131 slots after a restart with a smaller --kv-disk-gb, and never deleted."""
     (a,) = random_prompts(151_000, [640], seed=6)

@@ -42,6 +42,7 @@ def oracle():
     return get_tokenizer("qwen3.6-27b")
 
 
+@pytest.mark.slow
 def test_encodes_as_the_package_tokenizer(qwen36_dir: Path, hf, oracle) -> None:
     raw = Tokenizer.from_file(str(qwen36_dir / "tokenizer.json"))
     for text in CORPUS + MARKS + [load_template("qwen3.6"), Path(__file__).read_text(encoding="utf-8")]:
@@ -63,6 +64,7 @@ def test_added_tokens_at_their_real_ids(qwen36_dir: Path, hf, oracle) -> None:
     assert config["chat_template"] == load_template("qwen3.6") and config["model_max_length"] == QWEN36.model_max_length
 
 
+@pytest.mark.slow
 def test_transformers_renders_the_stored_template_as_the_native_renderer(hf) -> None:
     renderer = get_renderer("qwen3.6")
     names = ["preserve_thinking_agent_loop", "parallel_calls_three_with_text", "thinking_off_with_tools",

@@ -183,6 +183,7 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
     )
 
 
+@pytest.mark.slow
 def test_cli_lists_the_registry() -> None:
     result = _cli()
     assert result.returncode == 0, result.stderr
@@ -195,6 +196,7 @@ def test_cli_lists_the_registry() -> None:
     assert "Qwen/Qwen3-8B" in rows["qwen3-8b"]
 
 
+@pytest.mark.slow
 def test_cli_path_builds_a_tiny_model_and_reports_it_on_disk(tmp_path: Path) -> None:
     env = {"KVSERVE_CACHE_DIR": str(tmp_path)}
     result = _cli("--path", "qwen3-tiny", env=env)
@@ -209,6 +211,7 @@ def test_cli_path_builds_a_tiny_model_and_reports_it_on_disk(tmp_path: Path) -> 
     assert listing["deepseek-tiny"][3] == "no"
 
 
+@pytest.mark.slow
 def test_cli_hub_model_without_network_fails_clearly(tmp_path: Path) -> None:
     # Offline mode with an empty HF cache: the error must come from the missing snapshot, not from a crash.
     env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "KVSERVE_CACHE_DIR": str(tmp_path)}
@@ -218,6 +221,7 @@ def test_cli_hub_model_without_network_fails_clearly(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_cli_unknown_model_fails_clearly() -> None:
     result = _cli("--path", "no-such-model")
     assert result.returncode == 1

@@ -61,6 +61,7 @@ def qwen_oracle():  # the package's tiktoken-based tokenizer, with Qwen3's added
     return QwenTokenizer(str(qwen_tiktoken_path()), special_tokens=specials)
 
 
+@pytest.mark.slow
 def test_qwen3_tokenizer_matches_tiktoken(qwen3_dir: Path, qwen_oracle) -> None:
     raw = Tokenizer.from_file(str(qwen3_dir / "tokenizer.json"))
     hf = AutoTokenizer.from_pretrained(qwen3_dir)
@@ -72,6 +73,7 @@ def test_qwen3_tokenizer_matches_tiktoken(qwen3_dir: Path, qwen_oracle) -> None:
         assert raw.decode(expected, skip_special_tokens=False) == unicodedata.normalize("NFC", text)
 
 
+@pytest.mark.slow
 def test_qwen3_added_tokens_are_at_their_real_ids(qwen3_dir: Path) -> None:
     hf = AutoTokenizer.from_pretrained(qwen3_dir)
     ids = hf.convert_tokens_to_ids(list(QWEN3_ADDED_TOKENS))
@@ -119,6 +121,7 @@ def test_deepseek_tiny_uses_the_package_tokenizer_and_v31_tokens(deepseek_dir: P
         assert len(hf(marker, add_special_tokens=False).input_ids) == 1, marker
 
 
+@pytest.mark.slow
 def test_qwen3_moe_tiny_is_qwen3_coder_shaped() -> None:
     model_dir = resolve_model("qwen3-moe-tiny")
     config = AutoConfig.from_pretrained(model_dir)
@@ -151,6 +154,7 @@ def test_deepseek_v3_tiny_has_mla_grouped_routing_with_bias_and_yarn() -> None:
 
 SLOW_TINY = [pytest.param(name, marks=pytest.mark.slow) for name in ("deepseek-v3.2-tiny", "deepseek-v4-tiny")]
 @pytest.mark.parametrize("name", ["qwen3.6-tiny", "qwen3.6-moe-tiny"])
+@pytest.mark.slow
 def test_qwen36_tiny_is_qwen36_shaped(name: str) -> None:
     """Qwen3.6's language model as Qwen3_5ForCausalLM saves it: three Gated DeltaNet layers then gated attention,
     a quarter of each head rotated, the real vocabulary, context length, tokenizer and template."""
@@ -195,6 +199,7 @@ def _greedy(model, ids: list[int], steps: int = 20) -> list[int]:
 
 @pytest.mark.parametrize("name", ["qwen3-tiny", "deepseek-tiny", "qwen3-moe-tiny", "deepseek-v3-tiny",
                                   "qwen3.6-tiny", "qwen3.6-moe-tiny", *SLOW_TINY])
+@pytest.mark.slow
 def test_random_weights_give_varied_context_dependent_greedy_output(name: str) -> None:
     model_dir = resolve_model(name)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -211,6 +216,7 @@ def test_random_weights_give_varied_context_dependent_greedy_output(name: str) -
 
 @pytest.mark.parametrize("name", ["qwen3-tiny", "deepseek-tiny", "qwen3-moe-tiny", "deepseek-v3-tiny",
                                   *SLOW_TINY])
+@pytest.mark.slow
 def test_tiny_build_is_deterministic(name: str, tmp_path: Path) -> None:
     spec = get_model_spec(name)
     recipe = TinyRecipe.from_mapping(spec.build)
@@ -234,6 +240,7 @@ def test_unpermute_inverts_llama_cpp_rotary_permutation() -> None:
     assert torch.equal(unpermute_rotary_rows(permuted, heads), weight)
 
 
+@pytest.mark.slow
 def test_smollm2_from_gguf_answers_paris() -> None:
     model_dir = resolve_model("smollm2-135m")
     config = AutoConfig.from_pretrained(model_dir)

@@ -27,6 +27,7 @@ def test_index_keys_have_pages_beside_the_latent() -> None:
     assert runner.kv_spec.bytes_per_token(torch.float32) == 3 * (48 + 32) * 4
 
 
+@pytest.mark.slow
 def test_sparse_selection_decides_the_outputs() -> None:
     """The same weights attending to every token (a top-k past any context) continue long prompts differently:
     equality with transformers below therefore checks the indexer's choices, not only dense MLA."""
@@ -43,6 +44,7 @@ def test_sparse_selection_decides_the_outputs() -> None:
     assert all(s != d for s, d in zip(sparse, dense))
 
 
+@pytest.mark.slow
 def test_chunked_prefill_and_preemption_match_hf() -> None:
     """A pool of 24 blocks of 4 tokens and 8 tokens a step: prompts prefill in chunks beside running decodes, some
     after a cached prefix, and running requests are preempted and recomputed."""
@@ -59,6 +61,7 @@ def test_chunked_prefill_and_preemption_match_hf() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_top20_logprobs_within_1e_4() -> None:
     prompts = random_prompts(50_000, [5, 33, 60], seed=7)
     llm = LLM(NAME, block_size=4, num_kv_blocks=128, max_num_batched_tokens=16)  # chunked prefills
@@ -67,6 +70,7 @@ def test_top20_logprobs_within_1e_4() -> None:
         assert_top_logprobs_equal_hf(NAME, prompt, out.outputs[0].logprobs[0].top, atol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.slow
 def test_directory_written_by_transformers_save_pretrained(tmp_path: Path) -> None:
     model_dir = _save_pretrained_copy(hf_model(NAME), resolve_model(NAME), tmp_path / NAME)

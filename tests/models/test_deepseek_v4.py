@@ -25,6 +25,7 @@ def case():
     return llm, prompts, [hf_greedy(NAME, p, NEW) for p in prompts]
 
 
+@pytest.mark.slow
 def test_pages_hold_keys_entries_and_pooling_state() -> None:
     llm = LLM(NAME, block_size=BLOCK, num_kv_blocks=8)
     spec, caches = llm.engine.runner.kv_spec, llm.engine.runner.kv_caches
@@ -39,6 +40,7 @@ def test_pages_hold_keys_entries_and_pooling_state() -> None:
         LLM(NAME, block_size=8, num_kv_blocks=8)
 
 
+@pytest.mark.slow
 @pytest.mark.slow
 def test_a_configuration_of_transformers_defaults_runs_with_no_flags(tmp_path) -> None:
     """Prompts under, across and well past a pool of 128 and the window, one at a time (in order, cache on),
@@ -62,12 +64,14 @@ def test_a_configuration_of_transformers_defaults_runs_with_no_flags(tmp_path) -
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_outputs_are_varied(case) -> None:
     _, _, expected = case
     assert len({tuple(e) for e in expected}) == len(expected)
     assert sum(len(set(e)) for e in expected) > 5 * len(expected)
 
 
+@pytest.mark.slow
 @pytest.mark.slow
 def test_greedy_one_at_a_time(case) -> None:
     llm, prompts, expected = case
@@ -76,6 +80,7 @@ def test_greedy_one_at_a_time(case) -> None:
     assert [llm.generate([p], greedy)[0].token_ids for p in prompts] == expected
 
 
+@pytest.mark.slow
 def test_greedy_together_with_the_prefix_cache_hot(case) -> None:
     llm, prompts, expected = case
     llm.reset_prefix_cache()
@@ -89,6 +94,7 @@ def test_greedy_together_with_the_prefix_cache_hot(case) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_chunked_prefill_and_preemption() -> None:
     """7 tokens a step (chunks end mid-window and mid-block) and 8 blocks for 4 requests needing 12: prefills run in
     chunks beside decodes, and running requests are preempted and recomputed from their cached blocks."""
@@ -101,6 +107,7 @@ def test_chunked_prefill_and_preemption() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_top20_logprobs_within_1e_4() -> None:
     prompts = random_prompts(50_000, [6, 37, 66], seed=7)
     llm = LLM(NAME, block_size=BLOCK, num_kv_blocks=64, max_num_batched_tokens=24)
@@ -109,6 +116,7 @@ def test_top20_logprobs_within_1e_4() -> None:
         assert_top_logprobs_equal_hf(NAME, prompt, out.outputs[0].logprobs[0].top, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_agent_turn_reads_the_previous_prompt_and_reply_from_the_cache() -> None:
     """An agent's second turn (the V4 encoder's rendering: the first prompt, the reply, the next user message)
     finds the first prompt and the reply in the cache, up to the last partial block, and continues as
@@ -140,6 +148,7 @@ def test_agent_turn_reads_the_previous_prompt_and_reply_from_the_cache() -> None
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_tensor_parallel_2_equals_one_rank() -> None:
     """Experts and the vocabulary split over two ranks (gloo), attention replicated: the same tokens, logprobs
     within 1e-4, on a batch with chunked prefills and prefix hits."""
@@ -160,6 +169,7 @@ def test_tensor_parallel_2_equals_one_rank() -> None:
     assert max(abs(a - b) for a, b in lp) < 1e-4
 
 
+@pytest.mark.slow
 @pytest.mark.slow
 def test_fp4_experts_and_fp8_projections_load_dequantized(tmp_path) -> None:
     """DeepSeek's release format: FP4 routed experts (UE8M0 scales per row and 32 columns) and FP8 block-scaled
@@ -188,6 +198,7 @@ def test_fp4_experts_and_fp8_projections_load_dequantized(tmp_path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_directory_written_by_transformers_save_pretrained(tmp_path) -> None:
     """transformers writes DeepSeek's own tensor names (``attn.wq_a``, ``ffn.experts.0.w1``, ``hc_attn_fn``); the
     engine reads them into its modules."""
@@ -202,6 +213,7 @@ def test_directory_written_by_transformers_save_pretrained(tmp_path) -> None:
     assert [o.token_ids for o in outs] == [hf_greedy(NAME, p, params.max_tokens) for p in prompts]
 
 
+@pytest.mark.slow
 def test_checkpoint_with_an_mtp_layer_loads(tmp_path) -> None:
     """Released V4 checkpoints carry one multi-token-prediction layer (``mtp.0.*``), which decoding does not use:
     the checkpoint loads as it is and generates as without it."""
@@ -231,6 +243,7 @@ def test_checkpoint_with_an_mtp_layer_loads(tmp_path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_triton_backend_matches_torch() -> None:
     """The Triton op set (under the interpreter on CPU: sink attention, MoE, norms, stores) gives the torch
     backend's tokens on a mixed batch with chunked prefills and a prefix hit."""
@@ -246,6 +259,7 @@ def test_triton_backend_matches_torch() -> None:
     assert results["triton"] == results["torch"]
 
 
+@pytest.mark.slow
 def test_fp8_kv_pages() -> None:
     """--kv-cache-dtype fp8: keys and compressed entries in e4m3 pages, the pooling state kept in fp32."""
     llm = LLM(NAME, block_size=BLOCK, num_kv_blocks=16, kv_cache_dtype="fp8")

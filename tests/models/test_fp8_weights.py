@@ -58,6 +58,7 @@ def _linears(llm: LLM) -> dict[str, nn.Module]:
     return {n: m for n, m in llm.engine.runner.model.named_modules() if n.endswith("_proj")}
 
 
+@pytest.mark.slow
 def test_fp8_checkpoint_stays_within_the_stated_logprob_distance(fp8_case):
     name, fp8_dir, original, prompts = fp8_case
     fp8 = LLM(str(fp8_dir), block_size=4, num_kv_blocks=1024)
@@ -72,6 +73,7 @@ def test_fp8_checkpoint_stays_within_the_stated_logprob_distance(fp8_case):
     assert drift.max_abs > 0  # it is a different model: the weights did lose precision
 
 
+@pytest.mark.slow
 def test_fp8_checkpoint_matches_transformers_loading_the_same_directory(fp8_case):
     """transformers (with accelerate) loads these directories on CPU by dequantizing them, as kvserve does there:
     greedy tokens equal and final-position top-20 logprobs within 2e-4, as for unquantized models."""
@@ -90,6 +92,7 @@ def test_fp8_checkpoint_matches_transformers_loading_the_same_directory(fp8_case
 
 
 @pytest.mark.parametrize("block, generate", [(BLOCK, True), ((48, 48), False)])
+@pytest.mark.slow
 def test_triton_backend_keeps_fp8_weights_and_runs_the_fp8_gemm(block, generate, tmp_path):
     """With the Triton kernels (the interpreter here, a GPU in production) quantized projections stay e4m3 and
     hold exactly the values the dequantizing loader produces. 48 x 48 blocks leave partial edge blocks and put block
@@ -113,6 +116,7 @@ def test_triton_backend_keeps_fp8_weights_and_runs_the_fp8_gemm(block, generate,
         assert all(len(o.token_ids) == 4 for o in outs) and outs[0].token_ids != outs[1].token_ids
 
 
+@pytest.mark.slow
 def test_transformers_rejects_partial_edge_blocks_that_kvserve_loads(tmp_path):
     """What we found: transformers 5.x dequantizes only weights whose shape the scale grid divides evenly, while
     real checkpoints have partial edge blocks (DeepSeek-V3's 576-row kv_a_proj_with_mqa has 5 scale rows of 128)."""
@@ -148,6 +152,7 @@ def test_power_of_two_scales_stored_as_e8m0_read_like_float32():
     assert torch.equal(as_e8m0, fmt.dequantize("w_scale_inv", values, pow2, torch.float32))
 
 
+@pytest.mark.slow
 def test_broken_fp8_checkpoints_fail_with_the_tensor_named(tmp_path):
     from safetensors.torch import load_file, save_file
 

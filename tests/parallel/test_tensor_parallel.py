@@ -106,18 +106,21 @@ def runs(request) -> tuple[Case, Run, Run]:
     return case, single_rank(case.model, case.async_scheduling), parallel
 
 
+@pytest.mark.fast_cases("qwen3-moe-tiny-tp2-ep-async")
 def test_tokens_equal_one_rank(runs):
     _, single, parallel = runs
     assert parallel.tokens == single.tokens
     assert len({tuple(r[0][0]) for r in single.tokens}) == len(single.tokens)  # varied: not one repeated token
 
 
+@pytest.mark.fast_cases("qwen3-moe-tiny-tp2-ep-async")
 def test_logprobs_within_1e_4(runs):
     _, single, parallel = runs
     assert len(parallel.logprobs) == len(single.logprobs) > 50
     assert max(abs(a - b) for a, b in zip(parallel.logprobs, single.logprobs)) < 1e-4
 
 
+@pytest.mark.fast_cases("qwen3-moe-tiny-tp2-ep-async")
 def test_same_schedule_with_preemption_and_prefix_hits(runs):
     _, single, parallel = runs
     assert parallel.cached == single.cached
@@ -126,6 +129,7 @@ def test_same_schedule_with_preemption_and_prefix_hits(runs):
     assert parallel.stats == single.stats
 
 
+@pytest.mark.fast_cases("qwen3-moe-tiny-tp2-ep-async")
 def test_each_rank_holds_its_share(runs):
     case, single, parallel = runs
     (whole,) = single.memory
@@ -144,6 +148,7 @@ def test_each_rank_holds_its_share(runs):
             assert rank.kv_cache_bytes * (1 if mla else case.size) == whole.kv_cache_bytes
 
 
+@pytest.mark.slow
 def test_rank_zero_reads_only_its_slices(monkeypatch):
     """Every tensor rank 0 reads from the checkpoint is exactly what it keeps: never a whole sharded tensor."""
     read: list[int] = []
@@ -181,6 +186,7 @@ def _tiers_and_grammar(size: int) -> tuple:
                 drafted, llm.stats.spec_accepted_tokens)
 
 
+@pytest.mark.slow
 def test_host_tier_grammars_and_speculation_on_every_rank():
     """Transfers ride the SchedulerOutput to every rank (each holds its shard of a block); masks apply on rank 0;
     drafts are verified on rank 0, which broadcasts the emitted tokens."""

@@ -63,6 +63,7 @@ def test_disk_tier_under_tensor_parallelism_is_refused_with_what_works(tmp_path)
     EngineConfig(tensor_parallel_size=2, kv_offload_gb=0.01)
 
 
+@pytest.mark.slow
 def test_worker_dying_at_start_up_fails_the_start():
     killer = threading.Thread(target=_kill_first_worker_when_it_appears, args=(time.monotonic() + 60,))
     killer.start()
@@ -74,6 +75,7 @@ def test_worker_dying_at_start_up_fails_the_start():
     assert not multiprocessing.active_children()
 
 
+@pytest.mark.slow
 def test_worker_killed_mid_generation_ends_it_with_the_workers_error():
     llm = LLM("qwen3-tiny", tensor_parallel_size=2, block_size=4, num_kv_blocks=512)
     worker = llm.engine.workers.processes[0]
@@ -91,6 +93,7 @@ def test_worker_killed_mid_generation_ends_it_with_the_workers_error():
         assert again.generate(prompts[:1], SamplingParams(max_tokens=3, temperature=0))[0].token_ids
 
 
+@pytest.mark.slow
 def test_worker_dying_while_idle_turns_the_engine_unhealthy():
     with LLM("qwen3-tiny", tensor_parallel_size=2, num_kv_blocks=64) as llm:
         died: list[BaseException] = []
@@ -108,6 +111,7 @@ def test_worker_dying_while_idle_turns_the_engine_unhealthy():
         loop.shutdown(timeout=DEATH_SECONDS)
 
 
+@pytest.mark.slow
 def test_a_script_without_a_main_guard_starts_its_workers(tmp_path):
     """Workers never import the caller's script: `LLM(tensor_parallel_size=2)` at a script's top level (no
     `if __name__ == "__main__":`) generates, instead of every worker building its own LLM and dying with

@@ -26,6 +26,7 @@ def _generate(model_dir, **options) -> tuple[list, list[float]]:
     return [o.token_ids for o in outs], [lp.logprob for o in outs for lp in o.outputs[0].logprobs]
 
 
+@pytest.mark.slow
 def test_dequantized_on_load_with_slices_inside_blocks(tmp_path_factory):
     """32 x 32 blocks: rank 1's half of the 2 x 16-row KV heads starts 16 rows into a block."""
     fp8_dir = _fp8_dir(tmp_path_factory, (32, 32))
@@ -35,6 +36,7 @@ def test_dequantized_on_load_with_slices_inside_blocks(tmp_path_factory):
     assert max(abs(a - b) for a, b in zip(parallel_logprobs, logprobs)) < 1e-4
 
 
+@pytest.mark.slow
 def test_kept_in_fp8_with_whole_blocks_per_rank(tmp_path_factory):
     fp8_dir = _fp8_dir(tmp_path_factory, (16, 16))
     tokens, logprobs = _generate(fp8_dir, attention_backend="triton")

@@ -34,6 +34,7 @@ def parse_in_process(stdin: str, *args: str, monkeypatch, capsysbinary) -> tuple
     return code, json.loads(out) if out else None, err.decode()
 
 
+@pytest.mark.slow
 def test_parse_prints_the_assistant_message(tmp_path):
     tools_file = tmp_path / "tools.json"
     tools_file.write_text(json.dumps({"tools": TOOLS}), encoding="utf-8")

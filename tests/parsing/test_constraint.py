@@ -87,6 +87,7 @@ def constraint(family: str, tool_choice, *, tools=TOOLS, parallel=True, response
 
 
 @pytest.mark.parametrize("family", list(CALLS))
+@pytest.mark.slow_cases("qwen2.5", "qwen3-coder", "qwen3.6")
 def test_required_and_named_accept_the_templates_calls_and_nothing_else(grammars, family):
     one, two = CALLS[family]
     required, named = constraint(family, "required"), constraint(family, NAMED)
@@ -170,6 +171,7 @@ def test_thinking_stays_free_before_the_constrained_part(grammars):
     assert message.reasoning_content.startswith("Maybe <tool_call>") and len(message.tool_calls) == 1
 
 
+@pytest.mark.slow
 def test_response_format_json_schema_and_json_object(grammars):
     schema = FORECAST["function"]["parameters"]
     response_format = {"type": "json_schema", "json_schema": {"name": "f", "schema": schema, "strict": True}}

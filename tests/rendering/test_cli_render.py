@@ -45,6 +45,7 @@ def test_render_request_add_generation_prompt_and_validation() -> None:
             render_request(renderer, bad)
 
 
+@pytest.mark.slow
 def test_cli_prints_exact_prompt_bytes(tmp_path: Path) -> None:
     request = tmp_path / "request.json"
     request.write_text(json.dumps(request_body(CASE), ensure_ascii=False), encoding="utf-8")
@@ -54,6 +55,7 @@ def test_cli_prints_exact_prompt_bytes(tmp_path: Path) -> None:
     assert result.stdout == want.encode("utf-8")  # no trailing newline added, UTF-8 whatever the locale
 
 
+@pytest.mark.slow
 def test_cli_reads_stdin_and_passes_template_kwargs() -> None:
     body = {"messages": [{"role": "user", "content": "Hi ✓"}], "chat_template_kwargs": {"enable_thinking": False}}
     result = run_cli("--template", "qwen3", "--request", "-", stdin=json.dumps(body).encode(), env={"LC_ALL": "C"})
@@ -61,6 +63,7 @@ def test_cli_reads_stdin_and_passes_template_kwargs() -> None:
     assert result.stdout.decode("utf-8") == "<|im_start|>user\nHi ✓<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
 
 
+@pytest.mark.slow
 def test_cli_keeps_qwen36_reasoning_as_the_server_does() -> None:
     body = {"messages": [{"role": "user", "content": "2+2?"},
                          {"role": "assistant", "content": "4", "reasoning_content": "Add."},
@@ -72,6 +75,7 @@ def test_cli_keeps_qwen36_reasoning_as_the_server_does() -> None:
     assert b"<|im_start|>assistant\n4<|im_end|>" in dropped.stdout
 
 
+@pytest.mark.slow
 def test_cli_rejects_invalid_requests_with_a_message() -> None:
     bad = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}
     result = run_cli("--template", "deepseek-r1", "--request", "-", stdin=json.dumps(bad).encode())
@@ -81,6 +85,7 @@ def test_cli_rejects_invalid_requests_with_a_message() -> None:
     assert result.returncode == 2 and b"--tokens needs --model" in result.stderr
 
 
+@pytest.mark.slow
 def test_cli_model_prints_prompt_and_token_ids(tmp_path: Path) -> None:
     body = {"messages": [{"role": "user", "content": "Hi"}], "tools": CASE.tools}
     result = run_cli("--model", "qwen3-tiny", "--tokens", "--request", "-", stdin=json.dumps(body).encode(),

@@ -102,6 +102,7 @@ def check_case(family: str, case) -> str:
 
 
 @pytest.mark.parametrize("family", sorted(ENCODERS))
+@pytest.mark.slow
 def test_native_renderer_equals_the_official_encoder(family: str) -> None:
     outcomes: Counter[str] = Counter()
 

@@ -18,12 +18,14 @@ def reference(qwen3_llm: LLM):
 
 
 @pytest.mark.parametrize("budget", [1, 3, 7])
+@pytest.mark.slow
 def test_chunked_prefill_with_tiny_token_budgets(reference, budget):
     prompts, params, expected = reference
     llm = LLM("qwen3-tiny", block_size=4, num_kv_blocks=512, max_num_batched_tokens=budget)
     assert [o.token_ids for o in llm.generate(prompts, params)] == expected
 
 
+@pytest.mark.slow
 def test_preemption_with_tiny_block_pool(reference):
     prompts, params, expected = reference
     # 24 blocks of 4 tokens: the longest request alone needs 14 blocks, so running all together must preempt.
@@ -36,6 +38,7 @@ def test_preemption_with_tiny_block_pool(reference):
     assert not kv.seqs  # every block is back: free or cached
 
 
+@pytest.mark.slow
 def test_request_that_can_never_fit_is_rejected():
     llm = LLM("qwen3-tiny", block_size=4, num_kv_blocks=4)
     with pytest.raises(ValueError, match="KV blocks"):

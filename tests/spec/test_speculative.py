@@ -72,6 +72,7 @@ def _greedy_equal(llm: LLM, prompts: list[list[int]], max_tokens: int = 16, **pa
     return spec
 
 
+@pytest.mark.slow
 def test_greedy_tokens_identical_dense_with_hot_prefix_cache(dense):
     prompts = random_prompts(1000, [9, 30], seed=1)
     before = dense.engine.scheduler.drafter.stats["ngram"].verifications
@@ -82,6 +83,7 @@ def test_greedy_tokens_identical_dense_with_hot_prefix_cache(dense):
     assert dense.stats.spec_draft_tokens == stats.draft_tokens
 
 
+@pytest.mark.slow
 def test_max_tokens_stop_tokens_and_n_behave_as_without_speculation(dense):
     prompts = random_prompts(1000, [11, 6], seed=2)
     _greedy_equal(dense, prompts, max_tokens=7)  # drafts must not run past max_tokens
@@ -96,6 +98,7 @@ SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", 
 
 
 @pytest.mark.parametrize("model", ["qwen3-tiny", "deepseek-v3-tiny"])
+@pytest.mark.slow
 def test_greedy_tokens_identical_under_a_grammar(dense, model):
     """Each verified position is masked by the grammar's state after the drafts before it: without those masks the
     random model's argmax after a draft is never JSON, and the outputs would differ."""
@@ -118,6 +121,7 @@ def test_greedy_tokens_identical_under_a_grammar(dense, model):
     assert llm.engine.structured_outputs.num_active == 0
 
 
+@pytest.mark.slow
 def test_speculation_is_refused_where_it_cannot_be_exact(dense, tmp_path):
     with pytest.raises(ValueError, match="speculative"):
         SamplingParams(speculative="eagle")
@@ -130,11 +134,13 @@ def test_speculation_is_refused_where_it_cannot_be_exact(dense, tmp_path):
 
 
 @pytest.mark.parametrize("model", [pytest.param("qwen3-moe-tiny", marks=pytest.mark.slow), "deepseek-v3-tiny"])
+@pytest.mark.slow
 def test_greedy_tokens_identical_moe_and_mla(model):
     llm = LLM(model, block_size=4, num_kv_blocks=256, speculative_draft_budget=64)
     _greedy_equal(llm, random_prompts(1000, [13, 22], seed=3), max_tokens=16)
 
 
+@pytest.mark.slow
 def test_suffix_drafts_from_the_sessions_earlier_replies(dense):
     prompts = random_prompts(1000, [10, 15], seed=4)
     base = dense.generate(prompts, SamplingParams(max_tokens=24, temperature=0))
@@ -150,6 +156,7 @@ def test_suffix_drafts_from_the_sessions_earlier_replies(dense):
 
 
 @pytest.mark.parametrize("model", ["qwen3.6-tiny", pytest.param("qwen3.6-moe-tiny", marks=pytest.mark.slow)])
+@pytest.mark.slow
 def test_greedy_tokens_identical_hybrid(model):
     """Hybrids: a rejected draft leaves the recurrent state at the last accepted token (the state after each verified
     position is kept, kernels/reference/recurrent.py), and steps with drafts stop short of the block boundaries where
@@ -163,6 +170,7 @@ def test_greedy_tokens_identical_hybrid(model):
     assert llm.stats.prefix_cache_hits_tokens > 0
 
 
+@pytest.mark.slow
 @pytest.mark.slow
 def test_sampled_tokens_keep_the_target_distribution(dense):
     """Temperature 1 (top-k 3, so 800 seeds fill every cell): the joint distribution of the first two
@@ -198,6 +206,7 @@ def mtp(request) -> LLM:
     return LLM(request.param, block_size=4, num_kv_blocks=256, speculative="mtp", speculative_draft_budget=64)
 
 
+@pytest.mark.slow
 def test_mtp_drafts_keep_greedy_tokens_identical(mtp):
     """``--speculative mtp`` loads the checkpoint's MTP layer and drafts with it, and greedy tokens equal the plain
     engine's, cache hot, n = 2, and under a grammar. (Random MTP weights seldom guess right: the point is
@@ -221,6 +230,7 @@ def test_mtp_drafts_keep_greedy_tokens_identical(mtp):
     mtp.engine.scheduler.kv.check_invariants()
 
 
+@pytest.mark.slow
 def test_mtp_catch_up_drafts_as_one_prefill_would(mtp):
     """The MTP layer's K/V, filled step by step (each position paired with the token after it: accepted drafts in,
     rejected ones left out), gives the drafts that one prefill of the same tokens gives, without the prefix cache.
@@ -260,6 +270,7 @@ def test_mtp_refused_on_a_model_without_an_mtp_layer():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["qwen3.6-tiny", "deepseek-v3-tiny"])
+@pytest.mark.slow
 def test_mtp_under_tensor_parallelism_drafts_as_one_rank(model):
     """Tensor parallel 2: the MTP layer is split as the model's layers (its projection replicated), rank 0 takes
     the drafts' argmax and broadcasts them for the next chained step. The drafts equal one rank's, and so do the
@@ -280,6 +291,7 @@ def test_mtp_under_tensor_parallelism_drafts_as_one_rank(model):
     assert runs[1] == runs[0] and runs[0][2] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.slow
 def test_mtp_refused_when_the_checkpoint_lacks_the_layer(tmp_path):
     """A DeepSeek-V3 checkpoint whose config.json announces an MTP layer that its tensors lack (as some re-quantized
@@ -318,6 +330,7 @@ def _one_layer_model(src, tensors: dict, out_dir):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["deepseek-v3-tiny", "deepseek-v3.2-tiny"])
+@pytest.mark.slow
 def test_deepseek_mtp_drafts_equal_transformers_decoder_layer(tmp_path, model):
     """kvserve's DeepSeek-V3 MTP drafts against an oracle built from transformers' own layers on the same weights:
     ``x_i = eh_proj([enorm(embed(t_{i+1})), hnorm(h_i)])`` with ``h_i`` transformers' target hidden states (after the

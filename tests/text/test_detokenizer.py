@@ -119,6 +119,7 @@ def assert_streams_like_decode(t: Tok, text: str) -> None:
 
 
 @pytest.mark.parametrize("text", SAMPLES)
+@pytest.mark.slow_cases("deepseek-transformers-Hello, world!")
 def test_stream_concatenation_equals_decode(tok: Tok, text: str) -> None:
     assert_streams_like_decode(tok, text)
 
@@ -197,6 +198,7 @@ def _random_id_pool(name: str) -> list[int]:
 
 @settings(max_examples=60, deadline=None)
 @given(data=st.data(), name=st.sampled_from(["qwen", "deepseek", "llama-style"]))
+@pytest.mark.slow
 def test_random_token_ids_stream_like_decode(data: st.DataObject, name: str) -> None:
     t = _get(name)
     ids = data.draw(st.lists(st.sampled_from(_random_id_pool(name)), min_size=1, max_size=25))

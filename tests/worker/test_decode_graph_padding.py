@@ -34,6 +34,7 @@ def make_llm(backend: str, padded: bool, max_model_len: int = 64, model: str = "
     return llm, sizes
 
 
+@pytest.mark.slow
 def test_capture_sizes_and_padding_targets():
     assert capture_sizes(1) == [1]
     assert capture_sizes(8) == [1, 2, 4, 8]
@@ -57,6 +58,7 @@ def test_capture_sizes_and_padding_targets():
         pytest.param("triton", None, 3, 6, 64, "qwen3.6-tiny", marks=pytest.mark.slow),
     ],
 )
+@pytest.mark.slow
 def test_padded_decode_matches_unpadded_greedy_tokens(
     backend, split_k, num_seqs, prompt_len, max_model_len, model, monkeypatch
 ):
@@ -75,6 +77,7 @@ def test_padded_decode_matches_unpadded_greedy_tokens(
     assert [len(t) for t in tokens[True]] == max_tokens
 
 
+@pytest.mark.slow
 @pytest.mark.slow
 def test_mtp_drafts_from_a_padded_decode_step():
     """--speculative mtp after a padded decode step (the CUDA-graph path: DeepSeek-V3 runs it, the hybrids do not):
@@ -97,6 +100,7 @@ def test_mtp_drafts_from_a_padded_decode_step():
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.slow
 def test_padding_rows_write_no_kv_page(backend):
     llm, sizes = make_llm(backend, padded=True)
     engine, runner = llm.engine, llm.engine.runner
@@ -123,6 +127,7 @@ def test_padding_rows_write_no_kv_page(backend):
     assert changed == expected
 
 
+@pytest.mark.slow
 def test_memory_profile_step_fits_contexts_shorter_than_the_token_budget(monkeypatch):
     # The profiled step splits its token budget into sequences no longer than max_model_len: RoPE covers only
     # max_model_len positions (one 40-token sequence would index past the 16-row table).
@@ -139,6 +144,7 @@ def test_memory_profile_step_fits_contexts_shorter_than_the_token_budget(monkeyp
     assert seen == [list(range(16)) * 2 + list(range(8))]  # the whole budget, as sequences of at most 16
 
 
+@pytest.mark.slow
 def test_padding_rows_write_no_state_slot(monkeypatch):
     """A hybrid model's padded decode step changes the state slots of its three sequences (and the snapshots it
     takes) and no other. (The Triton kernels' padding rows: tests/kernels/test_recurrent.py.)"""

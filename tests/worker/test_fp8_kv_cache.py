@@ -25,6 +25,7 @@ STATED = {"qwen3-tiny": (0.1, 1.0, 0.65), "deepseek-tiny": (0.55, 5.0, 0.5)}  # 
 
 
 @pytest.mark.parametrize("name", sorted(STATED))
+@pytest.mark.slow
 def test_fp8_kv_cache_stays_within_the_stated_logprob_distance(name: str):
     original = LLM(name, block_size=4, num_kv_blocks=1024)
     fp8 = LLM(name, block_size=4, num_kv_blocks=1024, kv_cache_dtype="fp8")
@@ -36,6 +37,7 @@ def test_fp8_kv_cache_stays_within_the_stated_logprob_distance(name: str):
     assert drift.max_abs > 0
 
 
+@pytest.mark.slow
 def test_fp8_pages_hold_twice_the_tokens_of_bf16_pages_in_the_same_memory():
     blocks = {}
     for dtype, kv in (("bfloat16", "auto"), ("bfloat16", "fp8"), ("float32", "auto")):
@@ -49,6 +51,7 @@ def test_fp8_pages_hold_twice_the_tokens_of_bf16_pages_in_the_same_memory():
     assert blocks["bfloat16", "fp8"] // 4 == blocks["float32", "auto"]
 
 
+@pytest.mark.slow
 def test_fp8_kv_prefix_cache_hits_reproduce_cold_outputs():
     llm = LLM("qwen3-tiny", block_size=4, num_kv_blocks=256, kv_cache_dtype="fp8")
     prompts = random_prompts(50_000, [9, 22], seed=4)
@@ -63,6 +66,7 @@ def test_fp8_kv_prefix_cache_hits_reproduce_cold_outputs():
         torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 def test_fp8_kv_cache_triton_backend_gives_the_torch_backends_tokens():
     """The Triton store and attention kernels (the interpreter here) write the same e4m3 bytes and read them back
     as the torch reference does."""

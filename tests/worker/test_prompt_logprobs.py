@@ -40,10 +40,12 @@ def _check_scores(llm: LLM) -> None:
         assert_matches_hf("qwen3-tiny", prompt, out.outputs[0].prompt_logprobs)
 
 
+@pytest.mark.slow
 def test_prompt_logprobs_equal_transformers_in_chunks():
     _check_scores(LLM("qwen3-tiny", block_size=4, num_kv_blocks=512, max_num_batched_tokens=8))
 
 
+@pytest.mark.slow
 @pytest.mark.slow
 def test_prompt_logprobs_equal_transformers_in_one_step_and_overlapped(qwen3_llm: LLM):
     _check_scores(qwen3_llm)
@@ -64,6 +66,7 @@ def test_a_cached_prompt_is_recomputed_not_dropped(qwen3_llm: LLM):
     assert out.outputs[0].token_ids == plain.token_ids
 
 
+@pytest.mark.slow
 @pytest.mark.slow
 def test_preempted_scoring_recomputes_and_merges():
     """A pool too small for both sequences: the second is preempted mid-prefill (while the first decodes), comes back

@@ -145,6 +145,7 @@ def _allowed(logits: torch.Tensor, p: SamplingParams) -> set[int]:
     top_p=st.one_of(st.just(1.0), st.floats(0.01, 1.0)),
     min_p=st.one_of(st.just(0.0), st.floats(0.0, 1.0)),
 )
+@pytest.mark.slow
 def test_filters_never_pick_outside_their_set(
     values: list[float], temperature: float, top_k: int, top_p: float, min_p: float
 ) -> None:

@@ -30,6 +30,7 @@ def constrained(seed: int, **kwargs) -> SamplingParams:
     return SamplingParams(max_tokens=200, temperature=1.0, seed=seed, structured_output=JSON, **kwargs)
 
 
+@pytest.mark.slow
 def test_every_output_validates_at_temperature_1(qwen3_llm: LLM):
     prompts = random_prompts(50_000, [5, 12, 30, 7] * 2, seed=3)
     outs = qwen3_llm.generate(prompts, [constrained(seed) for seed in range(8)])
@@ -40,6 +41,7 @@ def test_every_output_validates_at_temperature_1(qwen3_llm: LLM):
     assert qwen3_llm.engine.structured_outputs.num_active == 0  # every matcher is released
 
 
+@pytest.mark.slow
 def test_n_siblings_and_ignore_eos_each_follow_the_grammar(qwen3_llm: LLM):
     [out] = qwen3_llm.generate([list(range(200, 220))], constrained(7, n=3, ignore_eos=True, logprobs=3))
     assert len(out.outputs) == 3
@@ -51,6 +53,7 @@ def test_n_siblings_and_ignore_eos_each_follow_the_grammar(qwen3_llm: LLM):
             assert all(logprob > float("-inf") for _, logprob in entry.top)
 
 
+@pytest.mark.slow
 def test_unconstrained_requests_are_unchanged_by_constrained_neighbours(qwen3_llm: LLM):
     prompts = random_prompts(50_000, [9, 14, 21], seed=5)
     free = [SamplingParams(max_tokens=24, temperature=1.0, seed=s, ignore_eos=True) for s in (1, 2)]
@@ -62,6 +65,7 @@ def test_unconstrained_requests_are_unchanged_by_constrained_neighbours(qwen3_ll
         jsonschema.validate(json.loads(out.text), SCHEMA)
 
 
+@pytest.mark.slow
 def test_preempted_constrained_requests_resume_their_grammar():
     llm = LLM("qwen3-tiny", block_size=4, num_kv_blocks=24, max_num_batched_tokens=64)
     prompts = random_prompts(50_000, [20, 30, 25], seed=8)
@@ -79,6 +83,7 @@ def test_preempted_constrained_requests_resume_their_grammar():
          r"\([a-z]{1,6}(,[a-z]{1,6}){0,3}\)"),
     ],
 )
+@pytest.mark.slow
 def test_regex_and_ebnf(qwen3_llm: LLM, spec, pattern):
     params = [SamplingParams(max_tokens=64, seed=s, structured_output=spec) for s in range(4)]
     outs = qwen3_llm.generate([[300, 301, 302]] * 4, params)
@@ -86,6 +91,7 @@ def test_regex_and_ebnf(qwen3_llm: LLM, spec, pattern):
     assert len({out.text for out in outs}) > 1
 
 
+@pytest.mark.slow
 def test_a_grammar_compiled_elsewhere_is_read_not_compiled_again(qwen3_llm: LLM, monkeypatch):
     """A server beside a core process compiles a request's grammar in its own workers and sends it with the request
     as JSON: the core reads it (milliseconds) instead of compiling the schema a second time, and it constrains."""
@@ -146,6 +152,7 @@ BOUNDED = {"type": "object", "properties": {
 }, "required": ["code", "tag", "note"], "additionalProperties": False}
 
 
+@pytest.mark.slow
 def test_pattern_with_length_bounds_holds_both_without_warnings(qwen3_llm: LLM, capfd):
     spec = StructuredOutputSpec("json_schema", json.dumps(BOUNDED))
     params = [SamplingParams(max_tokens=120, temperature=1.0, seed=seed, structured_output=spec) for seed in range(8)]

@@ -11,6 +11,7 @@ from tests.hf_oracle import random_prompts
 
 @pytest.mark.parametrize("name", ["qwen3-tiny", "qwen3-moe-tiny", "deepseek-v3-tiny",
                                   pytest.param("deepseek-v3.2-tiny", marks=pytest.mark.slow)])
+@pytest.mark.fast_cases("qwen3-tiny")
 def test_triton_backend_matches_torch_on_mixed_batch_with_cache_hits(name: str) -> None:
     base = random_prompts(50_000, [13], seed=41)[0]
     tails = random_prompts(50_000, [2, 6, 1], seed=42)

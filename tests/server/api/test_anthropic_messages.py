@@ -51,6 +51,7 @@ def test_text_streamed_equals_not_streamed_and_usage_splits_the_prompt(qwen_serv
     assert streamed.usage.cache_read_input_tokens == (total - 1) // bs * bs
 
 
+@pytest.mark.slow
 def test_forced_tool_use_streams_its_arguments_as_input_json(smol_server: LiveServer) -> None:
     client = smol_server.anthropic()
     kwargs = dict(model=smol_server.ctx.model_name, max_tokens=48, extra_body={"temperature": 0}, messages=FEW_SHOT,
@@ -77,6 +78,7 @@ def test_forced_tool_use_streams_its_arguments_as_input_json(smol_server: LiveSe
     assert "Paris: cloudy, 15 C" in prompt  # (this template does not show calls; test_agent_inputs.py does)
 
 
+@pytest.mark.slow
 def test_thinking_streams_a_thinking_block_and_disabled_thinks_not(deepseek_server: LiveServer) -> None:
     client = deepseek_server.anthropic()
     kwargs = dict(model="deepseek-tiny", max_tokens=8, extra_body={"temperature": 0}, messages=HELLO)

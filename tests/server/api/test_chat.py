@@ -13,6 +13,7 @@ from tests.server.conftest import LiveServer
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
+@pytest.mark.fast_cases("qwen")
 def test_streamed_text_equals_non_streamed_text_for_the_same_seed(any_server: LiveServer) -> None:
     name = any_server.ctx.model_name
     kwargs = dict(messages=QUESTION, max_tokens=6, temperature=0.8, seed=11)

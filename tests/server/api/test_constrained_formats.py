@@ -24,6 +24,7 @@ NAMED = {"type": "function", "function": {"name": "forecast"}}
     pytest.param("deepseek-v3.2", "deepseek-tiny", marks=pytest.mark.slow),
     pytest.param("deepseek-v4", "deepseek-tiny", marks=pytest.mark.slow),
 ])
+@pytest.mark.fast_cases("deepseek-v3-0324-deepseek-tiny")
 def test_every_seed_gives_valid_calls_in_the_familys_format(family, model):
     llm = LLM(model, block_size=16, num_kv_blocks=1024)
     prompt = get_renderer(family).render(MESSAGES, TOOLS, True)

@@ -77,6 +77,7 @@ def _wait(condition: Callable[[], bool], what: str, timeout: float = 120.0) -> N
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_an_optional_tool_grammar_never_holds_its_request_and_guards_the_next_turn(
     qwen_server: LiveServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -114,6 +115,7 @@ def test_a_failed_background_compile_is_remembered_not_repeated_every_turn(
     _wait(lambda: len(compiles()) == 2, "the expired failure was not compiled again", timeout=30)
 
 
+@pytest.mark.slow
 def test_required_tool_grammars_still_wait_and_fail_past_their_limit(
     qwen_server: LiveServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -125,6 +127,7 @@ def test_required_tool_grammars_still_wait_and_fail_past_their_limit(
     assert err.value.body["param"] == "tools" and "longer than 0.001 s" in err.value.body["message"], err.value.body
 
 
+@pytest.mark.slow
 def test_shutdown_does_not_wait_for_a_background_compile(monkeypatch: pytest.MonkeyPatch) -> None:
     # Three strings of up to 256 characters: 13 s to compile on one core (Claude Code's ListAgents tool).
     slow = {name: {"type": "string", "maxLength": 256} for name in ("channel", "query", "cursor")}

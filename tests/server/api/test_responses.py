@@ -24,6 +24,7 @@ def _dedup(types: list[str]) -> list[str]:
     return [t for i, t in enumerate(types) if i == 0 or types[i - 1] != t]
 
 
+@pytest.mark.slow
 def test_text_streamed_in_official_order_equals_not_streamed(qwen_server: LiveServer) -> None:
     client = qwen_server.client()
     kwargs = dict(model="qwen3-tiny", input="What is the capital of France?", instructions="Answer briefly.",
@@ -43,6 +44,7 @@ def test_text_streamed_in_official_order_equals_not_streamed(qwen_server: LiveSe
     assert final.usage.input_tokens_details.cached_tokens > 0
 
 
+@pytest.mark.slow
 def test_function_call_streams_arguments_and_maps_namespaces_back(smol_server: LiveServer) -> None:
     client = smol_server.client()
     namespace = {"type": "namespace", "name": "weather", "description": "Weather tools",
@@ -66,6 +68,7 @@ def test_function_call_streams_arguments_and_maps_namespaces_back(smol_server: L
     assert "Paris: cloudy, 15 C" in smol_server.ctx.tokenizer.decode(smol_server.last_record()["prompt_token_ids"])
 
 
+@pytest.mark.slow
 def test_reasoning_item_streams_and_round_trips_as_encrypted_content(deepseek_server: LiveServer) -> None:
     client = deepseek_server.client()
     kwargs = dict(model="deepseek-tiny", input="Hello", max_output_tokens=8, temperature=0,

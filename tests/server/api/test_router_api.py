@@ -3,6 +3,7 @@ of a chat request. The routers themselves run in tests/bench/test_router.py."""
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from engine.config import EngineConfig
 from server.pipeline.context import ServerSettings, load_context
@@ -45,6 +46,7 @@ def test_load_and_server_info(qwen_server: LiveServer) -> None:
     assert sources.status_code == 404 and "--kv-events-endpoint" in sources.json()["error"]["message"]
 
 
+@pytest.mark.slow
 def test_kv_event_sources_name_the_publisher() -> None:
     port, replay_port = free_port(), free_port()
     config = EngineConfig(block_size=16, num_kv_blocks=64, max_model_len=256, kv_events_topic="kv",

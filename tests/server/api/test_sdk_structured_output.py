@@ -61,6 +61,7 @@ def _gather(*coroutines):
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_openai_responses_parse(qwen_server: LiveServer) -> None:
     client = qwen_server.async_client()
     kwargs = dict(model=MODEL, input=QUESTION, text_format=Forecast, temperature=1.0, max_output_tokens=120,
@@ -78,6 +79,7 @@ def test_openai_responses_parse(qwen_server: LiveServer) -> None:
     _check(_gather(*(parse(stream) for stream in (False, True) for _ in SAMPLES)), Forecast)
 
 
+@pytest.mark.slow
 @pytest.mark.slow
 def test_anthropic_messages_parse(qwen_server: LiveServer) -> None:
     client = anthropic.AsyncAnthropic(base_url=qwen_server.base_url, api_key=qwen_server.api_key, max_retries=0)
@@ -98,6 +100,7 @@ def test_anthropic_messages_parse(qwen_server: LiveServer) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("api", ["responses", "chat_completions"])
+@pytest.mark.slow
 def test_openai_agents_output_type(qwen_server: LiveServer, api: str) -> None:
     from agents import (Agent, ModelSettings, OpenAIChatCompletionsModel, OpenAIResponsesModel, Runner,
                         set_tracing_disabled)
@@ -128,6 +131,7 @@ def test_openai_agents_output_type(qwen_server: LiveServer, api: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_langchain_with_structured_output(qwen_server: LiveServer) -> None:
     from langchain_openai import ChatOpenAI
 
@@ -144,6 +148,7 @@ def test_langchain_with_structured_output(qwen_server: LiveServer) -> None:
     _check(_gather(*(run(stream, seed) for stream in (False, True) for seed in SAMPLES)), Forecast)
 
 
+@pytest.mark.slow
 def test_responses_text_format_is_enforced_and_echoed(qwen_server: LiveServer) -> None:
     """The quick check of the tier without the SDK sweeps: one parse per API, and the format echoed as sent."""
     client = qwen_server.client()
@@ -160,6 +165,7 @@ def test_responses_text_format_is_enforced_and_echoed(qwen_server: LiveServer) -
     assert json_object.output_text.startswith("{") and json_object.text.format.type == "json_object"
 
 
+@pytest.mark.slow
 def test_messages_output_config_format_is_enforced(qwen_server: LiveServer) -> None:
     client = qwen_server.anthropic()
     message = client.messages.parse(model=MODEL, max_tokens=120, output_format=Week,
@@ -188,6 +194,7 @@ def test_a_format_that_cannot_be_enforced_is_a_400_naming_the_field(qwen_server:
         assert param in error["message"]
 
 
+@pytest.mark.slow
 def test_a_cut_structured_answer_is_never_reported_complete(qwen_server: LiveServer) -> None:
     """A cut reply is reported as finished to the agent APIs when the server's limits cut it, but never a structured
     one, whose text does not parse."""

@@ -114,6 +114,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("model", ["qwen", "deepseek", "moe", pytest.param("qwen36", marks=pytest.mark.slow)])
+@pytest.mark.slow
 def test_required_named_and_json_schema_hold_for_every_seed(model, request):
     server: LiveServer = request.getfixturevalue(model)
     # Qwen3 thinks by default and a random model never stops thinking: the guarantee is about what follows.
@@ -144,6 +145,7 @@ def test_required_named_and_json_schema_hold_for_every_seed(model, request):
         assert by_case[case, True] == by_case[case, False]
 
 
+@pytest.mark.slow
 def test_a_call_cut_off_by_max_tokens(qwen: LiveServer):
     """Not streamed: the cut call is dropped, its markup never reaches content, finish_reason "length"; never a call
     whose arguments do not parse (a call whose arguments were whole, only its closing tag cut, is a call). Streamed:
@@ -171,6 +173,7 @@ LOOKBEHIND = {"type": "function", "function": {"name": "bad", "parameters": {
     "type": "object", "properties": {"p": {"type": "string", "pattern": "(?<=a)b"}}}}}
 
 
+@pytest.mark.slow
 def test_under_auto_a_tool_schema_that_cannot_be_enforced_still_serves(qwen: LiveServer):
     """Nobody asked for a guarantee: the request runs (a call to that tool is held to a JSON object only)."""
     response = qwen.chat(messages=MESSAGES, tools=[FORECAST, LOOKBEHIND], tool_choice="auto", max_tokens=8)
@@ -194,12 +197,14 @@ CALL = '<tool_call>\n{"name": "search", "arguments": {"query": "kvserve"}}\n</to
         ("Like this:\n```\n" + CALL + "\n```", "Like this:\n```\n" + CALL + "\n```", []),  # a code block
     ],
 )
+@pytest.mark.slow
 def test_markup_that_is_not_a_call(qwen: LiveServer, raw, content, calls):
     for reply in _forced(qwen, raw):
         assert reply.content == content and [name for name, _ in reply.calls] == calls, reply
         assert reply.finish_reason == ("tool_calls" if calls else "stop")
 
 
+@pytest.mark.slow
 def test_deepseek_v31_finishes_with_tool_calls_only_when_there_are_calls(deepseek: LiveServer):
     empty = "<｜tool▁calls▁begin｜><｜tool▁calls▁end｜>"
     for reply in _forced(deepseek, empty):
@@ -209,6 +214,7 @@ def test_deepseek_v31_finishes_with_tool_calls_only_when_there_are_calls(deepsee
         assert reply.calls == [("search", '{"query": "x"}')] and reply.finish_reason == "tool_calls"
 
 
+@pytest.mark.slow
 def test_text_completions_honour_response_format(qwen: LiveServer):
     client = qwen.client()
     for seed in range(4):
@@ -233,6 +239,7 @@ def test_text_completions_honour_response_format(qwen: LiveServer):
             "$ref": "https://example.com/schema.json"}}}), "response_format.json_schema.schema", "another document"),
     ],
 )
+@pytest.mark.slow_cases("chat-body0-response_format.json_schema.schema-'if'/'then'/'else' are not supported")
 def test_what_cannot_be_enforced_is_a_400_naming_the_part(qwen_server: LiveServer, endpoint, body, param, message):
     """Refused before any generation, so the session's server serves it (the fast tier starts no server for it)."""
     extra = body.pop("extra_body", {})

@@ -67,6 +67,7 @@ def _expected(server: LiveServer, messages: list[dict], tools: list[dict], tool_
     return parse_output(server.ctx.family, raw, tools, tool_choice, reasoning=thinking, id_prefix="x")
 
 
+@pytest.mark.slow
 def test_named_tool_choice_yields_a_parsed_call_streamed_and_not(smol_server: LiveServer) -> None:
     kwargs = dict(messages=FEW_SHOT, tools=[WEATHER], tool_choice=NAMED, max_tokens=48, temperature=0)
     response = smol_server.chat(**kwargs)
@@ -83,6 +84,7 @@ def test_named_tool_choice_yields_a_parsed_call_streamed_and_not(smol_server: Li
     assert calls[0]["id"].startswith("call_")
 
 
+@pytest.mark.slow
 def test_a_forced_call_is_what_the_parser_makes_of_the_raw_output(qwen_server: LiveServer) -> None:
     """qwen3-tiny has random weights: only the grammar makes its output a call to the named function. (Its strings
     are bounded: a random model never ends one by choice.)"""
@@ -117,6 +119,7 @@ READ_FILE = {"type": "function", "function": {
 }}
 
 
+@pytest.mark.fast_cases("qwen")
 def test_history_with_tool_calls_and_results_renders_and_runs(any_server: LiveServer) -> None:
     response = any_server.chat(messages=AGENT_HISTORY, tools=[READ_FILE], tool_choice="auto", max_tokens=3)
     assert response.choices[0].finish_reason in ("stop", "length", "tool_calls")
@@ -152,6 +155,7 @@ def test_a_call_cut_by_max_tokens_leaves_no_markup_in_content(qwen_server: LiveS
     assert not content and not calls and finish == "length"
 
 
+@pytest.mark.slow
 def test_a_template_without_tools_gets_them_rendered_generically_and_calls_round_trip(smol_server: LiveServer) -> None:
     """SmolLM2's template reads neither `tools` nor `tool_calls`: the tools reach the prompt, the model's call comes
     back parsed, and on the next turn the call renders as the text the model wrote, after the same prompt."""

@@ -56,6 +56,7 @@ def session(seed: int, system_words: int, user_words: int) -> tuple[str, str]:
 
 
 @pytest.mark.parametrize("tier", ["offload", "plain"])
+@pytest.mark.slow
 def test_a_b_a(request, tier):
     server = request.getfixturevalue(f"{tier}_server")
     server.reset_prefix_cache()
@@ -73,6 +74,7 @@ def test_a_b_a(request, tier):
 
 
 @pytest.mark.parametrize("pinned", [True, False])
+@pytest.mark.slow
 def test_breakpoint_on_the_system_prompt_survives_newer_sessions(plain_server, pinned):
     server = plain_server
     server.reset_prefix_cache()
@@ -94,6 +96,7 @@ def test_breakpoint_on_the_system_prompt_survives_newer_sessions(plain_server, p
         assert usage.cache_read_input_tokens == 0
 
 
+@pytest.mark.slow
 def test_disk_tier_survives_a_restart(tmp_path):
     settings = dict(kv_offload_gb=0.01, kv_disk_dir=str(tmp_path))
     a = session(60, 200, 500)
@@ -115,6 +118,7 @@ def _retained_for(server: LiveServer) -> float:
 
 
 @pytest.mark.parametrize("session_id", ["agent-7", None])
+@pytest.mark.slow
 def test_a_reply_ending_in_tool_calls_holds_its_session(smol_server: LiveServer, session_id):
     smol_server.reset_prefix_cache()
     headers = {"X-Session-Id": session_id} if session_id else {}

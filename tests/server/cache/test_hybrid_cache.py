@@ -26,6 +26,7 @@ def _system() -> dict:
     return {"role": "system", "content": f"You are a coding agent in session {uuid.uuid4()}. Be brief."}
 
 
+@pytest.mark.slow
 def test_requests_sharing_the_system_prompt_and_tools_read_it_whole(hybrid_server: LiveServer) -> None:
     bs = hybrid_server.ctx.engine.facts.block_size
     system = _system()
@@ -40,6 +41,7 @@ def test_requests_sharing_the_system_prompt_and_tools_read_it_whole(hybrid_serve
     assert second.usage.prompt_tokens_details.cached_tokens == shared // bs * bs > 0
 
 
+@pytest.mark.slow
 def test_next_turn_resumes_where_a_snapshot_is(hybrid_server: LiveServer) -> None:
     """The next turn resumes at the deepest snapshot its prompt shares: the reply's end where the re-rendered reply
     equals the generated tokens, else the previous prompt's end (a random model's reply, detokenized and encoded
@@ -90,6 +92,7 @@ def test_a_retry_appending_to_the_last_user_message_reads_what_a_dense_cache_wou
     assert read == shared // bs * bs
 
 
+@pytest.mark.slow
 def test_an_image_gets_a_clear_400(hybrid_server: LiveServer) -> None:
     with pytest.raises(openai.BadRequestError, match="text only"):
         hybrid_server.chat(messages=[{"role": "user", "content": [

@@ -146,6 +146,7 @@ def test_request_limits_are_400s_naming_the_limit(qwen_server: LiveServer, monke
     assert response.status_code == 400 and "enum" in response.json()["error"]["message"], response.text
 
 
+@pytest.mark.slow
 def test_a_grammar_that_compiles_too_long_is_a_400_while_a_bystander_streams(
     qwen_server: LiveServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -183,6 +184,7 @@ def _outside_strings(text: str) -> str:
     return "".join(out)
 
 
+@pytest.mark.slow
 def test_constrained_json_is_compact_so_a_model_cannot_spend_its_budget_on_whitespace(qwen_server: LiveServer):
     """Random weights looped on `{\\r\\n\\r\\n"city":"",\\n  \\n"days"\\r\\n ...` until max_tokens."""
     schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
@@ -244,6 +246,7 @@ def test_recordings_per_tenant_are_private(tmp_path) -> None:
         assert len(salts) == 1 and (f.stat().st_mode & 0o777) == 0o600, (f, salts)
 
 
+@pytest.mark.slow
 def test_a_compiled_grammar_is_a_hit_only_for_the_tenant_that_compiled_it(qwen_server: LiveServer) -> None:
     """Else a tenant could tell from a compile's speed that another tenant used the same schema."""
     grammars = qwen_server.ctx.grammars

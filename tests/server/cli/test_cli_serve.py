@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from server.cli import build_parser
 
@@ -34,6 +35,7 @@ def _lines(stream, sink: queue.Queue) -> None:
     sink.put(None)
 
 
+@pytest.mark.slow
 def test_serve_subprocess_banner_request_record_and_graceful_sigterm(tmp_path: Path) -> None:
     record = tmp_path / "trace.jsonl"
     proc = subprocess.Popen(

@@ -86,6 +86,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+@pytest.mark.slow_cases("malformed json", "json not an object", "non-utf8 body")
 def test_bad_input_gets_its_status_and_the_openai_error_shape(qwen_server: LiveServer, case: Case) -> None:
     content = case.raw if case.raw is not None else (json.dumps(case.body).encode() if case.body is not None else None)
     headers = {"Content-Type": "application/json", **case.headers}
@@ -121,6 +122,7 @@ def test_the_openai_client_raises_its_typed_errors(qwen_server: LiveServer) -> N
         qwen_server.chat(messages=OK_MESSAGES, temperature=3)
 
 
+@pytest.mark.slow
 def test_the_server_keeps_serving_after_bad_input(qwen_server: LiveServer) -> None:
     for case in CASES:
         content = case.raw if case.raw is not None else json.dumps(case.body).encode()

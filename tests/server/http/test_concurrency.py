@@ -61,6 +61,7 @@ ABORTED = 'kvserve_requests_finished_total{model="qwen3-tiny",finish_reason="abo
 GENERATED = 'kvserve_generation_tokens_total{model="qwen3-tiny"}'
 
 
+@pytest.mark.slow
 def test_concurrent_streams_with_disconnects_leak_no_pages(qwen_server: LiveServer) -> None:
     before = qwen_server.metrics()
     results, most_running = asyncio.run(_run_all(qwen_server))

@@ -5,6 +5,7 @@ import json
 import re
 
 import httpx
+import pytest
 
 from tests.server.conftest import LiveServer
 
@@ -92,6 +93,7 @@ def test_metrics_page_is_prometheus_text(qwen_server: LiveServer) -> None:
     assert metrics['kvserve_generation_tokens_total{model="qwen3-tiny"}'] >= 2
 
 
+@pytest.mark.slow
 def test_streamed_text_never_splits_a_character(smol_server: LiveServer) -> None:
     """SmolLM2 writes each CJK character as three byte-level tokens. No chunk may carry a part of one (it would show
     as U+FFFD), and the chunks join to exactly the decoded output."""

@@ -142,6 +142,7 @@ def _fuzz(server: LiveServer, monkeypatch: pytest.MonkeyPatch, max_examples: int
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_no_5xx_and_errors_in_each_apis_shape(qwen_server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
     """KVSERVE_FUZZ_CASES cases (1,000 unless set); the deep run, KVSERVE_FUZZ_CASES=5000, takes about 400 s on two
     cores, too long for every CI run."""

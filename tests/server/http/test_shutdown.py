@@ -108,6 +108,7 @@ def _serve_subprocess(*flags: str) -> tuple[subprocess.Popen, str, queue.Queue]:
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_sigterm_finishes_within_its_timeout_whatever_is_compiling() -> None:
     """A grammar compiling for minutes (an enum of 100,000 strings, the limits raised out of its way) held SIGTERM
     until it was done; a running stream was cut off with no closing event."""
@@ -148,6 +149,7 @@ def test_sigterm_finishes_within_its_timeout_whatever_is_compiling() -> None:
             proc.wait()
 
 
+@pytest.mark.slow
 @pytest.mark.slow
 def test_an_offline_script_with_tensor_parallel_workers_exits_without_closing(tmp_path) -> None:
     """`LLM(..., tensor_parallel_size=2)`: the script printed its results, then its interpreter waited forever for a

@@ -56,6 +56,7 @@ def session(ui_server: LiveServer) -> dict:
     return {"replies": replies, "records": records, "id": listed["id"]}
 
 
+@pytest.mark.slow
 def test_a_session_lists_every_request_with_the_apis_usage(ui_server: LiveServer, session: dict) -> None:
     view = get(ui_server, f"/ui/api/sessions/{session['id']}").json()
     requests = view["requests"]
@@ -69,6 +70,7 @@ def test_a_session_lists_every_request_with_the_apis_usage(ui_server: LiveServer
     assert requests[1]["cached_tokens"] > 0 and view["session"]["tenant"]
 
 
+@pytest.mark.slow
 def test_a_changed_system_prompt_line_is_found_on_its_token(ui_server: LiveServer, session: dict) -> None:
     second, third = (session["records"][reply.id] for reply in session["replies"][1:])
     expected = common_prefix(third["prompt_token_ids"], second["prompt_token_ids"] + second["output_token_ids"])
@@ -84,6 +86,7 @@ def test_a_changed_system_prompt_line_is_found_on_its_token(ui_server: LiveServe
     assert sides["previous"]["id"] == second["request_id"] and sides["current"]["start"] == sides["previous"]["start"]
 
 
+@pytest.mark.slow
 def test_a_tenant_sees_only_its_own_and_an_operator_sees_all(ui_server: LiveServer, session: dict) -> None:
     ui_server.chat(api_key=KEY_B, messages=[{"role": "user", "content": "hello from b " * 20}], max_tokens=2)
     request_id = session["replies"][0].id
@@ -213,6 +216,7 @@ def hybrid_ui_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveS
                                                                            max_model_len=2048), ServerSettings(ui=True))
 
 
+@pytest.mark.slow
 @pytest.mark.slow
 def test_snapshot_points_of_a_hybrid_model(hybrid_ui_server: LiveServer) -> None:
     """The request view, the page (headless Chromium) and `kvserve inspect --request` mark where a hybrid model's

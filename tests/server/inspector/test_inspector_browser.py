@@ -77,6 +77,7 @@ def screenshot(page, served: dict, name: str, **kwargs) -> None:
         shutil.copy(path, DOCS_IMAGES / name)
 
 
+@pytest.mark.slow
 def test_the_session_lists_every_request_with_the_apis_cached_share(served: dict) -> None:
     page, load_ms = browser.open_inspector(served["context"], served["url"], KEY_A)
     page.wait_for_selector("#requests")
@@ -99,6 +100,7 @@ def test_the_session_lists_every_request_with_the_apis_cached_share(served: dict
     screenshot(page, served, "inspector_session.png", full_page=True)
 
 
+@pytest.mark.slow
 def test_the_divergence_marker_sits_on_the_changed_token(served: dict) -> None:
     before, changed = (served["records"][r.id] for r in served["replies"][CHANGED_FROM - 1 : CHANGED_FROM + 1])
     expected = common_prefix(changed["prompt_token_ids"], before["prompt_token_ids"] + before["output_token_ids"])
@@ -119,6 +121,7 @@ def test_the_divergence_marker_sits_on_the_changed_token(served: dict) -> None:
                                                                            "height": 1400})
 
 
+@pytest.mark.slow
 def test_a_second_tenant_sees_nothing_of_the_first(served: dict) -> None:
     first = served["replies"][0].id
     headers = {"Authorization": f"Bearer {KEY_A}"}
@@ -139,6 +142,7 @@ def test_a_second_tenant_sees_nothing_of_the_first(served: dict) -> None:
     assert len(httpx.get(f"{served['url']}/ui/api/sessions", headers=operator).json()["sessions"]) == 2
 
 
+@pytest.mark.slow
 def test_the_cache_view_and_the_servers_log(served: dict) -> None:
     page, _ = browser.open_inspector(served["context"], served["url"], KEY_OPERATOR, "/cache")
     page.wait_for_selector("#prefixes")

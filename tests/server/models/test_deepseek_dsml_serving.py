@@ -50,6 +50,7 @@ def test_thinking_and_effort_reach_the_prompt(server: LiveServer) -> None:
     assert bad.status_code == 400 and "reasoning_effort" in bad.json()["error"]["message"]
 
 
+@pytest.mark.slow
 def test_reasoning_effort_on_every_api(server: LiveServer) -> None:
     client = server.client()
     model = server.ctx.model_name
@@ -75,6 +76,7 @@ def test_reasoning_effort_on_every_api(server: LiveServer) -> None:
 
 
 @pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.slow
 def test_a_required_call_is_valid_dsml(server: LiveServer, stream: bool) -> None:
     kwargs = dict(model=server.ctx.model_name, messages=QUESTION, tools=[FORECAST], tool_choice="required",
                   parallel_tool_calls=False, max_tokens=200, temperature=1.0, seed=3)

@@ -44,6 +44,7 @@ def test_next_turn_reads_the_last_from_the_cache() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_serve_a_v4_checkpoint_directory_with_no_flags(tmp_path: Path) -> None:
     """A checkpoint saved by transformers (pools of 128 tokens) needs 128-token blocks: the engine picks them and the
     banner says so; a chat request through the openai client is answered."""

@@ -56,6 +56,7 @@ def _loglikelihoods(results: dict) -> list[list[float]]:
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_lm_eval_local_completions_equals_transformers(smol_server: LiveServer, tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -39,6 +39,7 @@ def _parsed_raw_output(server: LiveServer, tool_choice) -> object:
                         id_prefix="x")
 
 
+@pytest.mark.fast_cases("deepseek-v3-tiny")
 def test_agent_turns_parse_tools_and_reasoning_and_hit_the_cache(server: LiveServer) -> None:
     kwargs = _thinking(server)
     first = server.chat(messages=AGENT_HISTORY, tools=[READ_FILE], tool_choice="auto", max_tokens=12, seed=1,
@@ -61,6 +62,7 @@ def test_agent_turns_parse_tools_and_reasoning_and_hit_the_cache(server: LiveSer
     assert first.usage.prompt_tokens - 2 * BLOCK_SIZE <= cached < second.usage.prompt_tokens
 
 
+@pytest.mark.slow
 def test_forced_tool_call_is_a_valid_call_streamed_and_not(server: LiveServer) -> None:
     # The grammar writes the call in the model's own format (Qwen3-Coder XML, DeepSeek-V3.1 call tokens); a
     # length-capped path lets a random model close its string within the budget (12 characters of up to 4 byte

@@ -18,6 +18,7 @@ def _expected(server: LiveServer, ids: list[int]) -> list[float]:
     return [rows[i, ids[i + 1]].item() for i in range(len(ids) - 1)]
 
 
+@pytest.mark.slow
 def test_echo_logprobs_score_the_prompt_as_transformers_does_cached_or_not(smol_server: LiveServer) -> None:
     client = smol_server.client()
     ids = smol_server.ctx.encode(TEXT)
@@ -40,6 +41,7 @@ def test_echo_logprobs_score_the_prompt_as_transformers_does_cached_or_not(smol_
             assert all(max(top.values()) >= lp - 1e-6 for lp, top in zip(scored[1:], choice.logprobs.top_logprobs[1:]))
 
 
+@pytest.mark.slow
 def test_vllm_prompt_logprobs_on_both_openai_endpoints(smol_server: LiveServer) -> None:
     http = smol_server.http()
     ids = smol_server.ctx.encode(TEXT)

@@ -33,10 +33,12 @@ def _tokens(server: LiveServer, messages: list[dict], **kwargs) -> list[int]:
     return response.json()["tokens"]
 
 
+@pytest.mark.slow
 def test_a_local_checkpoint_is_served_with_the_native_renderer(server: LiveServer) -> None:
     assert server.ctx.family == "qwen3.6" and type(server.ctx.lane_tools.renderer) is type(get_renderer("qwen3.6"))
 
 
+@pytest.mark.slow
 def test_the_next_turn_extends_the_previous_prompt_and_reply(server: LiveServer) -> None:
     """Turn N's prompt + the model's raw reply is a token prefix of turn N+1 (after a new user message, where the
     template would otherwise drop the reasoning); `preserve_thinking: false` in a request restores that drop."""
@@ -52,6 +54,7 @@ def test_the_next_turn_extends_the_previous_prompt_and_reply(server: LiveServer)
     assert tokenizer.decode(dropped).count(REASONING) == 0
 
 
+@pytest.mark.slow
 def test_a_late_system_message_renders_as_a_user_turn(server: LiveServer) -> None:
     """The template refuses a system message after the first (Codex's developer messages, Claude Code's environment
     block); the server renders it in place as a user turn instead of failing the request."""
@@ -62,6 +65,7 @@ def test_a_late_system_message_renders_as_a_user_turn(server: LiveServer) -> Non
     assert "<|im_start|>user\nSandbox: read-only.<|im_end|>\n<|im_start|>user\nAnd tests?" in text
 
 
+@pytest.mark.slow
 def test_thinking_is_on_by_default_and_parsed_on_every_api(server: LiveServer) -> None:
     common = dict(model=server.ctx.model_name, messages=[QUESTION], max_tokens=12, temperature=0)
     thought = server.client().chat.completions.create(**common).choices[0].message

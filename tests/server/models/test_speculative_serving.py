@@ -39,6 +39,7 @@ FORECAST = {"type": "object", "additionalProperties": False, "required": ["city"
 TOOLS = [{"type": "function", "function": {"name": "forecast", "description": "Weather", "parameters": FORECAST}}]
 
 
+@pytest.mark.slow
 def test_required_tool_calls_speculate_under_their_grammar(qwen_server: LiveServer) -> None:
     """tool_choice required: the session's second request drafts the first one's call, each draft verified under
     the call grammar; the calls are identical to no speculation and valid."""
@@ -73,6 +74,7 @@ def mtp_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]
                             EngineConfig(block_size=4, num_kv_blocks=1024, max_model_len=512, speculative="mtp"))
 
 
+@pytest.mark.slow
 @pytest.mark.slow
 def test_mtp_drafts_through_the_server_and_the_tokens_do_not_change(mtp_server: LiveServer) -> None:
     """The server's default proposer is the model's MTP layer: the reply equals one with ``"speculative": "off"``,

@@ -35,6 +35,7 @@ def test_banner_shows_what_each_rank_holds(tp_server: ServeProcess):
     assert 18.0 < float(ranks[0].group(4)) < 19.0
 
 
+@pytest.mark.slow
 def test_chat_end_to_end_matches_the_single_process_server(tp_server: ServeProcess, qwen_server: LiveServer):
     client = openai.OpenAI(base_url=f"{tp_server.url}/v1", api_key="unused", max_retries=0, timeout=120)
     kwargs = dict(messages=MESSAGES, max_tokens=24, temperature=0)
@@ -48,6 +49,7 @@ def test_chat_end_to_end_matches_the_single_process_server(tp_server: ServeProce
     assert httpx.get(f"{tp_server.url}/health", timeout=10).status_code == 200
 
 
+@pytest.mark.slow
 def test_killing_a_worker_mid_request_makes_the_server_unhealthy_and_exit(tp_server: ServeProcess):
     worker_pid = int(re.search(r"tensor parallel rank 1 \(cpu, pid (\d+)\)", "".join(tp_server.output)).group(1))
     body = {"model": "qwen3-tiny", "messages": MESSAGES, "max_tokens": 400, "temperature": 0, "stream": True,

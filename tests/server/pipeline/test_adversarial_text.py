@@ -79,6 +79,7 @@ def test_normalising_and_rendering_a_megabyte_is_linear(family: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(PARSING_FAMILIES))
+@pytest.mark.slow
 def test_every_output_parser_takes_a_megabyte_in_linear_time(family: str) -> None:
     # Before: 142,857 <think> tags (1 MB) took 5.1-5.5 s and 90,909 <tool_call> tags 3.2-3.6 s, growing
     # quadratically (each piece copied the item's whole text: 2.9 s at 100,000 tags, 1.0 s at 50,000); now 1-2 s a

@@ -60,6 +60,7 @@ def test_the_process_core_gives_the_thread_cores_greedy_tokens(process_server: L
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_a_grammar_constrains_the_process_cores_output_as_the_thread_cores(process_server: LiveServer,
                                                                             qwen_server: LiveServer) -> None:
     """The server compiles it in its compile workers and sends it with the request; the core process reads it."""
@@ -68,6 +69,7 @@ def test_a_grammar_constrains_the_process_cores_output_as_the_thread_cores(proce
     assert json_text.strip().startswith("{") and json_text == qwen_server.chat(**constrained).choices[0].message.content
 
 
+@pytest.mark.slow
 @pytest.mark.slow
 def test_a_client_that_disconnects_frees_its_blocks(process_server: LiveServer) -> None:
     core = process_server.ctx.engine.core
@@ -85,6 +87,7 @@ def test_a_client_that_disconnects_frees_its_blocks(process_server: LiveServer) 
     assert process_server.metric("kvserve_requests_running") == 0
 
 
+@pytest.mark.slow
 @pytest.mark.slow
 def test_caches_tokens_and_the_inspector_over_the_process_boundary(process_server: LiveServer) -> None:
     with process_server.http() as http:
@@ -120,6 +123,7 @@ def _unhealthy_then_exit(server: ServeProcess, since: float) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_a_killed_core_process_fails_health_and_ends_the_server() -> None:
     with _serve() as server:
         core_pid = int(re.search(r"the engine core runs in process (\d+)", "".join(server.output)).group(1))
@@ -129,6 +133,7 @@ def test_a_killed_core_process_fails_health_and_ends_the_server() -> None:
         assert f"the engine core process (pid {core_pid}) was killed by SIGKILL" in "".join(server.output)
 
 
+@pytest.mark.slow
 @pytest.mark.slow
 def test_a_killed_tensor_parallel_worker_of_the_core_process_ends_the_server() -> None:
     """The core process is rank 0: a worker's death ends its engine, and so the server, as in-process."""
@@ -146,6 +151,7 @@ def test_a_killed_tensor_parallel_worker_of_the_core_process_ends_the_server() -
         _unhealthy_then_exit(server, killed)
 
 
+@pytest.mark.slow
 @pytest.mark.slow
 def test_a_core_that_cannot_start_says_why(tmp_path) -> None:
     from engine.core.process import CoreProcess, CoreStartError

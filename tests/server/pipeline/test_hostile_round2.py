@@ -457,6 +457,7 @@ def long_context_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Li
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_a_newcomer_does_not_wait_behind_another_tenants_large_preparations(long_context_server: LiveServer) -> None:
     """Twelve concurrent 250 KB prompts of tenant A (250,000 digit tokens each: ~0.55 s of tokenizing apiece, then
     too long for the context), and a small request of tenant B just after them. Before, they shared the small lane
