@@ -105,13 +105,13 @@ class EngineConfig:
     max_retained_fraction: float = field(
         default=0.5, metadata=_help("the largest fraction of the KV pool that retained blocks (cache_control pins, "
                                     "named caches, sessions held across tool calls) may take"))
-    tool_call_ttl: float = field(
-        default=30.0, metadata=_help("seconds a session's KV blocks stay retained after a reply that ends in tool "
     max_retained_share_per_tenant: float = field(
         default=0.5, metadata=_help("the largest fraction of the retention cap (--max-retained-fraction) that one "
                                     "API key's retained blocks (its breakpoint pins, session holds and named caches "
                                     "together) may take, so one tenant cannot hold the whole cap; applies when the "
                                     "server has two or more keys (1: no per-tenant bound)"))
+    tool_call_ttl: float = field(
+        default=30.0, metadata=_help("seconds a session's KV blocks stay retained after a reply that ends in tool "
                                      "calls, so the turn with the tool result finds them (0: off)"))
     kv_offload_gb: float = field(
         default=0.0, metadata=_help("host memory (GiB) for KV blocks evicted from the device pool; a later hit "
@@ -173,11 +173,11 @@ class EngineConfig:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
         if not 0 <= self.max_retained_fraction <= 1:
             raise ValueError(f"max_retained_fraction must be in [0, 1], got {self.max_retained_fraction}")
-        if not 0 <= self.state_snapshot_fraction < 1:
-            raise ValueError(f"state_snapshot_fraction must be in [0, 1), got {self.state_snapshot_fraction}")
         if not 0 < self.max_retained_share_per_tenant <= 1:
             raise ValueError("max_retained_share_per_tenant must be in (0, 1], got "
                              f"{self.max_retained_share_per_tenant}")
+        if not 0 <= self.state_snapshot_fraction < 1:
+            raise ValueError(f"state_snapshot_fraction must be in [0, 1), got {self.state_snapshot_fraction}")
         if self.num_state_snapshots is not None and self.num_state_snapshots < 0:
             raise ValueError(f"num_state_snapshots must be >= 0, got {self.num_state_snapshots}")
         if self.encoder_cache_mb < 0:

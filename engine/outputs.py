@@ -251,11 +251,11 @@ class SequenceInfo:
     num_host_cached_tokens: int  # of num_cached_tokens, restored from the host tier
     num_disk_cached_tokens: int  # ... and from the disk tier
     timings: RequestTimings
-
-
     # leading prompt tokens its breakpoints (`Retention.pins`) really retain: to the end of its last pin, or to the
     # first block the retention cap or its tenant's share refused (`KVCacheManager.num_pinned_tokens`)
     num_pinned_tokens: int = 0
+
+
 class StepOutputs:
     """What one engine step produced, as columns (the engine core emits one per step, and a client routes its rows to
     their streams in one hop): row ``i`` is sequence ``indices[i]`` of request ``request_ids[i]``, which gained
@@ -397,9 +397,9 @@ class SequenceOutput:
     num_disk_cached_tokens: int = 0  # ... and from the disk tier
     speculation: DraftStats | None = None  # speculative decoding: the sequence's counters, on its last output
     stop_str: str | None = None  # the stop string that ended it (set by the output processor, which matches them)
+    num_pinned_tokens: int = 0  # leading prompt tokens its breakpoints really retain (`SequenceInfo`)
 
     @property
-    num_pinned_tokens: int = 0  # leading prompt tokens its breakpoints really retain (`SequenceInfo`)
     def finished(self) -> bool:
         return self.finish_reason is not None
 

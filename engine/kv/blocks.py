@@ -51,11 +51,11 @@ class SequenceBlocks:
     cacheable: bool = True  # false after a hash collision: later blocks stay private
     retention: Retention | None = None
     num_pinned: int = 0  # leading nodes its pins have been applied to
+    first_pin_refused: int = -1  # the first of them whose retention the cap refused (-1: none)
     state_slot: int = -1  # hybrid models: the recurrent-state slot it runs in (engine.kv.state_pool)
     pending_snapshots: list[tuple[int, int]] = field(default_factory=list)  # (block index, slot) not in the tree yet
     reply_snapshot: int = -1  # the block index of its latest reply-end snapshot (replaced as decoding goes on)
     host_hits: int = 0  # tokens of its cached prefix restored from the host tier at admission
-    first_pin_refused: int = -1  # the first of them whose retention the cap refused (-1: none)
     disk_hits: int = 0  # ... and from the disk tier
 
     def private_block_ids(self) -> list[int]:
