@@ -26,6 +26,10 @@ class CachedBlock:
     retained_by: str | None = None  # the tenant whose share the retention counts against (None: the cap's alone)
     snapshot_slot: int = -1  # hybrid models: the state slot holding the recurrent state at this block's end
     snapshot_step: int = 0  # ... taken in this scheduler step (usable from the next one)
+    # sliding-window models: the window pages kept for resuming at this block's end (an anchor of
+    # engine.kv.window_pool), for blocks window_first .. this one; None: no hit can end here
+    window_pages: tuple[int, ...] | None = None
+    window_first: int = 0
 
     @property
     def parent_hash(self) -> BlockHash | None:
@@ -55,6 +59,11 @@ class SequenceBlocks:
     state_slot: int = -1  # hybrid models: the recurrent-state slot it runs in (engine.kv.state_pool)
     pending_snapshots: list[tuple[int, int]] = field(default_factory=list)  # (block index, slot) not in the tree yet
     reply_snapshot: int = -1  # the block index of its latest reply-end snapshot (replaced as decoding goes on)
+    # sliding-window models: the window layers' page of each block (aligned with block_ids); it holds those from
+    # window_from on, the earlier ones (released, or before its hit's window) are NO_PAGE or stale and never read
+    window_pages: list[int] = field(default_factory=list)
+    window_from: int = 0
+    reply_window: CachedBlock | None = None  # the node of its latest reply-end anchor (replaced as it decodes)
     host_hits: int = 0  # tokens of its cached prefix restored from the host tier at admission
     disk_hits: int = 0  # ... and from the disk tier
 

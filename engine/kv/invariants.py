@@ -1,10 +1,13 @@
 """The KV manager's invariants, checkable at any point (the property tests check them after every operation):
 every block of the pool is exactly one of free / cached in the tree / private to a live sequence; reference counts
 equal the live holders; held nodes form tree paths; parent links match hashes; the retention count is right and
-within its cap; every lower tier's slots are consistent."""
+within its cap; every lower tier's slots are consistent; a sliding-window model's window pages are held by exactly
+what counts them (`engine.kv.window_cache.check_window_invariants`)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
+from engine.kv.window_cache import check_window_invariants
 
 if TYPE_CHECKING:
     from engine.kv.manager import KVCacheManager
@@ -56,3 +59,5 @@ def check_invariants(kv: KVCacheManager, num_unreferenced: int) -> None:
     if kv.states is not None:
         kv.states.check_invariants([seq.state_slot for seq in kv.seqs.values()],
                                    [slot for seq in kv.seqs.values() for _, slot in seq.pending_snapshots])
+    if kv.window is not None:
+        check_window_invariants(kv.window, list(kv.seqs.values()), kv.block_size)

@@ -43,6 +43,8 @@ from engine.kv.events import MEDIUM_DEVICE, EventRecorder, KVEvent
 from engine.kv.eviction import EvictionQueue
 from engine.kv.state_pool import StatePool
 from engine.kv.invariants import check_invariants
+from engine.kv.window_cache import WindowCache
+from engine.kv.window_pool import WindowPool
 from engine.kv.tiers import FoundBlock, LowerTiers, TierBlock, TierIndex
 from engine.outputs import KVTransfer, StateCopy
 from engine.retention import Retention
@@ -63,7 +65,7 @@ class PrefixCacheView(Protocol):
     def clock(self) -> float: ...
 
 
-class KVCacheManager:
+class KVCacheManager(WindowCache):
     """Allocates blocks to sequences and shares full blocks between them through the prefix tree."""
 
     def __init__(
@@ -83,6 +85,8 @@ class KVCacheManager:
         weigh_snapshots: bool = True,
         host_states: int = 0,
         disk_states: int = 0,
+        window_blocks: int = 0,
+        window: int = 0,
     ) -> None:
         """``state_slots`` > 0: a hybrid model, whose recurrent layers keep a state per sequence in that many slots
         (`engine.kv.state_pool`); a cached prefix is then resumable only where its state is known. ``host_states``
@@ -90,7 +94,10 @@ class KVCacheManager:
         ``weigh_snapshots``: when slots run short, a snapshot with a deeper one below it and no branch between
         them goes first, and a new snapshot never evicts one at a branch point (False: plain LRU, as the simulator
         models other engines). ``max_retained_share_per_tenant``: the fraction of the retention cap the blocks one
-        tenant retains may take (`Retention.tenant`)."""
+        tenant retains may take (`Retention.tenant`). ``window_blocks`` > 0: a sliding-window model whose window layers
+        (``window`` tokens wide) keep their pages in a group of that many (`engine.kv.window_pool`, used through
+        `engine.kv.window_cache`); a cached prefix is then resumable only where its window is retained."""
+        assert not (state_slots and window_blocks), "a model with both recurrent and window layers is not supported"
         self.eviction_policy = EvictionPolicy(eviction_policy)
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -101,13 +108,17 @@ class KVCacheManager:
         self.by_hash: dict[BlockHash, CachedBlock] = {}
         self.seqs: dict[Hashable, SequenceBlocks] = {}
         self.stats = CacheStats()
-        self.events = EventRecorder(record_events, snapshots=state_slots > 0)
+        # a hybrid's BlockStored events say which blocks carry a snapshot; a window model's, a retained window
+        self.events = EventRecorder(record_events, snapshots=state_slots > 0 or window_blocks > 0)
         self.tiers = LowerTiers(host_blocks, disk_blocks, self.events, host_states, disk_states)
         max_retained = int(max_retained_fraction * num_blocks)
         self.queue = EvictionQueue(self.eviction_policy, self._now, max_retained,
                                    int(max_retained_share_per_tenant * max_retained))
         self.states = StatePool(state_slots, on_evict=self._snapshot_evicted) if state_slots else None
         self.weigh_snapshots = weigh_snapshots
+        self.window = (WindowPool(window_blocks, window, block_size, on_drop=self._window_dropped)
+                       if window_blocks else None)
+        self.window_deltas: dict[Hashable, list[int]] = {}  # window pages appended since the runner last heard
         self.state_restores: list[StateCopy] = []  # for the step being scheduled: before its forward ...
         self.state_snapshots: list[StateCopy] = []  # ... and after it
         self._admission_reads: set[BlockHash] = set()  # lower-tier blocks the admission under way will read
@@ -194,6 +205,8 @@ class KVCacheManager:
         device = self._device_prefix(block_hashes, num_tokens)
         lower = list(itertools.takewhile(lambda h: self.tiers.find(h) is not None,
                                          block_hashes[device : self._shareable_blocks(block_hashes, num_tokens)]))
+        if self.window is not None:
+            return len(self._window_hit([self.by_hash[h] for h in block_hashes[:device]])) * self.block_size
         if self.states is None:
             return (device + len(lower)) * self.block_size
         nodes = [self.by_hash[h] for h in block_hashes[:device]]
@@ -214,10 +227,11 @@ class KVCacheManager:
         return out
 
     def snapshot_points(self, block_hashes: Sequence[BlockHash]) -> list[int]:
-        """Hybrid models: where a chain can resume now, as token counts (the ends of its device blocks that hold a
-        recurrent-state snapshot)."""
+        """Hybrid and sliding-window models: where a chain can resume now, as token counts (the ends of its device
+        blocks that hold a recurrent-state snapshot or a retained window)."""
         return [(i + 1) * self.block_size for i, block_hash in enumerate(block_hashes)
-                if (node := self.by_hash.get(block_hash)) is not None and node.snapshot_slot >= 0]
+                if (node := self.by_hash.get(block_hash)) is not None
+                and (node.snapshot_slot >= 0 or node.window_pages is not None)]
 
     def cached_prefixes(self, limit: int) -> list[CachedPrefix]:
         """The ``limit`` longest root-to-leaf paths of the device tree, longest first. O(cached blocks)."""
@@ -280,7 +294,8 @@ class KVCacheManager:
         """Where the device match ends, the blocks that continue it in the host and disk tiers."""
         bs = self.block_size
         found = []
-        for i in range(start, self._shareable_blocks(block_hashes, len(token_ids)) if self.tiers.enabled else 0):
+        lower_tiers = self.tiers.enabled and self.window is None  # (they do not carry window pages)
+        for i in range(start, self._shareable_blocks(block_hashes, len(token_ids)) if lower_tiers else 0):
             block_hash = block_hashes[i]
             hit = self.tiers.find(block_hash)
             if hit is None or block_hash in self.by_hash or hit[1].token_ids != tuple(token_ids[i * bs:(i + 1) * bs]):
@@ -314,6 +329,8 @@ class KVCacheManager:
         source, source_tier = -1, None
         if self.states is not None:
             matched, lower, source, source_tier = self._resumable(matched, lower)
+        if self.window is not None:
+            matched = self._window_hit(matched)
         num_cached = (len(matched) + len(lower)) * self.block_size
         need = self.blocks_needed(num_cached + min(len(token_ids) - num_cached, max_new_tokens) + reserve_tokens)
         # Matched blocks stop being evictable once held: they are not free for the rest.
@@ -322,10 +339,15 @@ class KVCacheManager:
             return None
         if self.states is not None and not self.states.num_available(keep=source):
             return None
+        if self.window is not None and not self._window_pages_available(
+                need - len(matched), matched[-1].window_pages if matched else ()):
+            return None
         for node in matched:
             self._ref(node)
             self.queue.refresh(node)
         seq = self.seqs[seq_id] = SequenceBlocks([node.block_id for node in matched], matched, retention=retention)
+        if self.window is not None:
+            self._start_window(seq_id, seq)
         keep = {block_hash for block_hash, _, _ in lower}
         if source_tier is not None:
             keep.add(block_hashes[num_cached // self.block_size - 1])
@@ -376,8 +398,12 @@ class KVCacheManager:
         missing = self.blocks_needed(num_tokens) - len(seq.block_ids)
         if missing > self.num_free_blocks:
             return None
+        if self.window is not None and not self._window_pages_available(missing):
+            return None
         new = [self._take_block() for _ in range(missing)]
         seq.block_ids.extend(new)
+        if self.window is not None:
+            self._extend_window(seq_id, seq, missing)
         return new
 
     def commit(
@@ -487,6 +513,8 @@ class KVCacheManager:
         """Release a finished, aborted or preempted sequence. Its cached blocks stay in the tree for later hits;
         ``hold_s`` > 0 retains them that long (an agent session waiting on a tool)."""
         seq = self.seqs.pop(seq_id)
+        if self.window is not None:
+            self._release_window(seq_id, seq)
         if self.states is not None:
             self.states.release(seq.state_slot)
             for _, slot in seq.pending_snapshots:  # blocks that never reached the tree (a hash collision)
@@ -611,6 +639,8 @@ class KVCacheManager:
         snapshot = self._usable_snapshot(node)  # (one taken in this step holds nothing yet: it is not kept)
         if node.snapshot_slot >= 0:
             self.states.drop(node.snapshot_slot)  # its copy to the host, if any, runs before the slot is reused
+        if node.window_pages is not None:
+            self.window.drop(node)
         if reset:
             self.stats.reset_evictions += 1
         else:

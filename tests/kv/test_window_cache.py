@@ -1,0 +1,161 @@
+"""The KV manager of a sliding-window model (full-attention pages + the window group, engine/kv/window_pool.py):
+random admissions, steps, retained windows, preemptions, frees and evictions keep every invariant (each window page
+free or held, its reference count its holders'; every anchor's pages the window of its block's end), and, following
+what the "model" writes into the pages, every step's queries read their own sequence's K/V in every window page they
+read, and a hit resumes on exactly the window it needs: the pages of (P - window, P) hold the prompt's K/V there."""
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.kv.block_hashing import BlockHasher
+from engine.kv.manager import KVCacheManager
+from engine.kv.window_pool import first_window_block
+
+BS = 4
+PROMPTS = [[1, 2, 3, 4] * k + [9, k] for k in range(1, 7)] + [[5, 6, 7, 8] * 4 + [1, 2], [3] * 30]
+
+
+class WindowModel:
+    """Drives a window-group KV manager as the scheduler does (slide, allocate, commit, retain) and follows the
+    contents of the window pages: the tokens up to the end of the block each page was written for."""
+
+    def __init__(self, num_blocks: int, window_pages: int, window: int) -> None:
+        self.kv = KVCacheManager(num_blocks, BS, window_blocks=window_pages, window=window)
+        self.window = window
+        self.hasher = BlockHasher(BS, "m")
+        self.live: dict[str, tuple[list[int], list]] = {}  # seq -> (tokens, hashes)
+        self.computed: dict[str, int] = {}
+        self.content: dict[int, tuple[int, ...]] = {}
+        self.counter = 0
+
+    def admit(self, tokens: list[int]) -> str | None:
+        hashes = self.hasher.hashes(tokens, None)
+        self.counter += 1
+        seq = f"s{self.counter}"
+        cached = self.kv.admit(seq, hashes, tokens, 2 * BS)
+        if cached is None:
+            return None
+        table = self.kv.window_table(seq)
+        for i in range(first_window_block(cached, self.window, BS), cached // BS):  # the window a hit resumes on
+            assert self.content[table[i]] == tuple(tokens[: (i + 1) * BS]), "a hit's window holds other K/V"
+        assert not cached or self.kv.by_hash[hashes[cached // BS - 1]].window_pages is not None
+        self.live[seq] = (tokens, hashes)
+        self.computed[seq] = cached
+        self._compute(seq, 0)
+        return seq
+
+    def step(self, seq: str, n: int) -> bool:
+        """Compute ``n`` more tokens of the sequence (as far as it has tokens); False if no pages were left."""
+        tokens, hashes = self.live[seq]
+        start = self.computed[seq]
+        n = min(n, len(tokens) - start)
+        if n <= 0:
+            return True
+        self.kv.slide(seq, start)
+        if self.kv.allocate(seq, start + n) is None:
+            return False
+        self._compute(seq, n)
+        self.kv.commit(seq, hashes, tokens, start + n)
+        return True
+
+    def _compute(self, seq: str, n: int) -> None:
+        """The step's queries read the window pages of their context (checked), then write their own."""
+        tokens, _ = self.live[seq]
+        start, table = self.computed[seq], self.kv.window_table(seq)
+        for i in range(first_window_block(start, self.window, BS), -(-start // BS)):
+            assert self.content.get(table[i]) == tuple(tokens[: min(start, (i + 1) * BS)]), \
+                "a query reads a window page that holds other K/V"
+        end = start + n
+        for i in range(start // BS, -(-end // BS)):
+            self.content[table[i]] = tuple(tokens[: min(end, (i + 1) * BS)])
+        self.computed[seq] = end
+
+    def retain(self, seq: str, blocks: int, reply: bool) -> None:
+        boundary = min(blocks * BS, self.computed[seq] // BS * BS)
+        self.kv.keep_window(seq, boundary, replaces_reply=reply)
+
+    def free(self, seq: str, preempt: bool) -> None:
+        if preempt:  # as the scheduler preempts: the window at its last boundary stays for its re-admission
+            self.kv.keep_window(seq, self.computed[seq] // BS * BS, replaces_reply=True)
+        self.kv.free(seq)
+        del self.live[seq], self.computed[seq]
+
+
+ops = st.lists(st.tuples(st.sampled_from(["admit", "step", "retain", "free", "preempt", "evict"]),
+                         st.integers(0, len(PROMPTS) - 1), st.integers(1, 9)), max_size=60)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops, st.sampled_from([(5, 18), (8, 24), (13, 40)]))
+def test_random_operations_keep_the_invariants_and_the_windows_contents(script, sizes):
+    window, pages = sizes
+    model = WindowModel(40, pages, window)
+    for op, which, n in script:
+        live = sorted(model.live)
+        if op == "admit":
+            model.admit(PROMPTS[which])
+        elif op == "step" and live:
+            model.step(live[which % len(live)], n)
+        elif op == "retain" and live:
+            model.retain(live[which % len(live)], n, reply=n % 2 == 0)
+        elif op in ("free", "preempt") and live:
+            model.free(live[which % len(live)], preempt=op == "preempt")
+        elif op == "evict":
+            model.kv.evict(n)
+        model.kv.check_invariants()
+        model.kv.take_window_blocks()
+
+
+def test_a_running_sequence_holds_only_its_window():
+    """A 30-token sequence computed a token at a time with a 5-token window in 4-token blocks: never more than the
+    blocks its window and its last boundary's window touch (3), and every page back when it ends."""
+    model = WindowModel(20, 6, 5)
+    seq = model.admit(PROMPTS[-1][:1])
+    model.live[seq] = (PROMPTS[-1], model.hasher.hashes(PROMPTS[-1], None))
+    held = []
+    while model.computed[seq] < 30:
+        assert model.step(seq, 1)
+        held.append(model.kv.window.num_pages - model.kv.window.num_free)
+        model.kv.check_invariants()
+    assert max(held) <= 3 and len(model.kv.window_table(seq)) == 8
+    model.free(seq, preempt=False)
+    assert model.kv.window.num_free == 6
+
+
+def test_a_hit_ends_at_the_deepest_retained_window():
+    """Windows retained at 8 and 16 tokens of a 22-token prompt: a request sharing 20 tokens resumes at 16, one
+    sharing 12 at 8; once the window at 16 is evicted, the first resumes at 8."""
+    model = WindowModel(40, 12, 5)
+    seq = model.admit(PROMPTS[3])
+    assert model.step(seq, 22)
+    model.retain(seq, 2, reply=False)
+    model.retain(seq, 4, reply=False)
+    model.free(seq, preempt=False)
+    hashes = model.hasher.hashes(PROMPTS[3], None)
+    assert model.kv.num_cached_tokens(hashes[:5], 21) == 16
+    assert model.kv.num_cached_tokens(hashes[:3], 13) == 8
+    model.kv._drop_anchor(model.kv.by_hash[hashes[3]])
+    assert model.kv.num_cached_tokens(hashes[:5], 21) == 8
+    model.kv.check_invariants()
+
+
+def test_pages_run_short_an_anchor_that_frees_nothing_is_kept():
+    """With the pool full, the oldest anchor whose pages only it holds goes; one whose pages a running sequence
+    holds too costs nothing and stays."""
+    model = WindowModel(40, 6, 5)
+    a = model.admit(PROMPTS[0])  # 6 tokens
+    assert model.step(a, 6)
+    model.retain(a, 1, reply=False)  # anchor at 4: block 0's page
+    b = model.admit([7] * 9)
+    assert model.step(b, 8)
+    model.retain(b, 2, reply=False)  # anchor at 8: blocks 1 (and 0 outside the window)
+    model.free(b, preempt=False)
+    old = model.kv.window.evictions
+    c = model.admit([8] * 30)  # a 16-token chunk: 4 pages at once, with 3 free
+    assert model.step(c, 16)
+    model.kv.check_invariants()
+    assert model.kv.window.evictions == old + 1
+    assert model.kv.by_hash[model.hasher.hashes([7] * 9, None)[1]].window_pages is None, "b's anchor went"
+    anchor_a = model.kv.by_hash[model.hasher.hashes(PROMPTS[0], None)[0]]
+    assert anchor_a.window_pages is not None, "a's anchor shares its page with a running a: it was kept"
