@@ -18,8 +18,9 @@ from tqdm import tqdm
 
 from engine.config import EngineConfig
 from engine.core.loop import EngineLoop
-from engine.errors import EngineDeadError
+from engine.errors import EngineDeadError, RequestRejected
 from engine.kv.blocks import CacheStats
+from engine.multimodal import ImagePrompt, expand_placeholders
 from engine.core.engine import LLMEngine
 from engine.text.output_processor import CompletionOutput, OutputProcessor
 from engine.outputs import RequestTimings, SchedulerStats, SequenceOutput, StepOutputs
@@ -27,7 +28,7 @@ from engine.requests import EngineRequest
 from engine.retention import Retention
 from engine.sampling_params import SamplingParams
 
-PromptInput = str | list[int]  # text (tokenized without special tokens) or token ids
+PromptInput = str | list[int] | ImagePrompt  # text (tokenized without special tokens), token ids, ids with images
 
 
 @dataclass
@@ -144,7 +145,23 @@ class LLM:
     def encode(self, prompt: PromptInput) -> list[int]:
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt, add_special_tokens=False)
+        if isinstance(prompt, ImagePrompt):
+            return list(prompt.token_ids)
         return list(prompt)
+
+    def image_prompt(self, prompt: str | list[int], images: Sequence[bytes]) -> ImagePrompt:
+        """A prompt with one image placeholder token per image (``<|image_pad|>`` for Qwen3.5 / 3.6, as the chat
+        template renders it) and the encoded images (PNG, JPEG, ...), preprocessed by the model's own image
+        processor; each placeholder becomes the image's run of tokens. `RequestRejected` for an unreadable image or a
+        model without a vision tower."""
+        image_token_id = self.engine.image_token_id
+        if image_token_id is None:
+            raise RequestRejected("this model reads text only (no vision tower is loaded)")
+        inputs = [self.engine.image_preprocessor.preprocess(data) for data in images]
+        try:
+            return expand_placeholders(self.encode(prompt), inputs, image_token_id)
+        except ValueError as e:
+            raise RequestRejected(str(e)) from None
 
     def generate(
         self,
@@ -160,15 +177,16 @@ class LLM:
         Every prompt is validated before any is queued, so a bad one raises `RequestRejected` (a ValueError) and
         leaves the engine clean.
         """
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, (str, ImagePrompt)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         token_lists = [self.encode(p) for p in prompts]
         params_list = _broadcast(params or SamplingParams(), len(token_lists), "params")
         salts = _broadcast(cache_salt, len(token_lists), "cache_salt")
         retentions = _broadcast(retention, len(token_lists), "retention")
         # Prepared here, on the caller's thread (validated, hashed), all before any is queued.
-        requests = [self.engine.prepare(EngineRequest(f"gen-{next(self._ids)}", ids, p, salt, kept))
-                    for ids, p, salt, kept in zip(token_lists, params_list, salts, retentions)]
+        images = [p.images if isinstance(p, ImagePrompt) else () for p in prompts]
+        requests = [self.engine.prepare(EngineRequest(f"gen-{next(self._ids)}", ids, p, salt, kept, images=pics))
+                    for ids, p, salt, kept, pics in zip(token_lists, params_list, salts, retentions, images)]
         processor = OutputProcessor(self.tokenizer)
         results: dict[str, RequestOutput] = {}
         for r in requests:

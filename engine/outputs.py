@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from engine.multimodal import ImageInput
 from engine.sampling_params import SamplingParams
 
 
@@ -60,6 +61,7 @@ class NewSequence:
     prompt_token_ids: list[int]
     params: SamplingParams
     seed: int | None  # this sequence's sampling seed (n > 1 siblings get seed + index)
+    images: tuple[ImageInput, ...] = ()  # the prompt's (engine/multimodal.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from engine.kv.block_hashing import BlockHash, BlockHasher
 from engine.errors import KVCacheTooSmallError, PromptTooLongError, RequestRejected
+from engine.multimodal import ImageInput, check_layout
 from engine.retention import Retention
 from engine.sampling_params import SamplingParams
 
@@ -25,6 +26,7 @@ class EngineRequest:
     retention: Retention | None = None
     # Set by `RequestPreparer.prepare`: the prompt's full blocks' hashes (empty without prefix caching)
     block_hashes: list[BlockHash] | None = None
+    images: tuple[ImageInput, ...] = ()  # the prompt's, in order, each over its placeholder tokens
 
     @property
     def prepared(self) -> bool:
@@ -42,6 +44,7 @@ class RequestPreparer:
     hasher: BlockHasher | None  # None: no prefix caching, so no hashes
     speculation_refused: str | None = None  # why this engine cannot speculate (None: it can)
     mtp: bool = False  # the model's MTP layer is loaded (--speculative mtp): a request may draft with it
+    image_token_id: int | None = None  # the placeholder of an image's tokens; None: the engine reads no images
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise `RequestRejected` for a request that could never run, before it takes any state."""
@@ -69,10 +72,23 @@ class RequestPreparer:
             raise RequestRejected("speculative 'mtp' drafts with the model's MTP layer, which this server loads only "
                                   "when started with --speculative mtp (on a checkpoint that has one)")
 
+    def validate_images(self, prompt_token_ids: list[int], images: tuple[ImageInput, ...]) -> None:
+        """Raise `RequestRejected` for images this engine cannot read or that do not sit on their placeholders."""
+        if not images:
+            return
+        if self.image_token_id is None:
+            raise RequestRejected("this model reads text only (no vision tower is loaded: a text-only model, or "
+                                  "--language-model-only); send the request without images")
+        problem = check_layout(images, prompt_token_ids, self.image_token_id)
+        if problem:
+            raise RequestRejected(f"the images do not fit the prompt: {problem}")
+
     def prepare(self, request: EngineRequest) -> EngineRequest:
         """Validate ``request`` and fill in its block hashes, in place; returns it. (The prompt is read, never kept:
-        the core copies it once into the sequence it grows.)"""
+        the core copies it once into the sequence it grows.) A block holding part of an image hashes its content
+        too (engine/kv/block_hashing.py)."""
         self.validate(request.prompt_token_ids, request.params)
+        self.validate_images(request.prompt_token_ids, request.images)
         request.block_hashes = ([] if self.hasher is None else
-                                self.hasher.hashes(request.prompt_token_ids, request.cache_salt))
+                                self.hasher.hashes(request.prompt_token_ids, request.cache_salt, request.images))
         return request

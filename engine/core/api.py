@@ -56,6 +56,7 @@ class EngineFacts:
     kv_events_endpoint: str | None
     kv_events_replay_endpoint: str | None
     kv_events_topic: str
+    image_token_id: int | None = None  # the placeholder of image tokens where a vision tower is loaded (else None)
 
     @classmethod
     def of(cls, engine: LLMEngine) -> EngineFacts:
@@ -70,7 +71,7 @@ class EngineFacts:
             kv_bytes_per_token=runner.kv_spec.bytes_per_token(cfg.kv_cache_torch_dtype, cfg.block_size),
             rank_memory=tuple(memory.describe() for memory in engine.rank_memory),
             kv_events_endpoint=cfg.kv_events_endpoint, kv_events_replay_endpoint=cfg.kv_events_replay_endpoint,
-            kv_events_topic=cfg.kv_events_topic,
+            kv_events_topic=cfg.kv_events_topic, image_token_id=engine.image_token_id,
         )
 
     @property
@@ -80,7 +81,8 @@ class EngineFacts:
     def preparer(self) -> RequestPreparer:
         """Validates requests and makes their block hashes as the engine would (any thread)."""
         return RequestPreparer(self.vocab_size, self.max_model_len, self.block_size, self.num_blocks,
-                               self.block_hasher if self.prefix_caching else None, self.speculation_refused, self.mtp)
+                               self.block_hasher if self.prefix_caching else None, self.speculation_refused, self.mtp,
+                               self.image_token_id)
 
 
 class EngineCoreClient(ABC):

@@ -14,6 +14,7 @@ With ``tensor_parallel_size`` N > 1 this process is rank 0: its runner holds ran
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import time
@@ -25,6 +26,7 @@ from engine.kv.block_hashing import BlockHasher
 from engine.errors import FatalEngineError, RequestRejected, WorkerDiedError
 from engine.kv.blocks import CacheStats
 from engine.kv.events import KVEventPublisher
+from engine.models.vision.preprocess import ImagePreprocessor
 from engine.worker.model_runner import ModelRunner, StepHandle, StepPipeline
 from engine.outputs import KVTransfer, SchedulerOutput, SchedulerStats, StepOutputs
 from engine.parallel.memory import RankMemory
@@ -108,7 +110,7 @@ class LLMEngine:
         self.preparer = RequestPreparer(
             self.model_cfg.vocab_size, self.max_model_len, cfg.block_size, self.runner.num_blocks,
             self.hasher if cfg.enable_prefix_caching else None,
-            self.speculation_refused, mtp=self.model_cfg.num_mtp_layers > 0)
+            self.speculation_refused, mtp=self.model_cfg.num_mtp_layers > 0, image_token_id=self.image_token_id)
         self.structured_outputs = StructuredOutputs(self.tokenizer, self.model_cfg.vocab_size, self.eos_token_ids,
                                                     self.runner.device, cfg.json_whitespace)
         if offload and offload.disk:  # blocks a previous run left on disk
@@ -139,7 +141,18 @@ class LLMEngine:
             except ValueError as exc:
                 raise RequestRejected(str(exc)) from None
         self.scheduler.add_request(request.request_id, request.prompt_token_ids, request.params, request.cache_salt,
-                                   request.retention, request.block_hashes)
+                                   request.retention, request.block_hashes, request.images)
+
+    @functools.cached_property
+    def image_preprocessor(self) -> ImagePreprocessor:
+        """The model's image processor (its preprocessor_config.json), with the decoding limits."""
+        return ImagePreprocessor.from_model_dir(self.model_dir)
+
+    @property
+    def image_token_id(self) -> int | None:
+        """The placeholder token of images, where the model's vision tower is loaded (else None: text only)."""
+        vision = self.runner.vision
+        return None if vision is None else vision.image_token_id
 
     def add_request(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, cache_salt: str | None = None,

@@ -13,6 +13,7 @@ from engine.config import ModelConfig
 from engine.models.kv_cache_spec import KVCacheSpec, KVCaches
 from engine.models.layers.moe import make_mlp
 from engine.models.layers.rope import build_cos_sin_cache
+from engine.models.vision.mrope import MultimodalStep
 from engine.parallel.linear import VocabParallelEmbedding, lm_head_parallel, qkv_parallel, row_parallel
 from engine.parallel.state import SINGLE, TensorParallel
 from kernels.ops import AttentionMetadata, Ops
@@ -142,10 +143,16 @@ class LlamaForCausalLM(nn.Module):
         positions: torch.Tensor,
         kv_caches: KVCaches,
         meta: AttentionMetadata,
+        mm: MultimodalStep | None = None,
     ) -> torch.Tensor:
-        """Hidden states ``[T, hidden]`` after the final norm, for every input token."""
+        """Hidden states ``[T, hidden]`` after the final norm, for every input token. ``mm``: the step's image tokens
+        (a vision-language model's: their embeddings and multimodal positions, engine/models/vision/mrope.py)."""
         ops, tp = self.ops, self.tp
         x = tp.all_reduce(self.embed_tokens(input_ids))
+        cos_sin = self.cos_sin_cache
+        if mm is not None:
+            x = mm.embed(x)
+            positions, cos_sin = mm.rope(positions, cos_sin)
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches):
             if residual is None:
@@ -153,7 +160,7 @@ class LlamaForCausalLM(nn.Module):
                 h = layer.input_layernorm(ops, x)
             else:
                 h, residual = layer.input_layernorm(ops, x, residual)
-            h = tp.all_reduce(layer.mixer(ops, h, positions, self.cos_sin_cache, kv_cache, meta))
+            h = tp.all_reduce(layer.mixer(ops, h, positions, cos_sin, kv_cache, meta))
             h, residual = layer.post_attention_layernorm(ops, h, residual)
             x = tp.all_reduce(layer.mlp(ops, h))
         out, _ = self.norm(ops, x, residual)

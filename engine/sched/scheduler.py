@@ -26,6 +26,7 @@ from engine.kv.blocks import CacheStats
 from engine.kv.manager import KVCacheManager, PrefixCacheView
 from engine.kv.events import KVEvent
 from engine.kv.tiers import FoundBlock
+from engine.multimodal import ImageInput
 from engine.outputs import (
     FinishReason,
     KVTransfer,
@@ -98,20 +99,21 @@ class Scheduler(SteadyPath):
     # ---- requests ------------------------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     cache_salt: str | None = None, retention: Retention | None = None,
-                    block_hashes: list[BlockHash] | None = None) -> None:
+                    block_hashes: list[BlockHash] | None = None, images: tuple[ImageInput, ...] = ()) -> None:
         """Queue a request; its n - 1 siblings are queued once its prompt is scheduled (they then hit its blocks).
-        ``block_hashes``: the prompt's, made during the request's preparation (else here)."""
+        ``block_hashes``: the prompt's, made during the request's preparation (else here); ``images``: the
+        prompt's (engine/multimodal.py)."""
         leader = self._new_sequence(request_id, 0, list(prompt_token_ids), params, cache_salt, retention,
-                                    block_hashes)
+                                    block_hashes, images)
         leader.pending_siblings = params.n - 1
         self.requests[request_id] = []
         self._enqueue(leader)
 
     def _new_sequence(self, request_id: str, index: int, prompt: list[int], params: SamplingParams,
                       cache_salt: str | None, retention: Retention | None,
-                      block_hashes: list[BlockHash] | None = None) -> Sequence:
+                      block_hashes: list[BlockHash] | None = None, images: tuple[ImageInput, ...] = ()) -> Sequence:
         seq = Sequence(f"{request_id}#{index}" if index else request_id, prompt, len(prompt), params, cache_salt,
-                      request_id=request_id, index=index,
+                      request_id=request_id, index=index, images=images,
                       # a prefill-only request (max_tokens 0) samples one token and drops it
                       max_num_tokens=min(len(prompt) + max(params.max_tokens, 1), self.max_model_len),
                       prompt_logprobs=None if params.prompt_logprobs is None else [None], retention=retention)
@@ -119,7 +121,7 @@ class Scheduler(SteadyPath):
             if block_hashes is not None:
                 seq.block_hashes = list(block_hashes)
             else:
-                self.hasher.extend(seq.block_hashes, seq.token_ids, cache_salt)
+                self.hasher.extend(seq.block_hashes, seq.token_ids, cache_salt, images)
         if self.snapshot_policy is not None:
             pins = [p.num_tokens for p in retention.pins] if retention else []
             seq.snapshot_points = self.snapshot_policy.prompt_points(
@@ -386,7 +388,7 @@ class Scheduler(SteadyPath):
         prompt_hashes = leader.block_hashes[: leader.num_prompt_tokens // self.cfg.block_size]
         siblings = [
             self._new_sequence(leader.request_id, i, leader.prompt_token_ids, params, leader.cache_salt, None,
-                               prompt_hashes)
+                               prompt_hashes, leader.images)
             for i in range(1, leader.pending_siblings + 1)
         ]
         leader.pending_siblings = 0
@@ -410,7 +412,8 @@ class Scheduler(SteadyPath):
                 seq.num_cached_tokens = min(cached, seq.num_prompt_tokens)
                 seq.num_host_cached_tokens, seq.num_disk_cached_tokens = self.kv.lower_tier_hits(seq.seq_id)
                 seq.timings.scheduled = time.perf_counter()
-                out.new_sequences.append(NewSequence(seq.seq_id, seq.prompt_token_ids, seq.params, seq.seed))
+                out.new_sequences.append(NewSequence(seq.seq_id, seq.prompt_token_ids, seq.params, seq.seed,
+                                                            seq.images))
             seq.status = SequenceStatus.RUNNING
             seq.num_computed_tokens = cached
             n = self._chunk(seq, min(seq.num_uncomputed_tokens, budget))
@@ -470,7 +473,7 @@ class Scheduler(SteadyPath):
                 seq.append_token(token)
                 count += 1
                 if block_size and len(token_ids) % block_size == 0:  # a block is full
-                    self.hasher.extend(seq.block_hashes, token_ids, seq.cache_salt)
+                    self.hasher.extend(seq.block_hashes, token_ids, seq.cache_salt, seq.images)
                     if seq.status is SequenceStatus.RUNNING:
                         self._commit(seq)
                 # a grammar that ended did so with the step's last token (the engine cut what followed)

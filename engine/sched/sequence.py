@@ -18,6 +18,7 @@ import operator
 from dataclasses import dataclass, field
 
 from engine.kv.block_hashing import BlockHash
+from engine.multimodal import ImageInput
 from engine.outputs import FinishReason, RequestTimings, SequenceInfo, TokenLogprobs
 from engine.retention import Retention
 from engine.sampling_params import SamplingParams
@@ -60,6 +61,7 @@ class Sequence:
     request_id: str = ""  # the caller's request id: n > 1 sequences share it
     index: int = 0  # which of the n sequences
     block_hashes: list[BlockHash] = field(default_factory=list)  # of every full block of token_ids, grown as they fill
+    images: tuple[ImageInput, ...] = ()  # the prompt's (engine/multimodal.py)
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
     _num_computed: int = 0  # `num_computed_tokens` while not running

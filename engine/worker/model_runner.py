@@ -39,6 +39,8 @@ from engine.sampling_params import SamplingParams
 from engine.spec.mtp import MTPDrafter
 from engine.spec.verify import verify
 from engine.worker.step_inputs import DeviceInputs, HostInputs, flatten
+from engine.worker.vision_inputs import StepImages, VisionInputs
+from engine.models.vision.qwen3_vl import load_vision_tower
 from engine.weights import load_weights, use_fp8_layers
 from kernels.cpu.linear import pack_linears
 from kernels.ops import fp8_gemm_supported, get_ops
@@ -80,6 +82,7 @@ class _DeviceWork:
     state_restores: list[StateCopy] = field(default_factory=list)  # hybrid models: snapshot -> slot, before it
     state_snapshots: list[StateCopy] = field(default_factory=list)  # ... slot -> snapshot, after it
     drafts: list[list[int]] | None = None  # speculative decoding: per sampled row its drafts (None: no row drafts)
+    images: StepImages | None = None  # the step's image tokens (a vision-language model's sequences with images)
 
 
 @dataclass
@@ -165,6 +168,8 @@ class ModelRunner:
         if self.device.type == "cpu" and cfg.attention_backend == "cpu":
             pack_linears(model)  # the native CPU op set: weights packed once, not by MKL on every call
         self.model = model.eval()
+        # a vision-language checkpoint's tower (not with --language-model-only, nor split over ranks yet)
+        self.vision = self._load_vision(model_dir) if model_cfg.has_vision_tower and tp.size == 1 else None
         self.kv_spec = model.kv_cache_spec()
         recurrent = self.kv_spec.recurrent is not None
         rows = cfg.max_num_seqs
@@ -209,6 +214,14 @@ class ModelRunner:
         self.mtp_drafter = (MTPDrafter(model, cfg.num_speculative_tokens, cfg.block_size, max_model_len)
                             if getattr(model, "mtp", None) is not None else None)
 
+    def _load_vision(self, model_dir: Path) -> VisionInputs | None:
+        if self.cfg.language_model_only or self.cfg.load_format == "dummy":
+            return None
+        tower = load_vision_tower(model_dir, self.device, self.dtype)
+        if tower is None:
+            return None
+        return VisionInputs(tower, int(self.cfg.encoder_cache_mb * 2**20), self.model.rope_dim, self.device)
+
     def _num_draft_states(self) -> int:
         """Hybrid models that may speculate: a step verifies at most ``speculative_draft_budget`` drafts."""
         return self.cfg.speculative_draft_budget if self.kv_spec.recurrent is not None else 0
@@ -249,16 +262,18 @@ class ModelRunner:
             return StepHandle(self)
         graphs, batch = self.decode_graphs, self.batch
         pad_to = None
-        if graphs is not None and graphs.fits(batch.num_rows, int(batch.num_new[: batch.num_rows].max())):
+        if (graphs is not None and graphs.fits(batch.num_rows, int(batch.num_new[: batch.num_rows].max()))
+                and not (self.vision is not None and self.vision.computes_images(batch))):
             pad_to = graphs.padded_size(batch.num_rows)
         host = flatten(batch, self.cfg.block_size, pad_to, self.num_state_slots if self.num_draft_states else -1)
+        images = self.vision.plan(batch, host) if self.vision is not None else None
         all_ids = batch.seq_ids
         # every row samples in a decode-only step: the rows' ids as they are
         sample_rows = host.sample_rows
         every_row = len(sample_rows) == len(all_ids)
         seq_ids = all_ids[:] if every_row else [all_ids[r] for r in sample_rows.tolist()]
         work = _DeviceWork(host, pad_to, None, [], seq_ids, logits_processor, sched.kv_transfers,
-                           state_restores=sched.state_restores, state_snapshots=sched.state_snapshots)
+                           state_restores=sched.state_restores, state_snapshots=sched.state_snapshots, images=images)
         if self.scoring:
             work.prompt_spans = self.scoring.spans(sched, batch.row_of, host.query_start_loc)
         handle = StepHandle(self, seq_ids, rows=host.sample_rows, batch_version=batch.version)
@@ -304,7 +319,12 @@ class ModelRunner:
         if work.pad_to is not None:
             hidden = self.decode_graphs.run(work.pad_to)
         else:
-            hidden = self.model(input_ids, positions, self.kv_caches, self.inputs.metadata(host))
+            meta = self.inputs.metadata(host)
+            if work.images is None:
+                hidden = self.model(input_ids, positions, self.kv_caches, meta)
+            else:  # only the families with a vision tower take image tokens
+                hidden = self.model(input_ids, positions, self.kv_caches, meta,
+                                    mm=self.vision.device_inputs(work.images))
         self._copy_states(work.state_snapshots)
         sampled = self._sample(hidden, host, work) if len(host.sample_index) else None
         if self.mtp_drafter is not None:  # after acceptance: it catches up on the kept positions, then drafts
@@ -342,6 +362,8 @@ class ModelRunner:
         for seq_id in sched.finished_seq_ids:
             self.sequences.pop(seq_id, None)
             self.scoring.discard(seq_id)
+        if self.vision is not None:
+            self.vision.track([(new.seq_id, new.images) for new in sched.new_sequences], sched.finished_seq_ids)
         for new in sched.new_sequences:
             self.sequences[new.seq_id] = self._new_sequence(new)
             if new.params.prompt_logprobs is not None:

@@ -1,0 +1,61 @@
+"""Tiny Qwen3.5 / 3.5-MoE vision-language checkpoints written by transformers' own ``save_pretrained`` in the
+released layout (``model.visual.*`` beside ``model.language_model.*``), with the real Qwen3.6 tokenizer (its
+``<|image_pad|>``), a preprocessor_config.json for small images, and transformers' processor to render prompts the
+way ``generate`` is fed them. Weights are drawn with the tiny models' scales so that outputs are varied and depend
+on the image."""
+from __future__ import annotations
+
+import io
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from engine.model_sources.tiny import InitScales, random_tensor
+from engine.registry import resolve_model
+from tests.models.hybrid_models import _MOE, _ROPE, _TEXT, TOKENIZER_FILES
+
+VISION = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=16,
+              num_position_embeddings=64, spatial_merge_size=2, temporal_patch_size=2)
+# small images: at most 16 merged patches a side
+PREPROCESSOR = {"image_processor_type": "Qwen2VLImageProcessor", "patch_size": 16, "temporal_patch_size": 2,
+                "merge_size": 2, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+                "size": {"shortest_edge": 32 * 32, "longest_edge": 256 * 256}}
+
+
+def hf_vlm(kind: str, seed: int = 19):
+    import transformers as tf
+
+    text = dict(_TEXT, vocab_size=248320, eos_token_id=248046, rope_parameters=_ROPE)
+    if kind == "qwen3_5":
+        model = tf.Qwen3_5ForConditionalGeneration(tf.Qwen3_5Config(
+            text_config=dict(text, intermediate_size=128), vision_config=VISION))
+    else:
+        model = tf.Qwen3_5MoeForConditionalGeneration(tf.Qwen3_5MoeConfig(
+            text_config=dict(text, **_MOE), vision_config=VISION))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.copy_(random_tensor(name, tuple(param.shape), seed, InitScales(),
+                                      zero_centered_norms=".visual." not in name))
+    return model.eval()
+
+
+def write_vlm_checkpoint(kind: str, out: Path) -> Path:
+    hf_vlm(kind).save_pretrained(out)
+    tokenizer_dir = resolve_model("qwen3.6-tiny")
+    for name in TOKENIZER_FILES:
+        shutil.copyfile(tokenizer_dir / name, out / name)
+    (out / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR))
+    return out
+
+
+def png(width: int, height: int, seed: int) -> bytes:
+    """A random RGB picture, PNG-encoded."""
+    from PIL import Image
+
+    pixels = np.random.RandomState(seed).randint(0, 256, (height, width, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return buf.getvalue()
