@@ -9,7 +9,7 @@ the same either way. A grammar-constrained sequence's next mask needs its last t
 collected before the next is scheduled. Single-threaded by design: one thread drives it (see engine/core/loop.py).
 
 With ``tensor_parallel_size`` N > 1 this process is rank 0: its runner holds rank 0's shard, and every step's
-`SchedulerOutput` also goes to the N-1 worker processes (engine/parallel/workers.py) before rank 0 runs it.
+`SchedulerOutput` also goes to the N-1 worker processes (engine/parallel/ranks.py) before rank 0 runs it.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from engine.models.vision.preprocess import ImagePreprocessor
 from engine.worker.model_runner import ModelRunner, StepHandle, StepPipeline
 from engine.outputs import KVTransfer, SchedulerOutput, SchedulerStats, StepOutputs
 from engine.parallel.memory import RankMemory
-from engine.parallel.workers import TensorParallelWorkers
+from engine.parallel.ranks import TensorParallelRanks
 from engine.requests import EngineRequest, RequestPreparer
 from engine.retention import Retention
 from engine.sampling_params import SamplingParams
@@ -87,9 +87,9 @@ class LLMEngine:
                                  self.model_cfg.max_position_embeddings)
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(self.model_dir))
         self.eos_token_ids = _eos_ids(self.model_dir, self.model_cfg, self.tokenizer)
-        self.workers: TensorParallelWorkers | None = None
+        self.workers: TensorParallelRanks | None = None
         if cfg.tensor_parallel_size > 1:
-            self.runner, self.workers = TensorParallelWorkers.launch(self.model_dir, self.model_cfg, cfg,
+            self.runner, self.workers = TensorParallelRanks.launch(self.model_dir, self.model_cfg, cfg,
                                                                      self.max_model_len)
         else:
             self.runner = ModelRunner(self.model_dir, self.model_cfg, cfg, self.max_model_len)

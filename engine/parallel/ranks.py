@@ -1,9 +1,9 @@
 """Rank 0's side of tensor parallelism: it starts ranks 1..N-1 as processes (torch.multiprocessing, spawn), sends
 them each step's `SchedulerOutput`, and watches them.
 
-A worker that dies (an exception, which it reports before exiting, or a signal) is noticed two ways: rank 0's
+A rank process that dies (an exception, which it reports before exiting, or a signal) is noticed two ways: rank 0's
 collectives with it fail (gloo at once; NCCL is aborted), and a watcher thread sees its process end, which also
-covers an idle engine. Either way the engine gets a `WorkerDiedError` carrying the worker's own error and stops for
+covers an idle engine. Either way the engine gets a `WorkerDiedError` carrying the rank's own error and stops for
 good; nothing waits forever on a dead rank, at start-up included.
 """
 from __future__ import annotations
@@ -27,19 +27,19 @@ from engine.outputs import SchedulerOutput
 from engine.parallel.memory import RankMemory
 from engine.parallel.sizes import check_sizes
 from engine.parallel.state import StepChannel, abort_group, leave_group, rendezvous_store
-from engine.parallel.worker import WorkerSpec, join, run_worker
+from engine.parallel.rank import RankSpec, join, run_rank
 from engine.core.processes import caller_script_hidden
 
 log = logging.getLogger("kvserve.parallel")
 STARTUP_POLL_S = 0.1
-DEATH_GRACE_S = 2.0  # after a failed collective, how long the failing worker's process may take to be seen gone
+DEATH_GRACE_S = 2.0  # after a failed collective, how long the failing rank's process may take to be seen gone
 STOP_TIMEOUT_S = 10.0
-# A start-up that lost a worker ends at once when rank 0 waits in a collective (gloo fails it); one still waiting
+# A start-up that lost a rank ends at once when rank 0 waits in a collective (gloo fails it); one still waiting
 # at the rendezvous for a rank that never came is left to its timeout, in a daemon thread.
 ABANDON_START_S = 2.0
 
 
-class TensorParallelWorkers:
+class TensorParallelRanks:
     """Ranks 1..N-1 seen from rank 0. Build with `launch`; `close` stops them."""
 
     def __init__(self, processes: list[mp.Process], errors: list[Connection]) -> None:
@@ -56,44 +56,44 @@ class TensorParallelWorkers:
 
     @classmethod
     def launch(cls, model_dir: Path, model_cfg: ModelConfig, cfg: EngineConfig,
-               max_model_len: int) -> tuple[ModelRunner, TensorParallelWorkers]:
-        """Start the workers and build rank 0's runner with them; returns once every rank has loaded its shard."""
+               max_model_len: int) -> tuple[ModelRunner, TensorParallelRanks]:
+        """Start ranks 1..N-1 and build rank 0's runner with them; returns once every rank has loaded its shard."""
         check_sizes(model_cfg, cfg, torch.cuda.device_count() if cfg.device.startswith("cuda") else 0)
         size = cfg.tensor_parallel_size
         store = rendezvous_store(size)
-        spec = WorkerSpec(Path(model_dir), model_cfg, cfg, max_model_len, store.port)
+        spec = RankSpec(Path(model_dir), model_cfg, cfg, max_model_len, store.port)
         ctx = mp.get_context("spawn")
         processes, errors = [], []
         for rank in range(1, size):
             reader, writer = ctx.Pipe(duplex=False)
-            process = ctx.Process(target=run_worker, args=(rank, spec, writer), name=f"kvserve-tp-rank{rank}",
+            process = ctx.Process(target=run_rank, args=(rank, spec, writer), name=f"kvserve-tp-rank{rank}",
                                   daemon=True)
             with caller_script_hidden():
                 process.start()
             writer.close()
             processes.append(process)
             errors.append(reader)
-        workers = cls(processes, errors)
+        ranks = cls(processes, errors)
         try:
-            runner, workers.channel, workers.rank_memory = workers._unless_one_dies(lambda: join(0, spec, store))
+            runner, ranks.channel, ranks.rank_memory = ranks._unless_one_dies(lambda: join(0, spec, store))
         except BaseException:
-            workers._kill()
-            if not workers._starting.is_alive():  # else it still waits to join; whatever it joins is left to it
+            ranks._kill()
+            if not ranks._starting.is_alive():  # else it still waits to join; whatever it joins is left to it
                 leave_group()
             raise
-        workers._watcher = threading.Thread(target=workers._watch, name="kvserve-tp-watch", daemon=True)
-        workers._watcher.start()
-        # A script that never closes its engine must still end: the workers ignore SIGTERM (rank 0 drains first),
+        ranks._watcher = threading.Thread(target=ranks._watch, name="kvserve-tp-watch", daemon=True)
+        ranks._watcher.start()
+        # A script that never closes its engine must still end: the ranks ignore SIGTERM (rank 0 drains first),
         # so multiprocessing's own exit handler would terminate them in vain, then join them forever.
-        atexit.register(workers.close)
-        return runner, workers
+        atexit.register(ranks.close)
+        return runner, ranks
 
     # ---- the engine thread -----------------------------------------------------------------------------------------
     def send(self, sched: SchedulerOutput) -> None:
         self.channel.send(sched)
 
     def raise_if_dead(self, cause: BaseException) -> None:
-        """After ``cause`` broke a step: raise `WorkerDiedError` if a worker died (its collectives failing was the
+        """After ``cause`` broke a step: raise `WorkerDiedError` if a rank died (its collectives failing was the
         first sign), else return (the caller re-raises ``cause``)."""
         dead = self._first_dead(DEATH_GRACE_S)
         if dead is not None:
@@ -101,7 +101,7 @@ class TensorParallelWorkers:
 
     # ---- any thread ----------------------------------------------------------------------------------------------
     def close(self) -> None:
-        """Stop every worker (after the step in flight) and leave the process group."""
+        """Stop every rank (after the step in flight) and leave the process group."""
         if self._closing.is_set():
             return
         self._closing.set()
@@ -113,15 +113,15 @@ class TensorParallelWorkers:
                 deadline = time.monotonic() + STOP_TIMEOUT_S
                 for process in self.processes:
                     process.join(max(0.0, deadline - time.monotonic()))
-            except RuntimeError:  # a worker died meanwhile
+            except RuntimeError:  # a rank died meanwhile
                 log.warning("could not reach every tensor-parallel worker to stop it")
         self._kill()
         leave_group()
 
     # ---- internals ------------------------------------------------------------------------------------------------
     def _unless_one_dies(self, start: Callable):
-        """``start()`` (rank 0's part of start-up, which waits on the workers' collectives) run aside, so that a
-        worker dying meanwhile raises here instead of leaving rank 0 waiting."""
+        """``start()`` (rank 0's part of start-up, which waits on the other ranks' collectives) run aside, so that a
+        rank dying meanwhile raises here instead of leaving rank 0 waiting."""
         result: list = []
         failure: list[BaseException] = []
 
@@ -149,7 +149,7 @@ class TensorParallelWorkers:
         return result[0]
 
     def _first_dead(self, timeout: float) -> int | None:
-        """Index of a worker whose process ended, waiting up to ``timeout`` seconds for one."""
+        """Index of a rank whose process ended, waiting up to ``timeout`` seconds for one."""
         ended = wait([p.sentinel for p in self.processes], timeout)
         for i, process in enumerate(self.processes):
             if process.sentinel in ended:

@@ -1,9 +1,9 @@
-"""A tensor-parallel worker: ranks 1..N-1, each in its own process, started by rank 0 (`engine.parallel.workers`).
+"""A tensor-parallel rank process: ranks 1..N-1, each in its own process, started by rank 0 (`engine.parallel.ranks`).
 
-A worker builds its runner (its shard of the weights, its shard of every KV block) and then applies every
+A rank builds its runner (its shard of the weights, its shard of every KV block) and then applies every
 `SchedulerOutput` rank 0 sends, in order, exactly as rank 0's runner does, until rank 0 sends None. It never
 schedules, samples or detokenizes: it runs its part of each forward pass and receives the sampled ids from rank 0.
-An error is written to rank 0 through ``errors`` before the worker exits non-zero; a worker whose rank 0 is gone
+An error is written to rank 0 through ``errors`` before the rank exits non-zero; a rank whose rank 0 is gone
 exits at once.
 """
 from __future__ import annotations
@@ -27,8 +27,8 @@ from engine.core.processes import exit_with_parent
 
 
 @dataclass(frozen=True)
-class WorkerSpec:
-    """What every worker needs to build its runner (pickled into the spawned process)."""
+class RankSpec:
+    """What every rank needs to build its runner (pickled into the spawned process)."""
 
     model_dir: Path
     model_cfg: ModelConfig
@@ -41,7 +41,7 @@ def rank_config(cfg: EngineConfig, rank: int) -> EngineConfig:
     return dataclasses.replace(cfg, device=rank_device(cfg.device, rank))
 
 
-def join(rank: int, spec: WorkerSpec, store) -> tuple[ModelRunner, StepChannel, list[RankMemory] | None]:
+def join(rank: int, spec: RankSpec, store) -> tuple[ModelRunner, StepChannel, list[RankMemory] | None]:
     """Join the group and build this rank's runner; rank 0 also gets every rank's memory report."""
     cfg = rank_config(spec.cfg, rank)
     size = spec.cfg.tensor_parallel_size
@@ -50,8 +50,8 @@ def join(rank: int, spec: WorkerSpec, store) -> tuple[ModelRunner, StepChannel, 
     return runner, channel, channel.gather(runner.memory)
 
 
-def run_worker(rank: int, spec: WorkerSpec, errors: Connection) -> None:
-    """The worker process's entry point (torch.multiprocessing, spawn)."""
+def run_rank(rank: int, spec: RankSpec, errors: Connection) -> None:
+    """The rank process's entry point (torch.multiprocessing, spawn)."""
     # Ctrl-C (and a service manager's SIGTERM) reach every process of the group: rank 0 drains, then stops us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -61,7 +61,7 @@ def run_worker(rank: int, spec: WorkerSpec, errors: Connection) -> None:
     try:
         runner, channel, _ = join(rank, spec, connect_store(spec.store_port, spec.cfg.tensor_parallel_size))
         _serve_steps(runner, channel)
-    except BaseException:  # noqa: BLE001 - rank 0 reports it as this worker's death
+    except BaseException:  # noqa: BLE001 - rank 0 reports it as this rank's death
         errors.send(traceback.format_exc())
         errors.close()
         os._exit(1)  # the process group may be unusable; do not wait on it
