@@ -24,4 +24,4 @@ fi
 # A hard stop just past the plan's own budget (510 s, --quick 210 s), inside the device tool's 600 s call.
 limit=550
 [[ " $* " == *" --quick "* ]] && limit=240
-timeout "$limit" python3 -m benchmarks.gpu_check "$@"
+timeout "$limit" python3 -m benchmarks.gpu.check "$@"

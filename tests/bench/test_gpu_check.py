@@ -14,15 +14,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import gpu_check, gpu_env, gpu_steps
-from benchmarks.gpu_context import DENSE, ENGINES, MOE, FULL, QUICK, Context, EngineKind, Plan, nano_vllm_workload
-from benchmarks.gpu_measure import (
+from benchmarks.gpu import check as gpu_check, env as gpu_env, steps as gpu_steps
+from benchmarks.gpu.context import DENSE, ENGINES, MOE, FULL, QUICK, Context, EngineKind, Plan, nano_vllm_workload
+from benchmarks.gpu.measure import (
     bandwidth_fraction, check_engine_against_hf, check_tensor_parallel, run_throughput, time_decode_step,
 )
-from benchmarks.gpu_models import (
+from benchmarks.gpu.models import (
     QWEN3_0_6B, QWEN3_30B_A3B, build_bench_model, checkpoint_shapes, kv_bytes_per_token, param_count, weight_bytes,
 )
-from benchmarks.gpu_wheels import DEVICE_PYTHON, download_command, requirements, wheel_status
+from benchmarks.gpu.wheels import DEVICE_PYTHON, download_command, requirements, wheel_status
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from benchmarks.gpu_measure import greedy, memory_snapshot
-from benchmarks.gpu_models import QWEN3_0_6B, QWEN3_30B_A3B, QWEN36_35B_A3B, build_bench_model, kv_bytes_per_token
+from benchmarks.gpu.measure import greedy, memory_snapshot
+from benchmarks.gpu.models import QWEN3_0_6B, QWEN3_30B_A3B, QWEN36_35B_A3B, build_bench_model, kv_bytes_per_token
 from benchmarks.throughput import ThroughputWorkload
 
 DENSE, MOE = "qwen3-0.6b", "qwen3-30b-a3b"  # the benchmark models, built from their shapes on first use

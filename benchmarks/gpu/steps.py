@@ -19,9 +19,9 @@ from typing import Any, Callable
 
 import torch
 
-from benchmarks import gpu_env
-from benchmarks.gpu_context import DENSE, HYBRID, MOE, Context, nano_vllm_workload
-from benchmarks.gpu_measure import (
+from benchmarks.gpu import env as gpu_env
+from benchmarks.gpu.context import DENSE, HYBRID, MOE, Context, nano_vllm_workload
+from benchmarks.gpu.measure import (
     check_engine_against_hf,
     check_tensor_parallel,
     copy_bandwidth_tbs,
@@ -29,10 +29,10 @@ from benchmarks.gpu_measure import (
     time_decode_step,
     time_speculative_decode,
 )
-from benchmarks.gpu_models import QWEN3_30B_A3B, kv_bytes_per_token, param_count, weight_bytes
-from benchmarks.gpu_wheels import wheel_status
+from benchmarks.gpu.models import QWEN3_30B_A3B, kv_bytes_per_token, param_count, weight_bytes
+from benchmarks.gpu.wheels import wheel_status
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 # Triton vs the torch reference for every kernel, natively, and CUDA-graph decode vs eager. Only the GPU-marked
 # test of the padding file: its other cases build CPU engines, which need the interpreter (off with CUDA visible).
 KERNEL_TESTS = ("tests/kernels/test_triton_ops.py", "tests/kernels/test_fp8.py", "tests/kernels/test_recurrent.py",

@@ -1,4 +1,4 @@
-"""The wheels the GPU machine needs (``benchmarks/gpu_wheels.txt``): downloading them here (``--prepare``) and
+"""The wheels the GPU machine needs (``benchmarks/gpu/wheels.txt``): downloading them here (``--prepare``) and
 checking what a run would find (``--dry-run``, the environment step).
 
 The device reaches no registry, so pip runs here with the device's interpreter and platform named explicitly, and
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-REQUIREMENTS_FILE = Path(__file__).with_name("gpu_wheels.txt")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+REQUIREMENTS_FILE = Path(__file__).with_name("wheels.txt")
 DEVICE_PYTHON = "3.12"  # the H200 image's python3
 DEVICE_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
                     "manylinux2014_x86_64", "manylinux1_x86_64")

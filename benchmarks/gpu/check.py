@@ -1,6 +1,6 @@
 """The prepared GPU check: one device call that says whether kvserve is correct on a CUDA machine and how fast it is.
 
-Steps (``benchmarks/gpu_steps.py``), most valuable first, each written to the JSON report as soon as it ends:
+Steps (``benchmarks/gpu/steps.py``), most valuable first, each written to the JSON report as soon as it ends:
 environment; kernel tests and CUDA graphs vs eager; tiny models vs HF transformers; nano-vllm throughput with the
 engine's defaults, then with ``enforce_eager``; batch-1 decode vs the weight-read bound; host vs device ms per
 step (``kvserve bench step``); TTFT cold vs 90% cached on a 32k-token prompt; memory vs budget; Qwen3-30B-A3B-shaped
@@ -28,12 +28,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
-from benchmarks.gpu_context import FULL, QUICK, Context, Plan
-from benchmarks.gpu_steps import STEPS, FatalStepError, Step
-from benchmarks.gpu_wheels import prepare
+from benchmarks.gpu.context import FULL, QUICK, Context, Plan
+from benchmarks.gpu.steps import STEPS, FatalStepError, Step
+from benchmarks.gpu.wheels import prepare
 
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class Report:

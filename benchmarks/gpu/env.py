@@ -12,7 +12,7 @@ from typing import Any
 
 from packaging.requirements import Requirement
 
-PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 CHECKED_PACKAGES = ("torch", "triton", "transformers", "safetensors", "tokenizers")
 
 
