@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "qwen3_moe", "deepseek_v2", "deepseek_v3",
                            "deepseek_v32", "deepseek_v4", "qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text",
-                           "qwen3_5_moe_text", "gemma3", "gemma3_text")
+                           "qwen3_5_moe_text", "gemma3", "gemma3_text", "gpt_oss")
 DEEPSEEK_V3_ROUTING = ("deepseek_v3", "deepseek_v32")  # sigmoid scores, correction bias, grouped top-k
 # Checkpoints whose MTP layers follow the last decoder layer (model.layers.{num_hidden_layers}.*): DeepSeek-V3 / R1,
 # and V3.2, whose MTP layer has its own indexer
@@ -264,6 +264,11 @@ class MoEConfig:
     routed_scaling_factor: float = 1.0
     hash_layers: tuple[int, ...] = ()  # DeepSeek-V4: layers routing by a fixed token -> experts table (tid2eid)
     swiglu_limit: float | None = None  # DeepSeek-V4: gate clamped to <= limit, up to [-limit, limit]
+    # gpt-oss: the router and every expert projection carry a bias, and the experts' activation is
+    # (up + 1) * gate * sigmoid(swiglu_alpha * gate) on the clamped inputs
+    router_bias: bool = False
+    expert_bias: bool = False
+    swiglu_alpha: float | None = None
 
     @classmethod
     def _deepseek_v4(cls, cfg: dict[str, Any], num_experts: int) -> "MoEConfig":
@@ -289,6 +294,12 @@ class MoEConfig:
         num_experts = cfg.get("num_experts") or cfg.get("n_routed_experts") or cfg.get("num_local_experts")
         if arch == "deepseek_v4":
             return cls._deepseek_v4(cfg, num_experts)
+        if arch == "gpt_oss":  # every layer an MoE: top-k of the router's logits, softmaxed over the k chosen
+            return cls(num_experts=num_experts, top_k=cfg["num_experts_per_tok"],
+                       intermediate_size=cfg["intermediate_size"], moe_layers=tuple(range(num_layers)),
+                       norm_topk_prob=False, scoring="topk_softmax", router_bias=True, expert_bias=True,
+                       swiglu_limit=float(cfg.get("swiglu_limit", 7.0)),
+                       swiglu_alpha=float(cfg.get("swiglu_alpha", 1.702)))
         if arch == "qwen3_moe" or arch in HYBRID_ARCHITECTURES:  # Qwen's layout; the hybrids add a gated shared expert
             hybrid = arch in HYBRID_ARCHITECTURES
             step, dense = cfg.get("decoder_sparse_step", 1), set(cfg.get("mlp_only_layers") or [])
@@ -503,9 +514,9 @@ class SlidingWindowConfig:
         return self.window if self.layer_types[layer] == "sliding_attention" else None
 
     @classmethod
-    def from_dict(cls, cfg: dict[str, Any]) -> "SlidingWindowConfig":
+    def from_dict(cls, cfg: dict[str, Any], default_pattern: int = 6) -> "SlidingWindowConfig":
         num_layers = cfg["num_hidden_layers"]
-        pattern = cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6
+        pattern = cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or default_pattern
         types = cfg.get("layer_types") or [  # transformers' default: every pattern-th layer is global
             "full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(num_layers)]
         unknown = set(types) - {"sliding_attention", "full_attention"}
@@ -524,6 +535,13 @@ def _rope_scaling(rope: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
         return {}
     rope.setdefault("original_max_position_embeddings", cfg.get("max_position_embeddings", 2048))
     return rope
+
+
+def _gpt_oss_sliding(cfg: dict[str, Any], rope_theta: float, rope: dict[str, Any]) -> SlidingWindowConfig:
+    """gpt-oss' window layers (the even ones by default; ``layer_types`` in its configs), with the full layers' RoPE."""
+    sliding = SlidingWindowConfig.from_dict({**cfg, "sliding_window": cfg.get("sliding_window") or 128},
+                                            default_pattern=2)
+    return dataclasses.replace(sliding, rope_theta=rope_theta, rope_scaling=rope)
 
 
 def _gemma3_text(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -573,6 +591,8 @@ class ModelConfig:
     sliding: SlidingWindowConfig | None = None  # sliding-window layers beside full ones (Gemma 3)
     query_pre_attn_scalar: float | None = None  # the softmax scale is its -1/2 power (Gemma 3); None: head_dim's
     final_logit_softcapping: float | None = None  # logits = cap * tanh(logits / cap)
+    attention_sinks: bool = False  # a learned sink logit per attention head (gpt-oss)
+    o_proj_bias: bool = False  # the attention output projection carries a bias (gpt-oss)
     hidden_act: str = "silu"  # the gated MLP's activation: silu, or gelu_pytorch_tanh (Gemma)
 
     def layer_window(self, layer: int) -> int | None:
@@ -610,7 +630,7 @@ class ModelConfig:
             raise ValueError(
                 f"model_type {arch!r} is not supported; kvserve runs {', '.join(SUPPORTED_ARCHITECTURES)} decoders"
             )
-        gemma3 = arch in GEMMA3_ARCHITECTURES
+        gemma3, gpt_oss = arch in GEMMA3_ARCHITECTURES, arch == "gpt_oss"
         if gemma3:
             cfg = _gemma3_text(cfg)
         num_heads = cfg["num_attention_heads"]
@@ -657,9 +677,12 @@ class ModelConfig:
             # DeepSeek-V3 num_nextn_predict_layers (layers after the last: model.layers.{num_hidden_layers}.*)
             num_mtp_layers=(cfg.get("mtp_num_hidden_layers") or cfg.get("num_nextn_predict_layers") or 0)
             if hybrid or arch in MTP_AFTER_LAST_LAYER else 0,
-            sliding=SlidingWindowConfig.from_dict(cfg) if gemma3 else None,
+            sliding=SlidingWindowConfig.from_dict(cfg) if gemma3 else _gpt_oss_sliding(cfg, rope_theta, rope)
+            if gpt_oss else None,
             query_pre_attn_scalar=cfg.get("query_pre_attn_scalar", 256) if gemma3 else None,
             final_logit_softcapping=cfg.get("final_logit_softcapping") if gemma3 else None,
+            attention_sinks=gpt_oss,
+            o_proj_bias=gpt_oss and cfg.get("attention_bias", True),
             hidden_act=cfg.get("hidden_activation") or "gelu_pytorch_tanh" if gemma3 else "silu",
         )
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from safetensors import safe_open
 from torch import nn
 from tqdm import tqdm
 
+from engine.models.gpt_oss import read_experts
 from engine.models.layers.quant import SCALE_SUFFIX, Fp8Format, Fp8Linear, swap_in_fp8_linears
 from kernels.ops import dequantize_fp4_blocks
 from engine.parallel.linear import Sharding
@@ -100,7 +102,8 @@ class _Target:
     """Where checkpoint tensor ``module_path.attr`` goes: ``rows`` of the output dim of a fused projection, an
     expert's part of stacked expert weights (``(expert,)`` or ``(expert, rows)``), or all of it (None). ``source``
     is the part of the checkpoint tensor this rank reads (None: all of it); ``zero``: the rank holds zeros there
-    and reads nothing (a row-parallel bias beyond rank 0)."""
+    and reads nothing (a row-parallel bias beyond rank 0); ``read``: how to read it when it is no slice of one
+    checkpoint tensor (gpt-oss' experts: transposed, de-interleaved, dequantized from MXFP4 with their scales)."""
 
     path: str
     module: nn.Module
@@ -108,6 +111,7 @@ class _Target:
     rows: slice | tuple | None
     source: tuple[slice, ...] | None = None
     zero: bool = False
+    read: Callable[[_Checkpoint, str], torch.Tensor] | None = None
 
     def destination(self) -> torch.Tensor:
         param = getattr(self.module, self.attr)
@@ -139,7 +143,7 @@ _DEEPSEEK_V4_RENAMES = [(re.compile(pattern), repl) for pattern, repl in [
     (r"\.q_norm\.", ".q_a_norm."), (r"\.gate\.bias$", ".gate.e_score_correction_bias"),
     (r"\.w1\.", ".gate_proj."), (r"\.w2\.", ".down_proj."), (r"\.w3\.", ".up_proj."),  # experts, shared experts
 ]]
-_CHECKPOINT_RENAMES = {"deepseek_v4": _DEEPSEEK_V4_RENAMES}
+_CHECKPOINT_RENAMES = {"deepseek_v4": _DEEPSEEK_V4_RENAMES, "gpt_oss": [(re.compile(r"\.mlp\.router\."), ".mlp.gate.")]}
 
 
 def _model_name(model: nn.Module, name: str) -> str:
@@ -174,6 +178,8 @@ def _target(model: nn.Module, name: str) -> list[_Target]:
         return []
     parts = name.split(".")
     try:
+        if model.cfg.architecture == "gpt_oss" and parts[-2:-1] == ["experts"]:
+            return _gpt_oss_expert_targets(model, parts)
         stacked = _stacked_expert_targets(model, parts)
         if stacked is not None:
             return stacked
@@ -202,6 +208,19 @@ def _stacked_expert_targets(model: nn.Module, parts: list[str]) -> list[_Target]
     rows = sharding.checkpoint_index("gate_proj")[0]
     return [_Target(path, experts, "gate_up_proj", (slice(None), slice(h * inter, (h + 1) * inter)),
                     (mine, slice(rows.start + h * full, rows.stop + h * full))) for h in (0, 1)]
+
+
+def _gpt_oss_expert_targets(model: nn.Module, parts: list[str]) -> list[_Target]:
+    """gpt-oss' stacked experts (`engine.models.gpt_oss.read_experts`): one target per parameter, read whole."""
+    path, last = ".".join(parts[:-1]), parts[-1]
+
+    def read(ckpt: _Checkpoint, name: str) -> torch.Tensor:
+        prefix = name[: len(name) - len(last)]
+        return read_experts(last, lambda tensor: ckpt.get(prefix + tensor))
+
+    if last.endswith("_scales"):  # read with its blocks
+        return []
+    return [_Target(path, model.get_submodule(path), last.removesuffix("_blocks"), None, read=read)]
 
 
 def _expert_target(model: nn.Module, parts: list[str]) -> _Target | None:
@@ -281,6 +300,8 @@ def use_fp8_layers(model: nn.Module, model_dir: Path) -> int:
 def _read(ckpt: _Checkpoint, name: str, target: _Target, fmt: Fp8Format | None) -> torch.Tensor:
     """This rank's part of checkpoint tensor ``name`` as ``target`` stores it: FP8 bytes for an `Fp8Linear` (whose
     scales are loaded here too), else dequantized when the checkpoint quantized it."""
+    if target.read is not None:
+        return target.read(ckpt, name)
     if ckpt.dtype(name) in FP4_PACKED_DTYPES:
         return _read_fp4(ckpt, name, target)
     tensor = ckpt.get(name, target.source)

@@ -98,11 +98,12 @@ clamp_swiglu = reference.clamp_swiglu  # DeepSeek-V4's clamped SwiGLU
 gather_context = reference.gather_context  # one sequence's first tokens from its blocks (MLA prefill)
 dequantize_fp8_blocks = reference.dequantize_fp8_blocks  # FP8 block-scaled weights -> dense, at load
 dequantize_fp4_blocks = reference.dequantize_fp4_blocks
+E2M1_VALUES = reference.E2M1_VALUES  # the 16 FP4 values by nibble
 scales_as_float = reference.scales_as_float
 positions_to_slots = reference_sparse.positions_to_slots  # token positions -> KV slots through a block table
 query_rows = reference_sparse.query_rows
 pooling_state_size = reference_compressed.pooling_state_size
 
-__all__ = ["AttentionMetadata", "BACKENDS", "CPU_OPS", "Ops", "StateBatch", "TORCH_OPS", "clamp_swiglu",
+__all__ = ["AttentionMetadata", "BACKENDS", "CPU_OPS", "E2M1_VALUES", "Ops", "StateBatch", "TORCH_OPS", "clamp_swiglu",
            "dequantize_fp4_blocks", "dequantize_fp8_blocks", "fp8_gemm_supported", "gather_context", "get_ops",
            "pooling_state_size", "positions_to_slots", "query_rows", "scales_as_float"]

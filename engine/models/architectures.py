@@ -11,6 +11,7 @@ from engine.models.deepseek_v3 import DeepseekV3ForCausalLM
 from engine.models.deepseek_v32 import DeepseekV32ForCausalLM
 from engine.models.deepseek_v4 import DeepseekV4ForCausalLM
 from engine.models.gemma3 import Gemma3ForCausalLM
+from engine.models.gpt_oss import GptOssForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.models.qwen3_next import HybridForCausalLM
 from engine.parallel.state import SINGLE, TensorParallel
@@ -33,6 +34,7 @@ MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "qwen3_5_moe_text": HybridForCausalLM,
     "gemma3": Gemma3ForCausalLM,  # the language model of Gemma3ForConditionalGeneration (its vision tower skipped)
     "gemma3_text": Gemma3ForCausalLM,
+    "gpt_oss": GptOssForCausalLM,
 }
 assert set(MODEL_CLASSES) == set(SUPPORTED_ARCHITECTURES)
 

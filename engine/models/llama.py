@@ -36,7 +36,8 @@ class RMSNorm(nn.Module):
 
 class Attention(nn.Module):
     """This rank's query heads and the KV heads they read; returns this rank's partial sum of ``o_proj``.
-    ``window``: a sliding-window layer's (queries see the last ``window`` positions, their own included)."""
+    ``window``: a sliding-window layer's (queries see the last ``window`` positions, their own included); ``sinks``
+    (gpt-oss): one learned logit per query head that takes part in every row's softmax (`kernels.ops`)."""
 
     def __init__(self, cfg: ModelConfig, tp: TensorParallel, window: int | None = None) -> None:
         super().__init__()
@@ -46,7 +47,9 @@ class Attention(nn.Module):
         self.kv_size = self.num_kv_heads * cfg.head_dim
         self.qkv_proj = qkv_parallel(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, tp,
                                      bias=cfg.attention_bias)
-        self.o_proj = row_parallel(cfg.num_heads * cfg.head_dim, cfg.hidden_size, tp, unit_size=cfg.head_dim)
+        self.o_proj = row_parallel(cfg.num_heads * cfg.head_dim, cfg.hidden_size, tp, bias=cfg.o_proj_bias,
+                                   unit_size=cfg.head_dim)
+        self.sinks = nn.Parameter(torch.empty(self.num_heads)) if cfg.attention_sinks else None
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, cfg.zero_centered_norms) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, cfg.zero_centered_norms) if cfg.qk_norm else None
         self.scale = (cfg.query_pre_attn_scalar or cfg.head_dim) ** -0.5
@@ -73,7 +76,8 @@ class Attention(nn.Module):
         ops.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         out = ops.paged_attention(
             q, k_cache, v_cache, meta.block_tables, meta.context_lens, meta.query_start_loc, self.scale,
-            window=self.window, max_query_len=meta.max_query_len, max_context_len=meta.max_context_len,
+            window=self.window, sinks=self.sinks, max_query_len=meta.max_query_len,
+            max_context_len=meta.max_context_len,
         )
         return self.o_proj(out.reshape(-1, self.q_size))
 

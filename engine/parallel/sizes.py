@@ -19,6 +19,8 @@ def shape_problems(model: ModelConfig, size: int, expert_parallel: bool) -> list
     kv = model.num_kv_heads
     if model.mla is None and not (_splits(kv, size) if kv >= size else _splits(size, kv)):
         problems.append(f"its {kv} KV heads neither split over {size} ranks nor repeat evenly on them")
+    if model.attention_sinks and size > 1:
+        problems.append("its attention sinks and expert biases are not split across ranks yet (gpt-oss runs on one)")
     lin = model.linear
     if lin is not None:
         if not _splits(lin.num_key_heads, size) or not _splits(lin.num_value_heads, size):

@@ -378,6 +378,9 @@ def fused_moe(
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     swiglu_limit: float | None = None,
+    gate_up_bias: torch.Tensor | None = None,
+    down_bias: torch.Tensor | None = None,
+    swiglu_alpha: float | None = None,
 ) -> torch.Tensor:
     """The routed experts' weighted sum: ``sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(hidden[t])``.
 
@@ -385,7 +388,8 @@ def fused_moe(
     ``topk_weights`` ``[T, K]`` (float32) and ``topk_ids`` ``[T, K]``. An expert is
     ``down @ silu_and_mul(gate_up @ x)``, computed in the activation dtype; the weighted sum accumulates in fp32.
     An id of -1 marks a pair whose expert this rank does not hold (expert parallelism): it adds nothing.
-    ``swiglu_limit`` (DeepSeek-V4): `clamp_swiglu` before the activation.
+    ``swiglu_limit`` (DeepSeek-V4): `clamp_swiglu` before the activation. gpt-oss: ``gate_up_bias`` ``[E, 2I]`` and
+    ``down_bias`` ``[E, H]`` added to each projection, and the activation is `swiglu_oai` with ``swiglu_alpha``.
     """
     num_tokens, top_k = topk_ids.shape
     out = torch.zeros(num_tokens, hidden.shape[1], dtype=torch.float32, device=hidden.device)
@@ -400,8 +404,9 @@ def fused_moe(
         pairs = order[start : start + count]
         start += count
         tokens = pairs // top_k
-        gate_up = clamp_swiglu(F.linear(hidden[tokens], gate_up_proj[expert]), swiglu_limit)
-        y = F.linear(silu_and_mul(gate_up), down_proj[expert])
+        gate_up = F.linear(hidden[tokens], gate_up_proj[expert], None if gate_up_bias is None else gate_up_bias[expert])
+        y = F.linear(expert_activation(gate_up, swiglu_limit, swiglu_alpha), down_proj[expert],
+                     None if down_bias is None else down_bias[expert])
         out.index_add_(0, tokens, y.float() * weights[pairs, None])
     return out.to(hidden.dtype)
 
@@ -459,6 +464,23 @@ def clamp_swiglu(gate_up: torch.Tensor, limit: float | None) -> torch.Tensor:
         return gate_up
     gate, up = gate_up.chunk(2, dim=-1)
     return torch.cat([gate.clamp(max=limit), up.clamp(-limit, limit)], dim=-1)
+
+
+def swiglu_oai(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """gpt-oss' clamped SwiGLU of ``gate_up`` ``[..., 2I]`` (gate half, then up half): with the inputs clamped as in
+    `clamp_swiglu`, ``(up + 1) * gate * sigmoid(alpha * gate)``."""
+    gate, up = clamp_swiglu(gate_up, limit).chunk(2, dim=-1)
+    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+
+
+def expert_activation(gate_up: torch.Tensor, swiglu_limit: float | None, swiglu_alpha: float | None,
+                      silu_mul: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    """An expert's activation of its gate/up projection: gpt-oss' `swiglu_oai` when ``swiglu_alpha`` is given, else
+    SiLU-and-mul (``silu_mul``: an op set's own) of the inputs clamped by ``swiglu_limit`` (DeepSeek-V4; None: as
+    they are)."""
+    if swiglu_alpha is not None:
+        return swiglu_oai(gate_up, swiglu_alpha, swiglu_limit)
+    return (silu_mul or silu_and_mul)(clamp_swiglu(gate_up, swiglu_limit))
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

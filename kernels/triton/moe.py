@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.reference import clamp_swiglu
+from kernels.reference import expert_activation
 from kernels.triton.activation import silu_and_mul
 from kernels.triton.utils import upcast_bf16_dot
 
@@ -119,8 +119,12 @@ def fused_moe(
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     swiglu_limit: float | None = None,
+    gate_up_bias: torch.Tensor | None = None,
+    down_bias: torch.Tensor | None = None,
+    swiglu_alpha: float | None = None,
 ) -> torch.Tensor:
-    """The routed experts' weighted sum; same contract as ``kernels.reference.fused_moe``."""
+    """The routed experts' weighted sum; same contract as ``kernels.reference.fused_moe``. The biases (gpt-oss) are
+    added by the pairs' experts around the two GEMMs, the down bias weighted like its expert's output."""
     num_tokens, top_k = topk_ids.shape
     num_experts, hidden_size = gate_up_proj.shape[0], hidden.shape[1]
     assert hidden.stride(-1) == 1 and gate_up_proj.stride(-1) == 1 and down_proj.stride(-1) == 1
@@ -131,7 +135,14 @@ def fused_moe(
     alignment = align_by_expert(topk_ids, num_experts, block_m)
     gate_up = hidden.new_empty(num_pairs, gate_up_proj.shape[1])
     _grouped_gemm(hidden, gate_up_proj, gate_up, alignment, top_k, None, block_m)
+    pair_experts = topk_ids.flatten().long().clamp(min=0)  # a skipped pair's bias rows are masked below
+    if gate_up_bias is not None:
+        gate_up += gate_up_bias[pair_experts].to(gate_up.dtype)
     down = hidden.new_zeros(num_pairs, hidden_size)  # zeros: the rows of skipped (-1) pairs are never written
     weights = topk_weights.float().flatten()
-    _grouped_gemm(silu_and_mul(clamp_swiglu(gate_up, swiglu_limit)), down_proj, down, alignment, 1, weights, block_m)
+    _grouped_gemm(expert_activation(gate_up, swiglu_limit, swiglu_alpha, silu_and_mul), down_proj, down, alignment, 1,
+                  weights, block_m)
+    if down_bias is not None:
+        held = (topk_ids.flatten() >= 0).float()
+        down += (down_bias[pair_experts].float() * (weights * held)[:, None]).to(down.dtype)
     return down.view(num_tokens, top_k, hidden_size).sum(1)

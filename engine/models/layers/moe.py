@@ -1,8 +1,9 @@
 """Mixture-of-experts MLP layers: a router picks each token's top-k experts, `ops.fused_moe` runs them.
 
 One module serves Qwen3-MoE (softmax top-k, optionally renormalized), DeepSeek-V2/V3 (shared experts; V3's
-sigmoid scores with a correction bias, group-limited top-k and a routed scaling factor) and DeepSeek-V4 (sqrt-softplus
-scores, hash-routed first layers, clamped SwiGLU). The routing variants are
+sigmoid scores with a correction bias, group-limited top-k and a routed scaling factor), DeepSeek-V4 (sqrt-softplus
+scores, hash-routed first layers, clamped SwiGLU) and gpt-oss (a router and experts with biases, the top-k logits
+softmaxed, its own clamped SwiGLU). The routing variants are
 configuration (`engine.config.MoEConfig`), not subclasses.
 """
 from __future__ import annotations
@@ -22,6 +23,9 @@ def select_experts(
     logits: torch.Tensor, correction_bias: torch.Tensor | None, moe: MoEConfig
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(weights [T, K] fp32, ids [T, K])`` from router logits ``[T, E]`` (fp32), as the HF implementations do."""
+    if moe.scoring == "topk_softmax":  # gpt-oss: the k best logits, softmaxed among themselves
+        best, ids = logits.topk(moe.top_k, dim=-1)
+        return best.softmax(-1), ids
     scores = expert_scores(logits, moe)
     choice = scores if correction_bias is None else scores + correction_bias  # the bias steers only the choice
     if moe.n_group > 1:
@@ -59,10 +63,11 @@ class Router(nn.Module):
         super().__init__()
         self.moe = moe
         self.weight = nn.Parameter(torch.empty(moe.num_experts, hidden_size))
+        self.bias = nn.Parameter(torch.empty(moe.num_experts)) if moe.router_bias else None
         self.e_score_correction_bias = nn.Parameter(torch.empty(moe.num_experts)) if moe.correction_bias else None
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return select_experts(F.linear(x.float(), self.weight), self.e_score_correction_bias, self.moe)
+        return select_experts(F.linear(x.float(), self.weight, self.bias), self.e_score_correction_bias, self.moe)
 
 
 class HashRouter(nn.Module):
@@ -85,7 +90,8 @@ class HashRouter(nn.Module):
 class Experts(nn.Module):
     """Every routed expert's weights stacked: ``gate_up_proj`` ``[E, 2I, H]`` (gate rows, then up) and ``down_proj``
     ``[E, H, I]``, as transformers holds them; checkpoints store them per expert (weights.py stacks them). Under
-    tensor parallelism the stack holds this rank's experts or slices of them (`ExpertSharding`)."""
+    tensor parallelism the stack holds this rank's experts or slices of them (`ExpertSharding`). gpt-oss adds a bias
+    to each projection (``gate_up_proj_bias`` ``[E, 2I]``, ``down_proj_bias`` ``[E, H]``)."""
 
     def __init__(self, hidden_size: int, moe: MoEConfig, tp: TensorParallel) -> None:
         super().__init__()
@@ -93,6 +99,8 @@ class Experts(nn.Module):
         experts, inter = len(self.sharding.local_experts), self.sharding.local_intermediate
         self.gate_up_proj = nn.Parameter(torch.empty(experts, 2 * inter, hidden_size))
         self.down_proj = nn.Parameter(torch.empty(experts, hidden_size, inter))
+        self.gate_up_proj_bias = nn.Parameter(torch.empty(experts, 2 * inter)) if moe.expert_bias else None
+        self.down_proj_bias = nn.Parameter(torch.empty(experts, hidden_size)) if moe.expert_bias else None
 
 
 class SharedExpertGate(nn.Module):
@@ -118,7 +126,7 @@ class SparseMoE(nn.Module):
         super().__init__()
         self.gate = Router(hidden_size, moe) if hash_vocab is None else HashRouter(hidden_size, hash_vocab, moe)
         self.experts = Experts(hidden_size, moe, tp)
-        self.swiglu_limit = moe.swiglu_limit
+        self.swiglu_limit, self.swiglu_alpha = moe.swiglu_limit, moe.swiglu_alpha
         self.shared_experts = (
             MLP(hidden_size, moe.intermediate_size * moe.num_shared_experts, tp, moe.swiglu_limit)
             if moe.num_shared_experts else None
@@ -132,8 +140,12 @@ class SparseMoE(nn.Module):
     def forward(self, ops: Ops, x: torch.Tensor, input_ids: torch.Tensor | None = None) -> torch.Tensor:
         weights, ids = self.gate(x) if isinstance(self.gate, Router) else self.gate(x, input_ids)
         ids = self.experts.sharding.localize(ids)
-        limit = {} if self.swiglu_limit is None else {"swiglu_limit": self.swiglu_limit}
-        out = ops.fused_moe(x, self.experts.gate_up_proj, self.experts.down_proj, weights, ids, **limit)
+        experts = self.experts
+        extra = {} if self.swiglu_limit is None else {"swiglu_limit": self.swiglu_limit}
+        if self.swiglu_alpha is not None:  # gpt-oss
+            extra.update(gate_up_bias=experts.gate_up_proj_bias, down_bias=experts.down_proj_bias,
+                         swiglu_alpha=self.swiglu_alpha)
+        out = ops.fused_moe(x, experts.gate_up_proj, experts.down_proj, weights, ids, **extra)
         if self.shared_experts is not None:
             out = out + self.shared_experts(ops, x)
         if self.shared_expert is not None:

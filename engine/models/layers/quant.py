@@ -40,9 +40,12 @@ class Fp8Format:
         if not quant:
             return None
         method = quant.get("quant_method")
+        if method == "mxfp4":  # gpt-oss' experts: dequantized on load by engine/models/gpt_oss.py, no FP8 layers
+            return None
         if method != "fp8":
-            raise ValueError(f"quant_method {method!r} is not supported: kvserve loads unquantized checkpoints and "
-                             "block-scaled FP8 ones (quant_method 'fp8', as DeepSeek-V3 and the Qwen3 -FP8 releases)")
+            raise ValueError(f"quant_method {method!r} is not supported: kvserve loads unquantized checkpoints, "
+                             "block-scaled FP8 ones (quant_method 'fp8', as DeepSeek-V3 and the Qwen3 -FP8 releases) "
+                             "and gpt-oss' MXFP4 experts")
         if quant.get("fmt", "e4m3") != "e4m3":
             raise ValueError(f"FP8 format {quant['fmt']!r} is not supported; only e4m3 weights are")
         if quant.get("expert_dtype", "fp8") not in ("fp8", "fp4"):

@@ -1,0 +1,71 @@
+"""gpt-oss (``gpt_oss``: GptOssForCausalLM, gpt-oss-20b / 120b): the Llama decoder with
+
+- sliding-window (128) and full attention layers alternating (``layer_types``; the even layers by default), both
+  with YaRN RoPE, learned attention sinks per head (``self_attn.sinks``) and biases on every attention projection,
+  ``o_proj`` included (`engine.models.llama.Attention` takes them from the config);
+- an MoE MLP in every layer (`engine.models.layers.moe`): a router with a bias whose top-4 logits are softmaxed among
+  themselves, experts with biases and a clamped SwiGLU ``(up + 1) * gate * sigmoid(1.702 * gate)``.
+
+The checkpoint's experts are stacked tensors in transformers' layout: ``gate_up_proj`` ``[E, H, 2I]`` with gate and up
+columns interleaved, ``down_proj`` ``[E, I, H]``, or, as released, MXFP4: ``gate_up_proj_blocks`` ``[E, 2I, H/32, 16]``
+(two e2m1 values a byte, low nibble first) with ``gate_up_proj_scales`` ``[E, 2I, H/32]`` (UE8M0 exponents, one per 32
+values), ``down_proj_blocks`` / ``_scales`` likewise. `read_experts` turns either into the engine's layout (gate rows
+then up rows, ``[E, 2I, H]``; ``[E, H, I]``), dequantized on load.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from engine.config import ModelConfig
+from engine.models.llama import Attention, LlamaForCausalLM
+from engine.parallel.state import SINGLE, TensorParallel
+from kernels.ops import Ops, dequantize_fp4_blocks
+
+MXFP4_BLOCK = 32  # values per UE8M0 scale
+EXPERT_TENSORS = ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")
+
+
+class GptOssForCausalLM(LlamaForCausalLM):
+    def __init__(self, cfg: ModelConfig, ops: Ops, tp: TensorParallel = SINGLE) -> None:
+        assert cfg.sliding is not None and cfg.attention_sinks, "a gpt-oss config has its window layers and sinks"
+        assert tp.size == 1, "engine/parallel/sizes.py refuses gpt-oss under tensor parallelism"
+        super().__init__(cfg, ops, tp)
+
+    def make_mixer(self, layer_idx: int) -> nn.Module:
+        return Attention(self.cfg, self.tp, window=self.cfg.layer_window(layer_idx))
+
+
+def _deinterleave(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """gate/up interleaved along ``dim`` (gate at even indices) -> the gate half, then the up half."""
+    index = torch.arange(t.shape[dim], device=t.device)
+    return torch.cat([t.index_select(dim, index[0::2]), t.index_select(dim, index[1::2])], dim=dim)
+
+
+def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """float32 ``[..., rows, cols]`` of an MXFP4 tensor: ``blocks`` ``[..., rows, cols / 32, 16]`` uint8 and ``scales``
+    ``[..., rows, cols / 32]`` uint8 exponents (2^(s - 127))."""
+    *lead, groups, width = blocks.shape
+    packed = blocks.reshape(-1, groups * width)
+    values = dequantize_fp4_blocks(packed, scales.reshape(-1, groups))
+    return values.view(*lead, groups * width * 2)
+
+
+def read_experts(name: str, get: Callable[[str], torch.Tensor]) -> torch.Tensor:
+    """The engine's value of the expert parameter that checkpoint tensor ``name`` (the last part of
+    ``...mlp.experts.<name>``: one of `EXPERT_TENSORS`, or ``<weight>_blocks``) fills; ``get`` reads a tensor of the
+    same experts by its last part (an MXFP4 weight's ``_scales``)."""
+    if name.endswith("_blocks"):
+        base = name.removesuffix("_blocks")
+        weight = dequantize_mxfp4(get(name), get(base + "_scales"))  # [E, out, in]: the engine's orientation
+    else:
+        base, weight = name, get(name)
+        if base in ("gate_up_proj", "down_proj"):  # transformers' [E, in, out]
+            weight = weight.transpose(1, 2)
+    if base not in EXPERT_TENSORS:
+        raise ValueError(f"unknown gpt-oss expert tensor {name!r}")
+    if base.startswith("gate_up_proj"):  # gate and up interleaved along the output dim
+        weight = _deinterleave(weight, 1)
+    return weight

@@ -1,0 +1,171 @@
+"""gpt-oss on tiny random checkpoints written by transformers' own save_pretrained (tests/models/gpt_oss_models.py), in
+both released layouts: the experts stacked as transformers holds them (bf16 layout, here fp32) and as gpt-oss-20b
+ships them (MXFP4 ``*_blocks`` / ``*_scales``, dequantized on load). Window layers (8 tokens) alternate with full ones,
+so every prompt but the shortest reaches past the window; attention sinks, biases on every projection, top-4 routing
+and the clamped SwiGLU all take part.
+
+Greedy tokens equal transformers' one prompt at a time, all together, with the prefix cache hot, with chunked prefills
+ending off block boundaries, under preemption, on each op set (the reference, the native CPU decode kernel, Triton
+under its interpreter); top-20 logprobs within 1e-4 in fp32. The MXFP4 checkpoint is checked against transformers
+reading that same checkpoint (it dequantizes MXFP4 itself).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.config import ModelConfig
+from tests.hf_oracle import hf_greedy, hf_model, random_prompts
+from tests.models.gpt_oss_models import LAYOUTS, VOCAB, WINDOW, write_gpt_oss_checkpoint
+
+LENGTHS = [1, 4, 9, 17, 40, 70]
+NEW_TOKENS = 8
+GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_dirs(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("gpt_oss")
+
+    class Dirs(dict):
+        def __missing__(self, layout: str) -> str:
+            self[layout] = str(write_gpt_oss_checkpoint(layout, root / layout))
+            return self[layout]
+
+    return Dirs()
+
+
+@pytest.fixture(scope="module", params=[pytest.param(layout, marks=() if layout == "bf16" else pytest.mark.slow)
+                                        for layout in LAYOUTS])
+def case(request, gpt_oss_dirs):
+    path = gpt_oss_dirs[request.param]
+    prompts = random_prompts(VOCAB, LENGTHS, seed=3)
+    return path, prompts, [hf_greedy(path, p, NEW_TOKENS) for p in prompts]
+
+
+def test_the_checkpoints_are_the_released_layouts(gpt_oss_dirs):
+    from safetensors import safe_open
+
+    for layout, expert_names in (("bf16", ("gate_up_proj", "down_proj")),
+                                 ("mxfp4", ("gate_up_proj_blocks", "gate_up_proj_scales", "down_proj_blocks"))):
+        path = Path(gpt_oss_dirs[layout])
+        with safe_open(path / "model.safetensors", "pt") as f:
+            names = set(f.keys())
+        prefix = "model.layers.0."
+        assert {prefix + n for n in ("self_attn.sinks", "self_attn.o_proj.bias", "mlp.router.bias",
+                                     "mlp.experts.gate_up_proj_bias", "mlp.experts.down_proj_bias")} <= names
+        assert {prefix + "mlp.experts." + n for n in expert_names} <= names
+        config = json.loads((path / "config.json").read_text())
+        assert config["model_type"] == "gpt_oss"
+        assert (config.get("quantization_config") or {}).get("quant_method") == (layout if layout == "mxfp4" else None)
+    cfg = ModelConfig.from_dir(Path(gpt_oss_dirs["bf16"]))
+    assert [cfg.layer_window(i) for i in range(4)] == [WINDOW, None, WINDOW, None]
+    assert cfg.attention_sinks and cfg.o_proj_bias and cfg.attention_bias
+    assert (cfg.moe.top_k, cfg.moe.scoring, cfg.moe.swiglu_limit, cfg.moe.swiglu_alpha) == (4, "topk_softmax", 7.0,
+                                                                                           1.702)
+    assert cfg.rope_scaling["rope_type"] == "yarn" and cfg.rope_scaling["truncate"] is False
+    assert (cfg.sliding.rope_theta, cfg.sliding.rope_scaling) == (cfg.rope_theta, cfg.rope_scaling) == (
+        150000.0, cfg.rope_scaling)
+
+
+def test_released_configs_default_to_alternating_windows():
+    cfg = ModelConfig.from_dict({"model_type": "gpt_oss", "vocab_size": 201088, "hidden_size": 2880,
+                                 "intermediate_size": 2880, "num_hidden_layers": 4, "num_attention_heads": 64,
+                                 "num_key_value_heads": 8, "head_dim": 64, "num_local_experts": 32,
+                                 "num_experts_per_tok": 4, "sliding_window": 128, "rope_theta": 150000,
+                                 "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
+                                                  "beta_slow": 1.0, "truncate": False,
+                                                  "original_max_position_embeddings": 4096}})
+    assert [cfg.layer_window(i) for i in range(4)] == [128, None, 128, None]
+    assert cfg.rope_scaling["original_max_position_embeddings"] == 4096 and cfg.moe.num_experts == 32
+
+
+def test_outputs_are_varied_and_depend_on_the_whole_context(case):
+    path, prompts, expected = case
+    assert len({tuple(e) for e in expected}) == len(expected), "different prompts continue differently"
+    assert sum(len(set(e)) for e in expected) > 5 * len(expected), "continuations do not repeat one token"
+    model, long = hf_model(path), prompts[-1]
+
+    def last_logits(prompt: list[int]) -> torch.Tensor:
+        with torch.no_grad():
+            return model(torch.tensor([prompt])).logits[0, -1]
+
+    base = last_logits(long)
+    changed = long[:1] + [long[1] + 7] + long[2:]
+    assert (last_logits(changed) - base).abs().max() > 0.05, "a token 69 back moves the logits (the full layers)"
+    sinkless = hf_model(path)
+    with torch.no_grad():
+        saved = [layer.self_attn.sinks.clone() for layer in sinkless.model.layers]
+        for layer in sinkless.model.layers:
+            layer.self_attn.sinks.fill_(-1e4)
+        assert (last_logits(long) - base).abs().max() > 0.05, "the sinks matter"
+        for layer, sinks in zip(sinkless.model.layers, saved):
+            layer.self_attn.sinks.copy_(sinks)
+
+
+@pytest.mark.parametrize("block_size", [4, pytest.param(16, marks=pytest.mark.slow)])
+def test_greedy_one_at_a_time_all_together_and_cache_hot(case, block_size):
+    path, prompts, expected = case
+    llm = LLM(path, block_size=block_size, num_kv_blocks=512)
+    for prompt, want in zip(prompts, expected):
+        assert llm.generate([prompt], GREEDY)[0].token_ids == want
+    params = [SamplingParams(max_tokens=1 + (3 * i) % NEW_TOKENS, temperature=0, ignore_eos=True)
+              for i in range(len(prompts))]
+    outs = llm.generate(prompts, params)
+    assert [o.token_ids for o in outs] == [want[: p.max_tokens] for want, p in zip(expected, params)]
+    outs = llm.generate(prompts, GREEDY)  # cache hot: the prompts' full blocks come from the prefix cache
+    assert [o.token_ids for o in outs] == expected
+    cached = [o.num_cached_tokens for o in outs]
+    assert cached == [(len(p) - 1) // block_size * block_size for p in prompts] and sum(cached) > 0
+    llm.engine.scheduler.kv.check_invariants()
+
+
+@pytest.mark.slow
+def test_chunked_prefill_ending_off_block_boundaries(case):
+    path, prompts, expected = case
+    llm = LLM(path, block_size=4, num_kv_blocks=512, max_num_batched_tokens=7)
+    assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == expected
+
+
+@pytest.mark.slow
+def test_preemption_in_a_small_pool(case):
+    path, prompts, expected = case
+    llm = LLM(path, block_size=4, num_kv_blocks=32, max_num_batched_tokens=32)
+    outs = llm.generate(prompts, GREEDY)
+    assert llm.engine.scheduler.num_preemptions > 0
+    assert [o.token_ids for o in outs] == expected
+    llm.engine.scheduler.kv.check_invariants()
+
+
+def test_top20_logprobs_within_1e_4(case):
+    path, prompts, _ = case
+    llm = LLM(path, block_size=4, num_kv_blocks=512, max_num_batched_tokens=32)
+    outs = llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0, logprobs=20))
+    model = hf_model(path)
+    for prompt, out in zip(prompts, outs):
+        with torch.no_grad():
+            ref = torch.log_softmax(model(torch.tensor([prompt])).logits[0, -1].float(), -1)
+        top = out.outputs[0].logprobs[0].top
+        ids = torch.tensor([t for t, _ in top])
+        assert ids.tolist() == ref.topk(20).indices.tolist()
+        torch.testing.assert_close(torch.tensor([lp for _, lp in top]), ref[ids], atol=1e-4, rtol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("case", ["bf16"], indirect=True)
+def test_other_op_sets_chunked_and_together(case, backend):
+    """The pure-torch reference and the Triton kernels (under the interpreter on CPU: sinks in the attention kernel,
+    expert biases around the grouped GEMMs), in steps that mix chunked prefills with decodes."""
+    path, prompts, expected = case
+    llm = LLM(path, attention_backend=backend, block_size=4, num_kv_blocks=512, max_num_batched_tokens=13)
+    assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == expected
+
+
+def test_tensor_parallel_is_refused_with_a_reason(gpt_oss_dirs):
+    with pytest.raises(ValueError, match="attention sinks"):
+        LLM(gpt_oss_dirs["bf16"], tensor_parallel_size=2, block_size=4, num_kv_blocks=64)
