@@ -4,11 +4,12 @@
 - `input`: a string (one user message) or items. `message` items (`developer` and `system` become system messages,
   in place), `reasoning` items (the next assistant message's reasoning: their `content` text, else the
   `encrypted_content` this server wrote, else the summary), `function_call` items (tool calls of the assistant
-  message they follow) and `function_call_output` items (tool messages). Other item types are skipped.
+  message they follow), `function_call_output` items (tool messages) and `compaction` items (opened by the caller's
+  ``expand``, server/api/compaction.py: the summary they seal, as a user message). Other item types are skipped.
 - `tools`: `function` tools; the functions of a `namespace` tool are flattened to `<namespace>__<name>` (mapped back
   on output); hosted tools (`web_search`, `custom`, `local_shell`, ...) are accepted and left out of the prompt.
 - `reasoning.effort`: `none` / `minimal` turn thinking off, any other effort on; absent, the model's default.
-  DeepSeek-V4 also takes the effort (`high`, or `max` from `xhigh`); see `server.api.chat.effort_kwargs`.
+  DeepSeek-V4 also takes the effort (`high`, or `max` from `xhigh`); see `server.pipeline.plan.effort_kwargs`.
 - `text.format` (`json_schema` flat, as `{type, name, schema, strict}`, or `json_object`) becomes chat's
   `response_format`: the same grammar guarantees it; errors name the Responses field (`FORMAT_PARAMS`).
 """
@@ -16,11 +17,12 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from server.cache.cache_salt import salt_tenant
-from server.api.chat import effort_kwargs
+from server.pipeline.plan import effort_kwargs
 from server.api.protocol import APIError
 from server.rendering.messages import flatten_content
 from server.api.responses_protocol import ResponsesRequest
@@ -63,7 +65,12 @@ def _open_assistant(messages: list[dict]) -> dict:
     return messages[-1]
 
 
-def chat_messages(items: str | list[dict], tool_names: dict[tuple[str | None, str], str]) -> list[dict]:
+# A `compaction` item and where it stands (`input.N`) -> the chat message it stands for.
+Expand = Callable[[dict, str], dict]
+
+
+def chat_messages(items: str | list[dict], tool_names: dict[tuple[str | None, str], str],
+                  expand: Expand | None = None) -> list[dict]:
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     messages: list[dict] = []
@@ -96,6 +103,10 @@ def chat_messages(items: str | list[dict], tool_names: dict[tuple[str | None, st
             output = item.get("output")
             text = output if isinstance(output, str) else _text(output, f"{where}.output")
             messages.append({"role": "tool", "tool_call_id": str(item.get("call_id") or ""), "content": text})
+        elif kind == "compaction":
+            if expand is None:
+                raise _bad(f"{where}: a compaction item is not accepted here", where)
+            messages.append(expand(item, where))
     return messages
 
 
@@ -173,6 +184,11 @@ class ResponseStore:
             while len(items) > self.capacity_per_tenant:
                 items.popitem(last=False)
 
+    def remember(self, salt: str | None, response_id: str, messages: list[dict], stored: bool) -> None:
+        """A finished response's conversation: kept when its request asked for it (`store: true`)."""
+        if stored:
+            self.put(salt, response_id, messages)
+
     def history(self, salt: str | None, response_id: str) -> list[dict]:
         with self._lock:
             messages = self._items.get(salt_tenant(salt), {}).get((salt, response_id))
@@ -187,10 +203,12 @@ class ResponseStore:
             return sum(len(items) for items in self._items.values())
 
 
-def to_turn(req: ResponsesRequest, family: str, history: list[dict], session: str | None) -> tuple[Turn, dict]:
-    """(the turn, {flat tool name: (namespace, name)} to map calls back)."""
+def to_turn(req: ResponsesRequest, family: str, history: list[dict], session: str | None,
+            expand: Expand | None = None) -> tuple[Turn, dict]:
+    """(the turn, {flat tool name: (namespace, name)} to map calls back). ``expand`` opens `compaction` items
+    (server/api/compaction.py); without it they are a 400."""
     tools, names = chat_tools(req.tools)
-    messages = [*history, *chat_messages(req.input, names)]
+    messages = [*history, *chat_messages(req.input, names, expand)]
     if req.instructions:
         messages.insert(0, {"role": "system", "content": req.instructions})
     turn = Turn(

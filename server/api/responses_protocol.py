@@ -6,7 +6,7 @@ accepts item and tool types it has no use for (hosted tools such as `web_search`
 """
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -34,6 +34,15 @@ class ResponsesRequest(RequestModel):
     prompt_cache_key: str | None = Field(None, max_length=1024)
     metadata: dict[str, Any] | None = None
     text: dict[str, Any] | None = None  # {"format": {"type": "text" | "json_object" | "json_schema", ...}}
+
+
+class CompactRequest(ResponsesRequest):
+    """`POST /v1/responses/compact` (the SDK's `responses.compact`): a conversation (`input`, `instructions`,
+    `previous_response_id`; `tools` keep the summary turn's prompt the agent's) to compact. Never streamed or stored."""
+
+    input: str | list[dict[str, Any]] = Field(default_factory=list)
+    store: bool = False
+    stream: Literal[False] = False
 
 
 def responses_sse(event: dict[str, Any]) -> str:

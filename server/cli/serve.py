@@ -11,6 +11,7 @@ import threading
 import time
 from dataclasses import fields
 
+from server.api.compaction import KEY_ENV as COMPACTION_KEY_ENV
 from server.http.connections import ConnectionLimits
 from server.cli.engine_args import add_engine_args, engine_config_from_args
 from server.inspector.store import DEFAULT_MAX_REQUESTS
@@ -74,6 +75,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     api.add_argument("--record", metavar="FILE.jsonl",
                      help="append every request (body, token ids, cached tokens, timings) for `kvserve bench replay`; "
                      "a path with {salt} writes one file per tenant (cache salt)")
+    api.add_argument("--compaction-key", metavar="KEY",
+                     help="the secret that seals Responses `compaction` items (remote compaction, docs/SERVER.md), "
+                     "so that items made before a restart still open; KVSERVE_COMPACTION_KEY sets it from the "
+                     "environment, out of the process list (default: a random key: items die with the process)")
     api.add_argument("--openapi", choices=OPENAPI_MODES, default="key",
                      help="GET /openapi.json: behind the API key like every endpoint (key), to anyone who can "
                      "connect (public), or not served (off) (default: %(default)s)")
@@ -160,6 +165,7 @@ def run_serve(args: argparse.Namespace) -> int:
         preserve_thinking=not args.no_preserve_thinking, limits=limits, tenant_limits=tenant_limits,
         openapi=args.openapi,
         operator_keys=operators, ui=args.ui, ui_max_requests=args.ui_max_requests,
+        compaction_key=args.compaction_key or os.environ.get(COMPACTION_KEY_ENV) or None,
     )
     started = time.perf_counter()
     try:

@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from functools import partial
 from typing import Any, TypeVar
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -30,10 +30,11 @@ from server.api.anthropic_protocol import (
 )
 from server.pipeline.async_engine import RequestStream
 from server.api.caches_api import add_cache_routes
-from server.api.chat import chat_turn, complete_chat, plan_chat, render_chat, stream_chat, tokenize_turn
+from server.api.chat import chat_turn, complete_chat, stream_chat, tokenize_turn
+from server.pipeline.plan import plan_turn, render_turn
 from server.api.completions import complete_text, plan_completion, stream_text
 from server.pipeline.context import Served, ServerSettings, ServingContext
-from server.pipeline.generation import Prompt, submit
+from server.pipeline.generation import Generation, submit
 from server.http.http_io import (
     Draining,
     EngineStreamingResponse,
@@ -45,6 +46,7 @@ from server.http.http_io import (
 from server.inspector.routes import add_inspector_routes
 from server.api.messages import complete_messages, count_tokens, plan_messages, stream_messages
 from server.cache.named_caches import CreateCacheRequest
+from server.http.responses_ws import serve_responses
 from server.http.openapi import add_openapi_route, declare_request_bodies, request_body
 from server.api.protocol import (
     APIError,
@@ -53,9 +55,10 @@ from server.api.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
-from server.api.responses import complete_response, plan_response, stream_response
+from server.api.compaction import CompactionSealer
+from server.api.responses import compact_response, complete_response, plan_response, stream_response
 from server.api.responses_input import ResponseStore
-from server.api.responses_protocol import ResponsesRequest, responses_error_event
+from server.api.responses_protocol import CompactRequest, ResponsesRequest, responses_error_event
 from server.api.router_api import add_router_routes
 from server.cache.session import prompt_cache_key_session
 
@@ -115,7 +118,7 @@ class _Auth:
 
 async def generate(
     ctx: ServingContext, request: Request, api_model: type[M], plan: Callable[[M, dict[str, Any]], P],
-    prompts: Callable[[P], list[Prompt]], complete: Callable[[P, RequestStream], Awaitable[dict[str, Any]]],
+    prompts: Callable[[P], list[Generation]], complete: Callable[[P, RequestStream], Awaitable[dict[str, Any]]],
     events: Callable[[P, RequestStream], AsyncIterator[str]],
     error_event: Callable[[APIError], str] = openai_error_event,
 ) -> Response:
@@ -174,6 +177,7 @@ def create_app(ctx: ServingContext) -> FastAPI:
     app.state.ctx = ctx
     app.state.draining = Draining()  # started by the server at shutdown (server/http/graceful.py)
     app.state.responses = ResponseStore(ctx.settings.tenant_limits.stored_responses)  # for `previous_response_id`
+    app.state.compactions = CompactionSealer(ctx.settings.compaction_key)  # seals and opens `compaction` items
     _install_error_handlers(app)
     _add_routes(app, ctx.settings, ui=ctx.inspector is not None)
     return app
@@ -193,10 +197,10 @@ def _add_routes(app: FastAPI, settings: ServerSettings, ui: bool) -> None:
     async def chat_completions(request: Request, ctx: Served) -> Response:
         return await generate(
             ctx, request, ChatCompletionRequest,
-            lambda req, body: plan_chat(
+            lambda req, body: plan_turn(
                 ctx, chat_turn(req, ctx.family, prompt_cache_key_session(req.prompt_cache_key, request.headers)),
                 body, ctx.salt_for(request, req.cache_salt), int(time.time())),
-            lambda plan: [plan.prompt], partial(complete_chat, ctx), partial(stream_chat, ctx))
+            lambda plan: [plan.generation], partial(complete_chat, ctx), partial(stream_chat, ctx))
 
     @api.post("/v1/messages", openapi_extra=request_body(MessagesRequest))
     async def messages(request: Request, ctx: Served) -> Response:
@@ -204,7 +208,7 @@ def _add_routes(app: FastAPI, settings: ServerSettings, ui: bool) -> None:
         return await generate(
             ctx, request, MessagesRequest,
             lambda req, body: plan_messages(ctx, req, body, ctx.salt_for(request, None), request.headers),
-            lambda plan: [plan.prompt], partial(complete_messages, ctx), partial(stream_messages, ctx),
+            lambda plan: [plan.generation], partial(complete_messages, ctx), partial(stream_messages, ctx),
             anthropic_error_event)
 
     @api.post("/v1/responses", openapi_extra=request_body(ResponsesRequest))
@@ -213,9 +217,32 @@ def _add_routes(app: FastAPI, settings: ServerSettings, ui: bool) -> None:
         store: ResponseStore = request.app.state.responses
         return await generate(
             ctx, request, ResponsesRequest,
-            lambda req, body: plan_response(ctx, req, body, ctx.salt_for(request, None), store, request.headers),
-            lambda plan: [plan.chat.prompt], lambda plan, stream: complete_response(ctx, plan, stream, store),
+            lambda req, body: plan_response(ctx, req, body, ctx.salt_for(request, None), store, request.headers,
+                                            request.app.state.compactions),
+            lambda plan: [plan.chat.generation], lambda plan, stream: complete_response(ctx, plan, stream, store),
             lambda plan, stream: stream_response(ctx, plan, stream, store), responses_error_event)
+
+    @app.websocket("/v1/responses")
+    async def responses_websocket(websocket: WebSocket) -> None:
+        """The Responses API over a WebSocket (server/http/responses_ws.py); a bad key is refused in the handshake."""
+        ctx: ServingContext = websocket.app.state.ctx
+        try:
+            websocket.state.api_key = auth(websocket)  # type: ignore[arg-type]
+        except APIError as exc:
+            await websocket.send_denial_response(_error_response(websocket, exc))  # type: ignore[arg-type]
+            return
+        await serve_responses(websocket, ctx, websocket.app.state.responses, websocket.app.state.compactions,
+                              lambda ws: ctx.salt_for(ws, None))  # type: ignore[arg-type]
+
+    @api.post("/v1/responses/compact", openapi_extra=request_body(CompactRequest))
+    async def responses_compact(request: Request, ctx: Served) -> Response:
+        """The conversation compacted: its user messages and one sealed `compaction` item (server/api/compaction.py)."""
+        store: ResponseStore = request.app.state.responses
+        return await generate(
+            ctx, request, CompactRequest,
+            lambda req, body: plan_response(ctx, req, body, ctx.salt_for(request, None), store, request.headers,
+                                            request.app.state.compactions, compact=True),
+            lambda plan: [plan.chat.generation], partial(compact_response, ctx), None)  # type: ignore[arg-type]
 
     @api.post("/v1/completions", openapi_extra=request_body(CompletionRequest))
     async def completions(request: Request, ctx: Served) -> Response:
@@ -262,7 +289,7 @@ def _add_routes(app: FastAPI, settings: ServerSettings, ui: bool) -> None:
             raise APIError(400, "send exactly one of 'prompt' and 'messages'")
 
         def render_and_encode() -> tuple[str | None, list[int]]:
-            text = req.prompt if req.messages is None else render_chat(ctx, tokenize_turn(req, ctx.family))
+            text = req.prompt if req.messages is None else render_turn(ctx, tokenize_turn(req, ctx.family))
             return text, ctx.encode(text)
 
         text, ids = await ctx.prepare(render_and_encode)
@@ -295,4 +322,4 @@ def _add_routes(app: FastAPI, settings: ServerSettings, ui: bool) -> None:
         add_inspector_routes(app, api, settings)
     app.include_router(api)
     declare_request_bodies(app, [ChatCompletionRequest, CompletionRequest, MessagesRequest, CountTokensRequest,
-                                 ResponsesRequest, TokenizeRequest, DetokenizeRequest, CreateCacheRequest])
+                                 ResponsesRequest, CompactRequest, TokenizeRequest, DetokenizeRequest, CreateCacheRequest])

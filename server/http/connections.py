@@ -75,6 +75,9 @@ class _BoundedProtocol:
         if self._awaiting_head():
             self._head_bytes += len(data)
         super().data_received(data)  # type: ignore[misc]
+        if self.transport.get_protocol() is not self:  # type: ignore[attr-defined]
+            self._cancel_head_timer()  # upgraded to a WebSocket, which has a protocol (and timeouts) of its own
+            return
         if not self._awaiting_head():
             self._head_bytes = 0
             self._cancel_head_timer()

@@ -41,9 +41,14 @@ async def read_json(request: Request, limits: RequestLimits) -> Any:
         if size > limit:
             raise APIError(413, f"request body exceeds the limit of {limit} bytes", code="request_too_large")
         chunks.append(chunk)
-    raw = b"".join(chunks)
+    return await parse_json(b"".join(chunks), limits, getattr(request.state, "api_key", None))
+
+
+async def parse_json(raw: bytes, limits: RequestLimits, api_key: str | None) -> Any:
+    """A body (or a WebSocket message) within the limits as JSON, as `read_json` parses it; its size and its
+    tenant (``api_key``) choose the lane that prepares the request."""
     body_bytes.set(len(raw))
-    prepare_tenant.set(tenant_salt(getattr(request.state, "api_key", None)))
+    prepare_tenant.set(tenant_salt(api_key))
     if len(raw) > LARGE_REQUEST_BYTES:
         return await asyncio.to_thread(_parse_json, raw, limits)
     return _parse_json(raw, limits)

@@ -66,6 +66,7 @@ class ServerSettings:
     operator_keys: tuple[str, ...] = ()  # API keys that see every tenant in the cache inspector
     ui: bool = False  # serve the cache inspector (/ui; docs/INSPECTOR.md)
     ui_max_requests: int = DEFAULT_MAX_REQUESTS  # the inspector keeps this many finished requests
+    compaction_key: str | None = None  # seals `compaction` items (server/api/compaction.py); None: a random key
 
 
 @dataclass

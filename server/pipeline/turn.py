@@ -1,6 +1,6 @@
 """A turn: one chat generation request in no API's shape, what every chat-like API's adapter makes of its request
 (chat completions: `server.api.chat.chat_turn`, Anthropic Messages: `server.api.messages_input.to_turn`, OpenAI Responses:
-`server.api.responses_input.to_turn`) and what `server.api.chat.plan_chat` renders, constrains and submits. The adapters have
+`server.api.responses_input.to_turn`) and what `server.pipeline.plan.plan_turn` renders, constrains and submits. The adapters have
 validated their own requests; a turn is plain data and is not validated again.
 """
 from __future__ import annotations
@@ -65,6 +65,8 @@ class Turn:
     include_usage: bool = False  # a streamed reply ends with its usage
     session: str | None = None  # the agent session, as the client named it (recorded; its blocks are held)
     breakpoints: list[Breakpoint] | None = None  # cache_control marks (None: those on chat content parts)
+    compaction_epoch: int = 0  # compactions the conversation went through (server/api/compaction.py; the inspector)
+    context_edited: bool = False  # the server edited the conversation (Anthropic context_management)
 
     @property
     def structured_answer(self) -> bool:
