@@ -6,8 +6,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from server.parsing.deltas import ParsedMessage
+from server.parsing.end_of_turn import END_OF_TURN_TOKENS
 from server.parsing.formats.deepseek import DeepSeekV3Format, DeepSeekV31Format
 from server.parsing.formats.dsml import DsmlFormat
+from server.parsing.formats.glm_xml import GlmFormat
 from server.parsing.formats.qwen3_coder_xml import Qwen3CoderFormat
 from server.parsing.formats.qwen_json import QwenJsonFormat
 from server.parsing.reasoning import ThinkReasoningParser
@@ -31,6 +33,7 @@ class Thinking:
 class FamilyParsing:
     tool_format: Callable[[list[dict] | None], ToolFormat]
     thinking: Thinking | None = None
+    end_of_turn: tuple[str, ...] = END_OF_TURN_TOKENS  # the tokens after which the output is not the reply
 
 
 _QWEN_JSON = lambda tools: QwenJsonFormat()  # noqa: E731
@@ -54,6 +57,10 @@ FAMILIES: dict[str, FamilyParsing] = {
     # R1-0528's generation prompt does not open <think>; the model writes it itself.
     "deepseek-r1-0528": FamilyParsing(_DEEPSEEK_V3, Thinking(switchable=False, default=True, starts_inside=True)),
     "deepseek-r1-distill": FamilyParsing(_DEEPSEEK_V3, _R1_THINKING),
+    # GLM-4.7: <arg_key>/<arg_value> calls typed by the tools' schemas; the generation prompt opens <think> unless
+    # enable_thinking is false; the model ends a turn with the next turn's role token (<|user|>, <|observation|>).
+    "glm-4.7": FamilyParsing(GlmFormat, Thinking(switchable=True, default=True, starts_inside=True),
+                             END_OF_TURN_TOKENS + ("<|user|>", "<|observation|>")),
     # Any other model's own Jinja template: Hermes-style <tool_call> JSON is the de-facto format when it has one.
     "jinja": FamilyParsing(_QWEN_JSON),
 }
@@ -101,7 +108,7 @@ def get_output_parser(
     thinking = active_thinking(family, reasoning)
     think = ThinkReasoningParser(starts_in_reasoning=thinking.starts_inside) if thinking else None
     return OutputParser(tool_format=fmt, reasoning=think, id_prefix=id_prefix, streaming=streaming,
-                        max_calls=max_calls)
+                        max_calls=max_calls, end_of_turn=spec.end_of_turn)
 
 
 def new_id_prefix() -> str:

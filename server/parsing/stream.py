@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from server.parsing.deltas import Delta, DeltaKind, OutputItem, OutputItems, ParsedMessage, merge, tool_call_id
-from server.parsing.end_of_turn import EndOfTurnStripper
+from server.parsing.end_of_turn import END_OF_TURN_TOKENS, EndOfTurnStripper
 from server.parsing.reasoning import ChannelText, ThinkReasoningParser
 from server.parsing.tool_stream import CallStart, PlainContent, ToolCallStream, ToolEvent, ToolFormat
 
@@ -14,6 +14,7 @@ class OutputParser:
     - `reasoning`: None for no reasoning parser, else a `ThinkReasoningParser`.
     - `streaming`: calls stream as the model writes them; else each is reported once whole (see `ToolCallStream`).
     - `max_calls`: a call beyond it ends the output there (`limited`; parallel tool calls off: 1).
+    - `end_of_turn`: the tokens that end the reply (GLM also ends a turn at `<|user|>` / `<|observation|>`).
     The deltas concatenate to `result()`, and both are the same however the text is split.
     """
 
@@ -25,8 +26,9 @@ class OutputParser:
         id_prefix: str,
         streaming: bool = True,
         max_calls: int | None = None,
+        end_of_turn: tuple[str, ...] = END_OF_TURN_TOKENS,
     ):
-        self._end_of_turn = EndOfTurnStripper()
+        self._end_of_turn = EndOfTurnStripper(end_of_turn)
         self._reasoning = reasoning
         self._tools: ToolCallStream | PlainContent = (
             ToolCallStream(tool_format, streaming) if tool_format else PlainContent()

@@ -39,9 +39,11 @@ class Renderer(ABC):
     # The template refuses a system message anywhere but first (Qwen3.5/3.6): the server renders later ones as user
     # turns in place (server/cache/normalize.py) rather than failing an agent's request.
     refuses_late_system_messages: bool = False
-    # The template kwarg that keeps the reasoning of every past turn in the prompt (Qwen3.6 `preserve_thinking`);
-    # the server sets it by default so that each agent turn extends the previous prompt (docs/SERVER.md).
+    # The template kwarg that keeps the reasoning of every past turn in the prompt (Qwen3.6 `preserve_thinking`, GLM's
+    # `clear_thinking`), and the value that does; the server sets it by default so that each agent turn extends the
+    # previous prompt (docs/SERVER.md).
     keeps_reasoning_kwarg: str | None = None
+    keeps_reasoning_value: Any = True
 
     def prepare(self, messages: list[dict], tools: list[dict] | None = None) -> Prepared:
         return Prepared(normalize_messages(messages, self.policy), normalize_tools(tools))

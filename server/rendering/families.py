@@ -11,6 +11,7 @@ from server.rendering.native.deepseek import (
     DeepSeekV31Renderer,
 )
 from server.rendering.native.deepseek_dsml import DeepSeekV4Renderer, DeepSeekV32Renderer
+from server.rendering.native.glm import GlmRenderer
 from server.rendering.native.qwen import Qwen3CoderRenderer, Qwen3Renderer, Qwen25Renderer
 from server.rendering.native.qwen35 import Qwen36Renderer
 
@@ -29,6 +30,7 @@ _RENDERERS: dict[str, type[Renderer]] = {
         DeepSeekR1Renderer,
         DeepSeekR10528Renderer,
         DeepSeekR1DistillRenderer,
+        GlmRenderer,
     )
 }
 FAMILIES: tuple[str, ...] = tuple(_RENDERERS)

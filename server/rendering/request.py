@@ -10,9 +10,10 @@ from server.rendering.jinja_renderer import JinjaRenderer
 
 def serving_template_kwargs(renderer: Renderer, preserve_thinking: bool = True) -> dict[str, Any]:
     """The template kwargs the server sets unless a request sets them itself: with ``preserve_thinking``, the kwarg
-    that keeps every past turn's reasoning (Qwen3.6), so that each agent turn's prompt extends the previous one."""
+    that keeps every past turn's reasoning (Qwen3.6's `preserve_thinking: true`, GLM's `clear_thinking: false`), so
+    that each agent turn's prompt extends the previous one."""
     key = renderer.keeps_reasoning_kwarg
-    return {key: True} if key and preserve_thinking else {}
+    return {key: renderer.keeps_reasoning_value} if key and preserve_thinking else {}
 
 
 def render_request(renderer: Renderer, body: Any, defaults: dict[str, Any] | None = None) -> str:

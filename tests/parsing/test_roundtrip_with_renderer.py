@@ -4,7 +4,7 @@ import pytest
 
 from server.parsing import parse_output
 from server.parsing.formats.deepseek import CALL_BEGIN, CALL_END, CALLS_BEGIN, CALLS_END, SEP
-from server.rendering import get_renderer
+from server.rendering import get_renderer, serving_template_kwargs
 
 from tests.parsing.fixtures import WEATHER
 
@@ -32,15 +32,18 @@ CASES = [
     ("deepseek-v3.1", False, f'{CALLS_BEGIN}{CALL_BEGIN}get_weather{SEP}{{"city": "Paris"}}{CALL_END}{CALLS_END}{DS_EOS}',
      TOOL_RESULT),
     ("deepseek-v3.1", False, "It is 18C." + DS_EOS, FOLLOW_UP),
+    # GLM-4.7 with kvserve's serving default clear_thinking: false; the model ends its turn with the next role token.
+    ("glm-4.7", True, "Need a call.</think>Let me check.<tool_call>get_weather<arg_key>city</arg_key>"
+     "<arg_value>Paris</arg_value></tool_call><|observation|>", TOOL_RESULT),
+    ("glm-4.7", True, "Easy.</think>It is 18C.<|user|>", FOLLOW_UP),
 ]
 
 
 @pytest.mark.parametrize("family,thinking,raw,next_message", CASES)
 def test_parsed_message_re_renders_the_raw_output(family, thinking, raw, next_message):
-    kwargs = {"enable_thinking": thinking} if family.startswith("qwen3") else {"thinking": thinking}
-    if family == "qwen3.6":
-        kwargs["preserve_thinking"] = True
     renderer = get_renderer(family)
+    kwargs = {"enable_thinking": thinking} if family.startswith(("qwen3", "glm")) else {"thinking": thinking}
+    kwargs.update(serving_template_kwargs(renderer))  # Qwen3.6 preserve_thinking, GLM clear_thinking: false
     prompt = renderer.render([QUESTION], [WEATHER], True, **kwargs)
     parsed = parse_output(family, raw, [WEATHER], reasoning=thinking, id_prefix="r")
     message = {k: v for k, v in parsed.to_message().items() if v is not None and v != []}

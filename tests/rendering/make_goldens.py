@@ -48,6 +48,8 @@ OFFICIAL: dict[str, tuple[str, dict]] = {
     "deepseek-r1": ("deepseek-ai-DeepSeek-R1.jinja", _DEEPSEEK_TOKENS),
     "deepseek-r1-0528": ("deepseek-ai-DeepSeek-R1-0528.jinja", _DEEPSEEK_TOKENS),
     "deepseek-r1-distill": ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", _DEEPSEEK_TOKENS),
+    "glm-4.7": ("zai-org-GLM-4.7-Flash.jinja", {"bos_token": None, "eos_token": "<|endoftext|>",
+                                                "pad_token": "<|endoftext|>"}),
     # No Jinja template: the official Python encoders, run on the prepared messages.
     "deepseek-v3.2": ("encoding_dsv32.py", {}),
     "deepseek-v4": ("encoding_dsv4.py", {}),
@@ -64,6 +66,13 @@ SOURCES: dict[str, str] = {
         "qwen3.6-fp8-config-fix chat_template.jinja (commit 36892a01bc975c411f9b272361391e4d3583ef04), whose one "
         "local edit (a `force_thinking` generation prompt) is reverted to the official `enable_thinking` block, as "
         "quoted in ggml-org/llama.cpp PR #22507; the result hashes to the official SHA256 above."
+    ),
+    "glm-4.7": (
+        "chat_template.jinja of zai-org/GLM-4.7-Flash, 3,120 bytes, sha256 "
+        "d63ad536c3c81880043e22ec7fd08db42b4d8fb7c89c7138bc562bfa25281375: the hash of the copy ggml-org/llama.cpp "
+        "keeps as models/templates/GLM-4.7-Flash.jinja (its Git LFS pointer, e.g. in GitHub Raudbjorn/ggml-llama.cpp "
+        "at commit 96fcab17564eac2bd9f4976c660616c7a0757e13). The text was recovered from the verbatim copy quoted in "
+        "a Dart prompt formatter on GitHub (a comment block, read through the code search) and hashes to exactly that."
     ),
     "deepseek-v3.2": (
         "encoding/encoding_dsv32.py of deepseek-ai/DeepSeek-V3.2 (MIT licence, Copyright (c) 2023 DeepSeek), recovered "
