@@ -5,6 +5,7 @@ way ``generate`` is fed them. Weights are drawn with the tiny models' scales so 
 on the image."""
 from __future__ import annotations
 
+import functools
 import io
 import json
 import shutil
@@ -59,3 +60,56 @@ def png(width: int, height: int, seed: int) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(pixels).save(buf, format="PNG")
     return buf.getvalue()
+
+
+@functools.lru_cache(maxsize=1)
+def hf_processor(path: str):
+    """transformers' Qwen3-VL processor for images alone: its video processor needs torchvision, which is not
+    installed, so the processor is built without one (its class check skipped for that missing part only)."""
+    import transformers as tf
+
+    check = tf.ProcessorMixin.check_argument_for_proper_class
+
+    def check_present(self, name, arg):
+        return None if arg is None and name == "video_processor" else check(self, name, arg)
+
+    tokenizer = tf.AutoTokenizer.from_pretrained(path)
+    tf.ProcessorMixin.check_argument_for_proper_class = check_present
+    try:
+        return tf.Qwen3VLProcessor(image_processor=tf.AutoImageProcessor.from_pretrained(path), tokenizer=tokenizer,
+                                   video_processor=None, chat_template=tokenizer.chat_template)
+    finally:
+        tf.ProcessorMixin.check_argument_for_proper_class = check
+
+
+@functools.lru_cache(maxsize=1)
+def hf_vlm_model(path: str):
+    import transformers as tf
+
+    return tf.AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def user_turn(text: str, num_images: int) -> list[dict]:
+    """One user message: the images first, then the text (as a pasted screenshot reads)."""
+    return [{"role": "user", "content": [{"type": "image"}] * num_images + [{"type": "text", "text": text}]}]
+
+
+def hf_inputs(path: str, messages: list[dict], images: list[bytes]) -> tuple[str, dict]:
+    """The prompt text (the chat template, one placeholder per image) and the processor's model inputs."""
+    from PIL import Image
+
+    processor = hf_processor(path)
+    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    pictures = [Image.open(io.BytesIO(data)).convert("RGB") for data in images] or None
+    return text, processor(text=[text], images=pictures, return_tensors="pt")
+
+
+def hf_generate(path: str, inputs: dict, max_new_tokens: int) -> list[int]:
+    with torch.no_grad():
+        out = hf_vlm_model(path).generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+    return out[0, inputs["input_ids"].shape[1]:].tolist()
+
+
+def hf_next_logprobs(path: str, inputs: dict) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.log_softmax(hf_vlm_model(path)(**inputs).logits[0, -1].float(), -1)
