@@ -228,12 +228,31 @@ def _gemma3(rng: random.Random) -> dict[str, Any]:
                                    image_size=32, patch_size=8))
 
 
+def _gpt_oss(rng: random.Random) -> dict[str, Any]:
+    """gpt-oss: any mix of window and full layers (at least one window layer), attention sinks, top-k of 4-8 experts
+    with biases, the SwiGLU clamp, YaRN (as released, untruncated) or plain RoPE."""
+    layers = rng.randint(2, 4)
+    kinds = [rng.choice(GEMMA_KINDS) for _ in range(layers)]
+    kinds[rng.randrange(layers)] = "sliding_attention"
+    heads = _pick(rng, 2, 4, 8)
+    experts = _pick(rng, 4, 8)
+    rope = _pick(rng, dict(rope_type="yarn", factor=32.0, beta_fast=32.0, beta_slow=1.0, truncate=False,
+                           original_max_position_embeddings=256, rope_theta=150000.0),
+                 dict(rope_type="default", rope_theta=10000.0))
+    return dict(vocab_size=VOCAB, hidden_size=_pick(rng, 32, 64), intermediate_size=_pick(rng, 32, 64),
+                num_hidden_layers=layers, layer_types=kinds, num_attention_heads=heads,
+                num_key_value_heads=_pick(rng, *[d for d in (1, 2, 4) if heads % d == 0]), head_dim=_pick(rng, 16, 32),
+                num_local_experts=experts, num_experts_per_tok=rng.randint(1, 4), sliding_window=_pick(rng, 4, 8, 12),
+                swiglu_limit=_pick(rng, 7.0, 1.5), rope_parameters=rope, max_position_embeddings=4096,
+                pad_token_id=0, eos_token_id=1)
+
+
 DRAWS: dict[str, Callable[[random.Random], dict[str, Any]]] = {
     "llama": _llama, "qwen2": _dense, "qwen3": _dense, "mistral": _mistral, "qwen3_moe": _qwen3_moe,
     "deepseek_v2": _deepseek_v2, "deepseek_v3": _deepseek_v3, "deepseek_v32": _deepseek_v32,
     "deepseek_v4": _deepseek_v4, "qwen3_next": _qwen3_next, "qwen3_5": _qwen3_5, "qwen3_5_moe": _qwen3_5_moe,
     "qwen3_5_text": _qwen3_5_text, "qwen3_5_moe_text": _qwen3_5_moe_text, "gemma3_text": _gemma3_text,
-    "gemma3": _gemma3,
+    "gemma3": _gemma3, "gpt_oss": _gpt_oss,
 }
 
 
