@@ -50,8 +50,8 @@ _FUSED = {
     "in_proj_qkvz": ("in_proj", 0, 1),
     "in_proj_ba": ("in_proj", 1, 1),
 }
-# Checkpoint prefixes kvserve does not run: a VLM's vision tower (Qwen3.5 / 3.6, Gemma 3 serve text only) and
-# Gemma 3's projection of image features into the language model
+# Checkpoint prefixes that are not the language model's: a VLM's vision tower (Qwen3.5 / 3.6 load theirs apart,
+# engine/models/vision/; Gemma 3 serves text only) and Gemma 3's projection of image features into the language model
 _SKIPPED_PREFIXES = ("model.visual.", "visual.", "model.vision_tower.", "vision_tower.", "model.multi_modal_projector.",
                      "multi_modal_projector.")
 # Multi-token-prediction weights, loaded only into a model that built its MTP layer (engine/models/mtp.py): ``mtp.*``
@@ -370,7 +370,8 @@ def load_weights(model: nn.Module, model_dir: Path, progress: bool = True) -> No
             for target in _target(model, name):
                 _fill(ckpt, name, target, fmt, filled)
     if any(skipped[p] for p in _SKIPPED_PREFIXES) and progress:
-        log.info("skipped the vision tower (%d tensors): kvserve serves this model's language model, text only",
+        log.info("the vision tower (%d tensors) is not the language model's: it loads apart where kvserve runs it "
+                 "(engine/models/vision/; not with --language-model-only)",
                  sum(skipped[p] for p in _SKIPPED_PREFIXES))
     if skipped_mtp and progress:
         log.info("left %d multi-token-prediction tensors in the checkpoint (--speculative mtp loads them)",

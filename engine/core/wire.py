@@ -25,6 +25,7 @@ import numpy as np
 from engine import errors
 from engine.core.api import EngineFacts
 from engine.kv.blocks import CachedPrefix
+from engine.multimodal import ImageInput
 from engine.outputs import DraftStats, FinishReason, RequestTimings, SchedulerStats, SequenceInfo, StepOutputs, \
     TokenLogprobs
 from engine.requests import EngineRequest
@@ -52,19 +53,27 @@ def encode_request(request: EngineRequest) -> list:
     kept = None if retention is None else [[[p.num_tokens, p.ttl_s] for p in retention.pins],
                                            retention.hold_after_finish_s, list(retention.snapshot_hints),
                                            retention.tenant]
+    images = [[i.content_hash, list(i.grid_thw), i.merge_size, i.offset, list(i.pixel_values.shape),
+               i.pixel_values.tobytes()] for i in request.images]
     return [request.request_id, array("i", request.prompt_token_ids).tobytes(), params, request.cache_salt, kept,
-            request.block_hashes]
+            request.block_hashes, images]
+
+
+def _image(fields: list) -> ImageInput:
+    content_hash, grid, merge_size, offset, shape, pixels = fields
+    return ImageInput(content_hash, tuple(grid), merge_size, offset,
+                      np.frombuffer(pixels, dtype=np.float32).reshape(shape))
 
 
 def decode_request(fields: list) -> EngineRequest:
-    request_id, prompt, params, cache_salt, kept, block_hashes = fields
+    request_id, prompt, params, cache_salt, kept, block_hashes, images = fields
     values = dict(zip(_PARAMS, params))
     if values["structured_output"] is not None:
         values["structured_output"] = StructuredOutputSpec(*values["structured_output"])
     retention = None if kept is None else Retention(tuple(CachePin(n, ttl) for n, ttl in kept[0]), kept[1],
                                                     tuple(kept[2]), kept[3])
     return EngineRequest(request_id, array("i", prompt).tolist(), SamplingParams(**values), cache_salt, retention,
-                         block_hashes)
+                         block_hashes, tuple(map(_image, images)))
 
 
 # ---- step outputs ---------------------------------------------------------------------------------------------------

@@ -128,3 +128,14 @@ def test_encoder_cache_keeps_the_recent_within_its_budget():
     cache.get(b"b", encode(b"b"))
     assert calls[-1] == b"b" and b"c" not in cache
     EncoderCache(8).get(b"big", encode(b"big"))  # larger than the budget: encoded, never kept
+
+
+def test_images_cross_to_a_core_process_whole():
+    from engine.core.wire import decode_request, encode_request, pack, unpack
+    from engine.requests import EngineRequest
+    from engine.sampling_params import SamplingParams
+
+    image = ImageInput(b"h" * 16, (1, 4, 6), 2, 2, np.random.RandomState(0).rand(24, 8).astype(np.float32))
+    request = EngineRequest("r", [1, 2] + [PAD] * 6, SamplingParams(max_tokens=2), images=(image,))
+    back = decode_request(unpack(pack(encode_request(request))))
+    assert back == request and np.array_equal(back.images[0].pixel_values, image.pixel_values)
