@@ -19,8 +19,10 @@ if TYPE_CHECKING:
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "qwen3_moe", "deepseek_v2", "deepseek_v3",
                            "deepseek_v32", "deepseek_v4", "qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text",
-                           "qwen3_5_moe_text", "gemma3", "gemma3_text", "gpt_oss")
-DEEPSEEK_V3_ROUTING = ("deepseek_v3", "deepseek_v32")  # sigmoid scores, correction bias, grouped top-k
+                           "qwen3_5_moe_text", "gemma3", "gemma3_text", "gpt_oss", "glm4_moe_lite")
+# MLA + MoE with sigmoid scores, a correction bias and grouped top-k: DeepSeek-V3 / V3.2, and GLM-4.7-Flash
+# (glm4_moe_lite: the same layers, one expert group)
+DEEPSEEK_V3_ROUTING = ("deepseek_v3", "deepseek_v32", "glm4_moe_lite")
 # Checkpoints whose MTP layers follow the last decoder layer (model.layers.{num_hidden_layers}.*): DeepSeek-V3 / R1,
 # and V3.2, whose MTP layer has its own indexer
 MTP_AFTER_LAST_LAYER = ("deepseek_v3", "deepseek_v32")

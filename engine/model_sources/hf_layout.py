@@ -37,6 +37,9 @@ _FAMILY_KEYS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "deepseek_v3": ("DeepseekV3ForCausalLM", _DEEPSEEK_V3_ROUTING),
     "deepseek_v32": ("DeepseekV32ForCausalLM", _DEEPSEEK_V3_ROUTING),  # + the indexer's sizes, from the recipe
+    # GLM-4.7-Flash (zai-org/GLM-4.7-Flash's config.json): DeepSeek-V3's routing with one expert group, full RoPE
+    "glm4_moe_lite": ("Glm4MoeLiteForCausalLM", {
+        **_DEEPSEEK_V3_ROUTING, "n_group": 1, "topk_group": 1, "partial_rotary_factor": 1.0, "rope_interleave": True}),
     # V4's attention and routing schedules (layer_types, mlp_layer_types, compress_rates, ...) come with the recipe
     "deepseek_v4": ("DeepseekV4ForCausalLM", {"attention_bias": False, "scoring_func": "sqrtsoftplus",
                                               "norm_topk_prob": True, "num_nextn_predict_layers": 0}),

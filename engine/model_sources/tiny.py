@@ -22,6 +22,7 @@ from engine.config import GEMMA3_ARCHITECTURES, HYBRID_ARCHITECTURES, MTP_AFTER_
 
 from .deepseek_tokenizer import write_deepseek_tokenizer
 from .gemma_tokenizer import write_gemma3_tokenizer
+from .glm_tokenizer import write_glm_tokenizer
 from .hf_layout import DecoderDims, TokenizerInfo, write_model_configs
 from .qwen_tokenizer import write_qwen3_tokenizer, write_qwen36_tokenizer
 
@@ -31,6 +32,7 @@ TOKENIZER_WRITERS: dict[str, Callable[[Path, str], TokenizerInfo]] = {
     "qwen3.6": write_qwen36_tokenizer,
     "deepseek": write_deepseek_tokenizer,
     "gemma3": write_gemma3_tokenizer,
+    "glm": write_glm_tokenizer,  # a stand-in: Qwen3's BPE with GLM's added tokens (none on the index ships GLM's)
 }
 TOKENIZERS = tuple(TOKENIZER_WRITERS)
 VOCAB_ROUNDING = 128  # embedding rows are padded to a multiple of this, as real checkpoints do

@@ -27,6 +27,7 @@ MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "deepseek_v3": DeepseekV3ForCausalLM,
     "deepseek_v32": DeepseekV32ForCausalLM,
     "deepseek_v4": DeepseekV4ForCausalLM,
+    "glm4_moe_lite": DeepseekV3ForCausalLM,  # GLM-4.7-Flash: DeepSeek-V3's MLA and MoE, one expert group
     "qwen3_next": HybridForCausalLM,
     "qwen3_5": HybridForCausalLM,  # the language model of Qwen3_5ForConditionalGeneration (Qwen3.5 / 3.6)
     "qwen3_5_moe": HybridForCausalLM,

@@ -116,6 +116,14 @@ def _deepseek_v32(rng: random.Random) -> dict[str, Any]:
                 index_topk=_pick(rng, 4, 8, 16))
 
 
+def _glm4_moe_lite(rng: random.Random) -> dict[str, Any]:
+    """GLM-4.7-Flash: DeepSeek-V3's MLA and routing with any dense / sparse layer schedule (mlp_layer_types) and
+    rotary pairs interleaved or not."""
+    cfg = _mla(rng)
+    kinds = [_pick(rng, "dense", "sparse") for _ in range(cfg.pop("num_hidden_layers"))]
+    return dict(cfg, num_hidden_layers=len(kinds), mlp_layer_types=kinds, rope_interleave=rng.random() < 0.5)
+
+
 V4_KINDS = ("sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention")
 
 
@@ -252,7 +260,7 @@ DRAWS: dict[str, Callable[[random.Random], dict[str, Any]]] = {
     "deepseek_v2": _deepseek_v2, "deepseek_v3": _deepseek_v3, "deepseek_v32": _deepseek_v32,
     "deepseek_v4": _deepseek_v4, "qwen3_next": _qwen3_next, "qwen3_5": _qwen3_5, "qwen3_5_moe": _qwen3_5_moe,
     "qwen3_5_text": _qwen3_5_text, "qwen3_5_moe_text": _qwen3_5_moe_text, "gemma3_text": _gemma3_text,
-    "gemma3": _gemma3, "gpt_oss": _gpt_oss,
+    "gemma3": _gemma3, "glm4_moe_lite": _glm4_moe_lite, "gpt_oss": _gpt_oss,
 }
 
 
