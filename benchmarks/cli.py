@@ -94,6 +94,8 @@ def _configure_prefix(p: argparse.ArgumentParser) -> None:
     _sim_options(p, capacity=4096, max_num_seqs=8)
     p.add_argument("--no-engine", action="store_true", help="simulator only (skip the engine-backed run)")
     p.add_argument("--ttft-prompt-tokens", type=int, default=4096, help="prompt length of the cold/warm TTFT probe")
+    p.add_argument("--compaction-every", type=int, default=6, metavar="N",
+                   help="compaction_aware / compaction_naive: requests between two compactions (default: %(default)s)")
     p.add_argument("--hybrid", action="store_true",
                    help="hybrid models (give a hybrid --model, e.g. qwen3.6-tiny): hit rate against snapshot memory "
                         "for kvserve's snapshot policy, vLLM's align mode and llama.cpp's checkpoints (simulated; "
@@ -126,7 +128,7 @@ def _run_prefix(args: argparse.Namespace) -> dict:
     return run_prefix(PrefixOptions(
         model=args.model, workloads=tuple(w.strip() for w in args.workload.split(",")), seed=args.seed,
         sim=_sim_config(args, args.block_size), engine=not args.no_engine,
-        ttft_prompt_tokens=args.ttft_prompt_tokens, out_dir=args.out_dir,
+        ttft_prompt_tokens=args.ttft_prompt_tokens, out_dir=args.out_dir, compaction_every=args.compaction_every,
     ))
 
 

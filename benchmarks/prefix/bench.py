@@ -49,6 +49,7 @@ class PrefixOptions:
     ttft_prompt_tokens: int = 4096
     cached_fraction: float = 0.9
     out_dir: str = "results/prefix"
+    compaction_every: int = 6  # the compaction_aware / compaction_naive workloads: requests between compactions
 
 
 def run_prefix(opts: PrefixOptions) -> dict:
@@ -58,7 +59,8 @@ def run_prefix(opts: PrefixOptions) -> dict:
     mt = load_model_text(opts.model)
     sim = replace(opts.sim, model_id=opts.model)
     reports, curves = [], {}
-    for wl in build_workloads(list(opts.workloads), WorkloadParams(seed=opts.seed)):
+    for wl in build_workloads(list(opts.workloads), WorkloadParams(seed=opts.seed,
+                                                                    compaction_every=opts.compaction_every)):
         requests = tokenize_workload(wl, mt)
         rep, ideal = analyze(wl.name, wl.description, requests, sim)
         caps = sweep(requests, sim, "capacity_blocks", capacity_points(ideal), progress=False)
@@ -123,7 +125,8 @@ def _engine_part(opts: PrefixOptions, mt, out: Path) -> dict:
     plot = plots.plot_ttft(ttft.cold_ttft_s, ttft.warm_ttft_s, ttft.cached_tokens / ttft.prompt_tokens,
                            out / "prefix_ttft_cold_vs_warm.png")
     runs = []
-    for wl in build_workloads(list(opts.workloads), replace(ENGINE_WORKLOAD_PARAMS, seed=opts.seed)):
+    for wl in build_workloads(list(opts.workloads), replace(ENGINE_WORKLOAD_PARAMS, seed=opts.seed,
+                                                            compaction_every=opts.compaction_every)):
         requests = tokenize_workload(wl, mt)
         run = run_workload(llm, wl.name, requests, settings).summary()
         # What the simulator predicts for the same sends: the engine's outputs differ from the scripted replies,
@@ -146,9 +149,26 @@ def _engine_markdown(engine: dict) -> str:
     rows = [[w["workload"], w["requests"], f"{w['prompt_tokens']:,}", f"{w['prefill_tokens_computed']:,}",
              pct(w["hit_rate"]), pct(w["simulated_hit_rate"]), f"{w['ttft_p50_s']:.3f}",
              f"{w['prompt_tokens_per_s']:,.0f}"] for w in engine["workloads"]]
-    return head + "\n" + markdown_table(
+    table = head + "\n" + markdown_table(
         ["workload (engine sizes)", "requests", "prompt tokens", "prefill computed", "hit rate", "simulator",
          "TTFT p50 (s)", "prompt tok/s"], rows)
+    compaction = compaction_markdown(engine["workloads"])
+    return table + ("\n\n" + compaction if compaction else "")
+
+
+def compaction_markdown(runs: list[dict]) -> str:
+    """Cache-aware against naive compaction, measured in the same run (both workloads present; else "")."""
+    by_name = {r["workload"]: r for r in runs}
+    aware, naive = by_name.get("compaction_aware"), by_name.get("compaction_naive")
+    if aware is None or naive is None:
+        return ""
+    mean = lambda r: sum(q["ttft_s"] for q in r["per_request"]) / len(r["per_request"])  # noqa: E731
+    rows = [[name, f"{r['prompt_tokens']:,}", f"{r['prefill_tokens_computed']:,}", pct(r["hit_rate"]),
+             f"{r['ttft_p50_s']:.3f}", f"{mean(r):.3f}"] for name, r in (("cache-aware", aware), ("naive", naive))]
+    rows.append(["naive / cache-aware", "", f"{naive['prefill_tokens_computed'] / aware['prefill_tokens_computed']:.2f}x",
+                 "", f"{naive['ttft_p50_s'] / aware['ttft_p50_s']:.2f}x", f"{mean(naive) / mean(aware):.2f}x"])
+    return "### Compaction: cache-aware vs naive\n\n" + markdown_table(
+        ["compaction", "prompt tokens", "prefill computed", "hit rate", "TTFT p50 (s)", "TTFT mean (s)"], rows)
 
 
 # ---- kvserve bench simulate ---------------------------------------------------------------------------------------

@@ -50,6 +50,7 @@ class WorkloadParams:
     reasoning_words: tuple[int, int] = (15, 60)
     compaction_words: int = 3500  # history size (in words) that triggers compaction
     compaction_tail: int = 4  # raw messages kept after the summary
+    compaction_every: int = 6  # compaction_aware / compaction_naive: requests between two compactions
     forked_workers: int = 2
     fresh_workers: int = 3
     worker_steps: int = 3
@@ -233,6 +234,46 @@ def compaction(p: WorkloadParams) -> Workload:
                     s.requests, p.thinking)
 
 
+def _compacted(p: WorkloadParams, aware: bool) -> Workload:
+    """A tool loop compacted every ``p.compaction_every`` requests, by a summary turn and a new epoch, as kvserve's
+    remote compaction does it (``aware``: server/api/compaction.py) or as a naive one does.
+
+    Cache-aware: the summary turn is the conversation so far plus one user message (it extends the cached prompt),
+    and the next epoch keeps the head (system prompt, tools) byte-identical, then the user messages, then the
+    summary. Naive: the summary turn is a fresh summariser prompt over the transcript, and the next epoch folds the
+    summary into the system prompt, so every epoch rewrites the head."""
+    from server.api.compaction import COMPACTION_PROMPT, SUMMARY_PREFIX  # what kvserve's summary turn sends
+
+    gen = TextGen(p.seed)
+    tools = _tools(gen, p)
+    head = make_head(gen, p.head_words)
+    s = _agent(gen, p, "main", tools, head)
+    compactions = 0
+    for _ in range(p.tasks * 2):
+        s.task(p.steps_per_task)
+        if s.turn < p.compaction_every * (compactions + 1):
+            continue
+        compactions += 1
+        summary = {"role": "assistant", "content": gen.prose(150)}
+        users = [m for m in s.messages if m["role"] == "user"][-2:]
+        if aware:
+            s.messages.append({"role": "user", "content": COMPACTION_PROMPT})
+            s.call(summary)
+            s.messages = [{"role": "system", "content": head}, *users,
+                          {"role": "user", "content": SUMMARY_PREFIX + summary["content"]}]
+        else:
+            transcript = "\n\n".join(f"{m['role']}: {m.get('content') or json.dumps(m.get('tool_calls'))}"
+                                      for m in s.messages[1:])
+            s.messages, s.tools = [{"role": "system", "content": "You summarise transcripts."},
+                                   {"role": "user", "content": "Summarise this session:\n\n" + transcript}], None
+            s.call(summary)
+            s.messages, s.tools = [{"role": "system", "content": head + "\n\n# The session so far\n\n" +
+                                    summary["content"]}, *users], tools
+    kind = "cache-aware" if aware else "naive"
+    return Workload(f"compaction_{'aware' if aware else 'naive'}",
+                    f"tool loop compacted every {p.compaction_every} requests, {kind}", s.requests, p.thinking)
+
+
 def subagents(p: WorkloadParams) -> Workload:
     """A main loop spawning forked workers (copy of its context) and fresh workers (own instructions + task packet)."""
     gen = TextGen(p.seed)
@@ -346,6 +387,8 @@ WORKLOADS: dict[str, Callable[[WorkloadParams], Workload]] = {
     "tool_change": tool_change,
     "tool_append": tool_append,
     "compaction": compaction,
+    "compaction_aware": lambda p: _compacted(p, aware=True),
+    "compaction_naive": lambda p: _compacted(p, aware=False),
     "subagents": subagents,
     "tenants": tenants,
     "tenants_salted": tenants_salted,
