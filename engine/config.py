@@ -156,6 +156,18 @@ class EngineConfig:
         default="off", metadata=_help("speculative decoding: off, ngram (prompt lookup: drafts from the request's own "
                                       "tokens), suffix (a suffix tree over the session's earlier prompts and "
                                       "replies, then prompt lookup) or mtp (the checkpoint's own multi-token-"
+    sliding_window_cache: bool = field(
+        default=True, metadata=_help("sliding-window models (Gemma 3, gpt-oss): their window layers keep only the "
+                                     "pages their windows read, in a pool of their own, and the prefix cache retains "
+                                     "windows where requests resume (docs/SLIDING_WINDOW.md); off: every layer keeps "
+                                     "every token", flag="no-sliding-window-cache"))
+    window_retention_fraction: float = field(
+        default=0.2, metadata=_help("sliding-window models: the share of the KV cache memory, after the running "
+                                    "sequences' windows, that keeps retained windows for prefix hits; full-attention "
+                                    "blocks take the rest"))
+    num_window_blocks: int | None = field(
+        default=None, metadata=_help("sliding-window models: pages of the window layers (default: the running "
+                                     "sequences' windows plus --window-retention-fraction)"))
                                       "prediction layer: Qwen3.5 / 3.6; loaded only with this flag); a request may "
                                       "choose its own (docs/SPECULATIVE.md)",
                                       choices=("off", "ngram", "suffix", "mtp")))
@@ -184,6 +196,8 @@ class EngineConfig:
             raise ValueError(f"num_state_snapshots must be >= 0, got {self.num_state_snapshots}")
         if self.encoder_cache_mb < 0:
             raise ValueError(f"encoder_cache_mb must be >= 0, got {self.encoder_cache_mb}")
+        if not 0 <= self.window_retention_fraction < 1:
+            raise ValueError(f"window_retention_fraction must be in [0, 1), got {self.window_retention_fraction}")
         if self.tool_call_ttl < 0 or self.kv_offload_gb < 0 or self.kv_disk_gb <= 0:
             raise ValueError("tool_call_ttl and kv_offload_gb must be >= 0, kv_disk_gb > 0")
         if self.json_whitespace < 0:

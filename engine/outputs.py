@@ -137,6 +137,8 @@ class SchedulerOutput:
     num_computed_tokens: list[int] = field(default_factory=list)
     samples: list[bool] = field(default_factory=list)
     new_block_ids: dict[str, list[int]] = field(default_factory=dict)
+    # sliding-window models: the window pages appended to each sequence's window table, or (resumed) the whole of it
+    new_window_block_ids: dict[str, list[int]] = field(default_factory=dict)
     resumed: set[str] = field(default_factory=set)
     state_slots: dict[str, int] = field(default_factory=dict)
     drafts: dict[str, list[int]] = field(default_factory=dict)

@@ -32,6 +32,9 @@ class AttentionMetadata:
     max_query_len: int
     max_context_len: int
     states: StateBatch | None = None  # hybrid models: each sequence's state slot (recurrent layers)
+    # sliding-window models with a window group: what the window layers read instead (the slots and block tables of
+    # their own pages, `engine.kv.window_pool`); None: every layer reads the fields above
+    window: AttentionMetadata | None = None
 
 
 @dataclass

@@ -106,7 +106,8 @@ class LLMEngine:
                                    self.eos_token_ids, host_blocks=host_blocks, disk_blocks=disk_blocks,
                                    record_events=self.kv_events is not None, clock=clock,
                                    state_slots=self.runner.num_state_slots, host_states=host_states,
-                                   disk_states=disk_states)
+                                   disk_states=disk_states, window_blocks=self.runner.num_window_blocks,
+                                   window=self.runner.kv_spec.window)
         self.preparer = RequestPreparer(
             self.model_cfg.vocab_size, self.max_model_len, cfg.block_size, self.runner.num_blocks,
             self.hasher if cfg.enable_prefix_caching else None,

@@ -59,16 +59,13 @@ class WindowPool:
     def num_free(self) -> int:
         return len(self._free)
 
+    @property
+    def free_pages(self) -> list[int]:
+        """The pages nobody holds: no query reads them until they are handed out again."""
+        return list(self._free)
+
     def first_block(self, num_tokens: int) -> int:
         return first_window_block(num_tokens, self.window, self.block_size)
-
-    def pages_needed(self, num_tokens: int, num_computed: int, held_from: int, held_to: int) -> int:
-        """New pages a sequence holding pages for blocks ``[held_from, held_to)`` needs to cover ``num_tokens``
-        tokens when it has computed ``num_computed`` (the blocks before its window's first are released first)."""
-        new = max(0, -(-num_tokens // self.block_size) - held_to)
-        released = max(0, min(self.first_block(num_computed // self.block_size * self.block_size), held_to)
-                       - held_from)
-        return max(0, new - released)
 
     def usable(self, node: CachedBlock) -> bool:
         return node.window_pages is not None

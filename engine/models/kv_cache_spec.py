@@ -68,11 +68,29 @@ class KVCacheSpec:
     block_multiple: int = 1  # the block size must be a multiple of this (V4: its largest compression rate)
     recurrent: RecurrentStateSpec | None = None
     layer_is_recurrent: tuple[bool, ...] = ()  # per model layer (empty: every layer has blocks)
+    # per layer with blocks, its sliding window (None: full attention; empty: no layer has one). With a window
+    # group those layers keep their blocks in a pool of their own (`engine.kv.window_pool`)
+    layer_windows: tuple[int | None, ...] = ()
 
     @classmethod
-    def gqa(cls, num_layers: int, num_kv_heads: int, head_dim: int) -> KVCacheSpec:
-        """Separate K and V of ``num_kv_heads x head_dim`` per token."""
-        return cls("gqa", num_layers, ((num_kv_heads, head_dim), (num_kv_heads, head_dim)))
+    def gqa(cls, num_layers: int, num_kv_heads: int, head_dim: int,
+            windows: tuple[int | None, ...] = ()) -> KVCacheSpec:
+        """Separate K and V of ``num_kv_heads x head_dim`` per token; ``windows``: each layer's sliding window."""
+        windows = windows if any(w is not None for w in windows) else ()
+        return cls("gqa", num_layers, ((num_kv_heads, head_dim), (num_kv_heads, head_dim)), layer_windows=windows)
+
+    @property
+    def window(self) -> int:
+        """The widest sliding window of the layers (0: none has one): what the window group keeps per sequence."""
+        return max((w for w in self.layer_windows if w is not None), default=0)
+
+    @property
+    def num_window_layers(self) -> int:
+        return sum(w is not None for w in self.layer_windows)
+
+    def window_bytes_per_block(self, block_size: int, dtype: torch.dtype) -> int:
+        """What one page of the window group takes (every window layer's share of a block)."""
+        return self.num_window_layers * self.bytes_per_block(block_size, dtype) // self.num_layers
 
     @classmethod
     def mla(cls, num_layers: int, kv_lora_rank: int, rope_dim: int) -> KVCacheSpec:
@@ -104,18 +122,22 @@ class KVCacheSpec:
         return block_size * self.bytes_per_token(dtype)
 
     def allocate(self, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device,
-                 num_state_slots: int = 0, state_dtype: torch.dtype | None = None) -> KVCaches:
+                 num_state_slots: int = 0, state_dtype: torch.dtype | None = None,
+                 num_window_blocks: int = 0) -> KVCaches:
         """Per model layer: its blocks (``dtype``), or a hybrid model's recurrent states (``num_state_slots`` rows;
-        ``state_dtype``, the model dtype, for the non-fp32 ones)."""
+        ``state_dtype``, the model dtype, for the non-fp32 ones). ``num_window_blocks`` > 0: the window group's pages,
+        as many for each sliding-window layer (0: those layers keep ``num_blocks`` like the others)."""
         if block_size % self.block_multiple:
             raise ValueError(f"this model's KV cache needs a block size that is a multiple of {self.block_multiple} "
                              f"(its compressed entries and pooling state are kept per block); got {block_size}: "
                              f"pass --block-size {self.block_multiple}")
         if self.layers:
             return [tuple(t.allocate(num_blocks, block_size, dtype, device) for t in layer) for layer in self.layers]
+        windows = self.layer_windows if num_window_blocks else (None,) * self.num_layers
         blocks = [
-            tuple(torch.zeros(num_blocks, block_size, *shape, dtype=dtype, device=device) for shape in self.token_shapes)
-            for _ in range(self.num_layers)
+            tuple(torch.zeros(num_blocks if window is None else num_window_blocks, block_size, *shape, dtype=dtype,
+                              device=device) for shape in self.token_shapes)
+            for window in windows
         ]
         if self.recurrent is None:
             return blocks
@@ -125,8 +147,11 @@ class KVCacheSpec:
         blocks_left, states_left = iter(blocks), iter(states)
         return [next(states_left) if recurrent else next(blocks_left) for recurrent in self.layer_is_recurrent]
 
-    def block_layers(self, kv_caches: KVCaches) -> KVCaches:
-        """The layers with block tensors (what the KV tiers copy by block)."""
+    def block_layers(self, kv_caches: KVCaches, window_group: bool = False) -> KVCaches:
+        """The layers with block tensors (what the KV tiers copy by block; with a ``window_group``, the
+        full-attention ones alone: the window pages are numbered apart and no tier carries them)."""
+        if window_group:
+            return [layer for layer, window in zip(kv_caches, self.layer_windows) if window is None]
         if not self.layer_is_recurrent:
             return kv_caches
         return [layer for layer, recurrent in zip(kv_caches, self.layer_is_recurrent) if not recurrent]

@@ -73,6 +73,8 @@ class Attention(nn.Module):
             k = self.k_norm(ops, k)
         q, k = ops.rotary_embedding(positions, q, k, cos_sin)
         k_cache, v_cache = kv_cache
+        if self.window is not None and meta.window is not None:  # the window group's pages
+            meta = meta.window
         ops.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         out = ops.paged_attention(
             q, k_cache, v_cache, meta.block_tables, meta.context_lens, meta.query_start_loc, self.scale,
@@ -134,7 +136,8 @@ class LlamaForCausalLM(nn.Module):
 
     def kv_cache_spec(self) -> KVCacheSpec:
         """This rank's blocks: its KV heads of every token."""
-        return KVCacheSpec.gqa(self.cfg.num_layers, self.tp.split(self.cfg.num_kv_heads), self.cfg.head_dim)
+        return KVCacheSpec.gqa(self.cfg.num_layers, self.tp.split(self.cfg.num_kv_heads), self.cfg.head_dim,
+                               tuple(self.cfg.layer_window(i) for i in range(self.cfg.num_layers)))
 
     def init_rope(self, max_positions: int, device: torch.device) -> None:
         cfg = self.cfg

@@ -62,18 +62,21 @@ class Scheduler(SteadyPath):
         *, host_blocks: int = 0, disk_blocks: int = 0, record_events: bool = False,
         clock: Callable[[], float] = time.monotonic, state_slots: int = 0, host_states: int = 0,
         disk_states: int = 0,
-        snapshot_policy: SnapshotPolicy = DEFAULT_POLICY,
+        snapshot_policy: SnapshotPolicy = DEFAULT_POLICY, window_blocks: int = 0, window: int = 0,
     ) -> None:
         self.cfg = cfg
         # hybrid models (state slots): where to snapshot the recurrent state, so that prefixes can be resumed
         self.snapshot_policy = snapshot_policy if state_slots and cfg.enable_prefix_caching else None
+        # sliding-window models (window pages): where to retain the window, at the same points
+        self.window_policy = snapshot_policy if window_blocks and cfg.enable_prefix_caching else None
         self.max_model_len = max_model_len
         self.eos_token_ids = eos_token_ids
         self.kv = KVCacheManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching, cfg.eviction_policy,
                                  max_retained_fraction=cfg.max_retained_fraction,
                                  max_retained_share_per_tenant=cfg.max_retained_share_per_tenant, host_blocks=host_blocks,
                                  disk_blocks=disk_blocks, record_events=record_events, clock=clock,
-                                 state_slots=state_slots, host_states=host_states, disk_states=disk_states)
+                                 state_slots=state_slots, host_states=host_states, disk_states=disk_states,
+                                 window_blocks=window_blocks, window=window)
         self.hasher = hasher  # the engine's, shared with its request preparer
         self.waiting: deque[Sequence] = deque()
         # The running sequences in admission order (the last one is preempted first), as columns too
@@ -122,9 +125,9 @@ class Scheduler(SteadyPath):
                 seq.block_hashes = list(block_hashes)
             else:
                 self.hasher.extend(seq.block_hashes, seq.token_ids, cache_salt, images)
-        if self.snapshot_policy is not None:
+        if (policy := self.snapshot_policy or self.window_policy) is not None:
             pins = [p.num_tokens for p in retention.pins] if retention else []
-            seq.snapshot_points = self.snapshot_policy.prompt_points(
+            seq.snapshot_points = policy.prompt_points(
                 len(prompt), self.cfg.block_size, retention.snapshot_hints if retention else (), pins)
         return seq
 
@@ -257,6 +260,7 @@ class Scheduler(SteadyPath):
 
     def _schedule_decodes_in_turn(self, decodes: list[Sequence], budget: int, k: int, out: SchedulerOutput) -> int:
         """`_schedule_decodes` one sequence at a time (a decode that drafts up to ``k`` tokens, needs a block, fills
+        out.new_window_block_ids = self.kv.take_window_blocks()
         one, is still in its prompt or has siblings to queue takes the general path)."""
         block_size, held_blocks, running = self.cfg.block_size, self.kv.num_held_blocks, SequenceStatus.RUNNING
         seq_ids, num_new, num_computed, samples = out.seq_ids, out.num_new_tokens, out.num_computed_tokens, out.samples
@@ -332,6 +336,8 @@ class Scheduler(SteadyPath):
 
     def _make_room(self, seq: Sequence, n: int, out: SchedulerOutput) -> list[int] | None:
         """Blocks for ``n`` more tokens of ``seq``, preempting the newest other unscheduled requests if needed."""
+        if self.snapshot_policy is None:  # (a sliding-window model retains its windows wherever a chunk ends)
+            return n
         while (new_block_ids := self.kv.allocate(seq.seq_id, seq.num_computed_tokens + n)) is None:
             scheduled = set(out.seq_ids)  # rare: only when blocks run short
             victims = [r for r in self.running if r is not seq and r.seq_id not in scheduled]
@@ -346,8 +352,19 @@ class Scheduler(SteadyPath):
         return new_block_ids
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+    def _keep_windows(self, seq: Sequence, start: int, end: int) -> None:
+        """Sliding-window models: retain the window at the policy's points the step being scheduled reaches (its
+        prompt's points, and in the reply its last block boundary, replacing the previous one)."""
+        for point in seq.snapshot_points:
+            if start < point <= end:
+                self.kv.keep_window(seq.seq_id, point)
+        boundary = end // self.cfg.block_size * self.cfg.block_size
+        if self.window_policy.reply_end and boundary > seq.num_prompt_tokens:
+            self.kv.keep_window(seq.seq_id, boundary, replaces_reply=True)
+
         """Recompute later: release the blocks now; its full blocks stay cached, so re-admission mostly hits."""
         self._running.remove(seq)
+        self.kv.slide(seq.seq_id, seq.num_computed_tokens)  # sliding-window models: pages no query reads go first
         self.kv.free(seq.seq_id)
         seq.status = SequenceStatus.PREEMPTED
         seq.num_computed_tokens = 0
@@ -364,6 +381,9 @@ class Scheduler(SteadyPath):
         out.add(seq.seq_id, n, start, samples, new_block_ids, resumed, state_slot, drafts)
         # Drafts are computed too, but never enter token_ids unless accepted, so nothing below commits them to the
         # prefix cache; update() rolls num_computed_tokens back to what was accepted.
+        if self.window_policy is not None:  # resumable where it stopped, within a block
+            self.kv.keep_window(seq.seq_id, self.kv.num_shared_blocks(seq.seq_id) * self.cfg.block_size,
+                                replaces_reply=True)
         seq.num_computed_tokens = end + len(drafts or ())
         if start < seq.num_prompt_tokens:
             self.num_prompt_tokens += min(seq.num_prompt_tokens, end) - start
@@ -387,6 +407,8 @@ class Scheduler(SteadyPath):
         params = replace(leader.params, prompt_logprobs=None)  # the leader scores the prompt
         prompt_hashes = leader.block_hashes[: leader.num_prompt_tokens // self.cfg.block_size]
         siblings = [
+            if self.window_policy is not None:
+                self._keep_windows(seq, start, end)
             self._new_sequence(leader.request_id, i, leader.prompt_token_ids, params, leader.cache_salt, None,
                                prompt_hashes, leader.images)
             for i in range(1, leader.pending_siblings + 1)

@@ -92,6 +92,7 @@ class DecodeGraphRunner:
         runner's memory profile measures as the graphs' pool."""
         inputs = self.inputs
         inputs.slot_mapping[:size].fill_(-1)
+        inputs.window_slot_mapping[:size].fill_(-1)
         inputs.context_lens[:size].fill_(1)
         inputs.query_start_loc[: size + 1].copy_(torch.arange(size + 1, dtype=torch.int32))
         if inputs.recurrent:
@@ -100,7 +101,7 @@ class DecodeGraphRunner:
 
     def _forward_static(self, size: int) -> torch.Tensor:
         inputs = self.inputs
-        meta = AttentionMetadata(
+        meta = inputs.with_window(AttentionMetadata(
             slot_mapping=inputs.slot_mapping[:size],
             block_tables=inputs.block_tables[:size],
             context_lens=inputs.context_lens[:size],
@@ -108,5 +109,5 @@ class DecodeGraphRunner:
             max_query_len=1,
             max_context_len=self.max_model_len,
             states=inputs.decode_states(size) if inputs.recurrent else None,
-        )
+        ))
         return self.model(inputs.input_ids[:size], inputs.positions[:size], self.kv_caches, meta)

@@ -9,7 +9,9 @@ being scheduled, so a steady decode batch changes nothing but one token and, eve
 id per row: per-step host work grows with the tokens scheduled, not with context length.
 
 Every change to a row's block table is also recorded as a (row, column, block id) triple; the runner ships the
-triples to the device copy of the table once per step.
+triples to the device copy of the table once per step. A sliding-window model with a window group has a second
+table per row, its window pages (`engine.kv.window_pool`), in the columns after the first table's
+(``window_offset`` on): one table, one set of deltas, two views.
 """
 from __future__ import annotations
 
@@ -29,21 +31,25 @@ class RunnerSequence:
     params: SamplingParams
     generator: torch.Generator | None
     block_ids: list[int] = field(default_factory=list)
+    window_block_ids: list[int] = field(default_factory=list)  # sliding-window models: its window pages
     state_slot: int = -1  # hybrid models: the recurrent-state slot it runs in
     output_counts: torch.Tensor | None = None  # [V] on the device: penalties only
     prompt_seen: torch.Tensor | None = None  # [V] bool: repetition penalty only
 
 
 class InputBatch:
-    def __init__(self, max_rows: int, max_model_len: int, max_blocks_per_row: int) -> None:
+    def __init__(self, max_rows: int, max_model_len: int, max_blocks_per_row: int, window_table: bool = False) -> None:
+        """``window_table``: each row has a window table too (columns ``window_offset`` on)."""
         self.max_rows = max_rows
         self.seq_ids: list[str] = []  # the sequence in each row
         self.sequences: list[RunnerSequence] = []
         self.row_of: dict[str, int] = {}
         self.token_ids = np.zeros((max_rows, max_model_len), dtype=np.int32)
         self.num_known = np.zeros(max_rows, dtype=np.int32)  # token ids of the row present in token_ids
-        self.block_table = np.zeros((max_rows, max_blocks_per_row), dtype=np.int32)
+        self.window_offset = max_blocks_per_row if window_table else 0
+        self.block_table = np.zeros((max_rows, max_blocks_per_row * (2 if window_table else 1)), dtype=np.int32)
         self.num_blocks = np.zeros(max_rows, dtype=np.int32)
+        self.num_window_blocks = np.zeros(max_rows, dtype=np.int32)
         self.state_slots = np.zeros(max_rows, dtype=np.int32)  # hybrid models: each row's recurrent-state slot
         self.num_computed = np.zeros(max_rows, dtype=np.int32)
         self.num_new = np.zeros(max_rows, dtype=np.int32)  # tokens scheduled this step
@@ -84,6 +90,8 @@ class InputBatch:
         self.state_slots[row] = seq.state_slot
         self.num_blocks[row] = 0
         self.append_blocks(row, seq.block_ids)
+        self.num_window_blocks[row] = 0
+        self.append_window_blocks(row, seq.window_block_ids)
 
     def remove_all_but(self, keep: set[str], finished: Collection[str] = ()) -> None:
         """Drop the rows of sequences not scheduled this step; move the last rows into the holes. The tokens of a
@@ -124,17 +132,28 @@ class InputBatch:
         self.state_slots[dst] = self.state_slots[src]
         self.num_blocks[dst] = 0
         self.append_blocks(dst, self.block_table[src, :b].tolist())
+        if self.window_offset:
+            w, offset = self.num_window_blocks[src], self.window_offset
+            self.num_window_blocks[dst] = 0
+            self.append_window_blocks(dst, self.block_table[src, offset : offset + w].tolist())
 
     def append_blocks(self, row: int, block_ids: list[int]) -> None:
-        if not block_ids:
-            return
-        start = int(self.num_blocks[row])
-        end = start + len(block_ids)
-        self.block_table[row, start:end] = block_ids
-        self.num_blocks[row] = end
-        self._delta_rows += [row] * len(block_ids)
+        if block_ids:
+            self.num_blocks[row] = self._append(row, int(self.num_blocks[row]), block_ids)
+
+    def append_window_blocks(self, row: int, page_ids: list[int]) -> None:
+        """Sliding-window models: window pages at the end of the row's window table."""
+        if page_ids:
+            offset = self.window_offset
+            self.num_window_blocks[row] = self._append(row, offset + int(self.num_window_blocks[row]), page_ids) - offset
+
+    def _append(self, row: int, start: int, ids: list[int]) -> int:
+        end = start + len(ids)
+        self.block_table[row, start:end] = ids
+        self._delta_rows += [row] * len(ids)
         self._delta_cols += range(start, end)
-        self._delta_ids += block_ids
+        self._delta_ids += ids
+        return end
 
     def append_tokens(self, rows: np.ndarray | list[int], tokens: np.ndarray | list[int]) -> None:
         """One token each at the end of the rows' known tokens (rows distinct; an intp array is the fast index)."""

@@ -172,11 +172,13 @@ class ModelRunner:
         self.vision = self._load_vision(model_dir) if model_cfg.has_vision_tower and tp.size == 1 else None
         self.kv_spec = model.kv_cache_spec()
         recurrent = self.kv_spec.recurrent is not None
+        # sliding-window models: the window layers' pages in a group of their own (engine/kv/window_pool.py)
+        self.window_group = cfg.sliding_window_cache and self.kv_spec.window > 0
         rows = cfg.max_num_seqs
         self.max_blocks_per_row = -(-max_model_len // cfg.block_size)
         self.inputs = DeviceInputs(max(cfg.max_num_batched_tokens, rows), rows, self.max_blocks_per_row, self.device,
-                                   recurrent)
-        self.batch = InputBatch(rows, max_model_len, self.max_blocks_per_row)
+                                   recurrent, self.window_group)
+        self.batch = InputBatch(rows, max_model_len, self.max_blocks_per_row, self.window_group)
         self.sequences: dict[str, RunnerSequence] = {}
         self.scoring = PromptScoring()
         self.profile = StepProfile()
@@ -199,6 +201,7 @@ class ModelRunner:
         # Every rank holds its shard of every block, so all ranks agree on the pool: the smallest that fits.
         blocks, snapshots = self._size_cache(use_graphs)
         self.num_blocks = tp.min(blocks, self.device)
+        self.num_window_blocks = tp.min(self._num_window_blocks, self.device) if self.window_group else 0
         # Hybrid models: a recurrent-state slot per running sequence, and the snapshots' (engine.kv.state_pool);
         # after them, outside the pool, one per draft token a step may verify: the state after each verified
         # position, so the one after the last accepted draft is kept (`_keep_accepted_states`)
@@ -226,14 +229,15 @@ class ModelRunner:
         """Hybrid models that may speculate: a step verifies at most ``speculative_draft_budget`` drafts."""
         return self.cfg.speculative_draft_budget if self.kv_spec.recurrent is not None else 0
 
-    def _new_caches(self, num_blocks: int, num_state_slots: int) -> KVCaches:
+    def _new_caches(self, num_blocks: int, num_state_slots: int, num_window_blocks: int | None = None) -> KVCaches:
         return self.kv_spec.allocate(num_blocks, self.cfg.block_size, self.cfg.kv_cache_torch_dtype, self.device,
-                                     num_state_slots, self.dtype)
+                                     num_state_slots, self.dtype,
+                                     self.num_window_blocks if num_window_blocks is None else num_window_blocks)
 
     def _new_offload(self, model_dir: Path) -> KVOffload:
         """The host pool (and disk tier) for blocks evicted from the device pool, and a hybrid model's snapshots
         (``state_snapshot_fraction`` of the host memory, as on the device)."""
-        pages = self.kv_spec.block_layers(self.kv_caches)
+        pages = self.kv_spec.block_layers(self.kv_caches, self.window_group)
         states = self.kv_spec.state_layers(self.kv_caches) if self.kv_spec.recurrent is not None else []
         tensors, state_tensors = flat_caches(pages), flat_caches(states)
         disk = None
@@ -383,6 +387,14 @@ class ModelRunner:
                 seq.block_ids.extend(block_ids)
                 if seq_id in row_of:
                     batch.append_blocks(row_of[seq_id], block_ids)
+        for seq_id, page_ids in sched.new_window_block_ids.items():  # sliding-window models: their window pages
+            seq = self.sequences[seq_id]
+            if seq_id in sched.resumed:
+                seq.window_block_ids = list(page_ids)
+            else:
+                seq.window_block_ids.extend(page_ids)
+                if seq_id in row_of:
+                    batch.append_window_blocks(row_of[seq_id], page_ids)
         if len(row_of) < len(seq_ids):  # scheduled sequences without a row (a row holds only scheduled ones)
             for seq_id in seq_ids:
                 if seq_id not in row_of:
@@ -564,6 +576,8 @@ class ModelRunner:
         and blocks the remainder (with ``num_kv_blocks`` given, snapshots take that fraction of blocks + snapshots)."""
         cfg, spec = self.cfg, self.kv_spec.recurrent
         per_block = self.kv_spec.bytes_per_block(cfg.block_size, cfg.kv_cache_torch_dtype)
+        if self.window_group:
+            return self._size_window_cache(per_block, use_graphs)
         state = spec.bytes_per_state(self.dtype) if spec is not None else 0
         fraction = cfg.state_snapshot_fraction
         if cfg.num_kv_blocks:
@@ -582,6 +596,34 @@ class ModelRunner:
         log.info("KV cache: %d blocks of %d tokens (%.1f GiB)%s", blocks, cfg.block_size, blocks * per_block / 2**30,
                  f"; {snapshots} state snapshots ({snapshots * state / 2**30:.1f} GiB)" if state else "")
         return blocks, snapshots
+
+    def _size_window_cache(self, per_block: int, use_graphs: bool) -> tuple[int, int]:
+        """A sliding-window model's ``(full-attention blocks, 0)``, its window pages in ``_num_window_blocks``: the
+        running sequences' windows come out of the budget first (each holds the pages its window and its last block
+        boundary's window touch, and a step's chunks one page per block they write); of the rest, retained windows
+        take ``window_retention_fraction`` and full-attention blocks the remainder (with ``num_kv_blocks`` given,
+        retained windows take that fraction of blocks + retained windows)."""
+        cfg, spec = self.cfg, self.kv_spec
+        per_page = spec.window_bytes_per_block(cfg.block_size, cfg.kv_cache_torch_dtype)
+        per_full = per_block - per_page
+        running = (cfg.max_num_seqs * (-(-(spec.window - 1) // cfg.block_size) + 2)
+                   + -(-cfg.max_num_batched_tokens // cfg.block_size))
+        fraction = cfg.window_retention_fraction
+        if cfg.num_kv_blocks:
+            blocks = cfg.num_kv_blocks
+            retained = int(fraction / (1 - fraction) * blocks * per_full) // per_page
+        else:
+            budget = self._kv_memory_budget(use_graphs) - running * per_page
+            retained = int(fraction * budget) // per_page
+            blocks = int(budget - retained * per_page) // per_full
+            if blocks < 1:
+                raise ValueError("no memory left for the KV cache; raise --gpu-memory-utilization / "
+                                 "--kv-cache-memory-gb or use a smaller model")
+        self._num_window_blocks = cfg.num_window_blocks or running + retained
+        log.info("KV cache: %d full-attention blocks of %d tokens (%.1f GiB); %d window pages (%.1f GiB, window %d)",
+                 blocks, cfg.block_size, blocks * per_full / 2**30, self._num_window_blocks,
+                 self._num_window_blocks * per_page / 2**30, spec.window)
+        return blocks, 0
 
     def _kv_memory_budget(self, use_graphs: bool) -> int:
         """Bytes for KV blocks and recurrent states. On CUDA: ``total * gpu_memory_utilization`` minus the peak of tensors
@@ -633,7 +675,7 @@ class ModelRunner:
             meta.states = StateBatch(meta.query_start_loc, torch.zeros(len(lengths), dtype=torch.long, device=dev),
                                      torch.zeros(len(lengths), dtype=torch.bool, device=dev), starts, none,
                                      none.astype(bool))
-        hidden = self.model(torch.zeros(n, dtype=torch.long, device=dev), positions, self._new_caches(1, 1), meta)
+        hidden = self.model(torch.zeros(n, dtype=torch.long, device=dev), positions, self._new_caches(1, 1, 0), meta)
         rows = min(self.cfg.max_num_seqs, n)
         logits = self.model.compute_logits(hidden[-rows:])
         if logits is None:  # sampled on rank 0
@@ -645,7 +687,7 @@ class ModelRunner:
     def _profile_decode_graphs(self) -> int:
         """Bytes the decode graphs' pool will hold: the allocation peak of the largest padded decode forward (with
         its static buffers), measured eagerly over a one-block scratch cache (padding rows read block 0 only)."""
-        caches = self._new_caches(1, 1)
+        caches = self._new_caches(1, 1, 0)
         torch.cuda.reset_peak_memory_stats(self.device)
         baseline = torch.cuda.memory_allocated(self.device)
         graphs = self.make_decode_graphs(caches, use_graphs=False)

@@ -5,10 +5,12 @@ same buffers).
 The flattened batch puts the rows' new tokens one after another: row r owns token rows
 ``query_start_loc[r]:query_start_loc[r+1]``, at positions ``num_computed[r] ...``; ``slot_mapping`` says where each
 token's K/V goes (``block_id * block_size + offset``); ``context_lens[r]`` is the row's length after this step.
+A sliding-window model with a window group has a second slot mapping, into its window layers' own pages
+(``window_slot_mapping``, from the rows' window tables), and its window layers read a second view of the tables.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -41,6 +43,7 @@ class HostInputs:
     token_state_slots: np.ndarray | None = None
     draft_counts: np.ndarray | None = None
     draft_states: np.ndarray | None = None
+    window_slot_mapping: np.ndarray | None = None  # sliding-window models: the window pages' slot of each token
 
     @property
     def num_tokens(self) -> int:
@@ -72,7 +75,8 @@ def flatten(batch: InputBatch, block_size: int, pad_rows_to: int | None = None, 
         positions = np.arange(total, dtype=np.int32) - np.repeat(ends - n, n) + start[row_of_token]
         known = batch.num_known[row_of_token] + drafts[row_of_token]  # a row's drafts follow its known tokens
     input_ids = batch.token_ids[row_of_token, positions]
-    slots = batch.block_table[row_of_token, positions // block_size] * block_size + positions % block_size
+    block_index, offset = np.divmod(positions, block_size)
+    slots = batch.block_table[row_of_token, block_index] * block_size + offset
     pending_dst = np.nonzero(positions >= known)[0].astype(np.int32)
     pending_src = batch.pending_src[row_of_token[pending_dst]]
     sample_rows = np.flatnonzero(batch.samples[:rows])
@@ -91,6 +95,7 @@ def flatten(batch: InputBatch, block_size: int, pad_rows_to: int | None = None, 
         block_table_deltas=batch.take_block_table_deltas(), state_slots=batch.state_slots[:rows].copy(),
         has_initial_state=start > 0,
         max_query_len=max_query_len, max_context_len=int(context_lens.max()) if rows else 0,
+        window_slot_mapping=_window_slots(batch, row_of_token, block_index, offset, block_size),
     )
     if draft_state_base >= 0 and drafts.any():
         _keep_verified_states(host, drafts, ends, row_of_token, draft_state_base)
@@ -117,10 +122,19 @@ def _flatten_decodes(batch: InputBatch, block_size: int, pad_rows_to: int | None
         sample_rows=batch.row_index[:rows], sample_counts=None, pending_dst=pending_dst, pending_src=batch.pending_src[pending_dst],
         block_table_deltas=batch.take_block_table_deltas(), state_slots=batch.state_slots[:rows].copy(),
         has_initial_state=positions > 0, max_query_len=1, max_context_len=int(positions.max()) + 1,
+        window_slot_mapping=_window_slots(batch, row_of_token, block_index, offset, block_size),
     )
     if pad_rows_to is not None and pad_rows_to > rows:
         _pad_decode(host, pad_rows_to)
     return host
+
+
+def _window_slots(batch: InputBatch, row_of_token: np.ndarray, block_index: np.ndarray, offset: np.ndarray,
+                  block_size: int) -> np.ndarray | None:
+    """Each token's slot in the window layers' pages (None: no window table)."""
+    if not batch.window_offset:
+        return None
+    return batch.block_table[row_of_token, batch.window_offset + block_index] * block_size + offset
 
 
 def _keep_verified_states(host: HostInputs, drafts: np.ndarray, ends: np.ndarray, row_of_token: np.ndarray,
@@ -144,6 +158,8 @@ def _pad_decode(host: HostInputs, size: int) -> None:
     host.input_ids = np.concatenate([host.input_ids, np.zeros(pad, dtype=np.int32)])
     host.positions = np.concatenate([host.positions, np.zeros(pad, dtype=np.int32)])
     host.slot_mapping = np.concatenate([host.slot_mapping, np.full(pad, -1, dtype=np.int32)])
+    if host.window_slot_mapping is not None:
+        host.window_slot_mapping = np.concatenate([host.window_slot_mapping, np.full(pad, -1, dtype=np.int32)])
     host.query_start_loc = np.arange(size + 1, dtype=np.int32)
     host.context_lens = np.concatenate([host.context_lens, np.ones(pad, dtype=np.int32)])
 
@@ -152,15 +168,19 @@ class DeviceInputs:
     """Persistent device buffers for the model's inputs, and the staging that fills them with one copy per step."""
 
     def __init__(self, max_tokens: int, max_rows: int, max_blocks_per_row: int, device: torch.device,
-                 recurrent: bool = False) -> None:
+                 recurrent: bool = False, window_table: bool = False) -> None:
+        """``window_table``: the rows' window tables follow their block tables (columns ``max_blocks_per_row`` on)."""
         self.device = device
+        self.window_offset = max_blocks_per_row if window_table else 0
         self.recurrent = recurrent  # a hybrid model: ship each row's state slot too
         self.input_ids = torch.zeros(max_tokens, dtype=torch.long, device=device)
         self.positions = torch.zeros(max_tokens, dtype=torch.long, device=device)
         self.slot_mapping = torch.full((max_tokens,), -1, dtype=torch.long, device=device)
         self.query_start_loc = torch.arange(max_rows + 1, dtype=torch.int32, device=device)
         self.context_lens = torch.ones(max_rows, dtype=torch.int32, device=device)
-        self.block_tables = torch.zeros(max_rows, max_blocks_per_row, dtype=torch.int32, device=device)
+        self.block_tables = torch.zeros(max_rows, max_blocks_per_row * (2 if window_table else 1), dtype=torch.int32,
+                                        device=device)
+        self.window_slot_mapping = torch.full((max_tokens,), -1, dtype=torch.long, device=device)
         self.state_slots = torch.zeros(max_rows, dtype=torch.long, device=device)
         self.has_initial_state = torch.zeros(max_rows, dtype=torch.bool, device=device)
         self.token_state_slots = torch.full((max_tokens,), -1, dtype=torch.long, device=device)
@@ -174,6 +194,8 @@ class DeviceInputs:
         """Ship the step's inputs; returns (input_ids, positions) views. Block tables are updated in place."""
         parts = [host.input_ids, host.positions, host.slot_mapping, host.query_start_loc, host.context_lens,
                  host.pending_dst, host.pending_src, host.block_table_deltas.reshape(-1)]
+        if self.window_offset:
+            parts.append(host.window_slot_mapping)
         if self.recurrent:
             parts += [host.state_slots, host.has_initial_state.astype(np.int32)]
             if host.token_state_slots is not None:
@@ -182,6 +204,8 @@ class DeviceInputs:
         staged = self._stage(np.concatenate(parts))
         ids, pos, slots, qsl, ctx, pdst, psrc, deltas, *states = staged.split(sizes)
         t, b = host.num_tokens, host.num_rows
+        if self.window_offset:
+            self.window_slot_mapping[:t].copy_(states.pop(0))
         self.input_ids[:t].copy_(ids)
         self.positions[:t].copy_(pos)
         self.slot_mapping[:t].copy_(slots)
@@ -216,7 +240,7 @@ class DeviceInputs:
 
     def metadata(self, host: HostInputs, max_context_len: int | None = None) -> AttentionMetadata:
         t, b = host.num_tokens, host.num_rows
-        return AttentionMetadata(
+        return self.with_window(AttentionMetadata(
             slot_mapping=self.slot_mapping[:t],
             block_tables=self.block_tables[:b],
             context_lens=self.context_lens[:b],
@@ -224,7 +248,23 @@ class DeviceInputs:
             max_query_len=host.max_query_len,
             max_context_len=max_context_len or host.max_context_len,
             states=self._state_batch(host) if self.recurrent else None,
-        )
+        ))
+
+    def with_window(self, meta: AttentionMetadata) -> AttentionMetadata:
+        """Sliding-window models with a window table: ``meta`` (whose block tables are the rows' whole tables)
+        split into the full-attention layers' view and the window layers' (``meta.window``). On a CPU each view is
+        made contiguous once per step (its native kernel would copy it for every layer); elsewhere they stay views
+        of the persistent buffers (a CUDA graph's static inputs; the Triton kernels read the row stride)."""
+        offset = self.window_offset
+        if not offset:
+            return meta
+        tables, t = meta.block_tables, len(meta.slot_mapping)
+        full, window = tables[:, :offset], tables[:, offset:]
+        if self.device.type == "cpu":
+            full, window = full.contiguous(), window.contiguous()
+        meta.block_tables = full
+        meta.window = replace(meta, slot_mapping=self.window_slot_mapping[:t], block_tables=window)
+        return meta
 
     def _state_batch(self, host: HostInputs) -> StateBatch:
         b, verifies = host.num_rows, host.token_state_slots is not None

@@ -1,0 +1,111 @@
+"""The sliding-window cache group on a real model: Gemma 3 (``gemma3_text``, five window layers of 12 tokens to one
+global layer, tiny random weights written by transformers' save_pretrained) with prompts longer than the window.
+
+The window layers keep their K/V in pages of their own, and a running sequence holds only those its window reads
+(engine/kv/window_pool.py). To prove that no query ever reads a page it released (or one before its hit's window),
+every page nobody holds is filled with NaN before every step: one read of such a page would turn the logits into
+NaN. Under that poison, greedy tokens equal transformers' one prompt at a time, all together, with the cache hot
+(hits resuming on retained windows), with prefill chunks ending off block boundaries, and under preemption in small
+pools of both kinds; a conversation's next turn reads all but at most one block of the previous prompt and reply.
+"""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.registry import resolve_model
+from tests.hf_oracle import hf_greedy, random_prompts
+from tests.models.test_gemma3 import TOKENIZER_FILES, VOCAB, WINDOW, hf_gemma3_model
+
+KIND = "gemma3_text"
+LENGTHS = [1, 4, 9, 17, 40, 70]
+NEW_TOKENS = 8
+GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
+BS = 4
+
+
+@pytest.fixture(scope="module")
+def case(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gemma3_window") / KIND
+    hf_gemma3_model(KIND).save_pretrained(path)
+    for name in TOKENIZER_FILES:
+        shutil.copyfile(resolve_model("qwen3-tiny") / name, path / name)
+    prompts = random_prompts(VOCAB, LENGTHS, seed=5)
+    return str(path), prompts, [hf_greedy(str(path), p, NEW_TOKENS) for p in prompts]
+
+
+def poisoned_llm(path: str, **config) -> LLM:
+    """An engine whose free window pages hold NaN at every step (in every window layer's K and V)."""
+    llm = LLM(path, block_size=BS, **config)
+    runner, pool = llm.engine.runner, llm.engine.scheduler.kv.window
+    assert runner.window_group and pool is not None
+    windowed = [cache for cache, window in zip(runner.kv_caches, runner.kv_spec.layer_windows) if window is not None]
+    execute = runner.execute
+
+    def execute_poisoned(sched, *args, **kwargs):
+        free = torch.tensor(pool.free_pages, dtype=torch.long)
+        for k_cache, v_cache in windowed:
+            k_cache[free] = float("nan")
+            v_cache[free] = float("nan")
+        return execute(sched, *args, **kwargs)
+
+    runner.execute = execute_poisoned
+    return llm
+
+
+def test_window_layers_keep_pages_of_their_own(case):
+    """Five window layers with a pool of their own, the global layer with the full-attention pool; a 70-token prompt
+    (with a 12-token window, in 4-token blocks) leaves only its retained windows held when it ends."""
+    path, prompts, expected = case
+    llm = LLM(path, block_size=BS, num_kv_blocks=64, num_window_blocks=40, max_num_seqs=4)
+    runner, kv = llm.engine.runner, llm.engine.scheduler.kv
+    assert runner.kv_spec.layer_windows == (WINDOW[KIND],) * 5 + (None,)
+    assert [k.shape[0] for k, _ in runner.kv_caches] == [40] * 5 + [64]
+    assert llm.generate([prompts[-1]], GREEDY)[0].token_ids == expected[-1]
+    anchored = {page for node in kv.window.anchors for page in node.window_pages}
+    assert kv.window.num_free == 40 - len(anchored)
+    assert len(kv.window.anchors) == 2, "the prompt end and the reply end"
+    assert len(anchored) <= 2 * (-(-(WINDOW[KIND] - 1) // BS) + 1)
+    kv.check_invariants()
+
+
+def test_greedy_one_at_a_time_all_together_and_cache_hot(case):
+    path, prompts, expected = case
+    llm = poisoned_llm(path, num_kv_blocks=512, num_window_blocks=96)
+    for prompt, want in zip(prompts, expected):
+        assert llm.generate([prompt], GREEDY)[0].token_ids == want
+    params = [SamplingParams(max_tokens=1 + (3 * i) % NEW_TOKENS, temperature=0, ignore_eos=True)
+              for i in range(len(prompts))]
+    outs = llm.generate(prompts, params)
+    assert [o.token_ids for o in outs] == [want[: p.max_tokens] for want, p in zip(expected, params)]
+    outs = llm.generate(prompts, GREEDY)  # hot: each resumes on its prompt end's retained window
+    assert [o.token_ids for o in outs] == expected
+    assert [o.num_cached_tokens for o in outs] == [(len(p) - 1) // BS * BS for p in prompts]
+    llm.engine.scheduler.kv.check_invariants()
+
+
+@pytest.mark.slow
+def test_chunked_prefill_off_block_boundaries_and_preemption_in_small_pools(case):
+    """7-token chunks (ending mid-block and mid-window) in pools of 22 full-attention blocks (the longest request and two more) and 12 window pages:
+    sequences are preempted and resume on the window retained where they stopped."""
+    path, prompts, expected = case
+    llm = poisoned_llm(path, num_kv_blocks=22, num_window_blocks=12, max_num_batched_tokens=7)
+    outs = llm.generate(prompts[::-1], GREEDY)
+    assert [o.token_ids for o in outs[::-1]] == expected
+    assert llm.engine.scheduler.num_preemptions > 0
+    llm.engine.scheduler.kv.check_invariants()
+
+
+def test_next_turn_reads_all_but_one_block_of_prompt_and_reply(case):
+    path, prompts, expected = case
+    llm = poisoned_llm(path, num_kv_blocks=512, num_window_blocks=64)
+    first = prompts[-1]
+    reply = llm.generate([first], GREEDY)[0].token_ids
+    assert reply == expected[-1]
+    turn = first + reply + [1234, 5678, 91011, 1213, 1415]
+    out = llm.generate([turn], GREEDY)[0]
+    assert out.num_cached_tokens >= len(first) + len(reply) - BS
+    assert out.token_ids == hf_greedy(path, turn, NEW_TOKENS)
