@@ -152,10 +152,6 @@ class EngineConfig:
     num_state_snapshots: int | None = field(
         default=None, metadata=_help("hybrid models: recurrent-state snapshots to keep (default: from "
                                      "--state-snapshot-fraction)"))
-    speculative: str = field(
-        default="off", metadata=_help("speculative decoding: off, ngram (prompt lookup: drafts from the request's own "
-                                      "tokens), suffix (a suffix tree over the session's earlier prompts and "
-                                      "replies, then prompt lookup) or mtp (the checkpoint's own multi-token-"
     sliding_window_cache: bool = field(
         default=True, metadata=_help("sliding-window models (Gemma 3, gpt-oss): their window layers keep only the "
                                      "pages their windows read, in a pool of their own, and the prefix cache retains "
@@ -168,6 +164,10 @@ class EngineConfig:
     num_window_blocks: int | None = field(
         default=None, metadata=_help("sliding-window models: pages of the window layers (default: the running "
                                      "sequences' windows plus --window-retention-fraction)"))
+    speculative: str = field(
+        default="off", metadata=_help("speculative decoding: off, ngram (prompt lookup: drafts from the request's own "
+                                      "tokens), suffix (a suffix tree over the session's earlier prompts and "
+                                      "replies, then prompt lookup) or mtp (the checkpoint's own multi-token-"
                                       "prediction layer: Qwen3.5 / 3.6; loaded only with this flag); a request may "
                                       "choose its own (docs/SPECULATIVE.md)",
                                       choices=("off", "ngram", "suffix", "mtp")))
@@ -192,12 +192,12 @@ class EngineConfig:
                              f"{self.max_retained_share_per_tenant}")
         if not 0 <= self.state_snapshot_fraction < 1:
             raise ValueError(f"state_snapshot_fraction must be in [0, 1), got {self.state_snapshot_fraction}")
+        if not 0 <= self.window_retention_fraction < 1:
+            raise ValueError(f"window_retention_fraction must be in [0, 1), got {self.window_retention_fraction}")
         if self.num_state_snapshots is not None and self.num_state_snapshots < 0:
             raise ValueError(f"num_state_snapshots must be >= 0, got {self.num_state_snapshots}")
         if self.encoder_cache_mb < 0:
             raise ValueError(f"encoder_cache_mb must be >= 0, got {self.encoder_cache_mb}")
-        if not 0 <= self.window_retention_fraction < 1:
-            raise ValueError(f"window_retention_fraction must be in [0, 1), got {self.window_retention_fraction}")
         if self.tool_call_ttl < 0 or self.kv_offload_gb < 0 or self.kv_disk_gb <= 0:
             raise ValueError("tool_call_ttl and kv_offload_gb must be >= 0, kv_disk_gb > 0")
         if self.json_whitespace < 0:

@@ -256,11 +256,11 @@ class Scheduler(SteadyPath):
             self._admit_waiting(budget, out)
         out.kv_transfers = self.kv.take_transfers()
         out.state_restores, out.state_snapshots = self.kv.take_state_copies()
+        out.new_window_block_ids = self.kv.take_window_blocks()
         return out
 
     def _schedule_decodes_in_turn(self, decodes: list[Sequence], budget: int, k: int, out: SchedulerOutput) -> int:
         """`_schedule_decodes` one sequence at a time (a decode that drafts up to ``k`` tokens, needs a block, fills
-        out.new_window_block_ids = self.kv.take_window_blocks()
         one, is still in its prompt or has siblings to queue takes the general path)."""
         block_size, held_blocks, running = self.cfg.block_size, self.kv.num_held_blocks, SequenceStatus.RUNNING
         seq_ids, num_new, num_computed, samples = out.seq_ids, out.num_new_tokens, out.num_computed_tokens, out.samples
@@ -320,6 +320,8 @@ class Scheduler(SteadyPath):
     def _chunk(self, seq: Sequence, n: int) -> int:
         """Hybrid models: end a prefill chunk at the first snapshot point inside it (the state there exists only at
         the end of a step)."""
+        if self.snapshot_policy is None:  # (a sliding-window model retains its windows wherever a chunk ends)
+            return n
         start = seq.num_computed_tokens
         for point in seq.snapshot_points:
             if start < point < start + n:
@@ -334,10 +336,19 @@ class Scheduler(SteadyPath):
         elif policy.in_reply(end, seq.num_prompt_tokens, self.cfg.block_size):
             self.kv.take_snapshot(seq.seq_id, end, replaces_reply=True)
 
+    def _keep_windows(self, seq: Sequence, start: int, end: int) -> None:
+        """Sliding-window models: retain the window at the policy's points the step being scheduled reaches (its
+        prompt's points, and in the reply its last block boundary, replacing the previous one)."""
+        for point in seq.snapshot_points:
+            if start < point <= end:
+                self.kv.keep_window(seq.seq_id, point)
+        boundary = end // self.cfg.block_size * self.cfg.block_size
+        if self.window_policy.reply_end and boundary > seq.num_prompt_tokens:
+            self.kv.keep_window(seq.seq_id, boundary, replaces_reply=True)
+
     def _make_room(self, seq: Sequence, n: int, out: SchedulerOutput) -> list[int] | None:
         """Blocks for ``n`` more tokens of ``seq``, preempting the newest other unscheduled requests if needed."""
-        if self.snapshot_policy is None:  # (a sliding-window model retains its windows wherever a chunk ends)
-            return n
+        self.kv.slide(seq.seq_id, seq.num_computed_tokens)  # sliding-window models: pages no query reads go first
         while (new_block_ids := self.kv.allocate(seq.seq_id, seq.num_computed_tokens + n)) is None:
             scheduled = set(out.seq_ids)  # rare: only when blocks run short
             victims = [r for r in self.running if r is not seq and r.seq_id not in scheduled]
@@ -352,19 +363,11 @@ class Scheduler(SteadyPath):
         return new_block_ids
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
-    def _keep_windows(self, seq: Sequence, start: int, end: int) -> None:
-        """Sliding-window models: retain the window at the policy's points the step being scheduled reaches (its
-        prompt's points, and in the reply its last block boundary, replacing the previous one)."""
-        for point in seq.snapshot_points:
-            if start < point <= end:
-                self.kv.keep_window(seq.seq_id, point)
-        boundary = end // self.cfg.block_size * self.cfg.block_size
-        if self.window_policy.reply_end and boundary > seq.num_prompt_tokens:
-            self.kv.keep_window(seq.seq_id, boundary, replaces_reply=True)
-
         """Recompute later: release the blocks now; its full blocks stay cached, so re-admission mostly hits."""
         self._running.remove(seq)
-        self.kv.slide(seq.seq_id, seq.num_computed_tokens)  # sliding-window models: pages no query reads go first
+        if self.window_policy is not None:  # resumable where it stopped, within a block
+            self.kv.keep_window(seq.seq_id, self.kv.num_shared_blocks(seq.seq_id) * self.cfg.block_size,
+                                replaces_reply=True)
         self.kv.free(seq.seq_id)
         seq.status = SequenceStatus.PREEMPTED
         seq.num_computed_tokens = 0
@@ -381,9 +384,6 @@ class Scheduler(SteadyPath):
         out.add(seq.seq_id, n, start, samples, new_block_ids, resumed, state_slot, drafts)
         # Drafts are computed too, but never enter token_ids unless accepted, so nothing below commits them to the
         # prefix cache; update() rolls num_computed_tokens back to what was accepted.
-        if self.window_policy is not None:  # resumable where it stopped, within a block
-            self.kv.keep_window(seq.seq_id, self.kv.num_shared_blocks(seq.seq_id) * self.cfg.block_size,
-                                replaces_reply=True)
         seq.num_computed_tokens = end + len(drafts or ())
         if start < seq.num_prompt_tokens:
             self.num_prompt_tokens += min(seq.num_prompt_tokens, end) - start
@@ -391,6 +391,8 @@ class Scheduler(SteadyPath):
             self._commit(seq)
             if self.snapshot_policy is not None and end % self.cfg.block_size == 0:
                 self._snapshot(seq)
+            if self.window_policy is not None:
+                self._keep_windows(seq, start, end)
         if samples:
             seq.num_output_placeholders += 1
             if seq.pending_siblings:
@@ -407,8 +409,6 @@ class Scheduler(SteadyPath):
         params = replace(leader.params, prompt_logprobs=None)  # the leader scores the prompt
         prompt_hashes = leader.block_hashes[: leader.num_prompt_tokens // self.cfg.block_size]
         siblings = [
-            if self.window_policy is not None:
-                self._keep_windows(seq, start, end)
             self._new_sequence(leader.request_id, i, leader.prompt_token_ids, params, leader.cache_salt, None,
                                prompt_hashes, leader.images)
             for i in range(1, leader.pending_siblings + 1)
