@@ -159,6 +159,8 @@ def round2_inputs(Hostile: type) -> list:
         Hostile("echo + logprobs 20 + n 16 on 4,000 tokens", _status("/v1/completions", {
             "prompt": [(7 * i) % 5000 + 10 for i in range(4000)], "echo": True, "logprobs": 20, "n": 16,
             "max_tokens": 1})),
+        Hostile("prompt_logprobs 20 on 2,300 tokens", _status("/v1/completions", {
+            "prompt": [(7 * i) % 5000 + 10 for i in range(2300)], "prompt_logprobs": 20, "max_tokens": 1})),
         Hostile("500,000 stop strings", _chat(stop=["s"] * 500_000)),
         Hostile("20,000 parts with cache_control", _chat(messages=[{"role": "user", "content": [
             {"type": "text", "text": "x", "cache_control": {"type": "ephemeral"}}] * 20_000}])),

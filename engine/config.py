@@ -71,6 +71,10 @@ class EngineConfig:
         default=0.9, metadata=_help("fraction of GPU memory for weights + activations + KV cache"))
     max_num_seqs: int = field(default=64, metadata=_help("sequences batched together at most"))
     max_num_batched_tokens: int = field(default=2048, metadata=_help("tokens computed per engine step at most"))
+    max_scored_tokens_per_step: int = field(
+        default=128, metadata=_help("prompt positions scored (prompt_logprobs: logits over the whole vocabulary for "
+                                    "each) per engine step at most: a long prompt's scoring is spread over steps, "
+                                    "other requests' tokens between them"))
     max_model_len: int | None = field(default=None, metadata=_help("context length cap (default: the model's)"))
     enable_prefix_caching: bool = field(
         default=True, metadata=_help("share KV blocks of common prefixes between requests", flag="no-prefix-cache"))
@@ -183,8 +187,8 @@ class EngineConfig:
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")
-        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
-            raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1 or self.max_scored_tokens_per_step < 1:
+            raise ValueError("max_num_seqs, max_num_batched_tokens and max_scored_tokens_per_step must be positive")
         if not 0 <= self.max_retained_fraction <= 1:
             raise ValueError(f"max_retained_fraction must be in [0, 1], got {self.max_retained_fraction}")
         if not 0 < self.max_retained_share_per_tenant <= 1:

@@ -89,6 +89,7 @@ class Scheduler(SteadyPath):
         self.drafter = Drafter(cfg.num_speculative_tokens, cfg.speculative_draft_budget)
         self.num_speculative = 0
         self.num_decode_steps = 0
+        self._scoring_budget = 0  # prompt positions the step being scheduled may still score (`_scored`)
         self._finished_seq_ids: list[str] = []  # for the next SchedulerOutput: the runner forgets them
         # finished with a hold: their block chains and the tenant the hold counts against
         self._held: OrderedDict[str, tuple[list[BlockHash], str | None]] = OrderedDict()
@@ -230,6 +231,7 @@ class Scheduler(SteadyPath):
         # Decodes first (one token each, latency-critical, plus any drafts), then continuing chunked prefills; more
         # than one token left to compute: a prefill.
         running, budget = self.running, self.cfg.max_num_batched_tokens
+        self._scoring_budget = self.cfg.max_scored_tokens_per_step
         if len(running) >= MIN_COLUMNAR_ROWS and not k:  # many plain decodes: by column arithmetic (steady.py)
             prefills, budget = self._schedule_running_by_columns(budget, out)
         else:
@@ -245,7 +247,9 @@ class Scheduler(SteadyPath):
             # Preempted earlier in this loop, or done: the tokens in flight reach max_tokens or the context length.
             if seq.status is not SequenceStatus.RUNNING or num_tokens >= seq.max_num_tokens:
                 continue
-            n = self._chunk(seq, min(num_tokens - seq.num_computed_tokens, budget))
+            n = self._chunk(seq, self._scored(seq, min(num_tokens - seq.num_computed_tokens, budget)))
+            if n == 0:  # a prompt to score, and the step's scoring budget is spent
+                continue
             drafts = self._drafts(seq, n, min(k, budget - n)) if k else []
             new_block_ids = self._make_room(seq, n + len(drafts) + self._mtp_lookahead(seq, n + len(drafts)), out)
             if new_block_ids is None:
@@ -316,6 +320,18 @@ class Scheduler(SteadyPath):
         want = max(0, min(self.cfg.num_speculative_tokens - 1, self.max_model_len - end))
         extra = self.kv.blocks_needed(end + want) - len(self.kv.block_table(seq.seq_id))
         return want if extra <= self.kv.num_free_blocks else 0
+
+    def _scored(self, seq: Sequence, n: int) -> int:
+        """At most ``n`` tokens of ``seq`` this step; for a prompt to score (`SamplingParams.prompt_logprobs`), no
+        more positions than the step's scoring budget has left (0 when it is spent): --max-scored-tokens-per-step
+        spreads a long prompt's scoring over steps, other requests' tokens between them. Each position's logprobs
+        are the same however its prompt is chunked."""
+        start = seq.num_computed_tokens
+        if seq.prompt_logprobs is None or start >= seq.num_prompt_tokens - 1:  # no position left that scores
+            return n
+        n = min(n, self._scoring_budget)
+        self._scoring_budget -= min(start + n, seq.num_prompt_tokens - 1) - start
+        return n
 
     def _chunk(self, seq: Sequence, n: int) -> int:
         """Hybrid models: end a prefill chunk at the first snapshot point inside it (the state there exists only at
@@ -423,6 +439,8 @@ class Scheduler(SteadyPath):
             if seq.num_output_placeholders:  # preempted with a token still in flight: wait for it
                 break
             resumed = seq.status is SequenceStatus.PREEMPTED
+            if seq.prompt_logprobs is not None and not self._scoring_budget:  # it starts scoring in a later step
+                break
             hashes = seq.block_hashes
             if seq.prompt_logprobs is not None:  # a position still to score is computed, never read from the cache
                 hashes = hashes[: (len(seq.prompt_logprobs) - 1) // self.cfg.block_size]
@@ -438,7 +456,7 @@ class Scheduler(SteadyPath):
                                                             seq.images))
             seq.status = SequenceStatus.RUNNING
             seq.num_computed_tokens = cached
-            n = self._chunk(seq, min(seq.num_uncomputed_tokens, budget))
+            n = self._chunk(seq, self._scored(seq, min(seq.num_uncomputed_tokens, budget)))
             self._running.append(seq)
             self._schedule(seq, n, list(self.kv.block_table(seq.seq_id)), out, resumed,
                            self.kv.state_slot(seq.seq_id))

@@ -145,3 +145,33 @@ def test_constrained_sequences_are_counted_while_they_live():
     while s.has_unfinished_requests():
         step(s)
     assert s.num_constrained == 0
+
+
+def test_a_prompt_to_score_is_spread_over_steps_with_other_requests_between():
+    """--max-scored-tokens-per-step: prompts with prompt_logprobs score at most that many positions a step between
+    them, while the other requests decode every step; a prompt that scores nothing prefills in one step as before."""
+    s = make(256, max_num_batched_tokens=512, max_scored_tokens_per_step=16)
+    s.add_request("bystander", list(range(10, 15)), params(max_tokens=64))
+    step(s)
+    prompts = {"score": list(range(100, 200)), "other": list(range(300, 340)), "plain": list(range(400, 480))}
+    s.add_request("score", prompts["score"], SamplingParams(max_tokens=1, prompt_logprobs=2))
+    s.add_request("other", prompts["other"], SamplingParams(max_tokens=1, prompt_logprobs=0))
+    s.add_request("plain", prompts["plain"], params(max_tokens=1))
+    chunks: dict[str, list[int]] = {seq_id: [] for seq_id in prompts}
+    while any(seq_id in s.sequences for seq_id in prompts):
+        out, _ = step(s)
+        scheduled = {x.seq_id: x for x in out.scheduled}
+        assert "bystander" in scheduled  # it decodes every step
+        scored = 0  # positions that predict a prompt token (all but the last), of the scoring prompts
+        for seq_id in ("score", "other"):
+            if seq_id in scheduled:
+                x, last = scheduled[seq_id], len(prompts[seq_id]) - 1
+                chunks[seq_id].append(x.num_new_tokens)
+                scored += max(0, min(x.num_computed_tokens + x.num_new_tokens, last) - x.num_computed_tokens)
+        assert scored <= 16
+        if "plain" in scheduled:
+            chunks["plain"].append(scheduled["plain"].num_new_tokens)
+    assert sum(chunks["score"]) == 100 and len(chunks["score"]) >= 99 // 16
+    assert sum(chunks["other"]) == 40 and max(chunks["other"]) <= 16
+    assert chunks["plain"] == [80]  # its prompt in one step (which samples its one token)
+    s.kv.check_invariants()

@@ -87,3 +87,30 @@ def test_bad_prompt_logprobs_are_rejected():
         from engine.sampling_params import StructuredOutputSpec
 
         SamplingParams(max_tokens=0, structured_output=StructuredOutputSpec("regex", "a"))
+
+
+def _score_beside_a_bystander(llm: LLM, prompt: list[int]) -> tuple[list[TokenLogprobs | None], list[int]]:
+    """The prompt's logprobs, scored while a short request decodes beside it; and that request's tokens."""
+    score, plain = llm.generate([prompt, prompt[:5]], [SamplingParams(max_tokens=1, prompt_logprobs=3),
+                                                       SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)])
+    return score.outputs[0].prompt_logprobs, plain.token_ids
+
+
+@pytest.mark.parametrize("model", ["qwen3-tiny", pytest.param("qwen3.6-tiny", marks=pytest.mark.slow)])
+def test_scoring_spread_over_steps_gives_the_unspread_values(model: str, qwen3_llm: LLM):
+    """--max-scored-tokens-per-step spreads a prompt's scoring over steps (a decoding bystander between them); each
+    position's logprob and alternatives are those of the prompt scored in one step (float noise apart: a random
+    model's 150k logprobs hold near-ties, so ranks are checked against transformers' up to the tolerance)."""
+    (prompt,) = random_prompts(50_000, [70], seed=44)
+    whole_llm = qwen3_llm if model == "qwen3-tiny" else LLM(model, block_size=4, num_kv_blocks=512)
+    assert whole_llm.engine.cfg.max_scored_tokens_per_step >= len(prompt)  # the default (128): in one step
+    whole, whole_bystander = _score_beside_a_bystander(whole_llm, prompt)
+    llm = LLM(model, block_size=4, num_kv_blocks=512, max_scored_tokens_per_step=8)
+    spread, spread_bystander = _score_beside_a_bystander(llm, prompt)
+    llm.close()
+    assert spread_bystander == whole_bystander and spread[0] is whole[0] is None
+    for a, b in zip(whole[1:], spread[1:], strict=True):
+        assert a.token_id == b.token_id and abs(a.logprob - b.logprob) < 1e-4
+        assert [t for t, _ in a.top] == [t for t, _ in b.top]
+        assert all(abs(x - y) < 1e-4 for (_, x), (_, y) in zip(a.top, b.top))
+    assert_matches_hf(model, prompt, spread)
