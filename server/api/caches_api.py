@@ -9,9 +9,9 @@ from fastapi import APIRouter, Request
 from engine.retention import CachePin, Retention
 from engine.sampling_params import SamplingParams
 from server.pipeline.async_engine import EngineRequest
-from server.api.chat import chat_template_kwargs, render_chat
+from server.pipeline.plan import chat_template_kwargs, render_turn
 from server.pipeline.context import Served, new_request_id
-from server.pipeline.generation import Prompt, outputs, submit
+from server.pipeline.generation import Generation, outputs, submit
 from server.http.http_io import parse_body, read_json
 from server.cache.named_caches import CreateCacheRequest, NamedCache
 from server.http.openapi import request_body
@@ -31,13 +31,13 @@ def add_cache_routes(api: APIRouter) -> None:
         def render_and_encode() -> list[int]:
             turn = Turn(messages=req.messages, tools=req.tools, add_generation_prompt=False,
                         template_kwargs=chat_template_kwargs(ctx.family, req.chat_template_kwargs))
-            return ctx.encode(render_chat(ctx, turn))
+            return ctx.encode(render_turn(ctx, turn))
 
         ids = await ctx.prepare(render_and_encode)
         budget = ctx.named_cache_budget()
         ctx.named_caches.check_budget(salt, len(ids), *budget)  # before the prefill
         pin = Retention((CachePin(len(ids), ttl),), tenant=ctx.retention_tenant(salt))
-        prompt = Prompt(EngineRequest(new_request_id("cache"), ids, SamplingParams(max_tokens=1, temperature=0.0),
+        prompt = Generation(EngineRequest(new_request_id("cache"), ids, SamplingParams(max_tokens=1, temperature=0.0),
                                       salt, pin))
         stream = await submit(ctx, [prompt])
         async for _ in outputs(stream, [prompt]):

@@ -14,7 +14,7 @@ from typing import Any
 
 from server.pipeline.async_engine import EngineRequest, RequestStream
 from server.pipeline.context import ServingContext, new_request_id
-from server.pipeline.generation import Prompt, Usage, outputs, record
+from server.pipeline.generation import Generation, Usage, outputs, record
 from server.http.limits import check_request, check_sampling, check_scored
 from server.pipeline.logprobs import completion_logprobs, echoed_logprobs, vllm_prompt_logprobs
 from server.parsing.constraint import ConstraintError, completion_constraint
@@ -29,7 +29,7 @@ class CompletionPlan:
     created: int
     req: CompletionRequest
     body: dict[str, Any]
-    prompts: list[Prompt]
+    prompts: list[Generation]
     echo_texts: list[str]  # per prompt: the text echoed before the completion ('' without echo)
 
 
@@ -75,7 +75,7 @@ def plan_completion(
             prompt_logprobs=_prompt_logprobs(req),
         )
         engine_id = request_id if len(token_lists) == 1 else f"{request_id}-{i}"
-        prompts.append(Prompt(EngineRequest(engine_id, ids, params, cache_salt), constraint_param=param))
+        prompts.append(Generation(EngineRequest(engine_id, ids, params, cache_salt), constraint_param=param))
     echo = [ctx.tokenizer.decode(ids) if req.echo else "" for ids in token_lists]
     return CompletionPlan(request_id, created, req, body, prompts, echo)
 
@@ -86,7 +86,7 @@ def _prompt_logprobs(req: CompletionRequest) -> int | None:
     return max(asked) if asked else None
 
 
-def _logprobs(ctx: ServingContext, plan: CompletionPlan, prompt: Prompt, entries: list,
+def _logprobs(ctx: ServingContext, plan: CompletionPlan, prompt: Generation, entries: list,
               offset: int, echoed: bool) -> dict[str, list] | None:
     """The choice's `logprobs` (`entries`: its tokens' from `offset` on); `echoed`: the prompt's tokens lead."""
     if plan.req.logprobs is None:
@@ -97,7 +97,7 @@ def _logprobs(ctx: ServingContext, plan: CompletionPlan, prompt: Prompt, entries
                            entries, plan.req.logprobs, offset)
 
 
-def _echo_fields(ctx: ServingContext, plan: CompletionPlan, prompt: Prompt) -> dict[str, Any]:
+def _echo_fields(ctx: ServingContext, plan: CompletionPlan, prompt: Generation) -> dict[str, Any]:
     """vLLM's `prompt_logprobs` field of a choice, when asked."""
     if plan.req.prompt_logprobs is None:
         return {}

@@ -16,7 +16,7 @@ from typing import Any
 from server import json_text
 from server.api.anthropic_protocol import CountTokensRequest, MessagesRequest, anthropic_sse
 from server.pipeline.async_engine import RequestStream
-from server.api.chat import ChatPlan, plan_chat, record_plan, render_chat, with_cached_content
+from server.pipeline.plan import Plan, plan_turn, record_plan, render_turn, with_cached_content
 from server.pipeline.context import ServingContext
 from server.pipeline.generation import Usage
 from server.api.messages_input import FORMAT_PARAMS, to_turn
@@ -31,10 +31,10 @@ Event = tuple[str, dict[str, Any]]  # (event name, payload)
 def plan_messages(
     ctx: ServingContext, req: MessagesRequest, body: dict[str, Any], cache_salt: str | None,
     headers: Mapping[str, str],
-) -> ChatPlan:
+) -> Plan:
     turn = to_turn(req, ctx.family, claude_code_session(headers, req.metadata))
     try:
-        return plan_chat(ctx, turn, body, cache_salt, int(time.time()), endpoint="messages", id_prefix="msg")
+        return plan_turn(ctx, turn, body, cache_salt, int(time.time()), endpoint="messages", id_prefix="msg")
     except APIError as exc:
         raise exc.renamed(FORMAT_PARAMS) from None
 
@@ -43,7 +43,7 @@ def count_tokens(ctx: ServingContext, req: CountTokensRequest, cache_salt: str |
     """The prompt's length in tokens, rendered exactly as `/v1/messages` renders it."""
     ctx.check_model(req.model)
     turn = with_cached_content(ctx, to_turn(req, ctx.family), cache_salt)
-    return {"input_tokens": len(ctx.encode(render_chat(ctx, turn)))}
+    return {"input_tokens": len(ctx.encode(render_turn(ctx, turn)))}
 
 
 def _block(item: OutputItem, streamed: bool = False) -> dict[str, Any]:
@@ -80,7 +80,7 @@ def _json_object(text: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _message(ctx: ServingContext, plan: ChatPlan, content: list[dict], state: ChoiceState | None) -> dict[str, Any]:
+def _message(ctx: ServingContext, plan: Plan, content: list[dict], state: ChoiceState | None) -> dict[str, Any]:
     reason, sequence = state.finish(plan.turn.sampling.max_tokens).anthropic() if state else (None, None)
     return {
         "id": plan.request_id, "type": "message", "role": "assistant", "model": ctx.model_name, "content": content,
@@ -88,14 +88,14 @@ def _message(ctx: ServingContext, plan: ChatPlan, content: list[dict], state: Ch
     }
 
 
-def _usage(ctx: ServingContext, plan: ChatPlan, state: ChoiceState | None) -> dict[str, int]:
-    usage = Usage.of([plan.prompt], state.num_tokens if state else 0)
+def _usage(ctx: ServingContext, plan: Plan, state: ChoiceState | None) -> dict[str, int]:
+    usage = Usage.of([plan.generation], state.num_tokens if state else 0)
     # what the engine really retained (its cap or the tenant's share may refuse a pin), never more than asked
-    pinned = min(plan.pinned_tokens, plan.prompt.num_pinned_tokens)
+    pinned = min(plan.pinned_tokens, plan.generation.num_pinned_tokens)
     return usage.anthropic(pinned, ctx.engine.facts.block_size)
 
 
-async def complete_messages(ctx: ServingContext, plan: ChatPlan, stream: RequestStream) -> dict[str, Any]:
+async def complete_messages(ctx: ServingContext, plan: Plan, stream: RequestStream) -> dict[str, Any]:
     [state] = states = choice_states(ctx, plan, streaming=False)
     try:
         async for _ in parsed_updates(ctx, plan, stream, states):
@@ -105,7 +105,7 @@ async def complete_messages(ctx: ServingContext, plan: ChatPlan, stream: Request
     return _message(ctx, plan, [_block(item) for item in state.items], state)
 
 
-async def stream_messages(ctx: ServingContext, plan: ChatPlan, stream: RequestStream) -> AsyncIterator[str]:
+async def stream_messages(ctx: ServingContext, plan: Plan, stream: RequestStream) -> AsyncIterator[str]:
     """`message_start` waits for the first output, which says how much of the prompt came from the cache."""
     [state] = states = choice_states(ctx, plan, streaming=True)
     blocks = ItemStream(state)

@@ -19,7 +19,7 @@ from typing import Any
 
 from server.api.anthropic_protocol import AnthropicMessage, Conversation, MessagesRequest
 from server.cache.cache_control import Breakpoint, counted, mark_ttl
-from server.api.chat import effort_kwargs, thinking_kwargs
+from server.pipeline.plan import effort_kwargs, thinking_kwargs
 from server.api.protocol import APIError
 from server.pipeline.turn import Sampling, Turn
 

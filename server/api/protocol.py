@@ -108,7 +108,7 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
-    # OpenAI's effort for reasoning models: `none`/`minimal` turn thinking off, others on (server.api.chat.effort_kwargs)
+    # OpenAI's effort for reasoning models: `none`/`minimal` turn thinking off, others on (server.pipeline.plan.effort_kwargs)
     reasoning_effort: str | None = Field(None, max_length=32)
 
     @property

@@ -15,7 +15,8 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 
-from server.api.chat import chat_prompt_text, chat_turn
+from server.api.chat import chat_turn
+from server.pipeline.plan import turn_prompt_text
 from server.pipeline.context import Served
 from server.http.http_io import parse_body, read_json
 from server.http.openapi import request_body
@@ -54,7 +55,7 @@ def add_router_routes(app: FastAPI, api: APIRouter) -> None:
         req = parse_body(ChatCompletionRequest, body)
 
         def token_ids() -> list[int]:
-            _, text = chat_prompt_text(ctx, chat_turn(req, ctx.family), ctx.salt_for(request, req.cache_salt))
+            _, text = turn_prompt_text(ctx, chat_turn(req, ctx.family), ctx.salt_for(request, req.cache_salt))
             return ctx.encode(text)
 
         return {"model": ctx.model_name, "token_ids": await ctx.prepare(token_ids)}

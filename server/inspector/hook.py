@@ -14,12 +14,12 @@ from server.pipeline.turn import Turn
 
 if TYPE_CHECKING:
     from server.pipeline.context import ServingContext
-    from server.pipeline.generation import Prompt
+    from server.pipeline.generation import Generation
 
 log = logging.getLogger("kvserve.inspector")
 
 
-def inspect_finished(ctx: ServingContext, endpoint: str, prompts: list[Prompt], session: str | None,
+def inspect_finished(ctx: ServingContext, endpoint: str, prompts: list[Generation], session: str | None,
                      turn: Turn | None) -> None:
     inspector = ctx.inspector
     if inspector is None:
@@ -35,7 +35,7 @@ def inspect_finished(ctx: ServingContext, endpoint: str, prompts: list[Prompt], 
             log.error("the inspector could not record request %s: %s", p.request.request_id, type(exc).__name__)
 
 
-def _observe(inspector: Inspector, endpoint: str, p: Prompt, session: str | None, conversation: Conversation) -> None:
+def _observe(inspector: Inspector, endpoint: str, p: Generation, session: str | None, conversation: Conversation) -> None:
     request, choice, timings = p.request, p.first_choice, p.timings
     pins = request.retention.pins if request.retention is not None else ()
     inspector.observe(Observation(

@@ -18,7 +18,7 @@ from server.pipeline.generation import outputs
 from server.parsing import Delta, OutputItem, OutputParser, get_output_parser, new_id_prefix
 
 if TYPE_CHECKING:
-    from server.api.chat import ChatPlan
+    from server.pipeline.plan import Plan
 
 
 @dataclass
@@ -26,7 +26,7 @@ class ChoiceState:
     """One choice of a chat plan: its parser (which holds the parsed output) and its engine output."""
 
     parser: OutputParser
-    output: CompletionOutput  # the prompt's accumulation of this choice's tokens (`Prompt.choices`)
+    output: CompletionOutput  # the prompt's accumulation of this choice's tokens (`Generation.choices`)
     structured: bool = False  # the answer is JSON or follows a grammar
     unsent_logprobs: list = field(default_factory=list)  # logprobs of tokens whose text the parser still holds
 
@@ -100,7 +100,7 @@ class ChoiceUpdate:
     finish_reason: str | None = None  # set on the choice's last update only
 
 
-def choice_states(ctx: ServingContext, plan: ChatPlan, streaming: bool) -> list[ChoiceState]:
+def choice_states(ctx: ServingContext, plan: Plan, streaming: bool) -> list[ChoiceState]:
     """One parser per choice. ``streaming``: a call the output cuts off once its name was sent is closed into valid
     JSON; otherwise such a call is dropped (never content). tool_choice was validated when the prompt was planned;
     one id prefix per choice keeps call ids unique."""
@@ -110,17 +110,17 @@ def choice_states(ctx: ServingContext, plan: ChatPlan, streaming: bool) -> list[
         ChoiceState(get_output_parser(ctx.family, turn.tools, turn.tool_choice, reasoning=plan.thinking,
                                       id_prefix=new_id_prefix(), streaming=streaming, max_calls=max_calls),
                     output, structured=turn.structured_answer)
-        for output in plan.prompt.choices
+        for output in plan.generation.choices
     ]
 
 
 async def parsed_updates(
-    ctx: ServingContext, plan: ChatPlan, stream: RequestStream, states: list[ChoiceState]
+    ctx: ServingContext, plan: Plan, stream: RequestStream, states: list[ChoiceState]
 ) -> AsyncIterator[ChoiceUpdate]:
     """Parsed deltas for every engine output, in step order; each choice's last update carries its finish reason.
     A choice cut at its call limit ends there; once every choice has ended the engine request is aborted."""
     open_choices = len(states)
-    async for _, out in outputs(stream, [plan.prompt]):
+    async for _, out in outputs(stream, [plan.generation]):
         state = states[out.index]
         state.unsent_logprobs += out.new_logprobs
         deltas = state.parser.feed(out.new_text) if out.new_text else []
@@ -128,7 +128,7 @@ async def parsed_updates(
             deltas += state.parser.finish(cut=out.finish_reason == FinishReason.LENGTH)
         ended = out.finished or state.parser.limited
         if ended:
-            plan.prompt.end_choice(out.index)
+            plan.generation.end_choice(out.index)
         if ended and out.index == 0 and state.finish_reason() == "tool_calls":
             stream.hold(ctx.engine.facts.tool_call_ttl)  # the next turn brings the tool's result
         yield ChoiceUpdate(out.index, state, deltas, state.finish_reason() if ended else None)

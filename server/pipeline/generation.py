@@ -23,7 +23,7 @@ log = logging.getLogger("kvserve.server")
 
 
 @dataclass
-class Prompt:
+class Generation:
     """One engine request of an HTTP request, and what came back for it: the one accumulation of its outputs."""
 
     request: EngineRequest
@@ -75,7 +75,7 @@ class Usage:
     completion_tokens: int
 
     @classmethod
-    def of(cls, prompts: list[Prompt], completion_tokens: int) -> Usage:
+    def of(cls, prompts: list[Generation], completion_tokens: int) -> Usage:
         return cls(sum(len(p.request.prompt_token_ids) for p in prompts), sum(p.num_cached_tokens for p in prompts),
                    completion_tokens)
 
@@ -120,7 +120,7 @@ class Usage:
         }
 
 
-async def _compile_constraint(ctx: ServingContext, prompt: Prompt) -> None:
+async def _compile_constraint(ctx: ServingContext, prompt: Generation) -> None:
     """Compile the prompt's grammar, if any, before the engine sees it (in a compile worker, within the time limit:
     on the engine thread a new grammar would stall every running request; the engine then finds it cached). A
     grammar that cannot be compiled is a 400 naming its field. An optional grammar (it only guards tool calls the
@@ -144,7 +144,7 @@ async def _compile_constraint(ctx: ServingContext, prompt: Prompt) -> None:
         raise APIError(400, str(exc), param=prompt.constraint_param) from None
 
 
-async def submit(ctx: ServingContext, prompts: list[Prompt]) -> RequestStream:
+async def submit(ctx: ServingContext, prompts: list[Generation]) -> RequestStream:
     """Prepare the requests (validation, block hashes: off the engine thread and the event loop), compile their
     grammars, then hand them to the engine; rejections (prompt too long for the context or the KV pool) are 400s,
     before any grammar compiles (a required tool call's grammar could take its whole time limit first). The
@@ -169,7 +169,7 @@ async def submit(ctx: ServingContext, prompts: list[Prompt]) -> RequestStream:
     return stream
 
 
-async def outputs(stream: RequestStream, prompts: list[Prompt]) -> AsyncIterator[tuple[int, SequenceOutput]]:
+async def outputs(stream: RequestStream, prompts: list[Generation]) -> AsyncIterator[tuple[int, SequenceOutput]]:
     """(prompt index, output) for every sequence output, in step order (each taken into its prompt's choices first),
     but those of choices that had ended; aborts what is left if the consumer stops.
     A sequence that failed in the engine (alone: the others went on) fails its HTTP request with a 500."""
@@ -190,7 +190,7 @@ async def outputs(stream: RequestStream, prompts: list[Prompt]) -> AsyncIterator
 
 
 def record(
-    ctx: ServingContext, endpoint: str, body: dict[str, Any], prompts: list[Prompt], session: str | None = None,
+    ctx: ServingContext, endpoint: str, body: dict[str, Any], prompts: list[Generation], session: str | None = None,
     turn: Turn | None = None,
 ) -> None:
     """A request finished: record it (`--record`) and tell the context's ``on_finished`` listener (the inspector with

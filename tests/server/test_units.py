@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from server.cache.cache_salt import effective_salt, tenant_salt
-from server.api.chat import request_thinking
+from server.pipeline.plan import request_thinking
 from server.http.http_io import parse_body
 from engine.outputs import SchedulerStats
 from server.http.metrics import Histogram, Metrics

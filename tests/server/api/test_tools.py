@@ -8,7 +8,7 @@ import json
 import openai
 import pytest
 
-from server.api.chat import request_thinking
+from server.pipeline.plan import request_thinking
 from server.parsing import parse_output
 from tests.server.conftest import LiveServer
 
