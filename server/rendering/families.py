@@ -12,6 +12,7 @@ from server.rendering.native.deepseek import (
 )
 from server.rendering.native.deepseek_dsml import DeepSeekV4Renderer, DeepSeekV32Renderer
 from server.rendering.native.glm import GlmRenderer
+from server.rendering.native.harmony import HarmonyRenderer
 from server.rendering.native.qwen import Qwen3CoderRenderer, Qwen3Renderer, Qwen25Renderer
 from server.rendering.native.qwen35 import Qwen36Renderer
 
@@ -31,6 +32,7 @@ _RENDERERS: dict[str, type[Renderer]] = {
         DeepSeekR10528Renderer,
         DeepSeekR1DistillRenderer,
         GlmRenderer,
+        HarmonyRenderer,
     )
 }
 FAMILIES: tuple[str, ...] = tuple(_RENDERERS)

@@ -53,6 +53,9 @@ OFFICIAL: dict[str, tuple[str, dict]] = {
     # No Jinja template: the official Python encoders, run on the prepared messages.
     "deepseek-v3.2": ("encoding_dsv32.py", {}),
     "deepseek-v4": ("encoding_dsv4.py", {}),
+    # The reference is OpenAI's openai-harmony library (tests/rendering/harmony_reference.py), which the official
+    # Jinja template (stored beside the others) only approximates (tests/rendering/test_harmony.py compares them).
+    "gpt-oss": ("openai-gpt-oss-20b.jinja", {}),
 }
 
 _SHARED_SOURCES = "see /work/shared/reference/chat_templates/SOURCES.md"
@@ -80,6 +83,15 @@ SOURCES: dict[str, str] = {
         "7d7804828183d80a86189c36fb8ef7617ebdad76, Jan 2026). vLLM (vllm/tokenizers/deepseek_v32_encoding.py) and "
         "SGLang (encoding_dsv32.py, 'adapted') keep older copies whose tool prompt lacks the blank lines between its "
         "paragraphs; this one has them, as does llama.cpp's DeepSeek-V3.2 template derived from the release."
+    ),
+    "gpt-oss": (
+        "openai-harmony 0.0.8 (PyPI), OpenAI's harmony encoder that gpt-oss was trained with: "
+        "render_conversation_for_completion with its default auto_drop_analysis and no conversation date, its o200k "
+        "vocabulary read offline from bpe-openai's copy. The stored template is chat_template.jinja of "
+        "openai/gpt-oss-20b at its 2025-08-08 revision ('Update chat_template.jinja (#94)', 16,738 bytes, sha256 "
+        "a4c9919cbbd4acdd51ccffe22da049264b1b73e59055fa58811a99efbd7c8146), from the Hub repository's history as "
+        "mirrored in GitHub EchoCog/gpt-oss-20b (commit cbf31f6); it renders a date and differs from the library on "
+        "instructions, past reasoning, later system messages and tools without descriptions (test_harmony.py)."
     ),
     "deepseek-v4": (
         "encoding/encoding_dsv4.py of deepseek-ai/DeepSeek-V4 (MIT licence, Copyright (c) 2023 DeepSeek), recovered "
@@ -137,18 +149,38 @@ def render_official(family: str, template: str, case) -> dict:
     return {"prompt": rendered[0]}
 
 
+def render_library(family: str, case) -> dict:
+    """gpt-oss: ``{"prompt": text}`` from openai-harmony, or the normalization error."""
+    from tests.rendering import harmony_reference
+
+    try:
+        prepared = get_renderer(family).prepare(case.messages, case.tools)
+    except ValueError as exc:
+        return {"error": f"normalization: {exc}"}
+    try:
+        return {"prompt": harmony_reference.render(prepared.messages, prepared.tools, case.add_generation_prompt,
+                                                   case.kwargs.get("reasoning_effort"))}
+    except ValueError as exc:  # an effort the library does not know
+        return {"error": f"library: {exc}"}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--templates", type=Path, default=DEFAULT_SOURCE, help="directory of the official .jinja files")
+    parser.add_argument("--family", action="append", help="only these families (default: all)")
     args = parser.parse_args(argv)
     GOLDENS.mkdir(exist_ok=True)
     TEMPLATES.mkdir(exist_ok=True)
     for family, (filename, _) in OFFICIAL.items():
+        if args.family and family not in args.family:
+            continue
         source = args.templates / filename
         if source.is_file():
             shutil.copyfile(source, TEMPLATES / filename)
         template = (TEMPLATES / filename).read_text(encoding="utf-8")
-        if filename.endswith(".py"):
+        if family == "gpt-oss":
+            cases = {case.name: render_library(family, case) for case in CASES}
+        elif filename.endswith(".py"):
             encoder = load_encoder(TEMPLATES / filename)
             cases = {case.name: encode_official(family, encoder, case) for case in CASES}
         else:
