@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
+from engine.phase_budget import PhaseBudget
+
 Kind = Literal["json_schema", "structural_tag", "regex", "ebnf"]
 
 
@@ -51,6 +53,8 @@ class SamplingParams:
     # proposer drafts from the earlier text of this session (with the cache salt: one tenant's session only)
     speculative: str | None = None
     speculative_session: str | None = None
+    # A budget on one phase of the output (a thinking budget): after its budget, the engine forces its closing tokens
+    phase_budget: PhaseBudget | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

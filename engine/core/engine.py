@@ -27,6 +27,7 @@ from engine.errors import FatalEngineError, RequestRejected, WorkerDiedError
 from engine.kv.blocks import CacheStats
 from engine.kv.events import KVEventPublisher
 from engine.models.vision.preprocess import ImagePreprocessor
+from engine.worker.forced_tokens import force_tokens
 from engine.worker.model_runner import ModelRunner, StepHandle, StepPipeline
 from engine.outputs import KVTransfer, SchedulerOutput, SchedulerStats, StepOutputs
 from engine.parallel.memory import RankMemory
@@ -273,8 +274,10 @@ class LLMEngine:
             if self.workers is not None:
                 self.workers.send(sched)
             masks = self._start_masks(sched)
-            done = pipeline.push(self.runner.execute(sched, masks), bool(sched.num_scheduled))
-            self._in_flight_constrained = masks is not None
+            forced, phases_open = self._forced_tokens(sched)
+            processor = masks if forced is None else forced if masks is None else _chain(masks, forced)
+            done = pipeline.push(self.runner.execute(sched, processor), bool(sched.num_scheduled))
+            self._in_flight_constrained = masks is not None or phases_open
             if done is not None:
                 self._collect(done)
         except Exception as exc:
@@ -299,6 +302,23 @@ class LLMEngine:
             return None
         return lambda logits, seq_ids, counts: self.structured_outputs.apply_masks(pending, logits, seq_ids, counts)
 
+    def _forced_tokens(self, sched: SchedulerOutput) -> tuple[Callable | None, bool]:
+        """The tokens this step's samples must be, of sequences whose phase budget is spent (engine/phase_budget.py),
+        as a logits processor (None: nothing forced); and whether any sampled here has a phase that is not over, so
+        that its tokens come back before the next step is scheduled (the next forced token depends on them)."""
+        if not self.scheduler.num_budgeted:
+            return None, False
+        sequences, forced, phases_open = self.scheduler.sequences, {}, False
+        for seq_id, samples in zip(sched.seq_ids, sched.samples):
+            phase = sequences[seq_id].phase
+            if samples and phase is not None:
+                phase.advance(sequences[seq_id].token_ids)
+                token = phase.forced_token()
+                if token is not None:
+                    forced[seq_id] = token
+                phases_open |= phase.active
+        return (force_tokens(forced) if forced else None), phases_open
+
     def _collect(self, handle: StepHandle) -> None:
         out = handle.result()
         if not self.structured_outputs.num_active:  # nothing sampled under a grammar (its masks made matchers)
@@ -321,3 +341,11 @@ class LLMEngine:
                 for s, tokens in zip(out.seq_ids, out.emitted_token_ids)])
         self.scheduler.update(out, grammar_ends)
         self.structured_outputs.retain(sequences)
+
+
+def _chain(*processors: Callable) -> Callable:
+    """Logits processors applied in turn (a grammar's masks, then forced tokens)."""
+    def apply(logits, seq_ids, counts) -> None:
+        for processor in processors:
+            processor(logits, seq_ids, counts)
+    return apply

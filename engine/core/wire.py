@@ -26,6 +26,7 @@ from engine import errors
 from engine.core.api import EngineFacts
 from engine.kv.blocks import CachedPrefix
 from engine.multimodal import ImageInput
+from engine.phase_budget import PhaseBudget
 from engine.outputs import DraftStats, FinishReason, RequestTimings, SchedulerStats, SequenceInfo, StepOutputs, \
     TokenLogprobs
 from engine.requests import EngineRequest
@@ -49,6 +50,8 @@ def encode_request(request: EngineRequest) -> list:
     params = [getattr(request.params, name) for name in _PARAMS]
     spec = request.params.structured_output
     params[_PARAMS.index("structured_output")] = None if spec is None else [spec.kind, spec.value]
+    budget = request.params.phase_budget
+    params[_PARAMS.index("phase_budget")] = None if budget is None else dataclasses.astuple(budget)
     retention = request.retention
     kept = None if retention is None else [[[p.num_tokens, p.ttl_s] for p in retention.pins],
                                            retention.hold_after_finish_s, list(retention.snapshot_hints),
@@ -70,6 +73,9 @@ def decode_request(fields: list) -> EngineRequest:
     values = dict(zip(_PARAMS, params))
     if values["structured_output"] is not None:
         values["structured_output"] = StructuredOutputSpec(*values["structured_output"])
+    if values["phase_budget"] is not None:
+        budget, forced, end, start, open_at_start = values["phase_budget"]
+        values["phase_budget"] = PhaseBudget(budget, tuple(forced), tuple(end), tuple(start), open_at_start)
     retention = None if kept is None else Retention(tuple(CachePin(n, ttl) for n, ttl in kept[0]), kept[1],
                                                     tuple(kept[2]), kept[3])
     return EngineRequest(request_id, array("i", prompt).tolist(), SamplingParams(**values), cache_salt, retention,

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from engine.kv.block_hashing import BlockHash
 from engine.multimodal import ImageInput
 from engine.outputs import FinishReason, RequestTimings, SequenceInfo, TokenLogprobs
+from engine.phase_budget import PhaseTracker
 from engine.retention import Retention
 from engine.sampling_params import SamplingParams
 from engine.sched.step_state import StepState
@@ -78,6 +79,7 @@ class Sequence:
     prompt_logprobs: list[TokenLogprobs | None] | None = None
     snapshot_points: list[int] = field(default_factory=list)  # hybrid models: prompt boundaries to snapshot at
     info: SequenceInfo | None = None  # what its outputs share, made at its first output
+    phase: PhaseTracker | None = None  # `params.phase_budget`: where its output is in the phase, what to force
     step_state: StepState | None = None  # while running: where its per-step state lives ...
     entry: int = -1  # ... and its entry there
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from engine.core.wire import StepDecoder, StepEncoder, decode_request, encode_request, pack, unpack
 from engine.outputs import DraftStats, FinishReason, RequestTimings, SequenceInfo, StepOutputs, TokenLogprobs
 from engine.requests import EngineRequest
+from engine.phase_budget import PhaseBudget
 from engine.retention import CachePin, Retention
 from engine.sampling_params import SamplingParams, StructuredOutputSpec
 
@@ -51,6 +52,7 @@ def test_steps_round_trip_and_infos_travel_with_first_and_last_rows_only() -> No
 def test_a_prepared_request_crosses_whole() -> None:
     request = EngineRequest("r1", [1, 2, 151_000], SamplingParams(
         max_tokens=5, temperature=0.5, seed=2**64 - 1, stop=["\n\n"], logprobs=2,
-        structured_output=StructuredOutputSpec("regex", "[a-z]+")), "salt",
+        structured_output=StructuredOutputSpec("regex", "[a-z]+"),
+        phase_budget=PhaseBudget(64, (11, 12, 9), (9,), (7,), True)), "salt",
         Retention((CachePin(4, 30.0),), 2.0, (8,), "tenant-a"), [b"\x01" * 16])
     assert decode_request(unpack(pack(encode_request(request)))) == request
