@@ -96,6 +96,11 @@ def test_arguments_objects_and_bad_efforts():
     assert json.dumps({"path": "/é"}, ensure_ascii=False) + "<|call|>" in renderer.render(as_object, TOOLS)
     with pytest.raises(ValueError, match="reasoning_effort"):
         renderer.render(LOOP, reasoning_effort="max")
+    deep: dict = {"type": "string"}
+    for _ in range(100):  # a hostile schema is bad input (400), never a RecursionError (500)
+        deep = {"type": "object", "properties": {"a": deep}}
+    with pytest.raises(ValueError, match="deeper"):
+        renderer.render(LOOP[1:2], [{"type": "function", "function": {"name": "f", "parameters": deep}}])
 
 
 def test_the_official_jinja_template_agrees_where_it_follows_the_library():

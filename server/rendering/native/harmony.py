@@ -28,6 +28,7 @@ REASONING_EFFORTS = ("low", "medium", "high")
 IDENTITY = "You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\n\n"
 CHANNELS = "# Valid channels: analysis, commentary, final. Channel must be included for every message."
 FUNCTION_CALLS = "\nCalls to these tools must go to the commentary channel: 'functions'."
+MAX_SCHEMA_DEPTH = 64  # a deeper parameter schema is refused (a 400), not recursed into
 
 
 def _default(value: Any, enumerated: bool) -> str:
@@ -35,13 +36,15 @@ def _default(value: Any, enumerated: bool) -> str:
     return str(value) if enumerated else json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-def _type(schema: dict, indent: int) -> str:
-    """The TypeScript type of a property schema whose name sits at ``indent`` spaces."""
+def _type(schema: dict, indent: int, depth: int) -> str:
+    """The TypeScript type of a property schema whose name sits at ``indent`` spaces, ``depth`` schemas down."""
+    if depth > MAX_SCHEMA_DEPTH:
+        raise ValueError(f"tools: a parameter schema nests deeper than {MAX_SCHEMA_DEPTH} levels")
     kind = schema.get("type")
     if isinstance(kind, list):
-        return " | ".join(_type({"type": k}, indent) for k in kind)
+        return " | ".join(_type({"type": k}, indent, depth + 1) for k in kind)
     if "oneOf" in schema:  # one variant a line, under the property, each with its description
-        lines = [f"{' ' * indent} | {_type(v, indent)}" + (f" // {v['description']}" if v.get("description") else "")
+        lines = [f"{' ' * indent} | {_type(v, indent, depth + 1)}" + (f" // {v['description']}" if v.get("description") else "")
                  for v in schema["oneOf"]]
         return "\n" + "".join(line + "\n" for line in lines) + " " * indent
     if kind == "string":
@@ -51,21 +54,25 @@ def _type(schema: dict, indent: int) -> str:
     if kind in ("boolean", "null"):
         return kind
     if kind == "array":
-        return _type(schema["items"], indent) + "[]" if isinstance(schema.get("items"), dict) else "Array<any>"
+        items = schema.get("items")
+        return _type(items, indent, depth + 1) + "[]" if isinstance(items, dict) else "Array<any>"
     if kind == "object":
         inner = indent + 4
         described = f"{' ' * inner}// {schema['description']}\n" if schema.get("description") else ""
-        return described + "{\n" + _properties(schema, inner) + " " * inner + "}"
+        return described + "{\n" + _properties(schema, inner, depth + 1) + " " * inner + "}"
     return "any"
 
 
-def _properties(schema: dict, indent: int) -> str:
+def _properties(schema: dict, indent: int, depth: int = 0) -> str:
     """An object schema's properties, one a line (after its description), at ``indent`` spaces."""
     required, pad, out = schema.get("required") or [], " " * indent, []
-    for name, spec in (schema.get("properties") or {}).items():
+    properties = schema.get("properties") or {}
+    if not isinstance(properties, dict) or not all(isinstance(spec, dict) for spec in properties.values()):
+        raise ValueError("tools: properties must map names to JSON schema objects")
+    for name, spec in properties.items():
         if spec.get("description"):
             out.append(f"{pad}// {spec['description']}\n")
-        typed = _type(spec, indent)
+        typed = _type(spec, indent, depth)
         line = f"{pad}{name}{'' if name in required else '?'}:{'' if typed.startswith(chr(10)) else ' '}{typed},"
         if "default" in spec:
             line += f" // default: {_default(spec['default'], 'enum' in spec)}"
