@@ -282,10 +282,14 @@ async def response_events(
     yield numbered({"type": f"response.{final['status']}", "response": final})
 
 
-async def prefill_events(ctx: ServingContext, plan: ResponsePlan, stream: RequestStream) -> AsyncIterator[Event]:
+async def prefill_events(ctx: ServingContext, plan: ResponsePlan, stream: RequestStream,
+                         store: ResponseStore) -> AsyncIterator[Event]:
     """A warm-up's events (`generate: false` over a WebSocket): its prompt prefilled into the cache (the plan asks
-    for one token, which is dropped), then `response.created` and `response.completed` with no output."""
+    for one token, which is dropped), then `response.created` and `response.completed` with no output. A later
+    request can continue it (`previous_response_id`: its conversation, nothing added)."""
     state = await _finished_state(ctx, plan, stream)
+    store.remember(plan.chat.generation.request.cache_salt, plan.chat.request_id, plan.history,
+                   stored=bool(plan.req.store))
     final = {**_response(ctx, plan, [], state), "status": "completed"}
     final["usage"] = Usage.of([plan.chat.generation], 0).responses()
     yield {"type": "response.created", "response": _response(ctx, plan, [], None), "sequence_number": 0}

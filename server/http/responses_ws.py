@@ -105,7 +105,7 @@ async def _answer(websocket: WebSocket, ctx: ServingContext, raw: bytes, respons
     plan = await ctx.prepare(plan_response, ctx, req, body, salt, responses, websocket.headers, sealer)
     stream = await submit(ctx, [plan.chat.generation])
     try:
-        events = prefill_events(ctx, plan, stream) if warm_up else response_events(ctx, plan, stream, responses)
+        events = (prefill_events if warm_up else response_events)(ctx, plan, stream, responses)
         async for event in events:
             await websocket.send_text(orjson.dumps(event).decode())
     finally:
