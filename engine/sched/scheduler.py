@@ -11,10 +11,9 @@ gets a placeholder (``Sequence.num_output_placeholders``), which `update()` repl
 from __future__ import annotations
 
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict, abc, deque
+from collections.abc import Callable
 from dataclasses import replace
-from collections import abc
-from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 import numpy as np
@@ -22,31 +21,27 @@ import numpy as np
 from engine.kv.block_hashing import BlockHash, BlockHasher
 from engine.config import EngineConfig, SchedulingPolicy
 from engine.kv.snapshot_policy import DEFAULT_POLICY, SnapshotPolicy
-from engine.kv.blocks import CacheStats
-from engine.kv.manager import KVCacheManager, PrefixCacheView
-from engine.kv.events import KVEvent
-from engine.kv.tiers import FoundBlock
+from engine.kv.manager import KVCacheManager
 from engine.multimodal import ImageInput
-from engine.phase_budget import PhaseTracker
 from engine.outputs import (
     FinishReason,
-    KVTransfer,
     ModelRunnerOutput,
     NewSequence,
     SchedulerOutput,
-    SchedulerStats,
-    SequenceInfo,
     StepOutputs,
 )
 from engine.sched.sequence import Sequence, SequenceStatus
 from engine.retention import Retention
 from engine.sched.running_columns import RunningColumns
+from engine.sched.finishing import Finishing
+from engine.sched.queries import SchedulerQueries
+from engine.sched.resume_points import ResumePoints
+from engine.sched.speculation import SpeculationSteps
 from engine.sched.steady import MIN_COLUMNAR_ROWS, SteadyPath
 from engine.sampling_params import SamplingParams
-from engine.spec.drafter import Drafter, Method
+from engine.spec.drafter import Drafter
 
 T = TypeVar("T")
-MAX_HELD_REQUESTS = 4096  # finished requests whose hold a caller may still extend (`retain_finished`)
 
 
 def admission_order(policy: SchedulingPolicy, candidates: abc.Sequence[T], num_cached_tokens: Callable[[T], int]) -> list[T]:
@@ -57,7 +52,7 @@ def admission_order(policy: SchedulingPolicy, candidates: abc.Sequence[T], num_c
     return sorted(candidates, key=lambda c: -num_cached_tokens(c))
 
 
-class Scheduler(SteadyPath):
+class Scheduler(SteadyPath, SpeculationSteps, ResumePoints, Finishing, SchedulerQueries):
     def __init__(
         self, cfg: EngineConfig, num_blocks: int, hasher: BlockHasher, max_model_len: int, eos_token_ids: set[int],
         *, host_blocks: int = 0, disk_blocks: int = 0, record_events: bool = False,
@@ -85,7 +80,6 @@ class Scheduler(SteadyPath):
         self.sequences: dict[str, Sequence] = {}  # every live sequence
         self.requests: dict[str, list[Sequence]] = {}  # caller request id -> its live sequences
         self.num_constrained = 0  # live sequences under a grammar: without any, the engine skips grammar work
-        self.num_budgeted = 0  # live sequences with a phase budget (`SamplingParams.phase_budget`)
         # Speculative decoding (engine/spec/): proposes drafts for decoding sequences; the engine collects a step
         # before scheduling the next while any live sequence speculates (drafts continue its known tokens)
         self.drafter = Drafter(cfg.num_speculative_tokens, cfg.speculative_draft_budget)
@@ -134,27 +128,9 @@ class Scheduler(SteadyPath):
                 len(prompt), self.cfg.block_size, retention.snapshot_hints if retention else (), pins)
         return seq
 
-    def speculation(self, seq: Sequence) -> Method:
-        """The proposer a sequence drafts with: its own choice, else the engine's. Penalties and logprobs (which
-        would need every draft's distribution) keep a sequence to one token per step; grammars do not (each
-        verified position is masked by the grammar's state after the drafts before it)."""
-        p = seq.params
-        method = p.speculative or self.cfg.speculative
-        if method == "off" or p.logprobs is not None or p.max_tokens == 0 \
-                or p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0:
-            return "off"
-        return method
-
-    def _session(self, seq: Sequence) -> tuple[str | None, str | None]:
-        """Whose earlier text the suffix proposer drafts from: the tenant's (cache salt) session."""
-        return seq.cache_salt, seq.params.speculative_session
-
     def _enqueue(self, seq: Sequence, front: bool = False) -> None:
         self.sequences[seq.seq_id] = seq
         self.num_constrained += seq.params.structured_output is not None
-        if seq.params.phase_budget is not None:
-            seq.phase = PhaseTracker(seq.params.phase_budget, seq.num_prompt_tokens)
-            self.num_budgeted += 1
         self.num_speculative += self.speculation(seq) != "off"
         self.requests[seq.request_id].append(seq)
         if front:
@@ -176,55 +152,6 @@ class Scheduler(SteadyPath):
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
-
-    def num_cached_tokens(self, token_ids: abc.Sequence[int], cache_salt: str | None) -> int:
-        """How many tokens of ``token_ids`` the prefix cache would serve now (/tokenize)."""
-        return self.kv.num_cached_tokens(self.hasher.hashes(token_ids, cache_salt), len(token_ids))
-
-    def reset_prefix_cache(self) -> None:
-        """Drop every cached block no sequence holds, in every tier (between benchmark runs)."""
-        self.kv.reset_prefix_cache()
-
-    def retain_finished(self, request_id: str, seconds: float) -> int:
-        """Set the hold on a finished request's blocks (prompt and reply) to ``seconds`` from now (0: release them).
-        Returns the blocks retained (0: the request had no hold, or it was forgotten)."""
-        held = self._held.pop(request_id, None)
-        return 0 if held is None else self.kv.retain_chain(held[0], seconds, tenant=held[1])
-
-    def blocks_needed(self, num_tokens: int) -> int:
-        return self.kv.blocks_needed(num_tokens)
-
-    @property
-    def num_blocks(self) -> int:
-        return self.kv.num_blocks
-
-    @property
-    def prefix_cache(self) -> PrefixCacheView:
-        """The prefix cache's read-only queries (where a chain is cached, its largest prefixes)."""
-        return self.kv
-
-    def pin(self, block_hashes: list[BlockHash], ttl_s: float) -> int:
-        """Pin the cached blocks of a chain for ``ttl_s`` seconds (0: unpin); returns how many the device holds."""
-        return self.kv.retain_chain(block_hashes, ttl_s, pin=True)
-
-    def cache_stats(self) -> CacheStats:
-        return replace(self.kv.stats)
-
-    # ---- the KV tiers' traffic, which the engine carries out on the runner ----------------------------------------
-    def take_transfers(self) -> list[KVTransfer]:
-        """Copies between KV tiers queued outside a step (a reset, persisting, loading the disk tier)."""
-        return self.kv.take_transfers()
-
-    def take_kv_events(self) -> list[KVEvent]:
-        return self.kv.take_events()
-
-    def load_disk_tier(self, reader: Callable[[BlockHash], bool], blocks: Iterable[FoundBlock]) -> None:
-        """Index the blocks a previous run left on disk; ``reader`` checks a block's file before a hit uses it."""
-        self.kv.load_disk_tier(blocks, reader)
-
-    def persist(self) -> None:
-        """Write the device-cached blocks through to the disk tier (at shutdown)."""
-        self.kv.persist()
 
     # ---- the step ------------------------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -300,36 +227,6 @@ class Scheduler(SteadyPath):
             budget -= n
         return budget
 
-    def _drafts(self, seq: Sequence, n: int, k: int) -> list[int]:
-        """Up to ``k`` drafts after a decoding sequence's last token; never more than its max_tokens leaves room for
-        (the step emits one token beyond the accepted drafts)."""
-        decoding = n == 1 and seq.num_computed_tokens == len(seq.token_ids) - 1 and not seq.num_output_placeholders
-        k = min(k, seq.max_num_tokens - len(seq.token_ids) - 1)
-        if self.snapshot_policy is not None:
-            # Hybrid models snapshot the state at block boundaries, which exists only at the end of a step: a step
-            # with drafts stops short of the next boundary (the token completing a block is verified alone)
-            k = min(k, -(seq.num_computed_tokens + n) % self.cfg.block_size - 1)
-        if seq.phase is not None:  # no draft reaches past a phase budget: the tokens after it are forced
-            seq.phase.advance(seq.token_ids)
-            left = seq.phase.free_tokens_left()
-            k = k if left is None else min(k, left - 1)
-        if not decoding or k <= 0:
-            return []
-        drafts = self.drafter.propose(seq.seq_id, self.speculation(seq), seq.token_ids, k, self._session(seq))
-        # drafts never cost a preemption: without free blocks for them the sequence decodes one token
-        extra = self.kv.blocks_needed(seq.num_computed_tokens + n + len(drafts)) - len(self.kv.block_table(seq.seq_id))
-        return drafts if extra <= self.kv.num_free_blocks else []
-
-    def _mtp_lookahead(self, seq: Sequence, n: int) -> int:
-        """MTP: room past the step's ``n`` tokens for the K/V of the drafts the runner chains after it (the next
-        step's catch-up overwrites them), where free blocks allow: never at the price of a preemption."""
-        if self.speculation(seq) != "mtp":
-            return 0
-        end = seq.num_computed_tokens + n
-        want = max(0, min(self.cfg.num_speculative_tokens - 1, self.max_model_len - end))
-        extra = self.kv.blocks_needed(end + want) - len(self.kv.block_table(seq.seq_id))
-        return want if extra <= self.kv.num_free_blocks else 0
-
     def _scored(self, seq: Sequence, n: int) -> int:
         """At most ``n`` tokens of ``seq`` this step; for a prompt to score (`SamplingParams.prompt_logprobs`), no
         more positions than the step's scoring budget has left (0 when it is spent): --max-scored-tokens-per-step
@@ -341,35 +238,6 @@ class Scheduler(SteadyPath):
         n = min(n, self._scoring_budget)
         self._scoring_budget -= min(start + n, seq.num_prompt_tokens - 1) - start
         return n
-
-    def _chunk(self, seq: Sequence, n: int) -> int:
-        """Hybrid models: end a prefill chunk at the first snapshot point inside it (the state there exists only at
-        the end of a step)."""
-        if self.snapshot_policy is None:  # (a sliding-window model retains its windows wherever a chunk ends)
-            return n
-        start = seq.num_computed_tokens
-        for point in seq.snapshot_points:
-            if start < point < start + n:
-                return point - start
-        return n
-
-    def _snapshot(self, seq: Sequence) -> None:
-        """Hybrid models: keep the state the step being scheduled leaves ``seq`` in, if the policy wants it."""
-        end, policy = seq.num_computed_tokens, self.snapshot_policy
-        if end in seq.snapshot_points:
-            self.kv.take_snapshot(seq.seq_id, end)
-        elif policy.in_reply(end, seq.num_prompt_tokens, self.cfg.block_size):
-            self.kv.take_snapshot(seq.seq_id, end, replaces_reply=True)
-
-    def _keep_windows(self, seq: Sequence, start: int, end: int) -> None:
-        """Sliding-window models: retain the window at the policy's points the step being scheduled reaches (its
-        prompt's points, and in the reply its last block boundary, replacing the previous one)."""
-        for point in seq.snapshot_points:
-            if start < point <= end:
-                self.kv.keep_window(seq.seq_id, point)
-        boundary = end // self.cfg.block_size * self.cfg.block_size
-        if self.window_policy.reply_end and boundary > seq.num_prompt_tokens:
-            self.kv.keep_window(seq.seq_id, boundary, replaces_reply=True)
 
     def _make_room(self, seq: Sequence, n: int, out: SchedulerOutput) -> list[int] | None:
         """Blocks for ``n`` more tokens of ``seq``, preempting the newest other unscheduled requests if needed."""
@@ -551,104 +419,4 @@ class Scheduler(SteadyPath):
         self.num_decode_steps += decode_steps
         self.num_generation_tokens += generated
 
-    def _record_speculation(self, seq: Sequence, tokens: list[int]) -> None:
-        """A decoding sequence's step came back with ``tokens``: roll its computed tokens back to the accepted ones
-        (the rejected drafts' K/V slots are garbage, overwritten by later steps) and count the drafts."""
-        method = self.speculation(seq)
-        if method == "off":  # (which, with async scheduling, may have the next step in flight already)
-            return
-        drafted = seq.num_computed_tokens - len(seq.token_ids)  # the step computed the last token + its drafts
-        seq.num_computed_tokens = len(seq.token_ids) + len(tokens) - 1
-        self.drafter.record(seq.seq_id, method, drafted, len(tokens))
-
-    def _finish_prefill_only(self, seq: Sequence) -> None:
-        row = self._outputs.add(seq.request_id, seq.index, [], seq.info or self._info(seq), FinishReason.LENGTH)
-        if seq.prompt_logprobs is not None:
-            self._outputs.prompt_logprobs[row] = seq.prompt_logprobs
-        self._finish(seq, FinishReason.LENGTH)
-
-    def take_outputs(self) -> StepOutputs:
-        """What the steps since the last call produced (one `StepOutputs`)."""
-        outputs, self._outputs = self._outputs, StepOutputs()
-        return outputs
-
-    def _finish(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:
-        if seq.status is SequenceStatus.RUNNING:
-            self._running.remove(seq)
-            hold = seq.retention.hold_after_finish_s if seq.retention else 0.0
-            if hold > 0 and seq.index == 0:
-                self._remember_held(seq)
-            self.kv.free(seq.seq_id, hold)
-        elif seq.status is not SequenceStatus.FINISHED:
-            self.waiting.remove(seq)
-        seq.status = SequenceStatus.FINISHED
-        seq.finish_reason = reason
-        seq.timings.finished = time.perf_counter()
-        del self.sequences[seq.seq_id]
-        self.num_constrained -= seq.params.structured_output is not None
-        self.num_budgeted -= seq.phase is not None
-        method = self.speculation(seq)
-        self.num_speculative -= method != "off"
-        self.drafter.finished(seq.seq_id, seq.token_ids if method == "suffix" else None, self._session(seq))
-        self._finished_seq_ids.append(seq.seq_id)
-        group = self.requests[seq.request_id]
-        group.remove(seq)
-        if not group:
-            del self.requests[seq.request_id]
-        if error is not None:
-            # Siblings that were never queued end the same way, so the caller hears of all n sequences.
-            info = seq.info or self._info(seq)
-            for index in [seq.index, *range(1, seq.pending_siblings + 1)]:
-                self._outputs.errors[self._outputs.add(seq.request_id, index, [], info, reason)] = error
-        seq.pending_siblings = 0
-
-    def _remember_held(self, seq: Sequence) -> None:
-        tenant = seq.retention.tenant if seq.retention else None
-        self._held[seq.request_id] = (seq.block_hashes[: self.kv.num_shared_blocks(seq.seq_id)], tenant)
-        while len(self._held) > MAX_HELD_REQUESTS:
-            self._held.popitem(last=False)
-
-    def _info(self, seq: Sequence) -> SequenceInfo:
-        """At a sequence's first output (after its admission, which fixed what the cache served of its prompt, and
-        its prefill, whose blocks its pins retained or the cap refused)."""
-        seq.info = SequenceInfo(seq.num_prompt_tokens, seq.num_cached_tokens, seq.num_host_cached_tokens,
-                                seq.num_disk_cached_tokens, seq.timings, self.kv.num_pinned_tokens(seq.seq_id))
-        return seq.info
-
     # ---- observation -----------------------------------------------------------------------------------------------
-    def stats(self) -> SchedulerStats:
-        kv = self.kv.counters()
-        cache = kv.cache
-        return SchedulerStats(
-            prefix_cache_queries_tokens=cache.queries,
-            prefix_cache_hits_tokens=cache.hits,
-            prefix_cache_preempted_queries_tokens=cache.preempted_queries,
-            prefix_cache_preempted_hits_tokens=cache.preempted_hits,
-            prefix_cache_evictions=cache.evictions,
-            prefix_cache_retained_evictions=cache.retained_evictions,
-            prefix_cache_reset_evictions=cache.reset_evictions,
-            prefix_cache_host_hits_tokens=cache.host_hits,
-            prefix_cache_disk_hits_tokens=cache.disk_hits,
-            state_snapshots_cached=kv.snapshots_cached,
-            state_snapshot_evictions=kv.snapshot_evictions,
-            kv_blocks_total=kv.blocks_total,
-            kv_blocks_free=kv.blocks_free,
-            kv_blocks_cached=kv.blocks_cached,
-            kv_blocks_retained=kv.blocks_retained,
-            kv_retention_refused_blocks=kv.retention_refused_blocks,
-            kv_host_blocks_total=kv.host_blocks_total,
-            kv_host_blocks_cached=kv.host_blocks_cached,
-            kv_disk_blocks_total=kv.disk_blocks_total,
-            kv_disk_blocks_cached=kv.disk_blocks_cached,
-            kv_host_dropped_blocks=kv.host_dropped_blocks,
-            kv_disk_dropped_blocks=kv.disk_dropped_blocks,
-            requests_running=len(self.running),
-            requests_waiting=len(self.waiting),
-            prompt_tokens=self.num_prompt_tokens,
-            generation_tokens=self.num_generation_tokens,
-            preemptions=self.num_preemptions,
-            spec_verifications=sum(s.verifications for s in self.drafter.stats.values()),
-            spec_draft_tokens=sum(s.draft_tokens for s in self.drafter.stats.values()),
-            spec_accepted_tokens=sum(s.accepted_tokens for s in self.drafter.stats.values()),
-            decode_steps=self.num_decode_steps,
-        )
