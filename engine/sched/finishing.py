@@ -36,6 +36,7 @@ class Finishing:
         seq.timings.finished = time.perf_counter()
         del self.sequences[seq.seq_id]
         self.num_constrained -= seq.params.structured_output is not None
+        self.num_budgeted -= seq.phase is not None
         method = self.speculation(seq)
         self.num_speculative -= method != "off"
         self.drafter.finished(seq.seq_id, seq.token_ids if method == "suffix" else None, self._session(seq))

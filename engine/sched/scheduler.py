@@ -23,6 +23,7 @@ from engine.config import EngineConfig, SchedulingPolicy
 from engine.kv.snapshot_policy import DEFAULT_POLICY, SnapshotPolicy
 from engine.kv.manager import KVCacheManager
 from engine.multimodal import ImageInput
+from engine.phase_budget import PhaseTracker
 from engine.outputs import (
     FinishReason,
     ModelRunnerOutput,
@@ -80,6 +81,7 @@ class Scheduler(SteadyPath, SpeculationSteps, ResumePoints, Finishing, Scheduler
         self.sequences: dict[str, Sequence] = {}  # every live sequence
         self.requests: dict[str, list[Sequence]] = {}  # caller request id -> its live sequences
         self.num_constrained = 0  # live sequences under a grammar: without any, the engine skips grammar work
+        self.num_budgeted = 0  # live sequences with a phase budget (`SamplingParams.phase_budget`)
         # Speculative decoding (engine/spec/): proposes drafts for decoding sequences; the engine collects a step
         # before scheduling the next while any live sequence speculates (drafts continue its known tokens)
         self.drafter = Drafter(cfg.num_speculative_tokens, cfg.speculative_draft_budget)
@@ -131,6 +133,9 @@ class Scheduler(SteadyPath, SpeculationSteps, ResumePoints, Finishing, Scheduler
     def _enqueue(self, seq: Sequence, front: bool = False) -> None:
         self.sequences[seq.seq_id] = seq
         self.num_constrained += seq.params.structured_output is not None
+        if seq.params.phase_budget is not None:
+            seq.phase = PhaseTracker(seq.params.phase_budget, seq.num_prompt_tokens)
+            self.num_budgeted += 1
         self.num_speculative += self.speculation(seq) != "off"
         self.requests[seq.request_id].append(seq)
         if front:

@@ -43,6 +43,10 @@ class SpeculationSteps:
             # Hybrid models snapshot the state at block boundaries, which exists only at the end of a step: a step
             # with drafts stops short of the next boundary (the token completing a block is verified alone)
             k = min(k, -(seq.num_computed_tokens + n) % self.cfg.block_size - 1)
+        if seq.phase is not None:  # no draft reaches past a phase budget: the tokens after it are forced
+            seq.phase.advance(seq.token_ids)
+            left = seq.phase.free_tokens_left()
+            k = k if left is None else min(k, left - 1)
         if not decoding or k <= 0:
             return []
         drafts = self.drafter.propose(seq.seq_id, self.speculation(seq), seq.token_ids, k, self._session(seq))
