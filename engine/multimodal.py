@@ -133,3 +133,14 @@ def expand_placeholders(token_ids: Sequence[int], images: Sequence[ImageInput], 
         placed.append(image.at_offset(len(out)))
         out.extend([image_token_id] * image.num_tokens)
     return ImagePrompt(out, tuple(placed))
+
+
+def expanded_count(prompt: ImagePrompt, count: int) -> int:
+    """What the first ``count`` tokens of a prompt with one placeholder per image (as rendered and tokenized)
+    become in ``prompt``, its expansion: each placeholder among them grows by its image's tokens less one."""
+    grown = 0
+    for image in prompt.images:
+        if image.offset - grown >= count:
+            break
+        grown += image.num_tokens - 1
+    return count + grown

@@ -5,7 +5,9 @@ switch and the `cache_control` breakpoints, so that it renders through the same 
   where they are (server/cache/normalize.py decides how a template that hoists them gets them).
 - User turns: text blocks become a user message, each `tool_result` a tool message, in block order; assistant
   turns: text, `thinking` (as reasoning) and `tool_use` (as tool calls, `input` serialized the way the model writes
-  JSON). `redacted_thinking` is dropped. Images and documents are a 400: the served models read text only.
+  JSON). `redacted_thinking` is dropped. `image` blocks (base64 or URL sources), in user turns and inside
+  `tool_result` content (Claude Code's Read tool returns a screenshot so), become chat's `image_url` parts
+  (server/pipeline/images.py reads them); documents are a 400.
 - Tools with `input_schema` become functions; server tools (`web_search_...`, `bash_...`) are left out.
 - `output_config.format` (or the beta's `output_format`), `{"type": "json_schema", "schema": ...}`, becomes chat's
   `response_format`: the same grammar guarantees it; errors name the Anthropic field (`FORMAT_PARAMS`).
@@ -23,7 +25,7 @@ from server.pipeline.plan import effort_kwargs, thinking_kwargs
 from server.api.protocol import APIError
 from server.pipeline.turn import Sampling, Turn
 
-_MEDIA_BLOCKS = ("image", "document")
+_MEDIA_BLOCKS = ("document",)
 # Chat's name of a field -> its name in a Messages request, for errors.
 FORMAT_PARAMS = {"response_format.json_schema.schema": "output_config.format.schema"}
 
@@ -44,8 +46,35 @@ def _check_block(block: Any, where: str) -> str:
     if not isinstance(block, dict) or not isinstance(block.get("type"), str):
         raise _bad(f"{where}: a content block must be an object with a 'type'", where)
     if block["type"] in _MEDIA_BLOCKS:
-        raise _bad(f"{where}: {block['type']} blocks are not supported; this model takes text only", where)
+        raise _bad(f"{where}: {block['type']} blocks are not supported; this model takes text and images", where)
     return block["type"]
+
+
+def _image_part(block: dict, where: str) -> dict:
+    """An `image` block as chat's image part: a base64 source as a data URL, a URL source as its URL."""
+    source = block.get("source")
+    if isinstance(source, dict) and source.get("type") == "base64" and isinstance(source.get("data"), str):
+        media_type = source.get("media_type") or "image/png"
+        return {"type": "image_url", "image_url": {"url": f"data:{media_type};base64,{source['data']}"}}
+    if isinstance(source, dict) and source.get("type") == "url" and isinstance(source.get("url"), str):
+        return {"type": "image_url", "image_url": {"url": source["url"]}}
+    raise _bad(f"{where}: an image block needs a 'source' of type base64 (with 'data') or url (with 'url')", where)
+
+
+def _tool_result_content(content: str | list, where: str, is_error: bool) -> str | list[dict]:
+    """A `tool_result`'s content as a tool message's: its text (text blocks joined with newlines), or, where it
+    holds images, its text and image parts in order."""
+    if isinstance(content, list) and any(isinstance(b, dict) and b.get("type") == "image" for b in content):
+        parts = [{"type": "text", "text": "Error: "}] if is_error else []
+        for i, block in enumerate(content):
+            kind = _check_block(block, f"{where}.{i}")
+            if kind == "text":
+                parts.append({"type": "text", "text": _text_of(block, f"{where}.{i}")})
+            elif kind == "image":
+                parts.append(_image_part(block, f"{where}.{i}"))
+        return parts
+    text = _blocks_text(content, where)
+    return f"Error: {text}" if is_error else text
 
 
 def _blocks_text(content: str | list, where: str) -> str:
@@ -65,6 +94,8 @@ def system_content(system: str | list | None) -> str | list[dict]:
     """The system prompt as chat content (text parts keep their boundaries for the normalizations)."""
     if isinstance(system, str):
         return system
+    if any(isinstance(b, dict) and b.get("type") == "image" for b in system or []):
+        raise _bad("system: the system prompt cannot contain images", "system")
     return [{"type": "text", "text": _text_of(b, f"system.{i}")} for i, b in enumerate(system or [])
             if _check_block(b, f"system.{i}") == "text"]
 
@@ -78,13 +109,15 @@ def _user_side(message: AnthropicMessage, where: str) -> list[dict]:
         kind = _check_block(block, f"{where}.content.{i}")
         if kind == "text":
             parts.append({"type": "text", "text": _text_of(block, f"{where}.content.{i}")})
+        elif kind == "image":
+            parts.append(_image_part(block, f"{where}.content.{i}"))
         elif kind == "tool_result":
             if parts:
                 out.append({"role": message.role, "content": parts})
                 parts = []
-            text = _blocks_text(block.get("content") or "", f"{where}.content.{i}.content")
-            out.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id") or ""),
-                        "content": f"Error: {text}" if block.get("is_error") else text})
+            content = _tool_result_content(block.get("content") or "", f"{where}.content.{i}.content",
+                                           bool(block.get("is_error")))
+            out.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id") or ""), "content": content})
     if parts or not out:
         out.append({"role": message.role, "content": parts})
     return out
@@ -97,6 +130,8 @@ def _assistant(message: AnthropicMessage, where: str) -> dict:
     for i, block in enumerate(message.content):
         at = f"{where}.content.{i}"
         kind = _check_block(block, at)
+        if kind == "image":
+            raise _bad(f"{at}: an assistant turn cannot contain images", at)
         if kind == "text":
             texts.append(_text_of(block, at))
         elif kind == "thinking" and isinstance(block.get("thinking"), str):

@@ -44,6 +44,24 @@ def _text(content: Any, where: str) -> str:
         raise _bad(str(exc), where) from None
 
 
+def _content(content: Any, where: str) -> str | list[dict]:
+    """A message's content: its text, or, where it holds `input_image` parts, its text and image parts in order
+    (server/pipeline/images.py reads the images; a `file_id` image is a 400: this server stores no files)."""
+    if not isinstance(content, list) or not any(isinstance(p, dict) and p.get("type") == "input_image"
+                                                for p in content):
+        return _text(content, where)
+    parts: list[dict] = []
+    for j, part in enumerate(content):
+        if isinstance(part, dict) and part.get("type") == "input_image":
+            if not isinstance(part.get("image_url"), str):
+                raise _bad(f"{where}.{j}: an input_image needs an 'image_url' (a data URL); file_id is not "
+                           "supported", f"{where}.{j}")
+            parts.append({"type": "input_image", "image_url": part["image_url"]})
+        else:
+            parts.append({"type": "text", "text": _text([part], f"{where}.{j}")})
+    return parts
+
+
 def _parts_text(parts: Any) -> str | None:
     if not isinstance(parts, list) or not parts:
         return None
@@ -81,7 +99,7 @@ def chat_messages(items: str | list[dict], tool_names: dict[tuple[str | None, st
             role = {"developer": "system"}.get(item.get("role"), item.get("role"))
             if role not in ("system", "user", "assistant"):
                 raise _bad(f"{where}: role must be 'user', 'assistant', 'system' or 'developer'", where)
-            text = _text(item.get("content"), where)
+            text = _content(item.get("content"), where)
             last = messages[-1] if messages else None
             if role == "assistant" and last and last["role"] == "assistant" and not last["content"] \
                     and "tool_calls" not in last:

@@ -16,6 +16,7 @@ from server.http.connections import ConnectionLimits
 from server.cli.engine_args import add_engine_args, engine_config_from_args
 from server.inspector.store import DEFAULT_MAX_REQUESTS
 from server.http.limits import RequestLimits
+from server.pipeline.images import ImageFetch
 from server.cache.tenant_budget import TenantLimits
 from server.http.openapi import OPENAPI_MODES
 
@@ -63,6 +64,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     api = parser.add_argument_group("API behaviour")
     api.add_argument("--allow-request-cache-salt", action="store_true",
                      help="honor a request's 'cache_salt' (scoped inside its tenant); refused with 400 otherwise")
+    api.add_argument("--allow-image-urls", action="store_true",
+                     help="fetch http(s) image URLs a request names (off: images come as data URLs, a URL is a 400; "
+                     "docs/IMAGES.md)")
+    api.add_argument("--image-url-hosts", nargs="+", default=[], metavar="HOST",
+                     help="with --allow-image-urls, fetch images from these hosts only (default: any)")
     api.add_argument("--strict-max-tokens", action="store_true",
                      help="answer max_tokens beyond the context's room with 400 instead of clamping it")
     api.add_argument("--max-output-tokens", type=int, metavar="N",
@@ -166,6 +172,7 @@ def run_serve(args: argparse.Namespace) -> int:
         openapi=args.openapi,
         operator_keys=operators, ui=args.ui, ui_max_requests=args.ui_max_requests,
         compaction_key=args.compaction_key or os.environ.get(COMPACTION_KEY_ENV) or None,
+        image_fetch=ImageFetch(allow_urls=args.allow_image_urls, hosts=tuple(args.image_url_hosts)),
     )
     started = time.perf_counter()
     try:

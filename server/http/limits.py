@@ -61,6 +61,8 @@ class RequestLimits:
         "--max-stop-bytes", "most bytes of one request's stop strings together"))
     stop_token_ids: int = field(default=256, metadata=_flag(
         "--max-stop-token-ids", "most stop_token_ids of one request"))
+    images: int = field(default=16, metadata=_flag(
+        "--max-images", "most images in one request (a vision-language model's; docs/IMAGES.md)"))
     scored_tokens: int = field(default=262_144, metadata=_flag(
         "--max-scored-tokens", "most prompt-token entries a reply may carry: each echoed prompt token (echo) or scored "
         "one (echo with logprobs, prompt_logprobs) counts 1 + its alternatives, once per choice that carries it"))

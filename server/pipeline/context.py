@@ -21,6 +21,7 @@ from fastapi import Depends, Request
 
 from engine.config import EngineConfig
 from engine.core.client import start_core
+from engine.models.vision.preprocess import ImagePreprocessor
 from engine.retention import CachePin, Retention
 from engine.sampling_params import SamplingParams, StructuredOutputSpec
 from engine.worker.structured_output import StructuredOutputs
@@ -30,6 +31,7 @@ from server.inspector.hook import inspect_finished
 from server.inspector.store import DEFAULT_MAX_REQUESTS, Inspector
 from server.http.limits import RequestLimits
 from server.pipeline.fair_lane import FairLane
+from server.pipeline.images import ImageFetch, ImageReader
 from server.cache.tenant_budget import TenantLimits, TenantSlots, sequences_per_tenant
 from server.pipeline.logprobs import TokenTexts
 from server.http.metrics import Metrics
@@ -67,6 +69,7 @@ class ServerSettings:
     ui: bool = False  # serve the cache inspector (/ui; docs/INSPECTOR.md)
     ui_max_requests: int = DEFAULT_MAX_REQUESTS  # the inspector keeps this many finished requests
     compaction_key: str | None = None  # seals `compaction` items (server/api/compaction.py); None: a random key
+    image_fetch: ImageFetch = ImageFetch()  # whether image URLs are fetched (--allow-image-urls; off)
 
 
 @dataclass
@@ -113,6 +116,7 @@ class ServingContext:
     instance_id: str = field(default_factory=lambda: f"kvserve-{secrets.token_hex(6)}")
     large_lane: PrepareTools | None = None
     max_num_seqs: int = 64  # the engine's running slots (EngineConfig.max_num_seqs): the tenants' default share
+    images: ImageReader | None = None  # a vision-language model's image reading (None: it reads text only)
     token_texts: TokenTexts = field(init=False)  # token id -> text and bytes, for logprobs (event loop)
     tenant_slots: TenantSlots = field(init=False)  # each tenant's sequences in the engine
     optional_grammars: OptionalGrammars = field(init=False)  # tool_choice auto's grammars, compiled in the background
@@ -360,4 +364,7 @@ def load_context(
         aliases=frozenset(name for name in (spec.repo_id,) if name),
         inspector=inspector,
         on_finished=inspect_finished if inspector is not None else None,
+        images=None if facts.image_token_id is None else ImageReader(
+            ImagePreprocessor.from_model_dir(model_dir), facts.image_token_id, settings.limits.images,
+            settings.image_fetch),
     )

@@ -12,7 +12,7 @@ from engine import LLM, SamplingParams
 from engine.errors import RequestRejected
 from engine.requests import EngineRequest
 from tests.models.vision_models import (hf_generate, hf_inputs, hf_next_logprobs, png, user_turn,
-                                        write_vlm_checkpoint)
+                                        vlm_checkpoint)
 
 NEW_TOKENS = 6
 GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
@@ -27,9 +27,9 @@ KINDS = ["qwen3_5", pytest.param("qwen3_5_moe", marks=pytest.mark.slow)]
 
 
 @pytest.fixture(scope="module", params=KINDS)
-def vlm(request, tmp_path_factory):
+def vlm(request):
     """(checkpoint, prompts with their images, transformers' tokens and its processor's inputs per case)."""
-    path = str(write_vlm_checkpoint(request.param, tmp_path_factory.mktemp(request.param)))
+    path = vlm_checkpoint(request.param)
     cases = []
     for i, (text, sizes) in enumerate(CASES):
         images = [png(w, h, seed=10 * i + j) for j, (w, h) in enumerate(sizes)]

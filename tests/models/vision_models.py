@@ -5,10 +5,12 @@ way ``generate`` is fed them. Weights are drawn with the tiny models' scales so 
 on the image."""
 from __future__ import annotations
 
+import atexit
 import functools
 import io
 import json
 import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +52,14 @@ def write_vlm_checkpoint(kind: str, out: Path) -> Path:
         shutil.copyfile(tokenizer_dir / name, out / name)
     (out / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR))
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def vlm_checkpoint(kind: str) -> str:
+    """``write_vlm_checkpoint`` once per test session and kind (the model and the server tests share it)."""
+    out = Path(tempfile.mkdtemp(prefix=f"kvserve-{kind}-"))
+    atexit.register(shutil.rmtree, out, ignore_errors=True)
+    return str(write_vlm_checkpoint(kind, out))
 
 
 def png(width: int, height: int, seed: int) -> bytes:
