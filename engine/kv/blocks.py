@@ -26,8 +26,10 @@ class CachedBlock:
     retained_by: str | None = None  # the tenant whose share the retention counts against (None: the cap's alone)
     snapshot_slot: int = -1  # hybrid models: the state slot holding the recurrent state at this block's end
     snapshot_step: int = 0  # ... taken in this scheduler step (usable from the next one)
-    # sliding-window models: the window pages kept for resuming at this block's end (an anchor of
-    # engine.kv.window_pool), for blocks window_first .. this one; None: no hit can end here
+    # sliding-window models (engine.kv.window_pool): the page holding this block's window-layer K/V (-1: none now),
+    # and the window retained for resuming at this block's end (an anchor: the pages of blocks window_first .. this
+    # one; None: none)
+    window_page: int = -1
     window_pages: tuple[int, ...] | None = None
     window_first: int = 0
 

@@ -96,7 +96,8 @@ class KVCacheManager(WindowCache):
         models other engines). ``max_retained_share_per_tenant``: the fraction of the retention cap the blocks one
         tenant retains may take (`Retention.tenant`). ``window_blocks`` > 0: a sliding-window model whose window layers
         (``window`` tokens wide) keep their pages in a group of that many (`engine.kv.window_pool`, used through
-        `engine.kv.window_cache`); a cached prefix is then resumable only where its window is retained."""
+        `engine.kv.window_cache`); a cached prefix is then resumable only where the pages of its window are
+        still there."""
         assert not (state_slots and window_blocks), "a model with both recurrent and window layers is not supported"
         self.eviction_policy = EvictionPolicy(eviction_policy)
         self.num_blocks = num_blocks
@@ -340,7 +341,7 @@ class KVCacheManager(WindowCache):
         if self.states is not None and not self.states.num_available(keep=source):
             return None
         if self.window is not None and not self._window_pages_available(
-                need - len(matched), matched[-1].window_pages if matched else ()):
+                need - len(matched), self._hit_pages(matched) if matched else ()):
             return None
         for node in matched:
             self._ref(node)
@@ -415,6 +416,7 @@ class KVCacheManager(WindowCache):
         if not self.enable_prefix_caching:
             return
         bs = self.block_size
+        first_new = len(seq.nodes)
         while seq.cacheable and len(seq.nodes) < min(num_tokens // bs, len(block_hashes)):
             i = len(seq.nodes)
             block_hash = block_hashes[i]
@@ -431,6 +433,8 @@ class KVCacheManager(WindowCache):
                 seq.cacheable = False
                 break
             seq.nodes.append(node)
+        if self.window is not None:
+            self._attach_window_pages(seq, first_new)
         self._apply_pins(seq)
         if seq.pending_snapshots:
             self._attach_snapshots(seq)
@@ -641,6 +645,8 @@ class KVCacheManager(WindowCache):
             self.states.drop(node.snapshot_slot)  # its copy to the host, if any, runs before the slot is reused
         if node.window_pages is not None:
             self.window.drop(node)
+        if node.window_page >= 0:
+            self.window.detach(node)
         if reset:
             self.stats.reset_evictions += 1
         else:

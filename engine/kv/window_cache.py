@@ -3,8 +3,11 @@
 A sliding-window model's sequence has two block tables of the same length: its full-attention blocks (the prefix
 tree's, as for every model) and its window pages (``SequenceBlocks.window_pages``), one per logical block, of which it
 holds only those from ``window_from`` on. The scheduler drives it:
-  - admission (`KVCacheManager.admit`) ends a hit at the deepest matched block with an anchor (a retained window)
-    and starts the window table there: no page before the anchor's window, the anchor's pages, then new ones;
+  - admission (`KVCacheManager.admit`) ends a hit at the deepest matched block whose window's pages are all still
+    there (held, cached, or kept by an anchor: a retained window) and starts the window table there: no page before
+    that window, its pages, then new ones;
+  - a committed block's node names the sequence's page of it (`_attach_window_pages`), which stays cached after the
+    sequence lets it go, until the page is reused;
   - `slide` before each step releases the pages no query of the sequence reads any more, keeping those a resume at
     its last block boundary needs (so a preemption can leave an anchor there);
   - `keep_window` retains the window at a block boundary the policy wants (`engine.kv.snapshot_policy`), a reply
@@ -35,38 +38,52 @@ class WindowCache:
     window_deltas: dict[Hashable, list[int]]
 
     # ---- hits ------------------------------------------------------------------------------------------------------
-    @staticmethod
-    def _window_hit(matched: list[CachedBlock]) -> list[CachedBlock]:
-        """A hit cut at the deepest matched block whose window is retained (none: no hit)."""
-        for i in range(len(matched), 0, -1):
-            if matched[i - 1].window_pages is not None:
-                return matched[:i]
-        return []
+    def _window_hit(self, matched: list[CachedBlock]) -> list[CachedBlock]:
+        """A hit cut at the deepest matched block whose window's pages are all there (none: no hit). O(blocks)."""
+        deepest, run = 0, 0  # run: consecutive blocks with a page, ending at block k - 1
+        for k, node in enumerate(matched, 1):
+            run = run + 1 if node.window_page >= 0 else 0
+            if run >= k - self.window.first_block(k * self.block_size):
+                deepest = k
+        return matched[:deepest]
 
     def _window_pages_available(self, needed: int, keep: Sequence[int] = ()) -> bool:
         """Whether ``needed`` window pages can be had: free ones, then those that dropping anchors frees (pages no
         running sequence holds), never ``keep`` (the pages an admission is about to hold)."""
-        pool = self.window
-        if pool.num_free >= needed:
+        pool, kept = self.window, set(keep)
+        available = pool.num_free - sum(1 for page in kept if page in pool.cached)
+        if available >= needed:
             return True
         anchored = [0] * pool.num_pages
         for node in pool.anchors:
             for page in node.window_pages:
                 anchored[page] += 1
-        kept = set(keep)
         freeable = sum(1 for page, refs in enumerate(pool.refs) if refs and refs == anchored[page] and page not in kept)
-        return pool.num_free + freeable >= needed
+        return available + freeable >= needed
 
     def _start_window(self, seq_id: Hashable, seq: SequenceBlocks) -> None:
-        """An admitted sequence's window table up to its hit: nothing before the anchor's window, then its pages."""
+        """An admitted sequence's window table up to its hit: nothing before the hit's window, then its pages."""
         if seq.nodes:
-            anchor = seq.nodes[-1]
-            for page in anchor.window_pages:
+            first = self.window.first_block(len(seq.nodes) * self.block_size)
+            pages = self._hit_pages(seq.nodes)
+            for page in pages:
                 self.window.ref(page)
-            self.window.touch(anchor)
-            seq.window_from = anchor.window_first
-            seq.window_pages = [NO_PAGE] * anchor.window_first + list(anchor.window_pages)
+            if seq.nodes[-1].window_pages is not None:
+                self.window.touch(seq.nodes[-1])
+            seq.window_from = first
+            seq.window_pages = [NO_PAGE] * first + pages
         self.window_deltas[seq_id] = list(seq.window_pages)
+
+    def _hit_pages(self, nodes: Sequence[CachedBlock]) -> list[int]:
+        """The window pages a hit ending with ``nodes[-1]`` reads (its last ``window - 1`` tokens' blocks)."""
+        return [node.window_page for node in nodes[self.window.first_block(len(nodes) * self.block_size):]]
+
+    def _attach_window_pages(self, seq: SequenceBlocks, start: int) -> None:
+        """The sequence's newly committed blocks from ``start`` on: each node without a page names the sequence's
+        (another sequence's page of the same block may be there already; then the sequence's own stays private)."""
+        for i in range(max(start, seq.window_from), len(seq.nodes)):
+            if seq.nodes[i].window_page < 0:
+                self.window.attach(seq.nodes[i], seq.window_pages[i])
 
     def _extend_window(self, seq_id: Hashable, seq: SequenceBlocks, count: int) -> None:
         """``count`` new pages at the end of the sequence's window table (their availability was checked)."""
@@ -103,10 +120,13 @@ class WindowCache:
         seq, bs = self.seqs[seq_id], self.block_size
         k = num_tokens // bs
         first = self.window.first_block(k * bs)
-        if k == 0 or k > len(seq.nodes) or first < seq.window_from:
+        if k == 0 or k > len(seq.nodes):
+            return False
+        pages = self._hit_pages(seq.nodes[:k])
+        if min(pages) < 0:  # a page of the window is gone (released and reused)
             return False
         node = seq.nodes[k - 1]
-        made = self.window.anchor(node, first, seq.window_pages[first:k])
+        made = self.window.anchor(node, first, pages)
         if made:
             self.events.stored(node.block_hash, node.parent_hash, node.token_ids, MEDIUM_DEVICE, snapshot=True)
             if self.weigh_snapshots:
@@ -148,14 +168,18 @@ class WindowCache:
 
 def check_window_invariants(pool: WindowPool, seqs: Sequence[SequenceBlocks], block_size: int) -> None:
     """Each live sequence's window table is as long as its block table, and holds pages from ``window_from``; each
-    anchor's pages are the window of its block's end; every page's reference count is its holders'."""
+    anchor's pages are those its window's nodes name; every page's reference count is its holders'."""
     for seq in seqs:
         assert len(seq.window_pages) == len(seq.block_ids), "window table and block table differ in length"
         assert seq.window_from <= len(seq.window_pages)
     for node in pool.anchors:
-        depth, parent = 1, node.parent
-        while parent is not None:
-            depth, parent = depth + 1, parent.parent
-        assert node.window_first == pool.first_block(depth * block_size), "an anchor's window starts elsewhere"
-        assert len(node.window_pages) == depth - node.window_first, "an anchor's window is not its block's"
+        path: list[CachedBlock] = []
+        walk: CachedBlock | None = node
+        while walk is not None:
+            path.append(walk)
+            walk = walk.parent
+        path.reverse()
+        assert node.window_first == pool.first_block(len(path) * block_size), "an anchor's window starts elsewhere"
+        assert node.window_pages == tuple(n.window_page for n in path[node.window_first:]), \
+            "an anchor's pages are not its window's"
     pool.check_invariants([seq.window_pages[seq.window_from:] for seq in seqs])

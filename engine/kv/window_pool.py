@@ -4,22 +4,25 @@ banded ones), apart from the full-attention pages the prefix tree holds.
 A query at position p of a window layer reads keys in ``(p - window, p]`` only, so a running sequence needs that
 layer's K/V for its last ``window - 1`` positions, not for its whole context. The window layers therefore keep their
 K/V in pages of their own (``num_pages`` of them, each ``block_size`` tokens of every window layer), one per logical
-block of a sequence, and a sequence releases a page once no query it will compute reads it: a 100k-token session
+block of a sequence, and a sequence lets a page go once no query it will compute reads it: a 100k-token session
 holds about ``window / block_size + 2`` pages in these layers instead of 100k / ``block_size``.
 
 A prefix hit at position P (a block boundary) needs full-attention pages for ``[0, P)`` and window pages for
-``(P - window, P)``: blocks ``first_window_block(P)`` to ``P / block_size - 1``. A **retained window** (an *anchor*)
-keeps those pages for one tree node, the block ending at P, so that a later request can resume there; anchors are
-taken at the boundaries worth resuming from (`engine.kv.snapshot_policy`: prompt ends, reply ends, breakpoints,
-server hints). Every page is exactly one of
-  free      -- in the free list;
-  held      -- referenced by running sequences (the part of their window table they still read) and by anchors;
-               ``refs[page]`` counts both, and the page is freed when it reaches 0.
-Anchors overlap (consecutive reply ends share all but one page), so an anchor's cost is the pages only it holds.
-When the pool runs short, the anchor that goes is the first, in least-recently-used order (ordinary blocks' before
-pinned or session-held ones', those superseded by a deeper anchor on the same unbranched path first), whose
-eviction frees a page: an anchor whose pages others hold too costs nothing and is kept. Page ids only; the runner
-owns the tensors.
+``(P - window, P)``: blocks ``first_window_block(P)`` to ``P / block_size - 1``. A cached block's node names the page
+that holds its window K/V (``CachedBlock.window_page``, set when the block is committed), so a hit can end wherever
+the pages of its window are all still there. Every page is exactly one of
+  free      -- in the free list, no node names it;
+  held      -- referenced (``refs[page]`` > 0) by running sequences (the part of their window table they read) and by
+               retained windows;
+  cached    -- referenced by nobody but still named by its block's node: a hit may take it back, and it is the first
+               to be reused (least recently released first), as vLLM keeps freed blocks.
+A **retained window** (an *anchor*) holds the pages of ``(P - window, P)`` for the node of the block ending at P, so
+that a request resuming there finds them whatever else is reused: anchors are taken at the boundaries worth resuming
+from (`engine.kv.snapshot_policy`: prompt ends, reply ends, breakpoints, server hints). Anchors overlap (consecutive
+reply ends share all but one page), so an anchor's cost is the pages only it holds. When no page is free or cached,
+the anchor that goes is the first, in least-recently-used order (ordinary blocks' before pinned or session-held
+ones', those superseded by a deeper anchor on the same unbranched path first), whose pages only it holds: one whose
+pages others hold too costs nothing and is kept. Page ids only; the runner owns the tensors.
 """
 from __future__ import annotations
 
@@ -51,44 +54,73 @@ class WindowPool:
         self.on_drop = on_drop
         self._free = list(range(num_pages - 1, -1, -1))  # pop() hands out low pages first
         self.refs = [0] * num_pages
+        self.owner: list[CachedBlock | None] = [None] * num_pages  # the node whose block's K/V the page holds
+        self.cached: OrderedDict[int, None] = OrderedDict()  # unreferenced pages nodes still name, oldest first
         self.anchors: OrderedDict[CachedBlock, None] = OrderedDict()  # least recently used first
         self.evictions = 0  # anchors dropped to make room
 
     # ---- queries ---------------------------------------------------------------------------------------------------
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        """Pages a sequence can take without dropping an anchor: free ones and cached ones."""
+        return len(self._free) + len(self.cached)
 
     @property
     def free_pages(self) -> list[int]:
-        """The pages nobody holds: no query reads them until they are handed out again."""
+        """The pages nobody holds nor names: no query reads them before they are handed out and written again."""
         return list(self._free)
 
     def first_block(self, num_tokens: int) -> int:
         return first_window_block(num_tokens, self.window, self.block_size)
 
-    def usable(self, node: CachedBlock) -> bool:
-        return node.window_pages is not None
-
     # ---- pages -----------------------------------------------------------------------------------------------------
     def take(self) -> int | None:
-        """A free page (its one reference is the caller's), evicting anchors if none is free; None when every page
-        is held by running sequences or by anchors that cannot give one up alone."""
-        if not self._free and not self._evict_one():
-            return None
-        page = self._free.pop()
+        """A page for new K/V (its one reference is the caller's): a free one, else the oldest cached one (its node
+        forgets it), else one an evicted anchor gives up; None when every page is held by running sequences or by
+        anchors that cannot give one up alone."""
+        while not self._free and not self.cached:
+            if not self._evict_one():
+                return None
+        if self._free:
+            page = self._free.pop()
+        else:
+            page, _ = self.cached.popitem(last=False)
+            self._forget(page)
         self.refs[page] = 1
         return page
 
     def ref(self, page: int) -> None:
-        assert self.refs[page] > 0, "a free page is referenced"
+        if self.refs[page] == 0:
+            assert page in self.cached, "a free window page is referenced"
+            del self.cached[page]
         self.refs[page] += 1
 
     def unref(self, page: int) -> None:
         self.refs[page] -= 1
         assert self.refs[page] >= 0
         if self.refs[page] == 0:
+            if self.owner[page] is not None:
+                self.cached[page] = None
+            else:
+                self._free.append(page)
+
+    def attach(self, node: CachedBlock, page: int) -> None:
+        """``page`` holds the window K/V of ``node``'s block (just committed; the page is held)."""
+        assert node.window_page < 0 and self.refs[page] > 0 and self.owner[page] is None
+        node.window_page = page
+        self.owner[page] = node
+
+    def detach(self, node: CachedBlock) -> None:
+        """``node`` leaves the tree: its page (if any) is nobody's any more."""
+        page = node.window_page
+        self._forget(page)
+        if self.refs[page] == 0:
+            del self.cached[page]
             self._free.append(page)
+
+    def _forget(self, page: int) -> None:
+        self.owner[page].window_page = -1
+        self.owner[page] = None
 
     # ---- anchors ---------------------------------------------------------------------------------------------------
     def anchor(self, node: CachedBlock, first: int, pages: list[int]) -> bool:
@@ -111,14 +143,15 @@ class WindowPool:
         self.anchors.move_to_end(node, last=False)
 
     def drop(self, node: CachedBlock) -> None:
-        """Release the node's anchor (the node left the tree, or a newer reply end replaces it)."""
+        """Release the node's anchor (the node leaves the tree, or a newer reply end replaces it); its pages stay
+        cached while nobody else needs them."""
         del self.anchors[node]
         pages, node.window_pages = node.window_pages, None
         for page in pages:
             self.unref(page)
 
     def _evict_one(self) -> bool:
-        """Drop the first anchor in eviction order whose pages free at least one page; False if none does."""
+        """Drop the first anchor in eviction order whose pages only it holds; False if none does."""
         order = sorted(enumerate(self.anchors), key=lambda item: (item[1].retained, item[0]))
         for _, node in order:
             if any(self.refs[page] == 1 for page in node.window_pages):
@@ -131,8 +164,8 @@ class WindowPool:
 
     # ---- invariants ------------------------------------------------------------------------------------------------
     def check_invariants(self, running: list[list[int]]) -> None:
-        """``running``: the pages each live sequence holds (its window table's live part). Every page is free or
-        held, and its reference count is its holders'."""
+        """``running``: the pages each live sequence holds (its window table's live part). Every page is free,
+        held or cached; its reference count is its holders'; a page and the node naming it agree."""
         holders = [0] * self.num_pages
         for pages in running:
             for page in pages:
@@ -144,5 +177,9 @@ class WindowPool:
         assert holders == self.refs, "a window page's reference count is not its holders'"
         free = set(self._free)
         assert len(free) == len(self._free), "a window page is free twice"
-        assert free == {p for p in range(self.num_pages) if not self.refs[p]}, "a window page is lost or both free " \
-                                                                              "and held"
+        for page in range(self.num_pages):
+            owner = self.owner[page]
+            assert owner is None or (owner.in_tree and owner.window_page == page), "a page and its node disagree"
+            state = (page in free) + (page in self.cached) + (self.refs[page] > 0)
+            assert state == 1, f"window page {page} is not exactly one of free / cached / held"
+            assert (page in free) == (owner is None and not self.refs[page]), "a free page is named or held"

@@ -1,6 +1,6 @@
 """The KV manager of a sliding-window model (full-attention pages + the window group, engine/kv/window_pool.py):
 random admissions, steps, retained windows, preemptions, frees and evictions keep every invariant (each window page
-free or held, its reference count its holders'; every anchor's pages the window of its block's end), and, following
+free, cached or held, its reference count its holders'; every anchor's pages those its window's blocks name), and, following
 what the "model" writes into the pages, every step's queries read their own sequence's K/V in every window page they
 read, and a hit resumes on exactly the window it needs: the pages of (P - window, P) hold the prompt's K/V there."""
 from __future__ import annotations
@@ -39,7 +39,7 @@ class WindowModel:
         table = self.kv.window_table(seq)
         for i in range(first_window_block(cached, self.window, BS), cached // BS):  # the window a hit resumes on
             assert self.content[table[i]] == tuple(tokens[: (i + 1) * BS]), "a hit's window holds other K/V"
-        assert not cached or self.kv.by_hash[hashes[cached // BS - 1]].window_pages is not None
+            assert self.kv.by_hash[hashes[i]].window_page == table[i], "a hit reads a page its block does not name"
         self.live[seq] = (tokens, hashes)
         self.computed[seq] = cached
         self._compute(seq, 0)
@@ -123,20 +123,24 @@ def test_a_running_sequence_holds_only_its_window():
     assert model.kv.window.num_free == 6
 
 
-def test_a_hit_ends_at_the_deepest_retained_window():
-    """Windows retained at 8 and 16 tokens of a 22-token prompt: a request sharing 20 tokens resumes at 16, one
-    sharing 12 at 8; once the window at 16 is evicted, the first resumes at 8."""
+def test_a_hit_ends_where_its_windows_pages_are_and_retained_windows_outlive_cached_pages():
+    """An 18-token prompt (5-token window, 4-token blocks) with windows retained at 8 and 16 tokens: its other
+    pages stay cached, so a request sharing 13 tokens resumes at 12 as well as one sharing 17 at 16. Once another
+    sequence has reused every free and cached page, the retained windows are still there: 13 shared tokens now
+    resume at 8, 17 still at 16."""
     model = WindowModel(40, 12, 5)
     seq = model.admit(PROMPTS[3])
-    assert model.step(seq, 22)
+    assert model.step(seq, 18)
     model.retain(seq, 2, reply=False)
     model.retain(seq, 4, reply=False)
     model.free(seq, preempt=False)
     hashes = model.hasher.hashes(PROMPTS[3], None)
-    assert model.kv.num_cached_tokens(hashes[:5], 21) == 16
+    assert model.kv.num_cached_tokens(hashes[:4], 17) == 16
+    assert model.kv.num_cached_tokens(hashes[:3], 13) == 12
+    other = model.admit([7] * 45)
+    assert model.step(other, 40)  # 10 pages: the 8 free ones, then the 2 cached ones
+    assert model.kv.num_cached_tokens(hashes[:4], 17) == 16
     assert model.kv.num_cached_tokens(hashes[:3], 13) == 8
-    model.kv._drop_anchor(model.kv.by_hash[hashes[3]])
-    assert model.kv.num_cached_tokens(hashes[:5], 21) == 8
     model.kv.check_invariants()
 
 

@@ -2,9 +2,10 @@
 global layer, tiny random weights written by transformers' save_pretrained) with prompts longer than the window.
 
 The window layers keep their K/V in pages of their own, and a running sequence holds only those its window reads
-(engine/kv/window_pool.py). To prove that no query ever reads a page it released (or one before its hit's window),
-every page nobody holds is filled with NaN before every step: one read of such a page would turn the logits into
-NaN. Under that poison, greedy tokens equal transformers' one prompt at a time, all together, with the cache hot
+(engine/kv/window_pool.py). To prove that no query ever reads a page it does not hold (one it released, one before
+its hit's window), every page nobody holds is filled with NaN for every step: the free ones, and the cached ones
+(released, still named by their blocks for later hits), whose K/V is put back after the step. One read of such a
+page would turn the logits into NaN. Under that poison, greedy tokens equal transformers' one prompt at a time, all together, with the cache hot
 (hits resuming on retained windows), with prefill chunks ending off block boundaries, and under preemption in small
 pools of both kinds; a conversation's next turn reads all but at most one block of the previous prompt and reply.
 """
@@ -38,8 +39,9 @@ def case(tmp_path_factory):
 
 
 def poisoned_llm(path: str, **config) -> LLM:
-    """An engine whose free window pages hold NaN at every step (in every window layer's K and V)."""
-    llm = LLM(path, block_size=BS, **config)
+    """An engine (stepping synchronously) whose window pages nobody holds are NaN during every step, in every window
+    layer's K and V; the cached ones get their K/V back after the step."""
+    llm = LLM(path, block_size=BS, async_scheduling=False, **config)
     runner, pool = llm.engine.runner, llm.engine.scheduler.kv.window
     assert runner.window_group and pool is not None
     windowed = [cache for cache, window in zip(runner.kv_caches, runner.kv_spec.layer_windows) if window is not None]
@@ -47,10 +49,17 @@ def poisoned_llm(path: str, **config) -> LLM:
 
     def execute_poisoned(sched, *args, **kwargs):
         free = torch.tensor(pool.free_pages, dtype=torch.long)
+        cached = torch.tensor(list(pool.cached), dtype=torch.long)
+        kept = [(k_cache[cached].clone(), v_cache[cached].clone()) for k_cache, v_cache in windowed]
         for k_cache, v_cache in windowed:
-            k_cache[free] = float("nan")
-            v_cache[free] = float("nan")
-        return execute(sched, *args, **kwargs)
+            for pages in (free, cached):
+                k_cache[pages] = float("nan")
+                v_cache[pages] = float("nan")
+        try:
+            return execute(sched, *args, **kwargs)
+        finally:
+            for (k_cache, v_cache), (k_kept, v_kept) in zip(windowed, kept):
+                k_cache[cached], v_cache[cached] = k_kept, v_kept
 
     runner.execute = execute_poisoned
     return llm
