@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "qwen3_moe", "deepseek_v2", "deepseek_v3",
                            "deepseek_v32", "deepseek_v4", "qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text",
-                           "qwen3_5_moe_text", "gemma3", "gemma3_text", "gpt_oss", "glm4_moe_lite")
+                           "qwen3_5_moe_text", "gemma3", "gemma3_text", "gpt_oss", "glm4_moe_lite", "minimax_m2")
 # MLA + MoE with sigmoid scores, a correction bias and grouped top-k: DeepSeek-V3 / V3.2, and GLM-4.7-Flash
 # (glm4_moe_lite: the same layers, one expert group)
 DEEPSEEK_V3_ROUTING = ("deepseek_v3", "deepseek_v32", "glm4_moe_lite")
@@ -314,6 +314,10 @@ class MoEConfig:
         num_experts = cfg.get("num_experts") or cfg.get("n_routed_experts") or cfg.get("num_local_experts")
         if arch == "deepseek_v4":
             return cls._deepseek_v4(cfg, num_experts)
+        if arch == "minimax_m2":  # every layer an MoE: sigmoid scores, a bias steering the top-k, renormalized
+            return cls(num_experts=num_experts, top_k=cfg["num_experts_per_tok"],
+                       intermediate_size=cfg["intermediate_size"], moe_layers=tuple(range(num_layers)),
+                       norm_topk_prob=True, scoring="sigmoid", correction_bias=True)
         if arch == "gpt_oss":  # every layer an MoE: top-k of the router's logits, softmaxed over the k chosen
             return cls(num_experts=num_experts, top_k=cfg["num_experts_per_tok"],
                        intermediate_size=cfg["intermediate_size"], moe_layers=tuple(range(num_layers)),
@@ -612,6 +616,7 @@ class ModelConfig:
     query_pre_attn_scalar: float | None = None  # the softmax scale is its -1/2 power (Gemma 3); None: head_dim's
     final_logit_softcapping: float | None = None  # logits = cap * tanh(logits / cap)
     attention_sinks: bool = False  # a learned sink logit per attention head (gpt-oss)
+    qk_norm_across_heads: bool = False  # MiniMax-M2: q and k each RMS-normalized over all their heads at once
     o_proj_bias: bool = False  # the attention output projection carries a bias (gpt-oss)
     hidden_act: str = "silu"  # the gated MLP's activation: silu, or gelu_pytorch_tanh (Gemma)
 
@@ -660,8 +665,10 @@ class ModelConfig:
         for key in ("mrope_section", "mrope_interleaved"):
             rope.pop(key, None)
         hybrid = arch in HYBRID_ARCHITECTURES
-        partial_rotary = float(rope.pop("partial_rotary_factor", cfg.get("partial_rotary_factor",
-                                                                           0.25 if hybrid else 1.0)))
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // num_heads
+        # MiniMax-M2's checkpoints say how many dims of a head turn as rotary_dim
+        default_rotary = 0.25 if hybrid else cfg.get("rotary_dim", head_dim) / head_dim if arch == "minimax_m2" else 1.0
+        partial_rotary = float(rope.pop("partial_rotary_factor", cfg.get("partial_rotary_factor", default_rotary)))
         if rope.get("rope_type", rope.get("type", "default")) == "default":
             rope = {}
         elif "original_max_position_embeddings" not in rope:  # as transformers: the trained length
@@ -675,12 +682,13 @@ class ModelConfig:
             num_layers=cfg["num_hidden_layers"],
             num_heads=num_heads,
             num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // num_heads,
+            head_dim=head_dim,
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
             max_position_embeddings=cfg.get("max_position_embeddings", 2048),
             tie_word_embeddings=cfg.get("tie_word_embeddings", gemma3),
             attention_bias=cfg.get("attention_bias", arch == "qwen2"),
             qk_norm=arch in ("qwen3", "qwen3_moe") or hybrid or gemma3,
+            qk_norm_across_heads=arch == "minimax_m2",
             rope_theta=rope_theta,
             rope_scaling=rope,
             eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),

@@ -143,7 +143,14 @@ _DEEPSEEK_V4_RENAMES = [(re.compile(pattern), repl) for pattern, repl in [
     (r"\.q_norm\.", ".q_a_norm."), (r"\.gate\.bias$", ".gate.e_score_correction_bias"),
     (r"\.w1\.", ".gate_proj."), (r"\.w2\.", ".down_proj."), (r"\.w3\.", ".up_proj."),  # experts, shared experts
 ]]
-_CHECKPOINT_RENAMES = {"deepseek_v4": _DEEPSEEK_V4_RENAMES, "gpt_oss": [(re.compile(r"\.mlp\.router\."), ".mlp.gate.")]}
+# MiniMax-M2's released names: the MoE as block_sparse_moe, the router's bias beside its gate, experts w1 / w2 / w3
+_MINIMAX_M2_RENAMES = [(re.compile(pattern), repl) for pattern, repl in [
+    (r"\.block_sparse_moe\.e_score_correction_bias$", ".mlp.gate.e_score_correction_bias"),
+    (r"\.block_sparse_moe\.", ".mlp."), (r"\.w1\.", ".gate_proj."), (r"\.w2\.", ".down_proj."),
+    (r"\.w3\.", ".up_proj."),
+]]
+_CHECKPOINT_RENAMES = {"minimax_m2": _MINIMAX_M2_RENAMES,
+                       "deepseek_v4": _DEEPSEEK_V4_RENAMES, "gpt_oss": [(re.compile(r"\.mlp\.router\."), ".mlp.gate.")]}
 
 
 def _model_name(model: nn.Module, name: str) -> str:

@@ -13,6 +13,7 @@ from engine.models.deepseek_v4 import DeepseekV4ForCausalLM
 from engine.models.gemma3 import Gemma3ForCausalLM
 from engine.models.gpt_oss import GptOssForCausalLM
 from engine.models.llama import LlamaForCausalLM
+from engine.models.minimax_m2 import MiniMaxM2ForCausalLM
 from engine.models.qwen3_next import HybridForCausalLM
 from engine.parallel.state import SINGLE, TensorParallel
 from kernels.ops import Ops
@@ -36,6 +37,7 @@ MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "gemma3": Gemma3ForCausalLM,  # the language model of Gemma3ForConditionalGeneration (its vision tower skipped)
     "gemma3_text": Gemma3ForCausalLM,
     "gpt_oss": GptOssForCausalLM,
+    "minimax_m2": MiniMaxM2ForCausalLM,
 }
 assert set(MODEL_CLASSES) == set(SUPPORTED_ARCHITECTURES)
 

@@ -54,6 +54,7 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, cfg.zero_centered_norms) if cfg.qk_norm else None
         self.scale = (cfg.query_pre_attn_scalar or cfg.head_dim) ** -0.5
         self.window = window
+        self.rope_dim = int(cfg.head_dim * cfg.partial_rotary_factor)
 
     def forward(
         self,
@@ -71,7 +72,21 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q = self.q_norm(ops, q)
             k = self.k_norm(ops, k)
-        q, k = ops.rotary_embedding(positions, q, k, cos_sin)
+        q, k = self.rotate(ops, positions, q, k, cos_sin)
+        return self.o_proj(self.attend(ops, q, k, v, kv_cache, meta))
+
+    def rotate(self, ops: Ops, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+               cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE on the first ``rope_dim`` dims of every head ``[T, H, D]`` (all of them but in partial-RoPE models)."""
+        rot = self.rope_dim
+        if rot == self.head_dim:
+            return ops.rotary_embedding(positions, q, k, cos_sin)
+        q_rot, k_rot = ops.rotary_embedding(positions, q[..., :rot].contiguous(), k[..., :rot].contiguous(), cos_sin)
+        return torch.cat([q_rot, q[..., rot:]], dim=-1), torch.cat([k_rot, k[..., rot:]], dim=-1)
+
+    def attend(self, ops: Ops, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
+        """Store the new tokens' K / V in their pages and attend: ``[T, heads * head_dim]``, before ``o_proj``."""
         k_cache, v_cache = kv_cache
         if self.window is not None and meta.window is not None:  # the window group's pages
             meta = meta.window
@@ -81,7 +96,7 @@ class Attention(nn.Module):
             window=self.window, sinks=self.sinks, max_query_len=meta.max_query_len,
             max_context_len=meta.max_context_len,
         )
-        return self.o_proj(out.reshape(-1, self.q_size))
+        return out.reshape(-1, self.q_size)
 
 
 class DecoderLayer(nn.Module):
@@ -132,7 +147,8 @@ class LlamaForCausalLM(nn.Module):
 
     @property
     def rope_dim(self) -> int:
-        return self.cfg.head_dim
+        """The rotary dims of a head: its first ``head_dim * partial_rotary_factor`` (Qwen3-Next / 3.5, MiniMax-M2)."""
+        return int(self.cfg.head_dim * self.cfg.partial_rotary_factor)
 
     def kv_cache_spec(self) -> KVCacheSpec:
         """This rank's blocks: its KV heads of every token."""

@@ -37,27 +37,18 @@ class GatedAttention(Attention):
         # q and gate interleaved per head: a rank's heads keep both halves
         self.qkv_proj = qkv_parallel(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, hd, tp, bias=cfg.attention_bias,
                                      q_unit=2 * hd)
-        self.rope_dim = int(hd * cfg.partial_rotary_factor)
 
     def forward(self, ops: Ops, x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
-        hd, rot = self.head_dim, self.rope_dim
+        hd = self.head_dim
         qg, k, v = self.qkv_proj(x).split([2 * self.q_size, self.kv_size, self.kv_size], dim=-1)
         qg = qg.view(-1, self.num_heads, 2 * hd)
         q, gate = qg[..., :hd], qg[..., hd:].reshape(-1, self.q_size)
         q = self.q_norm(ops, q)
         k = self.k_norm(ops, k.view(-1, self.num_kv_heads, hd))
         v = v.view(-1, self.num_kv_heads, hd)
-        q_rot, k_rot = ops.rotary_embedding(positions, q[..., :rot].contiguous(), k[..., :rot].contiguous(), cos_sin)
-        q = torch.cat([q_rot, q[..., rot:]], dim=-1)
-        k = torch.cat([k_rot, k[..., rot:]], dim=-1)
-        k_cache, v_cache = kv_cache
-        ops.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        out = ops.paged_attention(
-            q, k_cache, v_cache, meta.block_tables, meta.context_lens, meta.query_start_loc, self.scale,
-            max_query_len=meta.max_query_len, max_context_len=meta.max_context_len,
-        )
-        return self.o_proj(out.reshape(-1, self.q_size) * torch.sigmoid(gate))
+        q, k = self.rotate(ops, positions, q, k, cos_sin)
+        return self.o_proj(self.attend(ops, q, k, v, kv_cache, meta) * torch.sigmoid(gate))
 
 
 class CausalConv(nn.Module):
@@ -150,10 +141,6 @@ class HybridForCausalLM(LlamaForCausalLM):
         if self.cfg.linear.is_linear(layer_idx):
             return GatedDeltaNet(self.cfg, self.tp)
         return GatedAttention(self.cfg, self.tp)
-
-    @property
-    def rope_dim(self) -> int:
-        return int(self.cfg.head_dim * self.cfg.partial_rotary_factor)
 
     def kv_cache_spec(self) -> KVCacheSpec:
         """Blocks for the attention layers; per recurrent layer a conv window ``[C, K - 1]`` (model dtype) and an

@@ -19,6 +19,8 @@ def shape_problems(model: ModelConfig, size: int, expert_parallel: bool) -> list
     kv = model.num_kv_heads
     if model.mla is None and not (_splits(kv, size) if kv >= size else _splits(size, kv)):
         problems.append(f"its {kv} KV heads neither split over {size} ranks nor repeat evenly on them")
+    if model.qk_norm_across_heads and kv < size:
+        problems.append(f"its k norm spans all {kv} KV heads, which {size} ranks would repeat (MiniMax-M2 splits them)")
     if model.attention_sinks and size > 1:
         problems.append("its attention sinks and expert biases are not split across ranks yet (gpt-oss runs on one)")
     lin = model.linear

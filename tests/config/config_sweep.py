@@ -124,6 +124,15 @@ def _glm4_moe_lite(rng: random.Random) -> dict[str, Any]:
     return dict(cfg, num_hidden_layers=len(kinds), mlp_layer_types=kinds, rope_interleave=rng.random() < 0.5)
 
 
+def _minimax_m2(rng: random.Random) -> dict[str, Any]:
+    """MiniMax-M2: GQA with q/k norms across heads, partial RoPE (rotary_dim of a head), an MoE in every layer with
+    sigmoid scores and a correction bias."""
+    cfg = _dense(rng)
+    experts = _pick(rng, 4, 8, 16)
+    return dict(cfg, num_local_experts=experts, num_experts_per_tok=rng.randint(1, min(4, experts)),
+                intermediate_size=_pick(rng, 16, 32), rotary_dim=_pick(rng, cfg["head_dim"] // 2, cfg["head_dim"]))
+
+
 V4_KINDS = ("sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention")
 
 
@@ -260,7 +269,7 @@ DRAWS: dict[str, Callable[[random.Random], dict[str, Any]]] = {
     "deepseek_v2": _deepseek_v2, "deepseek_v3": _deepseek_v3, "deepseek_v32": _deepseek_v32,
     "deepseek_v4": _deepseek_v4, "qwen3_next": _qwen3_next, "qwen3_5": _qwen3_5, "qwen3_5_moe": _qwen3_5_moe,
     "qwen3_5_text": _qwen3_5_text, "qwen3_5_moe_text": _qwen3_5_moe_text, "gemma3_text": _gemma3_text,
-    "gemma3": _gemma3, "glm4_moe_lite": _glm4_moe_lite, "gpt_oss": _gpt_oss,
+    "gemma3": _gemma3, "glm4_moe_lite": _glm4_moe_lite, "minimax_m2": _minimax_m2, "gpt_oss": _gpt_oss,
 }
 
 
