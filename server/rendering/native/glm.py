@@ -79,7 +79,8 @@ class GlmRenderer(Renderer):
                 out.append("<|system|>" + message["content"])
             elif role == "tool":
                 opens = i == 0 or messages[i - 1]["role"] != "tool"
-                out.append(("<|observation|>" if opens else "") + f"<tool_response>{message['content']}</tool_response>")
+                response = f"<tool_response>{message['content']}</tool_response>"
+                out.append(("<|observation|>" if opens else "") + response)
             elif role == "assistant":
                 reasoning, content = _reasoning_and_content(message)
                 kept = (keep_all or i > last_user) and reasoning
