@@ -10,6 +10,7 @@ from server.parsing.end_of_turn import END_OF_TURN_TOKENS
 from server.parsing.formats.deepseek import DeepSeekV3Format, DeepSeekV31Format
 from server.parsing.formats.dsml import DsmlFormat
 from server.parsing.formats.glm_xml import GlmFormat
+from server.parsing.formats.harmony import HarmonyFormat, HarmonyOutputParser
 from server.parsing.formats.qwen3_coder_xml import Qwen3CoderFormat
 from server.parsing.formats.qwen_json import QwenJsonFormat
 from server.parsing.reasoning import ThinkReasoningParser
@@ -34,6 +35,8 @@ class FamilyParsing:
     tool_format: Callable[[list[dict] | None], ToolFormat]
     thinking: Thinking | None = None
     end_of_turn: tuple[str, ...] = END_OF_TURN_TOKENS  # the tokens after which the output is not the reply
+    # A format whose messages carry their own channels (gpt-oss' harmony): one parser reads reasoning, text and calls
+    channel_parser: type[HarmonyOutputParser] | None = None
 
 
 _QWEN_JSON = lambda tools: QwenJsonFormat()  # noqa: E731
@@ -61,6 +64,8 @@ FAMILIES: dict[str, FamilyParsing] = {
     # enable_thinking is false; the model ends a turn with the next turn's role token (<|user|>, <|observation|>).
     "glm-4.7": FamilyParsing(GlmFormat, Thinking(switchable=True, default=True, starts_inside=True),
                              END_OF_TURN_TOKENS + ("<|user|>", "<|observation|>")),
+    # gpt-oss: harmony messages; reasoning on the analysis channel, calls addressed to functions.NAME.
+    "gpt-oss": FamilyParsing(lambda tools: HarmonyFormat(), channel_parser=HarmonyOutputParser),
     # Any other model's own Jinja template: Hermes-style <tool_call> JSON is the de-facto format when it has one.
     "jinja": FamilyParsing(_QWEN_JSON),
 }
@@ -104,6 +109,9 @@ def get_output_parser(
     tool_choice."""
     spec = family_parsing(family)
     choice: ToolChoice = parse_tool_choice(tool_choice, tools)
+    if spec.channel_parser is not None:
+        return spec.channel_parser(parse_calls=choice.parses_calls, id_prefix=id_prefix, streaming=streaming,
+                                   max_calls=max_calls)
     fmt = spec.tool_format(tools) if choice.parses_calls else None
     thinking = active_thinking(family, reasoning)
     think = ThinkReasoningParser(starts_in_reasoning=thinking.starts_inside) if thinking else None
