@@ -72,7 +72,7 @@ class EngineConfig:
     max_num_seqs: int = field(default=64, metadata=_help("sequences batched together at most"))
     max_num_batched_tokens: int = field(default=2048, metadata=_help("tokens computed per engine step at most"))
     max_scored_tokens_per_step: int = field(
-        default=128, metadata=_help("prompt positions scored (prompt_logprobs: logits over the whole vocabulary for "
+        default=64, metadata=_help("prompt positions scored (prompt_logprobs: logits over the whole vocabulary for "
                                     "each) per engine step at most: a long prompt's scoring is spread over steps, "
                                     "other requests' tokens between them"))
     max_model_len: int | None = field(default=None, metadata=_help("context length cap (default: the model's)"))

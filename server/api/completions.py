@@ -8,6 +8,7 @@ in vLLM's shape; both are computed in the prefill (engine/worker/prompt_logprobs
 generating."""
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -123,7 +124,9 @@ async def complete_text(ctx: ServingContext, plan: CompletionPlan, stream: Reque
             pass
     finally:
         record(ctx, "completions", plan.body, plan.prompts)
-    body = [
+    # Off the event loop: a long prompt's echoed or scored logprobs name tens of thousands of tokens (seconds of
+    # Python that would stall every other stream)
+    body = await asyncio.to_thread(lambda: [
         {
             "index": index,
             "text": plan.echo_texts[index // n] + choice.text,
@@ -133,7 +136,7 @@ async def complete_text(ctx: ServingContext, plan: CompletionPlan, stream: Reque
             **_echo_fields(ctx, plan, plan.prompts[index // n]),
         }
         for index, choice in enumerate(c for p in plan.prompts for c in p.choices)
-    ]
+    ])
     return _response(ctx, plan, body, usage=_usage(plan).openai())
 
 
@@ -151,12 +154,13 @@ async def stream_text(ctx: ServingContext, plan: CompletionPlan, stream: Request
             if plan.req.echo and not echoed[index]:
                 echoed[index] = True
                 prompt = plan.prompts[i]
-                yield chunk([{"index": index, "text": plan.echo_texts[i],
-                              "logprobs": _logprobs(ctx, plan, prompt, [], 0, echoed=True), "finish_reason": None,
-                              **_echo_fields(ctx, plan, prompt)}])
+                logprobs, fields = await asyncio.to_thread(  # (off the event loop, as in complete_text)
+                    lambda: (_logprobs(ctx, plan, prompt, [], 0, echoed=True), _echo_fields(ctx, plan, prompt)))
+                yield chunk([{"index": index, "text": plan.echo_texts[i], "logprobs": logprobs, "finish_reason": None,
+                              **fields}])
             elif plan.req.prompt_logprobs is not None and out.prompt_logprobs is not None:
-                yield chunk([{"index": index, "text": "", "logprobs": None, "finish_reason": None,
-                              **_echo_fields(ctx, plan, plan.prompts[i])}])
+                fields = await asyncio.to_thread(_echo_fields, ctx, plan, plan.prompts[i])
+                yield chunk([{"index": index, "text": "", "logprobs": None, "finish_reason": None, **fields}])
             if not out.new_text and not out.finished and plan.req.logprobs is None:
                 continue  # a token whose text is held back (partial character, possible stop string)
             logprobs = _logprobs(ctx, plan, plan.prompts[i], out.new_logprobs, offsets[index], echoed=False)

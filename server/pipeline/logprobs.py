@@ -6,6 +6,7 @@ A token's text is its own bytes, which for byte-level BPE (Qwen, Llama 3, SmolLM
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from functools import lru_cache
 from typing import Any
 
@@ -32,6 +33,9 @@ class TokenTexts:
     def __init__(self, tokenizer: Any) -> None:
         self._tokenizer = tokenizer
         self._cache: dict[int, tuple[str, list[int]]] = {}
+        # once: transformers builds the list on every read (it made each new token's text cost ~70 us, seconds on
+        # the event loop for a long prompt's prompt_logprobs)
+        self._special = frozenset(getattr(tokenizer, "all_special_ids", ()))
 
     def get(self, token_id: int) -> tuple[str, list[int]]:
         cached = self._cache.get(token_id)
@@ -40,10 +44,18 @@ class TokenTexts:
             cached = self._cache[token_id] = (raw.decode("utf-8", errors="replace"), list(raw))
         return cached
 
-    def _raw_bytes(self, token_id: int) -> bytes:
-        piece = self._tokenizer.convert_ids_to_tokens(token_id)
+    def prime(self, token_ids: Iterable[int]) -> None:
+        """Cache the texts of many tokens at once (one call into the tokenizer for their pieces: a long prompt's
+        prompt logprobs name tens of thousands of tokens)."""
+        missing = sorted(set(token_ids).difference(self._cache))
+        for token_id, piece in zip(missing, self._tokenizer.convert_ids_to_tokens(missing)):
+            raw = self._raw_bytes(token_id, piece)
+            self._cache[token_id] = (raw.decode("utf-8", errors="replace"), list(raw))
+
+    def _raw_bytes(self, token_id: int, piece: str | None = None) -> bytes:
+        piece = self._tokenizer.convert_ids_to_tokens(token_id) if piece is None else piece
         alphabet = _byte_level_alphabet()
-        special = token_id in getattr(self._tokenizer, "all_special_ids", ())
+        special = token_id in self._special
         if isinstance(piece, str) and not special and all(ch in alphabet for ch in piece):
             return bytes(alphabet[ch] for ch in piece)
         # Special tokens and non-byte-level vocabularies: the decoded text is the best we have.
@@ -79,6 +91,7 @@ def echoed_logprobs(texts: TokenTexts, prompt_ids: list[int], prompt: list[Token
                     completion: list[TokenLogprobs | None], num_top: int, completion_offset: int) -> dict[str, list]:
     """`echo` with `logprobs`: the prompt's tokens first (the first one has no logprob: null, as OpenAI and vLLM
     send), then the completion's, whose text starts at `completion_offset`."""
+    texts.prime([*prompt_ids, *_named_tokens(prompt, num_top)])
     out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     offset = 0
     for token_id, entry in zip(prompt_ids, prompt):
@@ -101,6 +114,7 @@ def vllm_prompt_logprobs(texts: TokenTexts, entries: list[TokenLogprobs | None],
                          num_top: int) -> list[dict[str, dict] | None]:
     """vLLM's `prompt_logprobs` shape: per prompt token, null for the first, else {token id: {logprob, rank,
     decoded_token}} for the prompt token and its position's `num_top` most likely tokens."""
+    texts.prime(_named_tokens(entries, num_top))
     out: list[dict[str, dict] | None] = []
     for entry in entries:
         if entry is None:
@@ -112,3 +126,11 @@ def vllm_prompt_logprobs(texts: TokenTexts, entries: list[TokenLogprobs | None],
                                          "decoded_token": texts.get(entry.token_id)[0]}
         out.append(position)
     return out
+
+
+def _named_tokens(entries: Iterable[TokenLogprobs | None], num_top: int) -> Iterator[int]:
+    """Every token the entries name: each scored token and its ``num_top`` alternatives."""
+    for entry in entries:
+        if entry is not None:
+            yield entry.token_id
+            yield from (token_id for token_id, _ in entry.top[:num_top])

@@ -101,9 +101,9 @@ def test_scoring_spread_over_steps_gives_the_unspread_values(model: str, qwen3_l
     """--max-scored-tokens-per-step spreads a prompt's scoring over steps (a decoding bystander between them); each
     position's logprob and alternatives are those of the prompt scored in one step (float noise apart: a random
     model's 150k logprobs hold near-ties, so ranks are checked against transformers' up to the tolerance)."""
-    (prompt,) = random_prompts(50_000, [70], seed=44)
+    (prompt,) = random_prompts(50_000, [60], seed=44)
     whole_llm = qwen3_llm if model == "qwen3-tiny" else LLM(model, block_size=4, num_kv_blocks=512)
-    assert whole_llm.engine.cfg.max_scored_tokens_per_step >= len(prompt)  # the default (128): in one step
+    assert whole_llm.engine.cfg.max_scored_tokens_per_step >= len(prompt)  # the default (64): in one step
     whole, whole_bystander = _score_beside_a_bystander(whole_llm, prompt)
     llm = LLM(model, block_size=4, num_kv_blocks=512, max_scored_tokens_per_step=8)
     spread, spread_bystander = _score_beside_a_bystander(llm, prompt)
