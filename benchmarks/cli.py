@@ -105,6 +105,16 @@ def _configure_prefix(p: argparse.ArgumentParser) -> None:
     p.add_argument("--snapshot-slots", type=_ints, default=[4, 8, 16, 32, 64],
                    help="--hybrid: snapshot pool sizes to compare, comma-separated")
     p.add_argument("--checkpoints", type=int, default=3, help="--hybrid: llama.cpp's checkpoints per slot")
+    p.add_argument("--sliding-window", action="store_true",
+                   help="sliding-window models: hit rate against window memory for kvserve's window group, vLLM's "
+                        "sliding-window manager and llama.cpp's SWA cache (with and without --swa-full), simulated "
+                        "on the agent workloads, and the window group against a dense model in the same memory on "
+                        "interleaved sessions (docs/SLIDING_WINDOW.md)")
+    p.add_argument("--window-shape", default="Gemma 3 27B", choices=["Gemma 3 27B", "Gemma-4-31B", "gpt-oss-20b"],
+                   help="--sliding-window: whose window and sizes price the memory (gpt-oss' 128-token window runs "
+                        "beside it)")
+    p.add_argument("--window-pages", type=_ints, default=[64, 256, 1024],
+                   help="--sliding-window: window pages beyond the running sequence's to compare, comma-separated")
     p.add_argument("--engine-slots", type=_ints, default=[],
                    help="--hybrid: also run the workloads through the engine with these snapshot pools (besides "
                         "one running sequence's state), request for request against the simulator, e.g. 4,16")
@@ -122,6 +132,19 @@ def _run_prefix(args: argparse.Namespace) -> dict:
                                            slot_counts=tuple(args.snapshot_slots), checkpoints=args.checkpoints,
                                            seed=args.seed, out_dir=args.out_dir,
                                            engine_slots=tuple(args.engine_slots)))
+        print(figures["markdown"])
+        return figures
+
+    if args.sliding_window:
+        from benchmarks.prefix.sliding_window import SHAPES, WindowOptions, run_sliding_window
+
+        workloads = ("claude_code", "codex", "subagents", "tool_loop") if args.workload == "all" else tuple(
+            w.strip() for w in args.workload.split(","))
+        windows = tuple(dict.fromkeys((SHAPES[args.window_shape].window, SHAPES["gpt-oss-20b"].window)))
+        figures = run_sliding_window(WindowOptions(model=args.model, workloads=workloads, shape=args.window_shape,
+                                                   windows=windows, page_counts=tuple(args.window_pages),
+                                                   checkpoints=args.checkpoints, seed=args.seed,
+                                                   out_dir=args.out_dir))
         print(figures["markdown"])
         return figures
 

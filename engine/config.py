@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from engine.kv.window_pool import DEFAULT_RETENTION_FRACTION
+
 if TYPE_CHECKING:
     import torch
 
@@ -72,7 +74,7 @@ class EngineConfig:
     max_num_seqs: int = field(default=64, metadata=_help("sequences batched together at most"))
     max_num_batched_tokens: int = field(default=2048, metadata=_help("tokens computed per engine step at most"))
     max_scored_tokens_per_step: int = field(
-        default=64, metadata=_help("prompt positions scored (prompt_logprobs: logits over the whole vocabulary for "
+        default=128, metadata=_help("prompt positions scored (prompt_logprobs: logits over the whole vocabulary for "
                                     "each) per engine step at most: a long prompt's scoring is spread over steps, "
                                     "other requests' tokens between them"))
     max_model_len: int | None = field(default=None, metadata=_help("context length cap (default: the model's)"))
@@ -162,9 +164,10 @@ class EngineConfig:
                                      "windows where requests resume (docs/SLIDING_WINDOW.md); off: every layer keeps "
                                      "every token", flag="no-sliding-window-cache"))
     window_retention_fraction: float = field(
-        default=0.2, metadata=_help("sliding-window models: the share of the KV cache memory, after the running "
-                                    "sequences' windows, that keeps retained windows for prefix hits; full-attention "
-                                    "blocks take the rest"))
+        default=DEFAULT_RETENTION_FRACTION,
+        metadata=_help("sliding-window models: the share of the KV cache memory, after the running sequences' windows, "
+                       "that keeps windows for prefix hits (retained and cached ones); full-attention blocks take the "
+                       "rest"))
     num_window_blocks: int | None = field(
         default=None, metadata=_help("sliding-window models: pages of the window layers (default: the running "
                                      "sequences' windows plus --window-retention-fraction)"))
