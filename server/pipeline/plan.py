@@ -26,6 +26,7 @@ from server.rendering import serving_template_kwargs
 _THINKING_SWITCH = {
     "qwen3": "enable_thinking", "qwen3.6": "enable_thinking",
     "deepseek-v3.1": "thinking", "deepseek-v3.2": "thinking", "deepseek-v4": "thinking",
+    "glm-4.7": "enable_thinking",
 }
 # Families whose template takes a `reasoning_effort` kwarg of its own.
 _EFFORT_KWARG_FAMILIES = ("deepseek-v4",)
