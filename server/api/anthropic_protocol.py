@@ -1,7 +1,8 @@
 """The Anthropic Messages wire format: request bodies (pydantic, for validation and the OpenAPI schema), the error
 shape, and the SSE event framing.
 
-As for the OpenAI routes, unknown fields are accepted and ignored (Claude Code sends `context_management`, ...). Content blocks stay dicts: `server/api/messages_input.py` validates each one and names the block
+As for the OpenAI routes, unknown fields are accepted and ignored. Content blocks stay dicts:
+`server/api/messages_input.py` validates each one and names the block
 that is wrong, so a malformed block is a 400, never a 500.
 """
 from __future__ import annotations
@@ -57,6 +58,8 @@ class Conversation(RequestModel):
     cached_content: str | None = Field(None, max_length=128)  # a named cache this request continues (/v1/caches)
     # {"format": {"type": "json_schema", "schema": ...}, "effort": ...}; the effort can change the prompt (DeepSeek-V4)
     output_config: dict[str, Any] | None = None
+    # {"edits": [...]}: clear old tool results / thinking before rendering (server/api/context_edits.py)
+    context_management: dict[str, Any] | None = None
 
 
 class MessagesRequest(Conversation):

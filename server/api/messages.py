@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import replace
 from typing import Any
 
 from server import json_text
@@ -19,6 +20,7 @@ from server.pipeline.async_engine import RequestStream
 from server.pipeline.plan import Plan, plan_turn, record_plan, render_turn, with_cached_content
 from server.pipeline.context import ServingContext
 from server.pipeline.generation import Usage
+from server.api.context_edits import edit_conversation
 from server.api.messages_input import FORMAT_PARAMS, to_turn
 from server.parsing import OutputItem
 from server.pipeline.choices import ChoiceState, ItemEvent, ItemStream, choice_states, parsed_updates
@@ -32,18 +34,27 @@ def plan_messages(
     ctx: ServingContext, req: MessagesRequest, body: dict[str, Any], cache_salt: str | None,
     headers: Mapping[str, str],
 ) -> Plan:
-    turn = to_turn(req, ctx.family, claude_code_session(headers, req.metadata))
+    edited = edit_conversation(ctx, req, cache_salt)  # `context_management`, before rendering
+    turn = to_turn(edited.conversation, ctx.family, claude_code_session(headers, req.metadata))
+    if req.context_management is not None:
+        turn = replace(turn, context_edits=tuple(edited.applied))
     try:
         return plan_turn(ctx, turn, body, cache_salt, int(time.time()), endpoint="messages", id_prefix="msg")
     except APIError as exc:
         raise exc.renamed(FORMAT_PARAMS) from None
 
 
-def count_tokens(ctx: ServingContext, req: CountTokensRequest, cache_salt: str | None) -> dict[str, int]:
-    """The prompt's length in tokens, rendered exactly as `/v1/messages` renders it."""
+def count_tokens(ctx: ServingContext, req: CountTokensRequest, cache_salt: str | None) -> dict[str, Any]:
+    """The prompt's length in tokens, rendered exactly as `/v1/messages` renders it (its `context_management`
+    edits applied: then also `context_management.original_input_tokens`, the length before them)."""
     ctx.check_model(req.model)
-    turn = with_cached_content(ctx, to_turn(req, ctx.family), cache_salt)
-    return {"input_tokens": len(ctx.encode(render_turn(ctx, turn)))}
+    edited = edit_conversation(ctx, req, cache_salt)
+    turn = with_cached_content(ctx, to_turn(edited.conversation, ctx.family), cache_salt)
+    tokens = len(ctx.encode(render_turn(ctx, turn)))
+    counted: dict[str, Any] = {"input_tokens": tokens}
+    if req.context_management is not None:
+        counted["context_management"] = {"original_input_tokens": edited.original_tokens}
+    return counted
 
 
 def _block(item: OutputItem, streamed: bool = False) -> dict[str, Any]:
@@ -85,7 +96,14 @@ def _message(ctx: ServingContext, plan: Plan, content: list[dict], state: Choice
     return {
         "id": plan.request_id, "type": "message", "role": "assistant", "model": ctx.model_name, "content": content,
         "stop_reason": reason, "stop_sequence": sequence, "usage": _usage(ctx, plan, state),
+        **_context_management(plan),
     }
+
+
+def _context_management(plan: Plan) -> dict[str, Any]:
+    """What the request's `context_management` cleared ({} when it asked for none)."""
+    edits = plan.turn.context_edits
+    return {} if edits is None else {"context_management": {"applied_edits": list(edits)}}
 
 
 def _usage(ctx: ServingContext, plan: Plan, state: ChoiceState | None) -> dict[str, int]:
@@ -125,5 +143,5 @@ async def stream_messages(ctx: ServingContext, plan: Plan, stream: RequestStream
         yield anthropic_sse(*_block_event(item_event))
     reason, sequence = state.finish(plan.turn.sampling.max_tokens).anthropic()
     yield anthropic_sse("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": sequence},
-                                          "usage": _usage(ctx, plan, state)})
+                                          "usage": _usage(ctx, plan, state), **_context_management(plan)})
     yield anthropic_sse("message_stop", {})

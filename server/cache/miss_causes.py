@@ -20,6 +20,7 @@ from typing import Any
 CHANGE_TOOLS = "tool_list"
 CHANGE_SYSTEM = "system_prompt"
 CHANGE_HISTORY = "compaction"
+CHANGE_CONTEXT_EDIT = "context_edit"  # the server cleared old tool results or thinking (Anthropic context_management)
 CHANGE_REASONING = "template_reasoning"  # the template dropped earlier turns' reasoning (Qwen3)
 CHANGE_TEMPLATE = "template"
 CHANGE_BILLING_NONCE = "billing_nonce"  # Claude Code's per-request billing nonce (server/cache/normalize.py removes it)
@@ -35,7 +36,9 @@ CAUSES: dict[str, str] = {
     "different_salt": "different cache salt: the same prefix is cached for another tenant",
     CHANGE_TOOLS: "prefix changed by the tool list (tools are rendered at the head)",
     CHANGE_SYSTEM: "prefix changed by the system prompt (edited between turns)",
-    CHANGE_HISTORY: "prefix changed by compaction (history replaced by a summary)",
+    CHANGE_HISTORY: "prefix changed by compaction (history replaced by a summary: a new epoch)",
+    CHANGE_CONTEXT_EDIT: "prefix changed by a context edit (the server cleared old tool results or thinking: "
+                         "context_management)",
     CHANGE_REASONING: "prefix changed by the chat template: earlier turns' reasoning dropped (Qwen3 <think>)",
     CHANGE_TEMPLATE: "prefix changed by the chat template (earlier turns re-rendered differently)",
     CHANGE_BILLING_NONCE: "prefix changed by Claude Code's per-request billing nonce (removed by server/cache/normalize.py)",

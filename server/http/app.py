@@ -252,7 +252,7 @@ def _add_routes(app: FastAPI, settings: ServerSettings, ui: bool) -> None:
             lambda plan: plan.prompts, partial(complete_text, ctx), partial(stream_text, ctx))
 
     @api.post("/v1/messages/count_tokens", openapi_extra=request_body(CountTokensRequest))
-    async def messages_count_tokens(request: Request, ctx: Served) -> dict[str, int]:
+    async def messages_count_tokens(request: Request, ctx: Served) -> dict[str, Any]:
         body = await read_json(request, ctx.settings.limits)
         return await ctx.prepare(count_tokens, ctx, parse_body(CountTokensRequest, body), ctx.salt_for(request, None))
 

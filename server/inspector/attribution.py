@@ -11,7 +11,16 @@ from hashlib import blake2b
 from typing import Any
 
 from server.inspector.prompt_trie import common_prefix_packed, num_tokens, unpack
-from server.cache.miss_causes import CHANGE_PROMPT, CHANGE_REPLY, CHANGE_TEMPLATE, message_change, miss_causes, template_change
+from server.cache.miss_causes import (
+    CHANGE_CONTEXT_EDIT,
+    CHANGE_HISTORY,
+    CHANGE_PROMPT,
+    CHANGE_REPLY,
+    CHANGE_TEMPLATE,
+    message_change,
+    miss_causes,
+    template_change,
+)
 
 # Tokens decoded on each side of a divergence to tell a template's change apart (the texts agree before it).
 _TEXT_WINDOW = (8, 32)
@@ -23,6 +32,8 @@ class Conversation:
 
     messages: list[dict] | None = None
     tools: list[Any] | None = None
+    epoch: int = 0  # the compactions it went through (server/api/compaction.py): a new one starts an epoch
+    edited: bool = False  # the server edited it before rendering (server/api/context_edits.py)
 
     def digest(self) -> Conversation:
         """The same conversation as each message's role and a hash of it, and a hash of the tools: what comparing
@@ -30,7 +41,7 @@ class Conversation:
         if self.messages is None:
             return self
         messages = [{"role": m.get("role") if isinstance(m, dict) else None, "hash": _hash(m)} for m in self.messages]
-        return Conversation(messages, [_hash(self.tools)] if self.tools else None)
+        return Conversation(messages, [_hash(self.tools)] if self.tools else None, self.epoch, self.edited)
 
 
 def _hash(value: Any) -> str:
@@ -81,6 +92,8 @@ def _cause(prompt: bytes, previous: Previous, conversation: Conversation, index:
             return CHANGE_PROMPT
         return CHANGE_TEMPLATE  # one of them came through another API: rendered differently
     change = message_change(old.messages, old.tools, new.messages, new.tools)
+    if change == CHANGE_HISTORY and new.edited and new.epoch == old.epoch:
+        return CHANGE_CONTEXT_EDIT  # the server cleared part of the history, the client did not compact it
     if change is not None:
         return change
     if index >= previous.prompt_tokens:

@@ -27,7 +27,8 @@ def inspect_finished(ctx: ServingContext, endpoint: str, prompts: list[Generatio
     # As rendered: the cache rules applied, so a change they remove (a billing nonce) is no change here either. The
     # rules read only the renderer's flags, never its tokenizer: any lane's renderer does, on the event loop.
     conversation = Conversation() if turn is None else Conversation(
-        normalize_for_cache(turn.messages, ctx.lane_tools.renderer), turn.tools)
+        normalize_for_cache(turn.messages, ctx.lane_tools.renderer), turn.tools, turn.compaction_epoch,
+        bool(turn.context_edits))
     for p in prompts:
         try:
             _observe(inspector, endpoint, p, session, conversation)

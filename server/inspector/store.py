@@ -76,6 +76,7 @@ class InspectedRequest:
     end: TrieNode | None = None  # the trie node of its sequence's last full block
     tail: bytes = b""  # the tokens after it
     tenant_seq: int = 0  # its number among its tenant's requests (a tenant's cursor: `seq` counts everyone's)
+    epoch: int = 0  # its conversation's compaction epoch (server/api/compaction.py)
 
     @property
     def device_cached_tokens(self) -> int:
@@ -168,6 +169,7 @@ class Inspector:
                 parent.request_id if parent else None, ideal, divergence, dict(misses.most_common()),
             )
             self._tenant_seqs[tenant] = record.tenant_seq = self._tenant_seqs.get(tenant, 0) + 1
+            record.epoch = obs.conversation.epoch
             record.end = self.trie.insert(obs.salt, sequence, known, record)
             record.tail = self.trie.tail(sequence)
             self.ring.append(record)

@@ -63,7 +63,7 @@ def request_summary(r: InspectedRequest) -> dict[str, Any]:
         "prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens, "cached_tokens": r.cached_tokens,
         "cached": {"device": r.device_cached_tokens, "host": r.host_cached_tokens, "disk": r.disk_cached_tokens},
         "ideal_tokens": r.ideal_tokens, "queue_s": r.queue_s, "ttft_s": r.ttft_s, "e2e_s": r.e2e_s,
-        "finish_reason": r.finish_reason, "parent": r.parent_id, "misses": r.misses,
+        "finish_reason": r.finish_reason, "parent": r.parent_id, "misses": r.misses, "epoch": r.epoch,
         "breakpoints": [{"tokens": n, "ttl_s": ttl} for n, ttl in r.breakpoints],
         "divergence": None if divergence is None else {
             "index": divergence.index, "cause": divergence.cause, "description": CAUSES[divergence.cause],

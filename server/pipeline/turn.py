@@ -66,7 +66,9 @@ class Turn:
     session: str | None = None  # the agent session, as the client named it (recorded; its blocks are held)
     breakpoints: list[Breakpoint] | None = None  # cache_control marks (None: those on chat content parts)
     compaction_epoch: int = 0  # compactions the conversation went through (server/api/compaction.py; the inspector)
-    context_edited: bool = False  # the server edited the conversation (Anthropic context_management)
+    # Anthropic's `applied_edits`: what the server cleared before rendering (server/api/context_edits.py); None:
+    # the request asked for no context management
+    context_edits: tuple[dict[str, Any], ...] | None = None
 
     @property
     def structured_answer(self) -> bool:

@@ -149,7 +149,8 @@ function requestTable(requests) {
     const share = r.prompt_tokens ? r.cached_tokens / r.prompt_tokens : 0;
     const bar = [["device", "d"], ["host", "h"], ["disk", "k"]].map(([t, c]) => `<i class="${c}" style="width:${r.prompt_tokens ? (100 * r.cached[t]) / r.prompt_tokens : 0}%"></i>`).join("");
     const d = r.divergence;
-    const div = d ? `<span class="badge" title="${esc(d.description)}">${esc(d.cause)}</span> <span class="muted">#${num(d.index)}</span>` : "";
+    const epoch = d && d.cause === "compaction" && r.epoch ? ` <span class="muted" data-epoch="${r.epoch}">epoch ${r.epoch}</span>` : "";
+    const div = d ? `<span class="badge" title="${esc(d.description)}">${esc(d.cause)}</span>${epoch} <span class="muted">#${num(d.index)}</span>` : "";
     const marks = d ? ` data-divergence-cause="${esc(d.cause)}" data-divergence-index="${d.index}"` : "";
     return `<tr data-request-id="${esc(r.id)}" data-prompt-tokens="${r.prompt_tokens}" data-cached-tokens="${r.cached_tokens}"${marks}>
       <td>${i + 1}</td><td class="l">${clock(r.time)}</td><td class="l mono"><a href="#/requests/${encodeURIComponent(r.id)}">${esc(shortId(r.id))}</a></td><td class="l">${esc(r.endpoint)}</td>

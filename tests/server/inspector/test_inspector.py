@@ -240,3 +240,40 @@ def test_snapshot_points_of_a_hybrid_model(hybrid_ui_server: LiveServer) -> None
         page, _ = browser.open_inspector(context, server.base_url, None, f"/requests/{second.id}")
         marked = page.locator("#prompt .snap")
         assert [int(marked.nth(i).get_attribute("data-snapshot")) for i in range(marked.count())] == points
+
+
+def _last_request(server: LiveServer, client_id: str) -> dict:
+    [listed] = [s for s in get(server, "/ui/api/sessions").json()["sessions"] if s["client_id"] == client_id]
+    return get(server, f"/ui/api/sessions/{listed['id']}").json()["requests"][-1]
+
+
+def test_a_compaction_and_a_context_edit_are_named_with_the_epoch(ui_server: LiveServer) -> None:
+    """The request after a remote compaction breaks the prefix as "compaction" in epoch 1; a request whose old tool
+    results the server cleared (Anthropic context_management) breaks it as "context_edit"."""
+    client, model = ui_server.client(), ui_server.ctx.model_name
+    history = [{"type": "message", "role": "user", "content": f"List the files. {SECRET}"},
+               {"type": "message", "role": "assistant", "content": "README.md and src/."},
+               {"type": "message", "role": "user", "content": "Now read the README."}]
+    common = dict(model=model, instructions=SYSTEM, prompt_cache_key="sess-compact", max_output_tokens=4)
+    client.responses.create(input=history, **common)
+    compacted = json.loads(client.responses.with_raw_response.compact(
+        model=model, instructions=SYSTEM, input=history, prompt_cache_key="sess-compact",
+        extra_body={"max_output_tokens": 4}).text)["output"]
+    client.responses.create(input=[*compacted, {"type": "message", "role": "user", "content": "Go on."}], **common)
+    after = _last_request(ui_server, "sess-compact")
+    assert after["divergence"]["cause"] == "compaction" and after["epoch"] == 1
+
+    anthropic = ui_server.anthropic(default_headers={"X-Claude-Code-Session-Id": "claude-edit"})
+    turns = [{"role": "user", "content": "Fix the bug."}]
+    for i in range(3):
+        turns += [{"role": "assistant", "content": [{"type": "tool_use", "id": f"t{i}", "name": "read",
+                                                      "input": {"path": f"f{i}.py"}}]},
+                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{i}",
+                                                "content": f"line {i} " * 20}]}]
+    tools = [{"name": "read", "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}]
+    for trigger in (10**6, 1):
+        anthropic.beta.messages.create(
+            model=model, max_tokens=2, messages=turns, tools=tools, betas=["context-management-2025-06-27"],
+            context_management={"edits": [{"type": "clear_tool_uses_20250919", "keep": {"type": "tool_uses", "value": 1},
+                                           "trigger": {"type": "input_tokens", "value": trigger}}]})
+    assert _last_request(ui_server, "claude-edit")["divergence"]["cause"] == "context_edit"
