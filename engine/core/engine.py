@@ -94,27 +94,19 @@ class LLMEngine:
                                                                      self.max_model_len)
         else:
             self.runner = ModelRunner(self.model_dir, self.model_cfg, cfg, self.max_model_len)
-        offload = self.runner.kv_offload
-        host_blocks = offload.host_tensors[0].shape[0] if offload else 0
-        host_states = offload.host_states[0].shape[0] if offload and offload.host_states else 0
-        disk_blocks, disk_states = (offload.disk_capacity(cfg.kv_disk_gb, cfg.state_snapshot_fraction)
-                                    if offload and offload.disk else (0, 0))
         self.kv_events = (KVEventPublisher(cfg.kv_events_endpoint, cfg.kv_events_replay_endpoint, cfg.kv_events_topic,
                                            cfg.block_size, all_interfaces=cfg.kv_events_all_interfaces,
                                            token_ids=cfg.kv_events_token_ids) if cfg.kv_events_endpoint else None)
         self.hasher = BlockHasher(cfg.block_size, model_id or str(self.model_dir))  # the one the engine hashes with
-        self.scheduler = Scheduler(cfg, self.runner.num_blocks, self.hasher, self.max_model_len,
-                                   self.eos_token_ids, host_blocks=host_blocks, disk_blocks=disk_blocks,
-                                   record_events=self.kv_events is not None, clock=clock,
-                                   state_slots=self.runner.num_state_slots, host_states=host_states,
-                                   disk_states=disk_states, window_blocks=self.runner.num_window_blocks,
-                                   window=self.runner.kv_spec.window)
+        self.scheduler = Scheduler(cfg, self.runner.kv_layout(), self.hasher, self.max_model_len, self.eos_token_ids,
+                                   record_events=self.kv_events is not None, clock=clock)
         self.preparer = RequestPreparer(
             self.model_cfg.vocab_size, self.max_model_len, cfg.block_size, self.runner.num_blocks,
             self.hasher if cfg.enable_prefix_caching else None,
             self.speculation_refused, mtp=self.model_cfg.num_mtp_layers > 0, image_token_id=self.image_token_id)
         self.structured_outputs = StructuredOutputs(self.tokenizer, self.model_cfg.vocab_size, self.eos_token_ids,
                                                     self.runner.device, cfg.json_whitespace)
+        offload = self.runner.kv_offload
         if offload and offload.disk:  # blocks a previous run left on disk
             self.scheduler.load_disk_tier(offload.read_disk_block, ((b.block_hash, b.token_ids, b.parent_hash,
                                                                      b.has_state) for b in offload.disk.scan()))

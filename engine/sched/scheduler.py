@@ -21,6 +21,7 @@ import numpy as np
 from engine.kv.block_hashing import BlockHash, BlockHasher
 from engine.config import EngineConfig, SchedulingPolicy
 from engine.kv.snapshot_policy import DEFAULT_POLICY, SnapshotPolicy
+from engine.kv.layout import KVLayout
 from engine.kv.manager import KVCacheManager
 from engine.multimodal import ImageInput
 from engine.phase_budget import PhaseTracker
@@ -55,25 +56,24 @@ def admission_order(policy: SchedulingPolicy, candidates: abc.Sequence[T], num_c
 
 class Scheduler(SteadyPath, SpeculationSteps, ResumePoints, Finishing, SchedulerQueries):
     def __init__(
-        self, cfg: EngineConfig, num_blocks: int, hasher: BlockHasher, max_model_len: int, eos_token_ids: set[int],
-        *, host_blocks: int = 0, disk_blocks: int = 0, record_events: bool = False,
-        clock: Callable[[], float] = time.monotonic, state_slots: int = 0, host_states: int = 0,
-        disk_states: int = 0,
-        snapshot_policy: SnapshotPolicy = DEFAULT_POLICY, window_blocks: int = 0, window: int = 0,
+        self, cfg: EngineConfig, layout: KVLayout, hasher: BlockHasher, max_model_len: int, eos_token_ids: set[int],
+        *, record_events: bool = False, clock: Callable[[], float] = time.monotonic,
+        snapshot_policy: SnapshotPolicy = DEFAULT_POLICY,
     ) -> None:
         self.cfg = cfg
         # hybrid models (state slots): where to snapshot the recurrent state, so that prefixes can be resumed
-        self.snapshot_policy = snapshot_policy if state_slots and cfg.enable_prefix_caching else None
+        self.snapshot_policy = snapshot_policy if layout.state_slots and cfg.enable_prefix_caching else None
         # sliding-window models (window pages): where to retain the window, at the same points
-        self.window_policy = snapshot_policy if window_blocks and cfg.enable_prefix_caching else None
+        self.window_policy = snapshot_policy if layout.window_blocks and cfg.enable_prefix_caching else None
         self.max_model_len = max_model_len
         self.eos_token_ids = eos_token_ids
-        self.kv = KVCacheManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching, cfg.eviction_policy,
+        self.kv = KVCacheManager(layout.num_blocks, cfg.block_size, cfg.enable_prefix_caching, cfg.eviction_policy,
                                  max_retained_fraction=cfg.max_retained_fraction,
-                                 max_retained_share_per_tenant=cfg.max_retained_share_per_tenant, host_blocks=host_blocks,
-                                 disk_blocks=disk_blocks, record_events=record_events, clock=clock,
-                                 state_slots=state_slots, host_states=host_states, disk_states=disk_states,
-                                 window_blocks=window_blocks, window=window)
+                                 max_retained_share_per_tenant=cfg.max_retained_share_per_tenant,
+                                 host_blocks=layout.host_blocks, disk_blocks=layout.disk_blocks,
+                                 record_events=record_events, clock=clock, state_slots=layout.state_slots,
+                                 host_states=layout.host_states, disk_states=layout.disk_states,
+                                 window_blocks=layout.window_blocks, window=layout.window)
         self.hasher = hasher  # the engine's, shared with its request preparer
         self.waiting: deque[Sequence] = deque()
         # The running sequences in admission order (the last one is preempted first), as columns too

@@ -28,6 +28,7 @@ from engine.config import EngineConfig, ModelConfig
 from engine.worker.cuda_graphs import DecodeGraphRunner, KVCaches
 from engine.worker.input_batch import InputBatch, RunnerSequence
 from engine.worker.kv_disk import DiskStore
+from engine.kv.layout import KVLayout
 from engine.worker.kv_offload import KVOffload, flat_caches, row_bytes
 from engine.models.architectures import build_model, random_weights_
 from engine.outputs import KVTransfer, ModelRunnerOutput, NewSequence, SchedulerOutput, StateCopy
@@ -216,6 +217,15 @@ class ModelRunner:
         # --speculative mtp: the model's MTP layer drafts after every step (engine/spec/mtp.py)
         self.mtp_drafter = (MTPDrafter(model, cfg.num_speculative_tokens, cfg.block_size, max_model_len)
                             if getattr(model, "mtp", None) is not None else None)
+
+    def kv_layout(self) -> KVLayout:
+        """What this runner allocated, for the KV manager: the device pool and both halves of each lower tier."""
+        offload, cfg = self.kv_offload, self.cfg
+        host_states = offload.host_states[0].shape[0] if offload and offload.host_states else 0
+        disk_blocks, disk_states = (offload.disk_capacity(cfg.kv_disk_gb, cfg.state_snapshot_fraction)
+                                    if offload and offload.disk else (0, 0))
+        return KVLayout(self.num_blocks, self.num_state_slots, self.num_window_blocks, self.kv_spec.window,
+                        offload.host_tensors[0].shape[0] if offload else 0, host_states, disk_blocks, disk_states)
 
     def _load_vision(self, model_dir: Path) -> VisionInputs | None:
         if self.cfg.language_model_only or self.cfg.load_format == "dummy":

@@ -11,6 +11,7 @@ from engine.outputs import FinishReason, ModelRunnerOutput, SchedulerOutput, Seq
 from engine.sched.sequence import SequenceStatus
 from engine.sampling_params import SamplingParams
 from engine.kv.block_hashing import BlockHasher
+from engine.kv.layout import KVLayout
 from engine.sched.scheduler import Scheduler
 
 EOS = 2
@@ -18,7 +19,7 @@ EOS = 2
 
 def make(num_blocks: int, **cfg) -> Scheduler:
     config = EngineConfig(block_size=4, device="cpu", **{"max_num_batched_tokens": 64, **cfg})
-    return Scheduler(config, num_blocks, BlockHasher(config.block_size, "m"), max_model_len=1024, eos_token_ids={EOS})
+    return Scheduler(config, KVLayout(num_blocks), BlockHasher(config.block_size, "m"), max_model_len=1024, eos_token_ids={EOS})
 
 
 def params(max_tokens: int = 8) -> SamplingParams:

@@ -13,6 +13,7 @@ from engine.config import EngineConfig
 from engine.outputs import ModelRunnerOutput
 from engine.sampling_params import SamplingParams
 from engine.kv.block_hashing import BlockHasher
+from engine.kv.layout import KVLayout
 from engine.sched.scheduler import Scheduler
 
 EOS = 2
@@ -29,7 +30,7 @@ def run(num_blocks: int, columnar: bool, monkeypatch: pytest.MonkeyPatch, overla
     monkeypatch.setattr(scheduler_module, "MIN_COLUMNAR_ROWS", 8 if columnar else 10**9)
     monkeypatch.setattr(step_state, "RECENT_TOKENS", 2)  # the step state's room for tokens fills now and then
     cfg = EngineConfig(block_size=4, device="cpu", max_num_batched_tokens=256, max_num_seqs=40)
-    s = Scheduler(cfg, num_blocks, BlockHasher(cfg.block_size, "m"), max_model_len=1024, eos_token_ids={EOS})
+    s = Scheduler(cfg, KVLayout(num_blocks), BlockHasher(cfg.block_size, "m"), max_model_len=1024, eos_token_ids={EOS})
     for i in range(40):
         prompt = [10 + (i * j) % 50 for j in range(5 + i % 7)]  # lengths 5-11: the batch crosses blocks unevenly
         s.add_request(f"r{i}", prompt, SamplingParams(max_tokens=6 + (i * 5) % 30, temperature=0, n=2 if i % 9 == 0
