@@ -44,8 +44,9 @@ def o200k_ranks_file() -> Path:
     return path
 
 
-def write_harmony_tokenizer(out_dir: Path, chat_template: str | None) -> TokenizerInfo:
-    """tokenizer.json and tokenizer_config.json of o200k_harmony in ``out_dir`` (with ``chat_template``)."""
+def write_harmony_tokenizer(out_dir: Path, template: str = "gpt-oss") -> TokenizerInfo:
+    """tokenizer.json and tokenizer_config.json of o200k_harmony in ``out_dir``. ``template`` (the registry's family,
+    ``gpt-oss``) is rendered natively (server/rendering/native/harmony.py): no Jinja template is stored."""
     from tokenizers import AddedToken
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
@@ -59,7 +60,5 @@ def write_harmony_tokenizer(out_dir: Path, chat_template: str | None) -> Tokeniz
     tokenizer.save(str(out_dir / "tokenizer.json"))
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|startoftext|>", "eos_token": "<|return|>",
               "pad_token": "<|endoftext|>", "model_max_length": 131072, "clean_up_tokenization_spaces": False}
-    if chat_template is not None:
-        config["chat_template"] = chat_template
     write_json(out_dir / "tokenizer_config.json", config)
     return TokenizerInfo(num_tokens=NUM_TOKENS, bos_token_id=199998, eos_token_ids=EOS_TOKEN_IDS, pad_token_id=199999)

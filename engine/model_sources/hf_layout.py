@@ -54,6 +54,11 @@ _FAMILY_KEYS: dict[str, tuple[str, dict[str, Any]]] = {
     "gemma3_text": ("Gemma3ForCausalLM", {"attention_bias": False, "hidden_act": "gelu_pytorch_tanh",
                                           "hidden_activation": "gelu_pytorch_tanh", "final_logit_softcapping": None,
                                           "attn_logit_softcapping": None, "use_bidirectional_attention": False}),
+    # gpt-oss (openai/gpt-oss-20b's config.json); its window, layer types, experts, YaRN and MXFP4
+    # quantization_config come with the recipe's `config`
+    "gpt_oss": ("GptOssForCausalLM", {"attention_bias": True, "hidden_act": "silu", "swiglu_limit": 7.0,
+                                      "initializer_range": 0.02, "output_router_logits": False,
+                                      "router_aux_loss_coef": 0.9}),
 }
 SUPPORTED_MODEL_TYPES = tuple(_FAMILY_KEYS)
 

@@ -28,3 +28,22 @@ def quantize_mxfp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     codes = codes.to(torch.uint8)
     blocks = codes[..., 0::2] | (codes[..., 1::2] << 4)
     return blocks.contiguous(), (exponent + 127).to(torch.uint8)
+
+
+EXPERT_WEIGHTS = (".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")  # gpt-oss' MXFP4 tensors (not their biases)
+QUANTIZATION_CONFIG = {  # gpt-oss-20b's config.json: what stays unquantized
+    "quant_method": "mxfp4",
+    "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"],
+}
+
+
+def released_expert_layout(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """gpt-oss tensors as transformers saves them (experts ``[E, in, out]``) with the expert weights as the release
+    stores them: ``<name>_blocks`` / ``<name>_scales`` of their ``[E, out, in]`` transpose."""
+    out = {}
+    for name, tensor in tensors.items():
+        if name.endswith(EXPERT_WEIGHTS):
+            out[name + "_blocks"], out[name + "_scales"] = quantize_mxfp4(tensor.transpose(1, 2))
+        else:
+            out[name] = tensor
+    return out

@@ -23,7 +23,9 @@ from engine.config import GEMMA3_ARCHITECTURES, HYBRID_ARCHITECTURES, MTP_AFTER_
 from .deepseek_tokenizer import write_deepseek_tokenizer
 from .gemma_tokenizer import write_gemma3_tokenizer
 from .glm_tokenizer import write_glm_tokenizer
+from .harmony_tokenizer import write_harmony_tokenizer
 from .hf_layout import DecoderDims, TokenizerInfo, write_model_configs
+from .mxfp4 import released_expert_layout
 from .qwen_tokenizer import write_qwen3_tokenizer, write_qwen36_tokenizer
 
 # recipe `tokenizer:` -> the writer of that real tokenizer (with the entry's chat template) into a model directory
@@ -33,6 +35,7 @@ TOKENIZER_WRITERS: dict[str, Callable[[Path, str], TokenizerInfo]] = {
     "deepseek": write_deepseek_tokenizer,
     "gemma3": write_gemma3_tokenizer,
     "glm": write_glm_tokenizer,  # a stand-in: Qwen3's BPE with GLM's added tokens (none on the index ships GLM's)
+    "harmony": write_harmony_tokenizer,  # gpt-oss' o200k_harmony, from bpe-openai's o200k_base
 }
 TOKENIZERS = tuple(TOKENIZER_WRITERS)
 VOCAB_ROUNDING = 128  # embedding rows are padded to a multiple of this, as real checkpoints do
@@ -232,4 +235,6 @@ def write_random_weights(out_dir: Path, seed: int, scales: InitScales = InitScal
         else random_tensor(copies.get(name, name), shape, seed, scales, zero_centered)
         for name, shape in tqdm(sorted(shapes.items()), desc="random weights", disable=None)
     }
+    if (config.get("quantization_config") or {}).get("quant_method") == "mxfp4":  # gpt-oss' released experts
+        tensors = released_expert_layout(tensors)
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})

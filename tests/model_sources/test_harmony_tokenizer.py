@@ -31,7 +31,7 @@ def tokenizers(tmp_path_factory):
     from transformers import AutoTokenizer
 
     out = tmp_path_factory.mktemp("harmony")
-    info = write_harmony_tokenizer(out, None)
+    info = write_harmony_tokenizer(out, "gpt-oss")
     ranks = out / "ranks.tiktoken"
     ranks.write_bytes(gzip.decompress(o200k_ranks_file().read_bytes()))
     reference = tiktoken.Encoding("o200k_harmony", pat_str=O200K_PATTERN, mergeable_ranks=load_tiktoken_bpe(str(ranks)),

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from engine.model_sources.mxfp4 import quantize_mxfp4
+from engine.model_sources.mxfp4 import QUANTIZATION_CONFIG, quantize_mxfp4, released_expert_layout
 from engine.model_sources.tiny import InitScales, random_tensor
 from engine.registry import resolve_model
 
@@ -25,7 +25,6 @@ WINDOW = 8
 CONFIG = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
               num_key_value_heads=2, head_dim=16, num_local_experts=8, num_experts_per_tok=4, sliding_window=WINDOW,
               max_position_embeddings=4096, eos_token_id=2, pad_token_id=0)
-EXPERT_WEIGHTS = ("gate_up_proj", "down_proj")  # the MXFP4 tensors; their biases stay as they are
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")  # the tests work on token ids: any real tokenizer
 
 
@@ -38,7 +37,7 @@ def hf_gpt_oss_model(seed: int = 29, **overrides):
     with torch.no_grad():
         for name, param in model.named_parameters():
             value = random_tensor(name, tuple(param.shape), seed, InitScales())
-            if name.endswith(EXPERT_WEIGHTS):  # [E, in, out] -> blocks of the released [E, out, in]
+            if name.endswith(("experts.gate_up_proj", "experts.down_proj")):  # exactly MXFP4 values
                 value = convert_moe_packed_tensors(*quantize_mxfp4(value.transpose(1, 2)), dtype=torch.float32)
             param.copy_(value)
     return model.eval()
@@ -54,14 +53,9 @@ def write_gpt_oss_checkpoint(layout: str, out: Path, **overrides) -> Path:
         shutil.copyfile(resolve_model("qwen3-tiny") / name, out / name)
     if layout == "mxfp4":
         path = out / "model.safetensors"
-        tensors = load_file(path)
-        for name in [n for n in tensors if n.endswith(EXPERT_WEIGHTS)]:
-            blocks, scales = quantize_mxfp4(tensors.pop(name).transpose(1, 2))
-            tensors[name + "_blocks"], tensors[name + "_scales"] = blocks, scales
-        save_file(tensors, str(path), metadata={"format": "pt"})
+        save_file(released_expert_layout(load_file(path)), str(path), metadata={"format": "pt"})
         config = json.loads((out / "config.json").read_text())
-        config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
-            "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+        config["quantization_config"] = QUANTIZATION_CONFIG
         (out / "config.json").write_text(json.dumps(config, indent=2))
     elif layout != "bf16":
         raise ValueError(f"unknown gpt-oss layout {layout!r}; one of {LAYOUTS}")

@@ -169,3 +169,29 @@ def test_other_op_sets_chunked_and_together(case, backend):
 def test_tensor_parallel_is_refused_with_a_reason(gpt_oss_dirs):
     with pytest.raises(ValueError, match="attention sinks"):
         LLM(gpt_oss_dirs["bf16"], tensor_parallel_size=2, block_size=4, num_kv_blocks=64)
+
+
+@pytest.mark.slow  # builds gpt-oss-tiny (~30 s: the o200k_harmony merges, 201,088-row embeddings)
+def test_the_registry_model_is_the_released_layout_and_equals_transformers_on_harmony_prompts():
+    """gpt-oss-tiny: MXFP4 experts as gpt-oss-20b ships them, the o200k_harmony tokenizer; on prompts rendered in the
+    harmony format (a system message with tools, a user turn, a tool loop) greedy tokens equal transformers' reading
+    the same directory, and differ between prompts."""
+    from safetensors import safe_open
+    from transformers import AutoTokenizer
+
+    from engine.registry import resolve_model
+    from server.rendering import get_renderer
+    from tests.rendering.test_harmony import CONVERSATIONS
+
+    path = resolve_model("gpt-oss-tiny")
+    assert json.loads((path / "config.json").read_text())["quantization_config"]["quant_method"] == "mxfp4"
+    with safe_open(path / "model.safetensors", "pt") as f:
+        assert "model.layers.0.mlp.experts.gate_up_proj_blocks" in set(f.keys())
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    assert len(tokenizer) == 201_088
+    renderer = get_renderer("gpt-oss")
+    prompts = [tokenizer.encode(renderer.render(messages, tools), add_special_tokens=False)
+               for messages, tools, _ in (CONVERSATIONS[name] for name in ("plain", "tools_high", "loop_open"))]
+    expected = [hf_greedy(str(path), p, NEW_TOKENS) for p in prompts]
+    outs = LLM("gpt-oss-tiny", block_size=16, num_kv_blocks=256).generate(prompts, GREEDY)
+    assert [o.token_ids for o in outs] == expected and len({tuple(e) for e in expected}) == len(expected)
