@@ -19,8 +19,8 @@ prompt in prefill chunks of ``chunk`` tokens, its reply after it:
     common prefix with the slot ends only if that is the slot's end, else at the last checkpoint inside it. With
     ``--swa-full`` every layer keeps every token: any common prefix resumes, at the memory of a dense model.
 Memory is what each keeps of the window layers beyond the running sequence's own window, priced with a released
-model's shape (`SHAPES`): retained windows (kvserve), cached out-of-window blocks (vLLM), checkpoints or full-size
-window layers (llama.cpp).
+model's shape (`SHAPES`): retained windows and cached pages (kvserve), cached out-of-window blocks (vLLM),
+checkpoints or full-size window layers (llama.cpp).
 """
 from __future__ import annotations
 
@@ -151,8 +151,8 @@ def run_kvserve(requests: Sequence[TokenRequest], window: int, pages: int, block
             if end // bs * bs > len(r.prompt):
                 kv.keep_window(r.request_id, end // bs * bs, replaces_reply=True)
         kv.free(r.request_id)
-        retained = {page for node in kv.window.anchors for page in node.window_pages}
-        run.peak_window_tokens = max(run.peak_window_tokens, len(retained) * bs)
+        kept = {page for node in kv.window.anchors for page in node.window_pages} | set(kv.window.cached)
+        run.peak_window_tokens = max(run.peak_window_tokens, len(kept) * bs)
     return run
 
 
