@@ -163,3 +163,44 @@ def test_pages_run_short_an_anchor_that_frees_nothing_is_kept():
     assert model.kv.by_hash[model.hasher.hashes([7] * 9, None)[1]].window_pages is None, "b's anchor went"
     anchor_a = model.kv.by_hash[model.hasher.hashes(PROMPTS[0], None)[0]]
     assert anchor_a.window_pages is not None, "a's anchor shares its page with a running a: it was kept"
+
+
+def test_kv_events_say_which_blocks_have_a_retained_window():
+    """A window model's BlockStored events list the blocks a hit can resume at ("state_snapshots", as a hybrid's
+    snapshots); dropping a retained window is announced again without it."""
+    from engine.kv.events import BlockStored
+
+    model = WindowModel(40, 12, 5)
+    model.kv = KVCacheManager(40, BS, window_blocks=12, window=5, record_events=True)
+    seq = model.admit(PROMPTS[3])
+    assert model.step(seq, 18)
+    model.retain(seq, 4, reply=False)
+    hashes = model.hasher.hashes(PROMPTS[3], None)
+    stored = [e for e in model.kv.take_events() if isinstance(e, BlockStored)]
+    assert any(hashes[3] in e.block_hashes and hashes[3] in e.snapshot_hashes for e in stored)
+    assert not any(hashes[2] in (e.snapshot_hashes or []) for e in stored)
+    model.free(seq, preempt=False)
+    model.kv._drop_anchor(model.kv.by_hash[hashes[3]])
+    last = [e for e in model.kv.take_events() if isinstance(e, BlockStored)][-1]
+    assert last.block_hashes == [hashes[3]] and last.snapshot_hashes == []
+
+
+def test_a_pinned_blocks_retained_window_goes_after_ordinary_ones():
+    """Pages short: the retained window of an ordinary block goes before that of a pinned block (a breakpoint), even
+    when the pinned one is older."""
+    model = WindowModel(40, 8, 5)
+    a = model.admit(PROMPTS[0])  # 6 tokens: a window at 4 (block 0)
+    assert model.step(a, 6)
+    model.retain(a, 1, reply=False)
+    pinned = model.kv.by_hash[model.hasher.hashes(PROMPTS[0], None)[0]]
+    model.kv.retain_chain([pinned.block_hash], 300.0, pin=True)
+    model.free(a, preempt=False)
+    b = model.admit([7] * 9)  # a window at 8 (block 1)
+    assert model.step(b, 8)
+    model.retain(b, 2, reply=False)
+    model.free(b, preempt=False)
+    c = model.admit([8] * 40)
+    assert model.step(c, 28)  # 7 pages of 8: one retained window has to go
+    model.kv.check_invariants()
+    assert pinned.window_pages is not None
+    assert model.kv.by_hash[model.hasher.hashes([7] * 9, None)[1]].window_pages is None
