@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "qwen3_moe", "deepseek_v2", "deepseek_v3",
                            "deepseek_v32", "deepseek_v4", "qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text",
-                           "qwen3_5_moe_text", "gemma3", "gemma3_text", "gpt_oss", "glm4_moe_lite", "minimax_m2")
+                           "qwen3_5_moe_text", "gemma3", "gemma3_text", "gpt_oss", "glm4_moe_lite", "minimax_m2",
+                           "ministral3", "mistral3")
 # MLA + MoE with sigmoid scores, a correction bias and grouped top-k: DeepSeek-V3 / V3.2, and GLM-4.7-Flash
 # (glm4_moe_lite: the same layers, one expert group)
 DEEPSEEK_V3_ROUTING = ("deepseek_v3", "deepseek_v32", "glm4_moe_lite")
@@ -35,7 +36,8 @@ HYBRID_ARCHITECTURES = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text", 
 # gemma3_text its language model alone (Gemma3ForCausalLM: the 270M and 1B checkpoints)
 GEMMA3_ARCHITECTURES = ("gemma3", "gemma3_text")
 # VLM checkpoints whose language model's shape sits in text_config
-_TEXT_CONFIG_ARCHITECTURES = ("qwen3_5", "qwen3_5_moe", "gemma3")
+# (mistral3: Ministral 3 / Devstral Small 2's released VLM checkpoint, ministral3 its language model)
+_TEXT_CONFIG_ARCHITECTURES = ("qwen3_5", "qwen3_5_moe", "gemma3", "mistral3")
 
 
 class SchedulingPolicy(enum.StrEnum):
@@ -622,6 +624,9 @@ class ModelConfig:
     qk_norm_across_heads: bool = False  # MiniMax-M2: q and k each RMS-normalized over all their heads at once
     o_proj_bias: bool = False  # the attention output projection carries a bias (gpt-oss)
     hidden_act: str = "silu"  # the gated MLP's activation: silu, or gelu_pytorch_tanh (Gemma)
+    # Ministral 3 (Llama 4's attention temperature): queries times 1 + beta * log(1 + floor(position / length))
+    query_scale_beta: float | None = None
+    query_scale_length: int = 1
 
     def layer_window(self, layer: int) -> int | None:
         """Layer ``layer``'s sliding window, None for full attention."""
@@ -649,10 +654,12 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> "ModelConfig":
         arch = cfg.get("model_type", "")
-        vision = False
+        vision, text_model = False, None
         if arch in _TEXT_CONFIG_ARCHITECTURES and "text_config" in cfg:
+            text_model = cfg["text_config"].get("model_type")
             # The released VLM layout: the language model's shape sits in text_config (ids may sit outside it).
-            vision = cfg.get("vision_config") is not None
+            # (Devstral Small 2's Pixtral tower is not one kvserve runs: its language model serves text only)
+            vision = cfg.get("vision_config") is not None and arch != "mistral3"
             cfg = {**{k: v for k, v in cfg.items() if k != "text_config"}, **cfg["text_config"], "model_type": arch}
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ValueError(
@@ -667,6 +674,10 @@ class ModelConfig:
         # mRoPE's sections only matter for image positions; text positions are equal in all three, i.e. plain RoPE.
         for key in ("mrope_section", "mrope_interleaved"):
             rope.pop(key, None)
+        query_scale_beta = rope.pop("llama_4_scaling_beta", None)  # Ministral 3's: not a RoPE parameter
+        if text_model not in ("ministral3", None):  # a Mistral3 VLM around a plain Mistral (Mistral Small 3.1)
+            query_scale_beta = None
+        rope.pop("max_position_embeddings", None)
         hybrid = arch in HYBRID_ARCHITECTURES
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // num_heads
         # MiniMax-M2's checkpoints say how many dims of a head turn as rotary_dim
@@ -692,6 +703,8 @@ class ModelConfig:
             attention_bias=cfg.get("attention_bias", arch == "qwen2"),
             qk_norm=arch in ("qwen3", "qwen3_moe") or hybrid or gemma3,
             qk_norm_across_heads=arch == "minimax_m2",
+            query_scale_beta=query_scale_beta,
+            query_scale_length=int(rope.get("original_max_position_embeddings") or 1),
             rope_theta=rope_theta,
             rope_scaling=rope,
             eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),

@@ -14,6 +14,7 @@ from engine.models.gemma3 import Gemma3ForCausalLM
 from engine.models.gpt_oss import GptOssForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.models.minimax_m2 import MiniMaxM2ForCausalLM
+from engine.models.ministral3 import Ministral3ForCausalLM
 from engine.models.qwen3_next import HybridForCausalLM
 from engine.parallel.state import SINGLE, TensorParallel
 from kernels.ops import Ops
@@ -38,6 +39,8 @@ MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "gemma3_text": Gemma3ForCausalLM,
     "gpt_oss": GptOssForCausalLM,
     "minimax_m2": MiniMaxM2ForCausalLM,
+    "ministral3": Ministral3ForCausalLM,
+    "mistral3": Ministral3ForCausalLM,  # the language model of Mistral3ForConditionalGeneration (Devstral Small 2)
 }
 assert set(MODEL_CLASSES) == set(SUPPORTED_ARCHITECTURES)
 

@@ -133,6 +133,24 @@ def _minimax_m2(rng: random.Random) -> dict[str, Any]:
                 intermediate_size=_pick(rng, 16, 32), rotary_dim=_pick(rng, cfg["head_dim"] // 2, cfg["head_dim"]))
 
 
+def _ministral3(rng: random.Random) -> dict[str, Any]:
+    """Ministral 3: Mistral's decoder with YaRN and Llama 4's query temperature, whose trained length is short here
+    so that prompts cross it."""
+    cfg = _dense(rng)
+    rope = dict(type="yarn", rope_theta=cfg.pop("rope_theta"), factor=4.0, beta_fast=32.0, beta_slow=1.0, mscale=1.0,
+                mscale_all_dim=1.0, original_max_position_embeddings=_pick(rng, 8, 16),
+                llama_4_scaling_beta=_pick(rng, 0.1, 0.5))
+    return dict(cfg, sliding_window=None, rope_parameters=rope)
+
+
+def _mistral3(rng: random.Random) -> dict[str, Any]:
+    """The released VLM layout (Devstral Small 2): the language model beside a Pixtral tower and the projector."""
+    text = dict(_ministral3(rng), model_type="ministral3")
+    return dict(text_config=text, tie_word_embeddings=text["tie_word_embeddings"],  # transformers reads the VLM's
+                vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                   head_dim=16, image_size=32, patch_size=8))
+
+
 V4_KINDS = ("sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention")
 
 
@@ -269,7 +287,7 @@ DRAWS: dict[str, Callable[[random.Random], dict[str, Any]]] = {
     "deepseek_v2": _deepseek_v2, "deepseek_v3": _deepseek_v3, "deepseek_v32": _deepseek_v32,
     "deepseek_v4": _deepseek_v4, "qwen3_next": _qwen3_next, "qwen3_5": _qwen3_5, "qwen3_5_moe": _qwen3_5_moe,
     "qwen3_5_text": _qwen3_5_text, "qwen3_5_moe_text": _qwen3_5_moe_text, "gemma3_text": _gemma3_text,
-    "gemma3": _gemma3, "glm4_moe_lite": _glm4_moe_lite, "minimax_m2": _minimax_m2, "gpt_oss": _gpt_oss,
+    "gemma3": _gemma3, "glm4_moe_lite": _glm4_moe_lite, "minimax_m2": _minimax_m2, "ministral3": _ministral3, "mistral3": _mistral3, "gpt_oss": _gpt_oss,
 }
 
 
@@ -348,9 +366,10 @@ def _save_by_model_class(config, out: Path, seed: int, gemma: bool) -> None:
     vlm = hasattr(config, "vision_config")
     model = (AutoModelForImageTextToText if vlm else AutoModelForCausalLM).from_config(config)
     scales = GEMMA3_SCALES if gemma else InitScales()
+    zero_centered = config.model_type != "mistral3"  # Qwen3.5 / 3.6 and Gemma 3 apply norm weights as 1 + w
     with torch.no_grad():
         for name, param in model.named_parameters():
-            param.copy_(random_tensor(name, tuple(param.shape), seed, scales, zero_centered_norms=True))
+            param.copy_(random_tensor(name, tuple(param.shape), seed, scales, zero_centered_norms=zero_centered))
     model.save_pretrained(out)
 
 

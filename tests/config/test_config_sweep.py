@@ -54,14 +54,16 @@ def prompt_lengths(drawn: Drawn) -> list[int]:
 
 def build_case(architecture: str, index: int, root: Path) -> Case:
     """The index-th tie-free case of ``architecture``: drawn, written, and run by transformers."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     margins = []
     for attempt in range(ATTEMPTS):
         seed = index + 1000 * attempt
         drawn = draw(architecture, seed)
         path = write_checkpoint(drawn, root / f"{architecture}-{seed}", seed)
-        hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+        # transformers runs a Mistral3 VLM (Devstral Small 2's layout) only as the image-text model it is
+        auto = AutoModelForImageTextToText if architecture == "mistral3" else AutoModelForCausalLM
+        hf = auto.from_pretrained(str(path), dtype=torch.float32).eval()
         rng = random.Random(seed)
         prompts = [[rng.randrange(100, VOCAB) for _ in range(n)] for n in prompt_lengths(drawn)]
         refs = [hf_greedy_with_margin(hf, p, LONG) for p in prompts]
