@@ -182,8 +182,44 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
 
 
+# A language model's model_type -> (the vision-language checkpoint it sits in: its model_type, its architecture)
+VLM_LAYOUTS = {"qwen3_5_text": ("qwen3_5", "Qwen3_5ForConditionalGeneration"),
+               "qwen3_5_moe_text": ("qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration")}
+# Qwen3.5 / 3.6's vision tokens, as the released configs name them
+_QWEN_VISION_TOKENS = {"image_token_id": 248056, "video_token_id": 248057, "vision_start_token_id": 248053,
+                       "vision_end_token_id": 248054}
+
+
+def vlm_config(text: dict[str, Any], vision: dict[str, Any]) -> dict[str, Any]:
+    """A released vision-language config.json (Qwen3.5 / 3.6): the language model's config as ``text_config``,
+    the tower's sizes as ``vision_config`` (its output as wide as the language model), the vision tokens' ids."""
+    model_type, architecture = VLM_LAYOUTS[text["model_type"]]
+    vision = {"model_type": model_type, "hidden_act": "gelu_pytorch_tanh", "in_channels": 3, "patch_size": 16,
+              "spatial_merge_size": 2, "temporal_patch_size": 2, "out_hidden_size": text["hidden_size"], **vision}
+    return {"architectures": [architecture], "model_type": model_type, "text_config": text,
+            "vision_config": dict(sorted(vision.items())), "tie_word_embeddings": text["tie_word_embeddings"],
+            **_QWEN_VISION_TOKENS}
+
+
+def image_processor_config(vision: dict[str, Any], max_pixels: int) -> dict[str, Any]:
+    """preprocessor_config.json for transformers' Qwen2-VL image processor (the one Qwen3.5 / 3.6 use)."""
+    merge = vision.get("spatial_merge_size", 2)
+    side = vision.get("patch_size", 16) * merge
+    return {"image_processor_type": "Qwen2VLImageProcessor", "patch_size": vision.get("patch_size", 16),
+            "temporal_patch_size": vision.get("temporal_patch_size", 2), "merge_size": merge,
+            "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+            "size": {"shortest_edge": side * side, "longest_edge": max_pixels}}
+
+
 def write_model_configs(
-    out_dir: Path, model_type: str, dims: DecoderDims, tokens: TokenizerInfo, extra: dict[str, Any] | None = None
+    out_dir: Path, model_type: str, dims: DecoderDims, tokens: TokenizerInfo, extra: dict[str, Any] | None = None,
+    vision: dict[str, Any] | None = None,
 ) -> None:
-    write_json(out_dir / "config.json", decoder_config(model_type, dims, tokens, extra))
+    """config.json and generation_config.json; ``vision``: the tower's sizes, for the vision-language layout
+    (`vlm_config`, with its preprocessor_config.json)."""
+    config = decoder_config(model_type, dims, tokens, extra)
+    if vision is not None:
+        config = vlm_config(config, vision)
+        write_json(out_dir / "preprocessor_config.json", image_processor_config(vision, 256 * 256))
+    write_json(out_dir / "config.json", config)
     write_json(out_dir / "generation_config.json", generation_config(tokens))

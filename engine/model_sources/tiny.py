@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,12 +20,13 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from engine.config import GEMMA3_ARCHITECTURES, HYBRID_ARCHITECTURES, MTP_AFTER_LAST_LAYER
+from engine.models.vision.qwen3_vl import VISION_PREFIXES
 
 from .deepseek_tokenizer import write_deepseek_tokenizer
 from .gemma_tokenizer import write_gemma3_tokenizer
 from .glm_tokenizer import write_glm_tokenizer
 from .harmony_tokenizer import write_harmony_tokenizer
-from .hf_layout import DecoderDims, TokenizerInfo, write_model_configs
+from .hf_layout import VLM_LAYOUTS, DecoderDims, TokenizerInfo, write_model_configs
 from .mxfp4 import released_expert_layout
 from .qwen_tokenizer import write_qwen3_tokenizer, write_qwen36_tokenizer
 
@@ -88,6 +90,7 @@ class TinyRecipe:
     tie_word_embeddings: bool = True
     vocab_size: int | None = None  # None: the tokenizer's token count rounded up to VOCAB_ROUNDING
     config: dict[str, Any] = field(default_factory=dict)  # further config.json keys, as given (MoE, MLA, YaRN)
+    vision: dict[str, Any] | None = None  # a vision tower's sizes: the released vision-language layout (Qwen3.5 / 3.6)
 
     @classmethod
     def from_mapping(cls, data: dict[str, Any]) -> "TinyRecipe":
@@ -99,6 +102,8 @@ class TinyRecipe:
             raise ValueError(f"unknown tiny-model tokenizer {recipe.tokenizer!r}; known: {TOKENIZERS}")
         if recipe.num_attention_heads % recipe.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+        if recipe.vision is not None and recipe.model_type not in VLM_LAYOUTS:
+            raise ValueError(f"a vision tower needs a model_type of {sorted(VLM_LAYOUTS)}, not {recipe.model_type!r}")
         return recipe
 
     def dims(self, tokens: TokenizerInfo) -> DecoderDims:
@@ -125,12 +130,13 @@ def _parameter_shapes(model_dir: Path) -> dict[str, tuple[int, ...]]:
 
     Instantiated on the meta device (no memory, no init); tied weights appear once, as in saved checkpoints.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
     from transformers.core_model_loading import revert_weight_conversion
 
     config = AutoConfig.from_pretrained(model_dir)
+    auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None else AutoModelForCausalLM
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        model = auto.from_config(config)
     tensors = revert_weight_conversion(model, model.state_dict())
     if config.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)
@@ -183,12 +189,13 @@ def _mtp_shapes(shapes: dict[str, tuple[int, ...]], config: dict[str, Any]) -> d
     its two input norms, one full-attention decoder layer shaped as the model's (``mtp.layers.0.*``) and a norm.
     DeepSeek-V3 / V3.2: ``model.layers.{num_hidden_layers}.*``, a decoder layer shaped as the last one with
     ``eh_proj``, ``enorm``, ``hnorm``, ``shared_head.norm`` and the copies of the embedding and head (`_mtp_copies`)."""
-    hidden = config.get("hidden_size")  # none at the top of a VLM's layout (text_config), which gets no MTP layer here
+    config = config.get("text_config") or config  # a VLM's layout: its language model's (the MTP layer is at the top)
+    hidden = config.get("hidden_size")
     if config.get("mtp_num_hidden_layers"):
-        attention = next(name.split(".")[2] for name in sorted(shapes) if ".self_attn." in name)  # full attention
+        attention = next(_LAYER.match(name).group(0) for name in sorted(shapes) if ".self_attn." in name)
         return {"mtp.fc.weight": (hidden, 2 * hidden),
                 **{f"mtp.{name}.weight": (hidden,) for name in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm")},
-                **_renamed_layer(shapes, f"model.layers.{attention}.", "mtp.layers.0.")}
+                **_renamed_layer(shapes, attention, "mtp.layers.0.")}
     if config.get("model_type") in MTP_AFTER_LAST_LAYER and config.get("num_nextn_predict_layers"):
         last = config["num_hidden_layers"]
         prefix = f"model.layers.{last}."
@@ -197,6 +204,16 @@ def _mtp_shapes(shapes: dict[str, tuple[int, ...]], config: dict[str, Any]) -> d
         return {f"{prefix}eh_proj.weight": (hidden, 2 * hidden), **norms, **copies,
                 **_renamed_layer(shapes, f"model.layers.{last - 1}.", prefix)}
     return {}
+
+
+_LAYER = re.compile(r"^(model\.(?:language_model\.)?layers\.\d+\.)")  # a decoder layer's prefix, either layout
+_LANGUAGE_MODEL = "model.language_model."
+
+
+def _seed_name(name: str) -> str:
+    """The name a tensor's values are drawn under: a VLM's language model draws as the text-only layout does, so
+    adding a vision tower leaves its language model's weights as they were."""
+    return "model." + name[len(_LANGUAGE_MODEL):] if name.startswith(_LANGUAGE_MODEL) else name
 
 
 def _renamed_layer(shapes: dict[str, tuple[int, ...]], prefix: str, new_prefix: str) -> dict[str, tuple[int, ...]]:
@@ -215,7 +232,7 @@ def _mtp_copies(shapes: dict[str, tuple[int, ...]], config: dict[str, Any]) -> d
 def build_tiny_model(recipe: TinyRecipe, template: str, out_dir: Path, scales: InitScales = InitScales()) -> None:
     """Write a complete HF model directory (configs, tokenizer, fp32 model.safetensors) into `out_dir`."""
     tokens = TOKENIZER_WRITERS[recipe.tokenizer](out_dir, template)
-    write_model_configs(out_dir, recipe.model_type, recipe.dims(tokens), tokens, recipe.config)
+    write_model_configs(out_dir, recipe.model_type, recipe.dims(tokens), tokens, recipe.config, recipe.vision)
     write_random_weights(out_dir, recipe.seed, scales)
 
 
@@ -232,7 +249,8 @@ def write_random_weights(out_dir: Path, seed: int, scales: InitScales = InitScal
         scales = GEMMA3_SCALES
     tensors = {
         name: hash_routes(name, shape, seed, num_experts) if name.endswith("tid2eid")
-        else random_tensor(copies.get(name, name), shape, seed, scales, zero_centered)
+        else random_tensor(_seed_name(copies.get(name, name)), shape, seed, scales,
+                           zero_centered and not name.startswith(VISION_PREFIXES))
         for name, shape in tqdm(sorted(shapes.items()), desc="random weights", disable=None)
     }
     if (config.get("quantization_config") or {}).get("quant_method") == "mxfp4":  # gpt-oss' released experts

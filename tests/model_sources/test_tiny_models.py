@@ -156,11 +156,15 @@ SLOW_TINY = [pytest.param(name, marks=pytest.mark.slow) for name in ("deepseek-v
 @pytest.mark.parametrize("name", ["qwen3.6-tiny", "qwen3.6-moe-tiny"])
 @pytest.mark.slow
 def test_qwen36_tiny_is_qwen36_shaped(name: str) -> None:
-    """Qwen3.6's language model as Qwen3_5ForCausalLM saves it: three Gated DeltaNet layers then gated attention,
-    a quarter of each head rotated, the real vocabulary, context length, tokenizer and template."""
+    """Qwen3.6 in its released layout (Qwen3_5ForConditionalGeneration: a vision tower beside the language model):
+    three Gated DeltaNet layers then gated attention, a quarter of each head rotated, the real vocabulary, context
+    length, tokenizer and template, and an image processor's config."""
     model_dir = resolve_model(name)
-    config = AutoConfig.from_pretrained(model_dir)
-    assert config.model_type == ("qwen3_5_text" if name == "qwen3.6-tiny" else "qwen3_5_moe_text")
+    vlm = AutoConfig.from_pretrained(model_dir)
+    assert vlm.model_type == ("qwen3_5" if name == "qwen3.6-tiny" else "qwen3_5_moe")
+    assert vlm.vision_config.out_hidden_size == vlm.text_config.hidden_size
+    assert (model_dir / "preprocessor_config.json").exists()
+    config = vlm.text_config
     assert config.layer_types == ["linear_attention"] * 3 + ["full_attention"]
     assert config.rope_parameters["partial_rotary_factor"] == 0.25 and config.max_position_embeddings == 262144
     assert config.vocab_size == 248320 and not config.tie_word_embeddings

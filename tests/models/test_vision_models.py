@@ -134,3 +134,16 @@ def test_language_model_only(vlm, llm):
     assert llm.generate(prompt, GREEDY)[0].token_ids == want
     with pytest.raises(RequestRejected, match="text only"):
         llm.image_prompt(cases[0][0], cases[0][1])
+
+
+@pytest.mark.parametrize("name", ["qwen3.6-tiny", pytest.param("qwen3.6-moe-tiny", marks=pytest.mark.slow)])
+def test_registry_tiny_models_read_images(name):
+    """The registry's qwen3.6-tiny / qwen3.6-moe-tiny carry their tower in the released layout (with an MTP layer and
+    a preprocessor_config.json): two images of different sizes give transformers' tokens."""
+    from engine.registry import resolve_model
+
+    path = str(resolve_model(name))
+    images = [png(80, 48, seed=3), png(36, 100, seed=4)]
+    prompt, inputs = hf_inputs(path, user_turn("Which one is taller?", 2), images)
+    llm = LLM(name, block_size=4, num_kv_blocks=256, max_num_batched_tokens=16)
+    assert llm.generate(llm.image_prompt(prompt, images), GREEDY)[0].token_ids == hf_generate(path, inputs, NEW_TOKENS)
