@@ -50,6 +50,7 @@ def test_greedy_with_prefix_cache_hot(cases) -> None:
     assert [o.token_ids for o in outs] == expected
 
 
+@pytest.mark.slow  # ~6 s; the config sweep's glm4_moe_lite draws chunk and preempt too (slow tier)
 def test_chunked_prefill_off_block_boundaries_with_preemption() -> None:
     """7 tokens a step (chunks end mid-block) in a pool of 20 blocks of 4: prefills run beside decodes, some after a
     cached prefix, and running requests are preempted and recomputed."""

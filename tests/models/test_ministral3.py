@@ -51,6 +51,7 @@ def test_greedy_and_top20_logprobs_equal_transformers(checkpoint: Path) -> None:
         torch.testing.assert_close(torch.tensor([lp for _, lp in top]), ref[ids], atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 def test_the_query_temperature_decides_tokens_past_the_trained_length(checkpoint: Path, tmp_path: Path) -> None:
     """The same weights without the temperature (beta 0) continue the long prompts differently: equality above
     therefore checks it."""

@@ -45,6 +45,7 @@ def _shared_prefix(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
+@pytest.mark.slow  # the module's server takes ~12 s to start
 def test_thinking_reaches_the_prompt(server: LiveServer) -> None:
     assert _prompt(server).startswith("[gMASK]<sop><|system|>You are a travel agent.<|user|>Plan Rome.")
     assert _prompt(server).endswith("<|assistant|><think>")  # GLM-4.7 thinks unless told not to
