@@ -9,6 +9,7 @@ cuts off: streamed, its arguments are closed into valid JSON; not streamed, it i
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from server.api.protocol import APIError, ChatCompletionRequest, TokenizeRequest
@@ -36,7 +37,7 @@ def chat_turn(req: ChatCompletionRequest, family: str, session: str | None = Non
         parallel_tool_calls=req.parallel_tool_calls, response_format=req.response_format,
         structured_outputs=req.structured_outputs, template_kwargs=chat_template_kwargs(family, req.chat_template_kwargs, req.reasoning_effort),
         add_generation_prompt=req.add_generation_prompt, cached_content=req.cached_content,
-        sampling=Sampling.of(req, req.requested_max_tokens),
+        sampling=replace(Sampling.of(req, req.requested_max_tokens), reasoning_effort=req.reasoning_effort),
         num_top_logprobs=(req.top_logprobs or 0) if req.logprobs else None, prompt_logprobs=req.prompt_logprobs,
         include_usage=req.include_usage, session=session,
     )
@@ -72,7 +73,7 @@ async def complete_chat(ctx: ServingContext, plan: Plan, stream: RequestStream) 
         "model": ctx.model_name,
         "system_fingerprint": ctx.instance_id,
         "choices": choices,
-        "usage": Usage.of([plan.generation], sum(s.num_tokens for s in states)).openai(),
+        "usage": Usage.of([plan.generation], sum(s.num_tokens for s in states), plan.reasoning_tokens()).openai(),
     }
     if plan.turn.prompt_logprobs is not None:  # vLLM's extension, in vLLM's shape
         scored = plan.generation.first_choice.prompt_logprobs
@@ -124,5 +125,5 @@ async def stream_chat(ctx: ServingContext, plan: Plan, stream: RequestStream) ->
     finally:
         record_plan(ctx, plan)
     if include_usage:
-        yield chunk([], Usage.of([plan.generation], sum(s.num_tokens for s in states)).openai())
+        yield chunk([], Usage.of([plan.generation], sum(s.num_tokens for s in states), plan.reasoning_tokens()).openai())
     yield SSE_DONE

@@ -239,6 +239,14 @@ def thinking_on(thinking: dict | None) -> bool:
     return isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive")
 
 
+def budget_tokens(thinking: dict | None) -> int | None:
+    """`thinking.budget_tokens`: the most tokens the model may think (the engine forces its end after them)."""
+    budget = thinking.get("budget_tokens") if isinstance(thinking, dict) else None
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
+        raise _bad("thinking.budget_tokens must be an integer >= 0", "thinking.budget_tokens")
+    return budget
+
+
 def template_kwargs(family: str, req: Conversation) -> dict[str, Any]:
     """`thinking` turns the template's thinking on or off; with it on, `output_config.effort` picks the effort of a
     family that takes one (DeepSeek-V4)."""
@@ -258,6 +266,8 @@ def to_turn(req: Conversation, family: str, session: str | None = None) -> Turn:
                 cached_content=req.cached_content, session=session, breakpoints=breakpoints(req))
     if not isinstance(req, MessagesRequest):
         return turn
+    on = thinking_on(req.thinking)
     sampling = Sampling(max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
-                        stop=tuple(req.stop_sequences or ()))
+                        stop=tuple(req.stop_sequences or ()), reasoning_budget=budget_tokens(req.thinking) if on else None,
+                        reasoning_effort=(req.output_config or {}).get("effort") if on else None)
     return replace(turn, sampling=sampling, response_format=response_format(req))

@@ -188,7 +188,8 @@ def _response(ctx: ServingContext, plan: ResponsePlan, items: list[dict], state:
         "reasoning": req.reasoning, "store": req.store, "metadata": req.metadata or {},
         "prompt_cache_key": req.prompt_cache_key, "text": {"format": {"type": "text"}, **(req.text or {})},
         "truncation": "disabled",
-        "usage": None if state is None else Usage.of([plan.chat.generation], state.num_tokens).responses(),
+        "usage": None if state is None else Usage.of([plan.chat.generation], state.num_tokens,
+                                                     plan.chat.reasoning_tokens()).responses(),
     }
 
 
@@ -241,7 +242,7 @@ async def compact_response(ctx: ServingContext, plan: ResponsePlan, stream: Requ
     state = await _finished_state(ctx, plan, stream)
     return {"id": plan.chat.request_id, "object": "response.compaction", "created_at": plan.chat.created,
             "output": plan.compaction.items(state),
-            "usage": Usage.of([plan.chat.generation], state.num_tokens).responses()}
+            "usage": Usage.of([plan.chat.generation], state.num_tokens, plan.chat.reasoning_tokens()).responses()}
 
 
 async def stream_response(

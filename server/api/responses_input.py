@@ -233,7 +233,8 @@ def to_turn(req: ResponsesRequest, family: str, history: list[dict], session: st
         messages=messages or [{"role": "user", "content": ""}], model=req.model, tools=tools,
         tool_choice=chat_tool_choice(req.tool_choice, names), parallel_tool_calls=req.parallel_tool_calls,
         response_format=response_format(req.text), template_kwargs=effort_kwargs(family, reasoning_effort(req.reasoning)),
-        sampling=Sampling(max_tokens=req.max_output_tokens, temperature=req.temperature, top_p=req.top_p),
+        sampling=Sampling(max_tokens=req.max_output_tokens, temperature=req.temperature, top_p=req.top_p,
+                          reasoning_effort=reasoning_effort(req.reasoning)),
         session=session,
     )
     return turn, {flat: key for key, flat in names.items()}

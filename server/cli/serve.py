@@ -75,6 +75,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="the most tokens one request may generate: larger requests and agents' large defaults "
                      "are clamped to it (default: the room left in the context)")
     api.add_argument("--max-n", type=int, default=16, help="largest n (choices per request) (default: %(default)s)")
+    api.add_argument("--reasoning-budget", type=int, metavar="N",
+                     help="thinking tokens at most for a request that thinks and names no budget or effort of its own; "
+                     "after them the engine forces a closing phrase and the model's </think> (default: no bound; "
+                     "docs/SERVER.md, thinking budgets)")
     api.add_argument("--no-preserve-thinking", action="store_true",
                      help="Qwen3.6: drop the reasoning of turns before the last user message, as the template does "
                      "by default (kvserve keeps it, so each agent turn extends the cached prompt; docs/SERVER.md)")
@@ -169,6 +173,7 @@ def run_serve(args: argparse.Namespace) -> int:
         api_keys=keys, allow_request_cache_salt=args.allow_request_cache_salt,
         strict_max_tokens=args.strict_max_tokens, max_output_tokens=args.max_output_tokens, max_n=args.max_n,
         preserve_thinking=not args.no_preserve_thinking, limits=limits, tenant_limits=tenant_limits,
+        reasoning_budget=args.reasoning_budget,
         openapi=args.openapi,
         operator_keys=operators, ui=args.ui, ui_max_requests=args.ui_max_requests,
         compaction_key=args.compaction_key or os.environ.get(COMPACTION_KEY_ENV) or None,

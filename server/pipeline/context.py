@@ -23,6 +23,7 @@ from engine.config import EngineConfig
 from engine.core.client import start_core
 from engine.models.vision.preprocess import ImagePreprocessor
 from engine.retention import CachePin, Retention
+from engine.phase_budget import PhaseBudget
 from engine.sampling_params import SamplingParams, StructuredOutputSpec
 from engine.worker.structured_output import StructuredOutputs
 from server.pipeline.async_engine import AsyncEngine
@@ -70,6 +71,7 @@ class ServerSettings:
     ui_max_requests: int = DEFAULT_MAX_REQUESTS  # the inspector keeps this many finished requests
     compaction_key: str | None = None  # seals `compaction` items (server/api/compaction.py); None: a random key
     image_fetch: ImageFetch = ImageFetch()  # whether image URLs are fetched (--allow-image-urls; off)
+    reasoning_budget: int | None = None  # thinking tokens at most unless a request says (--reasoning-budget; None: no bound)
 
 
 @dataclass
@@ -243,7 +245,7 @@ class ServingContext:
     def sampling_params(
         self, req: Sampling, prompt_len: int, *, skip_special_tokens: bool,
         num_logprobs: int | None, structured_output: StructuredOutputSpec | None = None,
-        prompt_logprobs: int | None = None, session: str | None = None,
+        prompt_logprobs: int | None = None, session: str | None = None, phase_budget: PhaseBudget | None = None,
     ) -> SamplingParams:
         """``session``: the agent session (server/cache/session.py), whose earlier text the suffix proposer drafts from."""
         if req.n > self.settings.max_n:
@@ -269,6 +271,7 @@ class ServingContext:
                 structured_output=structured_output,
                 speculative=req.speculative,
                 speculative_session=session,
+                phase_budget=phase_budget,
             )
         except ValueError as exc:
             raise APIError(400, str(exc)) from None

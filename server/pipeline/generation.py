@@ -73,11 +73,12 @@ class Usage:
     prompt_tokens: int
     cached_tokens: int  # of the prompt, served by the prefix cache
     completion_tokens: int
+    reasoning_tokens: int = 0  # of the completion, thinking (server/pipeline/reasoning_budget.py)
 
     @classmethod
-    def of(cls, prompts: list[Generation], completion_tokens: int) -> Usage:
+    def of(cls, prompts: list[Generation], completion_tokens: int, reasoning_tokens: int = 0) -> Usage:
         return cls(sum(len(p.request.prompt_token_ids) for p in prompts), sum(p.num_cached_tokens for p in prompts),
-                   completion_tokens)
+                   completion_tokens, reasoning_tokens)
 
     def openai(self) -> dict[str, Any]:
         """Chat and text completions' `usage`."""
@@ -86,12 +87,13 @@ class Usage:
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+            "completion_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
         }
 
     def responses(self) -> dict[str, Any]:
         return {
             "input_tokens": self.prompt_tokens, "input_tokens_details": {"cached_tokens": self.cached_tokens},
-            "output_tokens": self.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": self.completion_tokens, "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
             "total_tokens": self.prompt_tokens + self.completion_tokens,
         }
 

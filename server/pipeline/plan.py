@@ -10,11 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from engine.phase_budget import PhaseBudget
 from server.api.protocol import APIError
 from server.cache.cache_control import breakpoint_pins, chat_breakpoints, snapshot_hints
 from server.cache.normalize import normalize_for_cache
 from server.http.limits import check_request, check_sampling, check_scored
 from server.parsing import default_thinking
+from server.parsing.registry import active_thinking
+from server.pipeline.reasoning_budget import reasoning_tokens, request_budget, thinking_markers, with_budget
 from server.parsing.constraint import ConstraintError, output_constraint
 from server.pipeline.async_engine import EngineRequest
 from server.pipeline.context import ServingContext, new_request_id
@@ -45,6 +48,13 @@ class Plan:
     thinking: bool  # this request's output starts with / may contain reasoning
     endpoint: str = "chat"  # which API it came from, for the record
     pinned_tokens: int = 0  # prompt tokens up to the last cache_control breakpoint
+    # its thinking as a phase of the output's tokens (server/pipeline/reasoning_budget.py; None: it does not think)
+    reasoning: PhaseBudget | None = None
+
+
+    def reasoning_tokens(self) -> int:
+        """Of its output so far, the thinking tokens (every choice's)."""
+        return reasoning_tokens(self.reasoning, [c.token_ids for c in self.generation.choices])
 
 
 def request_thinking(family: str, template_kwargs: dict[str, Any]) -> bool:
@@ -138,6 +148,9 @@ def plan_turn(ctx: ServingContext, turn: Turn, body: dict[str, Any], cache_salt:
     check_sampling(ctx.settings.limits, turn.sampling)
     turn, text = turn_prompt_text(ctx, turn, cache_salt)
     thinking = request_thinking(ctx.family, turn.template_kwargs)
+    markers = thinking_markers(text, ctx.encode) if active_thinking(ctx.family, thinking) else None
+    budget = request_budget(turn.sampling.reasoning_budget, turn.sampling.reasoning_effort,
+                            ctx.settings.reasoning_budget) if markers is not None else None
     try:
         constraint = output_constraint(
             ctx.family, turn.tools, turn.tool_choice, turn.parallel_tool_calls, turn.response_format,
@@ -150,6 +163,7 @@ def plan_turn(ctx: ServingContext, turn: Turn, body: dict[str, Any], cache_salt:
     params = ctx.sampling_params(
         turn.sampling, len(prompt_ids), skip_special_tokens=False, num_logprobs=turn.num_top_logprobs,
         structured_output=constraint, prompt_logprobs=turn.prompt_logprobs, session=turn.session,
+        phase_budget=None if budget is None else with_budget(markers, budget),
     )
     cut = lambda m, t: _render(ctx, m, t, False, turn.template_kwargs)  # noqa: E731 - a conversation cut, rendered
     pins = breakpoint_pins(turn.breakpoints or [], text, prompt_ids, cut, ctx.encode)
@@ -159,7 +173,7 @@ def plan_turn(ctx: ServingContext, turn: Turn, body: dict[str, Any], cache_salt:
     request = EngineRequest(request_id, prompt_ids, params, cache_salt, ctx.retention(pins, turn.session, cache_salt, hints))
     generation = Generation(request, constraint_param="tools", constraint_optional=guards_only_auto_calls(turn))
     return Plan(request_id, created, turn, body, generation, thinking, endpoint,
-                    max((p.num_tokens for p in pins), default=0))
+                max((p.num_tokens for p in pins), default=0), markers)
 
 
 def record_plan(ctx: ServingContext, plan: Plan) -> None:

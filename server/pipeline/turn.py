@@ -31,6 +31,9 @@ class Sampling:
     repetition_penalty: float | None = None
     ignore_eos: bool = False
     speculative: str | None = None  # the proposer (--speculative), where the API lets a request pick it
+    # Thinking tokens at most (Anthropic's budget_tokens), else the effort's (server/pipeline/reasoning_budget.py)
+    reasoning_budget: int | None = None
+    reasoning_effort: str | None = None
 
     @classmethod
     def of(cls, req: SamplingFields, max_tokens: int | None) -> Sampling:
