@@ -74,9 +74,11 @@ class WindowCache:
             seq.window_pages = [NO_PAGE] * first + pages
         self.window_deltas[seq_id] = list(seq.window_pages)
 
-    def _hit_pages(self, nodes: Sequence[CachedBlock]) -> list[int]:
-        """The window pages a hit ending with ``nodes[-1]`` reads (its last ``window - 1`` tokens' blocks)."""
-        return [node.window_page for node in nodes[self.window.first_block(len(nodes) * self.block_size):]]
+    def _hit_pages(self, nodes: Sequence[CachedBlock], k: int | None = None) -> list[int]:
+        """The window pages a hit ending with ``nodes[k - 1]`` (default: the last) reads: its last ``window - 1``
+        tokens' blocks. O(window), whatever the context."""
+        k = len(nodes) if k is None else k
+        return [nodes[i].window_page for i in range(self.window.first_block(k * self.block_size), k)]
 
     def _attach_window_pages(self, seq: SequenceBlocks, start: int) -> None:
         """The sequence's newly committed blocks from ``start`` on: each node without a page names the sequence's
@@ -122,7 +124,7 @@ class WindowCache:
         first = self.window.first_block(k * bs)
         if k == 0 or k > len(seq.nodes):
             return False
-        pages = self._hit_pages(seq.nodes[:k])
+        pages = self._hit_pages(seq.nodes, k)
         if min(pages) < 0:  # a page of the window is gone (released and reused)
             return False
         node = seq.nodes[k - 1]
