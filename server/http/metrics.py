@@ -35,7 +35,8 @@ _SNAPSHOT_METRICS: dict[str, tuple[str, str]] = {
     "kv_blocks_free": ("gauge", "KV blocks an allocation can take (free, or cached and held by no request)."),
     "kv_blocks_cached": ("gauge", "KV blocks holding a cached prefix block (held or not)."),
     "kv_blocks_retained": ("gauge", "Cached KV blocks pinned (cache_control, named caches) or held for a session."),
-    "kv_retention_refused_blocks": ("counter", "KV blocks whose pin or hold was refused at --max-retained-fraction."),
+    "kv_retention_refused_blocks": ("counter", "KV blocks whose pin or hold was refused at --max-retained-fraction or "
+                                    "--max-retained-share-per-tenant."),
     "kv_host_blocks_total": ("gauge", "Blocks the host KV tier (--kv-offload-gb) holds at most."),
     "kv_host_blocks_cached": ("gauge", "Blocks in the host KV tier."),
     "kv_disk_blocks_total": ("gauge", "Blocks the disk KV tier (--kv-disk-dir) holds at most."),
