@@ -80,3 +80,12 @@ def test_tokens_are_routed_to_every_expert(cases) -> None:
     assert (moe.n_group, moe.scoring, moe.correction_bias, moe.routed_scaling_factor) == (1, "sigmoid", True, 1.8)
     load = Counter(_routed_experts(llm, random_prompts(VOCAB, [9, 14, 20], seed=5)).flatten().tolist())
     assert set(load) == set(range(moe.num_experts))
+
+
+@pytest.mark.slow
+def test_tensor_parallel_2_gives_one_ranks_tokens(cases) -> None:
+    """Heads, the MoE's experts (sliced) and the vocabulary split over two gloo ranks; the latent cache replicated."""
+    _, prompts, expected = cases
+    with LLM(NAME, block_size=4, num_kv_blocks=128, max_num_batched_tokens=16, tensor_parallel_size=2) as llm:
+        outs = llm.generate(prompts, GREEDY)
+    assert [o.token_ids for o in outs] == expected
