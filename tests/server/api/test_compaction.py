@@ -26,8 +26,9 @@ NEXT = {"type": "message", "role": "user", "content": [{"type": "input_text", "t
 
 
 def _request(server: LiveServer, **kwargs) -> dict:
-    return dict(model=server.ctx.model_name, instructions=INSTRUCTIONS, tools=[SHELL], max_output_tokens=8,
-                temperature=0, reasoning={"effort": "none"}, **kwargs)
+    # tool_choice none: no tool-call grammar to compile (the prompt renders the tools all the same)
+    return dict(model=server.ctx.model_name, instructions=INSTRUCTIONS, tools=[SHELL], tool_choice="none",
+                max_output_tokens=8, temperature=0, reasoning={"effort": "none"}, **kwargs)
 
 
 def _decoded_prompt(server: LiveServer) -> str:
