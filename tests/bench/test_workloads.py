@@ -125,3 +125,18 @@ def test_projects_sessions_share_their_projects_head():
     heads = [r.messages[0]["content"] for r in first_turns]
     assert heads[0] == heads[2] != heads[1] == heads[3]
     assert first_turns[0].tools == first_turns[2].tools != first_turns[1].tools
+
+
+@pytest.mark.slow
+def test_cache_aware_compaction_keeps_the_head_and_computes_less_than_a_naive_one(qwen3):
+    """Every epoch of compaction_aware starts with the same system prompt and tools, and its summary turn extends the
+    conversation; compaction_naive rewrites the head each epoch: it computes more of its prompts, in the simulator
+    as in `kvserve bench prefix` (docs/bench/RESULTS.md)."""
+    params = replace(SMALL, compaction_every=3)
+    aware, naive = build_workloads(["compaction_aware", "compaction_naive"], params)
+    assert {(r.messages[0]["content"], str(r.tools)) for r in aware.requests} == {
+        (aware.requests[0].messages[0]["content"], str(aware.requests[0].tools))}
+    assert len({r.messages[0]["content"] for r in naive.requests}) > 2  # the head, the summariser's, each epoch's
+    computed = {wl.name: sum(len(r.prompt) for r in reqs) - simulate(reqs, SimConfig(block_size=16)).cached_tokens
+                for wl in (aware, naive) for reqs in [tokenize_workload(wl, qwen3)]}
+    assert computed["compaction_naive"] > 1.2 * computed["compaction_aware"], computed
