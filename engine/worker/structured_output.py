@@ -38,6 +38,9 @@ import torch
 from engine.worker.grammar_compile import CompileWorkers, compile_spec
 from engine.sampling_params import StructuredOutputSpec
 
+# Special tokens that grammars may produce (and name as tokens): harmony's message markers (gpt-oss)
+GRAMMAR_MARKERS = frozenset({"<|channel|>", "<|constrain|>", "<|message|>", "<|call|>"})
+
 if TYPE_CHECKING:
     import xgrammar
 
@@ -205,9 +208,12 @@ class StructuredOutputs:
         """The vocabulary as the grammar sees it: control tokens (`<|im_start|>`, `<|endoftext|>`...) can never be
         part of matched text, only the engine's stop tokens may end it; tool-call and thinking markers
         (`<tool_call>`, `<think>`, DeepSeek's call tokens) are ordinary text, so a grammar produces them as the
-        single tokens the model was trained on. Ids past the tokenizer (a padded vocabulary) are never allowed."""
+        single tokens the model was trained on; so are harmony's message markers (`GRAMMAR_MARKERS`: gpt-oss' calls
+        are framed by them, and its grammars name them as tokens). Ids past the tokenizer (a padded vocabulary) are
+        never allowed."""
         detected = xgr.TokenizerInfo.from_huggingface(self._tokenizer, vocab_size=self._vocab_size)
-        control = {i for i, token in self._tokenizer.added_tokens_decoder.items() if token.special}
+        control = {i for i, token in self._tokenizer.added_tokens_decoder.items()
+                   if token.special and token.content not in GRAMMAR_MARKERS}
         encoded = [""] * self._vocab_size
         for token, i in self._tokenizer.get_vocab().items():
             if i < self._vocab_size and i not in control:

@@ -39,14 +39,19 @@ def json_format(schema: dict | bool, *, style: str = "json") -> Format:
 
 
 def _call(fmt: ToolFormat, tool: dict) -> Format:
+    content = json_format(tool_schema(tool), style=fmt.argument_style)
+    own = getattr(fmt, "call_format", None)  # a format whose markup is special tokens (harmony) builds its own
+    if own is not None:
+        return own(tool["function"]["name"], content)
     begin, end = fmt.call_tag(tool["function"]["name"])
-    return {"type": "tag", "begin": begin, "content": json_format(tool_schema(tool), style=fmt.argument_style),
-            "end": end}
+    return {"type": "tag", "begin": begin, "content": content, "end": end}
 
 
 def _calls(fmt: ToolFormat, tools: list[dict], one: bool) -> Format:
     """One or more calls (exactly one when `one`) and nothing else, inside the family's block if it has one."""
     calls = [_call(fmt, tool) for tool in tools]
+    if getattr(fmt, "call_format", None) is not None:  # harmony: a call ends the turn (<|call|>), so one of them
+        return calls[0] if len(calls) == 1 else {"type": "or", "elements": calls}
     inner = calls[0] if one and len(calls) == 1 else {
         "type": "tags_with_separator", "tags": calls, "separator": fmt.call_separator, "at_least_one": True,
         "stop_after_first": one,
@@ -68,8 +73,11 @@ def required_calls_format(fmt: ToolFormat, tools: list[dict], choice: ToolChoice
     return {"type": "sequence", "elements": [{"type": "const_string", "value": fmt.calls_prefix}, calls]}
 
 
-def auto_calls_format(fmt: ToolFormat, tools: list[dict], parallel: bool) -> Format:
-    """`auto`: free text in which every call the model opens is a valid one."""
+def auto_calls_format(fmt: ToolFormat, tools: list[dict], parallel: bool) -> Format | None:
+    """`auto`: free text in which every call the model opens is a valid one; None for a format whose calls open
+    with special tokens (harmony), which a text trigger cannot see."""
+    if fmt.call_open is None:
+        return None
     if fmt.block_open:  # DeepSeek: one block of calls per turn, opened by its own token
         return {"type": "triggered_tags", "triggers": [fmt.block_open], "tags": [_calls(fmt, tools, one=not parallel)],
                 "stop_after_first": True}

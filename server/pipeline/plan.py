@@ -33,6 +33,9 @@ _THINKING_SWITCH = {
 }
 # Families whose template takes a `reasoning_effort` kwarg of its own.
 _EFFORT_KWARG_FAMILIES = ("deepseek-v4",)
+# gpt-oss always reasons, at the effort its system message states (`Reasoning: low|medium|high`): an API's effort,
+# the lowest ones as low, anything above high as high
+_HARMONY_EFFORTS = {"none": "low", "minimal": "low", "low": "low", "medium": "medium"}
 OFF_EFFORTS = ("none", "minimal")
 
 
@@ -83,6 +86,8 @@ def effort_kwargs(family: str, effort: str | None) -> dict[str, Any]:
     kwargs = thinking_kwargs(family, on)
     if on and family in _EFFORT_KWARG_FAMILIES:
         kwargs["reasoning_effort"] = "max" if effort in ("max", "xhigh") else "high"
+    if family == "gpt-oss":
+        kwargs["reasoning_effort"] = _HARMONY_EFFORTS.get(effort, "high")
     return kwargs
 
 

@@ -98,3 +98,20 @@ def test_output_outside_the_format_is_text():
     assert parse_checked(parser(), "Plain<|end|><|start|>assistant<|channel|>final<|message|> then framed").content == (
         "Plain then framed")
     assert parse_checked(parser(), "<|channel|>analy").content == ""  # a header the output cut off: nothing
+
+
+def test_the_grammar_of_a_required_call_names_the_markers_as_tokens():
+    """tool_choice required / named: the call in the harmony format, its markers the o200k_harmony special tokens
+    (200005 <|channel|>, 200003 <|constrain|>, 200008 <|message|>, 200012 <|call|>), one call (it ends the turn);
+    auto has no grammar (a call opens with a special token no text trigger sees)."""
+    from server.parsing import output_constraint
+
+    other = {"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}
+    named = json.loads(output_constraint("gpt-oss", TOOLS, {"type": "function", "function": {"name": "get_weather"}},
+                                         None, None, reasoning=True).value)["format"]
+    assert [e.get("token", e.get("value")) for e in named["elements"] if e["type"] != "json_schema"] == [
+        200005, "commentary to=functions.get_weather ", 200003, "json", 200008, 200012]
+    required = json.loads(output_constraint("gpt-oss", TOOLS + [other], "required", None, None,
+                                            reasoning=True).value)["format"]
+    assert required["type"] == "or" and len(required["elements"]) == 2
+    assert output_constraint("gpt-oss", TOOLS, "auto", None, None, reasoning=True) is None

@@ -36,6 +36,9 @@ TURN_ENDS = (CALL, RETURN, "<|endoftext|>")
 _MARKERS = (START, CHANNEL, MESSAGE, CONSTRAIN, END) + TURN_ENDS
 _RECIPIENT = re.compile(r"\bto=([^\s<]+)")
 FUNCTIONS = "functions."
+# The markers' ids in o200k_harmony, the one vocabulary of harmony models: a grammar names special tokens by id (the
+# engine's grammar vocabulary leaves control tokens' text out, so no text can produce them)
+TOKEN_IDS = {CHANNEL: 200005, CONSTRAIN: 200003, MESSAGE: 200008, CALL: 200012}
 
 Body = Literal["reasoning", "text", "call"]
 
@@ -145,12 +148,14 @@ class HarmonyOutputParser(OutputParser):
 
 
 class HarmonyFormat:
-    """A call as the model writes it, for the grammars that guarantee calls (server/parsing/call_grammar.py reads
-    these attributes): ``<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>ARGS<|call|>`` right
-    after the generation prompt's ``<|start|>assistant`` or a message's ``<|start|>assistant``. ``<|call|>`` ends the
-    turn, so a turn holds one call. `HarmonyOutputParser` reads the output; there is no call-body parser here."""
+    """A call as the model writes it, for the grammars that guarantee calls (server/parsing/call_grammar.py):
+    ``<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>ARGS<|call|>`` right after the generation
+    prompt's ``<|start|>assistant``, its markers the special tokens themselves (xgrammar's token formats, by their
+    o200k_harmony ids), not their text spelled in ordinary tokens. ``<|call|>`` ends the turn, so a turn holds one call. With ``tool_choice`` auto
+    there is no grammar (a call opens with special tokens, which no text trigger sees). `HarmonyOutputParser` reads
+    the output."""
 
-    call_open = f"{CHANNEL}commentary to={FUNCTIONS}"
+    call_open: str | None = None
     call_close = CALL
     block_open: str | None = None
     block_close: str | None = None
@@ -160,4 +165,12 @@ class HarmonyFormat:
     calls_prefix = ""
 
     def call_tag(self, name: str) -> tuple[str, str]:
-        return f"{self.call_open}{name} {CONSTRAIN}json{MESSAGE}", CALL
+        """The call's text around its arguments (what the parser reads)."""
+        return f"{CHANNEL}commentary to={FUNCTIONS}{name} {CONSTRAIN}json{MESSAGE}", CALL
+
+    def call_format(self, name: str, arguments: dict) -> dict:
+        """The call as an xgrammar structural-tag format: special tokens as tokens, the arguments ``arguments``."""
+        token = lambda marker: {"type": "token", "token": TOKEN_IDS[marker]}  # noqa: E731
+        return {"type": "sequence", "elements": [
+            token(CHANNEL), {"type": "const_string", "value": f"commentary to={FUNCTIONS}{name} "}, token(CONSTRAIN),
+            {"type": "const_string", "value": "json"}, token(MESSAGE), arguments, token(CALL)]}
