@@ -63,6 +63,11 @@ def dsml_calls(block: str, *invokes: tuple[str, dict]) -> str:
     return f"\n\n<{d}{block}>\n{body}\n</{d}{block}>"
 
 
+def glm_call(name: str, **args: str) -> str:
+    return f"<tool_call>{name}" + "".join(f"<arg_key>{k}</arg_key><arg_value>{v}</arg_value>"
+                                          for k, v in args.items()) + "</tool_call>"
+
+
 PARIS = '{"city": "Paris"}'
 # family -> (one call to get_weather, two calls: get_weather then now), in the bytes the template renders
 CALLS = {
@@ -77,6 +82,7 @@ CALLS = {
     "deepseek-v4": (dsml_calls("tool_calls", ("get_weather", {"city": "Paris"})),
                     dsml_calls("tool_calls", ("get_weather", {"city": "Paris"}), ("now", {}))),
     "deepseek-v3.1": (v31_calls(("get_weather", PARIS)), v31_calls(("get_weather", PARIS), ("now", "{}"))),
+    "glm-4.7": (glm_call("get_weather", city="Paris"), glm_call("get_weather", city="Paris") + glm_call("now")),
 }
 
 
@@ -87,7 +93,7 @@ def constraint(family: str, tool_choice, *, tools=TOOLS, parallel=True, response
 
 
 @pytest.mark.parametrize("family", list(CALLS))
-@pytest.mark.slow_cases("qwen2.5", "qwen3-coder", "qwen3.6")
+@pytest.mark.slow_cases("qwen2.5", "qwen3-coder", "qwen3.6", "glm-4.7")
 def test_required_and_named_accept_the_templates_calls_and_nothing_else(grammars, family):
     one, two = CALLS[family]
     required, named = constraint(family, "required"), constraint(family, NAMED)
