@@ -65,8 +65,9 @@ def split_images(messages: list[dict], add_vision_id: bool = False) -> tuple[lis
         if not isinstance(content, list) or not any(image_url(p) is not None for p in content):
             out.append(message)
             continue
-        if message.get("role") in ("system", "developer"):
-            raise _bad("a system message cannot contain images", f"messages.{i}.content")
+        if message.get("role") in ("system", "developer", "assistant"):
+            raise _bad(f"a{'n' if message['role'] == 'assistant' else ''} {message['role']} message cannot contain "
+                       "images", f"messages.{i}.content")
         parts = []
         for j, part in enumerate(content):
             url = image_url(part)

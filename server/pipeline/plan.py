@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from engine.phase_budget import PhaseBudget
+from engine.multimodal import expanded_count
 from server.api.protocol import APIError
 from server.cache.cache_control import breakpoint_pins, chat_breakpoints, snapshot_hints
 from server.cache.normalize import normalize_for_cache
@@ -22,6 +23,7 @@ from server.parsing.constraint import ConstraintError, output_constraint
 from server.pipeline.async_engine import EngineRequest
 from server.pipeline.context import ServingContext, new_request_id
 from server.pipeline.generation import Generation, record
+from server.pipeline.images import expand, turn_images
 from server.pipeline.turn import Turn
 from server.rendering import serving_template_kwargs
 
@@ -151,6 +153,7 @@ def plan_turn(ctx: ServingContext, turn: Turn, body: dict[str, Any], cache_salt:
     check_request(ctx.settings.limits, response_format=turn.response_format,
                   structured_outputs=turn.structured_outputs)
     check_sampling(ctx.settings.limits, turn.sampling)
+    turn, images = turn_images(ctx.images, turn)  # each image part -> the template's placeholder text
     turn, text = turn_prompt_text(ctx, turn, cache_salt)
     thinking = request_thinking(ctx.family, turn.template_kwargs)
     markers = thinking_markers(text, ctx.encode) if active_thinking(ctx.family, thinking) else None
@@ -164,18 +167,22 @@ def plan_turn(ctx: ServingContext, turn: Turn, body: dict[str, Any], cache_salt:
     except ConstraintError as exc:
         raise APIError(400, str(exc), param=exc.param) from None
     prompt_ids = ctx.encode_prompt(text, "messages")
-    check_scored(ctx.settings.limits, [len(prompt_ids)], turn.sampling.n, prompt_logprobs=turn.prompt_logprobs)
+    prompt = expand(ctx.images, prompt_ids, images)  # each placeholder token -> its image's tokens
+    check_scored(ctx.settings.limits, [len(prompt.token_ids)], turn.sampling.n, prompt_logprobs=turn.prompt_logprobs)
     params = ctx.sampling_params(
-        turn.sampling, len(prompt_ids), skip_special_tokens=False, num_logprobs=turn.num_top_logprobs,
+        turn.sampling, len(prompt.token_ids), skip_special_tokens=False, num_logprobs=turn.num_top_logprobs,
         structured_output=constraint, prompt_logprobs=turn.prompt_logprobs, session=turn.session,
         phase_budget=None if budget is None else with_budget(markers, budget),
     )
     cut = lambda m, t: _render(ctx, m, t, False, turn.template_kwargs)  # noqa: E731 - a conversation cut, rendered
-    pins = breakpoint_pins(turn.breakpoints or [], text, prompt_ids, cut, ctx.encode)
-    hints = (snapshot_hints(turn.messages, turn.tools, text, prompt_ids, cut, ctx.encode)
+    pins = tuple(replace(p, num_tokens=expanded_count(prompt, p.num_tokens))
+                 for p in breakpoint_pins(turn.breakpoints or [], text, prompt_ids, cut, ctx.encode))
+    hints = (tuple(expanded_count(prompt, n) for n in snapshot_hints(turn.messages, turn.tools, text, prompt_ids, cut,
+                                                                     ctx.encode))
              if ctx.recurrent_state else ())
     request_id = new_request_id(id_prefix)
-    request = EngineRequest(request_id, prompt_ids, params, cache_salt, ctx.retention(pins, turn.session, cache_salt, hints))
+    request = EngineRequest(request_id, prompt.token_ids, params, cache_salt,
+                            ctx.retention(pins, turn.session, cache_salt, hints), images=prompt.images)
     generation = Generation(request, constraint_param="tools", constraint_optional=guards_only_auto_calls(turn))
     return Plan(request_id, created, turn, body, generation, thinking, endpoint,
                 max((p.num_tokens for p in pins), default=0), markers)
