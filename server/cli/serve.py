@@ -162,6 +162,9 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.ui_max_requests < 1:
         _say(f"cannot serve: --ui-max-requests must be at least 1, not {args.ui_max_requests}")
         return 2
+    if args.reasoning_budget is not None and args.reasoning_budget < 0:
+        _say(f"cannot serve: --reasoning-budget must be at least 0, not {args.reasoning_budget}")
+        return 2
     try:  # a limit out of range is said before the model loads
         limits, tenant_limits, connection_limits = (_limits_from_args(args, RequestLimits, "limit"),
                                                     _limits_from_args(args, TenantLimits, "tenant"),
