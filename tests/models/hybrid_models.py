@@ -42,16 +42,29 @@ def hf_hybrid_model(kind: str, seed: int = 17):
                                                                                            partial_rotary_factor=0.25)))
     else:
         raise ValueError(f"unknown hybrid kind {kind!r}; one of {KINDS}")
+    return randomized(model, seed)
+
+
+def randomized(model, seed: int):
+    """``model`` with the tiny models' weight scales, in eval mode (a vision tower's LayerNorms are ordinary ones,
+    the language model's norms zero-centred)."""
     with torch.no_grad():
         for name, param in model.named_parameters():
-            param.copy_(random_tensor(name, tuple(param.shape), seed, InitScales(), zero_centered_norms=True))
+            param.copy_(random_tensor(name, tuple(param.shape), seed, InitScales(),
+                                      zero_centered_norms=".visual." not in name))
     return model.eval()
+
+
+def save_with_tokenizer(model, out: Path, tokenizer_model: str) -> Path:
+    """``save_pretrained`` of ``model`` plus the tokenizer files of the registry's ``tokenizer_model``; returns
+    ``out``."""
+    model.save_pretrained(out)
+    tokenizer_dir = resolve_model(tokenizer_model)
+    for name in TOKENIZER_FILES:
+        shutil.copyfile(tokenizer_dir / name, out / name)
+    return out
 
 
 def write_hybrid_checkpoint(kind: str, out: Path) -> Path:
     """``save_pretrained`` of `hf_hybrid_model` plus the Qwen3 tokenizer files; returns ``out``."""
-    hf_hybrid_model(kind).save_pretrained(out)
-    tokenizer_dir = resolve_model("qwen3-tiny")
-    for name in TOKENIZER_FILES:
-        shutil.copyfile(tokenizer_dir / name, out / name)
-    return out
+    return save_with_tokenizer(hf_hybrid_model(kind), out, "qwen3-tiny")

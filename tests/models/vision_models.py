@@ -16,9 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine.model_sources.tiny import InitScales, random_tensor
-from engine.registry import resolve_model
-from tests.models.hybrid_models import _MOE, _ROPE, _TEXT, TOKENIZER_FILES
+from tests.models.hybrid_models import _MOE, _ROPE, _TEXT, randomized, save_with_tokenizer
 
 VISION = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=16,
               num_position_embeddings=64, spatial_merge_size=2, temporal_patch_size=2)
@@ -38,18 +36,12 @@ def hf_vlm(kind: str, seed: int = 19):
     else:
         model = tf.Qwen3_5MoeForConditionalGeneration(tf.Qwen3_5MoeConfig(
             text_config=dict(text, **_MOE), vision_config=VISION))
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            param.copy_(random_tensor(name, tuple(param.shape), seed, InitScales(),
-                                      zero_centered_norms=".visual." not in name))
-    return model.eval()
+    return randomized(model, seed)
 
 
 def write_vlm_checkpoint(kind: str, out: Path) -> Path:
-    hf_vlm(kind).save_pretrained(out)
-    tokenizer_dir = resolve_model("qwen3.6-tiny")
-    for name in TOKENIZER_FILES:
-        shutil.copyfile(tokenizer_dir / name, out / name)
+    """`hf_vlm` saved with the Qwen3.6 tokenizer and the image processor's config; returns ``out``."""
+    save_with_tokenizer(hf_vlm(kind), out, "qwen3.6-tiny")
     (out / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR))
     return out
 
