@@ -19,7 +19,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.config import ModelConfig
-from tests.hf_oracle import hf_greedy, hf_model, random_prompts
+from tests.hf_oracle import assert_top_logprobs_equal_hf, hf_greedy, hf_model, random_prompts
 from tests.models.gpt_oss_models import LAYOUTS, VOCAB, WINDOW, write_gpt_oss_checkpoint
 
 LENGTHS = [1, 4, 9, 17, 40, 70]
@@ -145,14 +145,8 @@ def test_top20_logprobs_within_1e_4(case):
     path, prompts, _ = case
     llm = LLM(path, block_size=4, num_kv_blocks=512, max_num_batched_tokens=32)
     outs = llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0, logprobs=20))
-    model = hf_model(path)
     for prompt, out in zip(prompts, outs):
-        with torch.no_grad():
-            ref = torch.log_softmax(model(torch.tensor([prompt])).logits[0, -1].float(), -1)
-        top = out.outputs[0].logprobs[0].top
-        ids = torch.tensor([t for t, _ in top])
-        assert ids.tolist() == ref.topk(20).indices.tolist()
-        torch.testing.assert_close(torch.tensor([lp for _, lp in top]), ref[ids], atol=1e-4, rtol=0)
+        assert_top_logprobs_equal_hf(path, prompt, out.outputs[0].logprobs[0].top, atol=1e-4)
 
 
 @pytest.mark.slow
