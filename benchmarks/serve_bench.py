@@ -44,9 +44,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=2, help="runs per side; the fastest counts (default: 2)")
     parser.add_argument("--torch-threads", type=int, default=None,
                         help="torch's intra-op threads on both sides (default: torch's own choice, the cores)")
-    parser.add_argument("--engine-process", choices=("auto", "on", "off"), default="auto",
-                        help="the server's engine core in a process of its own (kvserve serve's flag; default: "
-                        "auto, on with CUDA)")
+    parser.add_argument("--engine-process", choices=("on", "off"), default="on",
+                        help="the server's engine core in a process of its own or in a thread (kvserve serve's flag "
+                        "and default) (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0)
 
 

@@ -112,10 +112,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "environment")
 
     core = parser.add_argument_group("engine core")
-    core.add_argument("--engine-process", choices=("auto", "on", "off"), default="auto",
+    core.add_argument("--engine-process", choices=("on", "off"), default="on",
                       help="run the engine core in a process of its own, so that HTTP, rendering, detokenizing and "
-                      "parsing never share a GIL with the step (auto: on with CUDA, off on a CPU, where the step "
-                      "needs the cores itself) (default: %(default)s)")
+                      "parsing never share a GIL with the step; off: in a thread of the server's process (less "
+                      "memory, a faster start; slower under many streams: docs/SERVER.md) (default: %(default)s)")
     core.add_argument("--engine-process-timeout", type=float, default=None, metavar="S",
                       help="seconds the engine core process may take to load the model before the server gives up "
                       "and shows the end of its stderr (default: half an hour)")
@@ -186,10 +186,9 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         config = engine_config_from_args(args)
         _say_gpu_requirement(args.model, config.tensor_parallel_size)
-        in_process_of_its_own = (args.engine_process == "on" or
-                                 (args.engine_process == "auto" and config.device.startswith("cuda")))
         ctx = load_context(args.model, config, settings, args.record, progress=_say,
-                           engine_process=in_process_of_its_own, engine_process_timeout_s=args.engine_process_timeout)
+                           engine_process=args.engine_process == "on",
+                           engine_process_timeout_s=args.engine_process_timeout)
     except (ValueError, RuntimeError, OSError) as exc:
         _say(f"cannot serve: {exc}")
         return 1
