@@ -1,7 +1,8 @@
 """gpt-oss-tiny served (the harmony format, the real o200k_harmony tokenizer, MXFP4 experts) through the real `openai`
 SDK: a Responses tool loop (a call guaranteed by a named tool_choice in the harmony format, its result sent back with
 `previous_response_id`, the next turn reading the first from the cache), chat completions with tools (a `required`
-call, streamed and not, the same), and the reasoning effort reaching the system message."""
+call, streamed and not, the same), Anthropic Messages with a named tool, and the reasoning effort reaching the system
+message."""
 from __future__ import annotations
 
 import json
@@ -73,3 +74,14 @@ def test_the_reasoning_effort_reaches_the_system_message(gpt_oss_server: LiveSer
         rendered = http.post("/v1/chat/completions/render", json=body)
         assert rendered.status_code == 200, rendered.text
         assert f"Reasoning: {stated}\n" in tokenizer.decode(rendered.json()["token_ids"])
+
+
+def test_anthropic_messages_with_a_named_tool(gpt_oss_server: LiveServer) -> None:
+    """Claude Code's API: the named tool comes back as a tool_use block, its input the harmony call's arguments."""
+    reply = gpt_oss_server.anthropic().messages.create(
+        model="gpt-oss-tiny", max_tokens=40, system="Use the tools.",
+        messages=[{"role": "user", "content": "Weather in Paris?"}],
+        tools=[{"name": "get_weather", "description": WEATHER["description"], "input_schema": WEATHER["parameters"]}],
+        tool_choice={"type": "tool", "name": "get_weather"})
+    [use] = [block for block in reply.content if block.type == "tool_use"]
+    assert reply.stop_reason == "tool_use" and use.name == "get_weather" and use.input["city"] in ("Paris", "Oslo")
