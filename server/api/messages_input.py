@@ -55,9 +55,10 @@ def _image_part(block: dict, where: str) -> dict:
     source = block.get("source")
     if isinstance(source, dict) and source.get("type") == "base64" and isinstance(source.get("data"), str):
         media_type = source.get("media_type") or "image/png"
-        return {"type": "image_url", "image_url": {"url": f"data:{media_type};base64,{source['data']}"}}
+        url = f"data:{media_type};base64,{source['data']}"
+        return {"type": "image_url", "image_url": {"url": url}, "where": where}
     if isinstance(source, dict) and source.get("type") == "url" and isinstance(source.get("url"), str):
-        return {"type": "image_url", "image_url": {"url": source["url"]}}
+        return {"type": "image_url", "image_url": {"url": source["url"]}, "where": where}
     raise _bad(f"{where}: an image block needs a 'source' of type base64 (with 'data') or url (with 'url')", where)
 
 

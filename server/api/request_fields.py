@@ -138,7 +138,8 @@ RESPONSES: dict[str, RequestField] = {
 
 MESSAGES: dict[str, RequestField] = {
     "model": _honoured("the served model's name or alias; any other is a 404"),
-    "messages": _honoured("text, tool_use, tool_result, thinking blocks; images and documents are a 400"),
+    "messages": _honoured("text, image (also inside tool_result), tool_use, tool_result, thinking blocks; documents "
+                          "are a 400"),
     "system": _honoured(), "tools": _honoured("client tools; server tools are left out of the prompt"),
     "tool_choice": _honoured(), "max_tokens": _honoured("optional here"), "stop_sequences": _honoured(),
     "temperature": _honoured(), "top_p": _honoured(), "top_k": _honoured(), "stream": _honoured(),

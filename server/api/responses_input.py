@@ -56,7 +56,7 @@ def _content(content: Any, where: str) -> str | list[dict]:
             if not isinstance(part.get("image_url"), str):
                 raise _bad(f"{where}.{j}: an input_image needs an 'image_url' (a data URL); file_id is not "
                            "supported", f"{where}.{j}")
-            parts.append({"type": "input_image", "image_url": part["image_url"]})
+            parts.append({"type": "input_image", "image_url": part["image_url"], "where": f"{where}.content.{j}"})
         else:
             parts.append({"type": "text", "text": _text([part], f"{where}.{j}")})
     return parts

@@ -74,7 +74,7 @@ def split_images(messages: list[dict], add_vision_id: bool = False) -> tuple[lis
             if url is None:
                 parts.append(part)
                 continue
-            found.append((url, f"messages.{i}.content.{j}"))
+            found.append((url, part.get("where") or f"messages.{i}.content.{j}"))  # an adapter's own field path
             prefix = f"Picture {len(found)}: " if add_vision_id else ""
             parts.append({"type": "text", "text": prefix + PLACEHOLDER})
         out.append({**message, "content": parts})
@@ -143,7 +143,8 @@ def turn_images(reader: ImageReader | None, turn: Turn) -> tuple[Turn, tuple[Ima
         return turn, ()
     if reader is None:
         raise _bad("this model reads text only (no vision tower is loaded: a text-only model, or the server runs "
-                   "with --language-model-only); send the request without images", found[0][1], code="images_unsupported")
+                   "with --language-model-only); send the request without images", found[0][1],
+                   code="images_unsupported")
     if len(found) > reader.max_images:
         raise _bad(f"the request has {len(found)} images; at most {reader.max_images} are accepted (--max-images)",
                    found[reader.max_images][1], code="limit_exceeded")

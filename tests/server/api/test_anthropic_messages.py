@@ -129,8 +129,11 @@ def test_claude_code_shape_system_blocks_mid_conversation_system_and_session(qwe
 
 
 @pytest.mark.parametrize("body, status, kind, needle", [
-    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, 400, "invalid_request_error",
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {
+        "type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]}]}, 400, "invalid_request_error",
      "text only"),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, 400, "invalid_request_error",
+     "source"),
     ({"messages": [{"role": "user", "content": "hi"}], "model": "claude-opus"}, 404, "not_found_error", "does not exist"),
     ({"messages": [{"role": "user", "content": "hi"}], "temperature": 1.5}, 400, "invalid_request_error",
      "temperature"),

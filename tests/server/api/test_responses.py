@@ -113,7 +113,8 @@ def test_each_turn_extends_the_last_so_the_cache_covers_it(qwen_server: LiveServ
 
 
 @pytest.mark.parametrize("body, needle, param", [
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "text only", "input.0"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "text only",
+     "input.0.content.0"),
     ({"input": "hi", "previous_response_id": "resp_unknown"}, "unknown or was evicted", "previous_response_id"),
     ({"input": [{"role": "robot", "content": "hi"}]}, "role", "input.0"),
     ({"input": "hi", "tool_choice": "required", "tools": HOSTED}, "at least one tool", "tool_choice"),
