@@ -101,6 +101,10 @@ def test_arguments_objects_and_bad_efforts():
         deep = {"type": "object", "properties": {"a": deep}}
     with pytest.raises(ValueError, match="deeper"):
         renderer.render(LOOP[1:2], [{"type": "function", "function": {"name": "f", "parameters": deep}}])
+    for bad in ({"p": 3}, {"p": {"oneOf": [1]}}):
+        with pytest.raises(ValueError, match="tools"):
+            renderer.render(LOOP[1:2], [{"type": "function", "function": {"name": "f", "parameters": {
+                "type": "object", "properties": bad}}}])
 
 
 def test_the_official_jinja_template_agrees_where_it_follows_the_library():

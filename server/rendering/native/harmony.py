@@ -40,6 +40,8 @@ def _type(schema: dict, indent: int, depth: int) -> str:
     """The TypeScript type of a property schema whose name sits at ``indent`` spaces, ``depth`` schemas down."""
     if depth > MAX_SCHEMA_DEPTH:
         raise ValueError(f"tools: a parameter schema nests deeper than {MAX_SCHEMA_DEPTH} levels")
+    if not isinstance(schema, dict):
+        raise ValueError("tools: every parameter schema must be a JSON object")
     kind = schema.get("type")
     if isinstance(kind, list):
         return " | ".join(_type({"type": k}, indent, depth + 1) for k in kind)
