@@ -19,10 +19,13 @@ the pages of its window are all still there. Every page is exactly one of
 A **retained window** (an *anchor*) holds the pages of ``(P - window, P)`` for the node of the block ending at P, so
 that a request resuming there finds them whatever else is reused: anchors are taken at the boundaries worth resuming
 from (`engine.kv.snapshot_policy`: prompt ends, reply ends, breakpoints, server hints). Anchors overlap (consecutive
-reply ends share all but one page), so an anchor's cost is the pages only it holds. When no page is free or cached,
-the anchor that goes is the first, in least-recently-used order (ordinary blocks' before pinned or session-held
-ones', those superseded by a deeper anchor on the same unbranched path first), whose pages only it holds: one whose
-pages others hold too costs nothing and is kept. Page ids only; the runner owns the tensors.
+reply ends share all but one page), so an anchor's cost is the pages only it holds. A new page is a free one, else
+the oldest cached one, else one an anchor gives up; and while anchors alone hold more than ``ANCHOR_SHARE`` of the
+pages, an anchor gives one up before any cached page is reused (one at a branch point, a block several requests went
+on from, is spared then). The anchor that goes is the first, in least-recently-used order (ordinary blocks' before
+pinned or session-held ones', those superseded by a deeper anchor on the same unbranched path first), whose pages
+only it holds: one whose pages others hold too costs nothing and is kept. Page ids only; the runner owns the
+tensors.
 """
 from __future__ import annotations
 
@@ -33,6 +36,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from engine.kv.blocks import CachedBlock
 
+# Retained windows may hold at most this share of the pages alone while cached pages are there to reuse: beyond it the
+# oldest retained window not at a branch point goes first (a 1024-token window costs 64 pages: unbounded, stale
+# ones crowded out the cached pages later requests diverge at; docs/SLIDING_WINDOW.md)
+ANCHOR_SHARE = 0.25
 NO_PAGE = 0  # what a block table holds where a sequence has no window page: no query of it ever reads there
 # The share of the KV memory, after the running sequences' windows, that window pages get for retained and cached
 # windows (--window-retention-fraction): on interleaved agent sessions of a few windows each, 0.5 keeps 88-98% of
@@ -58,6 +65,8 @@ class WindowPool:
         self.on_drop = on_drop
         self._free = list(range(num_pages - 1, -1, -1))  # pop() hands out low pages first
         self.refs = [0] * num_pages
+        self.anchor_refs = [0] * num_pages  # of refs, the anchors'
+        self.num_anchored_only = 0  # pages only anchors hold
         self.owner: list[CachedBlock | None] = [None] * num_pages  # the node whose block's K/V the page holds
         self.cached: OrderedDict[int, None] = OrderedDict()  # unreferenced pages nodes still name, oldest first
         self.anchors: OrderedDict[CachedBlock, None] = OrderedDict()  # least recently used first
@@ -80,11 +89,14 @@ class WindowPool:
     # ---- pages -----------------------------------------------------------------------------------------------------
     def take(self) -> int | None:
         """A page for new K/V (its one reference is the caller's): a free one, else the oldest cached one (its node
-        forgets it), else one an evicted anchor gives up; None when every page is held by running sequences or by
-        anchors that cannot give one up alone."""
-        while not self._free and not self.cached:
-            if not self._evict_one():
-                return None
+        forgets it; first an anchor gives pages up while anchors alone hold more than ``ANCHOR_SHARE`` of them),
+        else one an evicted anchor gives up; None when every page is held by running sequences or by anchors that
+        cannot give one up alone."""
+        while not self._free and (not self.cached or self.num_anchored_only > self.num_pages * ANCHOR_SHARE):
+            if not self._evict_one(spare_branches=bool(self.cached)):
+                if not self.cached:
+                    return None
+                break
         if self._free:
             page = self._free.pop()
         else:
@@ -93,14 +105,25 @@ class WindowPool:
         self.refs[page] = 1
         return page
 
-    def ref(self, page: int) -> None:
+    def ref(self, page: int, anchor: bool = False) -> None:
+        """One more holder of ``page`` (``anchor``: a retained window; else a running sequence)."""
         if self.refs[page] == 0:
             assert page in self.cached, "a free window page is referenced"
             del self.cached[page]
+        before = self._anchored_only(page)
         self.refs[page] += 1
+        self.anchor_refs[page] += anchor
+        self.num_anchored_only += self._anchored_only(page) - before
 
-    def unref(self, page: int) -> None:
+    def _anchored_only(self, page: int) -> bool:
+        return self.refs[page] > 0 and self.refs[page] == self.anchor_refs[page]
+
+    def unref(self, page: int, anchor: bool = False) -> None:
+        """One holder less; at none the page is cached if its block's node names it, else free."""
+        before = self._anchored_only(page)
         self.refs[page] -= 1
+        self.anchor_refs[page] -= anchor
+        self.num_anchored_only += self._anchored_only(page) - before
         assert self.refs[page] >= 0
         if self.refs[page] == 0:
             if self.owner[page] is not None:
@@ -134,7 +157,7 @@ class WindowPool:
             self.touch(node)
             return False
         for page in pages:
-            self.ref(page)
+            self.ref(page, anchor=True)
         node.window_first, node.window_pages = first, tuple(pages)
         self.anchors[node] = None
         return True
@@ -152,12 +175,15 @@ class WindowPool:
         del self.anchors[node]
         pages, node.window_pages = node.window_pages, None
         for page in pages:
-            self.unref(page)
+            self.unref(page, anchor=True)
 
-    def _evict_one(self) -> bool:
-        """Drop the first anchor in eviction order whose pages only it holds; False if none does."""
+    def _evict_one(self, spare_branches: bool = False) -> bool:
+        """Drop the first anchor in eviction order whose pages only it holds (``spare_branches``: not one at a
+        branch point); False if none does."""
         order = sorted(enumerate(self.anchors), key=lambda item: (item[1].retained, item[0]))
         for _, node in order:
+            if spare_branches and len(node.children) > 1:
+                continue
             if any(self.refs[page] == 1 for page in node.window_pages):
                 if self.on_drop is not None:
                     self.on_drop(node)
@@ -179,6 +205,12 @@ class WindowPool:
             for page in node.window_pages:
                 holders[page] += 1
         assert holders == self.refs, "a window page's reference count is not its holders'"
+        anchored = [0] * self.num_pages
+        for node in self.anchors:
+            for page in node.window_pages:
+                anchored[page] += 1
+        assert anchored == self.anchor_refs, "a window page's anchor count is off"
+        assert self.num_anchored_only == sum(r > 0 and r == a for r, a in zip(self.refs, anchored))
         free = set(self._free)
         assert len(free) == len(self._free), "a window page is free twice"
         for page in range(self.num_pages):
