@@ -11,6 +11,7 @@ in another encoding hits the caches and a different one never does.
 """
 from __future__ import annotations
 
+import functools
 import io
 import json
 import warnings
@@ -72,6 +73,7 @@ class ImagePreprocessor:
             raise ImageError("the image is empty")
         return image.convert("RGB")
 
+    @functools.cached_property
     def fingerprint(self) -> bytes:
         """The processor's settings: part of every content hash it makes."""
         return json.dumps(self.processor.to_dict(), sort_keys=True, default=str).encode()
@@ -86,7 +88,7 @@ class ImagePreprocessor:
         pixels = np.ascontiguousarray(out["pixel_values"], dtype=np.float32)
         grid = tuple(int(v) for v in out["image_grid_thw"][0])
         digest = blake2b(digest_size=16)
-        digest.update(self.fingerprint())
+        digest.update(self.fingerprint)
         digest.update(np.asarray(grid, dtype=np.int64).tobytes())
         digest.update(pixels.tobytes())
         return ImageInput(digest.digest(), grid, self.merge_size, offset, pixels)
