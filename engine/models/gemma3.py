@@ -10,7 +10,9 @@ The Llama decoder with Gemma's differences:
   dtype, as transformers does); a GELU(tanh) gated MLP; the softmax scale ``query_pre_attn_scalar ** -0.5``;
   optional final logit softcapping.
 
-The KV cache is the Llama one: every layer keeps every position for now; the local layers read only their window.
+The local layers read only their window; with the window group (--sliding-window-cache, the default) they keep their
+K/V in pages of their own and a running sequence holds only its window's (engine/kv/window_pool.py,
+docs/SLIDING_WINDOW.md).
 """
 from __future__ import annotations
 
