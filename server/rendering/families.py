@@ -11,6 +11,7 @@ from server.rendering.native.deepseek import (
     DeepSeekV31Renderer,
 )
 from server.rendering.native.deepseek_dsml import DeepSeekV4Renderer, DeepSeekV32Renderer
+from server.rendering.native.devstral import DevstralRenderer
 from server.rendering.native.glm import GlmRenderer
 from server.rendering.native.harmony import HarmonyRenderer
 from server.rendering.native.qwen import Qwen3CoderRenderer, Qwen3Renderer, Qwen25Renderer
@@ -33,6 +34,7 @@ _RENDERERS: dict[str, type[Renderer]] = {
         DeepSeekR1DistillRenderer,
         GlmRenderer,
         HarmonyRenderer,
+        DevstralRenderer,
     )
 }
 FAMILIES: tuple[str, ...] = tuple(_RENDERERS)

@@ -56,6 +56,9 @@ OFFICIAL: dict[str, tuple[str, dict]] = {
     # The reference is OpenAI's openai-harmony library (tests/rendering/harmony_reference.py), which the official
     # Jinja template (stored beside the others) only approximates (tests/rendering/test_harmony.py compares them).
     "gpt-oss": ("openai-gpt-oss-20b.jinja", {}),
+    # The reference is mistral-common's own v13 encoder (tests/rendering/mistral_reference.py), as for Mistral's
+    # models the Hub's chat_template.jinja is generated from it; its v13 template is stored beside the others.
+    "devstral": ("mistral-common-v13.jinja", {}),
 }
 
 _SHARED_SOURCES = "see /work/shared/reference/chat_templates/SOURCES.md"
@@ -92,6 +95,15 @@ SOURCES: dict[str, str] = {
         "a4c9919cbbd4acdd51ccffe22da049264b1b73e59055fa58811a99efbd7c8146), from the Hub repository's history as "
         "mirrored in GitHub EchoCog/gpt-oss-20b (commit cbf31f6); it renders a date and differs from the library on "
         "instructions, past reasoning, later system messages and tools without descriptions (test_harmony.py)."
+    ),
+    "devstral": (
+        "mistral-common 1.9.1 (PyPI), Mistral's reference encoder for Devstral Small 2 / Devstral 2: MistralTokenizer "
+        "with InstructTokenizerV13 and InstructRequestNormalizerV13, the request validator's structure checks left "
+        "out (mistral_reference.encode(validate=False)), over the tekken vocabulary its wheel ships "
+        "(tests/rendering/mistral_reference.py). The stored template is "
+        "tests/data/chat_templates/v13.jinja of GitHub mistralai/mistral-common (commit bc022b9, 8,838 bytes), "
+        "the Jinja form of the same format that mistral-common generates for the Hub; a case the library refuses "
+        "is an expected error."
     ),
     "deepseek-v4": (
         "encoding/encoding_dsv4.py of deepseek-ai/DeepSeek-V4 (MIT licence, Copyright (c) 2023 DeepSeek), recovered "
@@ -150,13 +162,18 @@ def render_official(family: str, template: str, case) -> dict:
 
 
 def render_library(family: str, case) -> dict:
-    """gpt-oss: ``{"prompt": text}`` from openai-harmony, or the normalization error."""
-    from tests.rendering import harmony_reference
+    """gpt-oss and devstral: ``{"prompt": text}`` from openai-harmony or mistral-common, or the error."""
+    from tests.rendering import harmony_reference, mistral_reference
 
     try:
         prepared = get_renderer(family).prepare(case.messages, case.tools)
     except ValueError as exc:
         return {"error": f"normalization: {exc}"}
+    if family == "devstral":
+        try:
+            return {"prompt": mistral_reference.encode(prepared.messages, prepared.tools, validate=False)[0]}
+        except Exception as exc:  # noqa: BLE001 - what the library refuses is a recorded outcome
+            return {"error": f"library: {type(exc).__name__}: {exc}"}
     try:
         return {"prompt": harmony_reference.render(prepared.messages, prepared.tools, case.add_generation_prompt,
                                                    case.kwargs.get("reasoning_effort"))}
@@ -178,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         if source.is_file():
             shutil.copyfile(source, TEMPLATES / filename)
         template = (TEMPLATES / filename).read_text(encoding="utf-8")
-        if family == "gpt-oss":
+        if family in ("gpt-oss", "devstral"):
             cases = {case.name: render_library(family, case) for case in CASES}
         elif filename.endswith(".py"):
             encoder = load_encoder(TEMPLATES / filename)
