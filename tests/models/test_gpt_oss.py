@@ -47,6 +47,7 @@ def case(request, gpt_oss_dirs):
     return path, prompts, [hf_greedy(path, p, NEW_TOKENS) for p in prompts]
 
 
+@pytest.mark.slow  # writes the MXFP4 checkpoint too
 def test_the_checkpoints_are_the_released_layouts(gpt_oss_dirs):
     from safetensors import safe_open
 
