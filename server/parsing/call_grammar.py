@@ -75,8 +75,8 @@ def required_calls_format(fmt: ToolFormat, tools: list[dict], choice: ToolChoice
 
 def auto_calls_format(fmt: ToolFormat, tools: list[dict], parallel: bool) -> Format | None:
     """`auto`: free text in which every call the model opens is a valid one; None for a format whose calls open
-    with special tokens (harmony), which a text trigger cannot see."""
-    if fmt.call_open is None:
+    with special tokens (harmony, Mistral's), which a text trigger cannot see."""
+    if fmt.call_open is None or getattr(fmt, "call_format", None) is not None:
         return None
     if fmt.block_open:  # DeepSeek: one block of calls per turn, opened by its own token
         return {"type": "triggered_tags", "triggers": [fmt.block_open], "tags": [_calls(fmt, tools, one=not parallel)],

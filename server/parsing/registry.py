@@ -11,6 +11,8 @@ from server.parsing.formats.deepseek import DeepSeekV3Format, DeepSeekV31Format
 from server.parsing.formats.dsml import DsmlFormat
 from server.parsing.formats.glm_xml import GlmFormat
 from server.parsing.formats.harmony import HarmonyFormat, HarmonyOutputParser
+from server.parsing.formats.mistral import EOS as MISTRAL_EOS
+from server.parsing.formats.mistral import MistralFormat
 from server.parsing.formats.qwen3_coder_xml import Qwen3CoderFormat
 from server.parsing.formats.qwen_json import QwenJsonFormat
 from server.parsing.reasoning import ThinkReasoningParser
@@ -66,6 +68,8 @@ FAMILIES: dict[str, FamilyParsing] = {
                              END_OF_TURN_TOKENS + ("<|user|>", "<|observation|>")),
     # gpt-oss: harmony messages; reasoning on the analysis channel, calls addressed to functions.NAME.
     "gpt-oss": FamilyParsing(lambda tools: HarmonyFormat(), channel_parser=HarmonyOutputParser),
+    # Devstral Small 2 / Devstral 2: [TOOL_CALLS]NAME[ARGS]{...} calls back to back, the turn ending with </s>.
+    "devstral": FamilyParsing(MistralFormat, end_of_turn=END_OF_TURN_TOKENS + (MISTRAL_EOS,)),
     # Any other model's own Jinja template: Hermes-style <tool_call> JSON is the de-facto format when it has one.
     "jinja": FamilyParsing(_QWEN_JSON),
 }
