@@ -124,7 +124,7 @@ def _run_prefix(args: argparse.Namespace) -> dict:
     from benchmarks.prefix.bench import PrefixOptions, run_prefix
 
     if args.hybrid:
-        from benchmarks.prefix.hybrid import HybridOptions, run_hybrid
+        from benchmarks.prefix.policies.hybrid import HybridOptions, run_hybrid
 
         workloads = ("claude_code", "codex", "subagents", "tool_loop") if args.workload == "all" else tuple(
             w.strip() for w in args.workload.split(","))
@@ -136,7 +136,7 @@ def _run_prefix(args: argparse.Namespace) -> dict:
         return figures
 
     if args.sliding_window:
-        from benchmarks.prefix.sliding_window import SHAPES, WindowOptions, run_sliding_window
+        from benchmarks.prefix.policies.sliding_window import SHAPES, WindowOptions, run_sliding_window
 
         workloads = ("claude_code", "codex", "subagents", "tool_loop") if args.workload == "all" else tuple(
             w.strip() for w in args.workload.split(","))

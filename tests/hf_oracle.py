@@ -55,7 +55,7 @@ class _HybridDirs(dict):
         self.root = root
 
     def __missing__(self, kind: str) -> str:
-        from tests.models.hybrid_models import write_hybrid_checkpoint
+        from tests.models.checkpoints.hybrid_models import write_hybrid_checkpoint
 
         self[kind] = str(write_hybrid_checkpoint(kind, self.root / kind))
         return self[kind]
@@ -64,5 +64,5 @@ class _HybridDirs(dict):
 @pytest.fixture(scope="session")
 def hybrid_dirs(tmp_path_factory) -> dict[str, str]:
     """Tiny hybrid checkpoints (Qwen3.5 dense with its vision tower, Qwen3.5-MoE, Qwen3-Next) by kind, written
-    once per session, on first use, by transformers' save_pretrained (tests/models/hybrid_models.py)."""
+    once per session, on first use, by transformers' save_pretrained (tests/models/checkpoints/hybrid_models.py)."""
     return _HybridDirs(tmp_path_factory.mktemp("hybrid"))

@@ -45,7 +45,7 @@ KNOWN_LATE_CYCLES: dict[tuple[str, ...], str] = {
         "the WORKLOADS registry in workloads.py builds the agent-shaped workloads on demand (they load the server's "
         "Anthropic and Responses adapters, which the plain workloads do not need), and those build on workloads.py's "
         "types (issue 36: the registry in a module of its own)",
-    ("benchmarks.prefix.hybrid", "benchmarks.prefix.hybrid_engine"):
+    ("benchmarks.prefix.policies.hybrid", "benchmarks.prefix.policies.hybrid_engine"):
         "the hybrid report (hybrid.py) runs the engine comparison only when asked (--engine); hybrid_engine builds on "
         "hybrid.py's policies (issue 36: the report in a module of its own)",
     ("engine.model_sources.gemma_tokenizer", "engine.model_sources.tiny", "engine.registry"):

@@ -247,7 +247,7 @@ def resolve_moe_throughput(ctx: Context) -> dict[str, Any]:
 
 
 def _hybrid_summary(config: dict[str, Any]) -> dict[str, Any]:
-    from benchmarks.prefix.hybrid import StateCost
+    from benchmarks.prefix.policies.hybrid import StateCost
 
     cost = StateCost.of(config)
     return {"model_type": config["model_type"], "layers": config["num_hidden_layers"],

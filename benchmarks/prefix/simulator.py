@@ -12,7 +12,7 @@ prompt and reply blocks, and frees them. Two ways to bound the cache:
   commits its prompt blocks as soon as it is admitted (a later request of the step can hit them, as in the engine),
   and a request that does not fit, with its reply, waits for the next step (the simulator does not preempt). With ``engine_max_tokens`` the blocks of the tokens the
   engine generates (never hit by later turns, which carry scripted replies) take their room too. Then the simulator
-  predicts the engine's cached tokens request for request (tests/bench/test_engine_run.py).
+  predicts the engine's cached tokens request for request (tests/bench/prefix/test_engine_run.py).
 
 The manager brings its retention and tiers: pins (``TokenRequest.pins``), session holds (``tool_call_ttl_s`` for
 requests that end in tool calls), host and disk tiers (``host_blocks``, ``disk_blocks``), all on the simulator's

@@ -15,7 +15,7 @@ from engine.kv.block_hashing import BlockHasher
 from engine.models.vision.encoder_cache import EncoderCache
 from engine.models.vision.preprocess import ImageError, ImagePreprocessor
 from engine.multimodal import ImageInput, check_layout, expand_placeholders, image_positions, position_shift
-from tests.models.vision_models import PREPROCESSOR, png
+from tests.models.checkpoints.vision_models import PREPROCESSOR, png
 
 PAD = 9  # a placeholder token id for the unit tests
 

@@ -159,7 +159,7 @@ def test_fp4_blocks_dequantize_nibbles_with_ue8m0_scales() -> None:
     """DeepSeek-V4's FP4 experts: two e2m1 values a byte (low nibble first), one power-of-two scale per row and 32
     columns; values on the e2m1 grid come back exactly, others within half a grid step."""
     from kernels.reference import E2M1_VALUES, dequantize_fp4_blocks
-    from tests.models.fp8_checkpoint import quantize_fp4_rows
+    from tests.models.checkpoints.fp8_checkpoint import quantize_fp4_rows
 
     grid = torch.tensor(E2M1_VALUES)
     exact = grid[torch.randint(0, 16, (4, 64), generator=torch.Generator().manual_seed(0))] * 0.25

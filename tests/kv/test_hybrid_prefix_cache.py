@@ -10,7 +10,7 @@ from engine import LLM, SamplingParams
 from engine.kv.snapshot_policy import SnapshotPolicy
 from engine.retention import CachePin, Retention
 from tests.hf_oracle import hf_greedy, random_prompts
-from tests.models.hybrid_models import KINDS
+from tests.models.checkpoints.hybrid_models import KINDS
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
 LENGTHS = [5, 16, 17, 40, 70]

@@ -176,7 +176,7 @@ def test_fp4_experts_and_fp8_projections_load_dequantized(tmp_path) -> None:
     projections, dequantized on load on a CPU, give exactly the tokens and logprobs of the same values stored in
     fp32, and the quantization really changed the weights."""
     from engine.registry import resolve_model
-    from tests.models.fp8_checkpoint import write_v4_fp8_fp4_checkpoint
+    from tests.models.checkpoints.fp8_checkpoint import write_v4_fp8_fp4_checkpoint
 
     quantized, plain = tmp_path / "fp4", tmp_path / "plain"
     write_v4_fp8_fp4_checkpoint(resolve_model(NAME), quantized, plain, (16, 16))

@@ -1,7 +1,7 @@
 """FP8 block-scaled checkpoints: a tiny model quantized here (DeepSeek-V3 / Qwen3-FP8 layout) loads, matches
 transformers on the same directory, and stays within a stated logprob distance of the fp32 original.
 
-Stated distances (tests/models/logprob_drift.py: teacher-forced, 10 prompts x 10 tokens, top-20 logprobs), measured
+Stated distances (tests/models/checkpoints/logprob_drift.py: teacher-forced, 10 prompts x 10 tokens, top-20 logprobs), measured
 with 32 x 32 blocks (the tiny models' 64/128-wide projections in whole blocks; real checkpoints use 128 x 128):
 
     model           mean |dlogprob|  max |dlogprob|  same argmax   (the same model in bf16: mean, max, argmax)
@@ -26,8 +26,8 @@ from engine.registry import resolve_model
 from kernels.cpu.linear import PackedLinear
 from kernels.reference import dequantize_fp8_blocks, quantize_fp8_blocks
 from tests.hf_oracle import hf_greedy, hf_model, random_prompts
-from tests.models.fp8_checkpoint import write_fp8_checkpoint
-from tests.models.logprob_drift import logprob_drift
+from tests.models.checkpoints.fp8_checkpoint import write_fp8_checkpoint
+from tests.models.checkpoints.logprob_drift import logprob_drift
 
 BLOCK = (32, 32)
 LENGTHS = [1, 3, 4, 5, 8, 15, 16, 17, 33, 64]

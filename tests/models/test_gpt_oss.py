@@ -1,4 +1,4 @@
-"""gpt-oss on tiny random checkpoints written by transformers' own save_pretrained (tests/models/gpt_oss_models.py), in
+"""gpt-oss on tiny random checkpoints written by transformers' own save_pretrained (tests/models/checkpoints/gpt_oss_models.py), in
 both released layouts: the experts stacked as transformers holds them (bf16 layout, here fp32) and as gpt-oss-20b
 ships them (MXFP4 ``*_blocks`` / ``*_scales``, dequantized on load). Window layers (8 tokens) alternate with full ones,
 so every prompt but the shortest reaches past the window; attention sinks, biases on every projection, top-4 routing
@@ -20,7 +20,7 @@ import torch
 from engine import LLM, SamplingParams
 from engine.config import ModelConfig
 from tests.hf_oracle import assert_top_logprobs_equal_hf, hf_greedy, hf_model, random_prompts
-from tests.models.gpt_oss_models import LAYOUTS, VOCAB, WINDOW, write_gpt_oss_checkpoint
+from tests.models.checkpoints.gpt_oss_models import LAYOUTS, VOCAB, WINDOW, write_gpt_oss_checkpoint
 
 LENGTHS = [1, 4, 9, 17, 40, 70]
 NEW_TOKENS = 8

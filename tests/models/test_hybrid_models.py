@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from engine import LLM, SamplingParams
 from tests.hf_oracle import hf_greedy, hf_model, random_prompts
-from tests.models.hybrid_models import KINDS
+from tests.models.checkpoints.hybrid_models import KINDS
 
 LENGTHS = [1, 4, 5, 17, 40, 70]  # 70 crosses a 64-token chunk of the delta rule
 NEW_TOKENS = 8

@@ -11,7 +11,7 @@ import torch
 from engine import LLM, SamplingParams
 from engine.errors import RequestRejected
 from engine.requests import EngineRequest
-from tests.models.vision_models import (hf_generate, hf_inputs, hf_next_logprobs, png, user_turn,
+from tests.models.checkpoints.vision_models import (hf_generate, hf_inputs, hf_next_logprobs, png, user_turn,
                                         vlm_checkpoint)
 
 NEW_TOKENS = 6

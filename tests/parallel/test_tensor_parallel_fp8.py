@@ -9,7 +9,7 @@ from engine import LLM, SamplingParams
 from engine.errors import WorkerDiedError
 from engine.registry import resolve_model
 from tests.hf_oracle import random_prompts
-from tests.models.fp8_checkpoint import write_fp8_checkpoint
+from tests.models.checkpoints.fp8_checkpoint import write_fp8_checkpoint
 
 
 def _fp8_dir(tmp_path_factory, block: tuple[int, int]):

@@ -1,7 +1,7 @@
 """``kv_cache_dtype="fp8"``: KV pages stored as e4m3 (scale 1.0) run on CPU within a stated logprob distance of
 the model-dtype cache, hold twice the tokens of bf16 pages in the same memory, and keep the prefix cache exact.
 
-Stated distances (tests/models/logprob_drift.py: teacher-forced, 10 prompts x 10 tokens, top-20 logprobs, fp32
+Stated distances (tests/models/checkpoints/logprob_drift.py: teacher-forced, 10 prompts x 10 tokens, top-20 logprobs, fp32
 model, FP8 pages against fp32 pages), measured:
 
     model           mean |dlogprob|  max |dlogprob|  same argmax   (the same model in bf16: mean, max, argmax)
@@ -18,7 +18,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from tests.hf_oracle import random_prompts
-from tests.models.logprob_drift import logprob_drift
+from tests.models.checkpoints.logprob_drift import logprob_drift
 
 LENGTHS = [1, 3, 4, 5, 8, 15, 16, 17, 33, 64]
 STATED = {"qwen3-tiny": (0.1, 1.0, 0.65), "deepseek-tiny": (0.55, 5.0, 0.5)}  # mean, max, argmax agreement

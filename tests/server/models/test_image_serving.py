@@ -17,7 +17,7 @@ from engine.registry import resolve_model
 from server.pipeline.images import turn_images
 from server.pipeline.plan import render_turn
 from server.pipeline.turn import Turn
-from tests.models.vision_models import hf_generate, hf_inputs, hf_processor, png
+from tests.models.checkpoints.vision_models import hf_generate, hf_inputs, hf_processor, png
 from tests.server.conftest import LiveServer
 
 NEW_TOKENS = 5

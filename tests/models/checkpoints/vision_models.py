@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tests.models.hybrid_models import _MOE, _ROPE, _TEXT, randomized, save_with_tokenizer
+from tests.models.checkpoints.hybrid_models import _MOE, _ROPE, _TEXT, randomized, save_with_tokenizer
 
 VISION = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=16,
               num_position_embeddings=64, spatial_merge_size=2, temporal_patch_size=2)

@@ -84,7 +84,7 @@ def test_cli_simulate_writes_json(trace: Path, tmp_path: Path):
     assert Path(fig["plot"]).exists()
 
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "mooncake"
+SHARED = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "mooncake"
 # "... is 37.4% for the conversation trace and 65.1% for the synthetic trace." (the data's README)
 PUBLISHED = re.compile(r"is ([0-9.]+)% for the conversation trace and ([0-9.]+)% for the synthetic trace")
 

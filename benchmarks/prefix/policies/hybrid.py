@@ -174,7 +174,7 @@ class HybridOptions:
     checkpoints: int = 3
     seed: int = 0
     out_dir: str = "results/prefix"
-    engine_slots: tuple[int, ...] = ()  # also run the engine with these snapshot pools (benchmarks/prefix/hybrid_engine.py)
+    engine_slots: tuple[int, ...] = ()  # also run the engine with these snapshot pools (benchmarks/prefix/policies/hybrid_engine.py)
 
 
 def run_hybrid(opts: HybridOptions) -> dict:
@@ -206,7 +206,7 @@ def run_hybrid(opts: HybridOptions) -> dict:
     markdown = f"{memory}\n\n{table}\n"
     engine_rows = _engine_part(opts, mt, cost) if opts.engine_slots else []
     if engine_rows:
-        from benchmarks.prefix.hybrid_engine import engine_markdown
+        from benchmarks.prefix.policies.hybrid_engine import engine_markdown
 
         markdown += "\n" + engine_markdown(opts.model, engine_rows, opts.shape) + "\n"
     out = Path(opts.out_dir)
@@ -220,7 +220,7 @@ def _engine_part(opts: HybridOptions, mt, cost: StateCost) -> list[dict]:
     from engine import LLM
 
     from benchmarks.prefix.bench import ENGINE_WORKLOAD_PARAMS
-    from benchmarks.prefix.hybrid_engine import compare_with_engine
+    from benchmarks.prefix.policies.hybrid_engine import compare_with_engine
     from benchmarks.prefix.render import tokenize_workload
     from benchmarks.prefix.report import pct
     from benchmarks.prefix.workloads import build_workloads

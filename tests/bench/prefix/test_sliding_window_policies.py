@@ -1,4 +1,4 @@
-"""The sliding-window policies simulated on the same requests (benchmarks/prefix/sliding_window.py): kvserve's window
+"""The sliding-window policies simulated on the same requests (benchmarks/prefix/policies/sliding_window.py): kvserve's window
 group against vLLM's sliding-window manager and llama.cpp's SWA cache, the memory a window group saves on the
 released shapes, and the window group against a dense model in the same memory on interleaved agent sessions."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.prefix.agent_sessions import SessionsParams, agent_sessions
-from benchmarks.prefix.sliding_window import SHAPES, compare, run_kvserve, run_llama_cpp, under_pressure
+from benchmarks.prefix.policies.sliding_window import SHAPES, compare, run_kvserve, run_llama_cpp, under_pressure
 
 KIB = 1024
 

@@ -1,5 +1,5 @@
 """``kvserve bench prefix --hybrid --engine``: the agent workloads through the real engine serving a hybrid model,
-request for request against the simulator of benchmarks/prefix/hybrid.py, with vLLM's align mode simulated on the
+request for request against the simulator of benchmarks/prefix/policies/hybrid.py, with vLLM's align mode simulated on the
 same requests.
 
 The engine runs the workloads at the engine sizes of ``bench prefix`` (``ENGINE_WORKLOAD_PARAMS``) one request at a
@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from benchmarks.prefix.hybrid import HybridPolicy, StateCost, policies, run_policy
+from benchmarks.prefix.policies.hybrid import HybridPolicy, StateCost, policies, run_policy
 from benchmarks.prefix.trace import TokenRequest
 
 

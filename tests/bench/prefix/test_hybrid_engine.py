@@ -1,11 +1,11 @@
-"""The engine serving a hybrid model reads exactly what the hybrid simulator (benchmarks/prefix/hybrid.py) predicts,
+"""The engine serving a hybrid model reads exactly what the hybrid simulator (benchmarks/prefix/policies/hybrid.py) predicts,
 request for request, on agent workloads carrying the server's snapshot hints."""
 from __future__ import annotations
 
 import pytest
 
-from benchmarks.prefix.hybrid import HYBRID_SHAPES, StateCost
-from benchmarks.prefix.hybrid_engine import compare_with_engine
+from benchmarks.prefix.policies.hybrid import HYBRID_SHAPES, StateCost
+from benchmarks.prefix.policies.hybrid_engine import compare_with_engine
 from benchmarks.prefix.render import load_model_text, tokenize_workload
 from benchmarks.prefix.workloads import WorkloadParams, build_workloads
 
