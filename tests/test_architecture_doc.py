@@ -149,3 +149,14 @@ def test_the_checker_catches_drift():
     assert defines(ROOT / "engine/sched/scheduler.py", "Scheduler.schedule")
     assert not resolve_dotted("engine.sched.scheduler.NoSuchClass") and resolve_dotted("engine.core.api.EngineFacts.of")
     assert dotted == {"engine.sched.scheduler.NoSuchClass", "engine.core.api.EngineFacts.of"} and links == {"docs/NOPE.md"}
+
+
+def test_every_module_is_on_the_map():
+    """The other way round: every module of the product (``__init__`` and ``__main__`` aside) is named in
+    docs/ARCHITECTURE.md, so a newcomer finds any file from it."""
+    paths, qualified, _, _ = references(_doc("docs/ARCHITECTURE.md"))
+    named = paths | {f for f, _ in qualified}
+    modules = sorted(p.relative_to(ROOT).as_posix() for package in PACKAGES for p in (ROOT / package).rglob("*.py")
+                     if p.name not in ("__init__.py", "__main__.py"))
+    missing = [m for m in modules if m not in named]
+    assert not missing, f"docs/ARCHITECTURE.md's module index lacks: {missing}"
