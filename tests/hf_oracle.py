@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from engine import LLM
+from engine import LLM, SamplingParams
 from engine.registry import resolve_model
 
 
@@ -35,6 +35,44 @@ def assert_top_logprobs_equal_hf(name: str, prompt: list[int], top: list[tuple[i
     ids = torch.tensor([t for t, _ in top])
     assert ids.tolist() == ref.topk(len(top)).indices.tolist()
     torch.testing.assert_close(torch.tensor([lp for _, lp in top]), ref[ids], atol=atol, rtol=0)
+
+
+def logit_shift(name: str, prompt: list[int], back: int) -> float:
+    """How far transformers' next-token logits after ``prompt`` move when the token ``back`` places from its end
+    changes: a model whose outputs are to prove anything must move for tokens inside its windows and beyond them."""
+    changed = prompt[:-back] + [prompt[-back] + 7] + prompt[len(prompt) - back + 1:]
+    with torch.no_grad():
+        logits = [hf_model(name)(torch.tensor([p])).logits[0, -1] for p in (prompt, changed)]
+    return float((logits[1] - logits[0]).abs().max())
+
+
+def assert_varied(expected: list[list[int]], min_distinct_per_output: int) -> None:
+    """Different prompts continue differently, and no continuation repeats one token."""
+    assert len({tuple(e) for e in expected}) == len(expected), "different prompts continue differently"
+    assert sum(len(set(e)) for e in expected) > min_distinct_per_output * len(expected), "continuations repeat"
+
+
+def assert_greedy_alone_and_together(llm: LLM, prompts: list[list[int]], expected: list[list[int]]) -> None:
+    """The engine's greedy tokens are transformers' (``expected``), one prompt at a time, then all together with
+    mixed finish times (each its own max_tokens)."""
+    new_tokens = len(expected[0])
+    for prompt, want in zip(prompts, expected):
+        assert llm.generate([prompt], SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
+                            )[0].token_ids == want
+    params = [SamplingParams(max_tokens=1 + (3 * i) % new_tokens, temperature=0, ignore_eos=True)
+              for i in range(len(prompts))]
+    outs = llm.generate(prompts, params)
+    assert [o.token_ids for o in outs] == [want[: p.max_tokens] for want, p in zip(expected, params)]
+
+
+def assert_greedy_cache_hot(llm: LLM, prompts: list[list[int]], expected: list[list[int]], block_size: int) -> None:
+    """Again after `assert_greedy_alone_and_together`: the same tokens, every prompt's full blocks (all but its last
+    token's) from the prefix cache."""
+    outs = llm.generate(prompts, SamplingParams(max_tokens=len(expected[0]), temperature=0, ignore_eos=True))
+    assert [o.token_ids for o in outs] == expected
+    cached = [o.num_cached_tokens for o in outs]
+    assert cached == [(len(p) - 1) // block_size * block_size for p in prompts] and sum(cached) > 0
+    llm.engine.scheduler.kv.check_invariants()
 
 
 def random_prompts(vocab: int, lengths: list[int], seed: int = 0) -> list[list[int]]:

@@ -24,7 +24,10 @@ from engine import LLM, SamplingParams
 from engine.config import ModelConfig
 from engine.model_sources.tiny import GEMMA3_SCALES, random_tensor
 from engine.registry import resolve_model
-from tests.hf_oracle import hf_greedy, hf_model, random_prompts
+from tests.hf_oracle import (
+    assert_greedy_alone_and_together, assert_greedy_cache_hot, assert_varied, hf_greedy, hf_model, logit_shift,
+    random_prompts,
+)
 
 KINDS = ("gemma3", "gemma3_text")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
@@ -121,20 +124,9 @@ def test_outputs_are_varied_and_depend_on_the_whole_context(case):
     """Different prompts continue differently, and a token far outside every local window still moves the next
     token's logits (through the global layer), while the last few tokens move them a lot."""
     path, prompts, expected = case
-    assert len({tuple(e) for e in expected}) == len(expected), "different prompts continue differently"
-    assert sum(len(set(e)) for e in expected) > 5 * len(expected), "continuations do not repeat one token"
-    model, long = hf_model(path), prompts[-1]
-
-    def last_logits(prompt: list[int]) -> torch.Tensor:
-        with torch.no_grad():
-            return model(torch.tensor([prompt])).logits[0, -1]
-
-    def changed(back: int) -> list[int]:
-        return long[:-back] + [long[-back] + 7] + long[len(long) - back + 1:]
-
-    base = last_logits(long)
-    assert (last_logits(changed(3)) - base).abs().max() > 0.5, "a token inside the window moves the logits"
-    assert (last_logits(changed(69)) - base).abs().max() > 0.05, "so does the first one, through the global layer"
+    assert_varied(expected, 5)
+    assert logit_shift(path, prompts[-1], 3) > 0.5, "a token inside the window moves the logits"
+    assert logit_shift(path, prompts[-1], 69) > 0.05, "so does the first one, through the global layer"
 
 
 # blocks of 4: windows of 2-3 blocks; of 16: windows under one block
@@ -143,19 +135,8 @@ def test_outputs_are_varied_and_depend_on_the_whole_context(case):
 def test_greedy_one_at_a_time_all_together_and_cache_hot(case, block_size):
     path, prompts, expected = case
     llm = LLM(path, block_size=block_size, num_kv_blocks=512)
-    for prompt, want in zip(prompts, expected):
-        assert llm.generate([prompt], GREEDY)[0].token_ids == want
-    params = [SamplingParams(max_tokens=1 + (3 * i) % NEW_TOKENS, temperature=0, ignore_eos=True)
-              for i in range(len(prompts))]
-    outs = llm.generate(prompts, params)
-    assert [o.token_ids for o in outs] == [want[: p.max_tokens] for want, p in zip(expected, params)]
-    # cache hot: the prompts' full blocks come from the prefix cache this time
-    outs = llm.generate(prompts, GREEDY)
-    assert [o.token_ids for o in outs] == expected
-    cached = [o.num_cached_tokens for o in outs]
-    assert cached == [(len(p) - 1) // block_size * block_size for p in prompts]
-    assert sum(cached) > 0
-    llm.engine.scheduler.kv.check_invariants()
+    assert_greedy_alone_and_together(llm, prompts, expected)
+    assert_greedy_cache_hot(llm, prompts, expected, block_size)
 
 
 @pytest.mark.slow

@@ -19,7 +19,10 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.config import ModelConfig
-from tests.hf_oracle import assert_top_logprobs_equal_hf, hf_greedy, hf_model, random_prompts
+from tests.hf_oracle import (
+    assert_greedy_alone_and_together, assert_greedy_cache_hot, assert_top_logprobs_equal_hf, assert_varied, hf_greedy,
+    hf_model, logit_shift, random_prompts,
+)
 from tests.models.checkpoints.gpt_oss_models import LAYOUTS, VOCAB, WINDOW, write_gpt_oss_checkpoint
 
 LENGTHS = [1, 4, 9, 17, 40, 70]
@@ -87,24 +90,17 @@ def test_released_configs_default_to_alternating_windows():
 
 def test_outputs_are_varied_and_depend_on_the_whole_context(case):
     path, prompts, expected = case
-    assert len({tuple(e) for e in expected}) == len(expected), "different prompts continue differently"
-    assert sum(len(set(e)) for e in expected) > 5 * len(expected), "continuations do not repeat one token"
-    model, long = hf_model(path), prompts[-1]
-
-    def last_logits(prompt: list[int]) -> torch.Tensor:
-        with torch.no_grad():
-            return model(torch.tensor([prompt])).logits[0, -1]
-
-    base = last_logits(long)
-    changed = long[:1] + [long[1] + 7] + long[2:]
-    assert (last_logits(changed) - base).abs().max() > 0.05, "a token 69 back moves the logits (the full layers)"
-    sinkless = hf_model(path)
+    assert_varied(expected, 5)
+    long = prompts[-1]
+    assert logit_shift(path, long, len(long) - 1) > 0.05, "a token 69 back moves the logits (the full layers)"
+    model = hf_model(path)
     with torch.no_grad():
-        saved = [layer.self_attn.sinks.clone() for layer in sinkless.model.layers]
-        for layer in sinkless.model.layers:
+        base = model(torch.tensor([long])).logits[0, -1]
+        saved = [layer.self_attn.sinks.clone() for layer in model.model.layers]
+        for layer in model.model.layers:
             layer.self_attn.sinks.fill_(-1e4)
-        assert (last_logits(long) - base).abs().max() > 0.05, "the sinks matter"
-        for layer, sinks in zip(sinkless.model.layers, saved):
+        assert (model(torch.tensor([long])).logits[0, -1] - base).abs().max() > 0.05, "the sinks matter"
+        for layer, sinks in zip(model.model.layers, saved):
             layer.self_attn.sinks.copy_(sinks)
 
 
@@ -112,17 +108,8 @@ def test_outputs_are_varied_and_depend_on_the_whole_context(case):
 def test_greedy_one_at_a_time_all_together_and_cache_hot(case, block_size):
     path, prompts, expected = case
     llm = LLM(path, block_size=block_size, num_kv_blocks=512)
-    for prompt, want in zip(prompts, expected):
-        assert llm.generate([prompt], GREEDY)[0].token_ids == want
-    params = [SamplingParams(max_tokens=1 + (3 * i) % NEW_TOKENS, temperature=0, ignore_eos=True)
-              for i in range(len(prompts))]
-    outs = llm.generate(prompts, params)
-    assert [o.token_ids for o in outs] == [want[: p.max_tokens] for want, p in zip(expected, params)]
-    outs = llm.generate(prompts, GREEDY)  # cache hot: the prompts' full blocks come from the prefix cache
-    assert [o.token_ids for o in outs] == expected
-    cached = [o.num_cached_tokens for o in outs]
-    assert cached == [(len(p) - 1) // block_size * block_size for p in prompts] and sum(cached) > 0
-    llm.engine.scheduler.kv.check_invariants()
+    assert_greedy_alone_and_together(llm, prompts, expected)
+    assert_greedy_cache_hot(llm, prompts, expected, block_size)
 
 
 @pytest.mark.slow

@@ -13,7 +13,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine import LLM, SamplingParams
-from tests.hf_oracle import hf_greedy, hf_model, random_prompts
+from tests.hf_oracle import (
+    assert_greedy_alone_and_together, assert_varied, hf_greedy, hf_model, logit_shift, random_prompts,
+)
 from tests.models.checkpoints.hybrid_models import KINDS
 
 LENGTHS = [1, 4, 5, 17, 40, 70]  # 70 crosses a 64-token chunk of the delta rule
@@ -35,32 +37,16 @@ def case(request, hybrid_dirs):
 @pytest.mark.slow
 def test_outputs_are_varied_and_depend_on_the_whole_context(case):
     path, prompts, expected = case
-    assert len({tuple(e) for e in expected}) == len(expected), "different prompts continue differently"
-    assert sum(len(set(e)) for e in expected) > 6 * len(expected), "continuations do not repeat one token"
-    model, long = hf_model(path), prompts[-1]
-
-    def last_logits(prompt: list[int]) -> torch.Tensor:
-        with torch.no_grad():
-            return model(torch.tensor([prompt])).logits[0, -1]
-
-    def changed(back: int) -> list[int]:
-        return long[:-back] + [long[-back] + 7] + long[len(long) - back + 1:]
-
-    base = last_logits(long)
-    assert (last_logits(changed(20)) - base).abs().max() > 2.0, "a token 20 back moves the next one's logits"
-    assert (last_logits(changed(69)) - base).abs().max() > 0.5, "so does the first token"
+    assert_varied(expected, 6)
+    assert logit_shift(path, prompts[-1], 20) > 2.0, "a token 20 back moves the next one's logits"
+    assert logit_shift(path, prompts[-1], 69) > 0.5, "so does the first token"
 
 
 @pytest.mark.slow
 def test_greedy_one_at_a_time_and_all_together(case):
     path, prompts, expected = case
     llm = LLM(path, block_size=4, num_kv_blocks=512)
-    for prompt, want in zip(prompts, expected):
-        assert llm.generate([prompt], GREEDY)[0].token_ids == want
-    params = [SamplingParams(max_tokens=1 + (3 * i) % NEW_TOKENS, temperature=0, ignore_eos=True)
-              for i in range(len(prompts))]
-    outs = llm.generate(prompts, params)
-    assert [o.token_ids for o in outs] == [want[: p.max_tokens] for want, p in zip(expected, params)]
+    assert_greedy_alone_and_together(llm, prompts, expected)
     llm.engine.scheduler.kv.check_invariants()
 
 

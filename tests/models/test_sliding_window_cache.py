@@ -18,7 +18,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.registry import resolve_model
-from tests.hf_oracle import hf_greedy, random_prompts
+from tests.hf_oracle import assert_greedy_alone_and_together, assert_greedy_cache_hot, hf_greedy, random_prompts
 from tests.models.test_gemma3 import TOKENIZER_FILES, VOCAB, WINDOW, hf_gemma3_model
 
 KIND = "gemma3_text"
@@ -84,16 +84,8 @@ def test_window_layers_keep_pages_of_their_own(case):
 def test_greedy_one_at_a_time_all_together_and_cache_hot(case):
     path, prompts, expected = case
     llm = poisoned_llm(path, num_kv_blocks=512, num_window_blocks=96)
-    for prompt, want in zip(prompts, expected):
-        assert llm.generate([prompt], GREEDY)[0].token_ids == want
-    params = [SamplingParams(max_tokens=1 + (3 * i) % NEW_TOKENS, temperature=0, ignore_eos=True)
-              for i in range(len(prompts))]
-    outs = llm.generate(prompts, params)
-    assert [o.token_ids for o in outs] == [want[: p.max_tokens] for want, p in zip(expected, params)]
-    outs = llm.generate(prompts, GREEDY)  # hot: each resumes on its prompt end's retained window
-    assert [o.token_ids for o in outs] == expected
-    assert [o.num_cached_tokens for o in outs] == [(len(p) - 1) // BS * BS for p in prompts]
-    llm.engine.scheduler.kv.check_invariants()
+    assert_greedy_alone_and_together(llm, prompts, expected)
+    assert_greedy_cache_hot(llm, prompts, expected, BS)  # hot: each resumes on its prompt end's retained window
 
 
 @pytest.mark.slow
