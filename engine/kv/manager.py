@@ -144,6 +144,11 @@ class KVCacheManager(WindowCache):
         self.queue.expire()
         return self.queue.num_retained
 
+    @property
+    def num_sequences(self) -> int:
+        """Sequences holding blocks (0 once every request has ended: each block is free or cached)."""
+        return len(self.seqs)
+
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 

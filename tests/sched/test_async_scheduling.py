@@ -43,7 +43,7 @@ def test_overlap_gives_the_synchronous_tokens_with_preemption():
     for llm in (sync_llm, async_llm):
         assert llm.stats.preemptions > 0  # the pool really was too small for everyone at once
         llm.engine.scheduler.kv.check_invariants()
-        assert not llm.engine.scheduler.kv.seqs
+        assert llm.engine.scheduler.kv.num_sequences == 0
     # The overlap really happened: decode inputs came from the device before the host saw the previous tokens.
     assert async_llm.engine.runner.inputs.tokens_from_device > 0
     assert sync_llm.engine.runner.inputs.tokens_from_device == 0

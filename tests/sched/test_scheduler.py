@@ -49,7 +49,7 @@ def test_deltas_new_request_then_appended_blocks_then_finished():
     assert len(out.scheduled[0].new_block_ids) == 1 and outs[0].finish_reason is FinishReason.LENGTH
     out = s.schedule()
     assert out.finished_seq_ids == ["a"] and out.scheduled == []  # the runner forgets it
-    assert not s.has_unfinished_requests() and not s.kv.seqs
+    assert not s.has_unfinished_requests() and s.kv.num_sequences == 0
     s.kv.check_invariants()
 
 
