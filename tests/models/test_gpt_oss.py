@@ -163,7 +163,7 @@ def test_the_registry_model_is_the_released_layout_and_equals_transformers_on_ha
 
     from engine.registry import resolve_model
     from server.rendering import get_renderer
-    from tests.rendering.test_harmony import CONVERSATIONS
+    from tests.rendering.test_harmony_rendering import CONVERSATIONS
 
     path = resolve_model("gpt-oss-tiny")
     assert json.loads((path / "config.json").read_text())["quantization_config"]["quant_method"] == "mxfp4"

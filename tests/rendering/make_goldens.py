@@ -54,7 +54,7 @@ OFFICIAL: dict[str, tuple[str, dict]] = {
     "deepseek-v3.2": ("encoding_dsv32.py", {}),
     "deepseek-v4": ("encoding_dsv4.py", {}),
     # The reference is OpenAI's openai-harmony library (tests/rendering/harmony_reference.py), which the official
-    # Jinja template (stored beside the others) only approximates (tests/rendering/test_harmony.py compares them).
+    # Jinja template (stored beside the others) only approximates (tests/rendering/test_harmony_rendering.py compares them).
     "gpt-oss": ("openai-gpt-oss-20b.jinja", {}),
     # The reference is mistral-common's own v13 encoder (tests/rendering/mistral_reference.py), as for Mistral's
     # models the Hub's chat_template.jinja is generated from it; its v13 template is stored beside the others.
