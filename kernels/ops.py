@@ -13,8 +13,6 @@ op set shares (below `get_ops`).
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -24,26 +22,8 @@ from kernels.reference import compressed as reference_compressed
 from kernels.reference import recurrent as reference_recurrent
 from kernels.reference import sparse as reference_sparse
 from kernels.attention_metadata import AttentionMetadata, StateBatch
+from kernels.op_set import Ops
 from kernels.triton.utils import interpreting
-
-
-@dataclass(frozen=True)
-class Ops:
-    store_kv: Callable
-    paged_attention: Callable
-    rms_norm: Callable
-    rotary_embedding: Callable
-    silu_and_mul: Callable
-    gelu_tanh_and_mul: Callable  # Gemma's gated MLP
-    fp8_linear: Callable  # x @ W.T + b for a block-scaled e4m3 weight
-    fused_moe: Callable
-    mla_decode: Callable
-    index_topk: Callable  # DeepSeek-V3.2's lightning indexer: the slots each query attends to
-    sparse_mla: Callable  # absorbed MLA over those slots
-    pool_windows: Callable  # DeepSeek-V4's compressors: gated pooling of token windows, state in the pages
-    sink_attention: Callable  # DeepSeek-V4's attention over gathered slots, with per-head sinks
-    causal_conv1d: Callable  # recurrent layers (Gated DeltaNet): conv over each sequence's state slot
-    gated_delta_rule: Callable
 
 
 TORCH_OPS = Ops(

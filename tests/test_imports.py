@@ -38,9 +38,6 @@ KNOWN_CYCLES: set[tuple[str, ...]] = set()
 # core's circle (engine/core/client.py <-> engine_loop.py / core_process.py / core_wire.py) was one of these until
 # the contract moved to the leaf engine/core/api.py; server/pipeline/generation.py -> server/inspector is a callback now.
 KNOWN_LATE_CYCLES: dict[tuple[str, ...], str] = {
-    ("kernels.ops", "kernels.triton.ops"):
-        "the dispatch point loads the optional Triton op set on first use; triton_ops builds an `Ops` from "
-        "kernels.ops (issue 36: move `Ops` into a leaf module)",
     ("benchmarks.prefix.agent_workloads", "benchmarks.prefix.workloads"):
         "the WORKLOADS registry in workloads.py builds the agent-shaped workloads on demand (they load the server's "
         "Anthropic and Responses adapters, which the plain workloads do not need), and those build on workloads.py's "

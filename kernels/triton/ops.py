@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from kernels.reference import compressed as reference_compressed
-from kernels.ops import Ops
+from kernels.op_set import Ops
 from kernels.triton.activation import gelu_tanh_and_mul, silu_and_mul
 from kernels.triton.attention import paged_attention
 from kernels.triton.compressed import sink_attention
