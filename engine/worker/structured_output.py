@@ -39,7 +39,8 @@ from engine.worker.grammar_compile import CompileWorkers, compile_spec
 from engine.sampling_params import StructuredOutputSpec
 
 # Special tokens that grammars may produce (and name as tokens): harmony's message markers (gpt-oss)
-GRAMMAR_MARKERS = frozenset({"<|channel|>", "<|constrain|>", "<|message|>", "<|call|>"})
+# Control tokens that grammars name as tokens: harmony's message markers (gpt-oss), Mistral's call markers (Devstral)
+GRAMMAR_MARKERS = frozenset({"<|channel|>", "<|constrain|>", "<|message|>", "<|call|>", "[TOOL_CALLS]", "[ARGS]"})
 
 if TYPE_CHECKING:
     import xgrammar
@@ -208,9 +209,9 @@ class StructuredOutputs:
         """The vocabulary as the grammar sees it: control tokens (`<|im_start|>`, `<|endoftext|>`...) can never be
         part of matched text, only the engine's stop tokens may end it; tool-call and thinking markers
         (`<tool_call>`, `<think>`, DeepSeek's call tokens) are ordinary text, so a grammar produces them as the
-        single tokens the model was trained on; so are harmony's message markers (`GRAMMAR_MARKERS`: gpt-oss' calls
-        are framed by them, and its grammars name them as tokens). Ids past the tokenizer (a padded vocabulary) are
-        never allowed."""
+        single tokens the model was trained on; so are harmony's message markers and Mistral's `[TOOL_CALLS]` /
+        `[ARGS]` (`GRAMMAR_MARKERS`: gpt-oss' and Devstral's calls are framed by them, and their grammars name them as
+        tokens). Ids past the tokenizer (a padded vocabulary) are never allowed."""
         detected = xgr.TokenizerInfo.from_huggingface(self._tokenizer, vocab_size=self._vocab_size)
         control = {i for i, token in self._tokenizer.added_tokens_decoder.items()
                    if token.special and token.content not in GRAMMAR_MARKERS}

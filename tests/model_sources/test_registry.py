@@ -70,6 +70,19 @@ def test_todays_deepseek_models_and_the_gpus_they_need(capsys) -> None:
     assert "more than one 8-GPU machine" in capsys.readouterr().err
 
 
+def test_devstral_models() -> None:
+    """devstral-small-tiny and the released Devstral models by HF id, all in the devstral family; Devstral 2 (123B
+    dense, ~246 GB in bf16) needs two H200s."""
+    specs = {spec.name: spec for spec in list_models()}
+    tiny = specs["devstral-small-tiny"]
+    assert (tiny.source, tiny.template, tiny.build["model_type"], tiny.build["tokenizer"]) == (
+        "tiny", "devstral", "ministral3", "tekken")
+    assert (specs["devstral-small-2"].repo_id, specs["devstral-small-2"].template, specs["devstral-small-2"].gpus) == (
+        "mistralai/Devstral-Small-2-24B-Instruct-2512", "devstral", None)
+    assert (specs["devstral-2"].repo_id, specs["devstral-2"].template, specs["devstral-2"].gpus) == (
+        "mistralai/Devstral-2-123B-Instruct-2512", "devstral", 2)
+
+
 def test_a_registered_model_is_found_by_its_repo_id() -> None:
     assert get_model_spec("Qwen/Qwen3-8B").name == "qwen3-8b"
 

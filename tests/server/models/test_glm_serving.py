@@ -90,8 +90,13 @@ def test_a_required_call_round_trip_reads_the_first_turn_from_the_cache(server: 
 
 @pytest.mark.slow
 def test_a_named_call_streams_as_it_is_returned_whole(server: LiveServer) -> None:
-    kwargs = dict(model=server.ctx.model_name, messages=QUESTION, tools=[FORECAST], max_tokens=200, temperature=1.0,
-                  seed=5, tool_choice={"type": "function", "function": {"name": "forecast"}}, extra_body=THINKING_OFF)
+    assert_named_call_streams_as_returned_whole(server, max_tokens=200, extra_body=THINKING_OFF)
+
+
+def assert_named_call_streams_as_returned_whole(server: LiveServer, **extra) -> None:
+    """tool_choice naming `forecast`: the streamed call's name and arguments are those of the call returned whole."""
+    kwargs = dict(model=server.ctx.model_name, messages=QUESTION, tools=[FORECAST], temperature=1.0, seed=5,
+                  tool_choice={"type": "function", "function": {"name": "forecast"}}, **extra)
     client = server.client()
     [call] = client.chat.completions.create(**kwargs).choices[0].message.tool_calls
     parts = ["", ""]
