@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from server import json_text
 from server.rendering.base import Prepared, Renderer
 from server.rendering.messages import MessagePolicy
 
@@ -28,11 +29,12 @@ JOIN = "\n\n"  # mistral-common's CHUNK_JOIN_STR
 
 def normalize_json(text: str) -> str:
     """mistral-common's JSON normalization of arguments and tool results: ``{}`` for nothing, valid JSON
-    re-serialized with ``json.dumps`` defaults, anything else as it is."""
+    re-serialized with ``json.dumps`` defaults, anything else as it is (JSON nested past server/json_text.py's
+    depth too: never a recursion); NaN or a number past the digit limit is bad input (``ValueError``: a 400)."""
     if not text:
         return "{}"
     try:
-        return json.dumps(json.loads(text), ensure_ascii=False)
+        return json.dumps(json_text.loads(text), ensure_ascii=False)
     except json.JSONDecodeError:
         return text
 
@@ -41,7 +43,7 @@ def call_arguments(raw: str) -> str:
     """A call's arguments as the encoder writes them: normalized JSON, or text that is not JSON as a JSON string."""
     text = normalize_json(raw)
     try:
-        json.loads(text)
+        json_text.loads(text)
     except json.JSONDecodeError:
         return json.dumps(text, ensure_ascii=False)
     return text
