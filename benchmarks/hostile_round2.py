@@ -2,7 +2,7 @@
 sent by the hostile tenant while the bystander tenant's streams run. Each returns the HTTP status the server gave
 (a 4xx, or a 200 that stayed bounded), or a string naming what went wrong (a leak across tenants, a refused
 connection). Two cases of the issue are not HTTP inputs and are tested without a server: the KV-events replay bind
-(tests/server/test_hostile_round2.py, `--kv-events-replay-endpoint tcp://0.0.0.0:`) and an oversized disk-tier block
+(tests/server/pipeline/test_hostile_round2.py, `--kv-events-replay-endpoint tcp://0.0.0.0:`) and an oversized disk-tier block
 file (same file); `--record 'trace-{salt}.jsonl'`'s descriptors are tested there too.
 """
 from __future__ import annotations

@@ -76,7 +76,7 @@ class EngineConfig:
     max_num_seqs: int = field(default=64, metadata=_help("sequences batched together at most"))
     max_num_batched_tokens: int = field(default=2048, metadata=_help("tokens computed per engine step at most"))
     max_scored_tokens_per_step: int = field(
-        default=128, metadata=_help("prompt positions scored (prompt_logprobs: logits over the whole vocabulary for "
+        default=64, metadata=_help("prompt positions scored (prompt_logprobs: logits over the whole vocabulary for "
                                     "each) per engine step at most: a long prompt's scoring is spread over steps, "
                                     "other requests' tokens between them"))
     max_model_len: int | None = field(default=None, metadata=_help("context length cap (default: the model's)"))
@@ -703,8 +703,6 @@ class ModelConfig:
             attention_bias=cfg.get("attention_bias", arch == "qwen2"),
             qk_norm=arch in ("qwen3", "qwen3_moe") or hybrid or gemma3,
             qk_norm_across_heads=arch == "minimax_m2",
-            query_scale_beta=query_scale_beta,
-            query_scale_length=int(rope.get("original_max_position_embeddings") or 1),
             rope_theta=rope_theta,
             rope_scaling=rope,
             eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
@@ -728,6 +726,8 @@ class ModelConfig:
             attention_sinks=gpt_oss,
             o_proj_bias=gpt_oss and cfg.get("attention_bias", True),
             hidden_act=cfg.get("hidden_activation") or "gelu_pytorch_tanh" if gemma3 else "silu",
+            query_scale_beta=query_scale_beta,
+            query_scale_length=int(rope.get("original_max_position_embeddings") or 1),
         )
 
     @classmethod

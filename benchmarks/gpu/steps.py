@@ -36,7 +36,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # Triton vs the torch reference for every kernel, natively, and CUDA-graph decode vs eager. Only the GPU-marked
 # test of the padding file: its other cases build CPU engines, which need the interpreter (off with CUDA visible).
 KERNEL_TESTS = ("tests/kernels/test_triton_ops.py", "tests/kernels/test_fp8.py", "tests/kernels/test_recurrent.py",
-                "tests/engine/test_decode_graph_padding.py::test_cuda_graph_decode_matches_eager")
+                "tests/worker/test_decode_graph_padding.py::test_cuda_graph_decode_matches_eager")
 STEP_BENCH = ("server.cli", "bench", "step", "--device", "cuda")  # `kvserve bench step` (issue 9)
 SPEC_CONTEXT = 1024  # spec_decode_batch1's prompt, as decode_batch1's
 

@@ -1,6 +1,6 @@
 """The OpenAPI schema of the generation routes. They read the raw body (bounded, and kept as sent for `--record`),
 so FastAPI cannot see their request models; `declare_request_bodies` puts them into the schema, which documents
-the API and drives the property-based fuzz test (tests/server/test_fuzz_schema.py)."""
+the API and drives the property-based fuzz test (tests/server/http/test_fuzz_schema.py)."""
 from __future__ import annotations
 
 from typing import Any

@@ -80,6 +80,46 @@ def test_retention_cap_refuses_past_the_fraction():
     kv.check_invariants()
 
 
+def pinned_tokens(kv: KVCacheManager, sid, toks: list[int], retention: Retention) -> int:
+    """Admit and compute one sequence; what its pins really retained (`num_pinned_tokens`), then free it."""
+    assert kv.admit(sid, hashes(toks), toks, len(toks), retention=retention) is not None
+    kv.commit(sid, hashes(toks), toks, len(toks))
+    pinned = kv.num_pinned_tokens(sid)
+    kv.free(sid)
+    return pinned
+
+
+def test_a_refused_pin_is_reported_as_not_retained():
+    """A sequence's pins report what the cap let them keep: all of it, up to the first refused block, or nothing."""
+    kv, _ = make(10, fraction=0.3)  # at most 3 retained blocks
+    assert pinned_tokens(kv, "a", seq(0, 9), Retention((CachePin(8, 300.0),))) == 8  # 2 blocks: kept
+    assert pinned_tokens(kv, "b", seq(100, 13), Retention((CachePin(12, 300.0),))) == 4  # 1 of 3 kept
+    assert pinned_tokens(kv, "c", seq(200, 9), Retention((CachePin(8, 300.0),))) == 0  # the cap is full
+    assert pinned_tokens(kv, "d", seq(0, 9), Retention((CachePin(8, 300.0),))) == 8  # a's blocks: retained already
+    assert pinned_tokens(kv, "e", seq(300, 9), None) == 0
+    kv.check_invariants()
+
+
+def test_a_tenant_retains_at_most_its_share_of_the_cap():
+    """Pins and session holds of one tenant together stop at its share; another tenant's still fit, and blocks
+    retained without a tenant count against the cap alone."""
+    clock = Clock()
+    kv = KVCacheManager(40, 4, max_retained_fraction=0.5, max_retained_share_per_tenant=0.5, clock=clock)  # 20; 10
+    pin_a = Retention((CachePin(32, 300.0),), tenant="a")
+    assert pinned_tokens(kv, "a1", seq(0, 33), pin_a) == 32  # 8 blocks
+    run(kv, "a2", seq(100, 17), retention=Retention(hold_after_finish_s=30.0, tenant="a"), hold_s=30.0)  # 4 held
+    assert kv.queue.retained_by_tenant == {"a": 10} and kv.queue.refused == 2
+    assert pinned_tokens(kv, "a3", seq(200, 9), Retention((CachePin(8, 300.0),), tenant="a")) == 0
+    assert pinned_tokens(kv, "b1", seq(300, 33), Retention((CachePin(32, 300.0),), tenant="b")) == 32
+    assert pinned_tokens(kv, "n1", seq(400, 9), Retention((CachePin(8, 300.0),))) == 8  # no tenant: the cap only
+    assert kv.queue.retained_by_tenant == {"a": 10, "b": 8} and kv.num_retained_blocks == 20
+    kv.check_invariants()
+    clock.now += 60  # a's hold ends: its share is free again
+    assert kv.num_retained_blocks == 18 and kv.queue.retained_by_tenant == {"a": 8, "b": 8}
+    assert pinned_tokens(kv, "a4", seq(500, 9), Retention((CachePin(8, 300.0),), tenant="a")) == 8
+    kv.check_invariants()
+
+
 def test_hold_after_finish_keeps_a_session_until_it_expires():
     kv, clock = make(12)
     a, c, b = seq(0, 21), seq(200, 9), seq(100, 25)
@@ -171,8 +211,8 @@ class TieredKVMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.clock = Clock()
-        self.kv = KVCacheManager(20, 4, max_retained_fraction=0.4, host_blocks=6, disk_blocks=10,
-                                 record_events=True, clock=self.clock)
+        self.kv = KVCacheManager(20, 4, max_retained_fraction=0.4, max_retained_share_per_tenant=0.5, host_blocks=6,
+                                 disk_blocks=10, record_events=True, clock=self.clock)
         self.contents = BlockContents()
         self.replay = EventReplay()
         self.tokens: dict[int, list[int]] = {}
@@ -183,12 +223,13 @@ class TieredKVMachine(RuleBasedStateMachine):
         self.replay.apply(self.kv.take_events())
 
     @rule(new=st.lists(st.sampled_from((1, 2, 3)), min_size=1, max_size=24), shared=st.integers(0, 24),
-          pin=st.one_of(st.none(), st.integers(0, 24)), ttl=st.sampled_from((5.0, 60.0)))
-    def admit(self, new: list[int], shared: int, pin: int | None, ttl: float) -> None:
+          pin=st.one_of(st.none(), st.integers(0, 24)), ttl=st.sampled_from((5.0, 60.0)),
+          tenant=st.sampled_from((None, "a", "b")))
+    def admit(self, new: list[int], shared: int, pin: int | None, ttl: float, tenant: str | None) -> None:
         base = next(iter(self.tokens.values()), [])[:shared]
         toks = base + new
         sid, self.next_id = self.next_id, self.next_id + 1
-        retention = Retention((CachePin(pin, ttl),)) if pin is not None else None
+        retention = Retention((CachePin(pin, ttl),), tenant=tenant) if pin is not None else None
         got = self.kv.admit(sid, hashes(toks), toks, len(toks), retention=retention)
         self._sync()
         if got is not None:
