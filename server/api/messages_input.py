@@ -46,7 +46,8 @@ def _check_block(block: Any, where: str) -> str:
     if not isinstance(block, dict) or not isinstance(block.get("type"), str):
         raise _bad(f"{where}: a content block must be an object with a 'type'", where)
     if block["type"] in _MEDIA_BLOCKS:
-        raise _bad(f"{where}: {block['type']} blocks are not supported; this model takes text and images", where)
+        raise _bad(f"{where}: {block['type']} blocks are not supported: kvserve reads text, and images where the "
+                   "model has a vision tower", where)
     return block["type"]
 
 

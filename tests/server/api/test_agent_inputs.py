@@ -76,7 +76,7 @@ def test_anthropic_request_becomes_the_chat_form() -> None:
     assert chat.template_kwargs == {"enable_thinking": True}
     assert messages_to_turn(req.model_copy(update={"thinking": None}), "deepseek-v3.1").template_kwargs == \
         {"thinking": False}
-    with pytest.raises(APIError, match="text only"):
+    with pytest.raises(APIError, match="document blocks are not supported"):
         messages_to_turn(MessagesRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": [
             {"type": "document", "source": {}}]}]}), "qwen3")
 
