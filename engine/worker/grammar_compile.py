@@ -132,6 +132,8 @@ class _Worker:
             pass_fds=(from_parent, to_parent), env=env, stdin=subprocess.DEVNULL)
         os.close(from_parent)
         os.close(to_parent)
+        self._kill_lock = threading.Lock()
+        self._killed = False
         self.requests = Connection(to_child, readable=False)
         self.replies = Connection(from_child, writable=False)
         self.ready = False
@@ -148,6 +150,12 @@ class _Worker:
             raise ValueError("the grammar could not be compiled: its compiler process died") from None
 
     def kill(self) -> None:
+        """Once, whoever asks first: the server's close and the compile it interrupts both end the worker, and two
+        threads closing one pipe would close another file's descriptor (or fail with EBADF)."""
+        with self._kill_lock:
+            if self._killed:
+                return
+            self._killed = True
         self.process.kill()
         self.process.wait(5)
         self.requests.close()
