@@ -65,6 +65,7 @@ def poisoned_llm(path: str, **config) -> LLM:
     return llm
 
 
+@pytest.mark.slow  # the greedy test keeps the group in the fast tier
 def test_window_layers_keep_pages_of_their_own(case):
     """Five window layers with a pool of their own, the global layer with the full-attention pool; a 70-token prompt
     (with a 12-token window, in 4-token blocks) leaves only its retained windows held when it ends."""

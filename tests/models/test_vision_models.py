@@ -47,6 +47,7 @@ def _prompts(llm: LLM, cases) -> list:
     return [llm.image_prompt(prompt, images) for prompt, images, _, _ in cases]
 
 
+@pytest.mark.slow  # two more checkpoints' greedy runs
 def test_the_image_changes_the_output(vlm):
     path, cases = vlm
     prompt, images, inputs, _ = cases[0]
@@ -137,6 +138,7 @@ def test_language_model_only(vlm, llm):
 
 
 @pytest.mark.parametrize("name", ["qwen3.6-tiny", pytest.param("qwen3.6-moe-tiny", marks=pytest.mark.slow)])
+@pytest.mark.slow  # builds the registry's tiny VLMs
 def test_registry_tiny_models_read_images(name):
     """The registry's qwen3.6-tiny / qwen3.6-moe-tiny carry their tower in the released layout (with an MTP layer and
     a preprocessor_config.json): two images of different sizes give transformers' tokens."""

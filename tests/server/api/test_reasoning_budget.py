@@ -94,6 +94,7 @@ def test_tool_choice_required_after_a_spent_budget(deepseek_server: LiveServer):
     assert calls and all(call.function.name == "lookup" for call in calls)
 
 
+@pytest.mark.slow  # a qwen3.6-tiny server of its own (~10 s)
 def test_an_effort_sets_the_budget_on_a_hybrid(hybrid_server: LiveServer):
     """Qwen3.6 (its prompt opens <think>): `reasoning_effort` low is 1,024 tokens, more than this reply's 48, so all
     48 are thinking; the server's default of 16 applies when the request names no effort."""

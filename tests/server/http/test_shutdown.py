@@ -74,6 +74,7 @@ def test_a_stream_cut_by_shutdown_ends_with_the_apis_error_event() -> None:
     assert last["type"] == "error" and "shutting down" in last["error"]["message"], last
 
 
+@pytest.mark.slow  # loads and drops a model twice (~8 s)
 def test_a_stopped_server_lets_go_of_its_model() -> None:
     """FastAPI keeps every endpoint function for the process's life: a handler that closed over the served context
     would keep each stopped server's model, KV cache and tokenizers alive (a process that starts many servers, as

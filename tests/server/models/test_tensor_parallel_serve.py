@@ -24,6 +24,7 @@ def tp_server() -> Iterator[ServeProcess]:
         yield server
 
 
+@pytest.mark.slow  # starts a core process and its rank (~15 s)
 def test_banner_shows_what_each_rank_holds(tp_server: ServeProcess):
     ranks = [re.search(r"tensor parallel rank (\d) \(cpu, pid (\d+)\): weights ([\d.]+) MiB \(([\d.]+) sharded",
                        line) for line in tp_server.output]
