@@ -75,6 +75,15 @@ def assert_greedy_cache_hot(llm: LLM, prompts: list[list[int]], expected: list[l
     llm.engine.scheduler.kv.check_invariants()
 
 
+def assert_greedy_through_preemption(llm: LLM, prompts: list[list[int]], expected: list[list[int]]) -> None:
+    """In a pool too small for every prompt at once: sequences are preempted and recomputed, and the greedy tokens
+    are still transformers' (``expected``)."""
+    outs = llm.generate(prompts, SamplingParams(max_tokens=len(expected[0]), temperature=0, ignore_eos=True))
+    assert llm.engine.scheduler.num_preemptions > 0
+    assert [o.token_ids for o in outs] == expected
+    llm.engine.scheduler.kv.check_invariants()
+
+
 def random_prompts(vocab: int, lengths: list[int], seed: int = 0) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(100, min(vocab, 50_000)) for _ in range(n)] for n in lengths]

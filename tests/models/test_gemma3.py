@@ -25,8 +25,8 @@ from engine.config import ModelConfig
 from engine.model_sources.tiny import GEMMA3_SCALES, random_tensor
 from engine.registry import resolve_model
 from tests.hf_oracle import (
-    assert_greedy_alone_and_together, assert_greedy_cache_hot, assert_varied, hf_greedy, hf_model, logit_shift,
-    random_prompts,
+    assert_greedy_alone_and_together, assert_greedy_cache_hot, assert_greedy_through_preemption, assert_varied,
+    hf_greedy, hf_model, logit_shift, random_prompts,
 )
 
 KINDS = ("gemma3", "gemma3_text")
@@ -152,10 +152,7 @@ def test_chunked_prefill_ending_off_block_boundaries(case):
 def test_preemption_in_a_small_pool(case):
     path, prompts, expected = case
     llm = LLM(path, block_size=4, num_kv_blocks=32, max_num_batched_tokens=32)
-    outs = llm.generate(prompts, GREEDY)
-    assert llm.engine.scheduler.num_preemptions > 0
-    assert [o.token_ids for o in outs] == expected
-    llm.engine.scheduler.kv.check_invariants()
+    assert_greedy_through_preemption(llm, prompts, expected)
 
 
 @pytest.mark.fast_cases("gemma3")

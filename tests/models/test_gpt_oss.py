@@ -20,8 +20,8 @@ import torch
 from engine import LLM, SamplingParams
 from engine.config import ModelConfig
 from tests.hf_oracle import (
-    assert_greedy_alone_and_together, assert_greedy_cache_hot, assert_top_logprobs_equal_hf, assert_varied, hf_greedy,
-    hf_model, logit_shift, random_prompts,
+    assert_greedy_alone_and_together, assert_greedy_cache_hot, assert_greedy_through_preemption,
+    assert_top_logprobs_equal_hf, assert_varied, hf_greedy, hf_model, logit_shift, random_prompts,
 )
 from tests.models.checkpoints.gpt_oss_models import LAYOUTS, VOCAB, WINDOW, write_gpt_oss_checkpoint
 
@@ -123,10 +123,7 @@ def test_chunked_prefill_ending_off_block_boundaries(case):
 def test_preemption_in_a_small_pool(case):
     path, prompts, expected = case
     llm = LLM(path, block_size=4, num_kv_blocks=32, max_num_batched_tokens=32)
-    outs = llm.generate(prompts, GREEDY)
-    assert llm.engine.scheduler.num_preemptions > 0
-    assert [o.token_ids for o in outs] == expected
-    llm.engine.scheduler.kv.check_invariants()
+    assert_greedy_through_preemption(llm, prompts, expected)
 
 
 def test_top20_logprobs_within_1e_4(case):

@@ -14,7 +14,8 @@ from safetensors.torch import load_file, save_file
 
 from engine import LLM, SamplingParams
 from tests.hf_oracle import (
-    assert_greedy_alone_and_together, assert_varied, hf_greedy, hf_model, logit_shift, random_prompts,
+    assert_greedy_alone_and_together, assert_greedy_through_preemption, assert_top_logprobs_equal_hf, assert_varied,
+    hf_greedy, logit_shift, random_prompts,
 )
 from tests.models.checkpoints.hybrid_models import KINDS
 
@@ -77,10 +78,7 @@ def test_preemption_in_a_small_pool(case):
     state slot freed and a fresh one taken), and still give transformers' tokens."""
     path, prompts, expected = case
     llm = LLM(path, block_size=4, num_kv_blocks=32, max_num_batched_tokens=32)
-    outs = llm.generate(prompts, GREEDY)
-    assert llm.engine.scheduler.num_preemptions > 0
-    assert [o.token_ids for o in outs] == expected
-    llm.engine.scheduler.kv.check_invariants()
+    assert_greedy_through_preemption(llm, prompts, expected)
 
 
 @pytest.mark.slow
@@ -88,14 +86,8 @@ def test_top20_logprobs_within_1e_4(case):
     path, prompts, _ = case
     llm = LLM(path, block_size=4, num_kv_blocks=512, max_num_batched_tokens=32)
     outs = llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0, logprobs=20))
-    model = hf_model(path)
     for prompt, out in zip(prompts, outs):
-        with torch.no_grad():
-            ref = torch.log_softmax(model(torch.tensor([prompt])).logits[0, -1].float(), -1)
-        top = out.outputs[0].logprobs[0].top
-        ids = torch.tensor([t for t, _ in top])
-        assert ids.tolist() == ref.topk(20).indices.tolist()
-        torch.testing.assert_close(torch.tensor([lp for _, lp in top]), ref[ids], atol=1e-4, rtol=0)
+        assert_top_logprobs_equal_hf(path, prompt, out.outputs[0].logprobs[0].top, atol=1e-4)
 
 
 @pytest.mark.slow
