@@ -85,7 +85,7 @@ def _sim_config(args: argparse.Namespace, block_size: int) -> SimConfig:
 
 
 def _configure_prefix(p: argparse.ArgumentParser) -> None:
-    from benchmarks.prefix.workloads import WORKLOADS
+    from benchmarks.prefix.catalog import WORKLOADS
 
     p.add_argument("--model", default="qwen3-tiny", help="model whose chat template and tokenizer render the workloads")
     p.add_argument("--workload", default="all", help=f"comma-separated: {', '.join(WORKLOADS)}, or all")
@@ -124,7 +124,7 @@ def _run_prefix(args: argparse.Namespace) -> dict:
     from benchmarks.prefix.bench import PrefixOptions, run_prefix
 
     if args.hybrid:
-        from benchmarks.prefix.policies.hybrid import HybridOptions, run_hybrid
+        from benchmarks.prefix.policies.hybrid_report import HybridOptions, run_hybrid
 
         workloads = ("claude_code", "codex", "subagents", "tool_loop") if args.workload == "all" else tuple(
             w.strip() for w in args.workload.split(","))

@@ -23,7 +23,8 @@ import httpx
 
 from benchmarks import browser
 from benchmarks.prefix.report import markdown_table
-from benchmarks.prefix.workloads import ChatRequest, WorkloadParams, build_workloads
+from benchmarks.prefix.catalog import build_workloads
+from benchmarks.prefix.workloads import ChatRequest, WorkloadParams
 from benchmarks.router_procs import Process, free_port
 
 OPERATOR_KEY = "sk-bench-operator"

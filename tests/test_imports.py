@@ -38,13 +38,6 @@ KNOWN_CYCLES: set[tuple[str, ...]] = set()
 # core's circle (engine/core/client.py <-> engine_loop.py / core_process.py / core_wire.py) was one of these until
 # the contract moved to the leaf engine/core/api.py; server/pipeline/generation.py -> server/inspector is a callback now.
 KNOWN_LATE_CYCLES: dict[tuple[str, ...], str] = {
-    ("benchmarks.prefix.agent_workloads", "benchmarks.prefix.workloads"):
-        "the WORKLOADS registry in workloads.py builds the agent-shaped workloads on demand (they load the server's "
-        "Anthropic and Responses adapters, which the plain workloads do not need), and those build on workloads.py's "
-        "types (issue 36: the registry in a module of its own)",
-    ("benchmarks.prefix.policies.hybrid", "benchmarks.prefix.policies.hybrid_engine"):
-        "the hybrid report (hybrid.py) runs the engine comparison only when asked (--engine); hybrid_engine builds on "
-        "hybrid.py's policies (issue 36: the report in a module of its own)",
     ("engine.model_sources.gemma_tokenizer", "engine.model_sources.tiny", "engine.registry"):
         "a tiny Gemma model copies the tokenizer of the registry's gemma3-270m, built from its GGUF on first use: the "
         "tokenizer writer asks the registry for it when it runs (issue 37: a tokenizer source of its own, as the Qwen "

@@ -54,7 +54,7 @@ class PrefixOptions:
 
 def run_prefix(opts: PrefixOptions) -> dict:
     from benchmarks.prefix.render import load_model_text, tokenize_workload
-    from benchmarks.prefix.workloads import build_workloads
+    from benchmarks.prefix.catalog import build_workloads
 
     mt = load_model_text(opts.model)
     sim = replace(opts.sim, model_id=opts.model)
@@ -112,7 +112,8 @@ def run_prefix(opts: PrefixOptions) -> dict:
 def _engine_part(opts: PrefixOptions, mt, out: Path) -> dict:
     from benchmarks.prefix.engine_run import EngineSettings, make_llm, run_workload, ttft_cold_vs_warm
     from benchmarks.prefix.render import tokenize_workload
-    from benchmarks.prefix.workloads import build_workloads, tool_loop
+    from benchmarks.prefix.catalog import build_workloads
+    from benchmarks.prefix.workloads import tool_loop
 
     settings = EngineSettings(model=opts.model, block_size=opts.sim.block_size, max_num_seqs=opts.sim.max_num_seqs,
                               scheduling_policy=opts.sim.policy)

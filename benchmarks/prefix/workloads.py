@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable
 
 from benchmarks.prefix.text import TextGen
@@ -234,7 +234,7 @@ def compaction(p: WorkloadParams) -> Workload:
                     s.requests, p.thinking)
 
 
-def _compacted(p: WorkloadParams, aware: bool) -> Workload:
+def compacted(p: WorkloadParams, aware: bool) -> Workload:
     """A tool loop compacted every ``p.compaction_every`` requests, by a summary turn and a new epoch, as kvserve's
     remote compaction does it (``aware``: server/api/compaction.py) or as a naive one does.
 
@@ -369,45 +369,3 @@ def prefix_repetition(p: WorkloadParams) -> Workload:
             for i in range(p.num_prefixes) for r in range(p.repetitions)]
     return Workload("prefix_repetition", f"{p.num_prefixes} prefixes x {p.repetitions} repetitions",
                     _stream(reqs, gen), enable_thinking=False)
-
-
-def _agent_shaped(name: str) -> Callable[[WorkloadParams], Workload]:
-    def build(p: WorkloadParams) -> Workload:
-        from benchmarks.prefix import agent_workloads  # it builds on this module
-
-        if name == "claude_code_raw":
-            return agent_workloads.claude_code(p, normalize=False)
-        return getattr(agent_workloads, name)(p)
-    return build
-
-
-WORKLOADS: dict[str, Callable[[WorkloadParams], Workload]] = {
-    "tool_loop": tool_loop,
-    "tool_loop_nothink": lambda p: tool_loop(replace(p, thinking=False)),
-    "tool_change": tool_change,
-    "tool_append": tool_append,
-    "compaction": compaction,
-    "compaction_aware": lambda p: _compacted(p, aware=True),
-    "compaction_naive": lambda p: _compacted(p, aware=False),
-    "subagents": subagents,
-    "tenants": tenants,
-    "tenants_salted": tenants_salted,
-    "projects": projects,
-    "shared_prefix": shared_prefix,
-    "prefix_repetition": prefix_repetition,
-    "claude_code": _agent_shaped("claude_code"),
-    "claude_code_raw": _agent_shaped("claude_code_raw"),
-    "codex": _agent_shaped("codex"),
-}
-
-
-def build_workloads(names: list[str] | str, params: WorkloadParams = WorkloadParams()) -> list[Workload]:
-    """``names``: workload names or "all"."""
-    if names == "all" or names == ["all"]:
-        names = list(WORKLOADS)
-    if isinstance(names, str):
-        names = [names]
-    unknown = [n for n in names if n not in WORKLOADS]
-    if unknown:
-        raise ValueError(f"unknown workload(s) {unknown}; known: {', '.join(WORKLOADS)}, all")
-    return [WORKLOADS[n](params) for n in names]

@@ -356,7 +356,8 @@ def run_sliding_window(opts: WindowOptions) -> dict:
 
     from benchmarks.prefix.render import load_model_text, tokenize_workload
     from benchmarks.prefix.report import markdown_table, pct
-    from benchmarks.prefix.workloads import WorkloadParams, build_workloads
+    from benchmarks.prefix.catalog import build_workloads
+    from benchmarks.prefix.workloads import WorkloadParams
 
     shape = SHAPES[opts.shape]
     mt = load_model_text(opts.model)

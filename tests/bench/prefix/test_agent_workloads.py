@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.prefix.render import load_model_text, normalization_change, tokenize_workload
-from benchmarks.prefix.workloads import ChatRequest, WorkloadParams, build_workloads
+from benchmarks.prefix.catalog import build_workloads
+from benchmarks.prefix.workloads import ChatRequest, WorkloadParams
 from server.cache.miss_causes import CHANGE_BILLING_NONCE, CHANGE_REASONING, CHANGE_SYSTEM_HOISTED
 from server.rendering import get_renderer
 

@@ -6,7 +6,8 @@ import pytest
 from benchmarks.prefix.engine_run import EngineSettings, make_llm, run_workload, ttft_cold_vs_warm
 from benchmarks.prefix.render import load_model_text, tokenize_workload
 from benchmarks.prefix.simulator import SimConfig, simulate
-from benchmarks.prefix.workloads import WorkloadParams, build_workloads
+from benchmarks.prefix.catalog import build_workloads
+from benchmarks.prefix.workloads import WorkloadParams
 
 SETTINGS = EngineSettings(num_kv_blocks=512, max_num_batched_tokens=1024, max_num_seqs=4, max_tokens=2)
 

@@ -7,7 +7,8 @@ import pytest
 from benchmarks.prefix.policies.hybrid import HYBRID_SHAPES, StateCost
 from benchmarks.prefix.policies.hybrid_engine import compare_with_engine
 from benchmarks.prefix.render import load_model_text, tokenize_workload
-from benchmarks.prefix.workloads import WorkloadParams, build_workloads
+from benchmarks.prefix.catalog import build_workloads
+from benchmarks.prefix.workloads import WorkloadParams
 
 
 @pytest.mark.slow

@@ -8,7 +8,8 @@ import pytest
 
 from benchmarks.prefix.policies.hybrid import HYBRID_SHAPES, MIB, StateCost, compare
 from benchmarks.prefix.render import load_model_text, tokenize_workload
-from benchmarks.prefix.workloads import WorkloadParams, build_workloads
+from benchmarks.prefix.catalog import build_workloads
+from benchmarks.prefix.workloads import WorkloadParams
 
 
 @pytest.mark.parametrize("shape,kv_kib,state_mib,align_block", [("Qwen3.6-27B", 64, 146.8, 784),

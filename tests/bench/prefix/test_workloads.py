@@ -7,7 +7,8 @@ import pytest
 
 from benchmarks.prefix.render import load_model_text, request_change, tokenize_workload
 from benchmarks.prefix.simulator import SimConfig, simulate
-from benchmarks.prefix.workloads import WORKLOADS, WorkloadParams, build_workloads
+from benchmarks.prefix.catalog import WORKLOADS, build_workloads
+from benchmarks.prefix.workloads import WorkloadParams
 from server.cache.miss_causes import CHANGE_HISTORY, CHANGE_REASONING, CHANGE_TOOLS, template_change
 
 SMALL = WorkloadParams(
