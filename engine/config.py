@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from engine.family_config import FAMILY_FIELDS, Gemma4Attention, MuseGlimmerAttention
 from engine.kv.window_pool import DEFAULT_RETENTION_FRACTION
 
 if TYPE_CHECKING:
@@ -22,7 +23,8 @@ if TYPE_CHECKING:
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "qwen3_moe", "deepseek_v2", "deepseek_v3",
                            "deepseek_v32", "deepseek_v4", "qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text",
                            "qwen3_5_moe_text", "gemma3", "gemma3_text", "gpt_oss", "glm4_moe_lite", "minimax_m2",
-                           "ministral3", "mistral3")
+                           "ministral3", "mistral3", "gemma4", "gemma4_text", "muse_glimmer",
+                           "muse_glimmer_text")
 # MLA + MoE with sigmoid scores, a correction bias and grouped top-k: DeepSeek-V3 / V3.2, and GLM-4.7-Flash
 # (glm4_moe_lite: the same layers, one expert group)
 DEEPSEEK_V3_ROUTING = ("deepseek_v3", "deepseek_v32", "glm4_moe_lite")
@@ -37,7 +39,7 @@ HYBRID_ARCHITECTURES = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text", 
 GEMMA3_ARCHITECTURES = ("gemma3", "gemma3_text")
 # VLM checkpoints whose language model's shape sits in text_config
 # (mistral3: Ministral 3 / Devstral Small 2's released VLM checkpoint, ministral3 its language model)
-_TEXT_CONFIG_ARCHITECTURES = ("qwen3_5", "qwen3_5_moe", "gemma3", "mistral3")
+_TEXT_CONFIG_ARCHITECTURES = ("qwen3_5", "qwen3_5_moe", "gemma3", "mistral3", "gemma4", "muse_glimmer")
 
 
 class SchedulingPolicy(enum.StrEnum):
@@ -627,6 +629,8 @@ class ModelConfig:
     # Ministral 3 (Llama 4's attention temperature): queries times 1 + beta * log(1 + floor(position / length))
     query_scale_beta: float | None = None
     query_scale_length: int = 1
+    gemma4: Gemma4Attention | None = None  # Gemma 4's global layers' shape (engine/family_config.py)
+    muse_glimmer: MuseGlimmerAttention | None = None  # Muse-Glimmer's attention scalars and NoPE layers
 
     def layer_window(self, layer: int) -> int | None:
         """Layer ``layer``'s sliding window, None for full attention."""
@@ -688,7 +692,7 @@ class ModelConfig:
         elif "original_max_position_embeddings" not in rope:  # as transformers: the trained length
             rope["original_max_position_embeddings"] = cfg.get("max_position_embeddings", 2048)
         eos = cfg.get("eos_token_id")
-        return cls(
+        model = cls(
             architecture=arch,
             vocab_size=cfg["vocab_size"],
             hidden_size=cfg["hidden_size"],
@@ -729,6 +733,10 @@ class ModelConfig:
             query_scale_beta=query_scale_beta,
             query_scale_length=int(rope.get("original_max_position_embeddings") or 1),
         )
+        if arch not in FAMILY_FIELDS:
+            return model
+        fields = FAMILY_FIELDS[arch](cfg)  # Gemma 4, Muse-Glimmer: their keys read apart
+        return dataclasses.replace(model, sliding=SlidingWindowConfig(**fields.pop("sliding_window")), **fields)
 
     @classmethod
     def from_dir(cls, model_dir: Path) -> "ModelConfig":

@@ -235,9 +235,12 @@ def _joined_gguf(spec: ModelSpec, parts: list[Path], out_dir: Path) -> Path:
 
 def _build(spec: ModelSpec, out_dir: Path) -> None:
     if spec.source == "tiny":
-        from engine.model_sources.tiny import TinyRecipe, build_tiny_model
+        from engine.model_sources.tiny import COPIED_TOKENIZERS, TinyRecipe, build_tiny_model
 
-        build_tiny_model(TinyRecipe.from_mapping(spec.build), spec.template, out_dir)
+        recipe = TinyRecipe.from_mapping(spec.build)
+        copied_from = COPIED_TOKENIZERS.get(recipe.tokenizer)
+        build_tiny_model(recipe, spec.template, out_dir,
+                         tokenizer_source=resolve_model(copied_from) if copied_from else None)
     else:
         from engine.model_sources.gguf_convert import convert_gguf
 

@@ -53,7 +53,8 @@ _FUSED = {
 # Checkpoint prefixes that are not the language model's: a VLM's vision tower (Qwen3.5 / 3.6 load theirs apart,
 # engine/models/vision/; Gemma 3 serves text only) and Gemma 3's projection of image features into the language model
 _SKIPPED_PREFIXES = ("model.visual.", "visual.", "model.vision_tower.", "vision_tower.", "model.multi_modal_projector.",
-                     "multi_modal_projector.")
+                     "multi_modal_projector.", "model.embed_vision.", "model.vision_adapter.",
+                     "model.vision_projection.")  # (the last three: Gemma 4's and Muse-Glimmer's projections)
 # Multi-token-prediction weights, loaded only into a model that built its MTP layer (engine/models/mtp.py): ``mtp.*``
 # (Qwen3.5 / 3.6, Qwen3-Next, DeepSeek-V4) or the layers after the last decoder layer (DeepSeek-V3 / V3.2)
 MTP_PREFIX = "mtp."

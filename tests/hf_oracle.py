@@ -13,9 +13,14 @@ from engine.registry import resolve_model
 
 @functools.lru_cache(maxsize=2)  # the sweeps go model by model; every model kept would hold GBs to the session's end
 def hf_model(name: str):
-    from transformers import AutoModelForCausalLM
+    """transformers' model of ``name``: its causal LM, or, for a family released only as a vision-language model
+    (Muse-Glimmer), that model."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
-    return AutoModelForCausalLM.from_pretrained(str(resolve_model(name)), dtype=torch.float32).eval()
+    path = str(resolve_model(name))
+    causal = type(AutoConfig.from_pretrained(path)) in AutoModelForCausalLM._model_mapping
+    auto = AutoModelForCausalLM if causal else AutoModelForImageTextToText
+    return auto.from_pretrained(path, dtype=torch.float32).eval()
 
 
 def hf_greedy(name: str, prompt: list[int], max_new_tokens: int) -> list[int]:

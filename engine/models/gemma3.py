@@ -33,12 +33,13 @@ class Gemma3DecoderLayer(DecoderLayer):
 
     def __init__(self, cfg: ModelConfig, layer_idx: int, mixer: nn.Module, tp: TensorParallel) -> None:
         super().__init__(cfg, layer_idx, mixer, tp)
-        self.pre_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zero_centered=True)
-        self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zero_centered=True)
+        self.pre_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.zero_centered_norms)
+        self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.zero_centered_norms)
 
 
 class Gemma3ForCausalLM(LlamaForCausalLM):
     layer_class = Gemma3DecoderLayer
+    logit_multiplier = 1.0  # the logits' scale before the softcap (Muse-Glimmer's output_multiplier)
 
     def __init__(self, cfg: ModelConfig, ops: Ops, tp: TensorParallel = SINGLE) -> None:
         assert cfg.sliding is not None, "a Gemma 3 config has its local layers' window"
@@ -48,9 +49,15 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
     def make_mixer(self, layer_idx: int) -> nn.Module:
         return Attention(self.cfg, self.tp, window=self.cfg.layer_window(layer_idx))
 
+    @property
+    def global_rope_dim(self) -> int:
+        """The rotary dims of a global layer's head (Gemma 4's are wider than the local layers')."""
+        return self.rope_dim
+
     def init_rope(self, max_positions: int, device: torch.device) -> None:
-        super().init_rope(max_positions, device)  # the global layers'
-        local = self.cfg.sliding
+        cfg, local = self.cfg, self.cfg.sliding
+        self.cos_sin_cache = build_cos_sin_cache(self.global_rope_dim, max_positions, cfg.rope_theta,
+                                                 cfg.rope_scaling).to(device)  # fp32, as every model's
         self.local_cos_sin_cache = build_cos_sin_cache(self.rope_dim, max_positions, local.rope_theta,
                                                        local.rope_scaling).to(device)
 
@@ -65,9 +72,7 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         ``post_attention_layernorm``'s output joins the stream in ``pre_feedforward_layernorm``, and
         ``post_feedforward_layernorm``'s in the next layer's ``input_layernorm`` (or the final norm)."""
         ops, tp = self.ops, self.tp
-        x = tp.all_reduce(self.embed_tokens(input_ids))
-        x = x * torch.tensor(self.cfg.hidden_size**0.5, dtype=x.dtype)  # transformers rounds the scale to the dtype
-        residual, out = x, None
+        residual, out = self.embed(input_ids), None
         for layer, kv_cache in zip(self.layers, kv_caches):
             attention = layer.mixer
             if out is None:
@@ -78,12 +83,22 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
             h = tp.all_reduce(attention(ops, h, positions, cos_sin, kv_cache, meta))
             h, residual = layer.pre_feedforward_layernorm(ops, layer.post_attention_layernorm(ops, h), residual)
             out = layer.post_feedforward_layernorm(ops, tp.all_reduce(layer.mlp(ops, h)))
-        out, _ = self.norm(ops, out, residual)
-        return out
+            out, residual = self.end_layer(layer, out, residual)
+        return self.norm(ops, residual) if out is None else self.norm(ops, out, residual)[0]
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The residual stream's start: the embeddings scaled by sqrt(hidden_size)."""
+        x = self.tp.all_reduce(self.embed_tokens(input_ids))
+        return x * torch.tensor(self.cfg.hidden_size**0.5, dtype=x.dtype)  # transformers rounds the scale to the dtype
+
+    def end_layer(self, layer: nn.Module, out: torch.Tensor,
+                  residual: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """``(out, residual)`` after a layer, ``out`` still to be added to the stream (None: added already)."""
+        return out, residual
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         logits = super().compute_logits(hidden)
         cap = self.cfg.final_logit_softcapping
         if logits is None or cap is None:
             return logits
-        return torch.tanh(logits / cap) * cap
+        return torch.tanh(logits * self.logit_multiplier / cap) * cap

@@ -79,6 +79,15 @@ class KVCacheSpec:
         windows = windows if any(w is not None for w in windows) else ()
         return cls("gqa", num_layers, ((num_kv_heads, head_dim), (num_kv_heads, head_dim)), layer_windows=windows)
 
+    @classmethod
+    def gqa_per_layer(cls, shapes: list[tuple[int, int]], windows: tuple[int | None, ...]) -> KVCacheSpec:
+        """GQA whose layers differ in ``(KV heads, head_dim)`` (Gemma 4's global layers), each with its window."""
+        if len(set(shapes)) == 1:
+            return cls.gqa(len(shapes), *shapes[0], windows)
+        layers = tuple((BlockTensor(shape), BlockTensor(shape)) for shape in shapes)
+        windows = windows if any(w is not None for w in windows) else ()
+        return cls("gqa", len(shapes), (), layers, layer_windows=windows)
+
     @property
     def window(self) -> int:
         """The widest sliding window of the layers (0: none has one): what the window group keeps per sequence."""
@@ -90,6 +99,9 @@ class KVCacheSpec:
 
     def window_bytes_per_block(self, block_size: int, dtype: torch.dtype) -> int:
         """What one page of the window group takes (every window layer's share of a block)."""
+        if self.layers:
+            return sum(t.bytes_per_block(block_size, dtype) for layer, window in zip(self.layers, self.layer_windows)
+                       if window is not None for t in layer)
         return self.num_window_layers * self.bytes_per_block(block_size, dtype) // self.num_layers
 
     @classmethod
@@ -131,9 +143,10 @@ class KVCacheSpec:
             raise ValueError(f"this model's KV cache needs a block size that is a multiple of {self.block_multiple} "
                              f"(its compressed entries and pooling state are kept per block); got {block_size}: "
                              f"pass --block-size {self.block_multiple}")
-        if self.layers:
-            return [tuple(t.allocate(num_blocks, block_size, dtype, device) for t in layer) for layer in self.layers]
         windows = self.layer_windows if num_window_blocks else (None,) * self.num_layers
+        if self.layers:
+            return [tuple(t.allocate(num_blocks if window is None else num_window_blocks, block_size, dtype, device)
+                          for t in layer) for layer, window in zip(self.layers, windows or (None,) * self.num_layers)]
         blocks = [
             tuple(torch.zeros(num_blocks if window is None else num_window_blocks, block_size, *shape, dtype=dtype,
                               device=device) for shape in self.token_shapes)

@@ -19,7 +19,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from engine.model_sources.gguf_convert import unpermute_rotary_rows
 from engine.model_sources.qwen_tokenizer import NUM_BPE_RANKS, QWEN3_ADDED_TOKENS, qwen_tiktoken_path
 from engine.model_sources.templates import load_template
-from engine.model_sources.tiny import TinyRecipe, build_tiny_model
+from engine.model_sources.tiny import COPIED_TOKENIZERS, TinyRecipe, build_tiny_model
 from engine.registry import get_model_spec, resolve_model
 
 CORPUS = [
@@ -218,17 +218,19 @@ def test_random_weights_give_varied_context_dependent_greedy_output(name: str) -
         assert _greedy(model, edited) != output
 
 
-@pytest.mark.parametrize("name", ["qwen3-tiny", "deepseek-tiny", "qwen3-moe-tiny", "deepseek-v3-tiny",
+@pytest.mark.parametrize("name", ["qwen3-tiny", "deepseek-tiny", "qwen3-moe-tiny", "deepseek-v3-tiny", "gemma3-tiny",
                                   *SLOW_TINY])
 @pytest.mark.slow
 def test_tiny_build_is_deterministic(name: str, tmp_path: Path) -> None:
     spec = get_model_spec(name)
     recipe = TinyRecipe.from_mapping(spec.build)
+    copied_from = COPIED_TOKENIZERS.get(recipe.tokenizer)
+    tokenizer_source = resolve_model(copied_from) if copied_from else None
     digests = []
     for attempt in ("a", "b"):
         out = tmp_path / attempt
         out.mkdir()
-        build_tiny_model(recipe, spec.template, out)
+        build_tiny_model(recipe, spec.template, out, tokenizer_source=tokenizer_source)
         digests.append({f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(out.iterdir())})
     assert digests[0] == digests[1]
     cached = resolve_model(name) / "model.safetensors"

@@ -79,8 +79,14 @@ def build_cos_sin_cache(head_dim: int, max_positions: int, theta: float, scaling
         inv_freq = _llama3_inv_freq(inv_freq, scaling)
     elif rope_type == "yarn":
         inv_freq, mscale = _yarn_inv_freq(inv_freq, head_dim, theta, scaling)
+    elif rope_type == "proportional":  # Gemma 4's global layers: the first frequencies of the whole head turn, the
+        # rest stay still (frequency 0), so the rotation spans the head as transformers' does
+        turning = int(scaling.get("partial_rotary_factor", 1.0) * head_dim // 2)
+        inv_freq = torch.cat([inv_freq[:turning], inv_freq.new_zeros(head_dim // 2 - turning)])
+        inv_freq = inv_freq / scaling.get("factor", 1.0)
     elif rope_type != "default":
-        raise ValueError(f"RoPE scaling {rope_type!r} is not supported (default, linear, llama3, yarn are)")
+        raise ValueError(f"RoPE scaling {rope_type!r} is not supported (default, linear, llama3, yarn, proportional "
+                         "are)")
     angles = torch.outer(torch.arange(max_positions, dtype=torch.float64), inv_freq)
     return torch.cat((angles.cos() * mscale, angles.sin() * mscale), dim=-1).float()
 

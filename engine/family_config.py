@@ -1,0 +1,137 @@
+"""What Gemma 4 and Muse-Glimmer's config.json say beyond the Llama decoder's keys, read into `ModelConfig` fields.
+
+Both mix sliding-window layers with full-attention ones as Gemma 3 does (`engine.config.SlidingWindowConfig`), and
+their full layers differ in shape from the window layers:
+- Gemma 4 (``gemma4``: Gemma4ForConditionalGeneration, the released checkpoints; ``gemma4_text``: its language model
+  alone): the global layers have heads of ``global_head_dim`` (512), ``num_global_key_value_heads`` KV heads whose
+  values come from ``k_proj`` (``attention_k_eq_v``: no ``v_proj``), and a "proportional" RoPE that turns only the
+  first quarter of the frequencies; values are RMS-normalized without a gain, the softmax scale is 1, norms are
+  plain ``w`` gains, each layer's output is scaled by a learned ``layer_scalar``.
+- Muse-Glimmer (``muse_glimmer``: MuseGlimmerForConditionalGeneration): every fourth layer, counted back from the
+  last, attends fully with no RoPE (``layer_rope_theta`` 0); q and k are RMS-normalized without a gain (q times
+  ``qk_scale_factor``), the attention output is gated by ``sigmoid(gate_proj(x))``, embeddings are RMS-normalized,
+  the logits scaled by ``output_multiplier`` before the tanh softcap.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# Gemma 4 variants kvserve does not run yet, by config key: the small on-device models' per-layer embeddings and
+# shared KV layers, the 26B-A4B's MoE block beside the dense MLP, and the bidirectional (embedding) variant
+_GEMMA4_REFUSED = {
+    "hidden_size_per_layer_input": "per-layer input embeddings (Gemma 4 E2B / E4B)",
+    "num_kv_shared_layers": "KV layers shared across layers (Gemma 4 E2B / E4B)",
+    "enable_moe_block": "the mixture-of-experts block (Gemma 4 26B-A4B)",
+    "use_bidirectional_attention": "bidirectional attention",
+}
+_GEMMA4_DEFAULT_ROPE = {
+    "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+    "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0},
+}
+
+
+@dataclass(frozen=True)
+class Gemma4Attention:
+    """Each layer's attention shape (the global layers' differ from the window layers')."""
+
+    head_dims: tuple[int, ...]
+    kv_heads: tuple[int, ...]
+    k_eq_v: bool  # the global layers' values are k_proj's output (normalized apart from the keys): no v_proj
+
+    @property
+    def global_head_dim(self) -> int:
+        return self.head_dims[-1]  # the last layer is always global
+
+
+@dataclass(frozen=True)
+class MuseGlimmerAttention:
+    """Muse-Glimmer's attention and output scalars, and which layers have no RoPE."""
+
+    qk_scale_factor: float
+    output_multiplier: float
+    post_norm_eps: float  # of the sandwich norms after attention and the MLP
+    nope_layers: tuple[int, ...]
+
+
+def gemma4_fields(cfg: dict[str, Any]) -> dict[str, Any]:
+    """`ModelConfig` fields of a Gemma 4 text config (a VLM's text_config already merged in), after refusing what
+    kvserve does not run."""
+    for key, what in _GEMMA4_REFUSED.items():
+        if cfg.get(key):
+            raise ValueError(f"Gemma 4 with {what} ({key}) is not supported yet; the 31B layout is")
+    rope = cfg.get("rope_parameters") or _GEMMA4_DEFAULT_ROPE
+    full, local = dict(rope["full_attention"]), dict(rope["sliding_attention"])
+    num_layers = cfg["num_hidden_layers"]
+    types = list(cfg.get("layer_types") or [
+        "sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(num_layers)])
+    types[-1] = "full_attention"  # as transformers: the last layer is always global
+    k_eq_v = bool(cfg.get("attention_k_eq_v"))
+    head_dims, kv_heads = _gemma4_layer_shapes(cfg, types, k_eq_v)
+    return {
+        "rope_theta": float(full.pop("rope_theta", 1_000_000.0)),
+        "rope_scaling": {} if full.get("rope_type", "default") == "default" else full,
+        "partial_rotary_factor": 1.0,  # proportional RoPE spans the whole head (its scaling dict says how much turns)
+        "sliding_window": {"window": cfg.get("sliding_window") or 512, "layer_types": tuple(types),
+                           "rope_theta": float(local.get("rope_theta", 10_000.0))},
+        "gemma4": Gemma4Attention(head_dims, kv_heads, k_eq_v),
+        "qk_norm": True,
+        "zero_centered_norms": False,
+        "query_pre_attn_scalar": 1.0,  # the softmax scale is 1: q and k are RMS-normalized
+        "final_logit_softcapping": cfg.get("final_logit_softcapping"),
+        "hidden_act": cfg.get("hidden_activation") or "gelu_pytorch_tanh",
+        "tie_word_embeddings": cfg.get("tie_word_embeddings", True),
+    }
+
+
+def _gemma4_layer_shapes(cfg: dict[str, Any], types: list[str],
+                         k_eq_v: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Each layer's ``(head_dim, KV heads)``: the released configs give the global layers' as ``global_head_dim`` and
+    ``num_global_key_value_heads`` (the latter only with ``attention_k_eq_v``, as transformers reads it);
+    transformers 5.24 writes them per layer (``per_layer_config``, keyed by layer index)."""
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    kv_heads = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
+    overrides = cfg.get("per_layer_config")
+    if overrides is None:
+        full = {"head_dim": cfg.get("global_head_dim") or 512}
+        if k_eq_v and cfg.get("num_global_key_value_heads"):
+            full["num_key_value_heads"] = cfg["num_global_key_value_heads"]
+        overrides = {i: full for i, kind in enumerate(types) if kind == "full_attention"}
+    layers = [dict(overrides.get(i) or overrides.get(str(i)) or {}) for i in range(len(types))]
+    head_dims = tuple(layer.get("head_dim", head_dim) for layer in layers)
+    if len({d for d, kind in zip(head_dims, types) if kind == "full_attention"}) > 1:
+        raise ValueError("Gemma 4 global layers of different head sizes are not supported (their RoPE is one)")
+    return head_dims, tuple(layer.get("num_key_value_heads", kv_heads) for layer in layers)
+
+
+def muse_glimmer_fields(cfg: dict[str, Any]) -> dict[str, Any]:
+    """`ModelConfig` fields of a Muse-Glimmer text config. Its RoPE is the same in every layer that has one
+    (transformers reads ``layer_rope_theta`` only as zero or not)."""
+    num_layers = cfg["num_hidden_layers"]
+    types = cfg.get("layer_types") or [
+        "full_attention" if (num_layers - 1 - i) % 4 == 0 else "sliding_attention" for i in range(num_layers)]
+    thetas = cfg.get("layer_rope_theta") or [0 if (num_layers - 1 - i) % 4 == 0 else 1 for i in range(num_layers)]
+    rope = cfg.get("rope_parameters") or {}
+    theta = float(rope.get("rope_theta", cfg.get("rope_theta", 500_000.0)))
+    if rope.get("rope_type", "default") != "default":
+        raise ValueError(f"Muse-Glimmer with {rope['rope_type']!r} RoPE is not supported (default is)")
+    return {
+        "rope_theta": theta,
+        "rope_scaling": {},
+        "sliding_window": {"window": cfg.get("sliding_window") or 2048, "layer_types": tuple(types),
+                           "rope_theta": theta},
+        "muse_glimmer": MuseGlimmerAttention(
+            qk_scale_factor=float(cfg.get("qk_scale_factor", 3.87)),
+            output_multiplier=float(cfg.get("output_multiplier", 0.19611613513818404)),
+            post_norm_eps=float(cfg.get("post_norm_eps", 1e-8)),
+            nope_layers=tuple(i for i, t in enumerate(thetas[:num_layers]) if not t)),
+        "qk_norm": False,  # its q/k norm has no weight (`engine.models.muse_glimmer`)
+        "zero_centered_norms": True,  # the decoder layers' norms; the final norm is a plain one
+        "final_logit_softcapping": float(cfg.get("final_logit_softcapping") or 20.0),
+        "hidden_act": cfg.get("hidden_activation") or "silu",
+        "tie_word_embeddings": cfg.get("tie_word_embeddings", False),
+    }
+
+
+FAMILY_FIELDS = {"gemma4": gemma4_fields, "gemma4_text": gemma4_fields, "muse_glimmer": muse_glimmer_fields,
+                 "muse_glimmer_text": muse_glimmer_fields}
