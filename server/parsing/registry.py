@@ -11,6 +11,7 @@ from server.parsing.formats.deepseek import DeepSeekV3Format, DeepSeekV31Format
 from server.parsing.formats.dsml import DsmlFormat
 from server.parsing.formats.glm_xml import GlmFormat
 from server.parsing.formats.harmony import HarmonyFormat, HarmonyOutputParser
+from server.parsing.formats.minimax_xml import MinimaxFormat
 from server.parsing.formats.mistral import EOS as MISTRAL_EOS
 from server.parsing.formats.mistral import MistralFormat
 from server.parsing.formats.qwen3_coder_xml import Qwen3CoderFormat
@@ -66,6 +67,10 @@ FAMILIES: dict[str, FamilyParsing] = {
     # enable_thinking is false; the model ends a turn with the next turn's role token (<|user|>, <|observation|>).
     "glm-4.7": FamilyParsing(GlmFormat, Thinking(switchable=True, default=True, starts_inside=True),
                              END_OF_TURN_TOKENS + ("<|user|>", "<|observation|>")),
+    # MiniMax-M2 / M2.5: <invoke>/<parameter> calls in one <minimax:tool_call> block, typed by the tools' schemas; it
+    # always thinks (the generation prompt opens <think>) and ends its turn with [e~[.
+    "minimax-m2": FamilyParsing(MinimaxFormat, Thinking(switchable=False, default=True, starts_inside=True),
+                                END_OF_TURN_TOKENS + ("[e~[",)),
     # gpt-oss: harmony messages; reasoning on the analysis channel, calls addressed to functions.NAME.
     "gpt-oss": FamilyParsing(lambda tools: HarmonyFormat(), channel_parser=HarmonyOutputParser),
     # Devstral Small 2 / Devstral 2: [TOOL_CALLS]NAME[ARGS]{...} calls back to back, the turn ending with </s>.

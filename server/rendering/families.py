@@ -14,6 +14,7 @@ from server.rendering.native.deepseek_dsml import DeepSeekV4Renderer, DeepSeekV3
 from server.rendering.native.devstral import DevstralRenderer
 from server.rendering.native.glm import GlmRenderer
 from server.rendering.native.harmony import HarmonyRenderer
+from server.rendering.native.minimax import MinimaxRenderer
 from server.rendering.native.qwen import Qwen3CoderRenderer, Qwen3Renderer, Qwen25Renderer
 from server.rendering.native.qwen35 import Qwen36Renderer
 
@@ -35,6 +36,7 @@ _RENDERERS: dict[str, type[Renderer]] = {
         GlmRenderer,
         HarmonyRenderer,
         DevstralRenderer,
+        MinimaxRenderer,
     )
 }
 FAMILIES: tuple[str, ...] = tuple(_RENDERERS)

@@ -13,6 +13,7 @@ from engine.worker.structured_output import StructuredOutputs, StructuredOutputS
 from server.parsing import get_output_parser, parse_output
 from server.parsing.constraint import ConstraintError, completion_constraint, output_constraint
 from server.parsing.formats.deepseek import CALL_BEGIN, CALL_END, CALLS_BEGIN, CALLS_END, SEP
+from server.rendering.native.minimax import render_calls
 
 from tests.parsing.fixtures import NO_ARGS, TOOLS, WEATHER
 
@@ -68,6 +69,10 @@ def glm_call(name: str, **args: str) -> str:
                                           for k, v in args.items()) + "</tool_call>"
 
 
+def minimax_calls(*invokes: tuple[str, dict]) -> str:
+    return render_calls([{"function": {"name": n, "arguments": a}} for n, a in invokes])
+
+
 PARIS = '{"city": "Paris"}'
 # family -> (one call to get_weather, two calls: get_weather then now), in the bytes the template renders
 CALLS = {
@@ -106,6 +111,27 @@ def test_required_and_named_accept_the_templates_calls_and_nothing_else(grammars
     parsed = parse_output(family, two, TOOLS, "required", reasoning=False, id_prefix="g")
     assert [c["function"]["name"] for c in parsed.tool_calls] == ["get_weather", "now"]
     assert [json.loads(c["function"]["arguments"]) for c in parsed.tool_calls] == [{"city": "Paris"}, {}]
+
+
+@pytest.mark.slow  # ~18 s of grammar compiles
+def test_minimax_calls_come_after_its_thinking(grammars):
+    """MiniMax-M2 always thinks (its generation prompt opens `<think>`): required / named calls, in the template's
+    block, follow the `</think>`, as its template renders them; under auto every opened block is valid."""
+    thought = "Need the weather.\n</think>\n\n"
+    one = minimax_calls(("get_weather", {"city": "Paris"}))
+    two = minimax_calls(("get_weather", {"city": "Paris"}), ("now", {}))
+    required, named = constraint("minimax-m2", "required"), constraint("minimax-m2", NAMED)
+    assert accepts(grammars, required, thought + one) and accepts(grammars, required, thought + two)
+    assert accepts(grammars, named, thought + one) and not accepts(grammars, named, thought + two)
+    assert not accepts(grammars, constraint("minimax-m2", "required", parallel=False), thought + two)
+    for wrong in ("", one, thought + "Sure.", thought + "Sure. " + one, thought + one.replace("get_weather", "get_")):
+        assert not accepts(grammars, required, wrong), wrong
+    parsed = parse_output("minimax-m2", thought + two, TOOLS, "required", reasoning=True, id_prefix="g")
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in parsed.tool_calls] == [
+        ("get_weather", {"city": "Paris"}), ("now", {})]
+    auto = constraint("minimax-m2", "auto")
+    assert accepts(grammars, auto, thought + "Just text.") and accepts(grammars, auto, thought + "Let me check." + two)
+    assert not accepts(grammars, auto, thought + "Let me check." + one.replace("get_weather", "get_wether"))
 
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen3-coder", "deepseek-v3.1"])

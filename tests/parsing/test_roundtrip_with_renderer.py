@@ -36,6 +36,9 @@ CASES = [
     ("glm-4.7", True, "Need a call.</think>Let me check.<tool_call>get_weather<arg_key>city</arg_key>"
      "<arg_value>Paris</arg_value></tool_call><|observation|>", TOOL_RESULT),
     ("glm-4.7", True, "Easy.</think>It is 18C.<|user|>", FOLLOW_UP),
+    # MiniMax-M2 keeps the reasoning of the turns after the last user message (a tool loop), as its template does.
+    ("minimax-m2", True, 'Need a call.\n</think>\n\nLet me check.\n<minimax:tool_call>\n<invoke name="get_weather">\n'
+     '<parameter name="city">Paris</parameter>\n</invoke>\n</minimax:tool_call>[e~[', TOOL_RESULT),
 ]
 
 

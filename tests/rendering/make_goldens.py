@@ -50,6 +50,7 @@ OFFICIAL: dict[str, tuple[str, dict]] = {
     "deepseek-r1-distill": ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", _DEEPSEEK_TOKENS),
     "glm-4.7": ("zai-org-GLM-4.7-Flash.jinja", {"bos_token": None, "eos_token": "<|endoftext|>",
                                                 "pad_token": "<|endoftext|>"}),
+    "minimax-m2": ("MiniMaxAI-MiniMax-M2.jinja", {"bos_token": "]~!b[", "eos_token": "[e~[", "pad_token": None}),
     # No Jinja template: the official Python encoders, run on the prepared messages.
     "deepseek-v3.2": ("encoding_dsv32.py", {}),
     "deepseek-v4": ("encoding_dsv4.py", {}),
@@ -79,6 +80,16 @@ SOURCES: dict[str, str] = {
         "keeps as models/templates/GLM-4.7-Flash.jinja (its Git LFS pointer, e.g. in GitHub Raudbjorn/ggml-llama.cpp "
         "at commit 96fcab17564eac2bd9f4976c660616c7a0757e13). The text was recovered from the verbatim copy quoted in "
         "a Dart prompt formatter on GitHub (a comment block, read through the code search) and hashes to exactly that."
+    ),
+    "minimax-m2": (
+        "chat_template.jinja of MiniMaxAI/MiniMax-M2, 6,482 bytes, sha256 "
+        "967ff7e387676f4b4340585da0585416532f1e6c5ee3f1ede64b2c21ef7ea001: the verbatim copy ggml-org/llama.cpp "
+        "keeps as models/templates/MiniMax-M2.jinja, added by PR #16932 (commit 1920345c3bcec451421bb6abc4981678cc721154, "
+        "'Remove undeeded Minimax-M2 template patch': the official file unpatched), read from the fork GitHub "
+        "Anemll/anemll-flash-llama.cpp at that commit; its Git LFS pointer in GitHub Raudbjorn/ggml-llama.cpp "
+        "(commit 71768d0036b49cd39208c0905183203c0f62e8d9) names the same sha256 and size. MiniMax-M2.5 'supports the "
+        "same toolcall syntax as MiniMax-M2' (its docs/tool_calling_guide.md); its own repository's template was not "
+        "found offline."
     ),
     "deepseek-v3.2": (
         "encoding/encoding_dsv32.py of deepseek-ai/DeepSeek-V3.2 (MIT licence, Copyright (c) 2023 DeepSeek), recovered "

@@ -60,14 +60,19 @@ class DsmlFormat:
 
 
 class DsmlCallParser:
-    """Reads one `invoke` body: ` name="NAME">` then parameters; anything else is not a call."""
+    """Reads one `invoke` body: ` name="NAME">` then parameters; anything else is not a call. MiniMax-M2's invokes
+    differ only in their parameter tags and how a value is typed (formats/minimax_xml.py overrides those)."""
+
+    parameter_open = PARAMETER_OPEN
+    parameter_close = PARAMETER_CLOSE
+    parameter_tag = _PARAMETER  # group 1: the key
 
     def __init__(self, properties: dict[str, dict]):
         self._all_properties = properties
         self._properties: dict[str, dict] = {}
         self._name: str | None = None
         self._position = 0  # where the next parameter (or the open value) starts
-        self._open: tuple[str, bool] | None = None  # the parameter whose value starts at `_position`: (key, string)
+        self._open: re.Match | None = None  # the tag of the parameter whose value starts at `_position`
         self._searched = 0  # the open value has no closing tag before this
         self._keys: list[str] = []
         self._done = False  # text that breaks the format: the parameters end here
@@ -101,32 +106,36 @@ class DsmlCallParser:
 
     def _step(self, body: str) -> str | None:
         """Reads the next parameter tag or value: the argument text it adds, or None when more text is needed."""
+        close = self.parameter_close
         if self._open is not None:
-            end = body.find(PARAMETER_CLOSE, max(self._position, self._searched - len(PARAMETER_CLOSE)))
+            end = body.find(close, max(self._position, self._searched - len(close)))
             if end < 0:
                 self._searched = len(body)
                 return None
-            (key, is_string), start = self._open, self._position
-            self._open, self._position = None, end + len(PARAMETER_CLOSE)
-            return self._member(key, body[start:end], is_string)
-        tag = _PARAMETER.match(body, self._position)
+            tag, start = self._open, self._position
+            self._open, self._position = None, end + len(close)
+            return self._member(tag.group(1), self.value(tag, body[start:end]))
+        tag = self.parameter_tag.match(body, self._position)
         if tag:
-            self._open, self._position = (tag.group(1), tag.group(2) == "true"), tag.end()
+            self._open, self._position = tag, tag.end()
             self._searched = tag.end()
             return ""
         rest = body[self._position :].lstrip(_LAYOUT)
-        unfinished_tag = rest.startswith(PARAMETER_OPEN) and not any(c in rest for c in ">\n")
-        if PARAMETER_OPEN.startswith(rest) or unfinished_tag:
+        unfinished_tag = rest.startswith(self.parameter_open) and not any(c in rest for c in ">\n")
+        if self.parameter_open.startswith(rest) or unfinished_tag:
             return None  # a tag may still be arriving
         self._done = True
         return ""
 
-    def _member(self, key: str, raw: str, is_string: bool) -> str:
+    def value(self, tag: re.Match, raw: str) -> object:
+        """The value of the parameter `tag` opened: raw text with `string="true"`, else JSON."""
+        return raw if tag.group(2) == "true" else _json_value(raw, self._properties.get(tag.group(1)))
+
+    def _member(self, key: str, value: object) -> str:
         """One `"key": value` member of the arguments, or '' for a repeated key."""
         if key in self._keys:
             return ""
         self._keys.append(key)
-        value = raw if is_string else _json_value(raw, self._properties.get(key))
         lead = "{" if len(self._keys) == 1 else ", "
         return f"{lead}{json.dumps(key, ensure_ascii=False)}: {json.dumps(value, ensure_ascii=False)}"
 
