@@ -138,6 +138,12 @@ class EngineConfig:
     encoder_cache_mb: float = field(
         default=256.0, metadata=_help("memory (MiB) for encoded images (the vision tower's outputs), least recently "
                                       "used out first: an image sent again is not encoded again (docs/IMAGES.md)"))
+    max_image_tokens_per_step: int | None = field(
+        default=None, metadata=_help("image tokens the vision tower encodes per engine step at most, charged against "
+                                     "--max-num-batched-tokens, so a request with many images cannot stall the "
+                                     "batch (default: that budget; an image larger than it is encoded alone in its "
+                                     "step; 0: unbounded, each image encoded whole in the step whose prefill first "
+                                     "reaches it)"))
     json_whitespace: int = field(
         default=0, metadata=_help("whitespace characters allowed between the tokens of JSON in constrained output "
                                   "(response_format, tool arguments); 0: compact, json.dumps' one layout (', ' and "
@@ -209,6 +215,8 @@ class EngineConfig:
             raise ValueError(f"num_state_snapshots must be >= 0, got {self.num_state_snapshots}")
         if self.encoder_cache_mb < 0:
             raise ValueError(f"encoder_cache_mb must be >= 0, got {self.encoder_cache_mb}")
+        if self.max_image_tokens_per_step is not None and self.max_image_tokens_per_step < 0:
+            raise ValueError(f"max_image_tokens_per_step must be >= 0, got {self.max_image_tokens_per_step}")
         if self.tool_call_ttl < 0 or self.kv_offload_gb < 0 or self.kv_disk_gb <= 0:
             raise ValueError("tool_call_ttl and kv_offload_gb must be >= 0, kv_disk_gb > 0")
         if self.json_whitespace < 0:

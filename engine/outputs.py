@@ -149,6 +149,9 @@ class SchedulerOutput:
     kv_transfers: list[KVTransfer] = field(default_factory=list)  # before the forward, in order
     state_restores: list[StateCopy] = field(default_factory=list)  # hybrid models: before the forward
     state_snapshots: list[StateCopy] = field(default_factory=list)  # hybrid models: after the forward
+    # vision-language models: images the tower encodes into the encoder cache before the forward, spread over steps
+    # within the token budget (engine/sched/image_encoding.py)
+    encode_images: list[ImageInput] = field(default_factory=list)
 
     @property
     def num_scheduled(self) -> int:

@@ -36,6 +36,7 @@ from engine.sched.sequence import Sequence, SequenceStatus
 from engine.retention import Retention
 from engine.sched.running_columns import RunningColumns
 from engine.sched.finishing import Finishing
+from engine.sched.image_encoding import ImageEncoding
 from engine.sched.queries import SchedulerQueries
 from engine.sched.resume_points import ResumePoints
 from engine.sched.speculation import SpeculationSteps
@@ -54,7 +55,7 @@ def admission_order(policy: SchedulingPolicy, candidates: abc.Sequence[T], num_c
     return sorted(candidates, key=lambda c: -num_cached_tokens(c))
 
 
-class Scheduler(SteadyPath, SpeculationSteps, ResumePoints, Finishing, SchedulerQueries):
+class Scheduler(SteadyPath, SpeculationSteps, ResumePoints, ImageEncoding, Finishing, SchedulerQueries):
     def __init__(
         self, cfg: EngineConfig, layout: KVLayout, hasher: BlockHasher, max_model_len: int, eos_token_ids: set[int],
         *, record_events: bool = False, clock: Callable[[], float] = time.monotonic,
@@ -88,6 +89,9 @@ class Scheduler(SteadyPath, SpeculationSteps, ResumePoints, Finishing, Scheduler
         self.num_speculative = 0
         self.num_decode_steps = 0
         self._scoring_budget = 0  # prompt positions the step being scheduled may still score (`_scored`)
+        # image tokens a step may encode (0: unbounded), and those the step being scheduled may still encode
+        self._image_room_total = self._image_budget()
+        self._image_room = 0
         self._finished_seq_ids: list[str] = []  # for the next SchedulerOutput: the runner forgets them
         # finished with a hold: their block chains and the tenant the hold counts against
         self._held: OrderedDict[str, tuple[list[BlockHash], str | None]] = OrderedDict()
@@ -169,6 +173,7 @@ class Scheduler(SteadyPath, SpeculationSteps, ResumePoints, Finishing, Scheduler
         # than one token left to compute: a prefill.
         running, budget = self.running, self.cfg.max_num_batched_tokens
         self._scoring_budget = self.cfg.max_scored_tokens_per_step
+        self._image_room = self._image_room_total
         if len(running) >= MIN_COLUMNAR_ROWS and not k:  # many plain decodes: by column arithmetic (steady.py)
             prefills, budget = self._schedule_running_by_columns(budget, out)
         else:
@@ -184,8 +189,12 @@ class Scheduler(SteadyPath, SpeculationSteps, ResumePoints, Finishing, Scheduler
             # Preempted earlier in this loop, or done: the tokens in flight reach max_tokens or the context length.
             if seq.status is not SequenceStatus.RUNNING or num_tokens >= seq.max_num_tokens:
                 continue
-            n = self._chunk(seq, self._scored(seq, min(num_tokens - seq.num_computed_tokens, budget)))
-            if n == 0:  # a prompt to score, and the step's scoring budget is spent
+            n = min(num_tokens - seq.num_computed_tokens, budget)
+            if seq.images:  # images it reaches are encoded within the budget, or the chunk ends before them
+                n, spent = self._fit_images(seq, seq.num_computed_tokens, n, budget, out)
+                budget -= spent
+            n = self._chunk(seq, self._scored(seq, n)) if n else 0
+            if n == 0:  # a prompt to score, and the step's scoring budget is spent; or no room for an image
                 continue
             drafts = self._drafts(seq, n, min(k, budget - n)) if k else []
             new_block_ids = self._make_room(seq, n + len(drafts) + self._mtp_lookahead(seq, n + len(drafts)), out)
@@ -194,7 +203,8 @@ class Scheduler(SteadyPath, SpeculationSteps, ResumePoints, Finishing, Scheduler
             self._schedule(seq, n, new_block_ids, out, drafts=drafts)
             budget -= n + len(drafts)
         if not out.preempted_seq_ids:  # blocks just ran short: admitting new work would only thrash
-            self._admit_waiting(budget, out)
+            budget = self._admit_waiting(budget, out)
+        self._encode_ahead(budget, out)
         out.kv_transfers = self.kv.take_transfers()
         out.state_restores, out.state_snapshots = self.kv.take_state_copies()
         out.new_window_block_ids = self.kv.take_window_blocks()
@@ -315,7 +325,9 @@ class Scheduler(SteadyPath, SpeculationSteps, ResumePoints, Finishing, Scheduler
         for sib in reversed(siblings):
             self._enqueue(sib, front=True)
 
-    def _admit_waiting(self, budget: int, out: SchedulerOutput) -> None:
+    def _admit_waiting(self, budget: int, out: SchedulerOutput) -> int:
+        """Admit waiting sequences while the budget, the sequence cap and the blocks allow; returns the budget
+        left."""
         while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
             seq = self._next_waiting()
             if seq.num_output_placeholders:  # preempted with a token still in flight: wait for it
@@ -326,6 +338,13 @@ class Scheduler(SteadyPath, SpeculationSteps, ResumePoints, Finishing, Scheduler
             hashes = seq.block_hashes
             if seq.prompt_logprobs is not None:  # a position still to score is computed, never read from the cache
                 hashes = hashes[: (len(seq.prompt_logprobs) - 1) // self.cfg.block_size]
+            limit = budget
+            if seq.images:  # images its first chunk reaches are encoded within the budget, or the chunk ends before
+                start = self.kv.num_cached_tokens(hashes, len(seq.token_ids))  # what admission will take
+                limit, spent = self._fit_images(seq, start, min(len(seq.token_ids) - start, budget), budget, out)
+                budget -= spent
+                if limit == 0:
+                    break
             cached = self.kv.admit(seq.seq_id, hashes, seq.token_ids, budget, resumed, seq.retention)
             if cached is None:
                 break
@@ -338,11 +357,12 @@ class Scheduler(SteadyPath, SpeculationSteps, ResumePoints, Finishing, Scheduler
                                                             seq.images))
             seq.status = SequenceStatus.RUNNING
             seq.num_computed_tokens = cached
-            n = self._chunk(seq, self._scored(seq, min(seq.num_uncomputed_tokens, budget)))
+            n = self._chunk(seq, self._scored(seq, min(seq.num_uncomputed_tokens, limit)))
             self._running.append(seq)
             self._schedule(seq, n, list(self.kv.block_table(seq.seq_id)), out, resumed,
                            self.kv.state_slot(seq.seq_id))
             budget -= n
+        return budget
 
     def _next_waiting(self) -> Sequence:
         head = self.waiting[0]

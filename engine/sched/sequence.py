@@ -63,6 +63,7 @@ class Sequence:
     index: int = 0  # which of the n sequences
     block_hashes: list[BlockHash] = field(default_factory=list)  # of every full block of token_ids, grown as they fill
     images: tuple[ImageInput, ...] = ()  # the prompt's (engine/multimodal.py)
+    num_encoded_images: int = 0  # of ``images``, those the scheduler had encoded (engine/sched/image_encoding.py)
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
     _num_computed: int = 0  # `num_computed_tokens` while not running

@@ -41,6 +41,7 @@ from engine.spec.mtp import MTPDrafter
 from engine.spec.verify import verify
 from engine.worker.step_inputs import DeviceInputs, HostInputs, flatten
 from engine.worker.vision_inputs import StepImages, VisionInputs
+from engine.multimodal import ImageInput
 from engine.models.vision.qwen3_vl import load_vision_tower
 from engine.weights import load_weights, use_fp8_layers
 from kernels.cpu.linear import pack_linears
@@ -84,6 +85,7 @@ class _DeviceWork:
     state_snapshots: list[StateCopy] = field(default_factory=list)  # ... slot -> snapshot, after it
     drafts: list[list[int]] | None = None  # speculative decoding: per sampled row its drafts (None: no row drafts)
     images: StepImages | None = None  # the step's image tokens (a vision-language model's sequences with images)
+    encode_images: list[ImageInput] = field(default_factory=list)  # into the encoder cache, before the forward
 
 
 @dataclass
@@ -273,6 +275,8 @@ class ModelRunner:
         if not sched.num_scheduled:
             if sched.kv_transfers:  # in order with the steps' device work
                 self.run_transfers(sched.kv_transfers)
+            if sched.encode_images:  # a step that only encodes images (no room for their tokens yet)
+                self._in_device_order(lambda: self.vision.encode(sched.encode_images))
             return StepHandle(self)
         graphs, batch = self.decode_graphs, self.batch
         pad_to = None
@@ -287,7 +291,8 @@ class ModelRunner:
         every_row = len(sample_rows) == len(all_ids)
         seq_ids = all_ids[:] if every_row else [all_ids[r] for r in sample_rows.tolist()]
         work = _DeviceWork(host, pad_to, None, [], seq_ids, logits_processor, sched.kv_transfers,
-                           state_restores=sched.state_restores, state_snapshots=sched.state_snapshots, images=images)
+                           state_restores=sched.state_restores, state_snapshots=sched.state_snapshots, images=images,
+                           encode_images=sched.encode_images)
         if self.scoring:
             work.prompt_spans = self.scoring.spans(sched, batch.row_of, host.query_start_loc)
         handle = StepHandle(self, seq_ids, rows=host.sample_rows, batch_version=batch.version)
@@ -323,6 +328,8 @@ class ModelRunner:
         """Upload, forward, sample; on CUDA also start copying the sampled ids back. Steps run here in order."""
         if work.transfers:
             self.kv_offload.run(work.transfers)
+        if work.encode_images:
+            self.vision.encode(work.encode_images)
         self._copy_states(work.state_restores)
         host = work.host
         input_ids, positions = self.inputs.upload(host, self._prev_sampled)
@@ -364,12 +371,15 @@ class ModelRunner:
 
     def run_transfers(self, transfers: list[KVTransfer]) -> None:
         """Copies between KV tiers outside a step (a reset's disk clear), in order with the steps' device work."""
-        if not transfers:
-            return
+        if transfers:
+            self._in_device_order(lambda: self.kv_offload.run(transfers))
+
+    def _in_device_order(self, work: Callable[[], None]) -> None:
+        """``work()`` after the device work already launched (on CPU with async scheduling, on its thread)."""
         if self._device_thread is not None:
-            self._device_thread.submit(self.kv_offload.run, transfers).result()
+            self._device_thread.submit(work).result()
         else:
-            self.kv_offload.run(transfers)
+            work()
 
     def _apply_deltas(self, sched: SchedulerOutput) -> None:
         """Bring the runner's sequence states and batch rows in line with the scheduler's view."""

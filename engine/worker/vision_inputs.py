@@ -6,7 +6,9 @@ shifted (engine/multimodal.py: text after an image resumes ``max(h, w)`` positio
 step computes are listed with their (t, h, w) positions and which slice of which image they are. A prefill chunk may
 end inside an image: the next chunk takes the rest of the same embeddings, so chunking never changes what the model
 reads. On the device (`VisionInputs.device_inputs`): each image is encoded at most once while it stays in the
-encoder cache, and the rows are gathered into a `MultimodalStep` the model applies.
+encoder cache, and the rows are gathered into a `MultimodalStep` the model applies. The scheduler has most images
+encoded in steps before their tokens (`VisionInputs.encode`); one the cache lacks when its tokens come is encoded
+then.
 """
 from __future__ import annotations
 
@@ -100,6 +102,12 @@ class VisionInputs:
         self.num_encoded += 1
         pixels = torch.from_numpy(image.pixel_values).to(self.device)
         return self.tower(pixels, [image.grid_thw])
+
+    def encode(self, images: list[ImageInput]) -> None:
+        """Encode ``images`` into the encoder cache ahead of their tokens (the scheduler spreads the tower's work over
+        steps, engine/sched/image_encoding.py); those it holds already cost nothing."""
+        for image in images:
+            self.cache.get(image.content_hash, lambda image=image: self._encode(image))
 
     def device_inputs(self, plan: StepImages) -> MultimodalStep:
         """The step's image rows on the device: embeddings from the cache (or encoded now) and positions."""

@@ -1,8 +1,9 @@
 """Qwen3.5 / 3.5-MoE with their vision tower, on checkpoints transformers' save_pretrained wrote in the released
 layout: greedy tokens equal transformers' ``generate`` (its processor, its chat template) with 1, 2 and 3 images of
-different sizes, alone and batched with text-only requests, with chunked prefill and with the cache hot; top-20
-logprobs within 1e-4 in fp32. The prefix cache hashes the images: the same image hits and is not encoded again, a
-different one in the same place misses from its first block and gives a cold engine's tokens."""
+different sizes, alone and batched with text-only requests, with chunked prefill, with the tower inside a small
+step budget through preemption and with the cache hot; top-20 logprobs within 1e-4 in fp32. The prefix cache
+hashes the images: the same image hits and is not encoded again, a different one in the same place misses from its
+first block and gives a cold engine's tokens."""
 from __future__ import annotations
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 from engine import LLM, SamplingParams
 from engine.errors import RequestRejected
 from engine.requests import EngineRequest
+from tests.hf_oracle import assert_greedy_through_preemption
 from tests.models.checkpoints.vision_models import (hf_generate, hf_inputs, hf_next_logprobs, png, user_turn,
                                         vlm_checkpoint)
 
@@ -89,6 +91,16 @@ def test_chunked_prefill_cuts_images(vlm, llm):
     llm = LLM(path, block_size=4, num_kv_blocks=512, max_num_batched_tokens=7, encoder_cache_mb=0,
               tokenizer=llm.tokenizer)
     assert [o.token_ids for o in llm.generate(_prompts(llm, cases), GREEDY)] == [want for *_, want in cases]
+
+
+@pytest.mark.slow  # a third engine for the case (the scheduler alone: tests/sched/test_image_encoding.py)
+def test_images_encoded_within_the_step_budget_through_preemption(vlm, llm):
+    """The tower inside a 12-token step budget, at most 6 image tokens encoded a step (larger images alone in
+    theirs, most ahead of their tokens), in a pool too small for every prompt at once: transformers' tokens."""
+    path, cases = vlm
+    small = LLM(path, block_size=4, num_kv_blocks=16, max_num_batched_tokens=12, max_image_tokens_per_step=6,
+                tokenizer=llm.tokenizer)
+    assert_greedy_through_preemption(small, _prompts(small, cases), [want for *_, want in cases])
 
 
 def test_top20_logprobs_within_1e_4(vlm, llm):
