@@ -1,5 +1,5 @@
-"""Triton kernels of Gated DeltaNet's recurrent ops (``kernels.reference.recurrent``), reading and writing each
-sequence's state in place in its slot.
+"""Triton kernels of Gated DeltaNet's and Kimi Delta Attention's recurrent ops (``kernels.reference.recurrent``),
+reading and writing each sequence's state in place in its slot.
 
 - ``causal_conv1d``: one program per (sequence, tile of channels) walks the sequence's tokens in tiles; the first
   K - 1 inputs before the sequence's new tokens come from its slot's conv window (zeros for a fresh sequence), and
@@ -10,6 +10,8 @@ sequence's state in place in its slot.
   transform ``T = (I + strictly_lower(beta K K^T * decay))^-1`` by forward substitution and stores
   ``w = T (beta k exp(g_cum))``, ``u = T (beta v)`` and the cumulative log decay; ``_chunk_scan`` (one program per
   sequence, value head and tile of value dims) carries the state from chunk to chunk and writes the outputs.
+  KDA (a decay per key channel, ``g`` ``[T, H, Dk]``) runs every row in the fused recurrent form, each decay scaling
+  its row of the state.
 
 Every launch is sized by the batch's row count and (for the chunked form) its longest row, and reads offsets, slots
 and initial-state flags from the device, so the decode path needs no host data and replays under CUDA graphs. A row
@@ -143,10 +145,10 @@ def _l2norm_rows(x, eps):
 @triton.jit
 def _fused_recurrent_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, out_ptr, qsl_ptr, slots_ptr, init_ptr, tok_slots_ptr, scale, eps,
-    max_len, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_bt, stride_ot,
-    stride_oh, stride_ss, stride_sh, stride_sk,
+    max_len, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_gh, stride_bt,
+    stride_ot, stride_oh, stride_ss, stride_sh, stride_sk,
     GROUPS: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
-    PER_TOKEN: tl.constexpr,
+    PER_TOKEN: tl.constexpr, CHANNEL_GATE: tl.constexpr,
 ):
     seq, head = tl.program_id(0), tl.program_id(1)
     start, length, slot, has_initial = _row(qsl_ptr, slots_ptr, init_ptr, tok_slots_ptr, seq, 1, max_len, True,
@@ -166,7 +168,11 @@ def _fused_recurrent_kernel(
         q = q / tl.sqrt(tl.sum(q * q) + eps) * scale
         k = k / tl.sqrt(tl.sum(k * k) + eps)
         v = tl.load(v_ptr + t * stride_vt + head * stride_vh + dv, mask=v_valid, other=0.0).to(tl.float32)
-        decay = tl.exp(tl.load(g_ptr + t * stride_gt + head).to(tl.float32))
+        if CHANNEL_GATE:  # KDA: one decay per key channel, scaling the state's rows
+            decay = tl.exp(tl.load(g_ptr + t * stride_gt + head * stride_gh + dk, mask=k_valid, other=0.0)
+                           .to(tl.float32))[:, None]
+        else:
+            decay = tl.exp(tl.load(g_ptr + t * stride_gt + head * stride_gh).to(tl.float32))
         beta = tl.load(beta_ptr + t * stride_bt + head).to(tl.float32)
         state = state * decay
         delta = (v - tl.sum(state * k[:, None], axis=0)) * beta
@@ -308,13 +314,16 @@ def gated_delta_rule(
                 batch.token_state_slots if per_token else batch.state_slots)
     state_strides = (ssm_state.stride(0), ssm_state.stride(1), ssm_state.stride(2))
     longest = batch.longest
+    channel_gate = g.dim() == 3
+    # KDA's per-channel decay does not factor out of the chunked form's products: its rows of any length run the
+    # recurrent form (token by token; the chunked KDA kernels are fla-core's)
     _fused_recurrent_kernel[grid](
-        q, k, v, g, beta, ssm_state, out, *row_args, scale, L2NORM_EPS, 1,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
-        out.stride(0), out.stride(1), *state_strides,
-        GROUPS=groups, DK=dk, DV=dv, BLOCK_K=block_k, BLOCK_V=block_v, PER_TOKEN=per_token,
+        q, k, v, g, beta, ssm_state, out, *row_args, scale, L2NORM_EPS, 2**30 if channel_gate else 1,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), g.stride(1),
+        beta.stride(0), out.stride(0), out.stride(1), *state_strides,
+        GROUPS=groups, DK=dk, DV=dv, BLOCK_K=block_k, BLOCK_V=block_v, PER_TOKEN=per_token, CHANNEL_GATE=channel_gate,
     )
-    if longest < 2 or len(batch.prefill_rows) == 0:
+    if channel_gate or longest < 2 or len(batch.prefill_rows) == 0:
         return out
     precision = "ieee"  # fp32 state math, as the reference
     w = torch.empty(tokens, num_v_heads, dk, dtype=torch.float32, device=v.device)
