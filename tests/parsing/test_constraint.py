@@ -73,6 +73,10 @@ def minimax_calls(*invokes: tuple[str, dict]) -> str:
     return render_calls([{"function": {"name": n, "arguments": a}} for n, a in invokes])
 
 
+def gemma_call(name: str, arguments: str) -> str:
+    return f'{{"name": "{name}", "parameters": {arguments}}}'
+
+
 PARIS = '{"city": "Paris"}'
 # family -> (one call to get_weather, two calls: get_weather then now), in the bytes the template renders
 CALLS = {
@@ -88,6 +92,7 @@ CALLS = {
                     dsml_calls("tool_calls", ("get_weather", {"city": "Paris"}), ("now", {}))),
     "deepseek-v3.1": (v31_calls(("get_weather", PARIS)), v31_calls(("get_weather", PARIS), ("now", "{}"))),
     "glm-4.7": (glm_call("get_weather", city="Paris"), glm_call("get_weather", city="Paris") + glm_call("now")),
+    "gemma3": (gemma_call("get_weather", PARIS), gemma_call("get_weather", PARIS) + "\n" + gemma_call("now", "{}")),
 }
 
 
@@ -98,7 +103,7 @@ def constraint(family: str, tool_choice, *, tools=TOOLS, parallel=True, response
 
 
 @pytest.mark.parametrize("family", list(CALLS))
-@pytest.mark.slow_cases("qwen2.5", "qwen3-coder", "qwen3.6", "glm-4.7")
+@pytest.mark.slow_cases("qwen2.5", "qwen3-coder", "qwen3.6", "glm-4.7", "gemma3")
 def test_required_and_named_accept_the_templates_calls_and_nothing_else(grammars, family):
     one, two = CALLS[family]
     required, named = constraint(family, "required"), constraint(family, NAMED)

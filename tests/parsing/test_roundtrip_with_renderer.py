@@ -39,6 +39,10 @@ CASES = [
     # MiniMax-M2 keeps the reasoning of the turns after the last user message (a tool loop), as its template does.
     ("minimax-m2", True, 'Need a call.\n</think>\n\nLet me check.\n<minimax:tool_call>\n<invoke name="get_weather">\n'
      '<parameter name="city">Paris</parameter>\n</invoke>\n</minimax:tool_call>[e~[', TOOL_RESULT),
+    # Gemma 3: a call written as its function-calling prompt asks (the arguments kept as the model wrote them).
+    ("gemma3", False, 'Let me check.\n{"name": "get_weather", "parameters": {"city":"Paris"}}<end_of_turn>\n',
+     TOOL_RESULT),
+    ("gemma3", False, "It is 18C.<end_of_turn>\n", FOLLOW_UP),
 ]
 
 

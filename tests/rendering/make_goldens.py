@@ -51,6 +51,8 @@ OFFICIAL: dict[str, tuple[str, dict]] = {
     "glm-4.7": ("zai-org-GLM-4.7-Flash.jinja", {"bos_token": None, "eos_token": "<|endoftext|>",
                                                 "pad_token": "<|endoftext|>"}),
     "minimax-m2": ("MiniMaxAI-MiniMax-M2.jinja", {"bos_token": "]~!b[", "eos_token": "[e~[", "pad_token": None}),
+    # Gemma 3's template knows no tools: prepare writes them as Google's function-calling guide prompts them.
+    "gemma3": ("google-gemma-3-it.jinja", {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>"}),
     # No Jinja template: the official Python encoders, run on the prepared messages.
     "deepseek-v3.2": ("encoding_dsv32.py", {}),
     "deepseek-v4": ("encoding_dsv4.py", {}),
@@ -90,6 +92,17 @@ SOURCES: dict[str, str] = {
         "(commit 71768d0036b49cd39208c0905183203c0f62e8d9) names the same sha256 and size. MiniMax-M2.5 'supports the "
         "same toolcall syntax as MiniMax-M2' (its docs/tool_calling_guide.md); its own repository's template was not "
         "found offline."
+    ),
+    "gemma3": (
+        "chat_template of google/gemma-3-*-it (the same for 270M to 27B): `_CHAT_TEMPLATE` of "
+        "src/transformers/models/gemma3/convert_gemma3_weights.py in GitHub huggingface/transformers (commit "
+        "0d7e95d96b4e187c651e2b2406ed98ed40d74963), the template that Google's conversion script writes into the "
+        "released tokenizers, 1,539 bytes with its final newline. The gemma3-270m GGUF (tokenizer.chat_template) "
+        "carries none: it is the pretrained model. The template has no tools: the tool cases are the prompt of "
+        "Google's function-calling guide for Gemma 3 (ai.google.dev/gemma/docs/capabilities/function-calling, its "
+        "JSON variant: the instructions and the function list in the system prompt, calls as "
+        '{"name": ..., "parameters": {...}}) with results in ```tool_output blocks, as '
+        "server/rendering/native/gemma3.py prepares them, rendered by this template."
     ),
     "deepseek-v3.2": (
         "encoding/encoding_dsv32.py of deepseek-ai/DeepSeek-V3.2 (MIT licence, Copyright (c) 2023 DeepSeek), recovered "
