@@ -50,8 +50,10 @@ def _call(fmt: ToolFormat, tool: dict) -> Format:
 def _calls(fmt: ToolFormat, tools: list[dict], one: bool) -> Format:
     """One or more calls (exactly one when `one`) and nothing else, inside the family's block if it has one."""
     calls = [_call(fmt, tool) for tool in tools]
-    if getattr(fmt, "call_format", None) is not None:  # harmony: a call ends the turn (<|call|>), so one of them
-        return calls[0] if len(calls) == 1 else {"type": "or", "elements": calls}
+    if getattr(fmt, "call_format", None) is not None:  # markup in special tokens: no tags to separate
+        either = calls[0] if len(calls) == 1 else {"type": "or", "elements": calls}
+        # harmony: a call ends the turn (<|call|>), so one of them; Mistral's are written back to back
+        return either if one or getattr(fmt, "one_call_per_turn", False) else {"type": "plus", "content": either}
     inner = calls[0] if one and len(calls) == 1 else {
         "type": "tags_with_separator", "tags": calls, "separator": fmt.call_separator, "at_least_one": True,
         "stop_after_first": one,

@@ -61,7 +61,9 @@ class CallParser(Protocol):
 
     def close(self, body: str) -> ParsedCall | None:
         """The call ends here. Streaming: the name and the argument text not yet returned (closing the JSON when it
-        is unfinished). Held back: the whole call, or None when the body is not a call."""
+        is unfinished). Held back: the whole call, or None when the body is not a call. A held-back body may hold
+        further calls (Mistral's older `[TOOL_CALLS][{…}, {…}]` list): a parser that reads such bodies also has
+        `more_calls(body)`, the calls after the first."""
 
 
 class ToolFormat(Protocol):
@@ -248,16 +250,19 @@ class ToolCallStream:
         call = self._call.close(self._body)
         if call is None:
             return False
-        if not streaming:
-            self._start_call(call.name, out)
-        if call.arguments:
-            self._emit(CallArguments(call.arguments), out)
+        more = getattr(self._call, "more_calls", None)
+        calls = [call] if streaming or more is None else [call, *more(self._body)]
+        for n, each in enumerate(calls):
+            if n or not streaming:
+                self._start_call(each.name, out)
+            if each.arguments:
+                self._emit(CallArguments(each.arguments), out)
         if not self._streaming:
             events, self._call_events = self._call_events, []
-            if not is_json_object("".join(e.text for e in events if isinstance(e, CallArguments))):
+            if not all(is_json_object(arguments) for arguments in _arguments_per_call(events)):
                 return False
             out += events
-            self._calls_in_block += 1
+            self._calls_in_block += len(calls)
             self._raw = ""
         return True
 
@@ -270,6 +275,17 @@ class ToolCallStream:
         self._state, self._in_block = "text", False
         if after_call:
             self._text = self._new_segment(after_call=True)
+
+
+def _arguments_per_call(events: list[ToolEvent]) -> list[str]:
+    """The argument text of each call the events start."""
+    calls: list[str] = []
+    for event in events:
+        if isinstance(event, CallStart):
+            calls.append("")
+        elif isinstance(event, CallArguments):
+            calls[-1] += event.text
+    return calls
 
 
 def _text(piece: str | Tag) -> str:

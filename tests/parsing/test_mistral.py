@@ -3,6 +3,8 @@
 split of the text, deltas that rebuild it, calls the renderer writes read back, and tool_choice's grammar."""
 import json
 
+import pytest
+
 from server.parsing import get_output_parser, output_constraint
 from server.parsing.formats.mistral import TOKEN_IDS
 from server.rendering import get_renderer
@@ -34,6 +36,21 @@ def test_call_id_and_the_older_list_form():
         ("get_weather", {"city": "Oslo"})]
     old = parse_checked(parser(), '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Rome"}}]</s>')
     assert calls_of(old) == [("get_weather", {"city": "Rome"})] and old.content is None
+
+
+def test_the_older_list_form_with_several_calls():
+    listed = ('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Rome"}}, {"name": "now", "arguments": {}},'
+              ' {"name": "get_weather", "arguments": "{\\"city\\": \\"Oslo\\"}"}]</s>')
+    for streaming in (True, False):
+        message = parse_checked(parser(streaming=streaming), listed)
+        assert calls_of(message) == [("get_weather", {"city": "Rome"}), ("now", {}), ("get_weather", {"city": "Oslo"})]
+        assert message.content is None
+    # One element that is not a call: the list is text, as the model wrote it.
+    broken = '[TOOL_CALLS][{"name": "now", "arguments": {}}, {"arguments": {}}]'
+    assert parse_checked(parser(), broken).content == broken
+    # parallel tool calls off: the output ends after the first call
+    [first] = parse_checked(parser(max_calls=1), listed).tool_calls
+    assert first["function"]["name"] == "get_weather"
 
 
 def test_markup_in_strings_and_prose_is_not_a_call():
@@ -78,3 +95,35 @@ def test_the_grammar_of_a_required_call_writes_the_control_tokens():
         TOKEN_IDS["[TOOL_CALLS]"], "get_weather", TOKEN_IDS["[ARGS]"]] == [9, "get_weather", 32]
     assert named["elements"][-1]["json_schema"]["required"] == TOOLS[0]["function"]["parameters"]["required"]
     assert output_constraint("devstral", TOOLS, "auto", None, None, reasoning=False) is None
+
+
+@pytest.mark.slow  # a grammar over tekken's 131k tokens
+def test_required_parallel_calls_are_written_back_to_back_as_tokens():
+    """tool_choice required with parallel calls: one or more `[TOOL_CALLS]NAME[ARGS]{…}` calls, the markers as
+    their control tokens; parallel calls off or a named tool: exactly one."""
+    import xgrammar as xgr
+    from transformers import AutoTokenizer
+
+    from engine.registry import resolve_model
+    from engine.worker.structured_output import StructuredOutputs
+
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model("devstral-small-tiny")))
+    grammar = StructuredOutputs(tokenizer, 131072, [tokenizer.eos_token_id], "cpu").compile(
+        output_constraint("devstral", TOOLS, "required", True, None, reasoning=False))
+
+    def accepts(*calls: tuple[str, str]) -> bool:
+        matcher = xgr.GrammarMatcher(grammar)
+        encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+        ids = [i for name, args in calls for i in [TOKEN_IDS["[TOOL_CALLS]"], *encode(name), TOKEN_IDS["[ARGS]"],
+                                                   *encode(args)]]
+        return all(matcher.accept_token(i) for i in ids) and matcher.accept_token(tokenizer.eos_token_id)
+
+    paris, now = ("get_weather", '{"city": "Paris"}'), ("now", "{}")
+    assert accepts(paris) and accepts(paris, now, paris) and not accepts() and not accepts(("get_wether", "{}"))
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for one in (output_constraint("devstral", TOOLS, "required", False, None, reasoning=False),
+                output_constraint("devstral", TOOLS, named, True, None, reasoning=False)):
+        assert '"plus"' not in one.value  # exactly one call
+    # what the grammar lets through is what the parser reads as calls
+    message = parse_checked(parser(), call_text(*paris) + call_text(*now) + "</s>")
+    assert calls_of(message) == [("get_weather", {"city": "Paris"}), ("now", {})]

@@ -163,6 +163,7 @@ class HarmonyFormat:
     call_separator = f"{START}assistant"
     argument_style: Literal["json"] = "json"
     calls_prefix = ""
+    one_call_per_turn = True  # <|call|> ends the turn (server/parsing/call_grammar.py)
 
     def call_tag(self, name: str) -> tuple[str, str]:
         """The call's text around its arguments (what the parser reads)."""

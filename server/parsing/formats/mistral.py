@@ -1,7 +1,8 @@
 """Mistral's tool calls (Devstral Small 2 / Devstral 2, tokenizer v11+): `[TOOL_CALLS]NAME[ARGS]{…}` per call,
 calls written back to back with no closing marker (the turn ends with `</s>`); v11's `NAME[CALL_ID]ID[ARGS]{…}` reads
-the same (the id is not kept). The older form, `[TOOL_CALLS][{"name": …, "arguments": {…}}]`, is read when its list
-holds one call. `[TOOL_CALLS]` and `[ARGS]` are control tokens, so constrained decoding writes them as tokens.
+the same (the id is not kept). The older form, `[TOOL_CALLS][{"name": …, "arguments": {…}}, …]`, holds a turn's
+calls in one JSON list (read once the list is whole: all of its calls, or none when one is not a call). `[TOOL_CALLS]`
+and `[ARGS]` are control tokens, so constrained decoding writes them as tokens, and several calls back to back.
 """
 from __future__ import annotations
 
@@ -26,6 +27,10 @@ _NAME = re.compile(r"[\w.\-]*")
 
 
 class _CallParser(JsonCallParser):
+    def more_calls(self, body: str) -> list[ParsedCall]:
+        """The older form's calls after the first (tool_stream.CallParser)."""
+        return [] if _head(body) is not None else (_listed_calls(body) or [])[1:]
+
     def could_be_call(self, body: str) -> bool:
         """A name (letters, digits, `_.-`) up to `[ARGS]` or `[CALL_ID]`, or the older form's list."""
         text = body.lstrip()
@@ -60,21 +65,34 @@ def _parse_whole(body: str) -> ParsedCall | None:
     if head is not None:
         arguments = body[head[1]:].strip()
         return ParsedCall(head[0], arguments) if is_json_object(arguments) else None
-    try:  # the older form: a JSON list of one {"name", "arguments"} object
-        calls = json.loads(body)
+    calls = _listed_calls(body)
+    return calls[0] if calls else None
+
+
+def _listed_calls(body: str) -> list[ParsedCall] | None:
+    """The older form: a JSON list of {"name", "arguments"} objects, or None when it is not (wholly) calls."""
+    try:
+        listed = json.loads(body)
     except ValueError:
         return None
-    if not isinstance(calls, list) or len(calls) != 1 or not isinstance(calls[0], dict):
+    if not isinstance(listed, list) or not listed:
         return None
-    members = object_members(json.dumps(calls[0], ensure_ascii=False))
-    name = calls[0].get("name")
+    calls = [_listed_call(item) for item in listed]
+    return None if None in calls else calls
+
+
+def _listed_call(item: object) -> ParsedCall | None:
+    if not isinstance(item, dict):
+        return None
+    members = object_members(json.dumps(item, ensure_ascii=False))
+    name = item.get("name")
     if not isinstance(name, str) or not name or members is None:
         return None
-    arguments = calls[0].get("arguments", {})
+    arguments = item.get("arguments", {})
     if isinstance(arguments, str) and is_json_object(arguments):
         return ParsedCall(name, arguments)
     return ParsedCall(name, members["arguments"][1]) if isinstance(arguments, dict) and "arguments" in members \
-        else (ParsedCall(name, "{}") if "arguments" not in calls[0] else None)
+        else (ParsedCall(name, "{}") if "arguments" not in item else None)
 
 
 class MistralFormat:
