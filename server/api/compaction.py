@@ -14,6 +14,10 @@ tampered item or another tenant's fails to open (a 400). A later request that ca
 one user message: `SUMMARY_PREFIX` and the summary. The head of the prompt (instructions, tools) is never touched,
 so the request after a compaction reads it from the cache; the history after it is a new epoch, sealed into the item
 (`Summary.epoch`) and shown by the cache inspector.
+
+The same summary turn serves Anthropic's `compact_20260112` (server/api/messages_compaction.py) and a Responses
+request's automatic compaction (`context_management` `compact_threshold`): there the reply follows in the same request,
+a second generation (`continue_after`) over the compacted conversation, whose head the summary turn just read.
 """
 from __future__ import annotations
 
@@ -23,12 +27,19 @@ import hmac
 import json
 import os
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from server.api.protocol import APIError
+from server.pipeline.async_engine import RequestStream
+from server.pipeline.choices import ChoiceState, choice_states, parsed_updates
+from server.pipeline.context import ServingContext
+from server.pipeline.generation import Generation, submit
+from server.pipeline.plan import Plan, record_plan
 
 COMPACTION_PROMPT = (
     "Stop working on the task for a moment: the conversation above is about to be replaced by a summary of it. "
@@ -43,9 +54,11 @@ SUMMARY_PREFIX = (
 TRIGGER_TYPE = "compaction_trigger"
 ITEM_TYPE = "compaction"
 RETAINED_TOKENS = 64_000  # user messages kept by /v1/responses/compact (estimated at 4 bytes a token, as codex-rs does)
+DEFAULT_THRESHOLD_SHARE = 0.9  # of the context: a `compaction` entry's threshold when it names none
 SUMMARY_MAX_TOKENS = 2048  # the summary turn's output, when the request sets no max_output_tokens
 KEY_ENV = "KVSERVE_COMPACTION_KEY"
 _VERSION = b"kvc1"
+T = TypeVar("T")
 _NONCE_BYTES = 12
 
 
@@ -104,6 +117,27 @@ def summary_message(summary: Summary) -> dict:
     return {"role": "user", "content": SUMMARY_PREFIX + summary.text}
 
 
+def auto_compact_threshold(config: object, max_model_len: int) -> int | None:
+    """A Responses request's `context_management` (`[{"type": "compaction", "compact_threshold": N}]`): the
+    rendered input's length in tokens past which it is compacted first (no threshold given:
+    `DEFAULT_THRESHOLD_SHARE` of the context); None without a compaction entry. Anything else is a 400."""
+    if config is None:
+        return None
+    if not isinstance(config, list):
+        raise APIError(400, "context_management must be a list of entries", param="context_management")
+    threshold = None
+    for i, entry in enumerate(config):
+        where = f"context_management.{i}"
+        if not isinstance(entry, dict) or entry.get("type") != ITEM_TYPE:
+            raise APIError(400, f"{where}: the entry type must be 'compaction' (the only one)", param=f"{where}.type")
+        value = entry.get("compact_threshold")
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise APIError(400, f"{where}.compact_threshold must be a positive integer",
+                           param=f"{where}.compact_threshold")
+        threshold = value if value is not None else int(max_model_len * DEFAULT_THRESHOLD_SHARE)
+    return threshold
+
+
 def has_trigger(items: object) -> bool:
     """The input asks for a compaction (its last item is a `compaction_trigger`)."""
     return isinstance(items, list) and bool(items) and isinstance(items[-1], dict) \
@@ -133,3 +167,31 @@ def _message_text(item: dict) -> str:
         return content
     parts = content if isinstance(content, list) else []
     return "".join(p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str))
+
+
+def summary_text(state: ChoiceState) -> str:
+    """What a summary turn wrote: its answer (its text without the thinking)."""
+    return state.message()["content"] or state.output.text
+
+
+async def finished_state(ctx: ServingContext, plan: Plan, stream: RequestStream) -> ChoiceState:
+    """A one-choice plan's choice, once its output has ended (recorded)."""
+    [state] = states = choice_states(ctx, plan, streaming=False)
+    try:
+        async for _ in parsed_updates(ctx, plan, stream, states):
+            pass
+    finally:
+        record_plan(ctx, plan)
+    return state
+
+
+async def continue_after(ctx: ServingContext, stream: RequestStream, plan: Callable[[], T],
+                         generation: Callable[[T], Generation]) -> tuple[T, RequestStream]:
+    """A second generation in the request whose first one (``stream``) has ended: planned on a prepare lane and
+    submitted. ``stream`` is closed now (its tenant slot and holds settled) and closes the new stream when the route
+    handler closes it, however the response ends (a client that leaves aborts the second generation too)."""
+    stream.abort()
+    planned = await ctx.prepare(plan)
+    second = await submit(ctx, [generation(planned)])
+    stream.on_close(second.abort)
+    return planned, second

@@ -11,6 +11,9 @@ is rendered, and what they cleared (`context_management.applied_edits`).
   another N tokens: the cache breaks once a batch, not on every turn.
 - `clear_thinking_20251015`: the thinking blocks of all but the last `keep` (`{"type": "thinking_turns", "value":
   N}`, default 1; `"all"` keeps every one) assistant messages are dropped.
+- `compact_20260112` (server/api/messages_compaction.py) is not applied here: the request reports it (`Edited.compact`)
+  with the prompt's length after the other edits, and the Messages adapter runs the compaction once it is reached.
+  A compaction block the client sent back is read first: the conversation restarts from its summary.
 
 Each edit that cleared something is reported with the tool uses or thinking turns it cleared and the prompt tokens
 that removed (measured by rendering before and after). The client keeps its full history; the edits are redone from
@@ -20,10 +23,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from server.api.anthropic_protocol import AnthropicMessage, Conversation
+from server.api.messages_compaction import COMPACT, Compact, from_last_compaction, parse_compact
 from server.api.messages_input import to_turn
 from server.api.protocol import APIError
 from server.pipeline.context import ServingContext
@@ -58,7 +62,7 @@ class ClearThinking:
     keep: int | None = DEFAULT_KEEP_THINKING_TURNS  # None: every turn keeps its thinking
 
 
-Edit = ClearToolUses | ClearThinking
+Edit = ClearToolUses | ClearThinking | Compact
 
 
 def _count(value: Any, kinds: tuple[str, ...], where: str) -> tuple[str, int]:
@@ -93,9 +97,11 @@ def parse_edits(config: Any) -> list[Edit]:
             keep = edit.get("keep", {"type": "thinking_turns", "value": DEFAULT_KEEP_THINKING_TURNS})
             all_turns = keep == "all" or (isinstance(keep, dict) and keep.get("type") == "all")
             parsed.append(ClearThinking(None if all_turns else _count(keep, ("thinking_turns",), f"{where}.keep")[1]))
+        elif kind == COMPACT:
+            parsed.append(parse_compact(edit, where))
         else:
-            raise _bad(f"edit type {kind!r} is not supported here (supported: {CLEAR_TOOL_USES}, {CLEAR_THINKING})",
-                       f"{where}.type")
+            raise _bad(f"edit type {kind!r} is not supported here (supported: {CLEAR_TOOL_USES}, {CLEAR_THINKING}, "
+                       f"{COMPACT})", f"{where}.type")
     return parsed
 
 
@@ -157,11 +163,15 @@ def _batch(costs: list[int], at_least: int) -> int:
 
 @dataclass
 class Edited:
-    """The conversation after the edits, and the `applied_edits` to report (prompt tokens before: ``original``)."""
+    """The conversation after the edits, and the `applied_edits` to report (prompt tokens before: ``original``,
+    after: ``tokens``); its `compact_20260112` edit, not applied yet, and the compactions it went through."""
 
     conversation: Conversation
     applied: list[dict[str, Any]]
     original_tokens: int
+    tokens: int = 0
+    compact: Compact | None = None
+    epoch: int = 0
 
 
 def apply_edits(req: Conversation, edits: list[Edit], count: Callable[[Conversation], int],
@@ -169,7 +179,11 @@ def apply_edits(req: Conversation, edits: list[Edit], count: Callable[[Conversat
     """``count``: a conversation's prompt tokens as rendered; ``size``: a text's tokens (to size the batches)."""
     before = original = count(req)
     applied: list[dict[str, Any]] = []
+    compact = None
     for edit in edits:
+        if isinstance(edit, Compact):
+            compact = edit
+            continue
         if isinstance(edit, ClearToolUses):
             messages, cleared = _clear_tool_uses_in(req.messages, edit, before, size)
             report = {"type": CLEAR_TOOL_USES, "cleared_tool_uses": cleared}
@@ -182,7 +196,7 @@ def apply_edits(req: Conversation, edits: list[Edit], count: Callable[[Conversat
         after = count(req)
         applied.append({**report, "cleared_input_tokens": before - after})
         before = after
-    return Edited(req, applied, original)
+    return Edited(req, applied, original, before, compact)
 
 
 def _clear_tool_uses_in(messages: list[AnthropicMessage], edit: ClearToolUses, tokens: int,
@@ -226,14 +240,15 @@ def _clear_thinking_in(messages: list[AnthropicMessage], edit: ClearThinking) ->
 
 
 def edit_conversation(ctx: ServingContext, req: Conversation, cache_salt: str | None) -> Edited:
-    """The request's conversation with its `context_management` edits applied, counted as `/v1/messages` renders it
-    (a request without edits is returned as it is, uncounted)."""
+    """The request's conversation from its last compaction block on, with its `context_management` edits applied,
+    counted as `/v1/messages` renders it (a request without edits is not counted)."""
     edits = parse_edits(req.context_management)
+    req, epoch = from_last_compaction(req)
     if not edits:
-        return Edited(req, [], 0)
+        return Edited(req, [], 0, epoch=epoch)
 
     def count(conversation: Conversation) -> int:
         turn = with_cached_content(ctx, to_turn(conversation, ctx.family), cache_salt)
         return len(ctx.encode(render_turn(ctx, turn)))
 
-    return apply_edits(req, edits, count, lambda text: len(ctx.encode(text)))
+    return replace(apply_edits(req, edits, count, lambda text: len(ctx.encode(text))), epoch=epoch)

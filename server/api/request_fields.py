@@ -126,8 +126,8 @@ RESPONSES: dict[str, RequestField] = {
     "image": _refused("image generation is not supported", {"size": "1024x1024"}),
     "access_programs": _ignored("an access hint"),
     "background_options": _ignored("applies to background responses only"),
-    "context_management": _ignored("automatic compaction settings: compaction runs when a request asks for it "
-                                   "(compaction_trigger, /v1/responses/compact)"),
+    "context_management": _honoured("`compaction` entries: past `compact_threshold` input tokens the input is "
+                                    "compacted first, in the same response"),
     "stream_options": _ignored("`include_obfuscation` only"),
     "user": _ignored("an end-user id for abuse monitoring"),
     "safety_identifier": _ignored("an end-user id for abuse monitoring"),
@@ -150,7 +150,8 @@ MESSAGES: dict[str, RequestField] = {
     "cache_control": _ignored("automatic caching: kvserve caches every request's blocks anyway"),
     "container": _refused("no code-execution containers here", "container_1"),
     "mcp_servers": _refused("no MCP connector here", [{"type": "url", "url": "http://127.0.0.1:1", "name": "x"}]),
-    "context_management": _honoured("`clear_tool_uses_20250919`, `clear_thinking_20251015`; other edits are a 400"),
+    "context_management": _honoured("`clear_tool_uses_20250919`, `clear_thinking_20251015`, `compact_20260112`; "
+                                    "other edits are a 400"),
     "service_tier": _ignored("one tier"), "inference_geo": _ignored("one place"), "speed": _ignored("one speed"),
     "diagnostics": _ignored("no diagnostics"), "user_profile_id": _ignored("no profiles"),
     "workspace_id": _ignored("no workspaces"),

@@ -34,6 +34,8 @@ class ResponsesRequest(RequestModel):
     prompt_cache_key: str | None = Field(None, max_length=1024)
     metadata: dict[str, Any] | None = None
     text: dict[str, Any] | None = None  # {"format": {"type": "text" | "json_object" | "json_schema", ...}}
+    # [{"type": "compaction", "compact_threshold": N}]: compact first past N input tokens (server/api/compaction.py)
+    context_management: list[Any] | None = None
 
 
 class CompactRequest(ResponsesRequest):

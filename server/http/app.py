@@ -208,7 +208,7 @@ def _add_routes(app: FastAPI, settings: ServerSettings, ui: bool) -> None:
         return await generate(
             ctx, request, MessagesRequest,
             lambda req, body: plan_messages(ctx, req, body, ctx.salt_for(request, None), request.headers),
-            lambda plan: [plan.generation], partial(complete_messages, ctx), partial(stream_messages, ctx),
+            lambda plan: [plan.chat.generation], partial(complete_messages, ctx), partial(stream_messages, ctx),
             anthropic_error_event)
 
     @api.post("/v1/responses", openapi_extra=request_body(ResponsesRequest))

@@ -107,3 +107,60 @@ def test_the_sealed_item_reveals_nothing_and_survives_a_restart_with_its_key() -
         with pytest.raises(Exception, match="not made by this server for this API key"):
             sealer.open(tenant, sealed, "x")
     assert sealed != CompactionSealer("operator-secret").seal("tenant-a", summary)  # a fresh nonce each time
+
+
+def _auto(threshold: int) -> list[dict]:
+    return [{"type": "compaction", "compact_threshold": threshold}]
+
+
+@pytest.mark.slow  # four requests, one of two generations
+def test_automatic_compaction_past_the_threshold_then_replies_in_the_same_response(qwen_server: LiveServer) -> None:
+    """`context_management` `compact_threshold`: under it nothing changes; past it the summary turn runs first and
+    the reply follows over the compacted input (the user messages and the item), its head read from the cache."""
+    client = qwen_server.client()
+    plain = client.responses.create(**_request(qwen_server, input=HISTORY, store=False))
+    tokens = plain.usage.input_tokens
+    kept = client.responses.create(**_request(qwen_server, input=HISTORY, store=False,
+                                              context_management=_auto(tokens)))
+    assert [item.type for item in kept.output] == [item.type for item in plain.output] != []
+
+    compacted = client.responses.create(**_request(qwen_server, input=HISTORY, context_management=_auto(tokens - 1)))
+    item, *reply = compacted.output
+    assert item.type == "compaction" and item.encrypted_content and reply and reply[0].type != "compaction"
+    summary_record, reply_record = [json.loads(line) for line in
+                                    qwen_server.record_path.read_text().splitlines()[-2:]]
+    assert compacted.id == summary_record["request_id"]
+    prompt = qwen_server.ctx.tokenizer.decode(reply_record["prompt_token_ids"])
+    assert "README.md\nsetup.py" not in prompt and "Now read the README." in prompt and SUMMARY_PREFIX.strip() in prompt
+    block = qwen_server.ctx.engine.facts.block_size
+    head = len(qwen_server.ctx.encode(INSTRUCTIONS)) // block * block
+    assert reply_record["cached_tokens"] >= head and summary_record["cached_tokens"] >= tokens - 12 - block
+    usage = compacted.usage  # both generations'
+    assert usage.input_tokens == len(summary_record["prompt_token_ids"]) + len(reply_record["prompt_token_ids"])
+
+    # stored: the next turn continues the compacted input, read from the cache
+    later = client.responses.create(**_request(qwen_server, input=[NEXT], previous_response_id=compacted.id))
+    later_prompt = _decoded_prompt(qwen_server)
+    assert "README.md\nsetup.py" not in later_prompt and SUMMARY_PREFIX.strip() in later_prompt
+    assert later.usage.input_tokens_details.cached_tokens >= len(reply_record["prompt_token_ids"]) - 12 - block
+
+
+def test_automatic_compaction_streams_the_item_then_the_reply(qwen_server: LiveServer) -> None:
+    body = _request(qwen_server, input=HISTORY, stream=True, store=False, context_management=_auto(1))
+    with qwen_server.http().stream("POST", "/v1/responses", json=body) as response:
+        assert response.status_code == 200
+        events = _sse_events(response)
+    types = [e["type"] for e in events]
+    assert types[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.output_item.done"] and types[-1] in ("response.completed", "response.incomplete")
+    assert events[2]["item"]["type"] == "compaction" and events[2]["output_index"] == 0
+    reply_indexes = {e["output_index"] for e in events[4:-1] if "output_index" in e}
+    assert reply_indexes and min(reply_indexes) == 1
+    final = events[-1]["response"]
+    assert final["id"] == events[0]["response"]["id"] and final["output"][0] == events[3]["item"]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    with pytest.raises(Exception) as failure:
+        qwen_server.client().responses.create(**_request(qwen_server, input=HISTORY,
+                                                         context_management=[{"type": "summarize"}]))
+    assert getattr(failure.value, "status_code", None) == 400 and failure.value.body["param"] == \
+        "context_management.0.type"
