@@ -23,11 +23,11 @@ if TYPE_CHECKING:
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "qwen3_moe", "deepseek_v2", "deepseek_v3",
                            "deepseek_v32", "deepseek_v4", "qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text",
                            "qwen3_5_moe_text", "gemma3", "gemma3_text", "gpt_oss", "glm4_moe_lite", "minimax_m2",
-                           "ministral3", "mistral3", "gemma4", "gemma4_text", "muse_glimmer",
+                           "ministral3", "mistral3", "kimi_linear", "gemma4", "gemma4_text", "muse_glimmer",
                            "muse_glimmer_text")
-# MLA + MoE with sigmoid scores, a correction bias and grouped top-k: DeepSeek-V3 / V3.2, and GLM-4.7-Flash
-# (glm4_moe_lite: the same layers, one expert group)
-DEEPSEEK_V3_ROUTING = ("deepseek_v3", "deepseek_v32", "glm4_moe_lite")
+# MLA + MoE with sigmoid scores, a correction bias and grouped top-k: DeepSeek-V3 / V3.2, GLM-4.7-Flash
+# (glm4_moe_lite: the same layers, one expert group) and Kimi Linear's MLA layers and MoE (kimi_linear)
+DEEPSEEK_V3_ROUTING = ("deepseek_v3", "deepseek_v32", "glm4_moe_lite", "kimi_linear")
 # Checkpoints whose MTP layers follow the last decoder layer (model.layers.{num_hidden_layers}.*): DeepSeek-V3 / R1,
 # and V3.2, whose MTP layer has its own indexer
 MTP_AFTER_LAST_LAYER = ("deepseek_v3", "deepseek_v32")
@@ -391,6 +391,7 @@ class MLAConfig:
     qk_rope_head_dim: int
     v_head_dim: int
     rope_interleave: bool  # the rotary dims are (x0, x1), (x2, x3), ... pairs as in DeepSeek's checkpoints
+    rope: bool = True  # False: no RoPE at all, the "rotary" key part is shared by the heads as is (Kimi Linear)
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> "MLAConfig":
@@ -401,6 +402,7 @@ class MLAConfig:
             qk_rope_head_dim=cfg["qk_rope_head_dim"],
             v_head_dim=cfg["v_head_dim"],
             rope_interleave=cfg.get("rope_interleave", True),
+            rope=not cfg.get("mla_use_nope", False),
         )
 
 
@@ -506,6 +508,7 @@ class LinearAttentionConfig:
     key_head_dim: int
     value_head_dim: int
     grouped_projections: bool  # Qwen3-Next: in_proj_qkvz / in_proj_ba interleaved per key head (3.5: separate)
+    channel_gate: bool = False  # Kimi Delta Attention: a decay per key channel, not one per head
 
     @classmethod
     def from_dict(cls, arch: str, cfg: dict[str, Any]) -> "LinearAttentionConfig":
@@ -517,7 +520,7 @@ class LinearAttentionConfig:
             layer_types=tuple(types), conv_kernel=cfg.get("linear_conv_kernel_dim", 4),
             num_key_heads=cfg["linear_num_key_heads"], num_value_heads=cfg["linear_num_value_heads"],
             key_head_dim=cfg["linear_key_head_dim"], value_head_dim=cfg["linear_value_head_dim"],
-            grouped_projections=arch == "qwen3_next",
+            grouped_projections=arch == "qwen3_next", channel_gate=arch == "kimi_linear",
         )
 
     @property
@@ -581,6 +584,30 @@ def _gpt_oss_sliding(cfg: dict[str, Any], rope_theta: float, rope: dict[str, Any
     sliding = SlidingWindowConfig.from_dict({**cfg, "sliding_window": cfg.get("sliding_window") or 128},
                                             default_pattern=2)
     return dataclasses.replace(sliding, rope_theta=rope_theta, rope_scaling=rope)
+
+
+def _kimi_linear(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Kimi Linear's config.json in the keys the other families use (as transformers' KimiLinearConfig reads it):
+    the released checkpoints' ``linear_attn_config`` (1-indexed full-attention and KDA layers, heads, the conv
+    kernel) and their MoE names; MLA without RoPE whatever ``mla_use_nope`` says, as transformers runs it."""
+    linear = cfg.get("linear_attn_config") or {}
+    num_layers = cfg["num_hidden_layers"]
+    types = cfg.get("layer_types")
+    if not types and "full_attn_layers" in linear:
+        full = set(linear["full_attn_layers"])
+        types = ["full_attention" if i + 1 in full else "linear_attention" for i in range(num_layers)]
+    heads, head_dim = linear.get("num_heads", cfg.get("linear_num_heads")), linear.get("head_dim",
+                                                                                          cfg.get("linear_head_dim"))
+    aliases = {"n_routed_experts": "num_experts", "num_experts_per_tok": "num_experts_per_token",
+               "norm_topk_prob": "moe_renormalize", "n_group": "num_expert_group",
+               "n_shared_experts": "num_shared_experts", "max_position_embeddings": "model_max_length"}
+    return {**cfg, **{k: cfg[alias] for k, alias in aliases.items() if alias in cfg and k not in cfg},
+            "layer_types": types or ["full_attention" if i and i % 4 == 0 else "linear_attention"
+                                     for i in range(num_layers)],
+            "linear_num_key_heads": heads, "linear_num_value_heads": heads, "linear_key_head_dim": head_dim,
+            "linear_value_head_dim": head_dim,
+            "linear_conv_kernel_dim": linear.get("short_conv_kernel_size", cfg.get("linear_conv_kernel_dim", 4)),
+            "first_k_dense_replace": cfg.get("first_k_dense_replace", 1), "mla_use_nope": True}
 
 
 def _gemma3_text(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -680,6 +707,8 @@ class ModelConfig:
         gemma3, gpt_oss = arch in GEMMA3_ARCHITECTURES, arch == "gpt_oss"
         if gemma3:
             cfg = _gemma3_text(cfg)
+        if arch == "kimi_linear":
+            cfg = _kimi_linear(cfg)
         num_heads = cfg["num_attention_heads"]
         rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
         rope_theta = float(rope.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
@@ -722,7 +751,7 @@ class ModelConfig:
             mla=MLAConfig.from_dict(cfg) if arch in ("deepseek_v2", *DEEPSEEK_V3_ROUTING) else None,
             indexer=IndexerConfig.from_dict(cfg) if arch == "deepseek_v32" else None,
             v4=V4Config.from_dict(cfg) if arch == "deepseek_v4" else None,
-            linear=LinearAttentionConfig.from_dict(arch, cfg) if hybrid else None,
+            linear=LinearAttentionConfig.from_dict(arch, cfg) if hybrid or arch == "kimi_linear" else None,
             partial_rotary_factor=partial_rotary,
             attn_output_gate=hybrid,
             zero_centered_norms=hybrid or gemma3,

@@ -49,6 +49,10 @@ _FUSED = {
     "in_proj_a": ("in_proj", 5, 1),
     "in_proj_qkvz": ("in_proj", 0, 1),
     "in_proj_ba": ("in_proj", 1, 1),
+    # Kimi Delta Attention: one causal conv over q, k and v, stored per projection
+    "q_conv1d": ("conv1d", 0, 1),
+    "k_conv1d": ("conv1d", 1, 1),
+    "v_conv1d": ("conv1d", 2, 1),
 }
 # Checkpoint prefixes that are not the language model's: a VLM's vision tower (Qwen3.5 / 3.6 load theirs apart,
 # engine/models/vision/; Gemma 3 serves text only) and Gemma 3's projection of image features into the language model
@@ -144,13 +148,21 @@ _DEEPSEEK_V4_RENAMES = [(re.compile(pattern), repl) for pattern, repl in [
     (r"\.q_norm\.", ".q_a_norm."), (r"\.gate\.bias$", ".gate.e_score_correction_bias"),
     (r"\.w1\.", ".gate_proj."), (r"\.w2\.", ".down_proj."), (r"\.w3\.", ".up_proj."),  # experts, shared experts
 ]]
-# MiniMax-M2's released names: the MoE as block_sparse_moe, the router's bias beside its gate, experts w1 / w2 / w3
-_MINIMAX_M2_RENAMES = [(re.compile(pattern), repl) for pattern, repl in [
-    (r"\.block_sparse_moe\.e_score_correction_bias$", ".mlp.gate.e_score_correction_bias"),
-    (r"\.block_sparse_moe\.", ".mlp."), (r"\.w1\.", ".gate_proj."), (r"\.w2\.", ".down_proj."),
-    (r"\.w3\.", ".up_proj."),
-]]
-_CHECKPOINT_RENAMES = {"minimax_m2": _MINIMAX_M2_RENAMES,
+def _renames(pairs: list[tuple[str, str]]) -> list[tuple[re.Pattern, str]]:
+    return [(re.compile(pattern), repl) for pattern, repl in pairs]
+
+
+# Mixtral-style MoE names (MiniMax-M2, Kimi Linear): the MoE as block_sparse_moe, experts w1 / w2 / w3
+_BLOCK_SPARSE_MOE = [(r"\.block_sparse_moe\.", ".mlp."), (r"\.w1\.", ".gate_proj."), (r"\.w2\.", ".down_proj."),
+                     (r"\.w3\.", ".up_proj.")]
+# MiniMax-M2's released names: those, with the router's bias beside the gate
+_MINIMAX_M2_RENAMES = _renames([
+    (r"\.block_sparse_moe\.e_score_correction_bias$", ".mlp.gate.e_score_correction_bias"), *_BLOCK_SPARSE_MOE])
+# Kimi Linear's: those, with the forget gate's projections and bias beside the KDA layer's other weights (held by its
+# forget_gate, as transformers does)
+_KIMI_LINEAR_RENAMES = _renames([*_BLOCK_SPARSE_MOE,
+                                 (r"\.self_attn\.(f_a_proj|f_b_proj|dt_bias)", r".self_attn.forget_gate.\1")])
+_CHECKPOINT_RENAMES = {"minimax_m2": _MINIMAX_M2_RENAMES, "kimi_linear": _KIMI_LINEAR_RENAMES,
                        "deepseek_v4": _DEEPSEEK_V4_RENAMES, "gpt_oss": [(re.compile(r"\.mlp\.router\."), ".mlp.gate.")]}
 
 

@@ -13,6 +13,7 @@ from engine.models.deepseek_v4 import DeepseekV4ForCausalLM
 from engine.models.gemma3 import Gemma3ForCausalLM
 from engine.models.gemma4 import Gemma4ForCausalLM
 from engine.models.gpt_oss import GptOssForCausalLM
+from engine.models.kimi_linear import KimiLinearForCausalLM
 from engine.models.llama import LlamaForCausalLM
 from engine.models.minimax_m2 import MiniMaxM2ForCausalLM
 from engine.models.muse_glimmer import MuseGlimmerForCausalLM
@@ -43,6 +44,7 @@ MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "minimax_m2": MiniMaxM2ForCausalLM,
     "ministral3": Ministral3ForCausalLM,
     "mistral3": Ministral3ForCausalLM,  # the language model of Mistral3ForConditionalGeneration (Devstral Small 2)
+    "kimi_linear": KimiLinearForCausalLM,  # Kimi Linear: KDA + MLA without RoPE, DeepSeek-V3's MoE
     "gemma4": Gemma4ForCausalLM,  # the language model of Gemma4ForConditionalGeneration (its vision tower skipped)
     "gemma4_text": Gemma4ForCausalLM,
     "muse_glimmer": MuseGlimmerForCausalLM,  # the language model of MuseGlimmerForConditionalGeneration

@@ -100,11 +100,13 @@ class Attention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm residual block: a token mixer (``self_attn``, or a hybrid model's ``linear_attn``) then the MLP."""
+    """Pre-norm residual block: a token mixer (``self_attn``, or a hybrid model's ``linear_attn`` unless the mixer
+    says its ``checkpoint_name``) then the MLP."""
 
     def __init__(self, cfg: ModelConfig, layer_idx: int, mixer: nn.Module, tp: TensorParallel) -> None:
         super().__init__()
-        self.mixer_name = "linear_attn" if getattr(mixer, "recurrent", False) else "self_attn"  # checkpoint names
+        default = "linear_attn" if getattr(mixer, "recurrent", False) else "self_attn"
+        self.mixer_name = getattr(mixer, "checkpoint_name", default)  # the checkpoints' names
         self.add_module(self.mixer_name, mixer)
         self.mlp = make_mlp(cfg, layer_idx, tp)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.zero_centered_norms)

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.config import ModelConfig
+from engine.config import LinearAttentionConfig, ModelConfig
 from engine.models.kv_cache_spec import KVCacheSpec, RecurrentStateSpec
 from engine.models.llama import Attention, LlamaForCausalLM, RMSNorm
 from engine.models.mtp import QwenMTPHead
@@ -143,20 +143,25 @@ class HybridForCausalLM(LlamaForCausalLM):
         return GatedAttention(self.cfg, self.tp)
 
     def kv_cache_spec(self) -> KVCacheSpec:
-        """Blocks for the attention layers; per recurrent layer a conv window ``[C, K - 1]`` (model dtype) and an
-        fp32 delta-rule state ``[Hv, Dk, Dv]`` per state slot (this rank's heads)."""
-        cfg, lin, tp = self.cfg, self.cfg.linear, self.tp
-        assert lin is not None
-        recurrent = tuple(lin.is_linear(i) for i in range(cfg.num_layers))
-        conv_channels = tp.split(lin.num_key_heads) * 2 * lin.key_head_dim + tp.split(lin.num_value_heads) * lin.value_head_dim
-        state = RecurrentStateSpec(
-            num_layers=sum(recurrent),
-            shapes=((conv_channels, lin.conv_kernel - 1),
-                    (tp.split(lin.num_value_heads), lin.key_head_dim, lin.value_head_dim)),
-            fp32=(False, True),
-        )
+        """Blocks for the attention layers; per recurrent layer a delta-rule state per slot (`delta_rule_state`)."""
+        cfg = self.cfg
+        assert cfg.linear is not None
+        recurrent = tuple(cfg.linear.is_linear(i) for i in range(cfg.num_layers))
+        state = delta_rule_state(cfg.linear, sum(recurrent), self.tp)
         if self.mtp is not None:  # its attention layer's pages come last, under the same block ids
             recurrent += (False,)
-        blocks = KVCacheSpec.gqa(len(recurrent) - sum(recurrent), tp.split(cfg.num_kv_heads), cfg.head_dim)
+        blocks = KVCacheSpec.gqa(len(recurrent) - sum(recurrent), self.tp.split(cfg.num_kv_heads), cfg.head_dim)
         return KVCacheSpec(blocks.kind, blocks.num_layers, blocks.token_shapes, recurrent=state,
                            layer_is_recurrent=recurrent)
+
+
+def delta_rule_state(lin: LinearAttentionConfig, num_layers: int, tp: TensorParallel) -> RecurrentStateSpec:
+    """One sequence's state in each of ``num_layers`` recurrent layers (Gated DeltaNet, KDA), for this rank's heads:
+    a conv window ``[C, K - 1]`` over q, k and v (model dtype) and an fp32 delta-rule state ``[Hv, Dk, Dv]``."""
+    conv_channels = tp.split(lin.num_key_heads) * 2 * lin.key_head_dim + tp.split(lin.num_value_heads) * lin.value_head_dim
+    return RecurrentStateSpec(
+        num_layers=num_layers,
+        shapes=((conv_channels, lin.conv_kernel - 1), (tp.split(lin.num_value_heads), lin.key_head_dim,
+                                                        lin.value_head_dim)),
+        fp32=(False, True),
+    )

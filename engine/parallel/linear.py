@@ -59,7 +59,7 @@ class Sharding:
             return (slice(None),) if self.tp.is_first else None
         units, size = self._units(self.parts[part]), self.parts[part].unit_size
         rows = slice(units.start * size, units.stop * size)
-        return (rows,) if self.dim == 0 else (slice(None), rows)
+        return (slice(None),) * self.dim + (rows,)
 
     def full_size(self, part: int) -> int:
         """Rows (or columns) of part ``part`` in the checkpoint, over all ranks."""

@@ -47,6 +47,7 @@ class MLAAttention(nn.Module):
         self.nope_dim, self.rope_dim, self.v_dim = mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim
         self.latent_dim = mla.kv_lora_rank
         self.interleaved = mla.rope_interleave
+        self.rope = mla.rope
         q_heads = [Part(cfg.num_heads, self.nope_dim + self.rope_dim)]
         if mla.q_lora_rank is None:
             self.q_proj = column_parallel(cfg.hidden_size, q_heads, tp)
@@ -83,9 +84,10 @@ class MLAAttention(nn.Module):
         latent, k_rope = self.kv_a_proj_with_mqa(x).split([self.latent_dim, self.rope_dim], dim=-1)
         latent = ops.rms_norm(latent, self.kv_a_layernorm.weight, self.kv_a_layernorm.eps)
         k_rope = k_rope.unsqueeze(1)  # one rotary key for every head
-        if self.interleaved:
-            q_rope, k_rope = deinterleave(q_rope), deinterleave(k_rope)
-        q_rope, k_rope = ops.rotary_embedding(positions, q_rope, k_rope, cos_sin)
+        if self.rope:  # Kimi Linear's MLA has none: its "rotary" part is one more key part shared by the heads
+            if self.interleaved:
+                q_rope, k_rope = deinterleave(q_rope), deinterleave(k_rope)
+            q_rope, k_rope = ops.rotary_embedding(positions, q_rope, k_rope, cos_sin)
         ops.store_kv(latent.unsqueeze(1), k_rope, cache[..., : self.latent_dim], cache[..., self.latent_dim :],
                      meta.slot_mapping)
         return q_nope, q_rope, q_latent
