@@ -171,8 +171,10 @@ class ModelRunner:
         if self.device.type == "cpu" and cfg.attention_backend == "cpu":
             pack_linears(model)  # the native CPU op set: weights packed once, not by MKL on every call
         self.model = model.eval()
-        # a vision-language checkpoint's tower (not with --language-model-only, nor split over ranks yet)
-        self.vision = self._load_vision(model_dir) if model_cfg.has_vision_tower and tp.size == 1 else None
+        # a vision-language checkpoint's tower (not with --language-model-only). Under tensor parallelism every rank
+        # holds the whole tower and encodes every image (its output replaces embeddings after their all-reduce, so
+        # each rank needs all of it; the tower is small beside the language model's shard)
+        self.vision = self._load_vision(model_dir) if model_cfg.has_vision_tower else None
         self.kv_spec = model.kv_cache_spec()
         recurrent = self.kv_spec.recurrent is not None
         # sliding-window models: the window layers' pages in a group of their own (engine/kv/window_pool.py)

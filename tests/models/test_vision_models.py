@@ -103,6 +103,17 @@ def test_images_encoded_within_the_step_budget_through_preemption(vlm, llm):
     assert_greedy_through_preemption(small, _prompts(small, cases), [want for *_, want in cases])
 
 
+@pytest.mark.slow  # two gloo ranks
+@pytest.mark.parametrize("vlm", ["qwen3_5"], indirect=True)  # the MoE's split is tests/models/test_hybrid_models.py's
+def test_tensor_parallel_2(vlm):
+    """Two ranks on CPU, each with the whole tower (the language model split): transformers' tokens, images in
+    chunks that share steps with text-only requests."""
+    path, cases = vlm
+    with LLM(path, block_size=4, num_kv_blocks=256, max_num_batched_tokens=16, tensor_parallel_size=2) as llm:
+        outs = llm.generate(_prompts(llm, cases), GREEDY)
+    assert [o.token_ids for o in outs] == [want for *_, want in cases]
+
+
 def test_top20_logprobs_within_1e_4(vlm, llm):
     path, cases = vlm
     llm.reset_prefix_cache()
