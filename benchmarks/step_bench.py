@@ -37,13 +37,16 @@ RECIPE = {"model_type": "qwen3", "tokenizer": "qwen3", "seed": 11, "hidden_size"
 class StepPoint:
     batch: int
     context: int
-    engine_ms: float
+    engine_ms: float  # the loop's whole iteration: the engine step, its outputs' hand-off and text
     bare_ms: float
     host_ms: float
     device_ms: float
+    step_ms: float  # of engine_ms, the engine step alone
+    text_ms: float  # ... and the outputs' hand-off to the offline API's sink, detokenized into each result
     engine_cpu_ms: float | None = None
     bare_cpu_ms: float | None = None
     host_cpu_ms: float | None = None
+    text_cpu_ms: float | None = None
 
     @property
     def ratio(self) -> float:
@@ -103,8 +106,10 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _admit_point(engine, batch: int, context: int, max_tokens: int, warmup: int) -> None:
-    """``batch`` sequences sharing a ``context``-token prefix (computed once, then hit), admitted and decoding."""
+def _point_requests(engine, batch: int, context: int, max_tokens: int) -> list:
+    """``batch`` requests sharing a ``context``-token prefix, which is computed (and cached) here first, so that
+    admitting them hits it."""
+    from engine.requests import EngineRequest
     from engine.sampling_params import SamplingParams
 
     gen = torch.Generator().manual_seed(context)
@@ -114,46 +119,98 @@ def _admit_point(engine, batch: int, context: int, max_tokens: int, warmup: int)
     while engine.has_unfinished_requests():
         engine.step()
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
-    for i in range(batch):
-        engine.add_request(f"s{i}", prefix + [1 + i % (VOCAB - 1)], params)
-    while any(r.num_output_tokens == 0 for r in engine.scheduler.sequences.values()):  # admit all, first tokens
-        engine.step()
-    lengths = {r.num_tokens for r in engine.scheduler.sequences.values()}
-    assert len(lengths) == 1, f"the batch does not decode in lockstep (lengths {sorted(lengths)})"
-    for _ in range(warmup):
-        engine.step()
+    return [engine.prepare(EngineRequest(f"s{i}", prefix + [1 + i % (VOCAB - 1)], params)) for i in range(batch)]
 
 
-def _end_point(engine, batch: int) -> None:
-    for i in range(batch):
-        engine.abort_request(f"s{i}")
+def _drain(engine) -> None:
+    """Whatever a point left running ends, and a step still in flight (async scheduling) is collected: nothing of
+    the engine runs after this."""
+    for request_id in list(engine.scheduler.requests):
+        engine.abort_request(request_id)
     while engine.has_unfinished_requests():
         engine.step()
-    engine.step()  # collects a step still in flight (async scheduling): nothing of the engine runs after this
-
-
-def _timed_engine_step(engine) -> dict[str, float]:
-    """One engine step: wall and CPU seconds, and what the runner's profile counted in it."""
-    profile = engine.runner.profile
-    before = asdict(profile)
-    start, start_cpu = time.perf_counter(), time.thread_time()
     engine.step()
-    _sync(engine.cfg.device)
-    wall, cpu = time.perf_counter() - start, time.thread_time() - start_cpu  # before reading the profile
-    spent = {k: v - before[k] for k, v in asdict(profile).items()}
-    return {"wall": wall, "cpu": cpu, **spent}
+
+
+class _TimedSink:
+    """The offline API's sink (`TextCollector`: the outputs' text, incrementally detokenized, into each request's
+    result), timing each step's hand-off to it."""
+
+    def __init__(self, collector) -> None:
+        self.collector = collector
+        self.wall = self.cpu = 0.0
+
+    def put(self, item) -> None:
+        start, start_cpu = time.perf_counter(), time.thread_time()
+        self.collector.put(item)
+        self.wall += time.perf_counter() - start
+        self.cpu += time.thread_time() - start_cpu
+
+
+class _Ticks:
+    """`EngineLoop.run_here`'s ``until``, called between loop iterations: times each iteration (commands, the
+    engine step, the outputs' delivery and text: what a step costs the offline API, `LLM.generate`), and once the
+    batch decodes in lockstep and ``warmup`` steps passed, runs one bare step between engine steps (timed apart)."""
+
+    def __init__(self, engine, sink: _TimedSink, bare: "BareDecoder", steps: int, warmup: int,
+                 flush: torch.Tensor | None) -> None:
+        self.engine, self.sink, self.bare, self.flush = engine, sink, bare, flush
+        self.steps, self.warmup = steps, warmup
+        self.interleave = not engine.cfg.async_scheduling  # overlapped steps: timed back to back, see measure_point
+        self.engine_steps: list[dict[str, float]] = []
+        self.bare_steps: list[tuple[float, float]] = []
+        self._lockstep = False
+        self._before: dict[str, float] | None = None
+        self._start = self._start_cpu = 0.0
+
+    def __call__(self) -> bool:
+        end, end_cpu = time.perf_counter(), time.thread_time()
+        if self._before is not None:
+            profile = asdict(self.engine.runner.profile)
+            self.engine_steps.append({"wall": end - self._start, "cpu": end_cpu - self._start_cpu,
+                                      "text_wall": self.sink.wall, "text_cpu": self.sink.cpu,
+                                      **{k: v - self._before[k] for k, v in profile.items()}})
+        elif not self._lockstep:
+            self._lockstep = self._check_lockstep()
+        elif self.warmup:
+            self.warmup -= 1
+        if len(self.engine_steps) == self.steps:
+            return True
+        if self._lockstep and not self.warmup:
+            if self.interleave:
+                self.bare_steps.append(_timed_bare_step(self.bare))
+            if self.flush is not None:
+                self.flush.fill_(1.0)
+            self._before = asdict(self.engine.runner.profile)
+            self.sink.wall = self.sink.cpu = 0.0
+        _sync(self.engine.cfg.device)
+        self._start, self._start_cpu = time.perf_counter(), time.thread_time()
+        return False
+
+    def _check_lockstep(self) -> bool:
+        """Every sequence admitted and given its first token; then their lengths must be equal, as the bare loop's."""
+        sequences = self.engine.scheduler.sequences.values()
+        if not sequences or any(r.num_output_tokens == 0 for r in sequences):
+            return False
+        lengths = {r.num_tokens for r in sequences}
+        assert len(lengths) == 1, f"the batch does not decode in lockstep (lengths {sorted(lengths)})"
+        return True
 
 
 def _engine_figures(engine, step: dict[str, float]) -> dict[str, float]:
-    """A step's engine_ms, host_ms, device_ms and, on CPU, engine_cpu_ms and host_cpu_ms."""
+    """A step's engine_ms (the loop's whole iteration), step_ms (the engine step alone), text_ms (the outputs' hand-off
+    and text), host_ms, device_ms and, on CPU, their CPU times."""
     wall = step["wall"]
+    text = {"step_ms": (wall - step["text_wall"]) * 1e3, "text_ms": step["text_wall"] * 1e3}
     if engine.cfg.device.startswith("cuda"):
-        return {"engine_ms": wall * 1e3, "host_ms": (wall - step["wait_s"]) * 1e3, "device_ms": step["device_s"] * 1e3}
+        return {"engine_ms": wall * 1e3, "host_ms": (wall - step["wait_s"]) * 1e3, "device_ms": step["device_s"] * 1e3,
+                **text}
     on_device_thread = engine.cfg.async_scheduling  # else the main thread ran the device part too
     host_cpu = step["cpu"] if on_device_thread else step["cpu"] - step["launch_cpu_s"]
     waited = step["wait_s"] if on_device_thread else step["launch_s"]
     return {"engine_ms": wall * 1e3, "host_ms": (wall - waited) * 1e3, "device_ms": step["launch_s"] * 1e3,
-            "engine_cpu_ms": (host_cpu + step["launch_cpu_s"]) * 1e3, "host_cpu_ms": host_cpu * 1e3}
+            "engine_cpu_ms": (host_cpu + step["launch_cpu_s"]) * 1e3, "host_cpu_ms": host_cpu * 1e3,
+            "text_cpu_ms": step["text_cpu"] * 1e3, **text}
 
 
 class BareDecoder:
@@ -224,36 +281,39 @@ def _timed_bare_step(bare: BareDecoder) -> tuple[float, float]:
 def measure_point(engine, batch: int, context: int, steps: int, warmup: int, flush_mb: int = 0) -> StepPoint:
     """Per decode step of ``batch`` sequences at ``context`` tokens, the medians over ``steps`` steps.
 
-    Without overlap, engine and bare steps are taken in turn (one of each), so that a change in the machine's speed
-    during the run touches both alike. With async scheduling an engine step leaves the next one running (on the GPU,
-    or on the CPU's device thread), which a bare step in between would wait for or compete with: the engine's steps
-    are then timed back to back, and the bare loop's after the engine has nothing left in flight.
+    The engine runs as the offline API runs it on a CPU (`EngineLoop.run_here` with `LLM.generate`'s sink): a step
+    is one iteration of the loop, outputs delivered and detokenized included. Without overlap, engine and bare steps
+    are taken in turn (one of each), so that a change in the machine's speed during the run touches both alike. With
+    async scheduling an engine step leaves the next one running (on the GPU, or on the CPU's device thread), which a
+    bare step in between would wait for or compete with: the engine's steps are then timed back to back, and the
+    bare loop's after the engine has nothing left in flight.
 
     ``flush_mb``: before each engine step, stream that many MB through the CPU caches (not timed), as a long-context
     forward does on a CPU: the host's own work at a short context, with caches as cold as at a long one."""
-    _admit_point(engine, batch, context, max_tokens=steps + warmup + 2, warmup=warmup)
+    from engine.core.loop import EngineLoop
+    from engine.llm import RequestOutput, TextCollector
+    from engine.text.output_processor import CompletionOutput, OutputProcessor
+
+    requests = _point_requests(engine, batch, context, max_tokens=steps + warmup + 8)
     bare = BareDecoder(engine.runner.model, batch, context, steps + warmup)
     flush = torch.empty(flush_mb * 2**18) if flush_mb else None  # float32: 2**18 per MB
-
-    def engine_step() -> dict[str, float]:
-        if flush is not None:
-            flush.fill_(1.0)
-        return _engine_figures(engine, _timed_engine_step(engine))
-
-    engine_steps, bare_steps = [], []
-    if engine.cfg.async_scheduling:
-        engine_steps = [engine_step() for _ in range(steps)]
-        _end_point(engine, batch)
+    loop, processor = EngineLoop(engine), OutputProcessor(engine.tokenizer, final_text_only=True)  # as LLM.generate
+    results = {r.request_id: RequestOutput(r.request_id, r.prompt_token_ids, [CompletionOutput()]) for r in requests}
+    for r in requests:
+        processor.add_request(r.request_id, r.prompt_token_ids, r.params)
+    with tqdm(total=batch, disable=True) as bar:
+        sink = _TimedSink(TextCollector(loop, processor, results, bar))
+        ticks = _Ticks(engine, sink, bare, steps, warmup, flush)
+        if ticks.interleave:
+            for _ in range(warmup):
+                bare.step()
+        loop.run_here(requests, sink, until=ticks)
+    _drain(engine)
+    engine_steps, bare_steps = [_engine_figures(engine, step) for step in ticks.engine_steps], ticks.bare_steps
+    if not ticks.interleave:
         for _ in range(warmup):
             bare.step()
         bare_steps = [_timed_bare_step(bare) for _ in range(steps)]
-    else:
-        for _ in range(warmup):
-            bare.step()
-        for _ in range(steps):
-            engine_steps.append(engine_step())
-            bare_steps.append(_timed_bare_step(bare))
-        _end_point(engine, batch)
     figures = {k: statistics.median(step[k] for step in engine_steps) for k in engine_steps[0]}
     on_cpu = not engine.cfg.device.startswith("cuda")
     if engine.cfg.async_scheduling and on_cpu:
@@ -272,16 +332,17 @@ def run_step_bench(device: str, batches: list[int], contexts: list[int], steps: 
 
 
 def markdown(points: list[StepPoint]) -> str:
-    rows = ["| batch | context | engine ms | bare ms | engine / bare | host ms | device ms |",
-            "|---:|---:|---:|---:|---:|---:|---:|"]
-    rows += [f"| {p.batch} | {p.context} | {p.engine_ms:.2f} | {p.bare_ms:.2f} | {p.ratio:.2f} | {p.host_ms:.2f} | "
-             f"{p.device_ms:.2f} |" for p in points]
+    rows = ["| batch | context | engine ms | bare ms | engine / bare | of it: step ms | text ms | host ms | "
+            "device ms |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    rows += [f"| {p.batch} | {p.context} | {p.engine_ms:.2f} | {p.bare_ms:.2f} | {p.ratio:.2f} | {p.step_ms:.2f} | "
+             f"{p.text_ms:.2f} | {p.host_ms:.2f} | {p.device_ms:.2f} |" for p in points]
     if all(p.engine_cpu_ms is not None for p in points):
         rows += ["", "CPU time (ms of the threads that did the work):", "",
-                 "| batch | context | engine CPU ms | bare CPU ms | engine / bare | host CPU ms |",
-                 "|---:|---:|---:|---:|---:|---:|"]
+                 "| batch | context | engine CPU ms | bare CPU ms | engine / bare | text CPU ms | host CPU ms |",
+                 "|---:|---:|---:|---:|---:|---:|---:|"]
         rows += [f"| {p.batch} | {p.context} | {p.engine_cpu_ms:.2f} | {p.bare_cpu_ms:.2f} | {p.cpu_ratio:.2f} | "
-                 f"{p.host_cpu_ms:.2f} |" for p in points]
+                 f"{p.text_cpu_ms:.2f} | {p.host_cpu_ms:.2f} |" for p in points]
     return "\n".join(rows)
 
 

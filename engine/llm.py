@@ -60,8 +60,9 @@ class RequestOutput:
             self.metrics = out.timings
 
 
-class _Collector:
-    """Turns a generate call's token outputs into its results (text, stop strings), wherever the engine runs."""
+class TextCollector:
+    """Turns a generate call's token outputs into its results (text, stop strings), wherever the engine runs (the
+    sink `kvserve bench step` times each step's outputs through, too)."""
 
     def __init__(self, loop: EngineLoop, processor: OutputProcessor, results: dict[str, RequestOutput],
                  bar: tqdm) -> None:
@@ -187,7 +188,7 @@ class LLM:
         images = [p.images if isinstance(p, ImagePrompt) else () for p in prompts]
         requests = [self.engine.prepare(EngineRequest(f"gen-{next(self._ids)}", ids, p, salt, kept, images=pics))
                     for ids, p, salt, kept, pics in zip(token_lists, params_list, salts, retentions, images)]
-        processor = OutputProcessor(self.tokenizer)
+        processor = OutputProcessor(self.tokenizer, final_text_only=True)  # results are read once they finished
         results: dict[str, RequestOutput] = {}
         for r in requests:
             results[r.request_id] = RequestOutput(r.request_id, r.prompt_token_ids,
@@ -195,7 +196,7 @@ class LLM:
             processor.add_request(r.request_id, r.prompt_token_ids, r.params)
         loop = EngineLoop(self.engine)
         with tqdm(total=sum(p.n for p in params_list), desc="Generating", unit="seq", disable=not use_tqdm) as bar:
-            collector = _Collector(loop, processor, results, bar)
+            collector = TextCollector(loop, processor, results, bar)
             if self._engine_thread_pays():
                 self._run_threaded(loop, requests, collector)
             else:
@@ -211,7 +212,7 @@ class LLM:
         return self.engine.runner.device.type != "cpu"
 
     @staticmethod
-    def _run_threaded(loop: EngineLoop, requests: list[EngineRequest], collector: _Collector) -> None:
+    def _run_threaded(loop: EngineLoop, requests: list[EngineRequest], collector: TextCollector) -> None:
         """The engine steps in its own thread while this one makes the text."""
         outputs: queue.SimpleQueue = queue.SimpleQueue()  # an OutputSink as it is: put never blocks
         loop.start()

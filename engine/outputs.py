@@ -363,7 +363,28 @@ class StepOutputs:
                               speculation=self.speculation.get(row), num_pinned_tokens=info.num_pinned_tokens)
 
     def __iter__(self) -> Iterator[SequenceOutput]:
-        return map(self.output, range(len(self.request_ids)))
+        if self.logprobs or self.prompt_logprobs or self.errors or self.speculation:
+            return map(self.output, range(len(self.request_ids)))
+        return iter(self._plain_outputs())
+
+    def _plain_outputs(self) -> list[SequenceOutput]:
+        """Every row at once, for a step whose rows carry tokens and finish reasons only (a decode step): one
+        ``tolist`` for all tokens instead of two numpy reads per row (`output` costs ~4 us a row, this ~1)."""
+        token_ids, num_tokens = self._columns()
+        flat = token_ids.tolist()
+        if len(flat) == len(self.request_ids):  # one token a row
+            tokens = [[t] for t in flat]
+        else:
+            ends = np.cumsum(num_tokens).tolist()
+            tokens = [flat[end - n : end] for end, n in zip(ends, num_tokens.tolist())]
+        reasons = self.finish_reasons
+        return [SequenceOutput(request_id, index, new, [None] * len(new), reasons.get(row) if reasons else None,
+                               info.num_prompt_tokens, info.num_cached_tokens, info.timings,
+                               num_host_cached_tokens=info.num_host_cached_tokens,
+                               num_disk_cached_tokens=info.num_disk_cached_tokens,
+                               num_pinned_tokens=info.num_pinned_tokens)
+                for row, (request_id, index, new, info) in enumerate(zip(self.request_ids, self.indices, tokens,
+                                                                          self.infos))]
 
     def select(self, rows: list[int]) -> "StepOutputs":
         """These rows only, in this order (a client's share of a step that several clients' requests ran in)."""

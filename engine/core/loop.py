@@ -31,6 +31,7 @@ from engine.errors import EngineDeadError, RequestRejected
 from engine.kv.blocks import CachedPrefix
 from engine.core.engine import LLMEngine
 from engine.outputs import SchedulerStats, StepOutputs
+from engine.multimodal import ImageInput
 from engine.requests import EngineRequest
 
 log = logging.getLogger("kvserve.engine")
@@ -146,8 +147,9 @@ class EngineLoop(EngineCoreClient):
         """Finish the request (or one of its sequences) and free its blocks before the next step."""
         self._commands.put(_Abort(request_id, index))
 
-    def num_cached_tokens(self, token_ids: list[int], cache_salt: str | None) -> concurrent.futures.Future[int]:
-        return self.call(lambda engine: engine.num_cached_tokens(token_ids, cache_salt))
+    def num_cached_tokens(self, token_ids: list[int], cache_salt: str | None,
+                          images: tuple[ImageInput, ...] = ()) -> concurrent.futures.Future[int]:
+        return self.call(lambda engine: engine.num_cached_tokens(token_ids, cache_salt, images))
 
     def pin(self, token_ids: list[int], cache_salt: str | None, ttl_s: float) -> concurrent.futures.Future[int]:
         return self.call(lambda engine: engine.pin(token_ids, cache_salt, ttl_s))
@@ -298,20 +300,29 @@ class EngineLoop(EngineCoreClient):
         sinks, request_ids = self._sinks, outputs.request_ids
         for row, error in outputs.errors.items():
             log.warning("request %s: %s", request_ids[row], error)
+        row_sinks = list(map(sinks.get, request_ids))
+        only = row_sinks[0]
+        if only is not None and len(set(map(id, row_sinks))) == 1:  # one sink has every row: no per-row pass
+            self._drop_finished(outputs)
+            only.put(outputs)
+            return
         rows_of: dict[int, tuple[OutputSink, list[int]]] = {}
-        for row, sink in enumerate(map(sinks.get, request_ids)):
+        for row, sink in enumerate(row_sinks):
             if sink is not None:
                 entry = rows_of.get(id(sink))
                 if entry is None:
                     rows_of[id(sink)] = (sink, [row])
                 else:
                     entry[1].append(row)
-        for row in outputs.finish_reasons:
-            request_id = request_ids[row]
-            if not self.engine.has_request(request_id):  # every sequence of it finished (n > 1 may end together)
-                sinks.pop(request_id, None)
+        self._drop_finished(outputs)
         for sink, rows in rows_of.values():
             sink.put(outputs if len(rows) == len(outputs) else outputs.select(rows))
+
+    def _drop_finished(self, outputs: StepOutputs) -> None:
+        for row in outputs.finish_reasons:
+            request_id = outputs.request_ids[row]
+            if not self.engine.has_request(request_id):  # every sequence of it finished (n > 1 may end together)
+                self._sinks.pop(request_id, None)
 
     def _fail_all(self, error: BaseException) -> None:
         for sink in {id(sink): sink for sink in self._sinks.values()}.values():

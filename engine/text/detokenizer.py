@@ -8,6 +8,7 @@ is final.
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable, Protocol
 
 import tokenizers
@@ -27,7 +28,7 @@ def _decoder(tokenizer: SupportsDecode, skip_special_tokens: bool) -> Callable[[
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if isinstance(backend, tokenizers.Tokenizer) and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
         tokenizer = backend
-    return lambda ids: tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+    return functools.partial(tokenizer.decode, skip_special_tokens=skip_special_tokens)  # no Python frame a call
 
 
 class IncrementalDetokenizer:
@@ -42,8 +43,13 @@ class IncrementalDetokenizer:
         tokenizer: SupportsDecode,
         prompt_token_ids: list[int] | None = None,
         skip_special_tokens: bool = True,
+        token_texts: dict[int, str] | None = None,
     ) -> None:
+        """``token_texts``: single tokens' texts (as this tokenizer decodes them with this ``skip_special_tokens``),
+        filled as they are met and shared by every sequence of one output processor: after each emit the window
+        usually restarts at the one token just emitted, whose text is then looked up instead of decoded."""
         self._decode = _decoder(tokenizer, skip_special_tokens)
+        self._token_texts: dict[int, str] = {} if token_texts is None else token_texts
         self._ids: list[int] = list(prompt_token_ids or [])
         self._read_offset = len(self._ids)  # tokens before this are already emitted as text
         self._prefix_offset = max(self._read_offset - _PROMPT_CONTEXT_TOKENS, 0)  # window start
@@ -57,12 +63,17 @@ class IncrementalDetokenizer:
 
     def add(self, token_id: int) -> str:
         """Append one token; return the text it completes (possibly empty)."""
-        self._ids.append(token_id)
-        window_text = self._decode(self._ids[self._prefix_offset :])
+        ids = self._ids
+        ids.append(token_id)
+        window_text = self._decode(ids[self._prefix_offset :])
         # A trailing U+FFFD is (almost always) an incomplete UTF-8 sequence the next token will finish.
         if len(window_text) <= len(self._prefix_text) or window_text.endswith(_REPLACEMENT_CHAR):
             return ""
         return self._emit(window_text)
+
+    def extend(self, token_ids: list[int]) -> None:
+        """Append tokens without making their text yet: the next `add` or `flush` emits it (one decode for all)."""
+        self._ids += token_ids
 
     def flush(self) -> str:
         """Release whatever is held back at the end of the stream, even an incomplete character."""
@@ -73,7 +84,14 @@ class IncrementalDetokenizer:
     def _emit(self, window_text: str) -> str:
         delta = window_text[len(self._prefix_text) :]
         self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
-        self._prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
+        window = self._ids[self._prefix_offset : self._read_offset]
+        if len(window) == 1:
+            text = self._token_texts.get(window[0])
+            if text is None:
+                text = self._token_texts[window[0]] = self._decode(window)
+            self._prefix_text = text
+        else:
+            self._prefix_text = self._decode(window)
         self._parts.append(delta)
         return delta
 
@@ -107,6 +125,10 @@ class StopStringMatcher:
         hold = self._partial_stop_suffix(pending)
         self._held = pending[len(pending) - hold :] if hold else ""
         return pending[: len(pending) - hold], False
+
+    def extend(self, token_ids: list[int]) -> None:
+        """Append tokens without making their text yet: the next `add` or `flush` emits it (one decode for all)."""
+        self._ids += token_ids
 
     def flush(self) -> str:
         """At the end of the stream: the held-back text, which turned out not to be a stop string."""

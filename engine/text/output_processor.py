@@ -41,6 +41,7 @@ class CompletionOutput:
 class _SequenceText:
     detok: IncrementalDetokenizer
     stops: StopStringMatcher | None
+    deferred: bool  # its text is made once, when it finishes (see OutputProcessor)
     done: bool = False
 
 
@@ -49,15 +50,23 @@ class _RequestText:
     prompt_token_ids: list[int]
     params: SamplingParams
     sequences: dict[int, _SequenceText] = field(default_factory=dict)  # by index (n > 1)
+    num_done: int = 0  # of its sequences
 
 
 class OutputProcessor:
     """Turns token outputs into text outputs for the requests registered with it. Not thread-safe: one thread (the
-    caller's, or the event loop) uses one processor."""
+    caller's, or the event loop) uses one processor.
 
-    def __init__(self, tokenizer: SupportsDecode) -> None:
+    ``final_text_only``: the caller reads each sequence's text only once it finished (the offline API). A sequence
+    with no stop strings then gets all of its text in its last output, decoded once (the same text: the deltas of an
+    incremental detokenizer add up to the decode of the whole output), instead of one delta per step; a sequence with
+    stop strings is still detokenized step by step, since its matching needs the text as it grows."""
+
+    def __init__(self, tokenizer: SupportsDecode, final_text_only: bool = False) -> None:
         self.tokenizer = tokenizer
+        self.final_text_only = final_text_only
         self._requests: dict[str, _RequestText] = {}
+        self._token_texts: dict[bool, dict[int, str]] = {True: {}, False: {}}  # by skip_special_tokens
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
         self._requests[request_id] = _RequestText(prompt_token_ids, params)
@@ -67,27 +76,40 @@ class OutputProcessor:
         a stop string ended, which the caller must stop in the engine."""
         delivered: list[SequenceOutput] = []
         stopped: list[tuple[str, int]] = []
+        requests = self._requests
         for out in outputs:
-            request = self._requests.get(out.request_id)
+            request = requests.get(out.request_id)
             if request is None:
                 continue
-            seq = self._sequence(request, out.index)
+            seq = request.sequences.get(out.index) or self._sequence(request, out.index)
             if seq.done:  # ended by a stop string; the engine had already produced more
+                continue
+            tokens = out.new_token_ids
+            if out.finish_reason is None and seq.stops is None and len(tokens) == 1:  # a decode's row: the most
+                if seq.deferred:  # common by far, and nothing to match or release
+                    seq.detok.extend(tokens)
+                else:
+                    out.new_text = seq.detok.add(tokens[0])
+                delivered.append(out)
                 continue
             if self._fill_text(seq, out):
                 stopped.append((out.request_id, out.index))
-            seq.done = out.finished
             delivered.append(out)
-            if len(request.sequences) == request.params.n and all(s.done for s in request.sequences.values()):
-                del self._requests[out.request_id]
+            if out.finished:
+                seq.done = True
+                request.num_done += 1
+                if request.num_done == request.params.n:
+                    del requests[out.request_id]
         return delivered, stopped
 
     def _sequence(self, request: _RequestText, index: int) -> _SequenceText:
         seq = request.sequences.get(index)
         if seq is None:
             params = request.params
-            detok = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, params.skip_special_tokens)
-            seq = _SequenceText(detok, StopStringMatcher(params.stop) if params.stop else None)
+            detok = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, params.skip_special_tokens,
+                                           self._token_texts[params.skip_special_tokens])
+            seq = _SequenceText(detok, StopStringMatcher(params.stop) if params.stop else None,
+                                deferred=self.final_text_only and not params.stop)
             request.sequences[index] = seq
         return seq
 
@@ -98,7 +120,9 @@ class OutputProcessor:
         # one token, or several with speculative decoding (accepted drafts, then the model's own)
         tokens = out.new_token_ids[:-1] if stop_token else out.new_token_ids
         text = ""
-        if tokens:
+        if seq.deferred:
+            seq.detok.extend(tokens)  # decoded by the flush below, when it finished
+        elif tokens:
             text = "".join([seq.detok.add(token) for token in tokens])
             if seq.stops is not None:
                 text, hit = seq.stops.feed(text)

@@ -41,3 +41,17 @@ def test_the_token_columns_cross_as_bytes() -> None:
     assert isinstance(fields[2], bytes) and isinstance(fields[3], bytes)
     decoded = StepDecoder().decode(fields)
     assert [o.new_token_ids for o in decoded] == [o.new_token_ids for o in _step()]
+
+
+def test_a_plain_steps_rows_read_at_once_equal_its_rows_read_one_by_one() -> None:
+    """A step whose rows carry only tokens and finish reasons is read in one pass (`StepOutputs.__iter__`); with an
+    error, logprobs or speculation it is read row by row. Both give the same outputs."""
+    for one_token_each in (True, False):
+        out = StepOutputs()
+        if not one_token_each:
+            out.add("a", 0, [7, 8, 9], _info())
+        first = out.extend(["b", "c", "d"], [0, 0, 1], np.array([11, 12, 13]), [_info()] * 3)
+        out.finish_reasons[first + 1] = FinishReason.LENGTH
+        assert not (out.errors or out.logprobs or out.speculation)
+        assert list(out) == [out.output(row) for row in range(len(out))]
+        assert [o.new_token_ids for o in out][-3:] == [[11], [12], [13]]
