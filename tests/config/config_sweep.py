@@ -205,6 +205,19 @@ def _rope(rng: random.Random, mrope: bool) -> dict[str, Any]:
     return dict(rope, mrope_section=[2, 1, 1], mrope_interleaved=True) if mrope else rope
 
 
+def _kimi_linear(rng: random.Random) -> dict[str, Any]:
+    """Kimi Linear: KDA (a decay per key channel) and MLA without RoPE in any mix with at least one of each, DeepSeek-V3's
+    routing after any dense / sparse schedule (transformers' KimiLinearConfig names)."""
+    mla, kinds = _mla(rng), _hybrid_text(rng)["layer_types"]
+    for key in ("n_routed_experts", "n_group", "topk_group", "first_k_dense_replace", "num_hidden_layers",
+                "max_position_embeddings", "rope_theta", "head_dim"):
+        mla.pop(key)
+    return dict(mla, num_local_experts=_pick(rng, 4, 8), n_group=1, topk_group=1, num_hidden_layers=len(kinds),
+                layer_types=kinds, mlp_layer_types=[_pick(rng, "dense", "sparse") for _ in kinds],
+                linear_num_heads=_pick(rng, 1, 2, 4), linear_head_dim=_pick(rng, 8, 16),
+                linear_conv_kernel_dim=_pick(rng, 2, 4), pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+
 def _qwen3_next(rng: random.Random) -> dict[str, Any]:
     return dict(_hybrid_text(rng), **_hybrid_moe(rng), rope_parameters=_rope(rng, mrope=False))
 
@@ -287,7 +300,7 @@ DRAWS: dict[str, Callable[[random.Random], dict[str, Any]]] = {
     "deepseek_v2": _deepseek_v2, "deepseek_v3": _deepseek_v3, "deepseek_v32": _deepseek_v32,
     "deepseek_v4": _deepseek_v4, "qwen3_next": _qwen3_next, "qwen3_5": _qwen3_5, "qwen3_5_moe": _qwen3_5_moe,
     "qwen3_5_text": _qwen3_5_text, "qwen3_5_moe_text": _qwen3_5_moe_text, "gemma3_text": _gemma3_text,
-    "gemma3": _gemma3, "glm4_moe_lite": _glm4_moe_lite, "minimax_m2": _minimax_m2, "ministral3": _ministral3, "mistral3": _mistral3, "gpt_oss": _gpt_oss,
+    "gemma3": _gemma3, "glm4_moe_lite": _glm4_moe_lite, "minimax_m2": _minimax_m2, "kimi_linear": _kimi_linear, "ministral3": _ministral3, "mistral3": _mistral3, "gpt_oss": _gpt_oss,
 }
 
 
