@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 
 from benchmarks.prefix.report import markdown_table, pct
 from benchmarks.prefix.workloads import ChatRequest, WorkloadParams, projects
@@ -96,8 +97,7 @@ class Run:
         return time.perf_counter() - self._t0
 
     async def request(self, client: httpx.AsyncClient, req: ChatRequest) -> RoutedResult:
-        body = {"model": self.model, "messages": req.messages, "tools": req.tools, "max_tokens": 1,
-                "temperature": 0}
+        body = chat_body(self.model, req)
         start = self.now()
         try:
             async with self.router.route(client, body) as url:
@@ -151,6 +151,62 @@ def _hit_rate(results: list[RoutedResult]) -> float:
     return sum(r.cached_tokens for r in results) / prompt if prompt else 0.0
 
 
+def chat_body(model: str, req: ChatRequest) -> dict[str, Any]:
+    return {"model": model, "messages": req.messages, "tools": req.tools, "max_tokens": 1, "temperature": 0}
+
+
+def prompt_token_ids(url: str, model: str, sessions: list[list[ChatRequest]]) -> dict[tuple[str, int], list[int]]:
+    """Every request's prompt as a replica runs it (`/v1/chat/completions/render`: what its usage counts)."""
+    with httpx.Client(timeout=300) as client:
+        return {(req.session, req.turn): client.post(url + "/v1/chat/completions/render",
+                                                     json=chat_body(model, req)).raise_for_status().json()["token_ids"]
+                for turns in sessions for req in turns}
+
+
+def ideal_cached_tokens(results: list[RoutedResult], prompts: dict[tuple[str, int], list[int]],
+                        block_size: int) -> dict[tuple[str, int], int]:
+    """Per answered request, what the best placement could have found cached: the longest prefix its prompt shares
+    with any prompt answered before it was sent (one cache holding all of them), in whole blocks and at most
+    ``len - 1`` tokens, as the cache serves. A prefill still in flight may have stored some blocks already, so a
+    policy can beat this by luck, never by design."""
+    ok = [r for r in results if r.ok]
+    arrays = {key: np.asarray(ids) for key, ids in prompts.items()}
+    ideal = {}
+    for r in ok:
+        ids, best = arrays[(r.session, r.turn)], 0
+        for q in ok:
+            if q.end <= r.start:
+                other = arrays[(q.session, q.turn)]
+                n = min(len(ids), len(other))
+                differ = np.flatnonzero(ids[:n] != other[:n])
+                best = max(best, int(differ[0]) if len(differ) else n)
+        ideal[(r.session, r.turn)] = min(best, len(ids) - 1) // block_size * block_size
+    return ideal
+
+
+def router_credits(log: str, results: list[RoutedResult], urls: list[str]) -> dict[str, int]:
+    """vllm-router's ``kv_aware`` decisions against what happened: the tokens it credited the replica it chose with
+    (from its KV events) and what that replica had cached, for the answered requests whose decision its debug log
+    shows (matched by prompt length and replica); ``credited_short`` counts those credited less than was there
+    (events not yet arrived), ``credited_over`` those credited more (a hash the router could not match is never
+    credited: over-credit would mean a stale index)."""
+    decisions: dict[tuple[str, int], list[int]] = defaultdict(list)
+    for line in log.splitlines():
+        m = _DECISION_TOKENS.search(re.sub(r"\x1b\[[0-9;]*m", "", line))
+        if m:
+            decisions[(m.group(1), int(m.group(2)))].append(int(m.group(3)))
+    matched = [(decisions[key].pop(0), r.cached_tokens) for r in results
+               if r.ok and r.replica is not None and decisions.get(key := (urls[r.replica], r.prompt_tokens))]
+    return {"decisions_matched": len(matched), "credited_tokens": sum(c for c, _ in matched),
+            "cached_tokens": sum(k for _, k in matched), "credited_short": sum(c < k for c, k in matched),
+            "credited_over": sum(c > k for c, k in matched),
+            "render_over_budget": sum("Prefix input preparation unavailable" in line for line in log.splitlines())}
+
+
+_DECISION_TOKENS = re.compile(r'KV prefix decision .*worker="([^"]+)" input_tokens=(\d+) '
+                              r'.*credited_prefix_tokens=(\d+)')
+
+
 def run_policy(spec: RouterSpec, opts: RouterBenchOptions, sessions: list[list[ChatRequest]], log_dir: Path,
                router_instances: int) -> dict[str, Any]:
     log_dir = log_dir / f"{spec.name}-x{router_instances}"
@@ -160,8 +216,16 @@ def run_policy(spec: RouterSpec, opts: RouterBenchOptions, sessions: list[list[C
         instances = {r.instance_id(): r.index for r in replicas}
         run = Run(Alternating(routers), opts.replica.model, instances, opts.session_stagger_s)
         results = asyncio.run(run.run(sessions))
-    return {"policy": spec.name, "router": spec.router, "routes_by": spec.signal, "router_instances": router_instances,
-            **summarize(results, opts.replicas), "results": [asdict(r) for r in results]}
+        prompts = prompt_token_ids(replicas[0].url, opts.replica.model, sessions)
+    ideal = ideal_cached_tokens(results, prompts, opts.replica.block_size)
+    row = {"policy": spec.name, "router": spec.router, "routes_by": spec.signal, "router_instances": router_instances,
+           **summarize(results, opts.replicas), "results": [asdict(r) for r in results]}
+    ideal_hit_rate = sum(ideal.values()) / row["prompt_tokens"] if row["prompt_tokens"] else 0.0
+    row.update(ideal_hit_rate=ideal_hit_rate, of_ideal=row["hit_rate"] / ideal_hit_rate if ideal_hit_rate else None)
+    if spec.router == "vllm-router" and spec.policy == "kv_aware":
+        logs = "\n".join(router.process.log.read_text(errors="replace") for router in routers)
+        row["router_credits"] = router_credits(logs, results, [r.url for r in replicas])
+    return row
 
 
 def run_fault(spec: RouterSpec, opts: RouterBenchOptions, sessions: list[list[ChatRequest]],
@@ -281,13 +345,22 @@ def policy_table(rows: list[dict[str, Any]]) -> str:
     def secs(x: float | None) -> str:
         return "-" if x is None else f"{x:.2f}"
 
+    def of_ideal(r: dict[str, Any]) -> str:
+        return "-" if r.get("of_ideal") is None else f"{pct(r['ideal_hit_rate'])} / {pct(r['of_ideal'])}"
+
+    def credits(r: dict[str, Any]) -> str:
+        c = r.get("router_credits")
+        return "-" if c is None else (f"{c['credited_tokens']:,} / {c['cached_tokens']:,} "
+                                      f"({c['credited_short']} short, {c['render_over_budget']} renders late)")
+
     return markdown_table(
-        ["policy", "router", "routes by", "router instances", "requests", "failed", "hit rate", "later turns",
-         "TTFT mean s", "p50 s", "p90 s", "requests per replica", "wall s"],
+        ["policy", "router", "routes by", "router instances", "requests", "failed", "hit rate", "ideal / of ideal",
+         "later turns", "TTFT mean s", "p50 s", "p90 s", "requests per replica", "credited / cached tokens",
+         "wall s"],
         [[r["policy"], r["router"], r["routes_by"], r["router_instances"], r["requests"], r["failed"],
-          pct(r["hit_rate"]),
+          pct(r["hit_rate"]), of_ideal(r),
           pct(r["later_turn_hit_rate"]), secs(r["ttft_mean_s"]), secs(r["ttft_p50_s"]), secs(r["ttft_p90_s"]),
-          " / ".join(map(str, r["per_replica"])), f"{r['wall_s']:.1f}"] for r in rows],
+          " / ".join(map(str, r["per_replica"])), credits(r), f"{r['wall_s']:.1f}"] for r in rows],
     )
 
 

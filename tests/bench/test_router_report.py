@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from benchmarks.router_bench import RoutedResult, fault_summary, router_log_facts, summarize
+from benchmarks.router_bench import (RoutedResult, fault_summary, ideal_cached_tokens, router_credits, router_log_facts,
+                                     summarize)
 
 VICTIM = "http://127.0.0.1:9002"
 
@@ -48,3 +49,32 @@ def test_router_log_facts_read_decisions_after_the_restart():
     facts = router_log_facts(log, VICTIM, restart)
     assert facts == {"retried_attempts": 1, "event_stream_restarts_detected": 1, "render_over_budget": 0,
                      "restarted_decisions": 2, "restarted_credited_tokens": 896}
+
+
+def test_ideal_counts_what_prompts_answered_before_each_request_share_with_it():
+    head = list(range(40))
+    prompts = {("a", 0): head + [100, 101], ("a", 1): head + [100, 101, 102, 103, 104],
+               ("b", 0): head[:20] + [7] * 30, ("b", 1): head + [9] * 10}
+    results = [RoutedResult("a", 0, 0.0, 1.0, True, 42, 0, 0), RoutedResult("b", 0, 1.2, 2.0, True, 50, 0, 1),
+               RoutedResult("a", 1, 1.0, 3.0, True, 45, 32, 0), RoutedResult("b", 1, 1.5, 4.0, True, 50, 16, 1)]
+    ideal = ideal_cached_tokens(results, prompts, block_size=8)
+    # a/1 shares 42 tokens with a/0 (its whole prompt): 40 in whole blocks. b/1 was sent before a/1 answered:
+    # only a/0's 40-token head counts; b/0 (answered after b/1 was sent) does not
+    assert ideal == {("a", 0): 0, ("b", 0): 16, ("a", 1): 40, ("b", 1): 40}
+    assert ideal_cached_tokens(results[:1], {("a", 0): head}, 8) == {("a", 0): 0}
+
+
+def test_router_credits_compare_the_decision_with_the_chosen_replicas_cache():
+    urls = ["http://127.0.0.1:9001", VICTIM]
+
+    def decision(url: str, tokens: int, credited: int) -> str:
+        return (f'\x1b[2m2026-12-01 10:00:00\x1b[0m kv_aware: KV prefix decision outcome="prefix_cost" worker="{url}" '
+                f"input_tokens={tokens} new_prefill_tokens={tokens - credited} credited_prefix_tokens={credited} x")
+
+    log = "\n".join([decision(urls[0], 900, 800), decision(VICTIM, 700, 0), decision(urls[0], 500, 256),
+                     "preprocess: Prefix input preparation unavailable worker=x"])
+    results = [RoutedResult("a", 0, 0.0, 1.0, True, 900, 800, 0), RoutedResult("b", 0, 0.0, 1.0, True, 700, 512, 1),
+               RoutedResult("c", 0, 0.0, 1.0, True, 500, 0, 0), RoutedResult("d", 0, 0.0, 1.0, True, 300, 0, 0)]
+    assert router_credits(log, results, urls) == {
+        "decisions_matched": 3, "credited_tokens": 1056, "cached_tokens": 1312, "credited_short": 1,
+        "credited_over": 1, "render_over_budget": 1}
