@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 from engine.kv.block_hashing import BlockHash, BlockHasher
 from engine.kv.blocks import CachedPrefix
 from engine.outputs import SchedulerStats, StepOutputs
+from engine.multimodal import ImageInput
 from engine.requests import EngineRequest, RequestPreparer
 
 if TYPE_CHECKING:
@@ -131,8 +132,10 @@ class EngineCoreClient(ABC):
         """Finish the request (or its sequence ``index``) and free its blocks before the next step."""
 
     @abstractmethod
-    def num_cached_tokens(self, token_ids: list[int], cache_salt: str | None) -> concurrent.futures.Future[int]:
-        """How many leading tokens of a prompt the prefix cache holds now."""
+    def num_cached_tokens(self, token_ids: list[int], cache_salt: str | None,
+                          images: tuple[ImageInput, ...] = ()) -> concurrent.futures.Future[int]:
+        """How many leading tokens of a prompt (``images``: its images, hashed into their blocks) the prefix cache
+        holds now."""
 
     @abstractmethod
     def pin(self, token_ids: list[int], cache_salt: str | None, ttl_s: float) -> concurrent.futures.Future[int]:

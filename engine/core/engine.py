@@ -32,6 +32,7 @@ from engine.worker.model_runner import ModelRunner, StepHandle, StepPipeline
 from engine.outputs import KVTransfer, SchedulerOutput, SchedulerStats, StepOutputs
 from engine.parallel.memory import RankMemory
 from engine.parallel.ranks import TensorParallelRanks
+from engine.multimodal import ImageInput
 from engine.requests import EngineRequest, RequestPreparer
 from engine.retention import Retention
 from engine.sampling_params import SamplingParams
@@ -240,8 +241,9 @@ class LLMEngine:
         if self.workers is not None:
             self.workers.close()
 
-    def num_cached_tokens(self, token_ids: list[int], cache_salt: str | None = None) -> int:
-        return self.scheduler.num_cached_tokens(token_ids, cache_salt)
+    def num_cached_tokens(self, token_ids: list[int], cache_salt: str | None = None,
+                          images: tuple[ImageInput, ...] = ()) -> int:
+        return self.scheduler.num_cached_tokens(token_ids, cache_salt, images)
 
     @property
     def rank_memory(self) -> list[RankMemory]:

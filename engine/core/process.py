@@ -44,6 +44,7 @@ from engine.errors import EngineDeadError
 from engine.kv.blocks import CachedPrefix
 from engine.outputs import SchedulerStats, StepOutputs
 from engine.core.processes import caller_script_hidden, exit_with_parent
+from engine.multimodal import ImageInput
 from engine.requests import EngineRequest
 from engine.worker.structured_output import StructuredOutputs
 
@@ -148,8 +149,9 @@ class CoreProcess(EngineCoreClient):
         if self.alive:
             self._send(["abort", request_id, index])
 
-    def num_cached_tokens(self, token_ids: list[int], cache_salt: str | None) -> concurrent.futures.Future[int]:
-        return self._query("num_cached_tokens", token_ids, cache_salt)
+    def num_cached_tokens(self, token_ids: list[int], cache_salt: str | None,
+                          images: tuple[ImageInput, ...] = ()) -> concurrent.futures.Future[int]:
+        return self._query("num_cached_tokens", token_ids, cache_salt, wire.encode_images(images))
 
     def pin(self, token_ids: list[int], cache_salt: str | None, ttl_s: float) -> concurrent.futures.Future[int]:
         return self._query("pin", token_ids, cache_salt, ttl_s)
@@ -447,6 +449,8 @@ class _CoreServer:
                 _, call, name, args = message
                 if name not in QUERIES:
                     raise ValueError(f"unknown query {name!r}")
+                if name == "num_cached_tokens":  # its images travel encoded
+                    args[2] = wire.decode_images(args[2])
                 self._answer(call, name, getattr(loop, name)(*args))
             elif kind == "stop":
                 return True

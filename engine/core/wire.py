@@ -56,16 +56,19 @@ def encode_request(request: EngineRequest) -> list:
     kept = None if retention is None else [[[p.num_tokens, p.ttl_s] for p in retention.pins],
                                            retention.hold_after_finish_s, list(retention.snapshot_hints),
                                            retention.tenant]
-    images = [[i.content_hash, list(i.grid_thw), i.merge_size, i.offset, list(i.pixel_values.shape),
-               i.pixel_values.tobytes()] for i in request.images]
     return [request.request_id, array("i", request.prompt_token_ids).tobytes(), params, request.cache_salt, kept,
-            request.block_hashes, images]
+            request.block_hashes, encode_images(request.images)]
 
 
-def _image(fields: list) -> ImageInput:
-    content_hash, grid, merge_size, offset, shape, pixels = fields
-    return ImageInput(content_hash, tuple(grid), merge_size, offset,
-                      np.frombuffer(pixels, dtype=np.float32).reshape(shape))
+def encode_images(images: tuple[ImageInput, ...]) -> list:
+    return [[i.content_hash, list(i.grid_thw), i.merge_size, i.offset, list(i.pixel_values.shape),
+             i.pixel_values.tobytes()] for i in images]
+
+
+def decode_images(fields: list) -> tuple[ImageInput, ...]:
+    return tuple(ImageInput(content_hash, tuple(grid), merge_size, offset,
+                            np.frombuffer(pixels, dtype=np.float32).reshape(shape))
+                 for content_hash, grid, merge_size, offset, shape, pixels in fields)
 
 
 def decode_request(fields: list) -> EngineRequest:
@@ -79,7 +82,7 @@ def decode_request(fields: list) -> EngineRequest:
     retention = None if kept is None else Retention(tuple(CachePin(n, ttl) for n, ttl in kept[0]), kept[1],
                                                     tuple(kept[2]), kept[3])
     return EngineRequest(request_id, array("i", prompt).tolist(), SamplingParams(**values), cache_salt, retention,
-                         block_hashes, tuple(map(_image, images)))
+                         block_hashes, decode_images(images))
 
 
 # ---- step outputs ---------------------------------------------------------------------------------------------------

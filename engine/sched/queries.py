@@ -16,6 +16,7 @@ from engine.kv.blocks import CacheStats
 from engine.kv.events import KVEvent
 from engine.kv.manager import PrefixCacheView
 from engine.kv.tiers import FoundBlock
+from engine.multimodal import ImageInput
 from engine.outputs import KVTransfer, SchedulerStats
 
 if TYPE_CHECKING:
@@ -25,9 +26,10 @@ if TYPE_CHECKING:
 class SchedulerQueries:
     """Mixed into `Scheduler` (whose attributes it reads: see the module docstring)."""
 
-    def num_cached_tokens(self: Scheduler, token_ids: abc.Sequence[int], cache_salt: str | None) -> int:
-        """How many tokens of ``token_ids`` the prefix cache would serve now (/tokenize)."""
-        return self.kv.num_cached_tokens(self.hasher.hashes(token_ids, cache_salt), len(token_ids))
+    def num_cached_tokens(self: Scheduler, token_ids: abc.Sequence[int], cache_salt: str | None,
+                          images: abc.Sequence[ImageInput] = ()) -> int:
+        """How many tokens of ``token_ids`` (with its ``images``) the prefix cache would serve now (/tokenize)."""
+        return self.kv.num_cached_tokens(self.hasher.hashes(token_ids, cache_salt, images), len(token_ids))
 
     def reset_prefix_cache(self: Scheduler) -> None:
         """Drop every cached block no sequence holds, in every tier (between benchmark runs)."""

@@ -27,6 +27,7 @@ CHANGE_BILLING_NONCE = "billing_nonce"  # Claude Code's per-request billing nonc
 CHANGE_SYSTEM_HOISTED = "system_hoisted"  # a new mid-conversation system message hoisted into the head (DeepSeek)
 CHANGE_REPLY = "reply_changed"  # the history carries a reply other than the one the model generated
 CHANGE_PROMPT = "prompt_changed"  # a raw text prompt (no messages to compare) differs from the previous one
+CHANGE_IMAGE = "image_changed"  # an image's content differs where the previous prompt had one (its blocks hash it)
 
 CAUSES: dict[str, str] = {
     "first_request": "first request of a session: nothing reusable was computed before",
@@ -47,6 +48,8 @@ CAUSES: dict[str, str] = {
     CHANGE_REPLY: "prefix changed by the reply: the client sent back another reply than the model generated "
                   "(an edited or replayed history)",
     CHANGE_PROMPT: "prefix changed by the client: a raw text prompt differs from the previous one",
+    CHANGE_IMAGE: "image changed: an image where the previous request had another (same place, same size: the same "
+                  "tokens, but its blocks hash the image's content, so they miss from its first block on)",
 }
 REASONING_MARKERS = ("<think>",)  # where a dropped reasoning block starts in the rendered text
 _SYSTEM_ROLES = ("system", "developer")

@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from engine.multimodal import ImagePrompt
 from server.api.anthropic_protocol import (
     CountTokensRequest,
     MessagesRequest,
@@ -32,6 +33,7 @@ from server.pipeline.async_engine import RequestStream
 from server.api.caches_api import add_cache_routes
 from server.api.chat import chat_turn, complete_chat, stream_chat, tokenize_turn
 from server.pipeline.plan import plan_turn, render_turn
+from server.pipeline.images import expand, turn_images
 from server.api.completions import complete_text, plan_completion, stream_text
 from server.pipeline.context import Served, ServerSettings, ServingContext
 from server.pipeline.generation import Generation, submit
@@ -288,13 +290,17 @@ def _add_routes(app: FastAPI, settings: ServerSettings, ui: bool) -> None:
         if (req.prompt is None) == (req.messages is None):
             raise APIError(400, "send exactly one of 'prompt' and 'messages'")
 
-        def render_and_encode() -> tuple[str | None, list[int]]:
-            text = req.prompt if req.messages is None else render_turn(ctx, tokenize_turn(req, ctx.family))
-            return text, ctx.encode(text)
+        def render_and_encode() -> tuple[str | None, ImagePrompt]:
+            if req.messages is None:
+                return req.prompt, ImagePrompt(ctx.encode(req.prompt))
+            turn, images = turn_images(ctx.images, tokenize_turn(req, ctx.family))  # an image counts its tokens
+            text = render_turn(ctx, turn)
+            return text, expand(ctx.images, ctx.encode(text), images)
 
-        text, ids = await ctx.prepare(render_and_encode)
+        text, prompt = await ctx.prepare(render_and_encode)
+        ids = prompt.token_ids
         salt = ctx.salt_for(request, None)
-        cached = await ctx.engine.num_cached_tokens(ids, salt)
+        cached = await ctx.engine.num_cached_tokens(ids, salt, prompt.images)
         result: dict[str, Any] = {"tokens": ids, "count": len(ids), "max_model_len": ctx.max_model_len,
                                   "cached_tokens": cached}
         if req.messages is not None:

@@ -14,6 +14,7 @@ from server.inspector.prompt_trie import common_prefix_packed, num_tokens, unpac
 from server.cache.miss_causes import (
     CHANGE_CONTEXT_EDIT,
     CHANGE_HISTORY,
+    CHANGE_IMAGE,
     CHANGE_PROMPT,
     CHANGE_REPLY,
     CHANGE_TEMPLATE,
@@ -58,6 +59,17 @@ class Previous:
     conversation: Conversation
 
 
+ImageSpans = tuple[tuple[int, bytes], ...]  # a prompt's images: (offset of its first token, content hash)
+
+
+def first_image_change(images: ImageSpans, previous: ImageSpans) -> int | None:
+    """The offset of the first image whose content differs from the image the previous prompt had at the same
+    place (None: none does). Its tokens may all be equal (the same size): only the hashes tell."""
+    before = dict(previous)
+    return next((offset for offset, content in sorted(images)
+                 if offset in before and before[offset] != content), None)
+
+
 @dataclass(frozen=True, slots=True)
 class Divergence:
     index: int  # the first prompt token that differs from the previous context
@@ -66,17 +78,21 @@ class Divergence:
 
 
 def attribute(prompt: bytes, cached: int, ideal: int, ideal_unsalted: int, previous: Previous | None,
-              conversation: Conversation, decode: Callable[[list[int]], str]) -> tuple[Divergence | None, Counter]:
+              conversation: Conversation, decode: Callable[[list[int]], str],
+              image_change: int | None = None) -> tuple[Divergence | None, Counter]:
     """``prompt``: packed token ids. ``ideal`` / ``ideal_unsalted``: what an unbounded cache over the inspector's
     window would have served, with salts and ignoring them. ``decode`` turns token ids into text (a few dozen at a
-    time)."""
+    time). ``image_change``: where an image differs from the previous prompt's (`first_image_change`)."""
     prompt_tokens = num_tokens(prompt)
     if previous is None:
         return None, miss_causes(prompt_tokens, cached, ideal, ideal_unsalted, None, None)
     context_tokens = num_tokens(previous.context)
     index = common_prefix_packed(prompt, previous.context)
     divergence = None
-    if index < min(context_tokens, prompt_tokens):
+    if image_change is not None and image_change < index:  # equal tokens, another image
+        index = image_change
+        divergence = Divergence(index, CHANGE_IMAGE, index >= previous.prompt_tokens)
+    elif index < min(context_tokens, prompt_tokens):
         cause = _cause(prompt, previous, conversation, index, decode)
         divergence = Divergence(index, cause, index >= previous.prompt_tokens)
     misses = miss_causes(prompt_tokens, cached, ideal, ideal_unsalted, min(context_tokens, prompt_tokens),

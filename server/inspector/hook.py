@@ -47,4 +47,5 @@ def _observe(inspector: Inspector, endpoint: str, p: Generation, session: str | 
         queue_s=timings.queue_s if timings else None, ttft_s=timings.ttft_s if timings else None,
         e2e_s=timings.e2e_s if timings else None, finish_reason=choice.finish_reason or "abort",
         breakpoints=tuple((pin.num_tokens, pin.ttl_s) for pin in pins), conversation=conversation,
+        images=tuple((image.offset, image.content_hash) for image in request.images),
     ), salt_tenant(request.cache_salt))

@@ -19,7 +19,7 @@ from typing import Any
 
 from engine.kv.block_hashing import BlockHasher
 from engine.outputs import SchedulerStats
-from server.inspector.attribution import Conversation, Divergence, Previous, attribute
+from server.inspector.attribution import Conversation, Divergence, ImageSpans, Previous, attribute, first_image_change
 from server.inspector.prompt_trie import PromptTrie, TrieNode, pack
 
 DEFAULT_MAX_REQUESTS = 1000
@@ -49,6 +49,7 @@ class Observation:
     breakpoints: tuple[tuple[int, float], ...] = ()  # (prompt tokens, TTL seconds) of its cache_control pins
     conversation: Conversation = Conversation()
     time: float = field(default_factory=time.time)
+    images: ImageSpans = ()  # its prompt's images (their blocks hash their content: equal tokens can miss)
 
 
 @dataclass(eq=False, slots=True)
@@ -77,6 +78,7 @@ class InspectedRequest:
     tail: bytes = b""  # the tokens after it
     tenant_seq: int = 0  # its number among its tenant's requests (a tenant's cursor: `seq` counts everyone's)
     epoch: int = 0  # its conversation's compaction epoch (server/api/compaction.py)
+    images: ImageSpans = ()  # its prompt's images, as the next request's image changes are found
 
     @property
     def device_cached_tokens(self) -> int:
@@ -155,12 +157,15 @@ class Inspector:
             own_salts[obs.salt] = own_salts.get(obs.salt, 0) + 1
             ideal, unsalted = ideal_blocks * bs, unsalted_blocks * bs
             session, parent = self._session_of(obs, tenant, known[: num_prompt // bs])
-            previous = None
+            previous, image_change = None, None
             if parent is not None:
                 previous = Previous(self.trie.sequence(parent.end, parent.tail), parent.prompt_tokens,
                                     session.last_conversation)
+                image_change = first_image_change(obs.images, parent.images)
+                if image_change is not None:  # the trie sees tokens only: no cache serves blocks past the change
+                    ideal, unsalted = min(ideal, image_change // bs * bs), min(unsalted, image_change // bs * bs)
             divergence, misses = attribute(prompt, obs.cached_tokens, ideal, unsalted, previous, obs.conversation,
-                                           self._decode)
+                                           self._decode, image_change)
             self._seq += 1
             record = InspectedRequest(
                 self._seq, obs.request_id, session, obs.endpoint, obs.time, obs.salt, num_prompt,
@@ -170,6 +175,7 @@ class Inspector:
             )
             self._tenant_seqs[tenant] = record.tenant_seq = self._tenant_seqs.get(tenant, 0) + 1
             record.epoch = obs.conversation.epoch
+            record.images = obs.images
             record.end = self.trie.insert(obs.salt, sequence, known, record)
             record.tail = self.trie.tail(sequence)
             self.ring.append(record)

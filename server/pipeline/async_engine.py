@@ -20,6 +20,7 @@ from engine.errors import EngineDeadError
 from engine.kv.blocks import CachedPrefix
 from engine.text.output_processor import OutputProcessor
 from engine.outputs import SchedulerStats, SequenceOutput, StepOutputs
+from engine.multimodal import ImageInput
 from engine.requests import EngineRequest
 from server.http.metrics import Metrics
 
@@ -200,8 +201,9 @@ class AsyncEngine:
             for _ in range(num_sequences):
                 self.metrics.observe_finished("abort", None, None)
 
-    async def num_cached_tokens(self, token_ids: list[int], cache_salt: str | None) -> int:
-        return await asyncio.wrap_future(self.core.num_cached_tokens(token_ids, cache_salt))
+    async def num_cached_tokens(self, token_ids: list[int], cache_salt: str | None,
+                                images: tuple[ImageInput, ...] = ()) -> int:
+        return await asyncio.wrap_future(self.core.num_cached_tokens(token_ids, cache_salt, images))
 
     async def pin(self, token_ids: list[int], cache_salt: str | None, ttl_s: float) -> int:
         return await asyncio.wrap_future(self.core.pin(token_ids, cache_salt, ttl_s))

@@ -6,7 +6,14 @@ from engine.kv.block_hashing import BlockHasher
 from server.inspector.attribution import Conversation
 from server.inspector.prompt_trie import PromptTrie, common_prefix_packed, pack, unpack
 from server.inspector.store import Inspector, Observation
-from server.cache.miss_causes import CHANGE_HISTORY, CHANGE_PROMPT, CHANGE_REPLY, CHANGE_SYSTEM, CHANGE_TOOLS
+from server.cache.miss_causes import (
+    CHANGE_HISTORY,
+    CHANGE_IMAGE,
+    CHANGE_PROMPT,
+    CHANGE_REPLY,
+    CHANGE_SYSTEM,
+    CHANGE_TOOLS,
+)
 
 BS = 4
 HASHER = BlockHasher(BS, "model-x")
@@ -20,9 +27,9 @@ def make(max_requests: int = 100) -> Inspector:
 
 
 def observe(ins: Inspector, rid: str, prompt: list[int], output: list[int], cached: int = 0, *, session=None,
-            salt=None, conversation=Conversation(), tenant=None):
+            salt=None, conversation=Conversation(), tenant=None, images=()):
     return ins.observe(Observation(rid, "chat", salt, session, prompt, output, cached, 0, 0, None, None, None, "stop",
-                                   conversation=conversation), tenant)
+                                   conversation=conversation, images=images), tenant)
 
 
 def test_trie_shares_prefixes_under_the_engines_block_hashes_and_frees_them():
@@ -164,3 +171,18 @@ def test_the_timeline_samples_changes_and_stays_bounded():
     for i in range(TIMELINE_SAMPLES + 10):
         ins.sample(SchedulerStats(kv_blocks_total=64, kv_blocks_cached=i % 7), now=200.0 + i)
     assert len(ins.timeline) == TIMELINE_SAMPLES
+
+
+def test_an_image_changed_at_the_same_place_is_named_from_its_first_block():
+    """Two screenshots of one size: the same placeholder tokens, another content hash. The engine misses from the
+    image's first block; the inspector names the break "image_changed" there, not an eviction."""
+    pad = [9] * 12  # an image's run of placeholder tokens, at offset 6
+    prompt = [1, 2, 3, 4, 5, 6, *pad, 30, 31, 32]
+    first = observe(ins := make(), "r1", prompt, [40, 41], session="s", images=((6, b"shot-a"),))
+    same = observe(ins, "r2", [*prompt, 40, 41, 33, 34], [42], cached=20, session="s", images=((6, b"shot-a"),))
+    assert same.divergence is None and "image_changed" not in same.misses
+    changed = observe(ins, "r3", [*prompt, 40, 41, 33, 34], [43], cached=4, session="s", images=((6, b"shot-b"),))
+    assert first.divergence is None
+    assert (changed.divergence.index, changed.divergence.cause) == (6, CHANGE_IMAGE)
+    assert changed.ideal_tokens == 4 and "evicted" not in changed.misses
+    assert changed.misses == {CHANGE_IMAGE: 25 - 4}  # all of it was the previous context: lost after block 1

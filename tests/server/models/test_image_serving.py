@@ -118,6 +118,23 @@ def test_a_screenshot_through_three_turns_is_read_from_the_cache_and_encoded_onc
     assert vision.num_encoded - encoded == 1
 
 
+def test_tokenize_counts_image_tokens_and_hashes_the_image_into_its_blocks(vlm_server):
+    """`/tokenize` with images: the count chat prefills (each image expanded to its tokens), and cached_tokens as
+    the engine would serve them: the prompt once prefilled is cached; the same tokens with another image of the same
+    size are cached only up to that image."""
+    http, block = vlm_server.http(), vlm_server.ctx.engine.facts.block_size
+    vlm_server.reset_prefix_cache()
+    messages = _chat_messages("Describe it.", [png(96, 64, seed=71)])
+    counted = http.post("/tokenize", json={"messages": messages}).json()
+    reply = vlm_server.chat(messages=messages, max_tokens=1, temperature=0)
+    assert counted["count"] == reply.usage.prompt_tokens == len(counted["tokens"]) and counted["cached_tokens"] == 0
+    again = http.post("/tokenize", json={"messages": messages}).json()
+    other = http.post("/tokenize", json={"messages": _chat_messages("Describe it.", [png(96, 64, seed=72)])}).json()
+    start = counted["tokens"].index(vlm_server.ctx.images.image_token_id)
+    assert other["tokens"] == counted["tokens"] and counted["count"] - start > 2 * block  # same tokens, other pixels
+    assert again["cached_tokens"] > start >= other["cached_tokens"]
+
+
 def test_responses_input_image(vlm_server):
     response = vlm_server.client().responses.create(
         model=vlm_server.ctx.model_name, max_output_tokens=NEW_TOKENS, temperature=0,
