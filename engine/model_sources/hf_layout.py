@@ -59,6 +59,11 @@ _FAMILY_KEYS: dict[str, tuple[str, dict[str, Any]]] = {
     # Ministral 3 / Devstral Small 2's language model alone (Ministral3ForCausalLM); YaRN with Llama 4's query
     # temperature comes with the recipe's `config` (`rope_parameters`)
     "ministral3": ("Ministral3ForCausalLM", {"sliding_window": None, "pad_token_id": 11}),
+    # MiniMax-M2 / M2.5 (MiniMaxAI/MiniMax-M2's config.json): q/k norms across heads, sigmoid routing with a bias;
+    # rotary_dim and the expert counts come with the recipe
+    "minimax_m2": ("MiniMaxM2ForCausalLM", {"use_qk_norm": True, "qk_norm_type": "per_layer", "scoring_func": "sigmoid",
+                                            "use_routing_bias": True, "output_router_logits": False,
+                                            "router_aux_loss_coef": 0.001, "router_jitter_noise": 0.0}),
     "gpt_oss": ("GptOssForCausalLM", {"attention_bias": True, "hidden_act": "silu", "swiglu_limit": 7.0,
                                       "initializer_range": 0.02, "output_router_logits": False,
                                       "router_aux_loss_coef": 0.9}),

@@ -27,6 +27,7 @@ from .gemma_tokenizer import GEMMA3_MODEL, write_gemma3_tokenizer
 from .glm_tokenizer import write_glm_tokenizer
 from .harmony_tokenizer import write_harmony_tokenizer
 from .hf_layout import VLM_LAYOUTS, DecoderDims, TokenizerInfo, write_model_configs
+from .minimax_tokenizer import write_minimax_tokenizer
 from .mistral_tokenizer import write_tekken_tokenizer
 from .mxfp4 import released_expert_layout
 from .qwen_tokenizer import write_qwen3_tokenizer, write_qwen36_tokenizer
@@ -38,6 +39,7 @@ TOKENIZER_WRITERS: dict[str, Callable[[Path, str], TokenizerInfo]] = {
     "deepseek": write_deepseek_tokenizer,
     "glm": write_glm_tokenizer,  # a stand-in: Qwen3's BPE with GLM's added tokens (none on the index ships GLM's)
     "harmony": write_harmony_tokenizer,  # gpt-oss' o200k_harmony, from bpe-openai's o200k_base
+    "minimax": write_minimax_tokenizer,  # a stand-in: Qwen3's BPE with MiniMax's format tokens (none on the index)
     "tekken": write_tekken_tokenizer,  # Devstral's tekken v13, from the vocabulary mistral-common's wheel ships
 }
 # recipe `tokenizer:` -> the registry model whose converted tokenizer a tiny model copies: the registry resolves it

@@ -83,6 +83,17 @@ def test_devstral_models() -> None:
         "mistralai/Devstral-2-123B-Instruct-2512", "devstral", 2)
 
 
+def test_minimax_models() -> None:
+    """minimax-m2-tiny (the architecture, a stand-in tokenizer) and MiniMax-M2.5 by HF id, in the minimax-m2 family;
+    M2.5 (229B, ~460 GB with its experts in bf16) needs four H200s."""
+    specs = {spec.name: spec for spec in list_models()}
+    tiny = specs["minimax-m2-tiny"]
+    assert (tiny.source, tiny.template, tiny.build["model_type"], tiny.build["tokenizer"]) == (
+        "tiny", "minimax-m2", "minimax_m2", "minimax")
+    assert (specs["minimax-m2.5"].repo_id, specs["minimax-m2.5"].template, specs["minimax-m2.5"].gpus) == (
+        "MiniMaxAI/MiniMax-M2.5", "minimax-m2", 4)
+
+
 def test_a_registered_model_is_found_by_its_repo_id() -> None:
     assert get_model_spec("Qwen/Qwen3-8B").name == "qwen3-8b"
 

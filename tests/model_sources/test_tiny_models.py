@@ -202,7 +202,7 @@ def _greedy(model, ids: list[int], steps: int = 20) -> list[int]:
 
 
 @pytest.mark.parametrize("name", ["qwen3-tiny", "deepseek-tiny", "qwen3-moe-tiny", "deepseek-v3-tiny",
-                                  "qwen3.6-tiny", "qwen3.6-moe-tiny", "devstral-small-tiny", *SLOW_TINY])
+                                  "qwen3.6-tiny", "qwen3.6-moe-tiny", "devstral-small-tiny", "minimax-m2-tiny", *SLOW_TINY])
 @pytest.mark.slow
 def test_random_weights_give_varied_context_dependent_greedy_output(name: str) -> None:
     model_dir = resolve_model(name)

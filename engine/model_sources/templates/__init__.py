@@ -4,7 +4,8 @@ Each `<family>.jinja` is a verbatim copy of that family's official template (the
 tokenizer_config.json): qwen3 = Qwen/Qwen3-0.6B, qwen3-coder = Qwen/Qwen3-Coder-30B-A3B-Instruct (Aug 2025),
 qwen3.6 = Qwen/Qwen3.6-27B, deepseek-v3.1 = deepseek-ai/DeepSeek-V3.1,
 glm-4.7 = zai-org/GLM-4.7-Flash (its chat_template.jinja), gemma3 = google/gemma-3-*-it (as transformers'
-convert_gemma3_weights.py writes it into the released tokenizers).
+convert_gemma3_weights.py writes it into the released tokenizers),
+minimax-m2 = MiniMaxAI/MiniMax-M2 (its chat_template.jinja).
 """
 from __future__ import annotations
 
