@@ -29,8 +29,8 @@ if TYPE_CHECKING:
 
 
 class ImageEncoding:
-    """Mixed into `Scheduler` (its config, running sequences and ``_image_room``: image tokens the step being
-    scheduled may still encode)."""
+    """Mixed into `Scheduler` (its config; ``_image_room``: image tokens the step being scheduled may still encode;
+    ``_image_seqs``: the step's sequences with images still to encode, in scheduling order)."""
 
     def _image_budget(self: Scheduler) -> int:
         """Image tokens a step may encode; 0: no bound (each image is encoded in the step that first needs it)."""
@@ -56,17 +56,18 @@ class ImageEncoding:
                 break
             charge = self._encode(image, budget - spent - before, out)
             if charge is None:
-                return before, spent
+                n = before
+                break
             seq.num_encoded_images += 1
             spent += charge
+        if seq.num_encoded_images < len(seq.images):
+            self._image_seqs.append(seq)
         return max(min(n, budget - spent), 0), spent
 
     def _encode_ahead(self: Scheduler, budget: int, out: SchedulerOutput) -> None:
-        """Room left in the step: the next images of running sequences still in their prompt, in admission order,
-        before their prefill reaches them."""
-        if not self._image_room_total:
-            return
-        for seq in self.running:
+        """Room left in the step: the next images of the step's sequences still in their prompt, in scheduling
+        order, before their prefill reaches them."""
+        for seq in self._image_seqs:
             if budget <= 0 or not self._image_room:
                 break
             while seq.status is SequenceStatus.RUNNING and seq.num_encoded_images < len(seq.images):

@@ -92,6 +92,7 @@ class Scheduler(SteadyPath, SpeculationSteps, ResumePoints, ImageEncoding, Finis
         # image tokens a step may encode (0: unbounded), and those the step being scheduled may still encode
         self._image_room_total = self._image_budget()
         self._image_room = 0
+        self._image_seqs: list[Sequence] = []
         self._finished_seq_ids: list[str] = []  # for the next SchedulerOutput: the runner forgets them
         # finished with a hold: their block chains and the tenant the hold counts against
         self._held: OrderedDict[str, tuple[list[BlockHash], str | None]] = OrderedDict()
@@ -173,7 +174,7 @@ class Scheduler(SteadyPath, SpeculationSteps, ResumePoints, ImageEncoding, Finis
         # than one token left to compute: a prefill.
         running, budget = self.running, self.cfg.max_num_batched_tokens
         self._scoring_budget = self.cfg.max_scored_tokens_per_step
-        self._image_room = self._image_room_total
+        self._image_room, self._image_seqs = self._image_room_total, []
         if len(running) >= MIN_COLUMNAR_ROWS and not k:  # many plain decodes: by column arithmetic (steady.py)
             prefills, budget = self._schedule_running_by_columns(budget, out)
         else:
@@ -204,7 +205,8 @@ class Scheduler(SteadyPath, SpeculationSteps, ResumePoints, ImageEncoding, Finis
             budget -= n + len(drafts)
         if not out.preempted_seq_ids:  # blocks just ran short: admitting new work would only thrash
             budget = self._admit_waiting(budget, out)
-        self._encode_ahead(budget, out)
+        if self._image_seqs:
+            self._encode_ahead(budget, out)
         out.kv_transfers = self.kv.take_transfers()
         out.state_restores, out.state_snapshots = self.kv.take_state_copies()
         out.new_window_block_ids = self.kv.take_window_blocks()
