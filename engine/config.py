@@ -23,8 +23,7 @@ if TYPE_CHECKING:
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "qwen3_moe", "deepseek_v2", "deepseek_v3",
                            "deepseek_v32", "deepseek_v4", "qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text",
                            "qwen3_5_moe_text", "gemma3", "gemma3_text", "gpt_oss", "glm4_moe_lite", "minimax_m2",
-                           "ministral3", "mistral3", "kimi_linear", "gemma4", "gemma4_text", "muse_glimmer",
-                           "muse_glimmer_text")
+                           "ministral3", "mistral3", "kimi_linear", "gemma4", "gemma4_text", "muse_glimmer")
 # MLA + MoE with sigmoid scores, a correction bias and grouped top-k: DeepSeek-V3 / V3.2, GLM-4.7-Flash
 # (glm4_moe_lite: the same layers, one expert group) and Kimi Linear's MLA layers and MoE (kimi_linear)
 DEEPSEEK_V3_ROUTING = ("deepseek_v3", "deepseek_v32", "glm4_moe_lite", "kimi_linear")

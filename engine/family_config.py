@@ -133,5 +133,4 @@ def muse_glimmer_fields(cfg: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-FAMILY_FIELDS = {"gemma4": gemma4_fields, "gemma4_text": gemma4_fields, "muse_glimmer": muse_glimmer_fields,
-                 "muse_glimmer_text": muse_glimmer_fields}
+FAMILY_FIELDS = {"gemma4": gemma4_fields, "gemma4_text": gemma4_fields, "muse_glimmer": muse_glimmer_fields}

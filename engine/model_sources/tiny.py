@@ -74,6 +74,19 @@ class InitScales:
 # that the residual stream is not the input token's own embedding (every position would predict its own token), with
 # large final-norm gains, so that the logits still spread over several units.
 GEMMA3_SCALES = InitScales(embedding=0.03, final_norm_gain=8.0)
+# Gemma 4 and Muse-Glimmer attend with a softmax scale of 1 over normalized q and k (Muse-Glimmer: q times 3.87):
+# q/k gains of 2 make the scores so peaked that fp32 rounding moves logprobs by 1e-4; gains around 1 keep them sharp
+GEMMA4_SCALES = InitScales(embedding=0.03, final_norm_gain=8.0, qk_norm=1.0)
+_GEMMA4_FAMILIES = ("gemma4", "gemma4_text", "muse_glimmer")
+
+
+def family_scales(model_type: str) -> tuple[InitScales, bool]:
+    """The weight scales of ``model_type``'s tiny models, and whether its norm weights apply as 1 + w (drawn minus
+    one; Muse-Glimmer's plain final norm then gets a gain of about 7, positive all the same)."""
+    zero_centered = model_type in HYBRID_ARCHITECTURES + GEMMA3_ARCHITECTURES + ("muse_glimmer",)
+    if model_type in GEMMA3_ARCHITECTURES:
+        return GEMMA3_SCALES, zero_centered
+    return (GEMMA4_SCALES if model_type in _GEMMA4_FAMILIES else InitScales()), zero_centered
 _FINAL_NORMS = ("model.norm.weight", "model.language_model.norm.weight", "language_model.model.norm.weight")
 
 
@@ -165,7 +178,7 @@ def random_tensor(name: str, shape: tuple[int, ...], seed: int, scales: InitScal
         return scales.qk_norm * (1.0 + scales.norm * values) - offset
     if name in _FINAL_NORMS:
         return scales.final_norm_gain * (1.0 + scales.norm * values) - offset
-    if name.endswith("norm.weight"):
+    if name.endswith(("norm.weight", "layer_scalar")):  # (Gemma 4's layer output scale: a gain as well)
         return 1.0 + scales.norm * values - offset
     if name.endswith("A_log"):
         return scales.a_log + scales.a_log_spread * values
@@ -257,10 +270,8 @@ def write_random_weights(out_dir: Path, seed: int, scales: InitScales = InitScal
     copies = _mtp_copies(shapes, config)  # drawn under the name of the tensor they copy: the same values
     shapes.update(_mtp_shapes(shapes, config))
     num_experts = config.get("n_routed_experts")
-    # norm weights w apply as 1 + w
-    zero_centered = config.get("model_type") in HYBRID_ARCHITECTURES + GEMMA3_ARCHITECTURES
-    if config.get("model_type") in GEMMA3_ARCHITECTURES and scales == InitScales():
-        scales = GEMMA3_SCALES
+    family, zero_centered = family_scales(config.get("model_type"))
+    scales = family if scales == InitScales() else scales
     tensors = {
         name: hash_routes(name, shape, seed, num_experts) if name.endswith("tid2eid")
         else random_tensor(_seed_name(copies.get(name, name)), shape, seed, scales,

@@ -47,8 +47,8 @@ MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "kimi_linear": KimiLinearForCausalLM,  # Kimi Linear: KDA + MLA without RoPE, DeepSeek-V3's MoE
     "gemma4": Gemma4ForCausalLM,  # the language model of Gemma4ForConditionalGeneration (its vision tower skipped)
     "gemma4_text": Gemma4ForCausalLM,
-    "muse_glimmer": MuseGlimmerForCausalLM,  # the language model of MuseGlimmerForConditionalGeneration
-    "muse_glimmer_text": MuseGlimmerForCausalLM,
+    "muse_glimmer": MuseGlimmerForCausalLM,  # the language model of MuseGlimmerForConditionalGeneration (released
+    # only so: transformers has no text-only causal LM of it)
 }
 assert set(MODEL_CLASSES) == set(SUPPORTED_ARCHITECTURES)
 

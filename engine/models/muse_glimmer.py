@@ -1,5 +1,5 @@
 """Muse-Glimmer (``muse_glimmer``: the language model of the released MuseGlimmerForConditionalGeneration
-checkpoints, its vision tower skipped; ``muse_glimmer_text``: that language model alone): Gemma 3's decoder loop
+checkpoints, its vision tower skipped): Gemma 3's decoder loop
 (`engine.models.gemma3`: sliding-window and full layers, sandwich norms, the logit softcap) with
 
 - three sliding-window layers (2,048 tokens) to one full-attention layer without RoPE (NoPE, every fourth counted

@@ -276,6 +276,53 @@ def _gemma3(rng: random.Random) -> dict[str, Any]:
                                    image_size=32, patch_size=8))
 
 
+def _gemma4_text(rng: random.Random) -> dict[str, Any]:
+    """Gemma 4: any mix of window and global layers (the last one global, as transformers forces), global layers
+    of a wider head with their own KV heads whose values may come from k_proj, proportional RoPE on them, optional
+    final logit softcapping."""
+    layers = rng.randint(2, 6)
+    kinds = [rng.choice(GEMMA_KINDS) for _ in range(layers - 1)] + ["full_attention"]
+    kinds[rng.randrange(layers - 1)] = "sliding_attention"
+    heads = _pick(rng, 2, 4)
+    head_dim = _pick(rng, 16, 32)
+    rope = {"full_attention": dict(rope_type="proportional", partial_rotary_factor=_pick(rng, 0.25, 0.5, 1.0),
+                                   rope_theta=1e6),
+            "sliding_attention": dict(rope_type="default", rope_theta=1e4)}
+    return dict(vocab_size=VOCAB, hidden_size=_pick(rng, 32, 64), intermediate_size=_pick(rng, 64, 128),
+                num_hidden_layers=layers, layer_types=kinds, num_attention_heads=heads,
+                num_key_value_heads=_pick(rng, *[d for d in (1, 2) if heads % d == 0]), head_dim=head_dim,
+                global_head_dim=_pick(rng, head_dim, 2 * head_dim), attention_k_eq_v=rng.random() < 0.5,
+                num_global_key_value_heads=_pick(rng, *[d for d in (1, 2) if heads % d == 0]),
+                sliding_window=_pick(rng, 4, 8, 12, 24), rope_parameters=rope, hidden_size_per_layer_input=0,
+                final_logit_softcapping=_pick(rng, None, 4.0, 30.0), max_position_embeddings=4096, pad_token_id=0,
+                eos_token_id=1, bos_token_id=2)
+
+
+def _gemma4(rng: random.Random) -> dict[str, Any]:
+    """The released VLM layout (Gemma-4-31B's): the language model beside a vision tower."""
+    return dict(text_config=_gemma4_text(rng), audio_config=None,
+                vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                   num_key_value_heads=2, head_dim=16, patch_size=8, position_embedding_size=64))
+
+
+def _muse_glimmer(rng: random.Random) -> dict[str, Any]:
+    """Muse-Glimmer (released only as its VLM): any mix of window and full layers, each with RoPE or none (NoPE,
+    ``layer_rope_theta`` 0), the q scale and logit multiplier drawn."""
+    layers = rng.randint(2, 6)
+    kinds = [rng.choice(GEMMA_KINDS) for _ in range(layers)]
+    kinds[rng.randrange(layers)] = "sliding_attention"
+    heads = _pick(rng, 2, 4)
+    text = dict(vocab_size=VOCAB, hidden_size=_pick(rng, 32, 64), intermediate_size=_pick(rng, 64, 128),
+                num_hidden_layers=layers, layer_types=kinds, num_attention_heads=heads,
+                num_key_value_heads=_pick(rng, *[d for d in (1, 2) if heads % d == 0]), head_dim=_pick(rng, 16, 32),
+                layer_rope_theta=[_pick(rng, 0, 10_000.0) for _ in range(layers)],
+                rope_parameters=dict(rope_type="default", rope_theta=10_000.0), sliding_window=_pick(rng, 4, 8, 12),
+                qk_scale_factor=_pick(rng, 1.0, 3.87), output_multiplier=_pick(rng, 0.2, 1.0),
+                max_position_embeddings=4096, pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    return dict(text_config=text, out_hidden_size=128, projector_hidden_size=64,
+                vision_config=dict(num_hidden_layers=1, hidden_size=32, intermediate_size=64, num_attention_heads=2))
+
+
 def _gpt_oss(rng: random.Random) -> dict[str, Any]:
     """gpt-oss: any mix of window and full layers (at least one window layer), attention sinks, top-k of 4-8 experts
     with biases, the SwiGLU clamp, YaRN (as released, untruncated) or plain RoPE."""
@@ -301,6 +348,7 @@ DRAWS: dict[str, Callable[[random.Random], dict[str, Any]]] = {
     "deepseek_v4": _deepseek_v4, "qwen3_next": _qwen3_next, "qwen3_5": _qwen3_5, "qwen3_5_moe": _qwen3_5_moe,
     "qwen3_5_text": _qwen3_5_text, "qwen3_5_moe_text": _qwen3_5_moe_text, "gemma3_text": _gemma3_text,
     "gemma3": _gemma3, "glm4_moe_lite": _glm4_moe_lite, "minimax_m2": _minimax_m2, "kimi_linear": _kimi_linear, "ministral3": _ministral3, "mistral3": _mistral3, "gpt_oss": _gpt_oss,
+    "gemma4_text": _gemma4_text, "gemma4": _gemma4, "muse_glimmer": _muse_glimmer,
 }
 
 
@@ -330,7 +378,7 @@ def write_checkpoint(drawn: Drawn, out: Path, seed: int) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     config = AutoConfig.for_model(drawn.architecture, **drawn.config)
     if drawn.architecture.startswith("gemma") or "vision_config" in drawn.config:
-        _save_by_model_class(config, out, seed, drawn.architecture.startswith("gemma"))
+        _save_by_model_class(config, out, seed)
     else:
         config.save_pretrained(out)
         write_random_weights(out, seed)
@@ -369,20 +417,23 @@ def write_v4_of_transformers_defaults(out: Path):
     return model
 
 
-def _save_by_model_class(config, out: Path, seed: int, gemma: bool) -> None:
+def _save_by_model_class(config, out: Path, seed: int) -> None:
     """The model transformers builds for ``config`` (a VLM with its vision tower, in the released layout), with the
-    tiny models' weights (norms as 1 + w; Gemma's `GEMMA3_SCALES`), saved by save_pretrained."""
+    tiny models' weights of its family (`family_scales`; Gemma 4's layer scalars drawn too), saved by
+    save_pretrained."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    from engine.model_sources.tiny import GEMMA3_SCALES, InitScales, random_tensor
+    from engine.model_sources.tiny import family_scales, random_tensor
 
     vlm = hasattr(config, "vision_config")
     model = (AutoModelForImageTextToText if vlm else AutoModelForCausalLM).from_config(config)
-    scales = GEMMA3_SCALES if gemma else InitScales()
-    zero_centered = config.model_type != "mistral3"  # Qwen3.5 / 3.6 and Gemma 3 apply norm weights as 1 + w
+    scales, zero_centered = family_scales(config.model_type)
     with torch.no_grad():
         for name, param in model.named_parameters():
             param.copy_(random_tensor(name, tuple(param.shape), seed, scales, zero_centered_norms=zero_centered))
+        for name, buffer in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                buffer.copy_(random_tensor(name, tuple(buffer.shape), seed, scales))
     model.save_pretrained(out)
 
 

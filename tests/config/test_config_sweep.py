@@ -61,8 +61,9 @@ def build_case(architecture: str, index: int, root: Path) -> Case:
         seed = index + 1000 * attempt
         drawn = draw(architecture, seed)
         path = write_checkpoint(drawn, root / f"{architecture}-{seed}", seed)
-        # transformers runs a Mistral3 VLM (Devstral Small 2's layout) only as the image-text model it is
-        auto = AutoModelForImageTextToText if architecture == "mistral3" else AutoModelForCausalLM
+        # transformers runs a Mistral3 VLM (Devstral Small 2's layout) and Muse-Glimmer only as the image-text
+        # models they are
+        auto = AutoModelForImageTextToText if architecture in ("mistral3", "muse_glimmer") else AutoModelForCausalLM
         hf = auto.from_pretrained(str(path), dtype=torch.float32).eval()
         rng = random.Random(seed)
         prompts = [[rng.randrange(100, VOCAB) for _ in range(n)] for n in prompt_lengths(drawn)]

@@ -79,16 +79,21 @@ class WindowShape:
         return (context * self.full_bytes_per_token + pages * block_size * self.window_bytes_per_token) / context
 
 
-def _kv(heads: int, head_dim: int, k_eq_v: bool = False) -> int:
-    return (1 if k_eq_v else 2) * heads * head_dim * 2
+def _kv(heads: int, head_dim: int) -> int:
+    return 2 * heads * head_dim * 2  # K and V, bf16
 
 
 SHAPES = {
     # 62 layers, every 6th global (52 window of 1024, 10 global), 16 KV heads of 128
     "Gemma 3 27B": WindowShape("Gemma 3 27B", 1024, 52, 10, _kv(16, 128), _kv(16, 128)),
-    # 60 layers, 5 window (1024) : 1 global; window layers 16 KV heads of 256, global ones 4 of 512 with K = V
-    # (attention_k_eq_v: one tensor kept)
-    "Gemma-4-31B": WindowShape("Gemma-4-31B", 1024, 50, 10, _kv(16, 256), _kv(4, 512, k_eq_v=True)),
+    # 60 layers, 5 window (1024) : 1 global; window layers 16 KV heads of 256, global ones 4 of 512. Their values come
+    # from k_proj (attention_k_eq_v) but are normed apart from the keys, which are rotated: K and V both kept
+    # (engine/models/gemma4.py)
+    "Gemma-4-31B": WindowShape("Gemma-4-31B", 1024, 50, 10, _kv(16, 256), _kv(4, 512)),
+    # 30 layers, 5 window (1024) : 1 global; window layers 8 KV heads of 256, global ones 2 of 512
+    "Gemma-4-26B-A4B": WindowShape("Gemma-4-26B-A4B", 1024, 25, 5, _kv(8, 256), _kv(2, 512)),
+    # 52 layers, 3 window (2048) : 1 full (NoPE), 2 KV heads of 128
+    "Muse-Glimmer-30B": WindowShape("Muse-Glimmer-30B", 2048, 39, 13, _kv(2, 128), _kv(2, 128)),
     # 24 layers alternating window (128) / full, 8 KV heads of 64
     "gpt-oss-20b": WindowShape("gpt-oss-20b", 128, 12, 12, _kv(8, 64), _kv(8, 64)),
 }
