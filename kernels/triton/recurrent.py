@@ -10,8 +10,9 @@ reading and writing each sequence's state in place in its slot.
   transform ``T = (I + strictly_lower(beta K K^T * decay))^-1`` by forward substitution and stores
   ``w = T (beta k exp(g_cum))``, ``u = T (beta v)`` and the cumulative log decay; ``_chunk_scan`` (one program per
   sequence, value head and tile of value dims) carries the state from chunk to chunk and writes the outputs.
-  KDA (a decay per key channel, ``g`` ``[T, H, Dk]``) runs every row in the fused recurrent form, each decay scaling
-  its row of the state.
+  KDA (a decay per key channel, ``g`` ``[T, H, Dk]``): the recurrent form scales each row of the state by its
+  channel's decay; the chunked form keeps ``[BT, Dk]`` cumulative decays and sums the decayed products within a
+  chunk over slices of 16 channels (`_channel_decayed_products`), never factoring ``exp(g_i - g_j)``.
 
 Every launch is sized by the batch's row count and (for the chunked form) its longest row, and reads offsets, slots
 and initial-state flags from the device, so the decode path needs no host data and replays under CUDA graphs. A row
@@ -138,11 +139,6 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tenso
 
 
 @triton.jit
-def _l2norm_rows(x, eps):
-    return x * (1.0 / tl.sqrt(tl.sum(x * x, axis=1) + eps))[:, None]
-
-
-@triton.jit
 def _fused_recurrent_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, out_ptr, qsl_ptr, slots_ptr, init_ptr, tok_slots_ptr, scale, eps,
     max_len, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_gh, stride_bt,
@@ -187,12 +183,32 @@ def _fused_recurrent_kernel(
 
 
 @triton.jit
+def _channel_decayed_products(a_rows, a_decay_rows, a_scale, a_row_gain, b_scale, b_rows, b_decay_rows, t_valid, keep,
+                              DK: tl.constexpr, BLOCK_K: tl.constexpr, BT: tl.constexpr):
+    """``[BT, BT]``: ``sum_d a_i[d] b_j[d] exp(c_i[d] - c_j[d])`` where ``keep``, else 0, with ``c`` the cumulative
+    (over the chunk's tokens) decays read from ``*_decay_rows`` and ``a``, ``b`` rows scaled by ``a_scale *
+    a_row_gain`` and ``b_scale``. Summed over slices of 16 channels: a decay per channel does not factor out of
+    the dot product, and a ``[BT, BT, BLOCK_K]`` product would not fit in registers."""
+    acc = tl.zeros((BT, BT), dtype=tl.float32)
+    for d0 in tl.static_range(0, BLOCK_K, 16):
+        ds = d0 + tl.arange(0, 16)
+        mask = t_valid[:, None] & (ds < DK)[None, :]
+        a = tl.load(a_rows + ds[None, :], mask=mask, other=0.0).to(tl.float32) * (a_scale * a_row_gain)[:, None]
+        b = tl.load(b_rows + ds[None, :], mask=mask, other=0.0).to(tl.float32) * b_scale[:, None]
+        ca = tl.cumsum(tl.load(a_decay_rows + ds[None, :], mask=mask, other=0.0).to(tl.float32), axis=0)
+        cb = tl.cumsum(tl.load(b_decay_rows + ds[None, :], mask=mask, other=0.0).to(tl.float32), axis=0)
+        gap = tl.where(keep[:, :, None], ca[:, None, :] - cb[None, :, :], 0.0)  # <= 0 where kept: no overflow
+        acc += tl.sum(a[:, None, :] * b[None, :, :] * tl.exp(gap), axis=2)
+    return tl.where(keep, acc, 0.0)
+
+
+@triton.jit
 def _chunk_prepare_kernel(
     k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, gcum_ptr, qsl_ptr, slots_ptr, init_ptr, tok_slots_ptr, eps,
-    stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_bt,
-    stride_wt, stride_wh, stride_ut, stride_uh, stride_ct,
+    stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_gh, stride_bt,
+    stride_wt, stride_wh, stride_ut, stride_uh, stride_ct, stride_ch,
     GROUPS: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_DV: tl.constexpr,
-    BT: tl.constexpr, DOT_PRECISION: tl.constexpr, PER_TOKEN: tl.constexpr,
+    BT: tl.constexpr, DOT_PRECISION: tl.constexpr, PER_TOKEN: tl.constexpr, CHANNEL_GATE: tl.constexpr,
 ):
     seq, chunk, head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     start, length, slot, has_initial = _row(qsl_ptr, slots_ptr, init_ptr, tok_slots_ptr, seq, 2, 2**30, False,
@@ -202,19 +218,31 @@ def _chunk_prepare_kernel(
         t_valid = ts < length
         rows = start + ts
         dk, dv = tl.arange(0, BLOCK_K), tl.arange(0, BLOCK_DV)
-        k = tl.load(k_ptr + rows[:, None] * stride_kt + (head // GROUPS) * stride_kh + dk[None, :],
-                    mask=t_valid[:, None] & (dk < DK)[None, :], other=0.0).to(tl.float32)
-        k = _l2norm_rows(k, eps)
+        k_rows = k_ptr + rows[:, None] * stride_kt + (head // GROUPS) * stride_kh
+        k_mask = t_valid[:, None] & (dk < DK)[None, :]
+        k = tl.load(k_rows + dk[None, :], mask=k_mask, other=0.0).to(tl.float32)
+        inv_norm = 1.0 / tl.sqrt(tl.sum(k * k, axis=1) + eps)
+        k = k * inv_norm[:, None]
         v = tl.load(v_ptr + rows[:, None] * stride_vt + head * stride_vh + dv[None, :],
                     mask=t_valid[:, None] & (dv < DV)[None, :], other=0.0).to(tl.float32)
         beta = tl.load(beta_ptr + rows * stride_bt + head, mask=t_valid, other=0.0).to(tl.float32)
-        g_cum = tl.cumsum(tl.load(g_ptr + rows * stride_gt + head, mask=t_valid, other=0.0).to(tl.float32), axis=0)
         i, j = tl.arange(0, BT)[:, None], tl.arange(0, BT)[None, :]
         lower = (i > j) & t_valid[:, None] & t_valid[None, :]
-        # -strictly_lower(beta_i k_i . k_j exp(g_cum_i - g_cum_j)): the chunk's updates as one linear system
         k_beta = k * beta[:, None]
-        neg_a = -tl.where(lower, tl.dot(k_beta, tl.trans(k), input_precision=DOT_PRECISION), 0.0)
-        neg_a = neg_a * tl.exp(tl.where(lower, g_cum[:, None] - g_cum[None, :], 0.0))
+        # -strictly_lower(sum_d beta_i k_i[d] k_j[d] exp(g_cum_i[d] - g_cum_j[d])): the chunk's updates as one system
+        if CHANNEL_GATE:  # KDA: [BT, BK] cumulative decays, the products summed over slices of channels
+            g_rows = g_ptr + rows[:, None] * stride_gt + head * stride_gh
+            g_cum = tl.cumsum(tl.load(g_rows + dk[None, :], mask=k_mask, other=0.0).to(tl.float32), axis=0)
+            neg_a = _channel_decayed_products(k_rows, g_rows, inv_norm, beta, inv_norm, k_rows, g_rows, t_valid,
+                                              lower, DK, BLOCK_K, BT)
+            decay = tl.exp(g_cum)
+        else:
+            g_cum = tl.cumsum(tl.load(g_ptr + rows * stride_gt + head * stride_gh, mask=t_valid, other=0.0)
+                              .to(tl.float32), axis=0)
+            neg_a = tl.where(lower, tl.dot(k_beta, tl.trans(k), input_precision=DOT_PRECISION), 0.0)
+            neg_a = neg_a * tl.exp(tl.where(lower, g_cum[:, None] - g_cum[None, :], 0.0))
+            decay = tl.exp(g_cum)[:, None]
+        neg_a = -neg_a
         # Forward substitution: m = (I + A)^-1 - I row by row, m_i = -a_i + (-a_i) m (rows < i already solved)
         m = neg_a
         # Rows past the chunk's last token are zero in neg_a and stay zero: solve only the valid ones (a prompt's
@@ -225,21 +253,24 @@ def _chunk_prepare_kernel(
             m = tl.where(i == r, m_r[None, :], m)
         t_inv = m + tl.where(i == j, 1.0, 0.0)
         u = tl.dot(t_inv, v * beta[:, None], input_precision=DOT_PRECISION)
-        w = tl.dot(t_inv, k_beta * tl.exp(g_cum)[:, None], input_precision=DOT_PRECISION)
+        w = tl.dot(t_inv, k_beta * decay, input_precision=DOT_PRECISION)
         tl.store(u_ptr + rows[:, None] * stride_ut + head * stride_uh + dv[None, :], u,
                  mask=t_valid[:, None] & (dv < DV)[None, :])
         tl.store(w_ptr + rows[:, None] * stride_wt + head * stride_wh + dk[None, :], w,
                  mask=t_valid[:, None] & (dk < DK)[None, :])
-        tl.store(gcum_ptr + rows * stride_ct + head, g_cum, mask=t_valid)
+        if CHANNEL_GATE:
+            tl.store(gcum_ptr + rows[:, None] * stride_ct + head * stride_ch + dk[None, :], g_cum, mask=k_mask)
+        else:
+            tl.store(gcum_ptr + rows * stride_ct + head * stride_ch, g_cum, mask=t_valid)
 
 
 @triton.jit
 def _chunk_scan_kernel(
-    q_ptr, k_ptr, w_ptr, u_ptr, gcum_ptr, state_ptr, out_ptr, qsl_ptr, slots_ptr, init_ptr, tok_slots_ptr, scale, eps,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_wt, stride_wh, stride_ut, stride_uh, stride_ct,
-    stride_ot, stride_oh, stride_ss, stride_sh, stride_sk,
+    q_ptr, k_ptr, g_ptr, w_ptr, u_ptr, gcum_ptr, state_ptr, out_ptr, qsl_ptr, slots_ptr, init_ptr, tok_slots_ptr,
+    scale, eps, stride_qt, stride_qh, stride_kt, stride_kh, stride_gt, stride_gh, stride_wt, stride_wh, stride_ut,
+    stride_uh, stride_ct, stride_ch, stride_ot, stride_oh, stride_ss, stride_sh, stride_sk,
     GROUPS: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
-    BT: tl.constexpr, DOT_PRECISION: tl.constexpr, PER_TOKEN: tl.constexpr,
+    BT: tl.constexpr, DOT_PRECISION: tl.constexpr, PER_TOKEN: tl.constexpr, CHANNEL_GATE: tl.constexpr,
 ):
     seq, head = tl.program_id(0), tl.program_id(1)
     start, length, slot, has_initial = _row(qsl_ptr, slots_ptr, init_ptr, tok_slots_ptr, seq, 2, 2**30, False,
@@ -259,28 +290,43 @@ def _chunk_scan_kernel(
         t_valid = ts < length
         rows = start + ts
         qk_mask = t_valid[:, None] & k_valid[None, :]
-        q = tl.load(q_ptr + rows[:, None] * stride_qt + key_head * stride_qh + dk[None, :], mask=qk_mask,
-                    other=0.0).to(tl.float32)
-        k = tl.load(k_ptr + rows[:, None] * stride_kt + key_head * stride_kh + dk[None, :], mask=qk_mask,
-                    other=0.0).to(tl.float32)
-        q = _l2norm_rows(q, eps) * scale
-        k = _l2norm_rows(k, eps)
-        g_cum = tl.load(gcum_ptr + rows * stride_ct + head, mask=t_valid, other=0.0)
-        g_last = tl.load(gcum_ptr + (start + tl.minimum(c0 + BT, length) - 1) * stride_ct + head)
+        q_rows = q_ptr + rows[:, None] * stride_qt + key_head * stride_qh
+        k_rows = k_ptr + rows[:, None] * stride_kt + key_head * stride_kh
+        q = tl.load(q_rows + dk[None, :], mask=qk_mask, other=0.0).to(tl.float32)
+        k = tl.load(k_rows + dk[None, :], mask=qk_mask, other=0.0).to(tl.float32)
+        q_scale = scale / tl.sqrt(tl.sum(q * q, axis=1) + eps)
+        k_scale = 1.0 / tl.sqrt(tl.sum(k * k, axis=1) + eps)
+        q, k = q * q_scale[:, None], k * k_scale[:, None]
+        last = start + tl.minimum(c0 + BT, length) - 1
         w = tl.load(w_ptr + rows[:, None] * stride_wt + head * stride_wh + dk[None, :], mask=qk_mask, other=0.0)
         u = tl.load(u_ptr + rows[:, None] * stride_ut + head * stride_uh + dv[None, :],
                     mask=t_valid[:, None] & v_valid[None, :], other=0.0)
         # the part of the chunk's values the carried state does not predict
         v_new = u - tl.dot(w, state, input_precision=DOT_PRECISION)
         causal = (i >= j) & t_valid[:, None] & t_valid[None, :]
-        attn = tl.where(causal, tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION), 0.0)
-        attn = attn * tl.exp(tl.where(causal, g_cum[:, None] - g_cum[None, :], 0.0))
-        out = tl.dot(q * tl.exp(g_cum)[:, None], state, input_precision=DOT_PRECISION)
+        if CHANNEL_GATE:  # KDA: decays [BT, BK] per channel
+            g_cum = tl.load(gcum_ptr + rows[:, None] * stride_ct + head * stride_ch + dk[None, :], mask=qk_mask,
+                            other=0.0)
+            g_last = tl.load(gcum_ptr + last * stride_ct + head * stride_ch + dk, mask=k_valid, other=0.0)
+            g_rows = g_ptr + rows[:, None] * stride_gt + head * stride_gh
+            attn = _channel_decayed_products(q_rows, g_rows, q_scale, 1.0, k_scale, k_rows, g_rows, t_valid, causal,
+                                             DK, BLOCK_K, BT)
+            to_end = tl.where(qk_mask, g_last[None, :] - g_cum, 0.0)
+            state_decay = tl.exp(g_last)[:, None]
+        else:
+            g_cum = tl.load(gcum_ptr + rows * stride_ct + head * stride_ch, mask=t_valid, other=0.0)
+            g_last = tl.load(gcum_ptr + last * stride_ct + head * stride_ch)
+            attn = tl.where(causal, tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION), 0.0)
+            attn = attn * tl.exp(tl.where(causal, g_cum[:, None] - g_cum[None, :], 0.0))
+            to_end = tl.where(t_valid, g_last - g_cum, 0.0)[:, None]
+            g_cum = g_cum[:, None]
+            state_decay = tl.exp(g_last)
+        out = tl.dot(q * tl.exp(g_cum), state, input_precision=DOT_PRECISION)
         out += tl.dot(attn, v_new, input_precision=DOT_PRECISION)
         tl.store(out_ptr + rows[:, None] * stride_ot + head * stride_oh + dv[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=t_valid[:, None] & v_valid[None, :])
-        k_to_end = k * tl.exp(tl.where(t_valid, g_last - g_cum, 0.0))[:, None]
-        state = state * tl.exp(g_last) + tl.dot(tl.trans(k_to_end), v_new, input_precision=DOT_PRECISION)
+        k_to_end = k * tl.exp(to_end)
+        state = state * state_decay + tl.dot(tl.trans(k_to_end), v_new, input_precision=DOT_PRECISION)
     tl.store(tile, state, mask=written)
 
 
@@ -314,33 +360,31 @@ def gated_delta_rule(
                 batch.token_state_slots if per_token else batch.state_slots)
     state_strides = (ssm_state.stride(0), ssm_state.stride(1), ssm_state.stride(2))
     longest = batch.longest
-    channel_gate = g.dim() == 3
-    # KDA's per-channel decay does not factor out of the chunked form's products: its rows of any length run the
-    # recurrent form (token by token; the chunked KDA kernels are fla-core's)
+    channel_gate = g.dim() == 3  # KDA: a decay per key channel
     _fused_recurrent_kernel[grid](
-        q, k, v, g, beta, ssm_state, out, *row_args, scale, L2NORM_EPS, 2**30 if channel_gate else 1,
+        q, k, v, g, beta, ssm_state, out, *row_args, scale, L2NORM_EPS, 1,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), g.stride(1),
         beta.stride(0), out.stride(0), out.stride(1), *state_strides,
         GROUPS=groups, DK=dk, DV=dv, BLOCK_K=block_k, BLOCK_V=block_v, PER_TOKEN=per_token, CHANNEL_GATE=channel_gate,
     )
-    if channel_gate or longest < 2 or len(batch.prefill_rows) == 0:
+    if longest < 2 or len(batch.prefill_rows) == 0:
         return out
     precision = "ieee"  # fp32 state math, as the reference
     w = torch.empty(tokens, num_v_heads, dk, dtype=torch.float32, device=v.device)
     u = torch.empty(tokens, num_v_heads, dv, dtype=torch.float32, device=v.device)
-    g_cum = torch.empty(tokens, num_v_heads, dtype=torch.float32, device=v.device)
+    g_cum = torch.empty(g.shape, dtype=torch.float32, device=v.device)  # per head, or per head and channel
     _chunk_prepare_kernel[(rows, triton.cdiv(longest, CHUNK), num_v_heads)](
         k, v, g, beta, w, u, g_cum, *row_args, L2NORM_EPS,
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
-        w.stride(0), w.stride(1), u.stride(0), u.stride(1), g_cum.stride(0),
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), g.stride(1), beta.stride(0),
+        w.stride(0), w.stride(1), u.stride(0), u.stride(1), g_cum.stride(0), g_cum.stride(1),
         GROUPS=groups, DK=dk, DV=dv, BLOCK_K=block_k, BLOCK_DV=max(16, triton.next_power_of_2(dv)), BT=CHUNK,
-        DOT_PRECISION=precision, PER_TOKEN=per_token,
+        DOT_PRECISION=precision, PER_TOKEN=per_token, CHANNEL_GATE=channel_gate,
     )
     _chunk_scan_kernel[grid](
-        q, k, w, u, g_cum, ssm_state, out, *row_args, scale, L2NORM_EPS,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), w.stride(0), w.stride(1), u.stride(0), u.stride(1),
-        g_cum.stride(0), out.stride(0), out.stride(1), *state_strides,
+        q, k, g, w, u, g_cum, ssm_state, out, *row_args, scale, L2NORM_EPS,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0), g.stride(1), w.stride(0), w.stride(1),
+        u.stride(0), u.stride(1), g_cum.stride(0), g_cum.stride(1), out.stride(0), out.stride(1), *state_strides,
         GROUPS=groups, DK=dk, DV=dv, BLOCK_K=block_k, BLOCK_V=block_v, BT=CHUNK, DOT_PRECISION=precision,
-        PER_TOKEN=per_token,
+        PER_TOKEN=per_token, CHANNEL_GATE=channel_gate,
     )
     return out

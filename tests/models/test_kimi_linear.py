@@ -95,11 +95,13 @@ def test_top20_logprobs_within_1e_4(case):
 
 @pytest.mark.slow
 def test_triton_kernels_chunked_and_together(case):
-    """The Triton op set under the interpreter: KDA's channel-wise rule, the conv and MLA's kernels, chunked prefills
-    sharing steps with decodes."""
+    """The Triton op set under the interpreter (lean: it is slow): a 17-token prompt in chunks of 12 and 5 (KDA's
+    chunked kernels, the second continuing the first's state), then decodes (its recurrent kernel), MLA and the
+    MoE's kernels."""
     path, prompts, expected = case
-    llm = _llm(path, attention_backend="triton", max_num_batched_tokens=48)
-    assert [o.token_ids for o in llm.generate(prompts[:4], GREEDY)] == expected[:4]
+    llm = _llm(path, attention_backend="triton", max_num_batched_tokens=12)
+    out = llm.generate([prompts[3]], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))[0]
+    assert out.token_ids == expected[3][:3]
 
 
 @pytest.mark.slow
@@ -108,5 +110,5 @@ def test_tensor_parallel_2(case):
     (the latent replicated) and half of every expert."""
     path, prompts, expected = case
     with _llm(path, num_kv_blocks=64, max_num_batched_tokens=16, tensor_parallel_size=2) as llm:
-        outs = llm.generate(prompts[2:5], GREEDY)
-    assert [o.token_ids for o in outs] == expected[2:5]
+        outs = llm.generate(prompts[2:4], GREEDY)
+    assert [o.token_ids for o in outs] == expected[2:4]
