@@ -23,13 +23,17 @@ if TYPE_CHECKING:
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "qwen3_moe", "deepseek_v2", "deepseek_v3",
                            "deepseek_v32", "deepseek_v4", "qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text",
                            "qwen3_5_moe_text", "gemma3", "gemma3_text", "gpt_oss", "glm4_moe_lite", "minimax_m2",
-                           "ministral3", "mistral3", "kimi_linear", "gemma4", "gemma4_text", "muse_glimmer")
+                           "ministral3", "mistral3", "kimi_linear", "gemma4", "gemma4_text", "muse_glimmer",
+                           "glm_moe_dsa")
 # MLA + MoE with sigmoid scores, a correction bias and grouped top-k: DeepSeek-V3 / V3.2, GLM-4.7-Flash
-# (glm4_moe_lite: the same layers, one expert group) and Kimi Linear's MLA layers and MoE (kimi_linear)
-DEEPSEEK_V3_ROUTING = ("deepseek_v3", "deepseek_v32", "glm4_moe_lite", "kimi_linear")
+# (glm4_moe_lite: the same layers, one expert group), Kimi Linear's MLA layers and MoE (kimi_linear) and GLM-5
+# (glm_moe_dsa: V3.2's layers)
+DEEPSEEK_V3_ROUTING = ("deepseek_v3", "deepseek_v32", "glm4_moe_lite", "kimi_linear", "glm_moe_dsa")
 # Checkpoints whose MTP layers follow the last decoder layer (model.layers.{num_hidden_layers}.*): DeepSeek-V3 / R1,
-# and V3.2, whose MTP layer has its own indexer
-MTP_AFTER_LAST_LAYER = ("deepseek_v3", "deepseek_v32")
+# and V3.2 and GLM-5, whose MTP layer has its own indexer
+MTP_AFTER_LAST_LAYER = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa")
+# DeepSeek Sparse Attention: MLA over the lightning indexer's top-k (V3.2; GLM-5 with shared layers)
+DSA_ARCHITECTURES = ("deepseek_v32", "glm_moe_dsa")
 # Hybrid decoders: Gated DeltaNet linear attention (a recurrent state per sequence) between gated full attention.
 # qwen3_5 / qwen3_5_moe are the released VLM checkpoints (text_config); the *_text types their language models alone.
 HYBRID_ARCHITECTURES = ("qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text")
@@ -414,10 +418,32 @@ class IndexerConfig:
     num_heads: int
     head_dim: int
     topk: int
+    rope_interleaved: bool = False  # GLM-5 rotates the index keys' (x0, x1), (x2, x3) pairs; V3.2 neox-style halves
+    shared: tuple[bool, ...] = ()  # per layer: reuse the previous indexed layer's choice (GLM-5's "shared" layers)
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> "IndexerConfig":
-        return cls(num_heads=cfg["index_n_heads"], head_dim=cfg["index_head_dim"], topk=cfg["index_topk"])
+        glm5 = cfg.get("model_type") == "glm_moe_dsa"
+        return cls(num_heads=cfg["index_n_heads"], head_dim=cfg["index_head_dim"], topk=cfg["index_topk"],
+                   rope_interleaved=glm5, shared=_shared_index_layers(cfg) if glm5 else ())
+
+    def is_shared(self, layer: int) -> bool:
+        return layer < len(self.shared) and self.shared[layer]
+
+
+def _shared_index_layers(cfg: dict[str, Any]) -> tuple[bool, ...]:
+    """GLM-5's ``indexer_types`` ("full" runs the layer's indexer, "shared" reuses the last full layer's top-k), as
+    transformers derives it when a config carries only ``index_topk_pattern`` or ``index_topk_freq`` /
+    ``index_skip_topk_offset``."""
+    kinds = cfg.get("indexer_types")
+    if kinds is None and (pattern := cfg.get("index_topk_pattern")) is not None:
+        kinds = [{"F": "full", "S": "shared"}[c] for c in pattern] if isinstance(pattern, str) else list(pattern)
+    if kinds is None:
+        freq, offset = max(cfg.get("index_topk_freq", 1), 1), cfg.get("index_skip_topk_offset", 2)
+        kinds = ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(cfg["num_hidden_layers"])]
+    if kinds and kinds[0] == "shared":
+        raise ValueError("GLM-5's indexer_types: the first layer must be 'full' (a shared layer reuses an earlier one)")
+    return tuple(kind == "shared" for kind in kinds)
 
 
 V4_LAYER_TYPES = {0: "sliding_attention", 4: "compressed_sparse_attention", 128: "heavily_compressed_attention"}
@@ -748,7 +774,7 @@ class ModelConfig:
             eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
             moe=MoEConfig.from_dict(arch, cfg),
             mla=MLAConfig.from_dict(cfg) if arch in ("deepseek_v2", *DEEPSEEK_V3_ROUTING) else None,
-            indexer=IndexerConfig.from_dict(cfg) if arch == "deepseek_v32" else None,
+            indexer=IndexerConfig.from_dict(cfg) if arch in DSA_ARCHITECTURES else None,
             v4=V4Config.from_dict(cfg) if arch == "deepseek_v4" else None,
             linear=LinearAttentionConfig.from_dict(arch, cfg) if hybrid or arch == "kimi_linear" else None,
             partial_rotary_factor=partial_rotary,

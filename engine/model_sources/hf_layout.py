@@ -37,6 +37,9 @@ _FAMILY_KEYS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "deepseek_v3": ("DeepseekV3ForCausalLM", _DEEPSEEK_V3_ROUTING),
     "deepseek_v32": ("DeepseekV32ForCausalLM", _DEEPSEEK_V3_ROUTING),  # + the indexer's sizes, from the recipe
+    # GLM-5 (zai-org/GLM-5's config.json): V3.2's routing with one expert group; the indexer's sizes and schedule
+    # (indexer_types) come with the recipe
+    "glm_moe_dsa": ("GlmMoeDsaForCausalLM", {**_DEEPSEEK_V3_ROUTING, "n_group": 1, "topk_group": 1}),
     # GLM-4.7-Flash (zai-org/GLM-4.7-Flash's config.json): DeepSeek-V3's routing with one expert group, full RoPE
     "glm4_moe_lite": ("Glm4MoeLiteForCausalLM", {
         **_DEEPSEEK_V3_ROUTING, "n_group": 1, "topk_group": 1, "partial_rotary_factor": 1.0, "rope_interleave": True}),

@@ -31,6 +31,7 @@ MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "deepseek_v2": DeepseekV3ForCausalLM,
     "deepseek_v3": DeepseekV3ForCausalLM,
     "deepseek_v32": DeepseekV32ForCausalLM,
+    "glm_moe_dsa": DeepseekV32ForCausalLM,  # GLM-5: V3.2's layers, interleaved index keys, shared top-k layers
     "deepseek_v4": DeepseekV4ForCausalLM,
     "glm4_moe_lite": DeepseekV3ForCausalLM,  # GLM-4.7-Flash: DeepSeek-V3's MLA and MoE, one expert group
     "qwen3_next": HybridForCausalLM,

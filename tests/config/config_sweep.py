@@ -110,10 +110,19 @@ def _deepseek_v3(rng: random.Random) -> dict[str, Any]:
 
 
 def _deepseek_v32(rng: random.Random) -> dict[str, Any]:
-    # At least 4 index heads: with 2, many relu scores are exactly 0 and the top-k is a tie that even transformers'
-    # prefill and decode break differently. V3.2's queries always come from a q-LoRA latent (the indexer reads it).
-    return dict(_deepseek_v3(rng), q_lora_rank=_pick(rng, 24, 48), index_n_heads=_pick(rng, 4, 8), index_head_dim=_pick(rng, 16, 32),
+    # At least 8 index heads: a key scores exactly 0 when every head's relu is 0 (1 in 2^heads), and with fewer than
+    # top-k keys scoring above 0 the choice among the zeros is a tie that transformers' one-shot prefill and a chunked
+    # one break differently (4 heads did, for GLM-5's draw 2). V3.2's queries always come from a q-LoRA latent.
+    return dict(_deepseek_v3(rng), q_lora_rank=_pick(rng, 24, 48), index_n_heads=_pick(rng, 8, 16), index_head_dim=_pick(rng, 16, 32),
                 index_topk=_pick(rng, 4, 8, 16))
+
+
+def _glm_moe_dsa(rng: random.Random) -> dict[str, Any]:
+    """GLM-5: V3.2's indexer (interleaved index keys) with one expert group and any schedule of layers that reuse the
+    last indexed layer's top-k (indexer_types; the first one indexes)."""
+    cfg = dict(_deepseek_v32(rng), n_group=1, topk_group=1)
+    cfg["indexer_types"] = ["full"] + [_pick(rng, "full", "shared") for _ in range(cfg["num_hidden_layers"] - 1)]
+    return cfg
 
 
 def _glm4_moe_lite(rng: random.Random) -> dict[str, Any]:
@@ -347,7 +356,7 @@ DRAWS: dict[str, Callable[[random.Random], dict[str, Any]]] = {
     "deepseek_v2": _deepseek_v2, "deepseek_v3": _deepseek_v3, "deepseek_v32": _deepseek_v32,
     "deepseek_v4": _deepseek_v4, "qwen3_next": _qwen3_next, "qwen3_5": _qwen3_5, "qwen3_5_moe": _qwen3_5_moe,
     "qwen3_5_text": _qwen3_5_text, "qwen3_5_moe_text": _qwen3_5_moe_text, "gemma3_text": _gemma3_text,
-    "gemma3": _gemma3, "glm4_moe_lite": _glm4_moe_lite, "minimax_m2": _minimax_m2, "kimi_linear": _kimi_linear, "ministral3": _ministral3, "mistral3": _mistral3, "gpt_oss": _gpt_oss,
+    "gemma3": _gemma3, "glm4_moe_lite": _glm4_moe_lite, "glm_moe_dsa": _glm_moe_dsa, "minimax_m2": _minimax_m2, "kimi_linear": _kimi_linear, "ministral3": _ministral3, "mistral3": _mistral3, "gpt_oss": _gpt_oss,
     "gemma4_text": _gemma4_text, "gemma4": _gemma4, "muse_glimmer": _muse_glimmer,
 }
 

@@ -57,7 +57,8 @@ def test_todays_deepseek_models_and_the_gpus_they_need(capsys) -> None:
     assert (specs["deepseek-v3.2-tiny"].source, specs["deepseek-v3.2-tiny"].template) == ("tiny", "deepseek-v3.2")
     for name, repo, family, gpus in [("deepseek-v3.2", "deepseek-ai/DeepSeek-V3.2", "deepseek-v3.2", 16),
                                      ("deepseek-v4-flash", "deepseek-ai/DeepSeek-V4-Flash", "deepseek-v4", 8),
-                                     ("deepseek-v4-pro", "deepseek-ai/DeepSeek-V4-Pro", "deepseek-v4", 32)]:
+                                     ("deepseek-v4-pro", "deepseek-ai/DeepSeek-V4-Pro", "deepseek-v4", 32),
+                                     ("glm-5", "zai-org/GLM-5", "glm-4.7", 16)]:
         assert (specs[name].repo_id, specs[name].template, specs[name].gpus) == (repo, family, gpus)
     assert specs["qwen3-8b"].gpu_requirement() is None
     _say_gpu_requirement("deepseek-v4-flash", 1)

@@ -1,7 +1,7 @@
 """DeepSeek-V3.2's lightning indexer (DeepSeek Sparse Attention): which context tokens each query attends to.
 
 Per token it writes one index key (``wk`` then LayerNorm, RoPE on its first ``qk_rope_head_dim`` dims, neox-style
-unlike MLA's interleaved pairs) into its own block tensor beside the MLA latent, and scores every visible cached key
+unlike MLA's interleaved pairs in V3.2, interleaved in GLM-5) into its own block tensor beside the MLA latent, and scores every visible cached key
 with ``sum_h w_h * relu(q_h . k / sqrt(D))``: ``index_n_heads`` queries from the q-LoRA latent (``wq_b``) and their
 weights from the hidden state (``weights_proj``, in fp32 as DeepSeek keeps it). The ``index_topk`` best tokens are
 returned as slots for `ops.sparse_mla`. DeepSeek's own code rotates q and k by a Hadamard matrix and scores in FP8;
@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.config import IndexerConfig
+from engine.models.layers.mla import deinterleave
 from kernels.ops import AttentionMetadata, Ops, query_rows
 
 INDEX_KEY_NORM_EPS = 1e-6
@@ -34,6 +35,7 @@ class Indexer(nn.Module):
         self.weights_proj = nn.Linear(hidden_size, cfg.num_heads, bias=False)
         self.weights_proj.keep_fp32 = True
         self.scale = cfg.head_dim**-0.5
+        self.interleaved = cfg.rope_interleaved
 
     def forward(self, ops: Ops, x: torch.Tensor, q_latent: torch.Tensor, positions: torch.Tensor,
                 cos_sin: torch.Tensor, key_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
@@ -42,6 +44,8 @@ class Indexer(nn.Module):
         k = F.layer_norm(self.wk(x), (self.head_dim,), self.k_norm.weight, self.k_norm.bias, self.k_norm.eps)
         q_rope, q_pass = q.split([self.rope_dim, self.head_dim - self.rope_dim], dim=-1)
         k_rope, k_pass = k.unsqueeze(1).split([self.rope_dim, self.head_dim - self.rope_dim], dim=-1)
+        if self.interleaved:  # q and k permuted alike: the scores are unchanged
+            q_rope, k_rope = deinterleave(q_rope), deinterleave(k_rope)
         q_rope, k_rope = ops.rotary_embedding(positions, q_rope, k_rope, cos_sin)
         k = torch.cat([k_rope, k_pass], dim=-1)
         half = self.head_dim // 2  # store_kv writes a key and a value: the two halves of the one index key (the
