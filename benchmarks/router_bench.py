@@ -195,7 +195,7 @@ def router_credits(log: str, results: list[RoutedResult], urls: list[str]) -> di
         m = _DECISION_TOKENS.search(re.sub(r"\x1b\[[0-9;]*m", "", line))
         if m:
             decisions[(m.group(1), int(m.group(2)))].append(int(m.group(3)))
-    matched = [(decisions[key].pop(0), r.cached_tokens) for r in results
+    matched = [(decisions[key].pop(0), r.cached_tokens) for r in sorted(results, key=lambda r: r.start)  # as decided
                if r.ok and r.replica is not None and decisions.get(key := (urls[r.replica], r.prompt_tokens))]
     return {"decisions_matched": len(matched), "credited_tokens": sum(c for c, _ in matched),
             "cached_tokens": sum(k for _, k in matched), "credited_short": sum(c < k for c, k in matched),
