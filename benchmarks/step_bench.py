@@ -8,9 +8,13 @@ paging, argmax sampling. Engine and bare loop take turns, one decode step each, 
 the machine's speed during the run touches both alike (with async scheduling, see `measure_point`); every figure is
 the median over those steps.
 
-Per point: ``engine_ms`` (wall time per engine step), ``bare_ms``, ``host_ms`` (the engine's own host time per step:
-scheduling, input preparation, launches and bookkeeping; on CPU the step minus its compute, on CUDA the step minus
-the time blocked on the device), ``device_ms`` (compute on CPU; kernel time by CUDA events on a GPU).
+The engine runs as the offline API runs it (`EngineLoop.run_here` with `LLM.generate`'s sink), so a step is one
+iteration of its loop: the engine step, then its outputs handed off and turned into each request's text.
+
+Per point: ``engine_ms`` (wall time per loop iteration), ``bare_ms``, of the engine's time ``step_ms`` (the engine
+step) and ``text_ms`` (the hand-off and text), ``host_ms`` (the engine's own host time per step: scheduling, input
+preparation, launches, outputs and bookkeeping; on CPU the step minus its compute, on CUDA the step minus the time
+blocked on the device), ``device_ms`` (compute on CPU; kernel time by CUDA events on a GPU).
 
 On CPU the same figures are also taken in CPU time of the threads that did the work (``*_cpu_ms``), with torch on one
 thread (``--threads``): on a shared machine, wall time also counts the time other processes held the cores, CPU time
@@ -164,6 +168,7 @@ class _Ticks:
         self._start = self._start_cpu = 0.0
 
     def __call__(self) -> bool:
+        _sync(self.engine.cfg.device)  # a step's device work counts in its own time, as the bare loop's does
         end, end_cpu = time.perf_counter(), time.thread_time()
         if self._before is not None:
             profile = asdict(self.engine.runner.profile)
@@ -183,7 +188,6 @@ class _Ticks:
                 self.flush.fill_(1.0)
             self._before = asdict(self.engine.runner.profile)
             self.sink.wall = self.sink.cpu = 0.0
-        _sync(self.engine.cfg.device)
         self._start, self._start_cpu = time.perf_counter(), time.thread_time()
         return False
 
