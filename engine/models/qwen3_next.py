@@ -158,7 +158,8 @@ class HybridForCausalLM(LlamaForCausalLM):
 def delta_rule_state(lin: LinearAttentionConfig, num_layers: int, tp: TensorParallel) -> RecurrentStateSpec:
     """One sequence's state in each of ``num_layers`` recurrent layers (Gated DeltaNet, KDA), for this rank's heads:
     a conv window ``[C, K - 1]`` over q, k and v (model dtype) and an fp32 delta-rule state ``[Hv, Dk, Dv]``."""
-    conv_channels = tp.split(lin.num_key_heads) * 2 * lin.key_head_dim + tp.split(lin.num_value_heads) * lin.value_head_dim
+    conv_channels = (tp.split(lin.num_key_heads) * 2 * lin.key_head_dim
+                     + tp.split(lin.num_value_heads) * lin.value_head_dim)
     return RecurrentStateSpec(
         num_layers=num_layers,
         shapes=((conv_channels, lin.conv_kernel - 1), (tp.split(lin.num_value_heads), lin.key_head_dim,

@@ -40,7 +40,7 @@ MIB = 2**20
 class StateCost:
     """What a model's cache costs, in bf16 pages and states (the delta-rule state in fp32, as kvserve keeps it)."""
 
-    kv_bytes_per_token: int  # every full-attention layer's K and V
+    kv_bytes_per_token: int  # every full-attention layer's K and V (an MLA layer's latent: Kimi Linear)
     state_bytes: int  # one sequence's state (or one snapshot) over every linear-attention layer
     state_bytes_per_layer: int
     kv_bytes_per_token_per_layer: int
@@ -51,7 +51,8 @@ class StateCost:
         lin = cfg.linear
         assert lin is not None
         linear_layers = sum(lin.is_linear(i) for i in range(cfg.num_layers))
-        per_layer_kv = 2 * cfg.num_kv_heads * cfg.head_dim * 2
+        mla = cfg.mla
+        per_layer_kv = (mla.kv_lora_rank + mla.qk_rope_head_dim) * 2 if mla else 2 * cfg.num_kv_heads * cfg.head_dim * 2
         per_layer_state = lin.conv_dim * (lin.conv_kernel - 1) * 2 + lin.num_value_heads * lin.key_head_dim * \
             lin.value_head_dim * 4
         return cls((cfg.num_layers - linear_layers) * per_layer_kv, linear_layers * per_layer_state,

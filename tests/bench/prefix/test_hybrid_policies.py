@@ -21,6 +21,21 @@ def test_snapshot_bytes_of_the_released_shapes(shape: str, kv_kib: int, state_mi
     assert cost.vllm_align_block == align_block
 
 
+def test_snapshot_bytes_of_kimi_linear() -> None:
+    """Kimi-Linear-48B-A3B: 7 MLA layers keep a 576-value latent a token, 20 KDA layers a 3 x 4,096-channel conv
+    window and a 32 x 128 x 128 fp32 state (what kvserve allocates for it, engine/models/kimi_linear.py)."""
+    full = [4, 8, 12, 16, 20, 24, 27]
+    cost = StateCost.of(dict(
+        model_type="kimi_linear", vocab_size=163840, hidden_size=2304, intermediate_size=9216, num_hidden_layers=27,
+        num_attention_heads=32, num_key_value_heads=32, kv_lora_rank=512, q_lora_rank=None, qk_nope_head_dim=128,
+        qk_rope_head_dim=64, v_head_dim=128, num_experts=256, num_experts_per_token=8, moe_intermediate_size=1024,
+        linear_attn_config=dict(full_attn_layers=full, kda_layers=[i for i in range(1, 28) if i not in full],
+                                num_heads=32, head_dim=128, short_conv_kernel_size=4)))
+    assert cost.kv_bytes_per_token == 7 * 576 * 2
+    assert cost.state_bytes == 20 * (3 * 4096 * 3 * 2 + 32 * 128 * 128 * 4)
+    assert cost.vllm_align_block == 1888
+
+
 @pytest.mark.slow  # renders and simulates two workloads: about 30 s
 @pytest.mark.slow
 def test_kvserve_reads_at_least_the_best_of_them_at_no_more_memory() -> None:
