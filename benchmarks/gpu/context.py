@@ -11,11 +11,15 @@ from typing import Any
 import torch
 
 from benchmarks.gpu.measure import greedy, memory_snapshot
-from benchmarks.gpu.models import QWEN3_0_6B, QWEN3_30B_A3B, QWEN36_35B_A3B, build_bench_model, kv_bytes_per_token
+from benchmarks.gpu.models import (GLM_47_FLASH, GPT_OSS_20B, QWEN3_0_6B, QWEN3_30B_A3B, QWEN36_35B_A3B,
+                                   build_bench_model)
 from benchmarks.throughput import ThroughputWorkload
 
 DENSE, MOE = "qwen3-0.6b", "qwen3-30b-a3b"  # the benchmark models, built from their shapes on first use
 HYBRID = "qwen3.6-35b-a3b"  # Gated DeltaNet + gated attention + MoE (docs/HYBRID_CACHE.md)
+GPT_OSS, GLM = "gpt-oss-20b", "glm-4.7-flash"  # window + full layers with sinks; MLA + MoE (docs/MODELS.md)
+# the registered tiny model whose tokenizer (same vocabulary) a benchmark model carries; Qwen's otherwise
+TOKENIZER_OF = {GPT_OSS: "gpt-oss-tiny", GLM: "glm4.7-flash-tiny"}
 NANO_VLLM = dict(max_num_seqs=256, max_num_batched_tokens=16384, max_model_len=4096)  # nano-vllm's bench settings
 
 
@@ -37,7 +41,7 @@ class Plan:
 
 FULL = Plan("full", 510, ("qwen3-tiny", "deepseek-tiny"), 256, 100, 256, 90, 32768, 48)
 QUICK = Plan("quick", 210, ("qwen3-tiny",), 64, 25, 128, 40, 32768, 48,
-             skip=("throughput_eager", "moe_throughput"))
+             skip=("throughput_eager", "moe_throughput", "gpt_oss_throughput", "glm_throughput"))
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,8 @@ ENGINES = {
     "long_context": EngineKind(DENSE, {"max_num_batched_tokens": 16384}),  # the model's 40,960 positions
     "moe": EngineKind(MOE, {**NANO_VLLM, "load_format": "dummy"}),  # 61 GB of bf16 weights, drawn on the GPU
     "hybrid_moe": EngineKind(HYBRID, {**NANO_VLLM, "load_format": "dummy"}),  # about 70 GB, drawn on the GPU
+    "gpt_oss": EngineKind(GPT_OSS, {**NANO_VLLM, "load_format": "dummy"}),  # about 42 GB in bf16, drawn on the GPU
+    "glm": EngineKind(GLM, {**NANO_VLLM, "load_format": "dummy"}),  # about 60 GB, drawn on the GPU
 }
 
 
@@ -77,7 +83,8 @@ class Context:
 
     def __post_init__(self) -> None:
         moe = {**QWEN3_30B_A3B, "num_hidden_layers": self.plan.moe_layers}
-        self.models = {DENSE: QWEN3_0_6B, MOE: moe, HYBRID: QWEN36_35B_A3B, **self.models}
+        self.models = {DENSE: QWEN3_0_6B, MOE: moe, HYBRID: QWEN36_35B_A3B, GPT_OSS: GPT_OSS_20B, GLM: GLM_47_FLASH,
+                       **self.models}
 
     def remaining(self) -> float:
         return self.deadline - time.perf_counter()
@@ -85,7 +92,8 @@ class Context:
     def model_dir(self, name: str, weights: bool = True) -> Path:
         if name not in self._model_dirs:
             self._model_dirs[name] = build_bench_model(self.work_dir / name, self.models[name],
-                                                   device=self.device, weights=weights)
+                                                       TOKENIZER_OF.get(name, "qwen3-tiny"), self.device,
+                                                       weights=weights)
         return self._model_dirs[name]
 
     def engine(self, kind: str):
@@ -110,8 +118,7 @@ class Context:
     def snapshot_engine(self) -> None:
         if self._engine and self.device == "cuda":
             kind, llm = self._engine
-            config = self.models[self.engines[kind].model]
-            block = kv_bytes_per_token(config, 2) * llm.engine.cfg.block_size
+            block = llm.engine.runner.kv_spec.bytes_per_block(llm.engine.cfg.block_size, torch.bfloat16)
             self.engine_memory[kind] = memory_snapshot(llm, self.gpu_memory_utilization, block)
 
     def release_engine(self) -> None:

@@ -43,6 +43,28 @@ QWEN36_35B_A3B: dict[str, Any] = dict(
     linear_num_value_heads=32, num_experts=256, num_experts_per_tok=8, moe_intermediate_size=512,
     shared_expert_intermediate_size=512, max_position_embeddings=262144,
 )
+# openai/gpt-oss-20b's shape (issue 37): window (128) and full layers alternating, sinks, 32 experts (4 routed) with
+# biases, YaRN; its experts are MXFP4 in the release and bf16 here (the engine dequantizes them at load anyway).
+GPT_OSS_20B: dict[str, Any] = dict(
+    architectures=["GptOssForCausalLM"], model_type="gpt_oss", vocab_size=201088, hidden_size=2880,
+    intermediate_size=2880, num_hidden_layers=24, num_attention_heads=64, num_key_value_heads=8, head_dim=64,
+    num_local_experts=32, num_experts_per_tok=4, sliding_window=128,
+    layer_types=["sliding_attention", "full_attention"] * 12, rope_theta=150_000.0,
+    rope_scaling=dict(rope_type="yarn", factor=32.0, beta_fast=32.0, beta_slow=1.0, truncate=False,
+                      original_max_position_embeddings=4096),
+    max_position_embeddings=131072, attention_bias=True, swiglu_limit=7.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
+)
+# zai-org/GLM-4.7-Flash's shape (issue 38): MLA (q-LoRA 768, latent 512 + 64 rotary, nope 192, values 256) over 20
+# heads, a dense first layer, then a shared expert + 4 of 64 routed ones, 47 layers.
+GLM_47_FLASH: dict[str, Any] = dict(
+    architectures=["Glm4MoeLiteForCausalLM"], model_type="glm4_moe_lite", vocab_size=154880, hidden_size=2048,
+    intermediate_size=10240, moe_intermediate_size=1536, num_hidden_layers=47, num_attention_heads=20,
+    num_key_value_heads=20, head_dim=64, q_lora_rank=768, kv_lora_rank=512, qk_nope_head_dim=192,
+    qk_rope_head_dim=64, v_head_dim=256, n_routed_experts=64, n_shared_experts=1, num_experts_per_tok=4,
+    first_k_dense_replace=1, routed_scaling_factor=1.8, n_group=1, topk_group=1, norm_topk_prob=True,
+    scoring_func="sigmoid", topk_method="noaux_tc", rope_interleave=True, partial_rotary_factor=1.0,
+    rope_theta=1_000_000.0, max_position_embeddings=202752, rms_norm_eps=1e-5, tie_word_embeddings=False,
+)
 # Keys every released Qwen3 config.json carries besides the shape.
 _COMMON_CONFIG = dict(attention_bias=False, hidden_act="silu", bos_token_id=151643, eos_token_id=151645,
                       torch_dtype="bfloat16")
@@ -101,6 +123,16 @@ def param_count(config: dict[str, Any], active_only: bool = False) -> int:
         moe_layers = sum(_is_moe_layer(config, layer) for layer in range(config["num_hidden_layers"]))
         total -= moe_layers * (config["num_experts"] - config["num_experts_per_tok"]) * expert
     return total
+
+
+def meta_param_count(config: dict[str, Any]) -> int:
+    """Parameters of transformers' model for ``config`` (any family), built on the meta device: nothing allocated."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    hf_config = AutoConfig.for_model(**{k: v for k, v in config.items() if k != "architectures"})
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config)
+    return sum(p.numel() for p in model.parameters())
 
 
 def kv_bytes_per_token(config: dict[str, Any], dtype_bytes: int) -> int:
@@ -169,7 +201,8 @@ def build_bench_model(out_dir: Path, config: dict[str, Any], tokenizer_from: str
     from engine.registry import resolve_model
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.json").write_text(json.dumps({**_COMMON_CONFIG, **config}, indent=2))
+    common = _COMMON_CONFIG if config["model_type"].startswith("qwen") else {"torch_dtype": "bfloat16"}
+    (out_dir / "config.json").write_text(json.dumps({**common, **config}, indent=2))
     if weights:
         write_random_checkpoint(out_dir, config, device=device, seed=seed)
     copy_tokenizer(resolve_model(tokenizer_from), out_dir)

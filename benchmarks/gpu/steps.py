@@ -20,7 +20,7 @@ from typing import Any, Callable
 import torch
 
 from benchmarks.gpu import env as gpu_env
-from benchmarks.gpu.context import DENSE, HYBRID, MOE, Context, nano_vllm_workload
+from benchmarks.gpu.context import DENSE, GLM, GPT_OSS, HYBRID, MOE, Context, nano_vllm_workload
 from benchmarks.gpu.measure import (
     check_engine_against_hf,
     check_tensor_parallel,
@@ -29,7 +29,7 @@ from benchmarks.gpu.measure import (
     time_decode_step,
     time_speculative_decode,
 )
-from benchmarks.gpu.models import QWEN3_30B_A3B, kv_bytes_per_token, param_count, weight_bytes
+from benchmarks.gpu.models import QWEN3_30B_A3B, kv_bytes_per_token, meta_param_count, param_count, weight_bytes
 from benchmarks.gpu.wheels import wheel_status
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -264,6 +264,39 @@ def resolve_hybrid_moe_throughput(ctx: Context) -> dict[str, Any]:
     return {"model": _hybrid_summary(ctx.models[HYBRID]), "engine": ctx.engines["hybrid_moe"].options, "passed": True}
 
 
+def _family_summary(config: dict[str, Any]) -> dict[str, Any]:
+    """A released shape of another family: its parameters (transformers' model on the meta device) and what the
+    engine's KV cache spec keeps per token (window layers counted at full length; the window group holds less)."""
+    from engine.config import ModelConfig
+    from engine.models.architectures import MODEL_CLASSES
+
+    cfg = ModelConfig.from_dict(config)
+    with torch.device("meta"):
+        spec = MODEL_CLASSES[cfg.architecture](cfg, ops=None).kv_cache_spec()
+    return {"model_type": config["model_type"], "layers": config["num_hidden_layers"],
+            "params": meta_param_count(config), "kv_bytes_per_token": spec.bytes_per_token(torch.bfloat16)}
+
+
+def gpt_oss_throughput(ctx: Context) -> dict[str, Any]:
+    """The nano-vllm workload on a gpt-oss-20b-shaped model (random bf16 weights drawn on the GPU): window and full
+    layers with sinks through the Triton attention, the biased top-4 MoE, decode under CUDA graphs."""
+    return {"model": _family_summary(ctx.models[GPT_OSS]), **_throughput(ctx, "gpt_oss")}
+
+
+def glm_throughput(ctx: Context) -> dict[str, Any]:
+    """The nano-vllm workload on a GLM-4.7-Flash-shaped model (random bf16 weights drawn on the GPU): MLA's absorbed
+    decode over the latent cache, the 64-expert MoE."""
+    return {"model": _family_summary(ctx.models[GLM]), **_throughput(ctx, "glm")}
+
+
+def resolve_gpt_oss_throughput(ctx: Context) -> dict[str, Any]:
+    return {"model": _family_summary(ctx.models[GPT_OSS]), "engine": ctx.engines["gpt_oss"].options, "passed": True}
+
+
+def resolve_glm_throughput(ctx: Context) -> dict[str, Any]:
+    return {"model": _family_summary(ctx.models[GLM]), "engine": ctx.engines["glm"].options, "passed": True}
+
+
 TP_SIZE = 2
 TP_MODELS = ("qwen3-tiny", "deepseek-tiny", "qwen3-moe-tiny", "deepseek-v3-tiny")
 
@@ -315,4 +348,6 @@ STEPS = (
     Step("moe_throughput", moe_throughput, resolve_moe_throughput, 120),
     Step("hybrid_moe_throughput", hybrid_moe_throughput, resolve_hybrid_moe_throughput, 120),
     Step("tensor_parallel", tensor_parallel, resolve_tensor_parallel, 60),
+    Step("gpt_oss_throughput", gpt_oss_throughput, resolve_gpt_oss_throughput, 120),
+    Step("glm_throughput", glm_throughput, resolve_glm_throughput, 120),
 )

@@ -15,12 +15,14 @@ import pytest
 import torch
 
 from benchmarks.gpu import check as gpu_check, env as gpu_env, steps as gpu_steps
-from benchmarks.gpu.context import DENSE, ENGINES, MOE, FULL, QUICK, Context, EngineKind, Plan, nano_vllm_workload
+from benchmarks.gpu.context import (DENSE, ENGINES, FULL, GLM, GPT_OSS, MOE, QUICK, Context, EngineKind, Plan,
+                                    nano_vllm_workload)
 from benchmarks.gpu.measure import (
     bandwidth_fraction, check_engine_against_hf, check_tensor_parallel, run_throughput, time_decode_step,
 )
 from benchmarks.gpu.models import (
-    QWEN3_0_6B, QWEN3_30B_A3B, build_bench_model, checkpoint_shapes, kv_bytes_per_token, param_count, weight_bytes,
+    GLM_47_FLASH, GPT_OSS_20B, QWEN3_0_6B, QWEN3_30B_A3B, build_bench_model, checkpoint_shapes, kv_bytes_per_token,
+    param_count, weight_bytes,
 )
 from benchmarks.gpu.wheels import DEVICE_PYTHON, download_command, requirements, wheel_status
 
@@ -29,6 +31,11 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SMALL = dict(vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
              num_key_value_heads=1, head_dim=16)
 SMALL_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=8, mlp_only_layers=[1])
+SMALL_GPT_OSS = {**GPT_OSS_20B, **SMALL, "vocab_size": 201088, "num_local_experts": 4, "intermediate_size": 32,
+                 "layer_types": ["sliding_attention", "full_attention"]}
+SMALL_GLM = {**GLM_47_FLASH, **SMALL, "vocab_size": 154880, "num_key_value_heads": 2, "moe_intermediate_size": 16,
+             "q_lora_rank": 16, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 8,
+             "head_dim": 8, "n_routed_experts": 4, "num_experts_per_tok": 2}
 
 
 @pytest.mark.slow
@@ -64,6 +71,15 @@ def test_benchmark_shapes_match_the_published_parameter_counts():
     names = checkpoint_shapes(QWEN3_30B_A3B)
     assert names["model.layers.47.mlp.experts.127.down_proj.weight"] == (2048, 768)
     assert names["model.layers.0.mlp.gate.weight"] == (128, 2048) and "lm_head.weight" in names
+
+
+@pytest.mark.slow  # both built on the meta device by transformers
+def test_the_other_families_shapes_match_their_releases():
+    """gpt-oss-20b: 20.9B parameters, 48 KiB of K and V a token at full length (24 layers x 8 KV heads x 64, bf16);
+    GLM-4.7-Flash: 29.9B (30B-A3B), a latent of 47 x 576 values a token, as the engine's KV cache spec keeps them."""
+    oss, glm = gpu_steps._family_summary(GPT_OSS_20B), gpu_steps._family_summary(GLM_47_FLASH)
+    assert round(oss["params"] / 1e9, 1) == 20.9 and oss["kv_bytes_per_token"] == 24 * 2 * 8 * 64 * 2
+    assert round(glm["params"] / 1e9, 1) == 29.9 and glm["kv_bytes_per_token"] == 47 * 576 * 2
 
 
 @pytest.mark.parametrize("config", [{**QWEN3_0_6B, **SMALL}, {**QWEN3_30B_A3B, **SMALL, **SMALL_MOE}],
@@ -134,7 +150,8 @@ def test_engine_steps_run_on_cpu_with_small_shapes(tmp_path):
     plan = Plan("test", 60, ("qwen3-tiny",), num_seqs=2, throughput_budget_s=1, decode_steps=2,
                 step_bench_timeout_s=5, ttft_prompt_tokens=64, moe_layers=2)
     ctx = Context(plan, time.perf_counter() + 600, tmp_path, 4.8, 0.9, device="cpu", dtype="float32",
-                  models={DENSE: {**QWEN3_0_6B, **SMALL}, MOE: {**QWEN3_30B_A3B, **SMALL, **SMALL_MOE}}, engines=engines)
+                  models={DENSE: {**QWEN3_0_6B, **SMALL}, MOE: {**QWEN3_30B_A3B, **SMALL, **SMALL_MOE},
+                          GPT_OSS: SMALL_GPT_OSS, GLM: SMALL_GLM}, engines=engines)
     default = gpu_steps.throughput(ctx)
     assert default["engine"] == "default" and default["output_tokens"] > 0 and default["sequences"] == 2
     decode = gpu_steps.decode_batch1(ctx)  # on the same engine
@@ -147,6 +164,9 @@ def test_engine_steps_run_on_cpu_with_small_shapes(tmp_path):
     assert set(ctx.engine_builds) == {"default", "long_context"}
     moe = gpu_steps.moe_throughput(ctx)  # runs once the engine supports qwen3_moe; says why not until then
     assert "unavailable" in moe or moe["output_tokens"] > 0
+    for step, kind in ((gpu_steps.gpt_oss_throughput, "gpt_oss"), (gpu_steps.glm_throughput, "glm")):
+        family = step(ctx)  # the tiny family's tokenizer, weights drawn by the engine
+        assert family["engine"] == kind and family["output_tokens"] > 0 and family["model"]["params"] > 0
 
 
 def _fake_step(name, result=None, error=None, min_seconds=0.0):
