@@ -57,6 +57,11 @@ _FAMILY_KEYS: dict[str, tuple[str, dict[str, Any]]] = {
     "gemma3_text": ("Gemma3ForCausalLM", {"attention_bias": False, "hidden_act": "gelu_pytorch_tanh",
                                           "hidden_activation": "gelu_pytorch_tanh", "final_logit_softcapping": None,
                                           "attn_logit_softcapping": None, "use_bidirectional_attention": False}),
+    # Gemma 4's language model alone (Gemma4ForCausalLM); the window, layer types, RoPE per layer type and the global
+    # layers' shape (global_head_dim, num_global_key_value_heads, attention_k_eq_v) come with the recipe's `config`
+    "gemma4_text": ("Gemma4ForCausalLM", {"attention_bias": False, "hidden_activation": "gelu_pytorch_tanh",
+                                          "hidden_size_per_layer_input": 0, "num_kv_shared_layers": 0,
+                                          "enable_moe_block": False, "use_bidirectional_attention": None}),
     # gpt-oss (openai/gpt-oss-20b's config.json); its window, layer types, experts, YaRN and MXFP4
     # quantization_config come with the recipe's `config`
     # Ministral 3 / Devstral Small 2's language model alone (Ministral3ForCausalLM); YaRN with Llama 4's query
@@ -72,6 +77,9 @@ _FAMILY_KEYS: dict[str, tuple[str, dict[str, Any]]] = {
                                       "router_aux_loss_coef": 0.9}),
 }
 SUPPORTED_MODEL_TYPES = tuple(_FAMILY_KEYS)
+# Configs whose RoPE is keyed by layer type (rope_parameters) and nowhere else: transformers reads a top-level
+# rope_scaling, even a null one, over rope_parameters
+_ROPE_BY_LAYER_TYPE = ("gemma4_text",)
 
 
 @dataclass(frozen=True)
@@ -135,6 +143,8 @@ def decoder_config(
     }
     config.update(family_keys)
     config.update(extra or {})
+    if model_type in _ROPE_BY_LAYER_TYPE:
+        del config["rope_scaling"], config["rope_theta"]
     return dict(sorted(config.items()))
 
 

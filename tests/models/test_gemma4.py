@@ -215,3 +215,18 @@ def test_the_engines_pages_of_gemma_4_31b_are_the_documented_bytes_per_token():
     assert (spec.window, spec.num_window_layers) == (shape.window, shape.window_layers)
     assert spec.bytes_per_token(torch.bfloat16) == shape.dense_bytes_per_token == 880 * 1024
     assert spec.window_bytes_per_block(1, torch.bfloat16) == shape.window_bytes_per_token
+
+
+@pytest.mark.slow
+def test_registry_gemma4_tiny_matches_transformers():
+    """The registry's gemma4-tiny (Gemma4ForCausalLM's layout as Gemma-4-31B's shape: K = V projection and one wide
+    KV head in the global layer, a 16-token window; random weights, Gemma 3's real tokenizer): greedy tokens of
+    varied continuations equal transformers' in steps that mix chunked prefills with decodes."""
+    prompts = random_prompts(262_144, [3, 17, 45], seed=1)
+    llm = LLM("gemma4-tiny", block_size=4, num_kv_blocks=256, max_num_batched_tokens=16)
+    outs = llm.generate(prompts, GREEDY)
+    want = [hf_greedy("gemma4-tiny", p, NEW_TOKENS) for p in prompts]
+    assert [o.token_ids for o in outs] == want
+    assert len({tuple(w) for w in want}) == len(want) and sum(len(set(w)) for w in want) > 4 * len(want)
+    cfg = llm.engine.model_cfg
+    assert cfg.gemma4.k_eq_v and cfg.gemma4.head_dims[-1] == 64 and cfg.vocab_size == 262_144

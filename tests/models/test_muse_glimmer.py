@@ -114,6 +114,7 @@ def test_preemption_in_a_small_pool(case):
                                      expected)
 
 
+@pytest.mark.slow  # tests/models/test_gemma4.py keeps a fast top-20 check of the same normalized attention
 def test_top20_logprobs_within_1e_4(case):
     path, prompts, _ = case
     llm = LLM(path, block_size=4, num_kv_blocks=512, max_num_batched_tokens=32)
