@@ -6,7 +6,7 @@ it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.kv.block_hashing import BlockHash, BlockHasher
 from engine.errors import KVCacheTooSmallError, PromptTooLongError, RequestRejected
@@ -27,6 +27,9 @@ class EngineRequest:
     # Set by `RequestPreparer.prepare`: the prompt's full blocks' hashes (empty without prefix caching)
     block_hashes: list[BlockHash] | None = None
     images: tuple[ImageInput, ...] = ()  # the prompt's, in order, each over its placeholder tokens
+    # The hashes of its first full blocks where they are known already (a session's previous turn with the same
+    # tokens there: server/pipeline/turn_cache.py); `RequestPreparer.prepare` hashes only the blocks after them
+    known_block_hashes: list[BlockHash] = field(default_factory=list)
 
     @property
     def prepared(self) -> bool:
@@ -89,6 +92,9 @@ class RequestPreparer:
         too (engine/kv/block_hashing.py)."""
         self.validate(request.prompt_token_ids, request.params)
         self.validate_images(request.prompt_token_ids, request.images)
-        request.block_hashes = ([] if self.hasher is None else
-                                self.hasher.hashes(request.prompt_token_ids, request.cache_salt, request.images))
+        hashes: list[BlockHash] = []
+        if self.hasher is not None:
+            hashes = request.known_block_hashes[: len(request.prompt_token_ids) // self.block_size]
+            self.hasher.extend(hashes, request.prompt_token_ids, request.cache_salt, request.images)
+        request.block_hashes = hashes
         return request

@@ -11,7 +11,7 @@ import asyncio
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -40,8 +40,9 @@ from server.cache.named_caches import NamedCaches
 from server.pipeline.optional_grammars import OptionalGrammars
 from server.api.protocol import APIError
 from server.pipeline.recorder import Recorder
-from server.rendering import Renderer
+from server.rendering import Renderer, serving_template_kwargs
 from server.pipeline.turn import Sampling
+from server.pipeline.turn_cache import TurnCache, TurnTokens
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -126,6 +127,8 @@ class ServingContext:
     _lanes: tuple[_Lane, _Lane] = field(init=False, repr=False)
     _compile_waits: ThreadPoolExecutor = field(init=False, repr=False)
     _max_token_bytes: int = field(init=False, repr=False)  # the longest token's bytes (`encode_prompt`)
+    # each agent session's last turn: what the next one need not tokenize and hash again (`encode_turn`)
+    turns: TurnCache = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.token_texts = TokenTexts(self.engine.tokenizer)
@@ -133,6 +136,10 @@ class ServingContext:
             self.settings.tenant_limits, len(self.settings.api_keys) + len(self.settings.operator_keys),
             self.max_num_seqs))
         self._max_token_bytes = max_token_bytes(self.lane_tools.tokenizer)
+        tools = self.lane_tools
+        self.turns = TurnCache.for_template(
+            tools.tokenizer, lambda messages: tools.renderer.render(messages, None, True, **serving_template_kwargs(
+                tools.renderer, self.settings.preserve_thinking)), self.engine.facts.block_size)
         self.optional_grammars = OptionalGrammars(self.grammars)
         self._current = threading.local()
         small = _Lane("kvserve-prepare", self.lane_tools, self._current)
@@ -234,13 +241,22 @@ class ServingContext:
         """A prompt's token ids, refusing (400) before tokenizing a text that cannot fit the context whatever its
         tokens: more bytes than the context's tokens times the longest token's bytes (tokenizing a too-long prompt
         held a prepare lane for its whole length before the engine said so)."""
+        self._check_prompt_size(text, param)
+        return self.encode(text)
+
+    def encode_turn(self, text: str, session: Hashable | None) -> TurnTokens:
+        """A chat turn's prompt as `encode_prompt` makes it, reusing what ``session`` (tenant salt, session id; None:
+        none) tokenized and hashed on its last turn (server/pipeline/turn_cache.py)."""
+        self._check_prompt_size(text, "messages")
+        return self.turns.encode(session, text, self.encode)
+
+    def _check_prompt_size(self, text: str, param: str | None) -> None:
         limit = self.max_model_len * self._max_token_bytes
         size = len(text.encode("utf-8", "surrogatepass")) if len(text) * 4 > limit else 0
         if size > limit:
             raise APIError(400, f"the prompt is {size} bytes: too long for the context of {self.max_model_len} tokens "
                            f"(no token of this model is longer than {self._max_token_bytes} bytes)", param=param,
                            code="context_length_exceeded")
-        return self.encode(text)
 
     def sampling_params(
         self, req: Sampling, prompt_len: int, *, skip_special_tokens: bool,

@@ -166,7 +166,8 @@ def plan_turn(ctx: ServingContext, turn: Turn, body: dict[str, Any], cache_salt:
         )
     except ConstraintError as exc:
         raise APIError(400, str(exc), param=exc.param) from None
-    prompt_ids = ctx.encode_prompt(text, "messages")
+    tokens = ctx.encode_turn(text, (cache_salt, turn.session) if turn.session else None)
+    prompt_ids = tokens.token_ids
     prompt = expand(ctx.images, prompt_ids, images)  # each placeholder token -> its image's tokens
     check_scored(ctx.settings.limits, [len(prompt.token_ids)], turn.sampling.n, prompt_logprobs=turn.prompt_logprobs)
     params = ctx.sampling_params(
@@ -182,7 +183,9 @@ def plan_turn(ctx: ServingContext, turn: Turn, body: dict[str, Any], cache_salt:
              if ctx.recurrent_state else ())
     request_id = new_request_id(id_prefix)
     request = EngineRequest(request_id, prompt.token_ids, params, cache_salt,
-                            ctx.retention(pins, turn.session, cache_salt, hints), images=prompt.images)
+                            ctx.retention(pins, turn.session, cache_salt, hints), images=prompt.images,
+                            known_block_hashes=[] if prompt.images else tokens.known_block_hashes)
+    tokens.remember(request)
     generation = Generation(request, constraint_param="tools", constraint_optional=guards_only_auto_calls(turn))
     return Plan(request_id, created, turn, body, generation, thinking, endpoint,
                 max((p.num_tokens for p in pins), default=0), markers)
