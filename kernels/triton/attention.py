@@ -6,6 +6,8 @@ are walked in tiles of ``BLOCK_N`` positions whatever the page size: each positi
 table, so small pages (4 tokens in tests) still give ``tl.dot``-sized tiles.
 
 - Direct path (grid axis 2 = query tile): online softmax over ``[0, causal end of the tile)``, normalized output.
+  The key tiles before the tile's first row (a chunk's cached prefix: most of an agent turn's keys) are visible to
+  every row: they run without the causal mask and bounds checks, only the tiles from there on are masked.
 - Split path (grid axis 2 = context partition, decode-only batches): each program covers one partition of
   ``partition_size`` positions and writes its unnormalized accumulator with its running max and sum; a reduce
   kernel rescales and merges the partitions. This keeps the GPU busy when batch x KV heads is small and the
@@ -37,6 +39,56 @@ MIN_PARTITION_SIZE, MAX_PARTITION_SIZE = 64, 512  # context positions per split-
 SPLIT_MIN_CONTEXT = 1024  # below this a decode's context is too short for splitting to beat one extra launch
 SPLIT_K_ENV = "KVSERVE_SPLIT_K"  # "1" forces the split path for every decode-only batch, "0" disables it
 _LOG2E = 1.0 / math.log(2.0)  # softmax runs in base 2: exp(x) == exp2(x * log2(e))
+
+
+@triton.jit
+def _attend_keys(
+    acc, m_i, l_i, q_ptr, q, q_pos, k_cache_ptr, v_cache_ptr, table_row, kv_head, dims, dim_valid, kv_end, window,
+    qk_scale, stride_ks, stride_kb, stride_kh, stride_vb, stride_vs, stride_vh, key_start, key_end,
+    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, SLIDING: tl.constexpr,
+    MASKED: tl.constexpr,
+):
+    """The online softmax over keys ``[key_start, key_end)`` in tiles of ``BLOCK_N``, each key looking up its page.
+    ``MASKED`` False: every key of every tile is in the context and visible to every row (no checks)."""
+    for start in range(key_start, key_end, BLOCK_N):
+        k_pos = start + tl.arange(0, BLOCK_N)
+        k_valid = k_pos < kv_end
+        if MASKED:
+            page = tl.load(table_row + k_pos // PAGE_SIZE, mask=k_valid, other=0).to(tl.int64)
+        else:
+            page = tl.load(table_row + k_pos // PAGE_SIZE).to(tl.int64)
+        slot_in_page = k_pos % PAGE_SIZE
+        kv_mask = k_valid[:, None] & dim_valid[None, :]
+        k = tl.load(
+            k_cache_ptr + page[:, None] * stride_kb + slot_in_page[:, None] * stride_ks
+            + kv_head * stride_kh + dims[None, :],
+            mask=kv_mask, other=0.0,
+        )
+        v = tl.load(
+            v_cache_ptr + page[:, None] * stride_vb + slot_in_page[:, None] * stride_vs
+            + kv_head * stride_vh + dims[None, :],
+            mask=kv_mask, other=0.0,
+        )
+        # Pages may be stored in another dtype than the query; compute in the query's (like the reference).
+        k = k.to(q.dtype)
+        v = v.to(q.dtype)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        if MASKED:
+            visible = k_valid[None, :] & (k_pos[None, :] <= q_pos[:, None])
+            if SLIDING:
+                visible = visible & (k_pos[None, :] > q_pos[:, None] - window)
+            s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        if SLIDING:  # a row may see none of this tile's keys (its window starts later): no -inf - -inf
+            m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        # Probabilities are rounded to the input dtype for the tensor-core dot, as in flash attention.
+        p = p.to(q_ptr.dtype.element_ty).to(q.dtype)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, m_i, l_i
 
 
 @triton.jit
@@ -101,40 +153,21 @@ def _paged_attention_kernel(
             l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    for start in range(kv_start, kv_end, BLOCK_N):
-        k_pos = start + tl.arange(0, BLOCK_N)
-        k_valid = k_pos < kv_end
-        page = tl.load(table_row + k_pos // PAGE_SIZE, mask=k_valid, other=0).to(tl.int64)
-        slot_in_page = k_pos % PAGE_SIZE
-        kv_mask = k_valid[:, None] & dim_valid[None, :]
-        k = tl.load(
-            k_cache_ptr + page[:, None] * stride_kb + slot_in_page[:, None] * stride_ks
-            + kv_head * stride_kh + dims[None, :],
-            mask=kv_mask, other=0.0,
-        )
-        v = tl.load(
-            v_cache_ptr + page[:, None] * stride_vb + slot_in_page[:, None] * stride_vs
-            + kv_head * stride_vh + dims[None, :],
-            mask=kv_mask, other=0.0,
-        )
-        # Pages may be stored in another dtype than the query; compute in the query's (like the reference).
-        k = k.to(q.dtype)
-        v = v.to(q.dtype)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-        visible = k_valid[None, :] & (k_pos[None, :] <= q_pos[:, None])
-        if SLIDING:
-            visible = visible & (k_pos[None, :] > q_pos[:, None] - window)
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        if SLIDING:  # a row may see none of this tile's keys (its window starts later): no -inf - -inf
-            m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        # Probabilities are rounded to the input dtype for the tensor-core dot, as in flash attention.
-        p = p.to(q_ptr.dtype.element_ty).to(q.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
-        m_i = m_new
+    unmasked_end = kv_start
+    if not SPLIT and not SLIDING:
+        # Keys up to the tile's first row are visible to all its rows (the cached prefix of a chunk, most of a long
+        # one): whole key tiles there skip the causal mask and the bounds checks; the rest is masked as usual.
+        first_pos = ctx_len - q_len + tl.minimum((tile * BLOCK_M) // GROUP, q_len - 1)
+        unmasked_end = kv_start + (tl.minimum(first_pos + 1, kv_end) - kv_start) // BLOCK_N * BLOCK_N
+        acc, m_i, l_i = _attend_keys(
+            acc, m_i, l_i, q_ptr, q, q_pos, k_cache_ptr, v_cache_ptr, table_row, kv_head, dims, dim_valid, kv_end,
+            window, qk_scale, stride_ks, stride_kb, stride_kh, stride_vb, stride_vs, stride_vh, kv_start,
+            unmasked_end, PAGE_SIZE=PAGE_SIZE, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION, SLIDING=SLIDING,
+            MASKED=False)
+    acc, m_i, l_i = _attend_keys(
+        acc, m_i, l_i, q_ptr, q, q_pos, k_cache_ptr, v_cache_ptr, table_row, kv_head, dims, dim_valid, kv_end,
+        window, qk_scale, stride_ks, stride_kb, stride_kh, stride_vb, stride_vs, stride_vh, unmasked_end, kv_end,
+        PAGE_SIZE=PAGE_SIZE, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION, SLIDING=SLIDING, MASKED=True)
 
     if SPLIT:
         # Partials are indexed [seq, query head, partition]; decode-only batches have one query row per sequence.
