@@ -2,8 +2,9 @@
 (the released vision-language layout): OpenAI chat `image_url` data URLs, Responses `input_image`, Anthropic `image`
 blocks in user turns and inside `tool_result`. The prompt renders byte for byte as the official template (each image
 expanded to its tokens, as transformers' processor does), greedy tokens equal transformers', count_tokens counts
-image tokens, a screenshot carried through a conversation is read from the cache and encoded once, and bad inputs
-are 400s in each API's shape with a bystander unaffected."""
+image tokens (and /tokenize), a screenshot carried through a conversation is read from the cache and encoded once,
+another screenshot in its place is named "image_changed" by the cache inspector, and bad inputs are 400s in each
+API's shape with a bystander unaffected."""
 from __future__ import annotations
 
 import asyncio
@@ -14,6 +15,9 @@ import openai
 import pytest
 
 from engine.registry import resolve_model
+from server.cache.miss_causes import CHANGE_IMAGE
+from server.inspector.hook import inspect_finished
+from server.inspector.store import Inspector
 from server.pipeline.images import turn_images
 from server.pipeline.plan import render_turn
 from server.pipeline.turn import Turn
@@ -133,6 +137,24 @@ def test_tokenize_counts_image_tokens_and_hashes_the_image_into_its_blocks(vlm_s
     start = counted["tokens"].index(vlm_server.ctx.images.image_token_id)
     assert other["tokens"] == counted["tokens"] and counted["count"] - start > 2 * block  # same tokens, other pixels
     assert again["cached_tokens"] > start >= other["cached_tokens"]
+
+
+def test_the_inspector_names_an_image_changed_at_the_same_place(vlm_server, monkeypatch):
+    """A session's second turn with another screenshot of the same size where its first had one: the same tokens,
+    a miss from the image's first block, which the cache inspector (as `--ui` wires it) names "image_changed"."""
+    ctx = vlm_server.ctx
+    inspector = Inspector(ctx.engine.facts.block_hasher, ctx.model_name, 10,
+                          lambda ids: ctx.tokenizer.decode(ids, skip_special_tokens=False))
+    monkeypatch.setattr(ctx, "inspector", inspector)
+    monkeypatch.setattr(ctx, "on_finished", inspect_finished)
+    ids = [vlm_server.chat(messages=_chat_messages("What is on it?", [png(64, 64, seed=seed)]), max_tokens=1,
+                           temperature=0, prompt_cache_key="image-session").id for seed in (73, 74)]
+    first, second = (inspector.by_id[i] for i in ids)
+    assert second.parent_id == first.request_id and second.divergence.cause == CHANGE_IMAGE
+    block = ctx.engine.facts.block_size
+    # all of the prompt from the image's block on was the previous context: lost to the image, not to an eviction
+    assert second.misses[CHANGE_IMAGE] == second.prompt_tokens - second.divergence.index // block * block > 0
+    assert second.cached_tokens <= second.divergence.index
 
 
 def test_responses_input_image(vlm_server):
