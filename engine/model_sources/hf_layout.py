@@ -59,6 +59,9 @@ _FAMILY_KEYS: dict[str, tuple[str, dict[str, Any]]] = {
                                           "attn_logit_softcapping": None, "use_bidirectional_attention": False}),
     # Gemma 4's language model alone (Gemma4ForCausalLM); the window, layer types, RoPE per layer type and the global
     # layers' shape (global_head_dim, num_global_key_value_heads, attention_k_eq_v) come with the recipe's `config`
+    # Muse-Glimmer's language model (inside MuseGlimmerForConditionalGeneration's text_config: the only released
+    # layout); the window, layer types, RoPE and its scalars come with the recipe's `config`
+    "muse_glimmer_text": ("MuseGlimmerTextModel", {"attention_bias": False, "hidden_activation": "silu"}),
     "gemma4_text": ("Gemma4ForCausalLM", {"attention_bias": False, "hidden_activation": "gelu_pytorch_tanh",
                                           "hidden_size_per_layer_input": 0, "num_kv_shared_layers": 0,
                                           "enable_moe_block": False, "use_bidirectional_attention": None}),
@@ -77,9 +80,9 @@ _FAMILY_KEYS: dict[str, tuple[str, dict[str, Any]]] = {
                                       "router_aux_loss_coef": 0.9}),
 }
 SUPPORTED_MODEL_TYPES = tuple(_FAMILY_KEYS)
-# Configs whose RoPE is keyed by layer type (rope_parameters) and nowhere else: transformers reads a top-level
+# Configs whose RoPE is in rope_parameters alone (Gemma 4's keyed by layer type): transformers reads a top-level
 # rope_scaling, even a null one, over rope_parameters
-_ROPE_BY_LAYER_TYPE = ("gemma4_text",)
+_ROPE_BY_LAYER_TYPE = ("gemma4_text", "muse_glimmer_text")
 
 
 @dataclass(frozen=True)
@@ -205,7 +208,8 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 # A language model's model_type -> (the vision-language checkpoint it sits in: its model_type, its architecture)
 VLM_LAYOUTS = {"qwen3_5_text": ("qwen3_5", "Qwen3_5ForConditionalGeneration"),
-               "qwen3_5_moe_text": ("qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration")}
+               "qwen3_5_moe_text": ("qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration"),
+               "muse_glimmer_text": ("muse_glimmer", "MuseGlimmerForConditionalGeneration")}
 # Qwen3.5 / 3.6's vision tokens, as the released configs name them
 _QWEN_VISION_TOKENS = {"image_token_id": 248056, "video_token_id": 248057, "vision_start_token_id": 248053,
                        "vision_end_token_id": 248054}
@@ -215,6 +219,11 @@ def vlm_config(text: dict[str, Any], vision: dict[str, Any]) -> dict[str, Any]:
     """A released vision-language config.json (Qwen3.5 / 3.6): the language model's config as ``text_config``,
     the tower's sizes as ``vision_config`` (its output as wide as the language model), the vision tokens' ids."""
     model_type, architecture = VLM_LAYOUTS[text["model_type"]]
+    if model_type == "muse_glimmer":  # its tower's own keys; patches merged 2 x 2 (4x the tower's width) then projected
+        return {"architectures": [architecture], "model_type": model_type, "text_config": text,
+                "vision_config": {"model_type": "muse_glimmer_vision", **vision},
+                "out_hidden_size": 4 * vision["hidden_size"], "projector_hidden_size": text["hidden_size"],
+                "tie_word_embeddings": text["tie_word_embeddings"]}
     vision = {"model_type": model_type, "hidden_act": "gelu_pytorch_tanh", "in_channels": 3, "patch_size": 16,
               "spatial_merge_size": 2, "temporal_patch_size": 2, "out_hidden_size": text["hidden_size"], **vision}
     return {"architectures": [architecture], "model_type": model_type, "text_config": text,
@@ -241,6 +250,7 @@ def write_model_configs(
     config = decoder_config(model_type, dims, tokens, extra)
     if vision is not None:
         config = vlm_config(config, vision)
-        write_json(out_dir / "preprocessor_config.json", image_processor_config(vision, 256 * 256))
+        if config["model_type"] != "muse_glimmer":  # (Qwen's image processor; kvserve serves Muse-Glimmer text only)
+            write_json(out_dir / "preprocessor_config.json", image_processor_config(vision, 256 * 256))
     write_json(out_dir / "config.json", config)
     write_json(out_dir / "generation_config.json", generation_config(tokens))

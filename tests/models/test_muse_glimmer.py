@@ -158,3 +158,17 @@ def test_the_engines_pages_of_muse_glimmer_30b_are_the_documented_bytes_per_toke
     assert (spec.window, spec.num_window_layers) == (shape.window, shape.window_layers)
     assert spec.bytes_per_token(torch.bfloat16) == shape.dense_bytes_per_token
     assert spec.window_bytes_per_block(1, torch.bfloat16) == shape.window_bytes_per_token
+
+
+@pytest.mark.slow
+def test_registry_muse_glimmer_tiny_matches_transformers():
+    """The registry's muse-glimmer-tiny (the released VLM layout with a tiny vision tower, a 16-token window, random
+    weights, Qwen3's tokenizer as a stand-in): greedy tokens of varied continuations equal transformers' in steps
+    that mix chunked prefills with decodes."""
+    prompts = random_prompts(VOCAB, [3, 17, 45], seed=1)
+    llm = LLM("muse-glimmer-tiny", block_size=4, num_kv_blocks=256, max_num_batched_tokens=16)
+    outs = llm.generate(prompts, GREEDY)
+    want = [hf_greedy("muse-glimmer-tiny", p, NEW_TOKENS) for p in prompts]
+    assert [o.token_ids for o in outs] == want
+    assert len({tuple(w) for w in want}) == len(want) and sum(len(set(w)) for w in want) > 4 * len(want)
+    assert llm.engine.model_cfg.muse_glimmer.nope_layers == (3, 7)
