@@ -31,7 +31,9 @@ from server.api.messages_compaction import COMPACT, Compact, from_last_compactio
 from server.api.messages_input import to_turn
 from server.api.protocol import APIError
 from server.pipeline.context import ServingContext
+from server.pipeline.images import expand, turn_images
 from server.pipeline.plan import render_turn, with_cached_content
+from server.pipeline.turn import Turn
 
 CLEAR_TOOL_USES = "clear_tool_uses_20250919"
 CLEAR_THINKING = "clear_thinking_20251015"
@@ -248,7 +250,13 @@ def edit_conversation(ctx: ServingContext, req: Conversation, cache_salt: str | 
         return Edited(req, [], 0, epoch=epoch)
 
     def count(conversation: Conversation) -> int:
-        turn = with_cached_content(ctx, to_turn(conversation, ctx.family), cache_salt)
-        return len(ctx.encode(render_turn(ctx, turn)))
+        return turn_tokens(ctx, with_cached_content(ctx, to_turn(conversation, ctx.family), cache_salt))
 
     return replace(apply_edits(req, edits, count, lambda text: len(ctx.encode(text))), epoch=epoch)
+
+
+def turn_tokens(ctx: ServingContext, turn: Turn) -> int:
+    """A turn's prompt tokens as `/v1/messages` renders it, each image counted at its tokens (an image read as
+    text would be a 400: Claude Code's Read tool returns screenshots inside tool results)."""
+    turn, images = turn_images(ctx.images, turn)
+    return len(expand(ctx.images, ctx.encode(render_turn(ctx, turn)), images).token_ids)

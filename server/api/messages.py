@@ -32,11 +32,10 @@ from server.api.messages_compaction import (
     summary_turn,
 )
 from server.pipeline.async_engine import RequestStream
-from server.pipeline.plan import Plan, plan_turn, record_plan, render_turn, with_cached_content
+from server.pipeline.plan import Plan, plan_turn, record_plan, with_cached_content
 from server.pipeline.context import ServingContext
 from server.pipeline.generation import Usage
-from server.pipeline.images import expand, turn_images
-from server.api.context_edits import edit_conversation
+from server.api.context_edits import edit_conversation, turn_tokens
 from server.api.messages_input import FORMAT_PARAMS, to_turn
 from server.parsing import OutputItem
 from server.pipeline.choices import ChoiceState, ItemEvent, ItemStream, choice_states, parsed_updates
@@ -91,9 +90,7 @@ def count_tokens(ctx: ServingContext, req: CountTokensRequest, cache_salt: str |
     ctx.check_model(req.model)
     edited = edit_conversation(ctx, req, cache_salt)
     turn = with_cached_content(ctx, to_turn(edited.conversation, ctx.family), cache_salt)
-    turn, images = turn_images(ctx.images, turn)  # an image counts its tokens
-    tokens = len(expand(ctx.images, ctx.encode(render_turn(ctx, turn)), images).token_ids)
-    counted: dict[str, Any] = {"input_tokens": tokens}
+    counted: dict[str, Any] = {"input_tokens": turn_tokens(ctx, turn)}
     if req.context_management is not None:
         counted["context_management"] = {"original_input_tokens": edited.original_tokens}
     return counted

@@ -127,3 +127,29 @@ def test_batches_reach_the_largest_multiple_the_candidates_hold() -> None:
     assert _batch([5, 5, 5], 20) == 0  # less than one batch: nothing
     assert _batch([5, 5, 5, 5], 10) == 4 and _batch([5, 5, 5], 10) == 2  # 2 batches, then still 1
     assert _batch([12, 1, 1], 10) == 1  # the shortest run that reaches the batch
+
+
+@pytest.mark.slow  # the session's vision-language server (tests/server/models/test_image_serving.py starts it too)
+def test_edits_over_a_screenshot_in_a_tool_result(hybrid_server: LiveServer) -> None:
+    """Claude Code sends context_management with every request, and its Read tool returns a PNG inside a
+    tool_result: the edits' token counts read the image as its tokens (it was a 400, 'image_url is not
+    supported'), count_tokens counts them, and clearing that tool result clears the image."""
+    import base64
+
+    from tests.models.checkpoints.vision_models import png
+
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": base64.b64encode(png(96, 64, seed=7)).decode()}}
+    messages = _loop(1)
+    messages[-1]["content"][0]["content"] = [image]
+    keep = _clear(trigger={"type": "input_tokens", "value": 10_000})
+    with_image = _count(hybrid_server, messages, keep).input_tokens
+    text = _loop(1)
+    text[-1]["content"][0]["content"] = "x"
+    without = _count(hybrid_server, text, keep).input_tokens
+    assert with_image - without >= 6  # a 96 x 64 picture: 3 x 2 merged patches, in its vision markers
+    assert _send(hybrid_server, messages, keep).content is not None
+    reply = _send(hybrid_server, messages, _clear(keep={"type": "tool_uses", "value": 0}))
+    assert reply.context_management.applied_edits[0].cleared_tool_uses == 1
+    assert hybrid_server.ctx.tokenizer.decode(hybrid_server.last_record()["prompt_token_ids"]).count(
+        "<|image_pad|>") == 0
