@@ -18,11 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 # Gemma 4 variants kvserve does not run yet, by config key: the small on-device models' per-layer embeddings and
-# shared KV layers, the 26B-A4B's MoE block beside the dense MLP, and the bidirectional (embedding) variant
+# shared KV layers, and the bidirectional (embedding) variant
 _GEMMA4_REFUSED = {
     "hidden_size_per_layer_input": "per-layer input embeddings (Gemma 4 E2B / E4B)",
     "num_kv_shared_layers": "KV layers shared across layers (Gemma 4 E2B / E4B)",
-    "enable_moe_block": "the mixture-of-experts block (Gemma 4 26B-A4B)",
     "use_bidirectional_attention": "bidirectional attention",
 }
 _GEMMA4_DEFAULT_ROPE = {
@@ -32,12 +31,22 @@ _GEMMA4_DEFAULT_ROPE = {
 
 
 @dataclass(frozen=True)
+class Gemma4Experts:
+    """Gemma 4 26B-A4B's MoE block, in every layer beside the dense MLP: ``top_k`` of ``num_experts`` experts."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int  # per expert
+
+
+@dataclass(frozen=True)
 class Gemma4Attention:
-    """Each layer's attention shape (the global layers' differ from the window layers')."""
+    """Each layer's attention shape (the global layers' differ from the window layers'), and the MoE block."""
 
     head_dims: tuple[int, ...]
     kv_heads: tuple[int, ...]
     k_eq_v: bool  # the global layers' values are k_proj's output (normalized apart from the keys): no v_proj
+    experts: Gemma4Experts | None = None
 
     @property
     def global_head_dim(self) -> int:
@@ -74,7 +83,9 @@ def gemma4_fields(cfg: dict[str, Any]) -> dict[str, Any]:
         "partial_rotary_factor": 1.0,  # proportional RoPE spans the whole head (its scaling dict says how much turns)
         "sliding_window": {"window": cfg.get("sliding_window") or 512, "layer_types": tuple(types),
                            "rope_theta": float(local.get("rope_theta", 10_000.0))},
-        "gemma4": Gemma4Attention(head_dims, kv_heads, k_eq_v),
+        "gemma4": Gemma4Attention(head_dims, kv_heads, k_eq_v, Gemma4Experts(
+            cfg["num_experts"], cfg["top_k_experts"], cfg["moe_intermediate_size"]) if cfg.get("enable_moe_block")
+            else None),
         "qk_norm": True,
         "zero_centered_norms": False,
         "query_pre_attn_scalar": 1.0,  # the softmax scale is 1: q and k are RMS-normalized

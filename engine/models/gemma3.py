@@ -82,7 +82,7 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
             cos_sin = self.cos_sin_cache if attention.window is None else self.local_cos_sin_cache
             h = tp.all_reduce(attention(ops, h, positions, cos_sin, kv_cache, meta))
             h, residual = layer.pre_feedforward_layernorm(ops, layer.post_attention_layernorm(ops, h), residual)
-            out = layer.post_feedforward_layernorm(ops, tp.all_reduce(layer.mlp(ops, h)))
+            out = self.feed_forward(layer, h, residual)
             out, residual = self.end_layer(layer, out, residual)
         return self.norm(ops, residual) if out is None else self.norm(ops, out, residual)[0]
 
@@ -90,6 +90,10 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         """The residual stream's start: the embeddings scaled by sqrt(hidden_size)."""
         x = self.tp.all_reduce(self.embed_tokens(input_ids))
         return x * torch.tensor(self.cfg.hidden_size**0.5, dtype=x.dtype)  # transformers rounds the scale to the dtype
+
+    def feed_forward(self, layer: nn.Module, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """The layer's MLP output, normed, on the MLP's input ``h`` (``residual``: the stream it was normed from)."""
+        return layer.post_feedforward_layernorm(self.ops, self.tp.all_reduce(layer.mlp(self.ops, h)))
 
     def end_layer(self, layer: nn.Module, out: torch.Tensor,
                   residual: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:

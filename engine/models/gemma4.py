@@ -10,9 +10,11 @@ the logit softcap) with
 - "proportional" RoPE on the global layers (the first quarter of a 512-wide head's frequencies turn,
   `engine.models.layers.rope`), plain RoPE with base 10k on the window layers;
 - q and k RMS-normalized with plain ``w`` gains, v without a gain, softmax scale 1, and every layer's output scaled
-  by its learned ``layer_scalar``.
+  by its learned ``layer_scalar``;
+- in 26B-A4B, an MoE block beside every dense MLP: a router on the stream before the MLP's norm (normalized, scaled,
+  softmax top-k renormalized, times a learned scale per expert) and GELU experts, each half normed apart and summed.
 
-What the config says kvserve does not run (per-layer embeddings, shared KV layers, the MoE block) is refused in
+What the config says kvserve does not run (per-layer embeddings, shared KV layers) is refused in
 `engine.family_config`.
 """
 from __future__ import annotations
@@ -22,10 +24,13 @@ import dataclasses
 import torch
 from torch import nn
 
-from engine.config import ModelConfig
+import torch.nn.functional as F
+
+from engine.config import MoEConfig, ModelConfig
 from engine.models.gemma3 import Gemma3DecoderLayer, Gemma3ForCausalLM
 from engine.models.kv_cache_spec import KVCacheSpec
-from engine.models.llama import Attention
+from engine.models.layers.moe import Experts
+from engine.models.llama import Attention, RMSNorm
 from engine.parallel.linear import Part, column_parallel
 from engine.parallel.state import SINGLE, TensorParallel
 from kernels.ops import AttentionMetadata, Ops
@@ -73,12 +78,50 @@ class Gemma4Attention(Attention):
         return self.o_proj(self.attend(ops, q, k, v, kv_cache, meta))
 
 
+class Gemma4Router(nn.Module):
+    """26B-A4B's router (transformers' Gemma4TextRouter): each token's top-k experts and their weights."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.num_experts, self.top_k = cfg.gemma4.experts.num_experts, cfg.gemma4.experts.top_k
+        self.proj = nn.Linear(cfg.hidden_size, self.num_experts, bias=False)
+        self.scale = nn.Parameter(torch.ones(cfg.hidden_size))
+        self.per_expert_scale = nn.Parameter(torch.ones(self.num_experts))
+        self.eps = cfg.rms_norm_eps
+
+    def forward(self, ops: Ops, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(weights [T, K], expert ids [T, K])`` for the stream ``x`` ``[T, hidden]``."""
+        h = unit_rms_norm(ops, x, self.eps) * self.scale * x.shape[-1] ** -0.5
+        weights, ids = self.proj(h).float().softmax(-1).topk(self.top_k, dim=-1)
+        return weights / weights.sum(-1, keepdim=True) * self.per_expert_scale[ids], ids
+
+
+def run_experts(experts: Experts, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """The weighted sum of each token's experts, ``down(gelu_tanh(gate) * up)``, expert by expert in transformers'
+    order (`ops.fused_moe` runs SiLU experts only)."""
+    out = torch.zeros_like(x)
+    inter = experts.down_proj.shape[-1]
+    for expert in ids.unique().tolist():
+        token, slot = torch.where(ids == expert)
+        gate, up = F.linear(x[token], experts.gate_up_proj[expert]).split(inter, dim=-1)
+        y = F.linear(F.gelu(gate, approximate="tanh") * up, experts.down_proj[expert])
+        out.index_add_(0, token, (y * weights[token, slot, None]).to(out.dtype))
+    return out
+
+
 class Gemma4DecoderLayer(Gemma3DecoderLayer):
-    """Gemma 3's layer; its output (the residual stream after it) is scaled by ``layer_scalar``."""
+    """Gemma 3's layer; its output (the residual stream after it) is scaled by ``layer_scalar``. With the MoE block,
+    the router, the experts and the three norms around them."""
 
     def __init__(self, cfg: ModelConfig, layer_idx: int, mixer: nn.Module, tp: TensorParallel) -> None:
         super().__init__(cfg, layer_idx, mixer, tp)
         self.layer_scalar = nn.Parameter(torch.ones(1))
+        block = cfg.gemma4.experts
+        self.router = Gemma4Router(cfg) if block else None
+        self.experts = Experts(cfg.hidden_size, MoEConfig(block.num_experts, block.top_k, block.intermediate_size,
+                                                          (layer_idx,), True), tp) if block else None
+        for name in ("post_feedforward_layernorm_1", "post_feedforward_layernorm_2", "pre_feedforward_layernorm_2"):
+            setattr(self, name, RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if block else None)
 
 
 class Gemma4ForCausalLM(Gemma3ForCausalLM):
@@ -86,6 +129,8 @@ class Gemma4ForCausalLM(Gemma3ForCausalLM):
 
     def __init__(self, cfg: ModelConfig, ops: Ops, tp: TensorParallel = SINGLE) -> None:
         assert cfg.gemma4 is not None, "a Gemma 4 config has its global layers' shape"
+        if cfg.gemma4.experts is not None and tp.size > 1:
+            raise ValueError("Gemma 4's MoE block does not run under tensor parallelism yet")
         super().__init__(cfg, ops, tp)
 
     def make_mixer(self, layer_idx: int) -> nn.Module:
@@ -99,6 +144,15 @@ class Gemma4ForCausalLM(Gemma3ForCausalLM):
         """This rank's K and V heads of every layer, in the layer's shape."""
         return KVCacheSpec.gqa_per_layer([(layer.mixer.num_kv_heads, layer.mixer.head_dim) for layer in self.layers],
                                          tuple(self.cfg.layer_window(i) for i in range(self.cfg.num_layers)))
+
+    def feed_forward(self, layer: nn.Module, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        if layer.experts is None:
+            return super().feed_forward(layer, h, residual)
+        ops = self.ops
+        dense = layer.post_feedforward_layernorm_1(ops, layer.mlp(ops, h))
+        weights, ids = layer.router(ops, residual)  # the stream before the MLP's norm
+        routed = run_experts(layer.experts, layer.pre_feedforward_layernorm_2(ops, residual), weights, ids)
+        return layer.post_feedforward_layernorm(ops, dense + layer.post_feedforward_layernorm_2(ops, routed))
 
     def end_layer(self, layer: nn.Module, out: torch.Tensor,
                   residual: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:

@@ -288,7 +288,7 @@ def _gemma3(rng: random.Random) -> dict[str, Any]:
 def _gemma4_text(rng: random.Random) -> dict[str, Any]:
     """Gemma 4: any mix of window and global layers (the last one global, as transformers forces), global layers
     of a wider head with their own KV heads whose values may come from k_proj, proportional RoPE on them, optional
-    final logit softcapping."""
+    final logit softcapping, and half the time 26B-A4B's MoE block beside the dense MLPs."""
     layers = rng.randint(2, 6)
     kinds = [rng.choice(GEMMA_KINDS) for _ in range(layers - 1)] + ["full_attention"]
     kinds[rng.randrange(layers - 1)] = "sliding_attention"
@@ -304,7 +304,9 @@ def _gemma4_text(rng: random.Random) -> dict[str, Any]:
                 num_global_key_value_heads=_pick(rng, *[d for d in (1, 2) if heads % d == 0]),
                 sliding_window=_pick(rng, 4, 8, 12, 24), rope_parameters=rope, hidden_size_per_layer_input=0,
                 final_logit_softcapping=_pick(rng, None, 4.0, 30.0), max_position_embeddings=4096, pad_token_id=0,
-                eos_token_id=1, bos_token_id=2)
+                eos_token_id=1, bos_token_id=2,
+                **(dict(enable_moe_block=True, num_experts=_pick(rng, 4, 8), top_k_experts=_pick(rng, 1, 2),
+                        moe_intermediate_size=_pick(rng, 16, 32)) if rng.random() < 0.5 else {}))
 
 
 def _gemma4(rng: random.Random) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Gemma 4 on tiny random checkpoints written by transformers' own save_pretrained, in the released layouts:
 ``gemma4`` (Gemma4ForConditionalGeneration, as Gemma-4-31B: the language model beside a vision tower, global layers
-whose values come from k_proj) and ``gemma4_text`` (Gemma4ForCausalLM, global layers with a v_proj of their own).
+whose values come from k_proj), ``gemma4_text`` (Gemma4ForCausalLM, global layers with a v_proj of their own) and
+``gemma4_moe`` (Gemma4ForCausalLM with 26B-A4B's MoE block: top-2 of 4 GELU experts beside every dense MLP).
 
 Five window layers to one global layer, windows of 8 or 12 tokens, so every prompt but the shortest reaches past
 them; the global layers have heads twice as wide and one or two KV heads, proportional RoPE. Greedy tokens equal
@@ -28,13 +29,13 @@ from tests.hf_oracle import (
     assert_top_logprobs_equal_hf, assert_varied, hf_greedy, logit_shift, random_prompts,
 )
 
-KINDS = ("gemma4", "gemma4_text")
+KINDS = ("gemma4", "gemma4_text", "gemma4_moe")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
 VOCAB = 151936  # the Qwen3 tokenizer's
 LENGTHS = [1, 4, 9, 17, 40, 70]
 NEW_TOKENS = 8
 GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
-WINDOW = {"gemma4": 8, "gemma4_text": 12}
+WINDOW = {"gemma4": 8, "gemma4_text": 12, "gemma4_moe": 8}
 _TEXT = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
              num_key_value_heads=2, head_dim=16, global_head_dim=32, max_position_embeddings=4096,
              hidden_size_per_layer_input=0, eos_token_id=151645, pad_token_id=0, bos_token_id=151643)
@@ -56,9 +57,13 @@ def hf_gemma4_model(kind: str, seed: int = 29):
     elif kind == "gemma4_text":  # with the final logit softcap as well
         model = tf.Gemma4ForCausalLM(tf.Gemma4TextConfig(**_TEXT, sliding_window=WINDOW[kind],
                                                          final_logit_softcapping=4.0))
+    elif kind == "gemma4_moe":  # 26B-A4B's layout: top-2 of 4 GELU experts beside every dense MLP
+        model = tf.Gemma4ForCausalLM(tf.Gemma4TextConfig(**_TEXT, **_K_EQ_V, sliding_window=WINDOW[kind],
+                                                         enable_moe_block=True, num_experts=4, top_k_experts=2,
+                                                         moe_intermediate_size=32))
     else:
         raise ValueError(kind)
-    scales, _ = family_scales(kind)
+    scales, _ = family_scales("gemma4")
     with torch.no_grad():
         for name, param in model.named_parameters():
             param.copy_(random_tensor(name, tuple(param.shape), seed, scales))
@@ -179,7 +184,6 @@ def test_vision_tower_skipped_and_each_layer_keeps_k_and_v_of_its_shape(gemma4_d
 @pytest.mark.parametrize("key, value, message", [
     ("hidden_size_per_layer_input", 16, "per-layer input embeddings"),
     ("num_kv_shared_layers", 2, "shared"),
-    ("enable_moe_block", True, "mixture-of-experts"),
 ])
 def test_what_is_refused(key, value, message):
     with pytest.raises(ValueError, match=message):
