@@ -33,6 +33,9 @@ POLICIES: dict[str, RouterSpec] = {
     "round_robin": RouterSpec("round_robin", "vllm-router", "round_robin", "nothing (rotation)"),
     "cache_aware": RouterSpec("cache_aware", "vllm-router", "cache_aware", "request text (its own tree)"),
     "kv_aware": RouterSpec("kv_aware", "vllm-router", "kv_aware", "KV events (+ /render token ids)"),
+    # the same, a session kept on its replica while it is active (vllm-router reads the x-session-id header)
+    "kv_aware_sessions": RouterSpec("kv_aware_sessions", "vllm-router", "kv_aware",
+                                    "KV events + session affinity", ("--kv-aware-session-affinity-ttl-secs", "600")),
     "sglang_cache_aware": RouterSpec("sglang_cache_aware", "sglang-router", "cache_aware",
                                      "request text (its own tree)"),
     "dynamo_indexer": RouterSpec("dynamo_indexer", "dynamo-indexer", "longest indexed prefix",
@@ -101,7 +104,10 @@ class Run:
         start = self.now()
         try:
             async with self.router.route(client, body) as url:
-                response = await client.post(url + "/v1/chat/completions", json=body)
+                # the session id as agent clients send it (Claude Code: x-claude-code-session-id): a router may
+                # keep a session in place by it
+                response = await client.post(url + "/v1/chat/completions", json=body,
+                                             headers={"x-session-id": req.session})
             if response.status_code != 200:
                 raise RuntimeError(f"HTTP {response.status_code}: {response.text[:200]}")
             reply = response.json()
