@@ -83,6 +83,7 @@ def test_the_checkpoint_is_the_released_layout(muse_dir):
     assert (cfg.final_logit_softcapping, cfg.muse_glimmer.qk_scale_factor) == (20.0, 3.87)
 
 
+@pytest.mark.slow  # the fast tier keeps the greedy check on the same checkpoint
 def test_outputs_are_varied_and_depend_on_the_whole_context(case):
     """Different prompts continue differently; the first token of a 70-token prompt, far outside the window, still
     moves the next token's logits (through the NoPE layers), and the last few tokens move them a lot."""
