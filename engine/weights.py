@@ -231,16 +231,18 @@ def _stacked_expert_targets(model: nn.Module, parts: list[str]) -> list[_Target]
 
 
 def _gpt_oss_expert_targets(model: nn.Module, parts: list[str]) -> list[_Target]:
-    """gpt-oss' stacked experts (`engine.models.gpt_oss.read_experts`): one target per parameter, read whole."""
+    """gpt-oss' stacked experts (`engine.models.gpt_oss.read_experts`): one target per parameter, the rank's part of
+    it read from disk."""
     path, last = ".".join(parts[:-1]), parts[-1]
+    experts = model.get_submodule(path)
 
     def read(ckpt: _Checkpoint, name: str) -> torch.Tensor:
         prefix = name[: len(name) - len(last)]
-        return read_experts(last, lambda tensor: ckpt.get(prefix + tensor))
+        return read_experts(last, lambda tensor, index: ckpt.get(prefix + tensor, index), experts.sharding)
 
     if last.endswith("_scales"):  # read with its blocks
         return []
-    return [_Target(path, model.get_submodule(path), last.removesuffix("_blocks"), None, read=read)]
+    return [_Target(path, experts, last.removesuffix("_blocks"), None, read=read)]
 
 
 def _expert_target(model: nn.Module, parts: list[str]) -> _Target | None:

@@ -11,6 +11,9 @@ columns interleaved, ``down_proj`` ``[E, I, H]``, or, as released, MXFP4: ``gate
 (two e2m1 values a byte, low nibble first) with ``gate_up_proj_scales`` ``[E, 2I, H/32]`` (UE8M0 exponents, one per 32
 values), ``down_proj_blocks`` / ``_scales`` likewise. `read_experts` turns either into the engine's layout (gate rows
 then up rows, ``[E, 2I, H]``; ``[E, H, I]``), dequantized on load.
+
+Under tensor parallelism the sinks split with the query heads (`Attention`), ``o_proj``'s bias is held by the first
+rank (row parallel), the router is replicated, and `read_experts` reads only the rank's share of each expert tensor.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from torch import nn
 
 from engine.config import ModelConfig
 from engine.models.llama import Attention, LlamaForCausalLM
+from engine.parallel.linear import ExpertSharding
 from engine.parallel.state import SINGLE, TensorParallel
 from kernels.ops import Ops, dequantize_fp4_blocks
 
@@ -31,7 +35,6 @@ EXPERT_TENSORS = ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_b
 class GptOssForCausalLM(LlamaForCausalLM):
     def __init__(self, cfg: ModelConfig, ops: Ops, tp: TensorParallel = SINGLE) -> None:
         assert cfg.sliding is not None and cfg.attention_sinks, "a gpt-oss config has its window layers and sinks"
-        assert tp.size == 1, "engine/parallel/sizes.py refuses gpt-oss under tensor parallelism"
         super().__init__(cfg, ops, tp)
 
     def make_mixer(self, layer_idx: int) -> nn.Module:
@@ -53,19 +56,43 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor
     return values.view(*lead, groups * width * 2)
 
 
-def read_experts(name: str, get: Callable[[str], torch.Tensor]) -> torch.Tensor:
-    """The engine's value of the expert parameter that checkpoint tensor ``name`` (the last part of
-    ``...mlp.experts.<name>``: one of `EXPERT_TENSORS`, or ``<weight>_blocks``) fills; ``get`` reads a tensor of the
-    same experts by its last part (an MXFP4 weight's ``_scales``)."""
-    if name.endswith("_blocks"):
-        base = name.removesuffix("_blocks")
-        weight = dequantize_mxfp4(get(name), get(base + "_scales"))  # [E, out, in]: the engine's orientation
-    else:
-        base, weight = name, get(name)
-        if base in ("gate_up_proj", "down_proj"):  # transformers' [E, in, out]
-            weight = weight.transpose(1, 2)
+def _intermediate(sharding: ExpertSharding) -> slice:
+    """The rank's columns of every expert's intermediate dim: all of them, or 1/size under tensor parallelism."""
+    units = range(sharding.intermediate_size) if sharding.tp.expert_parallel else sharding.tp.units(
+        sharding.intermediate_size)
+    return slice(units.start, units.stop)
+
+
+def read_experts(name: str, get: Callable[[str, tuple[slice, ...]], torch.Tensor],
+                 sharding: ExpertSharding) -> torch.Tensor:
+    """This rank's value of the expert parameter that checkpoint tensor ``name`` (the last part of
+    ``...mlp.experts.<name>``: one of `EXPERT_TENSORS`, or ``<weight>_blocks``) fills, in the engine's layout; ``get``
+    reads a part of a tensor of the same experts by its last part (an MXFP4 weight's ``_scales`` too). Only the rank's
+    experts are read and, under tensor parallelism, their slice of the intermediate dim (interleaved, a slice's
+    gate and up rows are one run); the down projection's bias then goes to the first rank only (zeros elsewhere), so
+    the ranks' partial sums add it once."""
+    base = name.removesuffix("_blocks")
     if base not in EXPERT_TENSORS:
         raise ValueError(f"unknown gpt-oss expert tensor {name!r}")
-    if base.startswith("gate_up_proj"):  # gate and up interleaved along the output dim
-        weight = _deinterleave(weight, 1)
-    return weight
+    local, inter = sharding.local_experts, _intermediate(sharding)
+    experts = slice(local.start, local.stop)
+    if base == "down_proj_bias":
+        bias = get(name, (experts,))
+        split = inter.stop - inter.start < sharding.intermediate_size
+        return torch.zeros_like(bias) if split and not sharding.tp.is_first else bias
+    if base.startswith("gate_up_proj"):
+        rows = slice(2 * inter.start, 2 * inter.stop)
+        if name.endswith("_blocks"):  # [E, 2I, H / 32, 16]: already the engine's orientation
+            weight = dequantize_mxfp4(get(name, (experts, rows)), get(base + "_scales", (experts, rows)))
+        elif base == "gate_up_proj":  # transformers' [E, H, 2I]
+            weight = get(name, (experts, slice(None), rows)).transpose(1, 2)
+        else:  # the bias [E, 2I]
+            weight = get(name, (experts, rows))
+        return _deinterleave(weight, 1)
+    if not name.endswith("_blocks"):  # transformers' [E, I, H]
+        return get(name, (experts, inter)).transpose(1, 2)
+    # [E, H, I / 32, 16]: the whole scale groups the slice touches, then the slice of their values
+    first, end = inter.start // MXFP4_BLOCK, -(-inter.stop // MXFP4_BLOCK)
+    groups = (experts, slice(None), slice(first, end))
+    weight = dequantize_mxfp4(get(name, groups), get(base + "_scales", groups))
+    return weight[..., inter.start - first * MXFP4_BLOCK:inter.stop - first * MXFP4_BLOCK]

@@ -14,7 +14,7 @@ from engine.models.kv_cache_spec import KVCacheSpec, KVCaches
 from engine.models.layers.moe import make_mlp
 from engine.models.layers.rope import build_cos_sin_cache
 from engine.models.vision.mrope import MultimodalStep
-from engine.parallel.linear import VocabParallelEmbedding, lm_head_parallel, qkv_parallel, row_parallel
+from engine.parallel.linear import Part, Sharding, VocabParallelEmbedding, lm_head_parallel, qkv_parallel, row_parallel
 from engine.parallel.state import SINGLE, TensorParallel
 from kernels.ops import AttentionMetadata, Ops
 
@@ -50,6 +50,8 @@ class Attention(nn.Module):
         self.o_proj = row_parallel(cfg.num_heads * cfg.head_dim, cfg.hidden_size, tp, bias=cfg.o_proj_bias,
                                    unit_size=cfg.head_dim)
         self.sinks = nn.Parameter(torch.empty(self.num_heads)) if cfg.attention_sinks else None
+        if self.sinks is not None:  # the module's own parameter (the sinks) is split with the query heads
+            self.sharding = Sharding(tp, 0, (Part(cfg.num_heads),))
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, cfg.zero_centered_norms) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, cfg.zero_centered_norms) if cfg.qk_norm else None
         self.scale = (cfg.query_pre_attn_scalar or cfg.head_dim) ** -0.5

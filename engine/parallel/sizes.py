@@ -21,8 +21,6 @@ def shape_problems(model: ModelConfig, size: int, expert_parallel: bool) -> list
         problems.append(f"its {kv} KV heads neither split over {size} ranks nor repeat evenly on them")
     if model.qk_norm_across_heads and kv < size:
         problems.append(f"its k norm spans all {kv} KV heads, which {size} ranks would repeat (MiniMax-M2 splits them)")
-    if model.attention_sinks and size > 1:
-        problems.append("its attention sinks and expert biases are not split across ranks yet (gpt-oss runs on one)")
     lin = model.linear
     if lin is not None:
         if not _splits(lin.num_key_heads, size) or not _splits(lin.num_value_heads, size):

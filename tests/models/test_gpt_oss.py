@@ -19,6 +19,10 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.config import ModelConfig
+from engine.model_sources.mxfp4 import released_expert_layout
+from engine.models.gpt_oss import read_experts
+from engine.parallel.linear import ExpertSharding
+from engine.parallel.state import TensorParallel
 from tests.hf_oracle import (
     assert_greedy_alone_and_together, assert_greedy_cache_hot, assert_greedy_through_preemption,
     assert_top_logprobs_equal_hf, assert_varied, hf_greedy, hf_model, logit_shift, random_prompts,
@@ -145,9 +149,47 @@ def test_other_op_sets_chunked_and_together(case, backend):
     assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == expected
 
 
-def test_tensor_parallel_is_refused_with_a_reason(gpt_oss_dirs):
-    with pytest.raises(ValueError, match="attention sinks"):
-        LLM(gpt_oss_dirs["bf16"], tensor_parallel_size=2, block_size=4, num_kv_blocks=64)
+def test_each_rank_reads_its_share_of_the_experts():
+    """Under tensor parallelism 2 the ranks' expert tensors put back together are the one-rank values: halves of the
+    intermediate dim (48 columns: MXFP4's down_proj groups of 32 cut mid-group), the down bias on rank 0 only; under
+    expert parallelism half the experts each."""
+    experts, hidden, inter = 4, 64, 96
+    gen = torch.Generator().manual_seed(0)
+    shapes = {"gate_up_proj": (experts, hidden, 2 * inter), "gate_up_proj_bias": (experts, 2 * inter),
+              "down_proj": (experts, inter, hidden), "down_proj_bias": (experts, hidden)}
+    stored = {f"x.mlp.experts.{name}": torch.randn(*shape, generator=gen) for name, shape in shapes.items()}
+    for layout in (stored, released_expert_layout(stored)):
+        tensors = {name.rsplit(".", 1)[1]: t for name, t in layout.items()}
+
+        def read(name: str, tp: TensorParallel) -> torch.Tensor:
+            return read_experts(name, lambda t, index: tensors[t][index], ExpertSharding(tp, experts, inter))
+
+        for name in (n for n in tensors if not n.endswith("_scales")):
+            whole = read(name, TensorParallel())
+            ranks = [read(name, TensorParallel(rank, 2)) for rank in (0, 1)]
+            whole_experts = [read(name, TensorParallel(rank, 2, expert_parallel=True)) for rank in (0, 1)]
+            assert torch.equal(torch.cat(whole_experts), whole), name
+            if name == "down_proj_bias":
+                assert torch.equal(ranks[0], whole) and not ranks[1].any()
+            elif name.startswith("gate_up_proj"):  # each rank: its gate rows, then its up rows
+                halves = [r.chunk(2, dim=1) for r in ranks]
+                assert torch.equal(torch.cat([halves[0][0], halves[1][0], halves[0][1], halves[1][1]], dim=1), whole)
+            else:
+                assert torch.equal(torch.cat(ranks, dim=-1), whole), name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("case", "expert_parallel"), [("bf16", False), ("mxfp4", True)], indirect=["case"])
+def test_tensor_parallel_2_equals_transformers(case, expert_parallel):
+    """Two ranks of 2 query heads and their sinks, 1 KV head, o_proj's bias added once, the router replicated; the
+    experts either each cut in half along the intermediate dim (the gate/up bias sliced with it, the down bias added
+    once), or 4 whole experts a rank, read from the MXFP4 blocks of those experts only."""
+    path, prompts, expected = case
+    chosen = [1, 3, 5]  # 4, 17 and 70 tokens: the two longer ones reach past the window
+    with LLM(path, tensor_parallel_size=2, enable_expert_parallel=expert_parallel, block_size=4, num_kv_blocks=128,
+             max_num_batched_tokens=32) as llm:
+        outs = llm.generate([prompts[i] for i in chosen], GREEDY)
+    assert [o.token_ids for o in outs] == [expected[i] for i in chosen]
 
 
 @pytest.mark.slow  # builds gpt-oss-tiny (~30 s: the o200k_harmony merges, 201,088-row embeddings)
