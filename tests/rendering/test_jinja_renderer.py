@@ -8,6 +8,7 @@ import pytest
 from transformers.utils.chat_template_utils import _normalize_chat_messages, render_jinja_template
 
 from server.rendering import JinjaRenderer, get_renderer
+from server.rendering.generic_tools import with_generic_tools
 from tests.rendering.corpus import CASES
 from tests.rendering.make_goldens import OFFICIAL
 
@@ -15,8 +16,9 @@ TEMPLATES = Path(__file__).resolve().parent / "templates"
 
 
 def transformers_render(template: str, renderer: JinjaRenderer, case, special_tokens: dict) -> str:
-    """What ``tokenizer.apply_chat_template(tokenize=False)`` returns for the already-normalized request."""
-    prepared = renderer.prepare(case.messages, case.tools)
+    """What ``tokenizer.apply_chat_template(tokenize=False)`` returns for the already-normalized request (its tools
+    folded into the messages first where the template knows no tools, Gemma 3's, as the renderer does)."""
+    prepared = with_generic_tools(renderer.prepare(case.messages, case.tools), renderer.tool_support)
     rendered, _ = render_jinja_template(
         conversations=[_normalize_chat_messages(prepared.messages)],
         tools=prepared.tools,
