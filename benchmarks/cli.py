@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable
 from engine.config import EvictionPolicy, SchedulingPolicy
 
 from benchmarks import (hostile, inspector_bench, router_bench, serve_bench, spec_bench, step_bench, structured,
-                        throughput)
+                        throughput, turn_bench)
 from benchmarks.prefix.report import write_json
 
 if TYPE_CHECKING:
@@ -234,6 +234,10 @@ def _register_all() -> None:
                       throughput.configure, throughput.run)
     add_bench_command("step", "host and device time of one engine decode step vs a bare PyTorch loop, by batch and "
                       "context", step_bench.configure, step_bench.run)
+    add_bench_command("turns", "an agent conversation growing ~5k tokens a turn (10k -> 100k): per turn the host time "
+                      "before the first token (render + tokenize + hash + match; now and in full), TTFT, and the floor "
+                      "(SDPA over the same K/V + the new tokens' dense layers) side by side",
+                      turn_bench.configure, turn_bench.run)
     add_bench_command("structured", "cost of grammar masks: decode tok/s with 0%, 50% and 100% of a batch constrained",
                       structured.configure, structured.run)
     add_bench_command("spec", "speculative decoding at batch 1: output tok/s with no speculation, prompt lookup and "
