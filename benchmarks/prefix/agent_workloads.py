@@ -6,6 +6,8 @@ own adapters (server/api/messages_input.py, server/api/responses_input.py), the 
   `system` environment message, tool_use / tool_result blocks, a new system message midway (a tool announcement).
   `claude_code_raw` is the same session with the cache-stability rules off (server/cache/normalize.py), so the
   benchmark shows the misses they remove ("billing_nonce", and "system_hoisted" on DeepSeek templates).
+- claude_code_screenshots: the same shape, three sessions whose Read tool mostly returns screenshots (PNGs from
+  screenshots.py, as `image` blocks inside `tool_result`), for vision-language models.
 - codex: developer + user input items, reasoning items echoed back, function_call / function_call_output items,
   function, namespace and hosted tools; the whole history resent every turn.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import copy
 import json
 
+from benchmarks.prefix.screenshots import image_block
 from benchmarks.prefix.text import TextGen
 from benchmarks.prefix.workloads import ChatRequest, Workload, WorkloadParams, make_head
 from server.api.anthropic_protocol import Conversation, MessagesRequest
@@ -34,7 +37,52 @@ def _schema(gen: TextGen) -> dict:
     return {"type": "object", "properties": props, "required": ["path"], "additionalProperties": False}
 
 
-def claude_code(p: WorkloadParams, normalize: bool = True) -> Workload:
+class _ToolResults:
+    """What a Claude Code session's tools are called with and return: plain Claude Code's, text."""
+
+    def __init__(self, p: WorkloadParams) -> None:
+        self.p = p
+
+    def task_parts(self, session: int, task: int) -> list[dict]:
+        """Content before a task's text (a pasted screenshot)."""
+        return []
+
+    def call(self, gen: TextGen) -> tuple[str, dict]:
+        return gen.rng.choice(_CLAUDE_TOOLS), {"path": gen.path()}
+
+    def result(self, gen: TextGen, name: str, args: dict) -> list[dict]:
+        return [{"type": "text", "text": gen.tool_output(gen.rng.randint(*self.p.result_words))}]
+
+
+class _Screenshots(_ToolResults):
+    """Screenshot-heavy: the first task pastes a mockup (sessions 2k and 2k + 1 paste the same one, so the next
+    session's differs in the same place) and most tool calls Read a screenshot: a new one, or one this session read
+    before (the same pixels again, at a later place)."""
+
+    def __init__(self, p: WorkloadParams, session: int) -> None:
+        super().__init__(p)
+        self.session = session
+        self.paths: list[str] = []
+
+    def task_parts(self, session: int, task: int) -> list[dict]:
+        return [image_block(f"{self.p.seed}/mockup/{session // 2}")] if task == 0 else []
+
+    def call(self, gen: TextGen) -> tuple[str, dict]:
+        if gen.rng.random() < 0.3:
+            return super().call(gen)
+        if self.paths and gen.rng.random() < 0.3:
+            return "Read", {"file_path": gen.rng.choice(self.paths)}
+        self.paths.append(f"shots/{self.session}-{len(self.paths)}.png")
+        return "Read", {"file_path": self.paths[-1]}
+
+    def result(self, gen: TextGen, name: str, args: dict) -> list[dict]:
+        if args.get("file_path", "").startswith("shots/"):
+            return [image_block(f"{self.p.seed}/{args['file_path']}")]
+        return super().result(gen, name, args)
+
+
+def _claude_setup(p: WorkloadParams) -> tuple[TextGen, list[dict], str, list[dict]]:
+    """A Claude Code project's generator, tools, system prompt and opening messages (reminder, environment)."""
     gen = TextGen(p.seed)
     tools = [{"name": n, "description": gen.sentence(20, 40), "input_schema": _schema(gen)} for n in _CLAUDE_TOOLS]
     head = make_head(gen, p.head_words)
@@ -43,13 +91,22 @@ def claude_code(p: WorkloadParams, normalize: bool = True) -> Workload:
                                       "\n</system-reminder>"}]},
         {"role": "system", "content": [{"type": "text", "text": "# Environment\n" + gen.prose(60)}]},
     ]
+    return gen, tools, head, messages
+
+
+def _claude_session(p: WorkloadParams, gen: TextGen, tools: list[dict], head: str, messages: list[dict],
+                    session: str, index: int, results: _ToolResults, normalize: bool) -> list[ChatRequest]:
+    """One session's requests: ``p.tasks`` tasks of ``p.steps_per_task`` tool calls, each turn the /v1/messages
+    body Claude Code sends, through the server's adapter; session ``index`` starts at scheduler step ``index`` (after
+    the sessions before it began, so it can read their shared head from the cache)."""
     requests: list[ChatRequest] = []
     parent = None
     for task in range(p.tasks):
         if task == p.tasks // 2:
             messages.append({"role": "system", "content": [{"type": "text", "text": "Deferred tools now "
                                                             "available:\n" + gen.sentence()}]})
-        messages.append({"role": "user", "content": [{"type": "text", "text": "Task: " + gen.sentence(8, 20)}]})
+        messages.append({"role": "user", "content": [*results.task_parts(index, task),
+                                                     {"type": "text", "text": "Task: " + gen.sentence(8, 20)}]})
         for step in range(p.steps_per_task + 1):
             last = step == p.steps_per_task
             call_id = f"toolu_{task}_{step}"
@@ -58,8 +115,8 @@ def claude_code(p: WorkloadParams, normalize: bool = True) -> Workload:
             if last:
                 reply_blocks.append({"type": "text", "text": gen.prose(gen.rng.randint(20, 80))})
             else:
-                reply_blocks.append({"type": "tool_use", "id": call_id, "name": gen.rng.choice(_CLAUDE_TOOLS),
-                                     "input": {"path": gen.path()}})
+                name, args = results.call(gen)
+                reply_blocks.append({"type": "tool_use", "id": call_id, "name": name, "input": args})
             system = [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.328.661; "
                                                f"cc_entrypoint=cli; cch={gen.rng.getrandbits(20):05x};"},
                       {"type": "text", "text": head, "cache_control": {"type": "ephemeral"}}]
@@ -68,18 +125,39 @@ def claude_code(p: WorkloadParams, normalize: bool = True) -> Workload:
             chat = messages_to_turn(MessagesRequest.model_validate(body), _FAMILY)
             [reply] = anthropic_chat_messages(Conversation(model="m", messages=[
                 {"role": "assistant", "content": reply_blocks}]))
-            request_id = f"cc/{len(requests)}"
-            requests.append(ChatRequest(request_id, "cc", chat.messages, chat.tools, reply, parent=parent,
-                                        turn=len(requests), normalize=normalize))
+            request_id = f"{session}/{len(requests)}"
+            requests.append(ChatRequest(request_id, session, chat.messages, chat.tools, reply, parent=parent,
+                                        turn=len(requests), arrival=index, normalize=normalize))
             parent = request_id
             messages.append({"role": "assistant", "content": reply_blocks})
             if not last:
                 result = {"type": "tool_result", "tool_use_id": call_id,
-                          "content": [{"type": "text", "text": gen.tool_output(gen.rng.randint(*p.result_words))}]}
+                          "content": results.result(gen, name, args)}
                 messages.append({"role": "user", "content": [result]})
+    return requests
+
+
+def claude_code(p: WorkloadParams, normalize: bool = True) -> Workload:
+    gen, tools, head, messages = _claude_setup(p)
+    requests = _claude_session(p, gen, tools, head, messages, "cc", 0, _ToolResults(p), normalize)
     name = "claude_code" if normalize else "claude_code_raw"
     rules = "cache-stability rules on" if normalize else "rules off (raw billing nonce, hoisted system messages)"
     return Workload(name, f"Claude Code-shaped session through the /v1/messages adapter, {rules}", requests, True)
+
+
+SCREENSHOT_SESSIONS = 3
+
+
+def claude_code_screenshots(p: WorkloadParams) -> Workload:
+    """Three Claude Code sessions in one project (same system prompt, tools and opening messages) whose Read tool
+    returns screenshots; vision-language models only (the images render as the template's image tokens)."""
+    _, tools, head, messages = _claude_setup(p)
+    requests = [r for s in range(SCREENSHOT_SESSIONS)
+                for r in _claude_session(p, TextGen(p.seed * 1000 + 1 + s), tools, head, copy.deepcopy(messages),
+                                         f"shots{s}", s, _Screenshots(p, s), True)]
+    return Workload("claude_code_screenshots", "Claude Code-shaped sessions whose Read tool returns screenshots "
+                    "(some read again later, a pasted mockup shared by two sessions, another in the third)",
+                    requests, True)
 
 
 def codex(p: WorkloadParams) -> Workload:

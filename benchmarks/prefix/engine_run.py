@@ -100,7 +100,7 @@ def run_workload(llm, name: str, requests: Sequence[TokenRequest], settings: Eng
         while queue:
             step = queue.advance(step)
             batch = queue.take(cfg)
-            outs = llm.generate([r.prompt for r in batch], params, cache_salt=[r.salt for r in batch])
+            outs = llm.generate([r.engine_prompt() for r in batch], params, cache_salt=[r.salt for r in batch])
             for r, out in zip(batch, outs):
                 results.append(EngineRequestResult(r.request_id, r.turn, len(r.prompt), out.num_cached_tokens,
                                                    out.metrics.ttft_s))
@@ -133,7 +133,7 @@ def replay_schedule(llm, clock: VirtualClock, requests: Sequence[TokenRequest], 
         holds = [ttl + res.step_s if r.ends_in_tool_call and ttl else 0.0 for r, res in zip(batch, step)]
         retention = [Retention(r.pins, hold, r.snapshot_hints) if r.pins or hold or r.snapshot_hints else None
                      for r, hold in zip(batch, holds)]
-        outs = llm.generate([r.prompt for r in batch], params, cache_salt=[r.salt for r in batch],
+        outs = llm.generate([r.engine_prompt() for r in batch], params, cache_salt=[r.salt for r in batch],
                             retention=retention)
         for r, out in zip(batch, outs):
             results.append(EngineRequestResult(r.request_id, r.turn, len(r.prompt), out.num_cached_tokens,

@@ -244,7 +244,7 @@ class _Simulation:
 
     def block_hashes(self, r: TokenRequest) -> list[BlockHash]:
         if r.request_id not in self.hashes:
-            self.hashes[r.request_id] = self.hasher.hashes(self.committed_ids(r), _salt(r, self.cfg))
+            self.hashes[r.request_id] = self.hasher.hashes(self.committed_ids(r), _salt(r, self.cfg), r.images)
         return self.hashes[r.request_id]
 
     def committed_ids(self, r: TokenRequest) -> list[int]:

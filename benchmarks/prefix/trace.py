@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from engine.multimodal import ImageInput, ImagePrompt
 from engine.retention import CachePin
 
 T = TypeVar("T")
@@ -24,6 +25,9 @@ class TokenRequest:
     Block-hash traces (Mooncake) put one id per 512-token block into ``prompt``: ``tokens_per_id`` scales matched
     ids back to tokens, ``num_tokens`` is the true prompt length, and ``num_committed`` excludes the unique
     sentinel that keeps the "recompute the last block" rule from cutting off the last real block.
+
+    ``images``: the prompt's images, each over its run of placeholder tokens (engine/multimodal.py), as the server
+    hands them to the engine; block hashing mixes in their content hashes, as the engine's does.
     """
 
     request_id: str
@@ -42,6 +46,7 @@ class TokenRequest:
     ends_in_tool_call: bool = False  # its reply is a tool call: the session comes back after the tool ran
     pins: tuple[CachePin, ...] = ()  # cache_control breakpoints (engine/retention.py)
     snapshot_hints: tuple[int, ...] = ()  # hybrid models: the message boundaries the server would hint
+    images: tuple[ImageInput, ...] = ()
 
     @property
     def prompt_tokens(self) -> int:
@@ -50,6 +55,10 @@ class TokenRequest:
     def cached_tokens(self, matched_ids: int) -> int:
         """Prompt tokens served by ``matched_ids`` cached ids."""
         return min(matched_ids * self.tokens_per_id, self.prompt_tokens)
+
+    def engine_prompt(self) -> list[int] | ImagePrompt:
+        """What the engine is sent: the ids, with the images over their placeholder runs where there are any."""
+        return ImagePrompt(self.prompt, self.images) if self.images else self.prompt
 
     def committed_ids(self, include_output: bool) -> list[int]:
         """The ids whose K/V exist after this request ran: the prompt (less a sentinel) and, optionally, the reply."""

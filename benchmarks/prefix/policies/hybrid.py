@@ -120,7 +120,7 @@ def run_policy(requests: Sequence[TokenRequest], policy: HybridPolicy, slots: in
         kv.begin_step()
         salt = r.session if llama else r.salt  # llama.cpp: a slot per session, nothing shared across slots
         ids = r.committed_ids(include_output)
-        hashes = hasher.hashes(ids, salt)
+        hashes = hasher.hashes(ids, salt, r.images)
         cached = kv.admit(r.request_id, hashes, r.prompt, len(r.prompt))
         assert cached is not None, "the simulated pool holds every block"
         run.prompt_tokens += len(r.prompt)

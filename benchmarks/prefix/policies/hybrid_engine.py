@@ -39,7 +39,7 @@ def run_engine(llm, requests: Sequence[TokenRequest]) -> EngineRun:
     start = time.perf_counter()
     for r in requests:
         retention = Retention(r.pins, 0.0, r.snapshot_hints) if r.pins or r.snapshot_hints else None
-        out = llm.generate([r.prompt], params, cache_salt=[r.salt], retention=[retention], use_tqdm=False)[0]
+        out = llm.generate([r.engine_prompt()], params, cache_salt=[r.salt], retention=[retention], use_tqdm=False)[0]
         cached.append(out.num_cached_tokens)
         ttft.append(out.metrics.ttft_s)
     return EngineRun(cached, ttft, time.perf_counter() - start)
