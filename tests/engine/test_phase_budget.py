@@ -126,7 +126,7 @@ def test_the_budget_holds_with_drafts_overlap_and_preemption(engine_args: dict):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["deepseek-tiny", "deepseek-v3.2-tiny", "deepseek-v4-tiny", "qwen3.6-tiny",
-                                   "glm4.7-flash-tiny"])
+                                   "glm4.7-flash-tiny", "minimax-m2-tiny"])
 def test_every_family_that_thinks_stops_at_its_budget(model: str):
     """The same rule on each thinking family's tokenizer (its <think> / </think> tokens): 64 of the model's own
     tokens, then the closing ones (the templates' prompts: tests/server/api/test_reasoning_budget.py)."""
