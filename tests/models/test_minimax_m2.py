@@ -14,7 +14,13 @@ from safetensors import safe_open
 
 from engine import LLM, SamplingParams
 from tests.config.config_sweep import Drawn, write_checkpoint
-from tests.hf_oracle import random_prompts
+from tests.hf_oracle import (
+    assert_greedy_alone_and_together,
+    assert_greedy_cache_hot,
+    assert_varied,
+    hf_greedy,
+    random_prompts,
+)
 
 CONFIG = dict(vocab_size=2048, hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, head_dim=16, rotary_dim=8, num_local_experts=8, num_experts_per_tok=2,
@@ -80,3 +86,16 @@ def test_tensor_parallel_2_gives_one_ranks_tokens(checkpoint: Path) -> None:
     for a, b in zip(single, parallel):
         for x, y in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
             assert abs(x.logprob - y.logprob) < 1e-4
+
+
+@pytest.mark.slow  # the registry model's build and transformers' own run of it
+def test_the_registry_model_equals_transformers() -> None:
+    """minimax-m2-tiny (models.yaml: this architecture with MiniMax-M2's config keys and the stand-in tokenizer) gives
+    transformers' greedy tokens, varied, alone, together and cache hot."""
+    llm = LLM("minimax-m2-tiny", block_size=4, num_kv_blocks=256)
+    prompts = random_prompts(150_000, [3, 9, 17], seed=38)
+    expected = [hf_greedy("minimax-m2-tiny", p, 6) for p in prompts]
+    assert_varied(expected, 2)
+    assert_greedy_alone_and_together(llm, prompts, expected)
+    assert_greedy_cache_hot(llm, prompts, expected, block_size=4)
+    llm.close()
