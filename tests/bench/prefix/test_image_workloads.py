@@ -4,6 +4,8 @@ hits, a different one in the same place misses from its first block), and the en
 predicts. Text-only models refuse the workload, and "all" leaves it out."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from benchmarks.prefix.catalog import IMAGE_WORKLOADS, build_workloads
@@ -36,6 +38,9 @@ def test_the_same_screenshot_hits_and_another_in_its_place_misses_from_its_first
     assert cached[a.request_id] == 0
     assert cached[b.request_id] >= shot_a.end // BS * BS  # through the shared screenshot
     assert cached[c.request_id] == shot_c.offset // BS * BS  # up to the block holding its first image token
+    # Hashing the placeholder tokens alone would serve session 0's mockup for session 2's.
+    blind = simulate([replace(r, images=()) for r in vlm_requests], SimConfig(block_size=BS, model_id="qwen3.6-tiny"))
+    assert {r.request_id: r.cached_tokens for r in blind.results}[c.request_id] >= shot_c.end // BS * BS
     # Later turns carry every earlier screenshot, some read twice (the same pixels at a later place).
     assert any(len({i.content_hash for i in r.images}) < len(r.images) for r in vlm_requests)
     assert 0.5 < result.hit_rate < 1
