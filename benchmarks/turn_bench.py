@@ -98,16 +98,24 @@ def conversation(first_tokens: int, new_tokens: int, turns: int, seed: int = 0) 
     return out
 
 
-def attention_floor(config: dict, new_tokens: int, context: int, dtype: torch.dtype) -> float:
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def attention_floor(config: dict, new_tokens: int, context: int, dtype: torch.dtype, device: str = "cpu") -> float:
     """Seconds of SDPA over contiguous K/V: ``new_tokens`` queries over ``context`` keys, every layer."""
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
-    q = torch.randn(1, heads, new_tokens, head_dim, dtype=dtype)
-    k = torch.randn(1, kv_heads, context, head_dim, dtype=dtype)
+    q = torch.randn(1, heads, new_tokens, head_dim, dtype=dtype, device=device)
+    k = torch.randn(1, kv_heads, context, head_dim, dtype=dtype, device=device)
     v = torch.randn_like(k)
+    F.scaled_dot_product_attention(q[:, :, :1], k, v, enable_gqa=True)  # the kernel's first call off the clock
+    _sync(device)
     start = time.perf_counter()
     for _ in range(config["num_hidden_layers"]):
         F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    _sync(device)
     return time.perf_counter() - start
 
 
@@ -117,7 +125,9 @@ def dense_floor(model, token_ids: list[int]) -> float:
     modules): each layer's norms, q/k/v/o projections (o over a tensor of the attention output's shape) and MLP, the
     final norm and the LM head on the last row."""
     body = model.model
-    ids = torch.tensor([token_ids])
+    device = str(body.embed_tokens.weight.device)
+    ids = torch.tensor([token_ids], device=device)
+    _sync(device)
     start = time.perf_counter()
     x = body.embed_tokens(ids)
     for layer in body.layers:
@@ -129,6 +139,7 @@ def dense_floor(model, token_ids: list[int]) -> float:
         x = x + attn.o_proj(q)
         x = x + layer.mlp(layer.post_attention_layernorm(x))
     model.lm_head(body.norm(x[:, -1:]))
+    _sync(device)
     return time.perf_counter() - start
 
 
@@ -187,11 +198,12 @@ def run_turns(args: argparse.Namespace) -> list[TurnPoint]:
     model_dir = stretched_model_dir(args.model, room)
     config = json.loads((model_dir / "config.json").read_text())
     block_size = 16
+    dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
     engine_config = EngineConfig(block_size=block_size, num_kv_blocks=room // block_size + 256, max_model_len=room,
-                                 device="cpu", dtype="float32")
+                                 device=args.device, dtype=str(dtype).removeprefix("torch."))
     ctx = load_context(str(model_dir), engine_config, ServerSettings())
     ctx.engine.start()
-    hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).eval().to(args.device)
     try:
         return asyncio.run(_run_all(ctx, hf, config, args, turns))
     finally:
@@ -208,7 +220,7 @@ async def _run_all(ctx, hf, config: dict, args: argparse.Namespace, turns: int) 
         if full_ids != ids:
             raise AssertionError(f"turn {turn}: the served prompt's tokens differ from a full render + tokenize")
         new = len(ids) - cached
-        attention = attention_floor(config, new, len(ids), torch.float32)
+        attention = attention_floor(config, new, len(ids), hf.dtype, args.device)
         dense = dense_floor(hf, ids[cached:])
         point = TurnPoint(turn, len(ids), cached, new, host, full_host, ttft, attention, dense)
         points.append(point)
@@ -239,6 +251,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="grow the conversation to about this many tokens (lower it to stop earlier)")
     parser.add_argument("--new-tokens", type=int, default=5_000, help="tokens each turn adds, about")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads")
+    parser.add_argument("--device", default="cpu", help="cpu (fp32), or cuda (bf16; the floors timed there too)")
 
 
 def run(args: argparse.Namespace) -> dict:

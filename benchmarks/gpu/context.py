@@ -36,12 +36,13 @@ class Plan:
     step_bench_timeout_s: float
     ttft_prompt_tokens: int
     moe_layers: int  # of Qwen3-30B-A3B's 48 (random weights drawn on the GPU: nothing is written to disk)
+    turn_max_tokens: int  # turn_growth: the conversation grows ~5k tokens a turn from 10k to about this
     skip: tuple[str, ...] = ()
 
 
-FULL = Plan("full", 510, ("qwen3-tiny", "deepseek-tiny"), 256, 100, 256, 90, 32768, 48)
-QUICK = Plan("quick", 210, ("qwen3-tiny",), 64, 25, 128, 40, 32768, 48,
-             skip=("throughput_eager", "moe_throughput", "gpt_oss_throughput", "glm_throughput"))
+FULL = Plan("full", 510, ("qwen3-tiny", "deepseek-tiny"), 256, 100, 256, 90, 32768, 48, 100_000)
+QUICK = Plan("quick", 210, ("qwen3-tiny",), 64, 25, 128, 40, 32768, 48, 40_000,
+             skip=("throughput_eager", "moe_throughput", "turn_growth", "gpt_oss_throughput", "glm_throughput"))
 
 
 @dataclass(frozen=True)

@@ -148,7 +148,7 @@ def test_engine_steps_run_on_cpu_with_small_shapes(tmp_path):
     engines = {kind: EngineKind(spec.model, {**spec.options, "num_kv_blocks": 512, "max_model_len": 2048})
                for kind, spec in ENGINES.items()}
     plan = Plan("test", 60, ("qwen3-tiny",), num_seqs=2, throughput_budget_s=1, decode_steps=2,
-                step_bench_timeout_s=5, ttft_prompt_tokens=64, moe_layers=2)
+                step_bench_timeout_s=5, ttft_prompt_tokens=64, moe_layers=2, turn_max_tokens=12_000)
     ctx = Context(plan, time.perf_counter() + 600, tmp_path, 4.8, 0.9, device="cpu", dtype="float32",
                   models={DENSE: {**QWEN3_0_6B, **SMALL}, MOE: {**QWEN3_30B_A3B, **SMALL, **SMALL_MOE},
                           GPT_OSS: SMALL_GPT_OSS, GLM: SMALL_GLM}, engines=engines)
@@ -216,7 +216,8 @@ def test_unknown_step_names_are_refused():
     with pytest.raises(SystemExit, match="unknown step"):
         gpu_check.select_steps(FULL, "throughput,warp_drive")
     assert [s.name for s in gpu_check.select_steps(QUICK, None)] == [
-        s.name for s in gpu_steps.STEPS if s.name not in ("throughput_eager", "moe_throughput")]
+        s.name for s in gpu_steps.STEPS if s.name not in ("throughput_eager", "moe_throughput", "turn_growth",
+                                                         "gpt_oss_throughput", "glm_throughput")]
 
 
 def test_version_checks_read_the_project_pins(monkeypatch):

@@ -13,7 +13,7 @@ from benchmarks import turn_bench
 @pytest.mark.slow  # loads qwen3-tiny into a serving context and serves three turns
 def test_turns_grow_hit_the_cache_and_print_their_floor(tmp_path) -> None:
     args = argparse.Namespace(model="qwen3-tiny", start_tokens=600, max_tokens=1000, new_tokens=200, threads=1,
-                              out_dir=str(tmp_path))
+                              device="cpu", out_dir=str(tmp_path))
     figures = turn_bench.run(args)
     turns = figures["turns"]
     assert [t["turn"] for t in turns] == [1, 2, 3]
