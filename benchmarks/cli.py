@@ -7,6 +7,7 @@ Adding a benchmark is one call in ``_register_all``: ``add_bench_command(name, h
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable
 
@@ -40,7 +41,13 @@ def add_bench_command(
 
 
 def _invoke(command: BenchCommand, args: argparse.Namespace) -> int:
-    figures = command.run(args)
+    from benchmarks.prefix.catalog import NeedsVisionModel
+
+    try:
+        figures = command.run(args)
+    except NeedsVisionModel as exc:  # the user's choice of --model, not a bug: the message, no traceback
+        print(f"kvserve bench {command.name}: error: {exc}", file=sys.stderr)
+        return 2
     if args.json:
         write_json(args.json, figures)
         print(f"figures written to {args.json}")

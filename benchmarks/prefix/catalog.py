@@ -47,6 +47,10 @@ WORKLOADS: dict[str, Callable[[WorkloadParams], Workload]] = {
 IMAGE_WORKLOADS = frozenset({"claude_code_screenshots"})
 
 
+class NeedsVisionModel(ValueError):
+    """A workload that sends images, given a text-only model: the user's fix is a vision-language ``--model``."""
+
+
 def build_workloads(names: list[str] | str, params: WorkloadParams = WorkloadParams()) -> list[Workload]:
     """``names``: workload names or "all" (every workload without images)."""
     if names == "all" or names == ["all"]:

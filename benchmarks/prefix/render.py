@@ -26,6 +26,7 @@ from server.cache.miss_causes import CHANGE_BILLING_NONCE, CHANGE_SYSTEM_HOISTED
 
 from engine.multimodal import ImageInput, expanded_count
 
+from benchmarks.prefix.catalog import NeedsVisionModel
 from benchmarks.prefix.trace import TokenRequest
 from benchmarks.prefix.workloads import ChatRequest, Workload
 
@@ -116,7 +117,7 @@ class ImageParts:
         if not found:
             return req, ()
         if self.mt.images is None:
-            raise ValueError(f"{self.mt.name} reads text only, and the {self.workload.name} workload sends images: "
+            raise NeedsVisionModel(f"{self.mt.name} reads text only, and the {self.workload.name} workload sends images: "
                              "give a vision-language model (e.g. --model qwen3.6-tiny)")
         for url, where in found:
             if url not in self.read:

@@ -69,9 +69,11 @@ def test_the_engine_reads_what_the_simulator_predicts(vlm_requests) -> None:
 
 
 @pytest.mark.slow
-def test_a_text_only_model_refuses_the_image_workload_and_all_leaves_it_out() -> None:
+def test_a_text_only_model_refuses_the_image_workload_and_all_leaves_it_out(capsys) -> None:
+    from server.cli import main
+
     assert "claude_code_screenshots" in IMAGE_WORKLOADS
-    [workload] = build_workloads(["claude_code_screenshots"], WorkloadParams(head_words=20, tasks=1,
-                                                                            steps_per_task=0))
-    with pytest.raises(ValueError, match="qwen3-tiny reads text only.*--model qwen3.6-tiny"):
-        tokenize_workload(workload, load_model_text("qwen3-tiny"))
+    assert main(["bench", "prefix", "--model", "qwen3-tiny", "--workload", "claude_code_screenshots",
+                 "--no-engine"]) == 2
+    err = capsys.readouterr().err
+    assert "qwen3-tiny reads text only" in err and "--model qwen3.6-tiny" in err and "Traceback" not in err
