@@ -75,7 +75,7 @@ class ScheduledSequence:
     new_block_ids: list[int]
     samples: bool
     resumed: bool
-    state_slot: int
+    state_row: int
     draft_token_ids: list[int] | None
 
 
@@ -86,8 +86,8 @@ class TransferKind(enum.Enum):
     DISK_READ = "disk_read"  # the block's file -> device block (a disk hit)
     DISK_DELETE = "disk_delete"  # the disk tier dropped the block
     DISK_CLEAR = "disk_clear"  # every block file (a prefix-cache reset)
-    OFFLOAD_STATE = "offload_state"  # hybrid models: device state slot -> host state row (a snapshot leaves)
-    RESTORE_STATE = "restore_state"  # host state row -> device state slot (a sequence resumes there)
+    OFFLOAD_STATE = "offload_state"  # hybrid models: device state row -> host state row (a snapshot leaves)
+    RESTORE_STATE = "restore_state"  # host state row -> device state row (a sequence resumes there)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,16 +102,16 @@ class KVTransfer:
     block_hash: bytes = b""  # disk: the file's name
     parent_hash: bytes | None = None  # disk writes: recorded in the file, so a restart can rebuild the chain
     token_ids: tuple[int, ...] = ()
-    # Hybrid models' snapshots ride with their block: the device state slot (state copies; a disk read's target,
+    # Hybrid models' snapshots ride with their block: the device state row (state copies; a disk read's target,
     # -1: pages only) and the host state row (state copies; a disk write's snapshot, -1: the block has none)
-    state_slot: int = -1
     state_row: int = -1
+    host_state_row: int = -1
 
 
 @dataclass(frozen=True, slots=True)
 class StateCopy:
-    """Copy one recurrent-state slot into another (every recurrent layer's conv and delta-rule state): a snapshot
-    into a running sequence's slot at admission (before the step's forward), or a running slot into a new snapshot
+    """Copy one recurrent-state row into another (every recurrent layer's conv and delta-rule state): a snapshot
+    into a running sequence's row at admission (before the step's forward), or a running row into a new snapshot
     (after the step's forward, which brought it to a block boundary)."""
 
     src: int
@@ -126,7 +126,7 @@ class SchedulerOutput:
     ``num_new_tokens[i]`` tokens of ``seq_ids[i]`` from ``num_computed_tokens[i]`` on; ``samples[i]``: the chunk ends
     at the sequence's last token, so this step samples its next one. What changes the runner's copy of a sequence is
     sparse: ``new_block_ids`` are appended to its block table, or replace it for a sequence in ``resumed``
-    (re-admitted after a preemption); ``state_slots``: hybrid models, at (re)admission, the recurrent-state slot the
+    (re-admitted after a preemption); ``state_rows``: hybrid models, at (re)admission, the recurrent-state row the
     sequence runs in; ``drafts``: speculative decoding, tokens proposed after the sequence's last one, computed in this
     step after it (counted in ``num_new_tokens``) and verified by its sampling; they join the sequence only as far
     as they are accepted. A steady decode appears in the columns only."""
@@ -140,7 +140,7 @@ class SchedulerOutput:
     # sliding-window models: the window pages appended to each sequence's window table, or (resumed) the whole of it
     new_window_block_ids: dict[str, list[int]] = field(default_factory=dict)
     resumed: set[str] = field(default_factory=set)
-    state_slots: dict[str, int] = field(default_factory=dict)
+    state_rows: dict[str, int] = field(default_factory=dict)
     drafts: dict[str, list[int]] = field(default_factory=dict)
     finished_seq_ids: list[str] = field(default_factory=list)  # finished or aborted since the last step: forget them
     # Blocks released, state kept for resumption. (The runner needs no action: a sequence not scheduled leaves
@@ -158,7 +158,7 @@ class SchedulerOutput:
         return len(self.seq_ids)
 
     def add(self, seq_id: str, num_new_tokens: int, num_computed_tokens: int, samples: bool,
-            new_block_ids: list[int], resumed: bool = False, state_slot: int = -1,
+            new_block_ids: list[int], resumed: bool = False, state_row: int = -1,
             drafts: list[int] | None = None) -> None:
         """Schedule ``num_new_tokens`` tokens of ``seq_id`` (and its ``drafts`` after them)."""
         self.seq_ids.append(seq_id)
@@ -169,8 +169,8 @@ class SchedulerOutput:
             self.new_block_ids[seq_id] = new_block_ids
         if resumed:
             self.resumed.add(seq_id)
-        if state_slot >= 0:
-            self.state_slots[seq_id] = state_slot
+        if state_row >= 0:
+            self.state_rows[seq_id] = state_row
         if drafts:
             self.drafts[seq_id] = drafts
 
@@ -178,7 +178,7 @@ class SchedulerOutput:
     def scheduled(self) -> list[ScheduledSequence]:
         """The columns as one `ScheduledSequence` per sequence (observers and tests)."""
         return [ScheduledSequence(seq_id, n, start, self.new_block_ids.get(seq_id, []), samples,
-                                  seq_id in self.resumed, self.state_slots.get(seq_id, -1), self.drafts.get(seq_id))
+                                  seq_id in self.resumed, self.state_rows.get(seq_id, -1), self.drafts.get(seq_id))
                 for seq_id, n, start, samples in zip(self.seq_ids, self.num_new_tokens, self.num_computed_tokens,
                                                      self.samples)]
 

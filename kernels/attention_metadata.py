@@ -1,11 +1,11 @@
 """One step's batch as the kernels read it: `AttentionMetadata` (where each new token's K/V goes, the block tables,
-the lengths) and, for hybrid models, `StateBatch` (each sequence's recurrent-state slot). The worker builds them
+the lengths) and, for hybrid models, `StateBatch` (each sequence's recurrent-state row). The worker builds them
 (engine/worker/step_inputs.py), the models hand them to the ops (`kernels.ops` re-exports both), and the kernels
 read them: this module is their one owner.
 
 Words: a *block* is the KV cache's unit of allocation (``block_size`` tokens, one row of every page tensor
 ``[num_blocks, block_size, ...]``); a *slot* is one token's place in the blocks, ``block_id * block_size + offset``
-(``slot_mapping``). Recurrent layers have *state slots* of their own kind: one row per running sequence (or
+(``slot_mapping``). Recurrent layers have *state rows* of their own kind: one row per running sequence (or
 snapshot) of a layer's state tensors, unrelated to KV slots.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ class AttentionMetadata:
     query_start_loc: torch.Tensor
     max_query_len: int
     max_context_len: int
-    states: StateBatch | None = None  # hybrid models: each sequence's state slot (recurrent layers)
+    states: StateBatch | None = None  # hybrid models: each sequence's state row (recurrent layers)
     # sliding-window models with a window group: what the window layers read instead (the slots and block tables of
     # their own pages, `engine.kv.window_pool`); None: every layer reads the fields above
     window: AttentionMetadata | None = None
@@ -43,7 +43,7 @@ class StateBatch:
     device sync)."""
 
     query_start_loc: torch.Tensor  # [B + 1] int32: sequence b owns rows query_start_loc[b]:query_start_loc[b + 1]
-    state_slots: torch.Tensor  # [B] int64
+    state_rows: torch.Tensor  # [B] int64
     has_initial_state: torch.Tensor  # [B] bool
     host_starts: np.ndarray  # [B + 1] the same offsets on the host
     host_slots: np.ndarray  # [B]
@@ -51,16 +51,16 @@ class StateBatch:
     # Speculative decoding: per token, a slot to also write the state after that token to (-1: none), so that the
     # state after the last accepted draft is kept without recomputing. A row whose first token has one runs token by
     # token (the recurrent form, which has every intermediate state); None: no row keeps per-token states.
-    token_state_slots: torch.Tensor | None = None  # [T] int64
-    host_token_state_slots: np.ndarray | None = None  # [T]
+    token_state_rows: torch.Tensor | None = None  # [T] int64
+    host_token_state_rows: np.ndarray | None = None  # [T]
 
     @property
     def stepwise_rows(self) -> np.ndarray:
         """Sequences that keep the state after each of their tokens (verification rows: a token and its drafts)."""
-        if self.host_token_state_slots is None:
+        if self.host_token_state_rows is None:
             return np.zeros(0, dtype=np.int64)
         lens = np.diff(self.host_starts)
-        firsts = self.host_token_state_slots[np.minimum(self.host_starts[:-1], len(self.host_token_state_slots) - 1)]
+        firsts = self.host_token_state_rows[np.minimum(self.host_starts[:-1], len(self.host_token_state_rows) - 1)]
         return np.nonzero((lens > 0) & (firsts >= 0) & (self.host_slots >= 0))[0]
 
     @property

@@ -22,5 +22,5 @@ class Ops:
     sparse_mla: Callable  # absorbed MLA over those slots
     pool_windows: Callable  # DeepSeek-V4's compressors: gated pooling of token windows, state in the pages
     sink_attention: Callable  # DeepSeek-V4's attention over gathered slots, with per-head sinks
-    causal_conv1d: Callable  # recurrent layers (Gated DeltaNet): conv over each sequence's state slot
+    causal_conv1d: Callable  # recurrent layers (Gated DeltaNet): conv over each sequence's state row
     gated_delta_rule: Callable

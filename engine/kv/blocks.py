@@ -24,7 +24,7 @@ class CachedBlock:
     retained_until: float = 0.0
     retain_ttl: float = 0.0  # a pin's TTL, which every hit renews (0: a hold, not renewed)
     retained_by: str | None = None  # the tenant whose share the retention counts against (None: the cap's alone)
-    snapshot_slot: int = -1  # hybrid models: the state slot holding the recurrent state at this block's end
+    snapshot_row: int = -1  # hybrid models: the state row holding the recurrent state at this block's end
     snapshot_step: int = 0  # ... taken in this scheduler step (usable from the next one)
     # sliding-window models (engine.kv.window_pool): the page holding this block's window-layer K/V (-1: none now),
     # and the window retained for resuming at this block's end (an anchor: the pages of blocks window_first .. this
@@ -58,7 +58,7 @@ class SequenceBlocks:
     retention: Retention | None = None
     num_pinned: int = 0  # leading nodes its pins have been applied to
     first_pin_refused: int = -1  # the first of them whose retention the cap refused (-1: none)
-    state_slot: int = -1  # hybrid models: the recurrent-state slot it runs in (engine.kv.state_pool)
+    state_row: int = -1  # hybrid models: the recurrent-state row it runs in (engine.kv.state_pool)
     pending_snapshots: list[tuple[int, int]] = field(default_factory=list)  # (block index, slot) not in the tree yet
     reply_snapshot: int = -1  # the block index of its latest reply-end snapshot (replaced as decoding goes on)
     # sliding-window models: the window layers' page of each block (aligned with block_ids); it holds those from

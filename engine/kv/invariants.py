@@ -57,7 +57,7 @@ def check_invariants(kv: KVCacheManager, num_unreferenced: int) -> None:
     for tier in kv.tiers.tiers():
         tier.check_invariants()
     if kv.states is not None:
-        kv.states.check_invariants([seq.state_slot for seq in kv.seqs.values()],
+        kv.states.check_invariants([seq.state_row for seq in kv.seqs.values()],
                                    [slot for seq in kv.seqs.values() for _, slot in seq.pending_snapshots])
     if kv.window is not None:
         check_window_invariants(kv.window, list(kv.seqs.values()), kv.block_size)

@@ -10,7 +10,7 @@ class KVLayout:
     sized together by the runner (engine/worker/model_runner.py `ModelRunner.kv_layout`)."""
 
     num_blocks: int  # full-attention (or MLA / compressed) blocks on the device
-    state_slots: int = 0  # hybrid models: recurrent-state rows (the running sequences' and the snapshots')
+    state_rows: int = 0  # hybrid models: recurrent-state rows (the running sequences' and the snapshots')
     window_blocks: int = 0  # sliding-window models: window pages on the device
     window: int = 0  # ... and the window in tokens
     host_blocks: int = 0

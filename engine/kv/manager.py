@@ -17,7 +17,7 @@ hold last. With lower tiers (`engine.kv.tiers`), an evicted block is offloaded t
 admission continues a device match in the host and disk tiers: those blocks are restored into fresh device blocks
 (copy instructions for the runner), counted as cached. Every change to what a tier holds is recorded as a KV event.
 
-Hybrid models (``state_slots`` > 0) add a second cache group, the recurrent-state slots of `engine.kv.state_pool`:
+Hybrid models (``state_rows`` > 0) add a second cache group, the recurrent-state rows of `engine.kv.state_pool`:
 a running sequence holds one, and a node may own a *snapshot* (the state at its block's end). A prefix is
 resumable only where every group can resume it, so a hit ends at the deepest matched block with a snapshot;
 admission copies that snapshot into the sequence's slot (`StateCopy`, before the step's forward). Where snapshots
@@ -81,14 +81,14 @@ class KVCacheManager(WindowCache):
         disk_blocks: int = 0,
         record_events: bool = False,
         clock: Callable[[], float] = time.monotonic,
-        state_slots: int = 0,
+        state_rows: int = 0,
         weigh_snapshots: bool = True,
         host_states: int = 0,
         disk_states: int = 0,
         window_blocks: int = 0,
         window: int = 0,
     ) -> None:
-        """``state_slots`` > 0: a hybrid model, whose recurrent layers keep a state per sequence in that many slots
+        """``state_rows`` > 0: a hybrid model, whose recurrent layers keep a state per sequence in that many slots
         (`engine.kv.state_pool`); a cached prefix is then resumable only where its state is known. ``host_states``
         / ``disk_states``: the snapshots the lower tiers keep.
         ``weigh_snapshots``: when slots run short, a snapshot with a deeper one below it and no branch between
@@ -98,7 +98,7 @@ class KVCacheManager(WindowCache):
         (``window`` tokens wide) keep their pages in a group of that many (`engine.kv.window_pool`, used through
         `engine.kv.window_cache`); a cached prefix is then resumable only where the pages of its window are
         still there."""
-        assert not (state_slots and window_blocks), "a model with both recurrent and window layers is not supported"
+        assert not (state_rows and window_blocks), "a model with both recurrent and window layers is not supported"
         self.eviction_policy = EvictionPolicy(eviction_policy)
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -110,12 +110,12 @@ class KVCacheManager(WindowCache):
         self.seqs: dict[Hashable, SequenceBlocks] = {}
         self.stats = CacheStats()
         # a hybrid's BlockStored events say which blocks carry a snapshot; a window model's, a retained window
-        self.events = EventRecorder(record_events, snapshots=state_slots > 0 or window_blocks > 0)
+        self.events = EventRecorder(record_events, snapshots=state_rows > 0 or window_blocks > 0)
         self.tiers = LowerTiers(host_blocks, disk_blocks, self.events, host_states, disk_states)
         max_retained = int(max_retained_fraction * num_blocks)
         self.queue = EvictionQueue(self.eviction_policy, self._now, max_retained,
                                    int(max_retained_share_per_tenant * max_retained))
-        self.states = StatePool(state_slots, on_evict=self._snapshot_evicted) if state_slots else None
+        self.states = StatePool(state_rows, on_evict=self._snapshot_evicted) if state_rows else None
         self.weigh_snapshots = weigh_snapshots
         self.window = (WindowPool(window_blocks, window, block_size, on_drop=self._window_dropped)
                        if window_blocks else None)
@@ -155,9 +155,9 @@ class KVCacheManager(WindowCache):
     def block_table(self, seq_id: Hashable) -> list[int]:
         return self.seqs[seq_id].block_ids
 
-    def state_slot(self, seq_id: Hashable) -> int:
-        """The recurrent-state slot the sequence runs in (-1: not a hybrid model)."""
-        return self.seqs[seq_id].state_slot
+    def state_row(self, seq_id: Hashable) -> int:
+        """The recurrent-state row the sequence runs in (-1: not a hybrid model)."""
+        return self.seqs[seq_id].state_row
 
     def num_held_blocks(self, seq_id: Hashable) -> int:
         """Blocks in the sequence's block table (cached or private)."""
@@ -237,7 +237,7 @@ class KVCacheManager(WindowCache):
         blocks that hold a recurrent-state snapshot or a retained window)."""
         return [(i + 1) * self.block_size for i, block_hash in enumerate(block_hashes)
                 if (node := self.by_hash.get(block_hash)) is not None
-                and (node.snapshot_slot >= 0 or node.window_pages is not None)]
+                and (node.snapshot_row >= 0 or node.window_pages is not None)]
 
     def cached_prefixes(self, limit: int) -> list[CachedPrefix]:
         """The ``limit`` longest root-to-leaf paths of the device tree, longest first. O(cached blocks)."""
@@ -289,7 +289,7 @@ class KVCacheManager(WindowCache):
         for i in range(len(chain), 0, -1):
             node = matched[i - 1] if i <= len(matched) else None
             if node is not None and self.states.usable(node):
-                return matched[:i], [], node.snapshot_slot, None
+                return matched[:i], [], node.snapshot_row, None
             tier = self.tiers.find_state(chain[i - 1])
             if tier is not None and self.tiers.usable(tier, chain[i - 1]) and tier.has_state(chain[i - 1]):
                 return matched[:i], lower[: max(0, i - len(matched))], -1, tier
@@ -359,14 +359,14 @@ class KVCacheManager(WindowCache):
             keep.add(block_hashes[num_cached // self.block_size - 1])
         self._admission_reads = keep  # what the state pool's evictions must not push out of the lower tiers
         if self.states is not None:
-            seq.state_slot = self.states.take(keep=source)
+            seq.state_row = self.states.take(keep=source)
             if source >= 0:  # resume from the snapshot at the end of the hit
                 self.states.touch(source)
-                self.state_restores.append(StateCopy(source, seq.state_slot))
+                self.state_restores.append(StateCopy(source, seq.state_row))
         self._restore(seq, lower, keep)
         self._admission_reads = set()
         if source_tier is not None:  # ... which a lower tier holds: copied in before the step's state restores
-            self.tiers.restore(source_tier, block_hashes[num_cached // self.block_size - 1], -1, seq.state_slot)
+            self.tiers.restore(source_tier, block_hashes[num_cached // self.block_size - 1], -1, seq.state_row)
         self.allocate(seq_id, num_cached + min(len(token_ids) - num_cached, max_new_tokens))
         self._apply_pins(seq)
         stats = self.stats
@@ -452,13 +452,13 @@ class KVCacheManager(WindowCache):
         seq, states = self.seqs[seq_id], self.states
         assert states is not None and num_tokens % self.block_size == 0
         index = num_tokens // self.block_size - 1
-        if index < len(seq.nodes) and seq.nodes[index].snapshot_slot >= 0:
-            states.touch(seq.nodes[index].snapshot_slot)
+        if index < len(seq.nodes) and seq.nodes[index].snapshot_row >= 0:
+            states.touch(seq.nodes[index].snapshot_row)
             return False
         slot = states.take(spare_branches=self.weigh_snapshots)
         if slot is None:
             return False
-        self.state_snapshots.append(StateCopy(seq.state_slot, slot))
+        self.state_snapshots.append(StateCopy(seq.state_row, slot))
         seq.pending_snapshots.append((index, slot))
         if replaces_reply:
             self._drop_reply_snapshot(seq)
@@ -471,17 +471,17 @@ class KVCacheManager(WindowCache):
         the new one serves better (a conversation continues from its deepest state), so it goes first when slots
         run short. Snapshots at branch points (a shared system prompt) keep their place."""
         parent = node.parent
-        while parent is not None and parent.snapshot_slot < 0 and len(parent.children) == 1:
+        while parent is not None and parent.snapshot_row < 0 and len(parent.children) == 1:
             parent = parent.parent
-        if parent is not None and parent.snapshot_slot >= 0 and len(parent.children) == 1:
-            self.states.demote(parent.snapshot_slot)
+        if parent is not None and parent.snapshot_row >= 0 and len(parent.children) == 1:
+            self.states.demote(parent.snapshot_row)
 
     def _attach_snapshots(self, seq: SequenceBlocks) -> None:
         pending = []
         for index, slot in seq.pending_snapshots:
             if index >= len(seq.nodes):
                 pending.append((index, slot))
-            elif seq.nodes[index].snapshot_slot >= 0:  # another sequence snapshotted this block first
+            elif seq.nodes[index].snapshot_row >= 0:  # another sequence snapshotted this block first
                 self.states.release(slot)
             else:
                 node = seq.nodes[index]
@@ -496,15 +496,15 @@ class KVCacheManager(WindowCache):
         index = seq.reply_snapshot
         if 0 <= index < len(seq.nodes):
             node = seq.nodes[index]
-            if node.snapshot_slot >= 0 and self.states.usable(node):
-                self.states.drop(node.snapshot_slot)
+            if node.snapshot_row >= 0 and self.states.usable(node):
+                self.states.drop(node.snapshot_row)
                 self.events.stored(node.block_hash, node.parent_hash, node.token_ids, MEDIUM_DEVICE, snapshot=False)
 
     def _snapshot_evicted(self, slot: int, node: CachedBlock) -> None:
         """The state pool drops the snapshot in ``slot`` to make room while its block stays: the lower tiers keep
         it (with its block), and the events say the device block has none now."""
         self.tiers.offload(node.block_hash, node.block_id, node.token_ids, node.parent_hash,
-                           self._admission_reads, state_slot=slot)
+                           self._admission_reads, state_row=slot)
         self.events.stored(node.block_hash, node.parent_hash, node.token_ids, MEDIUM_DEVICE, snapshot=False)
 
     def begin_step(self) -> None:
@@ -525,7 +525,7 @@ class KVCacheManager(WindowCache):
         if self.window is not None:
             self._release_window(seq_id, seq)
         if self.states is not None:
-            self.states.release(seq.state_slot)
+            self.states.release(seq.state_row)
             for _, slot in seq.pending_snapshots:  # blocks that never reached the tree (a hash collision)
                 self.states.release(slot)
         if hold_s > 0:
@@ -576,7 +576,7 @@ class KVCacheManager(WindowCache):
         the whole cache for the next run)."""
         for node in list(self.by_hash.values()):  # parents before children: insertion order
             self.tiers.offload(node.block_hash, node.block_id, node.token_ids, node.parent_hash,
-                               state_slot=self._usable_snapshot(node))
+                               state_row=self._usable_snapshot(node))
 
     def load_disk_tier(self, blocks: Iterable[FoundBlock], reader: Callable[[BlockHash], bool]) -> int:
         """Index the block files a previous run left on disk (oldest first); ``reader`` checks a block's file
@@ -646,8 +646,8 @@ class KVCacheManager(WindowCache):
         del self.by_hash[node.block_hash]
         node.in_tree = False
         snapshot = self._usable_snapshot(node)  # (one taken in this step holds nothing yet: it is not kept)
-        if node.snapshot_slot >= 0:
-            self.states.drop(node.snapshot_slot)  # its copy to the host, if any, runs before the slot is reused
+        if node.snapshot_row >= 0:
+            self.states.drop(node.snapshot_row)  # its copy to the host, if any, runs before the slot is reused
         if node.window_pages is not None:
             self.window.drop(node)
         if node.window_page >= 0:
@@ -667,7 +667,7 @@ class KVCacheManager(WindowCache):
         return node.block_id
 
     def _usable_snapshot(self, node: CachedBlock) -> int:
-        return node.snapshot_slot if self.states is not None and self.states.usable(node) else -1
+        return node.snapshot_row if self.states is not None and self.states.usable(node) else -1
 
     # ---- invariants (tests and debugging) --------------------------------------------------------------------
     def check_invariants(self) -> None:

@@ -179,9 +179,9 @@ class LowerTiers:
         return next((tier for tier in self.tiers() if tier.has_state(block_hash)), None)
 
     def offload(self, block_hash: BlockHash, block_id: int, token_ids: tuple[int, ...], parent: BlockHash | None,
-                keep: Collection[BlockHash] = (), state_slot: int = -1) -> None:
+                keep: Collection[BlockHash] = (), state_row: int = -1) -> None:
         """Keep the contents of device block ``block_id`` in the host pool and, written through, on disk (before
-        the block is reused, or before a shutdown); with the snapshot in device state slot ``state_slot`` (>= 0)."""
+        the block is reused, or before a shutdown); with the snapshot in device state row ``state_row`` (>= 0)."""
         host, disk = self.host, self.disk
         if host is None:
             return
@@ -193,9 +193,9 @@ class LowerTiers:
             if held is None:
                 return
             self.transfers.append(KVTransfer(TransferKind.OFFLOAD, block_id=block_id, host_block=held.index))
-        if state_slot >= 0 and held.state_row < 0 and self._add_state(host, block_hash, keep):
-            self.transfers.append(KVTransfer(TransferKind.OFFLOAD_STATE, state_slot=state_slot,
-                                             state_row=held.state_row))
+        if state_row >= 0 and held.state_row < 0 and self._add_state(host, block_hash, keep):
+            self.transfers.append(KVTransfer(TransferKind.OFFLOAD_STATE, state_row=state_row,
+                                             host_state_row=held.state_row))
         if disk is None:
             return
         on_disk, write = disk.get(block_hash), False
@@ -207,7 +207,7 @@ class LowerTiers:
         if write and block_hash in disk:  # (re)written with the snapshot the host holds, if the disk keeps it
             self.transfers.append(KVTransfer(TransferKind.DISK_WRITE, host_block=held.index, block_hash=block_hash,
                                              parent_hash=parent, token_ids=token_ids,
-                                             state_row=held.state_row if disk.has_state(block_hash) else -1))
+                                             host_state_row=held.state_row if disk.has_state(block_hash) else -1))
 
     def _add_state(self, tier: TierIndex, block_hash: BlockHash, keep: Collection[BlockHash]) -> bool:
         """Give the tier's block its snapshot, making room as the tier does (module docstring)."""
@@ -253,20 +253,20 @@ class LowerTiers:
         self._drop(self.disk, block_hash)
         return False
 
-    def restore(self, tier: TierIndex, block_hash: BlockHash, block_id: int, state_slot: int = -1) -> None:
+    def restore(self, tier: TierIndex, block_hash: BlockHash, block_id: int, state_row: int = -1) -> None:
         """Copy a lower-tier block into device block ``block_id`` (-1: not its pages) and its snapshot into device
-        state slot ``state_slot`` (-1: not its snapshot), before the step's forward reads them."""
+        state row ``state_row`` (-1: not its snapshot), before the step's forward reads them."""
         tier.touch(block_hash)
         if tier is self.disk:
             self.transfers.append(KVTransfer(TransferKind.DISK_READ, block_id=block_id, block_hash=block_hash,
-                                             state_slot=state_slot))
+                                             state_row=state_row))
             return
         block = tier.blocks[block_hash]
         if block_id >= 0:
             self.transfers.append(KVTransfer(TransferKind.RESTORE, block_id=block_id, host_block=block.index))
-        if state_slot >= 0:
-            self.transfers.append(KVTransfer(TransferKind.RESTORE_STATE, state_slot=state_slot,
-                                             state_row=block.state_row))
+        if state_row >= 0:
+            self.transfers.append(KVTransfer(TransferKind.RESTORE_STATE, state_row=state_row,
+                                             host_state_row=block.state_row))
 
     def load_disk(self, blocks: Iterable[FoundBlock]) -> int:
         """Index the block files a previous run left (oldest first); the oldest beyond the tier's size are deleted

@@ -4,7 +4,7 @@ MLA, three KDA layers to one MLA layer, with DeepSeek-V3's MoE after a dense fir
 - KDA (`KimiDeltaAttention`) is Gated DeltaNet's recurrence with a decay per key channel instead of one per head:
   q/k/v through a causal conv + SiLU, L2-normalised q/k, ``beta = sigmoid(b_proj x)``, the log decay
   ``g = -exp(A_log) * softplus(f_b_proj(f_a_proj x) + dt_bias)`` per head and channel, the gated delta rule over the
-  sequence's state slot (`kernels.reference.recurrent`, the op Qwen3.5 / 3.6 run, given a ``[T, H, Dk]`` decay),
+  sequence's state row (`kernels.reference.recurrent`, the op Qwen3.5 / 3.6 run, given a ``[T, H, Dk]`` decay),
   then a per-head RMSNorm gated by ``sigmoid(g_b_proj(g_a_proj x))`` and ``o_proj``.
 - MLA (`engine.models.layers.mla`) without RoPE: the latent cache and absorbed decode as DeepSeek-V3's, the rotary
   key part shared by the heads unrotated.

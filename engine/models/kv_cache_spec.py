@@ -11,13 +11,13 @@ import torch
 
 KVCaches = list[tuple[torch.Tensor, ...]]  # per layer, its block tensors (GQA: K and V; MLA: one latent tensor;
 # DeepSeek-V3.2: the latent and the index keys) or, for a recurrent layer of a hybrid model, its state tensors indexed
-# by state slot
+# by state row
 
 
 @dataclass(frozen=True)
 class RecurrentStateSpec:
     """What one sequence's state takes in each recurrent layer (Gated DeltaNet): one tensor per entry of
-    ``shapes``, shaped ``[num_slots, *shape]``; those marked ``fp32`` stay fp32 whatever the model dtype (the delta
+    ``shapes``, shaped ``[num_rows, *shape]``; those marked ``fp32`` stay fp32 whatever the model dtype (the delta
     rule's state), the others take the model dtype (the conv window)."""
 
     num_layers: int
@@ -59,7 +59,7 @@ class BlockTensor:
 class KVCacheSpec:
     """Each layer with blocks owns one block tensor per entry of ``token_shapes``, shaped
     ``[num_blocks, block_size, *shape]``. A hybrid model's recurrent layers (``layer_is_recurrent``) own state
-    tensors instead (``recurrent``), one row per state slot; ``num_layers`` counts the layers with blocks."""
+    tensors instead (``recurrent``), one row per state row; ``num_layers`` counts the layers with blocks."""
 
     kind: str  # "gqa", "mla", "sparse_mla" or "compressed", for logs
     num_layers: int
@@ -134,9 +134,9 @@ class KVCacheSpec:
         return block_size * self.bytes_per_token(dtype)
 
     def allocate(self, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device,
-                 num_state_slots: int = 0, state_dtype: torch.dtype | None = None,
+                 num_state_rows: int = 0, state_dtype: torch.dtype | None = None,
                  num_window_blocks: int = 0) -> KVCaches:
-        """Per model layer: its blocks (``dtype``), or a hybrid model's recurrent states (``num_state_slots`` rows;
+        """Per model layer: its blocks (``dtype``), or a hybrid model's recurrent states (``num_state_rows`` rows;
         ``state_dtype``, the model dtype, for the non-fp32 ones). ``num_window_blocks`` > 0: the window group's pages,
         as many for each sliding-window layer (0: those layers keep ``num_blocks`` like the others)."""
         if block_size % self.block_multiple:
@@ -155,7 +155,7 @@ class KVCacheSpec:
         if self.recurrent is None:
             return blocks
         dtypes = self.recurrent.dtypes(state_dtype or dtype)
-        states = [tuple(torch.zeros(num_state_slots, *shape, dtype=d, device=device)
+        states = [tuple(torch.zeros(num_state_rows, *shape, dtype=d, device=device)
                         for shape, d in zip(self.recurrent.shapes, dtypes)) for _ in range(self.recurrent.num_layers)]
         blocks_left, states_left = iter(blocks), iter(states)
         return [next(states_left) if recurrent else next(blocks_left) for recurrent in self.layer_is_recurrent]

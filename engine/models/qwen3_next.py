@@ -7,7 +7,7 @@ the fourth is full attention with an output gate, partial RoPE and zero-centred 
 zero-centred ((1 + w) gains). MLPs are dense (3.5) or MoE with a gated shared expert (Next, 3.5-MoE), from
 `engine.models.layers.moe`. The decoder loop is the Llama one; only the token mixers differ.
 
-A recurrent layer's ``kv_cache`` is its ``(conv_state, ssm_state)`` pair indexed by state slot; the step's
+A recurrent layer's ``kv_cache`` is its ``(conv_state, ssm_state)`` pair indexed by state row; the step's
 `StateBatch` (``meta.states``) says which slot each sequence uses and whether it continues a state.
 """
 from __future__ import annotations

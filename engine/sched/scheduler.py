@@ -62,8 +62,8 @@ class Scheduler(SteadyPath, SpeculationSteps, ResumePoints, ImageEncoding, Finis
         snapshot_policy: SnapshotPolicy = DEFAULT_POLICY,
     ) -> None:
         self.cfg = cfg
-        # hybrid models (state slots): where to snapshot the recurrent state, so that prefixes can be resumed
-        self.snapshot_policy = snapshot_policy if layout.state_slots and cfg.enable_prefix_caching else None
+        # hybrid models (state rows): where to snapshot the recurrent state, so that prefixes can be resumed
+        self.snapshot_policy = snapshot_policy if layout.state_rows and cfg.enable_prefix_caching else None
         # sliding-window models (window pages): where to retain the window, at the same points
         self.window_policy = snapshot_policy if layout.window_blocks and cfg.enable_prefix_caching else None
         self.max_model_len = max_model_len
@@ -72,7 +72,7 @@ class Scheduler(SteadyPath, SpeculationSteps, ResumePoints, ImageEncoding, Finis
                                  max_retained_fraction=cfg.max_retained_fraction,
                                  max_retained_share_per_tenant=cfg.max_retained_share_per_tenant,
                                  host_blocks=layout.host_blocks, disk_blocks=layout.disk_blocks,
-                                 record_events=record_events, clock=clock, state_slots=layout.state_slots,
+                                 record_events=record_events, clock=clock, state_rows=layout.state_rows,
                                  host_states=layout.host_states, disk_states=layout.disk_states,
                                  window_blocks=layout.window_blocks, window=layout.window)
         self.hasher = hasher  # the engine's, shared with its request preparer
@@ -287,11 +287,11 @@ class Scheduler(SteadyPath, SpeculationSteps, ResumePoints, ImageEncoding, Finis
         out.preempted_seq_ids.append(seq.seq_id)
 
     def _schedule(self, seq: Sequence, n: int, new_block_ids: list[int], out: SchedulerOutput,
-                  resumed: bool = False, state_slot: int = -1, drafts: list[int] | None = None) -> None:
+                  resumed: bool = False, state_row: int = -1, drafts: list[int] | None = None) -> None:
         start = seq.num_computed_tokens
         end = start + n
         samples = end == seq.num_tokens  # reaches the last token: samples the next
-        out.add(seq.seq_id, n, start, samples, new_block_ids, resumed, state_slot, drafts)
+        out.add(seq.seq_id, n, start, samples, new_block_ids, resumed, state_row, drafts)
         # Drafts are computed too, but never enter token_ids unless accepted, so nothing below commits them to the
         # prefix cache; update() rolls num_computed_tokens back to what was accepted.
         seq.num_computed_tokens = end + len(drafts or ())
@@ -362,7 +362,7 @@ class Scheduler(SteadyPath, SpeculationSteps, ResumePoints, ImageEncoding, Finis
             n = self._chunk(seq, self._scored(seq, min(seq.num_uncomputed_tokens, limit)))
             self._running.append(seq)
             self._schedule(seq, n, list(self.kv.block_table(seq.seq_id)), out, resumed,
-                           self.kv.state_slot(seq.seq_id))
+                           self.kv.state_row(seq.seq_id))
             budget -= n
         return budget
 

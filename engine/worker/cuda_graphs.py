@@ -9,7 +9,7 @@ of the smallest capture size ``>= n``. The extra rows are padding (see `step_inp
 - ``slot_mapping`` -1: the store op writes nothing for them (no KV block is ever touched);
 - context length 1 on whatever block id the row's table holds (always a valid id): attention reads one finite
   value, never an empty context (0/0);
-- state slot -1 (hybrid models): the recurrent kernels neither read nor write a state for them;
+- state row -1 (hybrid models): the recurrent kernels neither read nor write a state for them;
 - their hidden states are sliced off before logits.
 
 Everything that sizes a kernel launch is fixed at capture: ``max_query_len=1``, ``max_context_len=max_model_len``

@@ -32,7 +32,7 @@ class RunnerSequence:
     generator: torch.Generator | None
     block_ids: list[int] = field(default_factory=list)
     window_block_ids: list[int] = field(default_factory=list)  # sliding-window models: its window pages
-    state_slot: int = -1  # hybrid models: the recurrent-state slot it runs in
+    state_row: int = -1  # hybrid models: the recurrent-state row it runs in
     output_counts: torch.Tensor | None = None  # [V] on the device: penalties only
     prompt_seen: torch.Tensor | None = None  # [V] bool: repetition penalty only
 
@@ -50,7 +50,7 @@ class InputBatch:
         self.block_table = np.zeros((max_rows, max_blocks_per_row * (2 if window_table else 1)), dtype=np.int32)
         self.num_blocks = np.zeros(max_rows, dtype=np.int32)
         self.num_window_blocks = np.zeros(max_rows, dtype=np.int32)
-        self.state_slots = np.zeros(max_rows, dtype=np.int32)  # hybrid models: each row's recurrent-state slot
+        self.state_rows = np.zeros(max_rows, dtype=np.int32)  # hybrid models: each row's recurrent-state row
         self.num_computed = np.zeros(max_rows, dtype=np.int32)
         self.num_new = np.zeros(max_rows, dtype=np.int32)  # tokens scheduled this step
         self.samples = np.zeros(max_rows, dtype=bool)  # the row's chunk this step ends at its last token
@@ -87,7 +87,7 @@ class InputBatch:
         n = len(seq.token_ids)
         self.token_ids[row, :n] = seq.token_ids
         self.num_known[row] = n
-        self.state_slots[row] = seq.state_slot
+        self.state_rows[row] = seq.state_row
         self.num_blocks[row] = 0
         self.append_blocks(row, seq.block_ids)
         self.num_window_blocks[row] = 0
@@ -129,7 +129,7 @@ class InputBatch:
         self.token_ids[dst, :n] = self.token_ids[src, :n]
         self.num_known[dst] = n
         self.pending_src[dst] = self.pending_src[src]
-        self.state_slots[dst] = self.state_slots[src]
+        self.state_rows[dst] = self.state_rows[src]
         self.num_blocks[dst] = 0
         self.append_blocks(dst, self.block_table[src, :b].tolist())
         if self.window_offset:

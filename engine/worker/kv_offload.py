@@ -50,19 +50,19 @@ class TransferStats:
 
 def flat_caches(kv_caches: list) -> list[torch.Tensor]:
     """Every per-layer cache tensor (K and V, or one latent; a conv window and a delta-rule state), each indexed by
-    block (or state slot) on dim 0."""
+    block (or state row) on dim 0."""
     return [t for layer in kv_caches for t in (layer if isinstance(layer, (tuple, list)) else (layer,))]
 
 
 def row_bytes(tensors: list[torch.Tensor]) -> int:
-    """Bytes of one row (a block, or a state slot) across ``tensors``."""
+    """Bytes of one row (a block, or a state row) across ``tensors``."""
     return sum(t[0].numel() * t.element_size() for t in tensors)
 
 
 class KVOffload:
     def __init__(self, kv_caches: list, host_blocks: int, disk: DiskStore | None = None, state_layers: list = (),
                  host_state_rows: int = 0) -> None:
-        """``state_layers``: a hybrid model's recurrent layers' state tensors (indexed by state slot), of which
+        """``state_layers``: a hybrid model's recurrent layers' state tensors (indexed by state row), of which
         the host keeps ``host_state_rows`` snapshots."""
         self.device_tensors = flat_caches(kv_caches)
         self.device_states = flat_caches(state_layers)
@@ -121,10 +121,10 @@ class KVOffload:
             self._restore(self.device_tensors, self.host_tensors, t.block_id, t.host_block)
             self.stats.restore_bytes += self.bytes_per_block
         elif kind is TransferKind.OFFLOAD_STATE:
-            self._offload(self._state_reads, self.device_states, self.host_states, t.state_slot, t.state_row)
+            self._offload(self._state_reads, self.device_states, self.host_states, t.state_row, t.host_state_row)
             self.stats.offload_bytes += self.bytes_per_state
         elif kind is TransferKind.RESTORE_STATE:
-            self._restore(self.device_states, self.host_states, t.state_slot, t.state_row)
+            self._restore(self.device_states, self.host_states, t.state_row, t.host_state_row)
             self.stats.restore_bytes += self.bytes_per_state
         elif kind is TransferKind.DISK_WRITE:
             written = self._stream.record_event() if self._stream is not None else None
@@ -132,9 +132,9 @@ class KVOffload:
             if len(self._file_writes) > 1024:  # forget writes that are done
                 self._file_writes = {h: f for h, f in self._file_writes.items() if not f.done()}
             self._host_block_reads[t.host_block] = self._file_writes[t.block_hash] = future
-            if t.state_row >= 0:
-                self._state_reads[t.state_row] = future
-            self.stats.disk_write_bytes += self.bytes_per_block + (self.bytes_per_state if t.state_row >= 0 else 0)
+            if t.host_state_row >= 0:
+                self._state_reads[t.host_state_row] = future
+            self.stats.disk_write_bytes += self.bytes_per_block + (self.bytes_per_state if t.host_state_row >= 0 else 0)
         elif kind is TransferKind.DISK_READ:
             payload = self._read_ahead.pop(t.block_hash, None)
             if payload is None:
@@ -144,8 +144,8 @@ class KVOffload:
             if t.block_id >= 0:
                 self._timed(lambda: self._load_payload(pages, self.device_tensors, t.block_id))
                 self.stats.disk_read_bytes += len(pages)
-            if t.state_slot >= 0:
-                self._timed(lambda: self._load_payload(state, self.device_states, t.state_slot))
+            if t.state_row >= 0:
+                self._timed(lambda: self._load_payload(state, self.device_states, t.state_row))
                 self.stats.disk_read_bytes += len(state)
         elif kind is TransferKind.DISK_DELETE:
             self._writer.submit(self.disk.delete, t.block_hash)
@@ -182,12 +182,12 @@ class KVOffload:
         if written is not None:
             written.synchronize()  # the offload into this host block has landed
         rows = [host[t.host_block] for host in self.host_tensors]
-        if t.state_row >= 0:  # the block's snapshot follows its pages
-            rows += [host[t.state_row] for host in self.host_states]
+        if t.host_state_row >= 0:  # the block's snapshot follows its pages
+            rows += [host[t.host_state_row] for host in self.host_states]
         payload = b"".join(row.reshape(-1).view(torch.uint8).numpy().tobytes() for row in rows)
         try:
             self.disk.write(t.block_hash, t.parent_hash, t.token_ids, payload,
-                            state_bytes=self.bytes_per_state if t.state_row >= 0 else 0)
+                            state_bytes=self.bytes_per_state if t.host_state_row >= 0 else 0)
         except OSError:  # a full or broken disk must not stop serving; a later hit on this block fails its step
             log.exception("could not write KV block %s to disk", t.block_hash.hex())
 

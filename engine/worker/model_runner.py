@@ -200,19 +200,19 @@ class ModelRunner:
                                if cfg.async_scheduling and self.device.type != "cuda" else None)
         # Graphs need kernels without host syncs: the Triton ops (the torch reference reads lengths on the host).
         # Under tensor parallelism decode runs eagerly: capturing the NCCL collectives is not verified yet.
-        # Hybrid models too: the Triton recurrent kernels index state slots on the device (padding rows: slot -1).
+        # Hybrid models too: the Triton recurrent kernels index state rows on the device (padding rows: slot -1).
         use_graphs = (self.device.type == "cuda" and cfg.attention_backend == "triton" and not cfg.enforce_eager
                       and tp.size == 1 and getattr(model, "cuda_graphs", True))
         # Every rank holds its shard of every block, so all ranks agree on the pool: the smallest that fits.
         blocks, snapshots = self._size_cache(use_graphs)
         self.num_blocks = tp.min(blocks, self.device)
         self.num_window_blocks = tp.min(self._num_window_blocks, self.device) if self.window_group else 0
-        # Hybrid models: a recurrent-state slot per running sequence, and the snapshots' (engine.kv.state_pool);
+        # Hybrid models: a recurrent-state row per running sequence, and the snapshots' (engine.kv.state_pool);
         # after them, outside the pool, one per draft token a step may verify: the state after each verified
         # position, so the one after the last accepted draft is kept (`_keep_accepted_states`)
-        self.num_state_slots = cfg.max_num_seqs + tp.min(snapshots, self.device) if recurrent else 0
+        self.num_state_rows = cfg.max_num_seqs + tp.min(snapshots, self.device) if recurrent else 0
         self.num_draft_states = self._num_draft_states()
-        self.kv_caches = self._new_caches(self.num_blocks, self.num_state_slots + self.num_draft_states)
+        self.kv_caches = self._new_caches(self.num_blocks, self.num_state_rows + self.num_draft_states)
         self.memory: RankMemory = measure(tp.rank, self.model, self.kv_caches)
         self.kv_offload = self._new_offload(model_dir) if cfg.kv_offload_gb else None
         self.decode_graphs: DecodeGraphRunner | None = None
@@ -228,7 +228,7 @@ class ModelRunner:
         host_states = offload.host_states[0].shape[0] if offload and offload.host_states else 0
         disk_blocks, disk_states = (offload.disk_capacity(cfg.kv_disk_gb, cfg.state_snapshot_fraction)
                                     if offload and offload.disk else (0, 0))
-        return KVLayout(self.num_blocks, self.num_state_slots, self.num_window_blocks, self.kv_spec.window,
+        return KVLayout(self.num_blocks, self.num_state_rows, self.num_window_blocks, self.kv_spec.window,
                         offload.host_tensors[0].shape[0] if offload else 0, host_states, disk_blocks, disk_states)
 
     def _load_vision(self, model_dir: Path) -> VisionInputs | None:
@@ -243,9 +243,9 @@ class ModelRunner:
         """Hybrid models that may speculate: a step verifies at most ``speculative_draft_budget`` drafts."""
         return self.cfg.speculative_draft_budget if self.kv_spec.recurrent is not None else 0
 
-    def _new_caches(self, num_blocks: int, num_state_slots: int, num_window_blocks: int | None = None) -> KVCaches:
+    def _new_caches(self, num_blocks: int, num_state_rows: int, num_window_blocks: int | None = None) -> KVCaches:
         return self.kv_spec.allocate(num_blocks, self.cfg.block_size, self.cfg.kv_cache_torch_dtype, self.device,
-                                     num_state_slots, self.dtype,
+                                     num_state_rows, self.dtype,
                                      self.num_window_blocks if num_window_blocks is None else num_window_blocks)
 
     def _new_offload(self, model_dir: Path) -> KVOffload:
@@ -285,7 +285,7 @@ class ModelRunner:
         if (graphs is not None and graphs.fits(batch.num_rows, int(batch.num_new[: batch.num_rows].max()))
                 and not (self.vision is not None and self.vision.computes_images(batch))):
             pad_to = graphs.padded_size(batch.num_rows)
-        host = flatten(batch, self.cfg.block_size, pad_to, self.num_state_slots if self.num_draft_states else -1)
+        host = flatten(batch, self.cfg.block_size, pad_to, self.num_state_rows if self.num_draft_states else -1)
         images = self.vision.plan(batch, host) if self.vision is not None else None
         all_ids = batch.seq_ids
         # every row samples in a decode-only step: the rows' ids as they are
@@ -362,7 +362,7 @@ class ModelRunner:
         return launched
 
     def _copy_states(self, copies: list[StateCopy]) -> None:
-        """Copy recurrent-state slots in every recurrent layer (a list never reads a slot it writes)."""
+        """Copy recurrent-state rows in every recurrent layer (a list never reads a slot it writes)."""
         if not copies:
             return
         src = torch.tensor([c.src for c in copies], device=self.device)
@@ -398,8 +398,8 @@ class ModelRunner:
         if batch.seq_ids != seq_ids:  # else the same sequences in the same rows as last step: nothing leaves
             batch.remove_all_but(set(seq_ids), set(sched.finished_seq_ids))
         row_of = batch.row_of
-        for seq_id, slot in sched.state_slots.items():  # (re)admitted: the slot its recurrent layers' state lives in
-            self.sequences[seq_id].state_slot = slot
+        for seq_id, slot in sched.state_rows.items():  # (re)admitted: the slot its recurrent layers' state lives in
+            self.sequences[seq_id].state_row = slot
         for seq_id, block_ids in sched.new_block_ids.items():  # sparse: a steady decode has none
             seq = self.sequences[seq_id]
             if seq_id in sched.resumed:
@@ -505,14 +505,14 @@ class ModelRunner:
 
     def _keep_accepted_states(self, host: HostInputs, emitted: list[list[int]]) -> None:
         """Hybrid models: a verification row's recurrent state ran past its last accepted draft; the state after it
-        was kept in a draft-state slot (`flatten`), from where it goes back to the row's own slot."""
+        was kept in a draft-state row (`flatten`), from where it goes back to the row's own slot."""
         if host.draft_states is None:
             return
         copies = []
         for row, tokens in zip(host.sample_rows.tolist(), emitted):
             accepted, drafts = len(tokens) - 1, int(host.draft_counts[row])
             if accepted < drafts:
-                copies.append(StateCopy(int(host.draft_states[row]) + accepted, int(host.state_slots[row])))
+                copies.append(StateCopy(int(host.draft_states[row]) + accepted, int(host.state_rows[row])))
         self._copy_states(copies)
 
     def _to_host(self, sampled: SamplerOutput | None, scored: list[ScoredSpan], timed: bool) -> _Launched:
@@ -692,7 +692,7 @@ class ModelRunner:
             query_start_loc=torch.from_numpy(starts).to(dev),
             max_query_len=max(lengths), max_context_len=max(lengths),
         )
-        if self.kv_spec.recurrent is not None:  # every sequence in state slot 0 of a one-slot scratch state
+        if self.kv_spec.recurrent is not None:  # every sequence in state row 0 of a one-slot scratch state
             none = np.zeros(len(lengths), dtype=np.int32)
             meta.states = StateBatch(meta.query_start_loc, torch.zeros(len(lengths), dtype=torch.long, device=dev),
                                      torch.zeros(len(lengths), dtype=torch.bool, device=dev), starts, none,

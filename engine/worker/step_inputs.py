@@ -34,13 +34,13 @@ class HostInputs:
     pending_dst: np.ndarray  # token rows whose id is still on the device (async scheduling) ...
     pending_src: np.ndarray  # ... and where it is in the previous step's sampled ids
     block_table_deltas: np.ndarray  # [3, D]
-    state_slots: np.ndarray  # hybrid models: each row's recurrent-state slot ...
+    state_rows: np.ndarray  # hybrid models: each row's recurrent-state row ...
     has_initial_state: np.ndarray  # ... and whether it continues the state there (tokens computed before)
     max_query_len: int
     max_context_len: int
     # hybrid models that verify drafts: per token, a slot for the state after it (-1: none); per row, its drafts and
     # the first of its slots (the state after its last known token, then after each draft but the last)
-    token_state_slots: np.ndarray | None = None
+    token_state_rows: np.ndarray | None = None
     draft_counts: np.ndarray | None = None
     draft_states: np.ndarray | None = None
     window_slot_mapping: np.ndarray | None = None  # sliding-window models: the window pages' slot of each token
@@ -57,7 +57,7 @@ class HostInputs:
 def flatten(batch: InputBatch, block_size: int, pad_rows_to: int | None = None, draft_state_base: int = -1
             ) -> HostInputs:
     """Vectorized over the scheduled rows: O(tokens scheduled), whatever the rows' context lengths.
-    ``draft_state_base``: hybrid models, the first of the state slots kept for verified positions (-1: none)."""
+    ``draft_state_base``: hybrid models, the first of the state rows kept for verified positions (-1: none)."""
     rows = batch.num_rows
     n = batch.num_new[:rows]
     start = batch.num_computed[:rows]
@@ -92,7 +92,7 @@ def flatten(batch: InputBatch, block_size: int, pad_rows_to: int | None = None, 
         query_start_loc=np.concatenate([np.zeros(1, dtype=np.int32), ends]), context_lens=context_lens,
         sample_index=sample_index, sample_rows=sample_rows, sample_counts=sample_counts, pending_dst=pending_dst,
         pending_src=pending_src,
-        block_table_deltas=batch.take_block_table_deltas(), state_slots=batch.state_slots[:rows].copy(),
+        block_table_deltas=batch.take_block_table_deltas(), state_rows=batch.state_rows[:rows].copy(),
         has_initial_state=start > 0,
         max_query_len=max_query_len, max_context_len=int(context_lens.max()) if rows else 0,
         window_slot_mapping=_window_slots(batch, row_of_token, block_index, offset, block_size),
@@ -120,7 +120,7 @@ def _flatten_decodes(batch: InputBatch, block_size: int, pad_rows_to: int | None
         slot_mapping=batch.block_table[row_of_token, block_index] * block_size + offset,
         query_start_loc=query_start_loc, context_lens=positions + 1, sample_index=row_of_token,
         sample_rows=batch.row_index[:rows], sample_counts=None, pending_dst=pending_dst, pending_src=batch.pending_src[pending_dst],
-        block_table_deltas=batch.take_block_table_deltas(), state_slots=batch.state_slots[:rows].copy(),
+        block_table_deltas=batch.take_block_table_deltas(), state_rows=batch.state_rows[:rows].copy(),
         has_initial_state=positions > 0, max_query_len=1, max_context_len=int(positions.max()) + 1,
         window_slot_mapping=_window_slots(batch, row_of_token, block_index, offset, block_size),
     )
@@ -145,7 +145,7 @@ def _keep_verified_states(host: HostInputs, drafts: np.ndarray, ends: np.ndarray
     first = base + np.cumsum(drafts) - drafts
     index = np.arange(len(row_of_token)) - (ends - drafts - 1)[row_of_token]  # among the row's verified tokens
     kept = (index >= 0) & (index < drafts[row_of_token])
-    host.token_state_slots = np.where(kept, first[row_of_token] + index, -1).astype(np.int32)
+    host.token_state_rows = np.where(kept, first[row_of_token] + index, -1).astype(np.int32)
     host.draft_counts, host.draft_states = drafts.copy(), np.where(drafts > 0, first, -1).astype(np.int32)
 
 
@@ -153,7 +153,7 @@ def _pad_decode(host: HostInputs, size: int) -> None:
     """Padding rows for a decode graph: slot -1 (no block is written), context 1 (one finite value is read), state
     slot -1 (the recurrent kernels skip the row)."""
     pad = size - host.num_rows
-    host.state_slots = np.concatenate([host.state_slots, np.full(pad, -1, dtype=host.state_slots.dtype)])
+    host.state_rows = np.concatenate([host.state_rows, np.full(pad, -1, dtype=host.state_rows.dtype)])
     host.has_initial_state = np.concatenate([host.has_initial_state, np.zeros(pad, dtype=bool)])
     host.input_ids = np.concatenate([host.input_ids, np.zeros(pad, dtype=np.int32)])
     host.positions = np.concatenate([host.positions, np.zeros(pad, dtype=np.int32)])
@@ -172,7 +172,7 @@ class DeviceInputs:
         """``window_table``: the rows' window tables follow their block tables (columns ``max_blocks_per_row`` on)."""
         self.device = device
         self.window_offset = max_blocks_per_row if window_table else 0
-        self.recurrent = recurrent  # a hybrid model: ship each row's state slot too
+        self.recurrent = recurrent  # a hybrid model: ship each row's state row too
         self.input_ids = torch.zeros(max_tokens, dtype=torch.long, device=device)
         self.positions = torch.zeros(max_tokens, dtype=torch.long, device=device)
         self.slot_mapping = torch.full((max_tokens,), -1, dtype=torch.long, device=device)
@@ -181,9 +181,9 @@ class DeviceInputs:
         self.block_tables = torch.zeros(max_rows, max_blocks_per_row * (2 if window_table else 1), dtype=torch.int32,
                                         device=device)
         self.window_slot_mapping = torch.full((max_tokens,), -1, dtype=torch.long, device=device)
-        self.state_slots = torch.zeros(max_rows, dtype=torch.long, device=device)
+        self.state_rows = torch.zeros(max_rows, dtype=torch.long, device=device)
         self.has_initial_state = torch.zeros(max_rows, dtype=torch.bool, device=device)
-        self.token_state_slots = torch.full((max_tokens,), -1, dtype=torch.long, device=device)
+        self.token_state_rows = torch.full((max_tokens,), -1, dtype=torch.long, device=device)
         self._host_states = (np.zeros(0, dtype=np.int32), np.zeros(0, dtype=bool))  # the last upload's, on the host
         self.tokens_from_device = 0  # input ids taken from the previous step's device output (async scheduling)
         self._pinned = device.type == "cuda"
@@ -197,9 +197,9 @@ class DeviceInputs:
         if self.window_offset:
             parts.append(host.window_slot_mapping)
         if self.recurrent:
-            parts += [host.state_slots, host.has_initial_state.astype(np.int32)]
-            if host.token_state_slots is not None:
-                parts.append(host.token_state_slots)
+            parts += [host.state_rows, host.has_initial_state.astype(np.int32)]
+            if host.token_state_rows is not None:
+                parts.append(host.token_state_rows)
         sizes = [len(p) for p in parts]
         staged = self._stage(np.concatenate(parts))
         ids, pos, slots, qsl, ctx, pdst, psrc, deltas, *states = staged.split(sizes)
@@ -219,11 +219,11 @@ class DeviceInputs:
             rows, cols, values = deltas.view(3, -1)
             self.block_tables[rows.long(), cols.long()] = values
         if states:
-            self.state_slots[:b].copy_(states[0])
+            self.state_rows[:b].copy_(states[0])
             self.has_initial_state[:b].copy_(states[1])
-            if host.token_state_slots is not None:
-                self.token_state_slots[:t].copy_(states[2])
-            self._host_states = (host.state_slots, host.has_initial_state)
+            if host.token_state_rows is not None:
+                self.token_state_rows[:t].copy_(states[2])
+            self._host_states = (host.state_rows, host.has_initial_state)
         return self.input_ids[:t], self.positions[:t]
 
     def _stage(self, values: np.ndarray) -> torch.Tensor:
@@ -267,10 +267,10 @@ class DeviceInputs:
         return meta
 
     def _state_batch(self, host: HostInputs) -> StateBatch:
-        b, verifies = host.num_rows, host.token_state_slots is not None
-        return StateBatch(self.query_start_loc[: b + 1], self.state_slots[:b], self.has_initial_state[:b],
-                          host.query_start_loc, host.state_slots, host.has_initial_state,
-                          self.token_state_slots[: host.num_tokens] if verifies else None, host.token_state_slots)
+        b, verifies = host.num_rows, host.token_state_rows is not None
+        return StateBatch(self.query_start_loc[: b + 1], self.state_rows[:b], self.has_initial_state[:b],
+                          host.query_start_loc, host.state_rows, host.has_initial_state,
+                          self.token_state_rows[: host.num_tokens] if verifies else None, host.token_state_rows)
 
     def decode_states(self, size: int) -> StateBatch:
         """The recurrent ops' view of a padded decode batch of ``size`` rows, one token each (a decode graph's static
@@ -279,10 +279,10 @@ class DeviceInputs:
         slots, initial = self._host_states
         if len(slots) != size:
             slots, initial = np.full(size, -1, dtype=np.int32), np.zeros(size, dtype=bool)
-        return StateBatch(self.query_start_loc[: size + 1], self.state_slots[:size], self.has_initial_state[:size],
+        return StateBatch(self.query_start_loc[: size + 1], self.state_rows[:size], self.has_initial_state[:size],
                           np.arange(size + 1, dtype=np.int32), slots, initial)
 
     def pad_states(self, size: int) -> None:
-        """Every row of a ``size``-row decode batch padding (state slot -1): graph warm-ups and captures."""
-        self.state_slots[:size].fill_(-1)
+        """Every row of a ``size``-row decode batch padding (state row -1): graph warm-ups and captures."""
+        self.state_rows[:size].fill_(-1)
         self._host_states = (np.full(size, -1, dtype=np.int32), np.zeros(size, dtype=bool))

@@ -2,13 +2,13 @@
 delta rule of Gated DeltaNet (Qwen3-Next, Qwen3.5 / 3.6; a decay per head and token) and of Kimi Delta Attention
 (Kimi Linear; a decay per head, key channel and token), over the flattened batch of one step.
 
-Each sequence's recurrent state lives in a *state slot*: row ``slot`` of the layer's ``conv_state``
-``[num_slots, C, K - 1]`` (the last K - 1 conv inputs, model dtype) and ``ssm_state`` ``[num_slots, Hv, Dk, Dv]``
+Each sequence's recurrent state lives in a *state row*: row ``slot`` of the layer's ``conv_state``
+``[num_rows, C, K - 1]`` (the last K - 1 conv inputs, model dtype) and ``ssm_state`` ``[num_rows, Hv, Dk, Dv]``
 (fp32). A sequence with ``has_initial_state`` continues from its slot (a previous chunk, or a snapshot copied in
 at admission); one without starts from zeros. Both ops write the state after the sequence's last new token back
 into its slot. A prefill chunk runs the chunked form of the delta rule, a lone decode token the recurrent form;
 decode rows are computed together. A verification row of speculative decoding (a token and its drafts, with
-``batch.token_state_slots``) runs the recurrent form token by token and also writes the state after each of its
+``batch.token_state_rows``) runs the recurrent form token by token and also writes the state after each of its
 tokens to the slot given for it, so the state after the last accepted draft can be kept.
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tenso
         window = torch.cat([conv_state[slots], x[rows].unsqueeze(-1).to(conv_state.dtype)], dim=-1)  # [B, C, K]
         out[rows] = F.silu((window.to(weight.dtype) * weight).sum(-1)).to(x.dtype)
         conv_state[slots] = window[..., 1:]
-    token_slots = batch.host_token_state_slots
+    token_slots = batch.host_token_state_rows
     for b in np.union1d(batch.prefill_rows, batch.stepwise_rows).tolist():
         start, end, slot = int(batch.host_starts[b]), int(batch.host_starts[b + 1]), int(batch.host_slots[b])
         history = conv_state[slot] if batch.host_has_initial[b] else conv_state.new_zeros(conv_state.shape[1:])
@@ -92,7 +92,7 @@ def gated_delta_rule(
     for b in batch.stepwise_rows.tolist():  # verification rows: token by token, keeping each state asked for
         start, end, slot = int(batch.host_starts[b]), int(batch.host_starts[b + 1]), int(batch.host_slots[b])
         state = ssm_state[slot] if batch.host_has_initial[b] else ssm_state.new_zeros(ssm_state.shape[1:])
-        for t, keep in zip(range(start, end), batch.host_token_state_slots[start:end].tolist()):
+        for t, keep in zip(range(start, end), batch.host_token_state_rows[start:end].tolist()):
             state, out[t] = _recurrent_step(state, qf[t], kf[t], vf[t], gf[t], bf[t])
             if keep >= 0:
                 ssm_state[keep] = state

@@ -38,7 +38,7 @@ def _row(qsl_ptr, slots_ptr, init_ptr, tok_slots_ptr, seq, MIN_LEN, MAX_LEN, STE
          PER_TOKEN: tl.constexpr):
     """(first token, tokens to process, slot, continues a state) of sequence ``seq``; 0 tokens for padding rows
     (slot < 0) and rows outside ``[MIN_LEN, MAX_LEN]``. With ``PER_TOKEN`` (a step with verification rows: those
-    whose first token has a state slot of its own), verification rows are taken whatever their length where
+    whose first token has a state row of its own), verification rows are taken whatever their length where
     ``STEPWISE`` (the recurrent kernel) and never elsewhere."""
     start = tl.load(qsl_ptr + seq)
     length = tl.load(qsl_ptr + seq + 1) - start
@@ -124,13 +124,13 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tenso
     kernel = weight.shape[1]
     assert x.stride(1) == 1 and weight.stride(1) == 1 and conv_state.stride(2) == 1
     out = torch.empty(tokens, channels, dtype=x.dtype, device=x.device)
-    rows = batch.state_slots.shape[0]
+    rows = batch.state_rows.shape[0]
     if rows == 0 or tokens == 0:
         return out
-    per_token = batch.token_state_slots is not None
+    per_token = batch.token_state_rows is not None
     _causal_conv1d_kernel[(rows, triton.cdiv(channels, BLOCK_C_CONV))](
-        x, weight, conv_state, out, batch.query_start_loc, batch.state_slots, batch.has_initial_state,
-        batch.token_state_slots if per_token else batch.state_slots, channels,
+        x, weight, conv_state, out, batch.query_start_loc, batch.state_rows, batch.has_initial_state,
+        batch.token_state_rows if per_token else batch.state_rows, channels,
         x.stride(0), weight.stride(0), out.stride(0), conv_state.stride(0), conv_state.stride(1),
         KERNEL=kernel, BLOCK_T=BLOCK_T_CONV, BLOCK_C=BLOCK_C_CONV, BLOCK_K=triton.next_power_of_2(kernel - 1),
         PER_TOKEN=per_token,
@@ -347,7 +347,7 @@ def gated_delta_rule(
     assert q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1
     assert ssm_state.dtype == torch.float32 and ssm_state.stride(-1) == 1
     out = torch.empty(tokens, num_v_heads, dv, dtype=v.dtype, device=v.device)
-    rows = batch.state_slots.shape[0]
+    rows = batch.state_rows.shape[0]
     if rows == 0 or tokens == 0:
         return out
     groups = num_v_heads // num_k_heads
@@ -355,9 +355,9 @@ def gated_delta_rule(
     block_k = max(16, triton.next_power_of_2(dk))
     block_v = min(BLOCK_V, max(16, triton.next_power_of_2(dv)))
     grid = (rows, num_v_heads, triton.cdiv(dv, block_v))
-    per_token = batch.token_state_slots is not None  # verification rows: the recurrent form, every state kept
-    row_args = (batch.query_start_loc, batch.state_slots, batch.has_initial_state,
-                batch.token_state_slots if per_token else batch.state_slots)
+    per_token = batch.token_state_rows is not None  # verification rows: the recurrent form, every state kept
+    row_args = (batch.query_start_loc, batch.state_rows, batch.has_initial_state,
+                batch.token_state_rows if per_token else batch.state_rows)
     state_strides = (ssm_state.stride(0), ssm_state.stride(1), ssm_state.stride(2))
     longest = batch.longest
     channel_gate = g.dim() == 3  # KDA: a decay per key channel

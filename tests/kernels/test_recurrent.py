@@ -187,7 +187,7 @@ VERIFY_SLOTS = [0, 1, 2, 3, 4]
 def _verify_batch(device: str = "cpu") -> StateBatch:
     batch = _batch([n for n, _, _ in VERIFY_SEQUENCES], VERIFY_SLOTS, [i for _, i, _ in VERIFY_SEQUENCES], device)
     keep = np.concatenate([np.array(k if k else [-1] * n) for n, _, k in VERIFY_SEQUENCES]).astype(np.int64)
-    batch.host_token_state_slots, batch.token_state_slots = keep, torch.from_numpy(keep).to(device)
+    batch.host_token_state_rows, batch.token_state_rows = keep, torch.from_numpy(keep).to(device)
     return batch
 
 

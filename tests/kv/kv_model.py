@@ -13,7 +13,7 @@ from engine.outputs import KVTransfer, StateCopy, TransferKind
 @dataclass
 class BlockContents:
     """What each device block, host block and disk file holds (the tokens whose K/V the "model" wrote there); for a
-    hybrid model also what each device state slot, host state row and disk snapshot holds (the hash of the block
+    hybrid model also what each device state row, host state row and disk snapshot holds (the hash of the block
     at whose end the state is)."""
 
     device: dict[int, tuple[int, ...]] = field(default_factory=dict)
@@ -30,19 +30,19 @@ class BlockContents:
             elif t.kind is TransferKind.RESTORE:
                 self.device[t.block_id] = self.host[t.host_block]
             elif t.kind is TransferKind.OFFLOAD_STATE:
-                self.host_states[t.state_row] = self.states[t.state_slot]
+                self.host_states[t.host_state_row] = self.states[t.state_row]
             elif t.kind is TransferKind.RESTORE_STATE:
-                self.states[t.state_slot] = self.host_states[t.state_row]
+                self.states[t.state_row] = self.host_states[t.host_state_row]
             elif t.kind is TransferKind.DISK_WRITE:
                 self.disk[t.block_hash] = self.host[t.host_block]
                 self.disk_states.pop(t.block_hash, None)
-                if t.state_row >= 0:
-                    self.disk_states[t.block_hash] = self.host_states[t.state_row]
+                if t.host_state_row >= 0:
+                    self.disk_states[t.block_hash] = self.host_states[t.host_state_row]
             elif t.kind is TransferKind.DISK_READ:
                 if t.block_id >= 0:
                     self.device[t.block_id] = self.disk[t.block_hash]
-                if t.state_slot >= 0:
-                    self.states[t.state_slot] = self.disk_states[t.block_hash]
+                if t.state_row >= 0:
+                    self.states[t.state_row] = self.disk_states[t.block_hash]
             elif t.kind is TransferKind.DISK_DELETE:
                 del self.disk[t.block_hash]
                 self.disk_states.pop(t.block_hash, None)
@@ -74,8 +74,8 @@ class BlockContents:
         if kv.states is None:
             return
         for node in kv.by_hash.values():
-            if node.snapshot_slot >= 0:
-                assert self.states.get(node.snapshot_slot) == node.block_hash, "a snapshot holds another state"
+            if node.snapshot_row >= 0:
+                assert self.states.get(node.snapshot_row) == node.block_hash, "a snapshot holds another state"
         for tier, held in ((kv.tiers.host, lambda h, b: self.host_states.get(b.state_row)),
                            (kv.tiers.disk, lambda h, b: self.disk_states.get(h))):
             for block_hash, block in (tier.blocks.items() if tier is not None else ()):
@@ -120,6 +120,6 @@ class EventReplay:
         for tier in kv.tiers.tiers():
             assert self.tiers.get(tier.medium, set()) == set(tier.blocks), tier.medium
         if kv.states is not None:
-            assert self.snapshots.get("GPU", set()) == {h for h, n in kv.by_hash.items() if n.snapshot_slot >= 0}
+            assert self.snapshots.get("GPU", set()) == {h for h, n in kv.by_hash.items() if n.snapshot_row >= 0}
             for tier in kv.tiers.tiers():
                 assert self.snapshots.get(tier.medium, set()) == set(tier.states), f"{tier.medium} snapshots"

@@ -102,7 +102,7 @@ def test_breakpoint_pins_keep_their_snapshot(hybrid_dirs):
 @pytest.mark.parametrize("kind", SWEEP)
 @pytest.mark.slow
 def test_preemption_and_a_small_snapshot_pool(kind, hybrid_dirs):
-    """40 blocks and 8 state slots (5 running, 3 snapshots) for 5 conversations: sequences are preempted
+    """40 blocks and 8 state rows (5 running, 3 snapshots) for 5 conversations: sequences are preempted
     (re-admitted from a snapshot where one is left), snapshots are evicted least recently used first, and every
     token is still transformers'."""
     path = hybrid_dirs[kind]
@@ -119,7 +119,7 @@ def test_preemption_and_a_small_snapshot_pool(kind, hybrid_dirs):
 
 @pytest.mark.slow
 def test_no_snapshots_no_hits(hybrid_dirs):
-    """Without a state slot to spare (one sequence at a time, no snapshot memory) a hybrid model never takes a
+    """Without a state row to spare (one sequence at a time, no snapshot memory) a hybrid model never takes a
     prefix from the cache (its pages alone cannot resume the recurrent layers), and its outputs stay right."""
     path = hybrid_dirs["qwen3_5"]
     prompt = random_prompts(151_000, [30], seed=11)[0]
@@ -142,7 +142,7 @@ def test_snapshots_ride_the_host_and_disk_tiers(hybrid_dirs, tmp_path):
     llm = _llm(path, **settings)
     for prompt in (a, b, c):
         llm.generate([prompt], GREEDY)
-    assert not any(n.snapshot_slot >= 0 for n in llm.engine.scheduler.kv.by_hash.values()
+    assert not any(n.snapshot_row >= 0 for n in llm.engine.scheduler.kv.by_hash.values()
                    if n.block_hash in set(llm.engine.scheduler.hasher.hashes(a, None)))  # a's state left the device
     warm = llm.generate([a], GREEDY)[0]
     assert warm.num_cached_tokens == 68 and warm.token_ids == want

@@ -124,7 +124,7 @@ def manager_sets(llm: LLM) -> dict[str, set[int]]:
 
 def manager_snapshots(llm: LLM) -> dict[str, set[int]]:
     kv = llm.engine.scheduler.kv
-    sets = {"GPU": {h for h, n in kv.by_hash.items() if n.snapshot_slot >= 0}}
+    sets = {"GPU": {h for h, n in kv.by_hash.items() if n.snapshot_row >= 0}}
     sets |= {t.medium: set(t.states) for t in kv.tiers.tiers()}
     return {medium: {external_block_hash(h) for h in hashes} for medium, hashes in sets.items()}
 

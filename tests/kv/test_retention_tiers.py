@@ -316,7 +316,7 @@ def test_what_the_inspector_reads_tier_hits_eviction_causes_where_cached_and_pre
 
 
 def test_snapshot_points_are_where_a_hybrid_chain_resumes():
-    kv = KVCacheManager(16, 4, state_slots=4)
+    kv = KVCacheManager(16, 4, state_rows=4)
     a = seq(100, 13)  # 3 full blocks
     kv.admit("a", hashes(a), a, len(a))
     assert kv.take_snapshot("a", 8)  # the recurrent state at the end of block 1

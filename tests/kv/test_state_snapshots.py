@@ -1,4 +1,4 @@
-"""The KV manager of a hybrid model (pages + recurrent-state slots, engine/kv/): random admissions, commits,
+"""The KV manager of a hybrid model (pages + recurrent-state rows, engine/kv/): random admissions, commits,
 snapshots, frees, evictions and steps keep every invariant (each slot exactly one of free / running / pending /
 snapshot, snapshots owned by nodes in the tree), and a hit always ends on a block whose snapshot was taken in an
 earlier step. With host and disk tiers: following the copy instructions, every snapshot in every tier holds the state
@@ -24,7 +24,7 @@ ops = st.lists(st.tuples(st.sampled_from(["admit", "snapshot", "free", "evict", 
 @settings(max_examples=150, deadline=None)
 @given(ops)
 def test_random_operations_keep_the_invariants(script):
-    kv = KVCacheManager(24, BS, state_slots=5)
+    kv = KVCacheManager(24, BS, state_rows=5)
     hasher = BlockHasher(BS, "m")
     live: dict[str, list[int]] = {}
     counter = 0
@@ -40,8 +40,8 @@ def test_random_operations_keep_the_invariants(script):
             if cached is not None:
                 if cached:  # the hit ends on a usable snapshot: restored into the sequence's slot
                     node = kv.by_hash[hashes[cached // BS - 1]]
-                    assert node.snapshot_slot >= 0 and node.snapshot_step < kv.states.step
-                    assert kv.state_restores[-1].dst == kv.state_slot(seq)
+                    assert node.snapshot_row >= 0 and node.snapshot_step < kv.states.step
+                    assert kv.state_restores[-1].dst == kv.state_row(seq)
                 kv.commit(seq, hashes, prompt, len(prompt))
                 live[seq] = prompt
         elif op == "snapshot" and live:
@@ -63,7 +63,7 @@ class Hybrid:
     runner's order to a model of the contents, events replayed)."""
 
     def __init__(self, **options) -> None:
-        self.kv = KVCacheManager(**{"num_blocks": 8, "block_size": BS, "state_slots": 3, "host_blocks": 8,
+        self.kv = KVCacheManager(**{"num_blocks": 8, "block_size": BS, "state_rows": 3, "host_blocks": 8,
                                     "host_states": 2, "record_events": True, **options})
         self.hasher = BlockHasher(BS, "m")
         self.contents, self.replay = BlockContents(), EventReplay(block_size=BS)
@@ -84,7 +84,7 @@ class Hybrid:
         cached = self.kv.admit(seq, hashes, prompt, len(prompt))
         transfers = self.sync()
         if cached:
-            assert self.contents.states[self.kv.state_slot(seq)] == hashes[cached // BS - 1]
+            assert self.contents.states[self.kv.state_row(seq)] == hashes[cached // BS - 1]
         self.contents.compute(self.kv, seq, prompt)
         self.kv.commit(seq, hashes, prompt, len(prompt))
         snapshots = {}
@@ -114,12 +114,12 @@ def test_an_evicted_block_takes_its_snapshot_to_the_host_and_back():
 
 def test_a_snapshot_pushed_out_of_the_state_pool_goes_to_the_host_alone_and_comes_back():
     """Its block stays on the device: a later hit copies back only the state."""
-    h = Hybrid(num_blocks=24, state_slots=2, host_states=4)
+    h = Hybrid(num_blocks=24, state_rows=2, host_states=4)
     shared = list(range(1, 9))
     h.run("a", shared + [50, 51, 52, 53, 54], snapshot_at=8)
     h.run("b", [60 + i for i in range(13)], snapshot_at=12)  # takes the last slot: a's snapshot goes to the host
     h.run("c", [70 + i for i in range(13)], snapshot_at=12)
-    assert h.kv.by_hash[h.hasher.hashes(shared, None)[1]].snapshot_slot < 0  # the block stays, its snapshot left
+    assert h.kv.by_hash[h.hasher.hashes(shared, None)[1]].snapshot_row < 0  # the block stays, its snapshot left
     cached, transfers = h.run("d", shared + [80, 81, 82])
     assert cached == 8
     assert [t.kind for t in transfers if t.kind is not TransferKind.OFFLOAD_STATE] == [TransferKind.RESTORE_STATE]
@@ -134,7 +134,7 @@ tier_ops = st.lists(st.tuples(st.sampled_from(["run", "run", "evict"]), st.integ
 def test_snapshots_travel_through_the_host_and_disk_tiers(script):
     """Sessions (each snapshotting at a random boundary) and evictions over a small device pool with host and disk
     tiers: every hit resumes from the state at its end, wherever it was kept (checked in `Hybrid.run`)."""
-    h = Hybrid(num_blocks=12, state_slots=3, host_blocks=4, disk_blocks=10, host_states=1, disk_states=3)
+    h = Hybrid(num_blocks=12, state_rows=3, host_blocks=4, disk_blocks=10, host_states=1, disk_states=3)
     for i, (op, which, n) in enumerate(script):
         if op == "run":
             prompt = PROMPTS[which]
@@ -152,8 +152,8 @@ def test_a_new_snapshot_does_not_evict_a_branch_point():
     the state both resume from (while branches hold at most half the pool); plain LRU evicts it."""
     shared = list(range(1, 9))
     for weigh, kept in ((True, True), (False, False)):
-        h = Hybrid(num_blocks=24, state_slots=2, weigh_snapshots=weigh)
+        h = Hybrid(num_blocks=24, state_rows=2, weigh_snapshots=weigh)
         h.run("a", shared + [50, 51, 52, 53, 54], snapshot_at=8)
         assert h.run("b", shared + [60, 61, 62, 63, 64])[0] == 8  # now a branch point
         h.run("c", [70 + i for i in range(13)], snapshot_at=12)
-        assert (h.kv.by_hash[h.hasher.hashes(shared, None)[1]].snapshot_slot >= 0) is kept
+        assert (h.kv.by_hash[h.hasher.hashes(shared, None)[1]].snapshot_row >= 0) is kept

@@ -75,7 +75,7 @@ def test_triton_kernels_chunked_and_together(case):
 @pytest.mark.fast_cases("qwen3_5")
 def test_preemption_in_a_small_pool(case):
     """32 blocks of 4 tokens cannot hold every sequence: the newest are preempted, recomputed from scratch (their
-    state slot freed and a fresh one taken), and still give transformers' tokens."""
+    state row freed and a fresh one taken), and still give transformers' tokens."""
     path, prompts, expected = case
     llm = LLM(path, block_size=4, num_kv_blocks=32, max_num_batched_tokens=32)
     assert_greedy_through_preemption(llm, prompts, expected)
@@ -109,7 +109,7 @@ def test_vision_tower_skipped_and_mtp_weights_left_loadable(hybrid_dirs, tmp_pat
 
 
 @pytest.mark.slow
-def test_state_slots_follow_the_model(hybrid_dirs):
+def test_state_rows_follow_the_model(hybrid_dirs):
     """Pages only for the full-attention layer; per linear-attention layer a conv window (model dtype) and an fp32
     delta-rule state per slot, one slot per sequence the engine may run and one per draft a step may verify (the
     states after each verified position, docs/SPECULATIVE.md)."""

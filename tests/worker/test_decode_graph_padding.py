@@ -1,5 +1,5 @@
 """The CUDA-graph decode path, run eagerly on CPU: decode batches padded to a capture size give the unpadded path's
-greedy tokens on both backends, and padding rows never write a KV page (nor, in a hybrid model, a state slot)."""
+greedy tokens on both backends, and padding rows never write a KV page (nor, in a hybrid model, a state row)."""
 from __future__ import annotations
 
 import pytest
@@ -52,7 +52,7 @@ def test_capture_sizes_and_padding_targets():
         # Forced split-K with contexts over one 64-position partition: the padded path's fixed max_context_len
         # (max_model_len) launches partitions past every context, which must contribute nothing.
         ("triton", "1", 3, 70, 160, "qwen3-tiny"),
-        # A hybrid model: the recurrent kernels read each row's state slot on the device, padding rows slot -1
+        # A hybrid model: the recurrent kernels read each row's state row on the device, padding rows slot -1
         # (three rows, padded to four: the recurrent kernels interpreted are the slowest part of the suite)
         pytest.param("torch", None, 3, 6, 64, "qwen3.6-tiny", marks=pytest.mark.slow),
         pytest.param("triton", None, 3, 6, 64, "qwen3.6-tiny", marks=pytest.mark.slow),
@@ -145,15 +145,15 @@ def test_memory_profile_step_fits_contexts_shorter_than_the_token_budget(monkeyp
 
 
 @pytest.mark.slow
-def test_padding_rows_write_no_state_slot(monkeypatch):
-    """A hybrid model's padded decode step changes the state slots of its three sequences (and the snapshots it
+def test_padding_rows_write_no_state_row(monkeypatch):
+    """A hybrid model's padded decode step changes the state rows of its three sequences (and the snapshots it
     takes) and no other. (The Triton kernels' padding rows: tests/kernels/test_recurrent.py.)"""
     llm, sizes = make_llm("torch", padded=True, model="qwen3.6-tiny")
     engine, runner = llm.engine, llm.engine.runner
     for i, prompt in enumerate(random_prompts(50_000, [5, 9, 3], seed=11)):
         engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
     engine.step()  # prefill (eager)
-    expected = {engine.scheduler.kv.state_slot(f"r{i}") for i in range(3)}
+    expected = {engine.scheduler.kv.state_row(f"r{i}") for i in range(3)}
     copy_states = runner._copy_states
     monkeypatch.setattr(runner, "_copy_states", lambda copies: (expected.update(c.dst for c in copies),
                                                                  copy_states(copies)))

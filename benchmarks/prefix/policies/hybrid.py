@@ -111,7 +111,7 @@ def run_policy(requests: Sequence[TokenRequest], policy: HybridPolicy, slots: in
     bs = policy.block_size
     llama = policy.checkpoints_per_session > 0
     pages = sum(-(-len(r.committed_ids(include_output)) // bs) for r in requests) + 1
-    kv = KVCacheManager(pages, bs, state_slots=1 + (len(requests) * 64 if llama else slots),
+    kv = KVCacheManager(pages, bs, state_rows=1 + (len(requests) * 64 if llama else slots),
                         weigh_snapshots=policy.weigh_snapshots)
     hasher = BlockHasher(bs, "hybrid-sim")
     kept: dict[str, deque[int]] = {}  # llama.cpp: each session's checkpoint slots, oldest first
@@ -135,8 +135,8 @@ def run_policy(requests: Sequence[TokenRequest], policy: HybridPolicy, slots: in
                 session.append(hashes[point // bs - 1])
                 while len(session) > policy.checkpoints_per_session:
                     node = kv.by_hash.get(session.popleft())
-                    if node is not None and node.snapshot_slot >= 0:
-                        kv.states.drop(node.snapshot_slot)
+                    if node is not None and node.snapshot_row >= 0:
+                        kv.states.drop(node.snapshot_row)
         kv.free(r.request_id)
         run.peak_snapshots = max(run.peak_snapshots, len(kv.states.snapshots))
     return run
