@@ -1,0 +1,1 @@
+"""One test file per tool-call dialect of server/parsing/formats/."""
