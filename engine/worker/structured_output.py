@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import enum
 import itertools
-import json
 import threading
 import time
 from collections import OrderedDict

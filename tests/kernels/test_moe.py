@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.kernels.test_triton_ops import DEVICE, ELEMENTWISE_TOL, TRITON, assert_close  # sets TRITON_INTERPRET first
+from tests.kernels.test_triton_ops import DEVICE, TRITON, assert_close  # sets TRITON_INTERPRET first
 from kernels import reference  # noqa: I001 - after the interpreter switch
 from kernels.triton.moe import align_by_expert, choose_block_m
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.kernels.test_triton_ops import ATTENTION_TOL, DEVICE, MIXED_CONTEXT, MIXED_QUERY, TRITON, assert_close, make_batch
+from tests.kernels.test_triton_ops import ATTENTION_TOL, MIXED_CONTEXT, MIXED_QUERY, TRITON, assert_close, make_batch
 from kernels.cpu import attention as cpu_attention
 from kernels import reference  # noqa: I001 - after the interpreter switch (tests.kernels.test_triton_ops)
 from kernels.ops import get_ops

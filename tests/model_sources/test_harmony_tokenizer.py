@@ -5,7 +5,6 @@ encoder agrees on plain text; 201,088 tokens with the harmony markers at their i
 from __future__ import annotations
 
 import gzip
-from pathlib import Path
 
 import pytest
 

@@ -16,7 +16,6 @@ from safetensors.torch import load_file, save_file
 from scipy.stats import chi2_contingency
 
 from engine import LLM, SamplingParams
-from engine.errors import RequestRejected
 from engine.registry import resolve_model
 from engine.sampling_params import StructuredOutputSpec
 from tests.hf_oracle import hf_model, random_prompts
