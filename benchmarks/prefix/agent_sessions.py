@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from engine.retention import CachePin
 
-from benchmarks.prefix.trace import TokenRequest
+from benchmarks.prefix.traces.trace import TokenRequest
 
 
 @dataclass(frozen=True)

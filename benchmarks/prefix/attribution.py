@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from benchmarks.prefix.simulator import SimResult
-from benchmarks.prefix.trace import TokenRequest
+from benchmarks.prefix.traces.trace import TokenRequest
 from server.cache.miss_causes import CAUSES, CHANGE_TEMPLATE, common_prefix, miss_causes
 
 __all__ = ["CAUSES", "RequestMisses", "attribute", "summarize"]

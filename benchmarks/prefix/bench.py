@@ -11,7 +11,7 @@ from benchmarks.prefix import plots
 from benchmarks.prefix.attribution import attribute
 from benchmarks.prefix.report import markdown_table, pct, sweep_markdown, workload_report, workloads_markdown
 from benchmarks.prefix.simulator import SimConfig, SimResult, simulate, sweep
-from benchmarks.prefix.trace import TokenRequest
+from benchmarks.prefix.traces.trace import TokenRequest
 from benchmarks.prefix.workloads import WorkloadParams
 from engine.config import EvictionPolicy, SchedulingPolicy
 
@@ -53,7 +53,7 @@ class PrefixOptions:
 
 
 def run_prefix(opts: PrefixOptions) -> dict:
-    from benchmarks.prefix.render import load_model_text, tokenize_workload
+    from benchmarks.prefix.traces.render import load_model_text, tokenize_workload
     from benchmarks.prefix.catalog import build_workloads
 
     mt = load_model_text(opts.model)
@@ -111,7 +111,7 @@ def run_prefix(opts: PrefixOptions) -> dict:
 
 def _engine_part(opts: PrefixOptions, mt, out: Path) -> dict:
     from benchmarks.prefix.engine_run import EngineSettings, make_llm, run_workload, ttft_cold_vs_warm
-    from benchmarks.prefix.render import tokenize_workload
+    from benchmarks.prefix.traces.render import tokenize_workload
     from benchmarks.prefix.catalog import build_workloads
     from benchmarks.prefix.workloads import tool_loop
 
@@ -175,8 +175,8 @@ def compaction_markdown(runs: list[dict]) -> str:
 # ---- kvserve bench simulate ---------------------------------------------------------------------------------------
 def load_trace(path: str, block_size: int | None, limit: int | None = None) -> tuple[list[TokenRequest], int, str]:
     """Mooncake block-hash trace or ``--record`` trace, told apart by the first line; returns the block size to use."""
-    from benchmarks.prefix.mooncake import mooncake_requests, read_mooncake
-    from benchmarks.prefix.replay import read_records, records_to_requests
+    from benchmarks.prefix.traces.mooncake import mooncake_requests, read_mooncake
+    from benchmarks.prefix.traces.replay import read_records, records_to_requests
 
     with open(path) as f:
         first = json.loads(next(line for line in f if line.strip()))
@@ -223,7 +223,7 @@ def run_simulate(
 
 # ---- kvserve bench replay -----------------------------------------------------------------------------------------
 def run_replay(trace: str, sim: SimConfig, out_dir: str, engine_model: str | None = None) -> dict:
-    from benchmarks.prefix.replay import read_records, records_to_requests
+    from benchmarks.prefix.traces.replay import read_records, records_to_requests
 
     records = read_records(trace)
     requests = records_to_requests(records, sim.block_size)

@@ -14,7 +14,7 @@ from tqdm import tqdm
 from engine.config import SchedulingPolicy
 
 from benchmarks.prefix.simulator import ReadyQueue, SimConfig, SimResult
-from benchmarks.prefix.trace import PromptTotals, TokenRequest
+from benchmarks.prefix.traces.trace import PromptTotals, TokenRequest
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from engine.kv.manager import KVCacheManager
 from engine.retention import Retention
 from engine.sched.scheduler import admission_order
 
-from benchmarks.prefix.trace import PromptTotals, TokenRequest
+from benchmarks.prefix.traces.trace import PromptTotals, TokenRequest
 
 
 @dataclass(frozen=True)

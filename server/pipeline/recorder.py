@@ -1,5 +1,5 @@
 """`kvserve serve --record FILE.jsonl`: one JSON line per finished request, for replay by the prefix-cache benchmark
-(`kvserve bench replay|simulate --trace FILE.jsonl`, see benchmarks/prefix/replay.py).
+(`kvserve bench replay|simulate --trace FILE.jsonl`, see benchmarks/prefix/traces/replay.py).
 
 Each line: `body` (the request as the client sent it), `prompt_token_ids` (exactly what the engine prefilled),
 `output_token_ids` (choice 0), `cached_tokens`, `cache_salt` (the effective salt: a tenant hash, never an API key),

@@ -3,7 +3,7 @@ many images beside a decoding bystander. Each step encodes at most the image bud
 alone), encodings and prefill tokens together stay within the token budget, no chunk reaches an image that is not
 encoded in that step or an earlier one, images are encoded before the prefill reaches them where a step has room,
 and the bystander decodes in every step. Greedy parity with images under these budgets is in
-tests/models/test_vision_models.py."""
+tests/models/vision/test_vision_models.py."""
 from __future__ import annotations
 
 import numpy as np

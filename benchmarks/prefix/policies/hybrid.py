@@ -30,7 +30,7 @@ from engine.kv.snapshot_policy import SnapshotPolicy
 from engine.kv.manager import KVCacheManager
 
 from benchmarks.gpu.models import QWEN36_27B, QWEN36_35B_A3B
-from benchmarks.prefix.trace import TokenRequest
+from benchmarks.prefix.traces.trace import TokenRequest
 
 HYBRID_SHAPES = {"Qwen3.6-27B": QWEN36_27B, "Qwen3.6-35B-A3B": QWEN36_35B_A3B}
 MIB = 2**20

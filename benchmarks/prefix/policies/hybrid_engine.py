@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from benchmarks.prefix.policies.hybrid import HybridPolicy, StateCost, policies, run_policy
-from benchmarks.prefix.trace import TokenRequest
+from benchmarks.prefix.traces.trace import TokenRequest
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from benchmarks.prefix.bench import ENGINE_WORKLOAD_PARAMS
 from benchmarks.prefix.catalog import build_workloads
 from benchmarks.prefix.policies.hybrid import HYBRID_SHAPES, MIB, StateCost, compare
 from benchmarks.prefix.policies.hybrid_engine import compare_with_engine, engine_markdown
-from benchmarks.prefix.render import load_model_text, tokenize_workload
+from benchmarks.prefix.traces.render import load_model_text, tokenize_workload
 from benchmarks.prefix.report import markdown_table, pct
 from benchmarks.prefix.workloads import WorkloadParams
 

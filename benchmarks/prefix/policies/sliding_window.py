@@ -33,7 +33,7 @@ from engine.kv.manager import KVCacheManager
 from engine.kv.snapshot_policy import SnapshotPolicy
 from engine.kv.window_pool import DEFAULT_RETENTION_FRACTION, first_window_block
 
-from benchmarks.prefix.trace import TokenRequest
+from benchmarks.prefix.traces.trace import TokenRequest
 
 KIB, GIB = 2**10, 2**30
 
@@ -359,7 +359,7 @@ def run_sliding_window(opts: WindowOptions) -> dict:
     """The comparison table: per workload, window, policy and pool, the hit rate and the window memory."""
     from pathlib import Path
 
-    from benchmarks.prefix.render import load_model_text, tokenize_workload
+    from benchmarks.prefix.traces.render import load_model_text, tokenize_workload
     from benchmarks.prefix.report import markdown_table, pct
     from benchmarks.prefix.catalog import build_workloads
     from benchmarks.prefix.workloads import WorkloadParams

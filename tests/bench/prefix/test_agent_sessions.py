@@ -11,7 +11,7 @@ from benchmarks.prefix.agent_sessions import SessionsParams, agent_sessions
 from benchmarks.prefix.engine_run import EngineSettings, VirtualClock, make_llm, replay_schedule
 from benchmarks.prefix.sessions_bench import VARIANTS, Variant, bytes_per_block, variant_config
 from benchmarks.prefix.simulator import CostModel, SimConfig, simulate
-from benchmarks.prefix.trace import TokenRequest
+from benchmarks.prefix.traces.trace import TokenRequest
 from engine.outputs import SchedulerStats
 
 SMALL = SessionsParams(sessions=6, turns=4, shared_tokens=320, task_tokens=80, result_tokens=(40, 160),

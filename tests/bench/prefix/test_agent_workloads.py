@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.prefix.render import load_model_text, normalization_change, tokenize_workload
+from benchmarks.prefix.traces.render import load_model_text, normalization_change, tokenize_workload
 from benchmarks.prefix.catalog import build_workloads
 from benchmarks.prefix.workloads import ChatRequest, WorkloadParams
 from server.cache.miss_causes import CHANGE_BILLING_NONCE, CHANGE_REASONING, CHANGE_SYSTEM_HOISTED

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.prefix.engine_run import EngineSettings, make_llm, run_workload, ttft_cold_vs_warm
-from benchmarks.prefix.render import load_model_text, tokenize_workload
+from benchmarks.prefix.traces.render import load_model_text, tokenize_workload
 from benchmarks.prefix.simulator import SimConfig, simulate
 from benchmarks.prefix.catalog import build_workloads
 from benchmarks.prefix.workloads import WorkloadParams

@@ -6,7 +6,7 @@ import pytest
 
 from benchmarks.prefix.policies.hybrid import HYBRID_SHAPES, StateCost
 from benchmarks.prefix.policies.hybrid_engine import compare_with_engine
-from benchmarks.prefix.render import load_model_text, tokenize_workload
+from benchmarks.prefix.traces.render import load_model_text, tokenize_workload
 from benchmarks.prefix.catalog import build_workloads
 from benchmarks.prefix.workloads import WorkloadParams
 

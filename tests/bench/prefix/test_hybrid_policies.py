@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.prefix.policies.hybrid import HYBRID_SHAPES, MIB, StateCost, compare
-from benchmarks.prefix.render import load_model_text, tokenize_workload
+from benchmarks.prefix.traces.render import load_model_text, tokenize_workload
 from benchmarks.prefix.catalog import build_workloads
 from benchmarks.prefix.workloads import WorkloadParams
 

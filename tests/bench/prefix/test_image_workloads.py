@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from benchmarks.prefix.catalog import IMAGE_WORKLOADS, build_workloads
-from benchmarks.prefix.render import load_model_text, tokenize_workload
+from benchmarks.prefix.traces.render import load_model_text, tokenize_workload
 from benchmarks.prefix.simulator import SimConfig, simulate
 from benchmarks.prefix.workloads import WorkloadParams
 

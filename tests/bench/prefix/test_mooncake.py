@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.prefix.mooncake import MOONCAKE_BLOCK_TOKENS, MooncakeRecord, mooncake_requests, read_mooncake
+from benchmarks.prefix.traces.mooncake import MOONCAKE_BLOCK_TOKENS, MooncakeRecord, mooncake_requests, read_mooncake
 from benchmarks.prefix.simulator import SimConfig, simulate
 from server.cli import main as kvserve
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.prefix.replay import read_records, records_to_requests
+from benchmarks.prefix.traces.replay import read_records, records_to_requests
 from benchmarks.prefix.simulator import SimConfig, simulate
 from server.cache.miss_causes import CHANGE_SYSTEM, CHANGE_TOOLS
 from server.cli import main as kvserve

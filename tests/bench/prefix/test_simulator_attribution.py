@@ -5,7 +5,7 @@ import pytest
 
 from benchmarks.prefix.attribution import attribute, summarize
 from benchmarks.prefix.simulator import SimConfig, simulate
-from benchmarks.prefix.trace import TokenRequest
+from benchmarks.prefix.traces.trace import TokenRequest
 from server.cache.miss_causes import CHANGE_TOOLS
 
 BS = 4

@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from benchmarks.prefix.render import load_model_text, request_change, tokenize_workload
+from benchmarks.prefix.traces.render import load_model_text, request_change, tokenize_workload
 from benchmarks.prefix.simulator import SimConfig, simulate
 from benchmarks.prefix.catalog import IMAGE_WORKLOADS, WORKLOADS, build_workloads
 from benchmarks.prefix.workloads import WorkloadParams

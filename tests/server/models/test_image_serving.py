@@ -27,7 +27,7 @@ from tests.server.conftest import LiveServer
 NEW_TOKENS = 5
 SHOT = png(96, 64, seed=7)  # the screenshot of these tests
 
-# A vision-language server of its own (~11 s to start): the images' fast cases are tests/models/test_vision_models.py
+# A vision-language server of its own (~11 s to start): the images' fast cases are tests/models/vision/test_vision_models.py
 # and tests/engine/test_image_inputs.py.
 pytestmark = pytest.mark.slow
 

@@ -6,7 +6,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Iterable
 
-from benchmarks.prefix.trace import TokenRequest, read_jsonl
+from benchmarks.prefix.traces.trace import TokenRequest, read_jsonl
 
 MOONCAKE_BLOCK_TOKENS = 512
 

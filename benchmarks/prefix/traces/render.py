@@ -27,7 +27,7 @@ from server.cache.miss_causes import CHANGE_BILLING_NONCE, CHANGE_SYSTEM_HOISTED
 from engine.multimodal import ImageInput, expanded_count
 
 from benchmarks.prefix.catalog import NeedsVisionModel
-from benchmarks.prefix.trace import TokenRequest
+from benchmarks.prefix.traces.trace import TokenRequest
 from benchmarks.prefix.workloads import ChatRequest, Workload
 
 # Which template kwarg switches thinking on, per template family (families without one ignore the setting).

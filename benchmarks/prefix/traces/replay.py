@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.prefix.trace import TokenRequest, read_jsonl
+from benchmarks.prefix.traces.trace import TokenRequest, read_jsonl
 from server.cache.miss_causes import common_prefix, message_change
 
 

@@ -1,0 +1,1 @@
+"""The vision towers of engine/models/vision/, against transformers."""
