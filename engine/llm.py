@@ -137,12 +137,6 @@ class LLM:
         """Drop every cached block no sequence holds, in every KV tier."""
         self.engine.reset_prefix_cache()
 
-    def retain_after_tool_call(self, request_ids: Sequence[str]) -> None:
-        """These finished requests' replies ended in tool calls: keep their blocks for the engine's
-        ``tool_call_ttl`` (they were submitted with a hold, `Retention.hold_after_finish_s`)."""
-        for request_id in request_ids:
-            self.engine.settle_hold(request_id, self.engine.cfg.tool_call_ttl)
-
     def encode(self, prompt: PromptInput) -> list[int]:
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt, add_special_tokens=False)

@@ -70,7 +70,8 @@ def test_session_held_across_a_tool_call(prompts, held):
     first = llm.generate([a], GREEDY, retention=Retention(hold_after_finish_s=1.0) if held else None)[0]
     if held:
         assert llm.engine.scheduler._held  # remembered until the caller decides
-        llm.retain_after_tool_call([first.request_id])  # the reply ended in tool calls: hold A for 30 s
+        llm.engine.settle_hold(first.request_id, llm.engine.cfg.tool_call_ttl)  # the reply ended in tool calls:
+        # hold A for the engine's tool_call_ttl (30 s), as the server does
     llm.generate([b[:480]], GREEDY)  # fits beside A
     llm.generate([c[:480]], GREEDY)  # needs room: plain LRU evicts A (the oldest) first; with the hold, B goes
     cached = llm.generate([a], GREEDY)[0].num_cached_tokens
