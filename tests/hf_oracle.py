@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import functools
 import random
+import shutil
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -102,22 +105,42 @@ def qwen3_llm() -> LLM:
     return LLM("qwen3-tiny", block_size=4, num_kv_blocks=2048)
 
 
-class _HybridDirs(dict):
-    """kind -> directory, each written on first use."""
+class CheckpointDirs(dict):
+    """kind -> a checkpoint directory, written on first use by ``write(kind, directory)``: a module's or session's
+    tiny checkpoints in several layouts, each built only when a test asks for it."""
 
-    def __init__(self, root) -> None:
+    def __init__(self, root: Path, write: Callable[[str, Path], object]) -> None:
         super().__init__()
-        self.root = root
+        self.root, self.write = root, write
 
     def __missing__(self, kind: str) -> str:
-        from tests.models.checkpoints.hybrid_models import write_hybrid_checkpoint
-
-        self[kind] = str(write_hybrid_checkpoint(kind, self.root / kind))
+        self.write(kind, self.root / kind)
+        self[kind] = str(self.root / kind)
         return self[kind]
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
+
+
+def saved_with_tokenizer(model_of: Callable[[str], object], tokenizer_from: str = "qwen3-tiny"
+                         ) -> Callable[[str, Path], None]:
+    """A writer for `CheckpointDirs`: transformers' ``save_pretrained`` of ``model_of(kind)`` beside the tokenizer
+    files of the registry's ``tokenizer_from``."""
+    def write(kind: str, out: Path) -> None:
+        model_of(kind).save_pretrained(out)
+        for name in TOKENIZER_FILES:
+            shutil.copyfile(resolve_model(tokenizer_from) / name, out / name)
+    return write
+
+
+def _write_hybrid_checkpoint(kind: str, out: Path) -> None:
+    from tests.models.checkpoints.hybrid_models import write_hybrid_checkpoint
+
+    write_hybrid_checkpoint(kind, out)
 
 
 @pytest.fixture(scope="session")
 def hybrid_dirs(tmp_path_factory) -> dict[str, str]:
     """Tiny hybrid checkpoints (Qwen3.5 dense with its vision tower, Qwen3.5-MoE, Qwen3-Next) by kind, written
     once per session, on first use, by transformers' save_pretrained (tests/models/checkpoints/hybrid_models.py)."""
-    return _HybridDirs(tmp_path_factory.mktemp("hybrid"))
+    return CheckpointDirs(tmp_path_factory.mktemp("hybrid"), _write_hybrid_checkpoint)

@@ -25,12 +25,11 @@ from engine.config import ModelConfig
 from engine.model_sources.tiny import GEMMA3_SCALES, random_tensor
 from engine.registry import resolve_model
 from tests.hf_oracle import (
-    assert_greedy_alone_and_together, assert_greedy_cache_hot, assert_greedy_through_preemption, assert_varied,
-    hf_greedy, hf_model, logit_shift, random_prompts,
+    CheckpointDirs, assert_greedy_alone_and_together, assert_greedy_cache_hot, assert_greedy_through_preemption, assert_varied,
+    hf_greedy, hf_model, logit_shift, random_prompts, saved_with_tokenizer,
 )
 
 KINDS = ("gemma3", "gemma3_text")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
 VOCAB = 151936  # the Qwen3 tokenizer's
 LENGTHS = [1, 4, 9, 17, 40, 70]  # windows of 8 / 12: all but the first two reach past them
 NEW_TOKENS = 8
@@ -67,19 +66,7 @@ def hf_gemma3_model(kind: str, seed: int = 23):
 
 @pytest.fixture(scope="module")
 def gemma3_dirs(tmp_path_factory) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("gemma3")
-    tokenizer_dir = resolve_model("qwen3-tiny")
-
-    class Dirs(dict):
-        def __missing__(self, kind: str) -> str:
-            out = root / kind
-            hf_gemma3_model(kind).save_pretrained(out)
-            for name in TOKENIZER_FILES:
-                shutil.copyfile(tokenizer_dir / name, out / name)
-            self[kind] = str(out)
-            return self[kind]
-
-    return Dirs()
+    return CheckpointDirs(tmp_path_factory.mktemp("gemma3"), saved_with_tokenizer(hf_gemma3_model))
 
 
 SWEEP = [pytest.param(kind, marks=() if kind == "gemma3" else pytest.mark.slow) for kind in KINDS]

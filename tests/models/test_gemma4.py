@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 from pathlib import Path
 
 import pytest
@@ -23,14 +22,12 @@ import torch
 from engine import LLM, SamplingParams
 from engine.config import ModelConfig
 from engine.model_sources.tiny import family_scales, random_tensor
-from engine.registry import resolve_model
 from tests.hf_oracle import (
-    assert_greedy_alone_and_together, assert_greedy_cache_hot, assert_greedy_through_preemption,
-    assert_top_logprobs_equal_hf, assert_varied, hf_greedy, logit_shift, random_prompts,
+    CheckpointDirs, assert_greedy_alone_and_together, assert_greedy_cache_hot, assert_greedy_through_preemption,
+    assert_top_logprobs_equal_hf, assert_varied, hf_greedy, logit_shift, random_prompts, saved_with_tokenizer,
 )
 
 KINDS = ("gemma4", "gemma4_text", "gemma4_moe")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
 VOCAB = 151936  # the Qwen3 tokenizer's
 LENGTHS = [1, 4, 9, 17, 40, 70]
 NEW_TOKENS = 8
@@ -75,19 +72,7 @@ def hf_gemma4_model(kind: str, seed: int = 29):
 
 @pytest.fixture(scope="module")
 def gemma4_dirs(tmp_path_factory) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("gemma4")
-    tokenizer_dir = resolve_model("qwen3-tiny")
-
-    class Dirs(dict):
-        def __missing__(self, kind: str) -> str:
-            out = root / kind
-            hf_gemma4_model(kind).save_pretrained(out)
-            for name in TOKENIZER_FILES:
-                shutil.copyfile(tokenizer_dir / name, out / name)
-            self[kind] = str(out)
-            return self[kind]
-
-    return Dirs()
+    return CheckpointDirs(tmp_path_factory.mktemp("gemma4"), saved_with_tokenizer(hf_gemma4_model))
 
 
 SWEEP = [pytest.param(kind, marks=() if kind == "gemma4" else pytest.mark.slow) for kind in KINDS]

@@ -24,7 +24,7 @@ from engine.models.gpt_oss import read_experts
 from engine.parallel.linear import ExpertSharding
 from engine.parallel.state import TensorParallel
 from tests.hf_oracle import (
-    assert_greedy_alone_and_together, assert_greedy_cache_hot, assert_greedy_through_preemption,
+    CheckpointDirs, assert_greedy_alone_and_together, assert_greedy_cache_hot, assert_greedy_through_preemption,
     assert_top_logprobs_equal_hf, assert_varied, hf_greedy, hf_model, logit_shift, random_prompts,
 )
 from tests.models.checkpoints.gpt_oss_models import LAYOUTS, VOCAB, WINDOW, write_gpt_oss_checkpoint
@@ -36,14 +36,7 @@ GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def gpt_oss_dirs(tmp_path_factory) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("gpt_oss")
-
-    class Dirs(dict):
-        def __missing__(self, layout: str) -> str:
-            self[layout] = str(write_gpt_oss_checkpoint(layout, root / layout))
-            return self[layout]
-
-    return Dirs()
+    return CheckpointDirs(tmp_path_factory.mktemp("gpt_oss"), write_gpt_oss_checkpoint)
 
 
 @pytest.fixture(scope="module", params=[pytest.param(layout, marks=() if layout == "bf16" else pytest.mark.slow)
