@@ -80,7 +80,6 @@ def case(request, gemma3_dirs):
 
 
 @pytest.mark.slow  # writes the gemma3_text checkpoint too
-@pytest.mark.slow
 def test_the_checkpoints_are_the_released_layouts(gemma3_dirs):
     from safetensors import safe_open
 
