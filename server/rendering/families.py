@@ -13,6 +13,7 @@ from server.rendering.native.deepseek import (
 from server.rendering.native.deepseek_dsml import DeepSeekV4Renderer, DeepSeekV32Renderer
 from server.rendering.native.devstral import DevstralRenderer
 from server.rendering.native.gemma3 import Gemma3Renderer
+from server.rendering.native.gemma4 import Gemma4Renderer
 from server.rendering.native.glm import GlmRenderer
 from server.rendering.native.harmony import HarmonyRenderer
 from server.rendering.native.minimax import MinimaxRenderer
@@ -39,6 +40,7 @@ _RENDERERS: dict[str, type[Renderer]] = {
         DevstralRenderer,
         MinimaxRenderer,
         Gemma3Renderer,
+        Gemma4Renderer,
     )
 }
 FAMILIES: tuple[str, ...] = tuple(_RENDERERS)

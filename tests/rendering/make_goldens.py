@@ -53,6 +53,7 @@ OFFICIAL: dict[str, tuple[str, dict]] = {
     "minimax-m2": ("MiniMaxAI-MiniMax-M2.jinja", {"bos_token": "]~!b[", "eos_token": "[e~[", "pad_token": None}),
     # Gemma 3's template knows no tools: prepare writes them as Google's function-calling guide prompts them.
     "gemma3": ("google-gemma-3-it.jinja", {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>"}),
+    "gemma4": ("google-gemma-4-31B-it.jinja", {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>"}),
     # No Jinja template: the official Python encoders, run on the prepared messages.
     "deepseek-v3.2": ("encoding_dsv32.py", {}),
     "deepseek-v4": ("encoding_dsv4.py", {}),
@@ -128,6 +129,17 @@ SOURCES: dict[str, str] = {
         "tests/data/chat_templates/v13.jinja of GitHub mistralai/mistral-common (commit bc022b9, 8,838 bytes), "
         "the Jinja form of the same format that mistral-common generates for the Hub; a case the library refuses "
         "is an expected error."
+    ),
+    "gemma4": (
+        "chat_template.jinja of google/gemma-4-31B-it as released (the E2B/E4B/26B-A4B/31B -it models share it), "
+        "12,311 bytes, sha256 45f9fa7033b7ba229b59c48d4c0997fc5d68963753f7f039f2e0702f4c50509b: llama.cpp's copy "
+        "models/templates/google-gemma-4-31B-it.jinja (named after the Hub repository) as mirrored in GitHub "
+        "acproject/seq2seq_llama.cpp (commit 6626e786afc71be2514e584ca545834293d6e93d). Not checked against the Hub "
+        "file itself (no network): an LFS pointer to the same path in GitHub Raudbjorn/ggml-llama.cpp (commit "
+        "18f8ce4) names a 12,045-byte revision (sha256 2dfbfc7d...), and later revisions also scan role:tool "
+        "messages and keep reasoning between calls (llama.cpp's google-gemma-4-31B-it-interleaved.jinja). Tool "
+        "results reach the template as the assistant message's tool_responses, as server/rendering/native/gemma4.py "
+        "prepares them."
     ),
     "deepseek-v4": (
         "encoding/encoding_dsv4.py of deepseek-ai/DeepSeek-V4 (MIT licence, Copyright (c) 2023 DeepSeek), recovered "
