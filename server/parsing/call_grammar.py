@@ -39,7 +39,10 @@ def json_format(schema: dict | bool, *, style: str = "json") -> Format:
 
 
 def _call(fmt: ToolFormat, tool: dict) -> Format:
-    content = json_format(tool_schema(tool), style=fmt.argument_style)
+    # A format whose arguments are not JSON nor one of xgrammar's styles (Gemma 4's notation) writes its own grammar
+    own_arguments = getattr(fmt, "arguments_format", None)
+    schema = tool_schema(tool)
+    content = own_arguments(schema) if own_arguments else json_format(schema, style=fmt.argument_style)
     own = getattr(fmt, "call_format", None)  # a format whose markup is special tokens (harmony) builds its own
     if own is not None:
         return own(tool["function"]["name"], content)

@@ -9,6 +9,7 @@ from server.parsing.deltas import ParsedMessage
 from server.parsing.end_of_turn import END_OF_TURN_TOKENS
 from server.parsing.formats.deepseek import DeepSeekV3Format, DeepSeekV31Format
 from server.parsing.formats.dsml import DsmlFormat
+from server.parsing.formats.gemma4 import Gemma4Format
 from server.parsing.formats.gemma_json import GemmaJsonFormat
 from server.parsing.formats.glm_xml import GlmFormat
 from server.parsing.formats.harmony import HarmonyFormat, HarmonyOutputParser
@@ -79,6 +80,9 @@ FAMILIES: dict[str, FamilyParsing] = {
     # Gemma 3: the JSON calls its function-calling guide prompts for ({"name": ..., "parameters": {...}}); the model
     # ends its turn with <end_of_turn>.
     "gemma3": FamilyParsing(GemmaJsonFormat, end_of_turn=END_OF_TURN_TOKENS + ("<end_of_turn>",)),
+    # Gemma 4: <|tool_call>call:NAME{key:value}<tool_call|> in its own notation, typed by the tools' schemas; the
+    # model ends its turn with <turn|>.
+    "gemma4": FamilyParsing(Gemma4Format, end_of_turn=END_OF_TURN_TOKENS + ("<turn|>",)),
     # Any other model's own Jinja template: Hermes-style <tool_call> JSON is the de-facto format when it has one.
     "jinja": FamilyParsing(_QWEN_JSON),
 }

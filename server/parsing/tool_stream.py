@@ -79,7 +79,7 @@ class ToolFormat(Protocol):
     # For constrained decoding (server/parsing/call_grammar.py): what the template writes between two calls (inside
     # the block, for DeepSeek), and how arguments are written.
     call_separator: str
-    argument_style: Literal["json", "qwen_xml", "deepseek_xml", "glm_xml"]
+    argument_style: Literal["json", "qwen_xml", "deepseek_xml", "glm_xml", "gemma4"]
     # What the template writes before a turn's calls when the turn has no text (DSML: a blank line).
     calls_prefix: str
 

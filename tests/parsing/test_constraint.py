@@ -13,6 +13,7 @@ from engine.worker.structured_output import StructuredOutputs, StructuredOutputS
 from server.parsing import get_output_parser, parse_output
 from server.parsing.constraint import ConstraintError, completion_constraint, output_constraint
 from server.parsing.formats.deepseek import CALL_BEGIN, CALL_END, CALLS_BEGIN, CALLS_END, SEP
+from server.rendering.native.gemma4 import call_text
 from server.rendering.native.minimax import render_calls
 
 from tests.parsing.fixtures import NO_ARGS, TOOLS, WEATHER
@@ -77,6 +78,10 @@ def gemma_call(name: str, arguments: str) -> str:
     return f'{{"name": "{name}", "parameters": {arguments}}}'
 
 
+def gemma4_call(name: str, arguments: dict) -> str:
+    return call_text({"name": name, "arguments": arguments})
+
+
 PARIS = '{"city": "Paris"}'
 # family -> (one call to get_weather, two calls: get_weather then now), in the bytes the template renders
 CALLS = {
@@ -93,6 +98,8 @@ CALLS = {
     "deepseek-v3.1": (v31_calls(("get_weather", PARIS)), v31_calls(("get_weather", PARIS), ("now", "{}"))),
     "glm-4.7": (glm_call("get_weather", city="Paris"), glm_call("get_weather", city="Paris") + glm_call("now")),
     "gemma3": (gemma_call("get_weather", PARIS), gemma_call("get_weather", PARIS) + "\n" + gemma_call("now", "{}")),
+    "gemma4": (gemma4_call("get_weather", {"city": "Paris"}),
+               gemma4_call("get_weather", {"city": "Paris"}) + gemma4_call("now", {})),
 }
 
 
@@ -103,7 +110,7 @@ def constraint(family: str, tool_choice, *, tools=TOOLS, parallel=True, response
 
 
 @pytest.mark.parametrize("family", list(CALLS))
-@pytest.mark.slow_cases("qwen2.5", "qwen3-coder", "qwen3.6", "glm-4.7", "gemma3")
+@pytest.mark.slow_cases("qwen2.5", "qwen3-coder", "qwen3.6", "glm-4.7", "gemma3", "gemma4")
 def test_required_and_named_accept_the_templates_calls_and_nothing_else(grammars, family):
     one, two = CALLS[family]
     required, named = constraint(family, "required"), constraint(family, NAMED)
@@ -155,6 +162,29 @@ def test_arguments_follow_the_schema(grammars, family):
     for bad in (dict(city="Oslo"), dict(city="Oslo", days=8), dict(city="Oslo", days=0), dict(city="Oslo", days=2.5),
                 dict(city="Oslo", days=3, unit="k"), dict(city="Oslo", days=3, extra=1), dict(city="x" * 21, days=1)):
         assert not accepts(grammars, spec, call(**bad)), bad
+
+
+def test_gemma4_arguments_follow_the_schema_in_its_notation(grammars):
+    """Gemma 4's arguments are not JSON: keys bare and sorted as the template writes them, strings between <|"|>
+    quotes (which may hold the call's closing tag, never the quote), numbers bare."""
+    spec = constraint("gemma4", "required", tools=[FORECAST])
+    assert accepts(grammars, spec, gemma4_call("forecast", {"city": "Oslo", "days": 3}))
+    assert accepts(grammars, spec, gemma4_call("forecast", {"city": "a}<tool_call|>,<|b", "days": 7, "unit": "f"}))
+    for bad in (dict(city="Oslo"), dict(city="Oslo", days="3"), dict(city="Oslo", days=2.5),
+                dict(city="Oslo", days=3, unit="k"), dict(city="Oslo", days=3, extra=1)):
+        assert not accepts(grammars, spec, gemma4_call("forecast", bad)), bad
+    unsorted = '<|tool_call>call:forecast{days:3,city:<|"|>Oslo<|"|>}<tool_call|>'
+    json_arguments = '<|tool_call>call:forecast{"city": "Oslo", "days": 3}<tool_call|>'
+    assert not accepts(grammars, spec, unsorted) and not accepts(grammars, spec, json_arguments)
+    nested = {"type": "function", "function": {"name": "edit", "parameters": {"type": "object", "properties": {
+        "edits": {"type": "array", "items": {"type": "object", "properties": {"old": {"type": "string"},
+                                                                               "new": {"type": "string"}}}},
+        "meta": {}}, "required": ["edits"]}}}
+    call = gemma4_call("edit", {"edits": [{"new": "b", "old": "a"}, {"old": "<|\"|"}], "meta": {"k": [1, None]}})
+    assert accepts(grammars, constraint("gemma4", "required", tools=[nested]), call)
+    parsed = parse_output("gemma4", call, [nested], "required", reasoning=False, id_prefix="g")
+    assert json.loads(parsed.tool_calls[0]["function"]["arguments"]) == {
+        "edits": [{"new": "b", "old": "a"}, {"old": '<|"|'}], "meta": {"k": [1, None]}}
 
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen3-coder", "deepseek-v3-0324", "deepseek-v3.1"])

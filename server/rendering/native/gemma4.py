@@ -175,7 +175,8 @@ class Gemma4Renderer(Renderer):
     """Gemma 4 (31B, 26B-A4B, E2B/E4B instruction-tuned). Template kwarg: ``enable_thinking``."""
 
     family = "gemma4"
-    policy = MessagePolicy(arguments="object")  # the template writes a mapping's keys and values in its notation
+    # The template writes a mapping in its notation and a string as it is: JSON objects are parsed, other strings kept
+    policy = MessagePolicy(arguments="object", lenient_object_arguments=True)
     bos_token = "<bos>"
     eos_token = "<eos>"
 
