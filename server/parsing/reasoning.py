@@ -23,8 +23,9 @@ class ThinkReasoningParser:
     Output that ends inside reasoning (truncated) stays reasoning.
     """
 
-    def __init__(self, starts_in_reasoning: bool):
-        self._splitter = TagSplitter((THINK_OPEN, THINK_CLOSE))
+    def __init__(self, starts_in_reasoning: bool, tags: tuple[str, str] = (THINK_OPEN, THINK_CLOSE)):
+        self._open, self._close = Tag(tags[0]), Tag(tags[1])  # Gemma 4 thinks in <|channel>thought ... <channel|>
+        self._splitter = TagSplitter(tags)
         self._starts_in_reasoning = starts_in_reasoning
         self._state: Literal["undecided", "reasoning", "content"] = "undecided"
         self._pending = ""  # whitespace seen while undecided
@@ -47,7 +48,7 @@ class ThinkReasoningParser:
             if self._state == "undecided":
                 out += self._undecided(piece)
             elif self._state == "reasoning":
-                if piece == Tag(THINK_CLOSE):
+                if piece == self._close:
                     self._end_reasoning()
                 else:
                     out.append(("reasoning", self._reasoning.push(_text(piece))))
@@ -59,11 +60,11 @@ class ThinkReasoningParser:
         if isinstance(piece, str) and piece.isspace():
             self._pending += piece
             return []
-        if piece == Tag(THINK_OPEN):
+        if piece == self._open:
             self._pending = ""
             self._state = "reasoning"
             return []
-        if piece == Tag(THINK_CLOSE) and self._starts_in_reasoning:
+        if piece == self._close and self._starts_in_reasoning:
             self._pending = ""
             self._end_reasoning()
             return []

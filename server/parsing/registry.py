@@ -18,7 +18,7 @@ from server.parsing.formats.mistral import EOS as MISTRAL_EOS
 from server.parsing.formats.mistral import MistralFormat
 from server.parsing.formats.qwen3_coder_xml import Qwen3CoderFormat
 from server.parsing.formats.qwen_json import QwenJsonFormat
-from server.parsing.reasoning import ThinkReasoningParser
+from server.parsing.reasoning import THINK_CLOSE, THINK_OPEN, ThinkReasoningParser
 from server.parsing.stream import OutputParser
 from server.parsing.tool_choice import ToolChoice, parse_tool_choice
 from server.parsing.tool_stream import ToolFormat
@@ -33,6 +33,7 @@ class Thinking:
     switchable: bool
     default: bool
     starts_inside: bool
+    tags: tuple[str, str] = (THINK_OPEN, THINK_CLOSE)  # what opens and closes the reasoning
 
 
 @dataclass(frozen=True)
@@ -80,9 +81,11 @@ FAMILIES: dict[str, FamilyParsing] = {
     # Gemma 3: the JSON calls its function-calling guide prompts for ({"name": ..., "parameters": {...}}); the model
     # ends its turn with <end_of_turn>.
     "gemma3": FamilyParsing(GemmaJsonFormat, end_of_turn=END_OF_TURN_TOKENS + ("<end_of_turn>",)),
-    # Gemma 4: <|tool_call>call:NAME{key:value}<tool_call|> in its own notation, typed by the tools' schemas; the
-    # model ends its turn with <turn|>.
-    "gemma4": FamilyParsing(Gemma4Format, end_of_turn=END_OF_TURN_TOKENS + ("<turn|>",)),
+    # Gemma 4: <|tool_call>call:NAME{key:value}<tool_call|> in its own notation, typed by the tools' schemas; with
+    # enable_thinking (off unless asked for) the model opens <|channel>thought itself; it ends its turn with <turn|>.
+    "gemma4": FamilyParsing(Gemma4Format, Thinking(switchable=True, default=False, starts_inside=False,
+                                                   tags=("<|channel>thought", "<channel|>")),
+                            END_OF_TURN_TOKENS + ("<turn|>",)),
     # Any other model's own Jinja template: Hermes-style <tool_call> JSON is the de-facto format when it has one.
     "jinja": FamilyParsing(_QWEN_JSON),
 }
@@ -131,7 +134,7 @@ def get_output_parser(
                                    max_calls=max_calls)
     fmt = spec.tool_format(tools) if choice.parses_calls else None
     thinking = active_thinking(family, reasoning)
-    think = ThinkReasoningParser(starts_in_reasoning=thinking.starts_inside) if thinking else None
+    think = ThinkReasoningParser(thinking.starts_inside, thinking.tags) if thinking else None
     return OutputParser(tool_format=fmt, reasoning=think, id_prefix=id_prefix, streaming=streaming,
                         max_calls=max_calls, end_of_turn=spec.end_of_turn)
 

@@ -31,8 +31,10 @@ from server.rendering import serving_template_kwargs
 _THINKING_SWITCH = {
     "qwen3": "enable_thinking", "qwen3.6": "enable_thinking",
     "deepseek-v3.1": "thinking", "deepseek-v3.2": "thinking", "deepseek-v4": "thinking",
-    "glm-4.7": "enable_thinking",
+    "glm-4.7": "enable_thinking", "gemma4": "enable_thinking",
 }
+# Families whose template thinks only for a truthy switch (Gemma 4: `enable_thinking is defined and enable_thinking`)
+_TRUTHY_SWITCH = ("gemma4",)
 # Families whose template takes a `reasoning_effort` kwarg of its own.
 _EFFORT_KWARG_FAMILIES = ("deepseek-v4",)
 # gpt-oss always reasons, at the effort its system message states (`Reasoning: low|medium|high`): an API's effort,
@@ -66,7 +68,8 @@ def request_thinking(family: str, template_kwargs: dict[str, Any]) -> bool:
     """Whether thinking is on, read the way the templates read it: Qwen3 turns it off only with an explicit
     `enable_thinking: false`, DeepSeek-V3.1 turns it on with a truthy `thinking`."""
     if "enable_thinking" in template_kwargs:
-        return template_kwargs["enable_thinking"] is not False
+        value = template_kwargs["enable_thinking"]
+        return bool(value) if family in _TRUTHY_SWITCH else value is not False
     if "thinking" in template_kwargs:
         return bool(template_kwargs["thinking"])
     return default_thinking(family)

@@ -78,3 +78,15 @@ def test_a_call_cut_off_by_the_token_limit_has_valid_arguments():
     parser.finish(cut=True)
     [(name, parsed)] = calls_of(parser.result())
     assert (name, parsed) == ("get_weather", {"city": "Oslo"})
+
+
+def test_thinking_in_its_channel_then_a_call():
+    text = (f"<|channel>thought\nThe user wants Paris.\n<channel|>Checking."
+            f"<|tool_call>call:get_weather{{city:{Q}Paris{Q}}}<tool_call|><turn|>")
+    factory = lambda: get_output_parser("gemma4", TOOLS, reasoning=True, id_prefix="g")  # noqa: E731
+    message = parse_checked(factory, text)
+    assert message.reasoning_content == "The user wants Paris."
+    assert message.content == "Checking."
+    assert calls_of(message) == [("get_weather", {"city": "Paris"})]
+    # Thinking off: the prompt closed an empty thought, so what comes is the answer
+    assert gemma4("It is 18C.<turn|>").content == "It is 18C."

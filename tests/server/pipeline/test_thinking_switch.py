@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from server.pipeline.plan import effort_kwargs, request_thinking
+from server.rendering import get_renderer
 
 
 @pytest.mark.parametrize(("family", "kwargs", "expected"), [
@@ -14,6 +15,9 @@ from server.pipeline.plan import effort_kwargs, request_thinking
     ("deepseek-v3.1", {"thinking": True}, True),
     ("glm-4.7", {}, True),  # GLM-4.7 thinks unless told not to
     ("glm-4.7", {"enable_thinking": False}, False),
+    ("gemma4", {}, False),  # Gemma 4 thinks only for a truthy enable_thinking
+    ("gemma4", {"enable_thinking": None}, False),
+    ("gemma4", {"enable_thinking": True}, True),
     ("jinja", {}, False),
 ])
 def test_request_thinking_reads_kwargs_like_the_templates(family: str, kwargs: dict, expected: bool) -> None:
@@ -23,3 +27,14 @@ def test_request_thinking_reads_kwargs_like_the_templates(family: str, kwargs: d
 def test_a_reasoning_effort_switches_glm_thinking_with_its_kwarg() -> None:
     assert effort_kwargs("glm-4.7", "none") == {"enable_thinking": False}
     assert effort_kwargs("glm-4.7", "high") == {"enable_thinking": True}
+
+
+def test_a_reasoning_effort_switches_gemma4_thinking_as_its_template_reads_it() -> None:
+    """Gemma 4's template reads no effort: an effort turns `enable_thinking` on (the system turn opens with
+    <|think|>) or, for none / minimal, off (the generation prompt closes an empty thought)."""
+    renderer, messages = get_renderer("gemma4"), [{"role": "user", "content": "Hi"}]
+    on, off = effort_kwargs("gemma4", "low"), effort_kwargs("gemma4", "minimal")
+    assert (on, off) == ({"enable_thinking": True}, {"enable_thinking": False})
+    user = "<|turn>user\nHi<turn|>\n<|turn>model\n"
+    assert renderer.render(messages, **on) == "<bos><|turn>system\n<|think|><turn|>\n" + user
+    assert renderer.render(messages, **off) == "<bos>" + user + "<|channel>thought\n<channel|>"
