@@ -132,6 +132,19 @@ def test_standalone_chat_template_file_is_read(tmp_path: Path) -> None:
     assert guess_template_family(model) == "deepseek-v3.1"
 
 
+def test_a_gemma4_checkpoint_with_the_released_template_is_rendered_natively(tmp_path: Path) -> None:
+    """google/gemma-4-*-it's chat_template.jinja as released (the golden's) is family gemma4; a later revision of it
+    (one that also reads role:tool messages) is the model's own Jinja template."""
+    released = (Path(__file__).parents[1] / "rendering" / "templates" / "google-gemma-4-31B-it.jinja").read_text()
+    assert load_template("gemma4") == released
+    model = _model_dir(tmp_path / "g4", None)
+    (model / "chat_template.jinja").write_text(released)
+    assert guess_template_family(model) == "gemma4"
+    (model / "chat_template.jinja").write_text(released.replace("{%- for message in loop_messages -%}",
+                                                                "{%- for message in loop_messages if true -%}"))
+    assert guess_template_family(model) == "jinja"
+
+
 def test_deepseek_encoder_checkpoints_are_rendered_by_their_family(tmp_path: Path) -> None:
     """DeepSeek-V3.2 / V4 ship an encoder, no chat template: the architecture names the family, and the tokenizer
     kvserve writes for them carries no template either."""
