@@ -22,7 +22,6 @@ from typing import Any
 from engine.json_schema_support import check_json_schema
 from engine.worker.structured_output import StructuredOutputSpec
 from server.parsing.call_grammar import Format, auto_calls_format, json_format, required_calls_format, tool_schema
-from server.parsing.reasoning import THINK_CLOSE, THINK_OPEN
 from server.parsing.registry import Thinking, active_thinking, family_parsing
 from server.parsing.tool_choice import ToolChoice, parse_tool_choice
 
@@ -143,10 +142,12 @@ def _answer(
 
 
 def _thinking(thinking: Thinking) -> Format:
-    """Free reasoning up to `</think>`: already open when the output starts inside it, else optional."""
+    """Free reasoning up to its close (`</think>`; Gemma 4's `<channel|>`): already open when the output starts inside
+    it, else optional."""
+    opening, closing = thinking.tags
     if thinking.starts_inside:
-        return {"type": "tag", "begin": "", "content": {"type": "any_text"}, "end": THINK_CLOSE}
-    block = {"type": "tag", "begin": THINK_OPEN, "content": {"type": "any_text"}, "end": THINK_CLOSE}
+        return {"type": "tag", "begin": "", "content": {"type": "any_text"}, "end": closing}
+    block = {"type": "tag", "begin": opening, "content": {"type": "any_text"}, "end": closing}
     return {"type": "optional", "content": block}
 
 

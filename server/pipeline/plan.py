@@ -159,7 +159,8 @@ def plan_turn(ctx: ServingContext, turn: Turn, body: dict[str, Any], cache_salt:
     turn, images = turn_images(ctx.images, turn)  # each image part -> the template's placeholder text
     turn, text = turn_prompt_text(ctx, turn, cache_salt)
     thinking = request_thinking(ctx.family, turn.template_kwargs)
-    markers = thinking_markers(text, ctx.encode) if active_thinking(ctx.family, thinking) else None
+    active = active_thinking(ctx.family, thinking)
+    markers = thinking_markers(text, ctx.encode, active.tags) if active else None
     budget = request_budget(turn.sampling.reasoning_budget, turn.sampling.reasoning_effort,
                             ctx.settings.reasoning_budget) if markers is not None else None
     try:

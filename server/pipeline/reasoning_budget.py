@@ -44,13 +44,16 @@ def request_budget(budget_tokens: int | None, effort: str | None, server_default
     return effort_budget(effort) if effort in EFFORT_BUDGETS else server_default
 
 
-def thinking_markers(prompt_text: str, encode: Callable[[str], list[int]]) -> PhaseBudget:
+def thinking_markers(prompt_text: str, encode: Callable[[str], list[int]],
+                     tags: tuple[str, str] = (THINK_OPEN, THINK_CLOSE)) -> PhaseBudget:
     """The thinking of a request whose prompt is ``prompt_text``, as a phase of the served tokenizer's tokens (its
-    budget unbounded: `with_budget` sets one): open at the start when the prompt leaves `<think>` open."""
-    end = tuple(encode(THINK_CLOSE))
+    budget unbounded: `with_budget` sets one): open at the start when the prompt leaves `<think>` (or the family's
+    opening ``tags[0]``) open."""
+    opening, closing = tags
+    end = tuple(encode(closing))
     return PhaseBudget(budget=2**31 - 1, forced_token_ids=tuple(encode(CLOSING_PHRASE)) + end, end_token_ids=end,
-                       start_token_ids=tuple(encode(THINK_OPEN)),
-                       open_at_start=prompt_text.rfind(THINK_OPEN) > prompt_text.rfind(THINK_CLOSE))
+                       start_token_ids=tuple(encode(opening)),
+                       open_at_start=prompt_text.rfind(opening) > prompt_text.rfind(closing))
 
 
 def with_budget(markers: PhaseBudget, budget: int) -> PhaseBudget:

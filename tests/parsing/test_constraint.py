@@ -187,6 +187,13 @@ def test_gemma4_arguments_follow_the_schema_in_its_notation(grammars):
         "edits": [{"new": "b", "old": "a"}, {"old": '<|"|'}], "meta": {"k": [1, None]}}
 
 
+def test_gemma4_thinks_in_its_channel_before_the_named_call(grammars):
+    spec, call = constraint("gemma4", NAMED, reasoning=True), CALLS["gemma4"][0]
+    assert accepts(grammars, spec, "<|channel>thought\nParis, then.<channel|>" + call)
+    assert accepts(grammars, spec, call)  # the model may answer without a thought
+    assert not accepts(grammars, spec, "<think>\nParis.\n</think>\n\n" + call)
+
+
 @pytest.mark.parametrize("family", ["qwen3", "qwen3-coder", "deepseek-v3-0324", "deepseek-v3.1"])
 def test_call_markup_inside_an_argument_string_is_text(grammars, family):
     """Code that mentions a call marker (an agent editing a parser) is a valid argument; the parser reads it."""
