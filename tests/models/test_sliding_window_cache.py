@@ -11,15 +11,14 @@ pools of both kinds; a conversation's next turn reads all but at most one block 
 """
 from __future__ import annotations
 
-import shutil
 
 import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.registry import resolve_model
-from tests.hf_oracle import assert_greedy_alone_and_together, assert_greedy_cache_hot, hf_greedy, random_prompts
-from tests.models.test_gemma3 import TOKENIZER_FILES, VOCAB, WINDOW, hf_gemma3_model
+from tests.hf_oracle import (CheckpointDirs, assert_greedy_alone_and_together, assert_greedy_cache_hot, hf_greedy,
+                             random_prompts, saved_with_tokenizer)
+from tests.models.test_gemma3 import VOCAB, WINDOW, hf_gemma3_model
 
 KIND = "gemma3_text"
 LENGTHS = [1, 4, 9, 17, 40, 70]
@@ -30,12 +29,9 @@ BS = 4
 
 @pytest.fixture(scope="module")
 def case(tmp_path_factory):
-    path = tmp_path_factory.mktemp("gemma3_window") / KIND
-    hf_gemma3_model(KIND).save_pretrained(path)
-    for name in TOKENIZER_FILES:
-        shutil.copyfile(resolve_model("qwen3-tiny") / name, path / name)
+    path = CheckpointDirs(tmp_path_factory.mktemp("gemma3_window"), saved_with_tokenizer(hf_gemma3_model))[KIND]
     prompts = random_prompts(VOCAB, LENGTHS, seed=5)
-    return str(path), prompts, [hf_greedy(str(path), p, NEW_TOKENS) for p in prompts]
+    return path, prompts, [hf_greedy(path, p, NEW_TOKENS) for p in prompts]
 
 
 def poisoned_llm(path: str, **config) -> LLM:
