@@ -9,10 +9,12 @@ from typing import Literal
 
 @dataclass(frozen=True)
 class ParsedCall:
-    """One tool call recognised in the model output; `arguments` is the text of a JSON object."""
+    """One tool call recognised in the model output; `arguments` is the text of a JSON object; `call_id` the id the
+    model wrote for it (Kimi's `functions.NAME:IDX`, which its template renders back), '' when its format has none."""
 
     name: str
     arguments: str
+    call_id: str = ""
 
 
 DeltaKind = Literal["text", "reasoning", "call", "arguments"]

@@ -13,6 +13,7 @@ from server.parsing.formats.gemma4 import Gemma4Format
 from server.parsing.formats.gemma_json import GemmaJsonFormat
 from server.parsing.formats.glm_xml import GlmFormat
 from server.parsing.formats.harmony import HarmonyFormat, HarmonyOutputParser
+from server.parsing.formats.kimi import KimiFormat
 from server.parsing.formats.minimax_xml import MinimaxFormat
 from server.parsing.formats.mistral import EOS as MISTRAL_EOS
 from server.parsing.formats.mistral import MistralFormat
@@ -74,6 +75,10 @@ FAMILIES: dict[str, FamilyParsing] = {
     # always thinks (the generation prompt opens <think>) and ends its turn with [e~[.
     "minimax-m2": FamilyParsing(MinimaxFormat, Thinking(switchable=False, default=True, starts_inside=True),
                                 END_OF_TURN_TOKENS + ("[e~[",)),
+    # Kimi-K2 / Kimi Linear: a <|tool_calls_section_begin|> section of calls whose ids are the model's
+    # functions.NAME:IDX headers; the model opens its <think> itself, as its template writes one in every assistant
+    # turn; it ends its turn with <|im_end|>.
+    "kimi-k2": FamilyParsing(KimiFormat, Thinking(switchable=False, default=True, starts_inside=False)),
     # gpt-oss: harmony messages; reasoning on the analysis channel, calls addressed to functions.NAME.
     "gpt-oss": FamilyParsing(lambda tools: HarmonyFormat(), channel_parser=HarmonyOutputParser),
     # Devstral Small 2 / Devstral 2: [TOOL_CALLS]NAME[ARGS]{...} calls back to back, the turn ending with </s>.

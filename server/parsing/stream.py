@@ -94,7 +94,7 @@ class OutputParser:
                 calls = self._output.num_calls
                 if self._max_calls is not None and calls >= self._max_calls:
                     self.limited = True
-                deltas += self._add("call", event.name, tool_call_id(self._id_prefix, calls))
+                deltas += self._add("call", event.name, event.call_id or tool_call_id(self._id_prefix, calls))
             else:
                 deltas += self._add("arguments", event.text)
         return deltas

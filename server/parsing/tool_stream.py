@@ -31,6 +31,7 @@ from server.parsing.tags import Tag, TagSplitter
 @dataclass(frozen=True)
 class CallStart:
     name: str
+    call_id: str = ""  # the model's own id for the call, when its format writes one (Kimi)
 
 
 @dataclass(frozen=True)
@@ -217,7 +218,7 @@ class ToolCallStream:
             streaming = self._call.name is not None
             fragment = self._call.update(self._body)
             if not streaming and self._call.name is not None:
-                self._start_call(self._call.name, out)
+                self._start_call(self._call.name, out, getattr(self._call, "call_id", ""))
             if fragment:
                 self._emit(CallArguments(fragment), out)
 
@@ -234,8 +235,8 @@ class ToolCallStream:
         self._raw = ""
         self._state = "block" if self._in_block else "text"
 
-    def _start_call(self, name: str, out: list[ToolEvent]) -> None:
-        self._emit(CallStart(name), out)
+    def _start_call(self, name: str, out: list[ToolEvent], call_id: str = "") -> None:
+        self._emit(CallStart(name, call_id), out)
         if self._streaming:
             self._calls_in_block += 1
             self._raw = ""  # a started call never becomes content again
@@ -254,7 +255,7 @@ class ToolCallStream:
         calls = [call] if streaming or more is None else [call, *more(self._body)]
         for n, each in enumerate(calls):
             if n or not streaming:
-                self._start_call(each.name, out)
+                self._start_call(each.name, out, each.call_id)
             if each.arguments:
                 self._emit(CallArguments(each.arguments), out)
         if not self._streaming:

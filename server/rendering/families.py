@@ -16,6 +16,7 @@ from server.rendering.native.gemma3 import Gemma3Renderer
 from server.rendering.native.gemma4 import Gemma4Renderer
 from server.rendering.native.glm import GlmRenderer
 from server.rendering.native.harmony import HarmonyRenderer
+from server.rendering.native.kimi import KimiRenderer
 from server.rendering.native.minimax import MinimaxRenderer
 from server.rendering.native.qwen import Qwen3CoderRenderer, Qwen3Renderer, Qwen25Renderer
 from server.rendering.native.qwen35 import Qwen36Renderer
@@ -39,6 +40,7 @@ _RENDERERS: dict[str, type[Renderer]] = {
         HarmonyRenderer,
         DevstralRenderer,
         MinimaxRenderer,
+        KimiRenderer,
         Gemma3Renderer,
         Gemma4Renderer,
     )

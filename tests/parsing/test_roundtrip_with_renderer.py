@@ -39,6 +39,12 @@ CASES = [
     # MiniMax-M2 keeps the reasoning of the turns after the last user message (a tool loop), as its template does.
     ("minimax-m2", True, 'Need a call.\n</think>\n\nLet me check.\n<minimax:tool_call>\n<invoke name="get_weather">\n'
      '<parameter name="city">Paris</parameter>\n</invoke>\n</minimax:tool_call>[e~[', TOOL_RESULT),
+    # Kimi: the call's id is the model's header, which the template writes back; a tool loop keeps the reasoning, a
+    # final answer drops it (so only an empty <think></think> survives a new query byte for byte).
+    ("kimi-k2", True, "<think>Need a call.</think>Let me check.<|tool_calls_section_begin|><|tool_call_begin|>"
+     'functions.get_weather:0<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|>'
+     "<|tool_calls_section_end|><|im_end|>", TOOL_RESULT),
+    ("kimi-k2", True, "<think></think>It is 18C.<|im_end|>", FOLLOW_UP),
     # Gemma 3: a call written as its function-calling prompt asks (the arguments kept as the model wrote them).
     ("gemma3", False, 'Let me check.\n{"name": "get_weather", "parameters": {"city":"Paris"}}<end_of_turn>\n',
      TOOL_RESULT),

@@ -51,6 +51,7 @@ OFFICIAL: dict[str, tuple[str, dict]] = {
     "glm-4.7": ("zai-org-GLM-4.7-Flash.jinja", {"bos_token": None, "eos_token": "<|endoftext|>",
                                                 "pad_token": "<|endoftext|>"}),
     "minimax-m2": ("MiniMaxAI-MiniMax-M2.jinja", {"bos_token": "]~!b[", "eos_token": "[e~[", "pad_token": None}),
+    "kimi-k2": ("moonshotai-Kimi-K2-Thinking.jinja", {"bos_token": "[BOS]", "eos_token": "[EOS]", "pad_token": "[PAD]"}),
     # Gemma 3's template knows no tools: prepare writes them as Google's function-calling guide prompts them.
     "gemma3": ("google-gemma-3-it.jinja", {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>"}),
     "gemma4": ("google-gemma-4-31B-it.jinja", {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>"}),
@@ -93,6 +94,19 @@ SOURCES: dict[str, str] = {
         "(commit 71768d0036b49cd39208c0905183203c0f62e8d9) names the same sha256 and size. MiniMax-M2.5 'supports the "
         "same toolcall syntax as MiniMax-M2' (its docs/tool_calling_guide.md); its own repository's template was not "
         "found offline."
+    ),
+    "kimi-k2": (
+        "A COPY, not read from the model repository: models/templates/moonshotai-Kimi-K2-Thinking.jinja of GitHub "
+        "ggml-org/llama.cpp (commit 0c3c896ea80643608b4e961eec7e1efcd844e109), llama.cpp's copy named after the Hub "
+        "repository moonshotai/Kimi-K2-Thinking, 3,430 bytes, sha256 "
+        "833d0c375531149a922a0f2addf9a66cce8e4503c500fe4ca6a95e9d1ed3c75a. A mirror of the Hub file at its later "
+        "revision 'fix-default-system-prompt (#12)' writes the tools as tojson(separators=(',', ':')); this is the "
+        "earlier one. Kimi-Linear-48B-A3B-Instruct's own chat_template.jinja is in no stored source in full: the "
+        "first 25 of its 48 lines (huggingface.co/hyper-accel/tiny-random-kimi-linear, commit 'Upload tokenizer "
+        "from kimi_linear') are Kimi-K2-Instruct's form of the same dialect, without <think>, the default system "
+        "message or spaces in the tools' JSON (docs/MODELS.md). Kimi-K2-Instruct copies were not picked: llama.cpp's "
+        "moonshotai-Kimi-K2.jinja renders no tool calls in the history, and the llama.cpp forks' Kimi-K2-Instruct.jinja "
+        "calls list.append, which transformers' sandbox refuses (every case with a call fails there)."
     ),
     "gemma3": (
         "chat_template of google/gemma-3-*-it (the same for 270M to 27B): `_CHAT_TEMPLATE` of "
