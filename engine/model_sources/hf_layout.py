@@ -75,6 +75,13 @@ _FAMILY_KEYS: dict[str, tuple[str, dict[str, Any]]] = {
     "minimax_m2": ("MiniMaxM2ForCausalLM", {"use_qk_norm": True, "qk_norm_type": "per_layer", "scoring_func": "sigmoid",
                                             "use_routing_bias": True, "output_router_logits": False,
                                             "router_aux_loss_coef": 0.001, "router_jitter_noise": 0.0}),
+    # Kimi Linear (moonshotai/Kimi-Linear-48B-A3B-Instruct's config.json): a dense first layer, then DeepSeek-V3's
+    # sigmoid routing (one group) with a shared expert, MLA without RoPE; linear_attn_config (which layers are KDA,
+    # 1-indexed), the MLA and expert sizes come with the recipe
+    "kimi_linear": ("KimiLinearForCausalLM", {"first_k_dense_replace": 1, "moe_layer_freq": 1, "moe_renormalize": True,
+                                              "moe_router_activation_func": "sigmoid", "num_expert_group": 1,
+                                              "topk_group": 1, "use_grouped_topk": True, "mla_use_nope": True,
+                                              "num_nextn_predict_layers": 0, "q_lora_rank": None}),
     "gpt_oss": ("GptOssForCausalLM", {"attention_bias": True, "hidden_act": "silu", "swiglu_limit": 7.0,
                                       "initializer_range": 0.02, "output_router_logits": False,
                                       "router_aux_loss_coef": 0.9}),

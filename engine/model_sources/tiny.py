@@ -27,6 +27,7 @@ from .gemma_tokenizer import GEMMA3_MODEL, write_gemma3_tokenizer
 from .glm_tokenizer import write_glm_tokenizer
 from .harmony_tokenizer import write_harmony_tokenizer
 from .hf_layout import VLM_LAYOUTS, DecoderDims, TokenizerInfo, write_model_configs
+from .kimi_tokenizer import write_kimi_tokenizer
 from .minimax_tokenizer import write_minimax_tokenizer
 from .mistral_tokenizer import write_tekken_tokenizer
 from .mxfp4 import released_expert_layout
@@ -40,6 +41,7 @@ TOKENIZER_WRITERS: dict[str, Callable[[Path, str], TokenizerInfo]] = {
     "glm": write_glm_tokenizer,  # a stand-in: Qwen3's BPE with GLM's added tokens (none on the index ships GLM's)
     "harmony": write_harmony_tokenizer,  # gpt-oss' o200k_harmony, from bpe-openai's o200k_base
     "minimax": write_minimax_tokenizer,  # a stand-in: Qwen3's BPE with MiniMax's format tokens (none on the index)
+    "kimi": write_kimi_tokenizer,  # a stand-in: Qwen3's BPE with Kimi's format tokens (Kimi's is remote code)
     "tekken": write_tekken_tokenizer,  # Devstral's tekken v13, from the vocabulary mistral-common's wheel ships
 }
 # recipe `tokenizer:` -> the registry model whose converted tokenizer a tiny model copies: the registry resolves it
@@ -263,6 +265,11 @@ def build_tiny_model(recipe: TinyRecipe, template: str, out_dir: Path, scales: I
     write_random_weights(out_dir, recipe.seed, scales)
 
 
+def _kimi_dense_mlp(name: str, dense: tuple[str, ...]) -> str:
+    """Kimi Linear's released name of a dense layer's MLP (``model.layers.0.mlp.*``)."""
+    return next((name.replace(layer, layer.replace("block_sparse_moe", "mlp")) for layer in dense if layer in name), name)
+
+
 def write_random_weights(out_dir: Path, seed: int, scales: InitScales = InitScales()) -> None:
     """model.safetensors (fp32) for the config.json in ``out_dir``, every tensor drawn from ``seed``."""
     shapes = _parameter_shapes(out_dir)
@@ -280,4 +287,7 @@ def write_random_weights(out_dir: Path, seed: int, scales: InitScales = InitScal
     }
     if (config.get("quantization_config") or {}).get("quant_method") == "mxfp4":  # gpt-oss' released experts
         tensors = released_expert_layout(tensors)
+    if config.get("model_type") == "kimi_linear":  # transformers names every MLP block_sparse_moe, the release not
+        dense = tuple(f".{i}.block_sparse_moe." for i in range(config["first_k_dense_replace"]))
+        tensors = {_kimi_dense_mlp(name, dense): t for name, t in tensors.items()}
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})

@@ -95,6 +95,16 @@ def test_minimax_models() -> None:
         "MiniMaxAI/MiniMax-M2.5", "minimax-m2", 4)
 
 
+def test_kimi_models() -> None:
+    """kimi-linear-tiny (the architecture, a stand-in tokenizer) in the kimi-k2 family; Kimi-Linear-48B-A3B by HF id
+    keeps its own template (its tokenizer is remote code kvserve does not run)."""
+    specs = {spec.name: spec for spec in list_models()}
+    tiny = specs["kimi-linear-tiny"]
+    assert (tiny.source, tiny.template, tiny.build["model_type"], tiny.build["tokenizer"]) == (
+        "tiny", "kimi-k2", "kimi_linear", "kimi")
+    assert specs["kimi-linear-48b-a3b"].repo_id == "moonshotai/Kimi-Linear-48B-A3B-Instruct"
+
+
 def test_a_registered_model_is_found_by_its_repo_id() -> None:
     assert get_model_spec("Qwen/Qwen3-8B").name == "qwen3-8b"
 

@@ -112,3 +112,16 @@ def test_tensor_parallel_2(case):
     with _llm(path, num_kv_blocks=64, max_num_batched_tokens=16, tensor_parallel_size=2) as llm:
         outs = llm.generate(prompts[2:4], GREEDY)
     assert [o.token_ids for o in outs] == expected[2:4]
+
+
+@pytest.mark.slow  # the registry model's build and transformers' own run of it
+def test_the_registry_model_equals_transformers() -> None:
+    """kimi-linear-tiny (models.yaml: this architecture with the released config keys and names, the Kimi stand-in
+    tokenizer) gives transformers' greedy tokens, varied, alone, together and cache hot."""
+    llm = LLM("kimi-linear-tiny", block_size=4, num_kv_blocks=256)
+    prompts = random_prompts(150_000, [3, 9, 17], seed=38)
+    expected = [hf_greedy("kimi-linear-tiny", p, 6) for p in prompts]
+    assert_varied(expected, 2)
+    assert_greedy_alone_and_together(llm, prompts, expected)
+    assert_greedy_cache_hot(llm, prompts, expected, block_size=4)
+    llm.close()
