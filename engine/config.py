@@ -172,10 +172,10 @@ class EngineConfig:
         default=None, metadata=_help("hybrid models: recurrent-state snapshots to keep (default: from "
                                      "--state-snapshot-fraction)"))
     sliding_window_cache: bool = field(
-        default=True, metadata=_help("sliding-window models (Gemma 3, gpt-oss): their window layers keep only the "
-                                     "pages their windows read, in a pool of their own, and the prefix cache retains "
-                                     "windows where requests resume (docs/SLIDING_WINDOW.md); off: every layer keeps "
-                                     "every token", flag="no-sliding-window-cache"))
+        default=True, metadata=_help("sliding-window models (Gemma 3, gpt-oss, DeepSeek V4's keys): their window "
+                                     "layers keep only the pages their windows read, in a pool of their own, and the "
+                                     "prefix cache retains windows where requests resume (docs/SLIDING_WINDOW.md); "
+                                     "off: every layer keeps every token", flag="no-sliding-window-cache"))
     window_retention_fraction: float = field(
         default=DEFAULT_RETENTION_FRACTION,
         metadata=_help("sliding-window models: the share of the KV cache memory, after the running sequences' windows, "

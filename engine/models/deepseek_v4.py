@@ -10,9 +10,14 @@ The output is rotated back at the query's position (values carry the keys' rotat
 heads (``o_a_proj``) then mixed (``o_b_proj``). MLPs are MoEs (`engine.models.layers.moe`: hash routing first, then
 sqrt-softplus top-k; clamped SwiGLU), and the residual is ``hc_mult`` streams (`engine.models.layers.hyper_connections`).
 
-Cache: each layer's blocks hold every token's key (``[block, 1, head_dim]``), its compressed entries and their
-pooling state (`engine.models.layers.compressor`), all under the sequence's block ids. Tensor parallelism splits the experts
-and the vocabulary; attention is replicated (one KV head), as transformers' plan has it.
+Cache: a layer's keys (``[block, 1, head_dim]`` a token) are read only within the window, so they live in the window
+group's pages (`engine.kv.window_pool`: a running sequence holds its last window, the prefix cache retains windows
+where requests resume); its compressed entries and their pooling state (`engine.models.layers.compressor`) are read
+over the whole context and stay in the full-attention blocks under the sequence's block ids
+(``BlockTensor.whole_context``). The compressors pool the step's own hidden states and the state at the block before,
+never older keys, so a hit at P needs blocks [0, P) and the window's keys (P - W, P). With
+``--no-sliding-window-cache`` the keys share the blocks too. Tensor parallelism splits the experts and the vocabulary;
+attention is replicated (one KV head), as transformers' plan has it.
 """
 from __future__ import annotations
 
@@ -71,14 +76,16 @@ class V4Attention(nn.Module):
             self.compressor = Compressor(hidden, v4.head_dim, self.rate, overlap=False, eps=eps)
 
     def block_tensors(self) -> tuple[BlockTensor, ...]:
-        """Keys per token; compressed entries (a ``head_dim`` row per ``rate`` tokens: ``block / rate`` a block) and
-        their pooling state per block, for the compressor and, on CSA layers, the indexer's."""
+        """Keys per token (the window group's, where there is one); compressed entries (a ``head_dim`` row per
+        ``rate`` tokens: ``block / rate`` a block) and their pooling state per block, for the compressor and, on CSA
+        layers, the indexer's: read over the whole context."""
         tensors = [BlockTensor((1, self.head_dim))]
         compressors = [] if self.compressor is None else [self.compressor, *self._indexer()]
         for c in compressors:
-            tensors.append(BlockTensor((c.head_dim,), tokens_per_row=c.rate))
+            tensors.append(BlockTensor((c.head_dim,), tokens_per_row=c.rate, whole_context=True))
         for c in compressors:
-            tensors.append(BlockTensor((pooling_state_size(c.head_dim, c.overlap),), per_block=True, fp32=True))
+            tensors.append(BlockTensor((pooling_state_size(c.head_dim, c.overlap),), per_block=True, fp32=True,
+                                       whole_context=True))
         return tuple(tensors)
 
     def _indexer(self) -> list[CompressedIndexer]:
@@ -94,12 +101,14 @@ class V4Attention(nn.Module):
         kv = ops.rms_norm(self.kv_proj(x), self.kv_norm.weight, self.kv_norm.eps)
         kv = rotate_pairs(kv, positions, cos_sin).unsqueeze(1)
         keys = kv_cache[0]
+        # the keys' pages: the window group's slots and tables, where there is one
+        key_meta = meta if meta.window is None else meta.window
         half = self.head_dim // 2  # store_kv writes a key and a value: the two halves of the one K = V row
-        ops.store_kv(kv[..., :half], kv[..., half:], keys[..., :half], keys[..., half:], meta.slot_mapping)
+        ops.store_kv(kv[..., :half], kv[..., half:], keys[..., :half], keys[..., half:], key_meta.slot_mapping)
         seq, pos = query_rows(meta.query_start_loc, meta.context_lens, num_rows)
         window = pos[:, None] - torch.arange(self.window - 1, -1, -1, device=pos.device)
-        sources = [(keys.view(-1, self.head_dim),
-                    positions_to_slots(torch.where(window >= 0, window, -1), seq, meta.block_tables, keys.shape[1]))]
+        sources = [(keys.view(-1, self.head_dim), positions_to_slots(torch.where(window >= 0, window, -1), seq,
+                                                                     key_meta.block_tables, keys.shape[1]))]
         if self.compressor is not None:
             sources.append(self._compressed(ops, x, q_latent, seq, pos, kv_cache, meta, cos_sin))
         out = ops.sink_attention(q, sources, self.sinks, self.scale)
@@ -161,7 +170,8 @@ class DeepseekV4ForCausalLM(nn.Module):
 
     def kv_cache_spec(self) -> KVCacheSpec:
         layers = [layer.self_attn.block_tensors() for layer in self.layers]
-        return KVCacheSpec.per_layer("compressed", layers, self.v4.block_multiple)
+        return KVCacheSpec.per_layer("compressed", layers, self.v4.block_multiple,
+                                     (self.v4.sliding_window,) * len(layers))
 
     def init_rope(self, max_positions: int, device: torch.device) -> None:
         v4 = self.v4

@@ -37,12 +37,15 @@ class BlockTensor:
     """One block tensor of a layer whose layers differ (DeepSeek-V4): ``[num_blocks, block_size / tokens_per_row,
     *shape]``, a row per token or per ``tokens_per_row`` tokens (a compressed entry pools that many), or
     ``[num_blocks, *shape]`` with ``per_block`` (state kept once per block); fp32 whatever the KV dtype with
-    ``fp32``."""
+    ``fp32``. In a layer with a sliding window a tensor lives in the window group's pages, unless ``whole_context``:
+    read over the whole context (V4's compressed entries and their pooling state), it stays in the full-attention
+    blocks."""
 
     shape: tuple[int, ...]
     per_block: bool = False
     fp32: bool = False
     tokens_per_row: int = 1
+    whole_context: bool = False
 
     def rows(self, block_size: int) -> tuple[int, ...]:
         return () if self.per_block else (block_size // self.tokens_per_row,)
@@ -97,12 +100,24 @@ class KVCacheSpec:
     def num_window_layers(self) -> int:
         return sum(w is not None for w in self.layer_windows)
 
-    def window_bytes_per_block(self, block_size: int, dtype: torch.dtype) -> int:
-        """What one page of the window group takes (every window layer's share of a block)."""
+    def layer_tensors(self) -> list[tuple[BlockTensor, ...]]:
+        """Per layer with blocks, its block tensors."""
         if self.layers:
-            return sum(t.bytes_per_block(block_size, dtype) for layer, window in zip(self.layers, self.layer_windows)
-                       if window is not None for t in layer)
-        return self.num_window_layers * self.bytes_per_block(block_size, dtype) // self.num_layers
+            return list(self.layers)
+        return [tuple(BlockTensor(shape) for shape in self.token_shapes)] * self.num_layers
+
+    def in_window_group(self) -> list[tuple[bool, ...]]:
+        """Per layer with blocks, which of its tensors the window group keeps: a window layer's, but those read over
+        the whole context (`BlockTensor.whole_context`)."""
+        windows = self.layer_windows or (None,) * self.num_layers
+        return [tuple(window is not None and not t.whole_context for t in layer)
+                for layer, window in zip(self.layer_tensors(), windows)]
+
+    def window_bytes_per_block(self, block_size: int, dtype: torch.dtype) -> int:
+        """What one page of the window group takes (every window-group tensor's share of a block)."""
+        return sum(t.bytes_per_block(block_size, dtype) for layer, grouped in zip(self.layer_tensors(),
+                                                                                  self.in_window_group())
+                   for t, in_window in zip(layer, grouped) if in_window)
 
     @classmethod
     def mla(cls, num_layers: int, kv_lora_rank: int, rope_dim: int) -> KVCacheSpec:
@@ -119,8 +134,9 @@ class KVCacheSpec:
         return cls("sparse_mla", num_layers, ((1, kv_lora_rank + rope_dim), (1, index_head_dim)))
 
     @classmethod
-    def per_layer(cls, kind: str, layers: list[tuple[BlockTensor, ...]], block_multiple: int) -> KVCacheSpec:
-        return cls(kind, len(layers), (), tuple(layers), block_multiple)
+    def per_layer(cls, kind: str, layers: list[tuple[BlockTensor, ...]], block_multiple: int,
+                  windows: tuple[int | None, ...] = ()) -> KVCacheSpec:
+        return cls(kind, len(layers), (), tuple(layers), block_multiple, layer_windows=windows)
 
     def bytes_per_token(self, dtype: torch.dtype, block_size: int = 1) -> int:
         """Per token; per-block tensors count a ``block_size``-th of theirs."""
@@ -138,20 +154,14 @@ class KVCacheSpec:
                  num_window_blocks: int = 0) -> KVCaches:
         """Per model layer: its blocks (``dtype``), or a hybrid model's recurrent states (``num_state_rows`` rows;
         ``state_dtype``, the model dtype, for the non-fp32 ones). ``num_window_blocks`` > 0: the window group's pages,
-        as many for each sliding-window layer (0: those layers keep ``num_blocks`` like the others)."""
+        as many for each window-group tensor (`in_window_group`; 0: those keep ``num_blocks`` like the others)."""
         if block_size % self.block_multiple:
             raise ValueError(f"this model's KV cache needs a block size that is a multiple of {self.block_multiple} "
                              f"(its compressed entries and pooling state are kept per block); got {block_size}: "
                              f"pass --block-size {self.block_multiple}")
-        windows = self.layer_windows if num_window_blocks else (None,) * self.num_layers
-        if self.layers:
-            return [tuple(t.allocate(num_blocks if window is None else num_window_blocks, block_size, dtype, device)
-                          for t in layer) for layer, window in zip(self.layers, windows or (None,) * self.num_layers)]
-        blocks = [
-            tuple(torch.zeros(num_blocks if window is None else num_window_blocks, block_size, *shape, dtype=dtype,
-                              device=device) for shape in self.token_shapes)
-            for window in windows
-        ]
+        blocks = [tuple(t.allocate(num_window_blocks if in_window and num_window_blocks else num_blocks, block_size,
+                                   dtype, device) for t, in_window in zip(layer, grouped))
+                  for layer, grouped in zip(self.layer_tensors(), self.in_window_group())]
         if self.recurrent is None:
             return blocks
         dtypes = self.recurrent.dtypes(state_dtype or dtype)
@@ -161,13 +171,22 @@ class KVCacheSpec:
         return [next(states_left) if recurrent else next(blocks_left) for recurrent in self.layer_is_recurrent]
 
     def block_layers(self, kv_caches: KVCaches, window_group: bool = False) -> KVCaches:
-        """The layers with block tensors (what the KV tiers copy by block; with a ``window_group``, the
-        full-attention ones alone: the window pages are numbered apart and no tier carries them)."""
+        """The layers with block tensors (what the KV tiers copy by block; with a ``window_group``, their
+        full-attention tensors alone: the window pages are numbered apart and no tier carries them)."""
         if window_group:
-            return [layer for layer, window in zip(kv_caches, self.layer_windows) if window is None]
+            return self._group_tensors(kv_caches, window=False)
         if not self.layer_is_recurrent:
             return kv_caches
         return [layer for layer, recurrent in zip(kv_caches, self.layer_is_recurrent) if not recurrent]
+
+    def window_layers(self, kv_caches: KVCaches) -> KVCaches:
+        """Of the layers with window-group tensors, those tensors (what a window page indexes)."""
+        return self._group_tensors(kv_caches, window=True)
+
+    def _group_tensors(self, kv_caches: KVCaches, window: bool) -> KVCaches:
+        layers = [tuple(t for t, in_window in zip(layer, grouped) if in_window == window)
+                  for layer, grouped in zip(kv_caches, self.in_window_group())]
+        return [layer for layer in layers if layer]
 
     def state_layers(self, kv_caches: KVCaches) -> KVCaches:
         """The recurrent layers' state tensors (what a snapshot copies by slot)."""

@@ -177,9 +177,11 @@ def sink_attention(
             picked = slots[rows]
             keys.append(flat.index_select(0, picked.clamp(min=0).flatten().long()).view(*picked.shape, -1))
             chosen.append(picked >= 0)
-        k = torch.cat(keys, dim=1).to(query.dtype)  # [n, K, D]
+        mask = torch.cat(chosen, dim=1)
+        # a slot of -1 gathered row 0: zeroed, so whatever that page holds adds nothing (0 x NaN would)
+        k = torch.cat(keys, dim=1).to(query.dtype).masked_fill(~mask[..., None], 0)  # [n, K, D]
         logits = torch.einsum("thd,tkd->thk", query[rows], k) * scale
-        logits = logits.masked_fill(~torch.cat(chosen, dim=1)[:, None, :], float("-inf"))
+        logits = logits.masked_fill(~mask[:, None, :], float("-inf"))
         logits = torch.cat([logits, sinks.to(logits.dtype)[None, :, None].expand(logits.shape[0], -1, 1)], dim=-1)
         probs = torch.softmax(logits - logits.amax(dim=-1, keepdim=True), dim=-1)[..., :-1]
         out[rows] = torch.einsum("thk,tkd->thd", probs, k)

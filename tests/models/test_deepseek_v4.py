@@ -1,7 +1,10 @@
 """DeepSeek-V4 (sliding window + compressed sparse / heavily compressed attention, hyper-connections, hash and
 sqrt-softplus MoE) equals transformers' ``DeepseekV4ForCausalLM`` on deepseek-v4-tiny (window 16, CSA windows of 4
-with the top 4 entries, HCA pools of 16): one at a time, together, with the prefix cache hot, in chunks with
-preemption, top-20 logprobs within 1e-4, and an agent conversation whose next turn reads the last from the cache."""
+with the top 4 entries, HCA pools of 16), prompts up to three windows long, with every layer's keys in the window
+group's pages (NaN in every page nobody holds during each step) and the compressed entries and pooling state in the
+full-attention blocks: one at a time, together, with the prefix cache hot, in chunks with preemption, over two
+tensor-parallel ranks, top-20 logprobs within 1e-4, and an agent conversation whose next turn reads the last from the
+cache. Released V4-Flash's pages per token, before and after the window group, on the meta device."""
 from __future__ import annotations
 
 import pytest
@@ -10,7 +13,11 @@ import torch
 from engine import LLM, SamplingParams
 from engine.models.kv_cache_spec import BlockTensor
 from tests.config.config_sweep import MIN_MARGIN, hf_greedy_with_margin, write_v4_of_transformers_defaults
-from tests.hf_oracle import assert_top_logprobs_equal_hf, hf_greedy, random_prompts
+from tests.hf_oracle import (
+    assert_greedy_alone_and_together, assert_greedy_cache_hot, assert_greedy_through_preemption,
+    assert_top_logprobs_equal_hf, assert_varied, hf_greedy, random_prompts,
+)
+from tests.models.test_sliding_window_cache import poisoned_llm
 
 NAME = "deepseek-v4-tiny"
 BLOCK = 16  # a multiple of the largest compression rate (16 here, 128 in the real models)
@@ -20,27 +27,51 @@ NEW = 8
 
 @pytest.fixture(scope="module")
 def case():
-    llm = LLM(NAME, block_size=BLOCK, num_kv_blocks=128, max_num_batched_tokens=256)
     prompts = random_prompts(50_000, LENGTHS, seed=5)
-    return llm, prompts, [hf_greedy(NAME, p, NEW) for p in prompts]
+    return prompts, [hf_greedy(NAME, p, NEW) for p in prompts]
 
 
 @pytest.mark.slow
-def test_pages_hold_keys_entries_and_pooling_state() -> None:
-    llm = LLM(NAME, block_size=BLOCK, num_kv_blocks=8)
+def test_pages_hold_keys_in_the_window_group_entries_and_pooling_state_in_blocks() -> None:
+    llm = LLM(NAME, block_size=BLOCK, num_kv_blocks=8, num_window_blocks=12)
     spec, caches = llm.engine.runner.kv_spec, llm.engine.runner.kv_caches
     # sliding layer: keys; CSA (rate 4): keys, entries, index entries, two pooling states; HCA (rate 16): keys,
-    # entries, pooling state
-    assert [len(layer) for layer in caches] == [1, 5, 3, 5]
+    # entries, pooling state. The keys in the window group's 12 pages, the rest in the 8 blocks
+    assert spec.in_window_group() == [(True,), (True,) + (False,) * 4, (True, False, False), (True,) + (False,) * 4]
     # entries: a row of the head (32, the indexer's too) per pool, block / rate of them a block
-    assert [tuple(t.shape) for t in caches[1]] == [(8, 16, 1, 32), (8, 4, 32), (8, 4, 32), (8, 9 * 32), (8, 9 * 32)]
-    assert [tuple(t.shape) for t in caches[2]] == [(8, 16, 1, 32), (8, 1, 32), (8, 3 * 32)]
-    assert spec.layers[2][2] == BlockTensor((96,), per_block=True, fp32=True)
+    assert [tuple(t.shape) for t in caches[1]] == [(12, 16, 1, 32), (8, 4, 32), (8, 4, 32), (8, 9 * 32), (8, 9 * 32)]
+    assert [tuple(t.shape) for t in caches[2]] == [(12, 16, 1, 32), (8, 1, 32), (8, 3 * 32)]
+    assert spec.layers[2][2] == BlockTensor((96,), per_block=True, fp32=True, whole_context=True)
+    assert spec.window_bytes_per_block(BLOCK, torch.float32) == 4 * BLOCK * 32 * 4
+    # the tiers copy the blocks' tensors alone by block id; window page ids index the keys
+    assert [len(layer) for layer in spec.block_layers(caches, window_group=True)] == [4, 2, 4]
+    assert [(len(layer), layer[0] is keys[0]) for layer, keys in zip(spec.window_layers(caches), caches)] == \
+        [(1, True)] * 4
+    off = LLM(NAME, block_size=BLOCK, num_kv_blocks=8, sliding_window_cache=False).engine.runner
+    assert [tuple(layer[0].shape) for layer in off.kv_caches] == [(8, 16, 1, 32)] * 4
     with pytest.raises(ValueError, match="multiple of 16"):
         LLM(NAME, block_size=8, num_kv_blocks=8)
 
 
-@pytest.mark.slow
+def test_the_pages_of_v4_flash_for_a_100k_token_session():
+    """V4-Flash built on the meta device (bf16, blocks of 128): every token's keys (43 layers x 512) were 44,032 of
+    its 55,652 bytes; in the window group a sequence keeps the compressed entries and pooling state of every token
+    (11,620 bytes) and three pages of keys (its 128-token window, the block its last boundary's window starts in, the
+    block it writes): 4.7x less for a 100k-token session (docs/SLIDING_WINDOW.md, docs/DEEPSEEK.md)."""
+    from tests.config.test_model_config import DEEPSEEK_V4_FLASH, _meta_model
+
+    spec, bf16, block, context = _meta_model(DEEPSEEK_V4_FLASH).kv_cache_spec(), torch.bfloat16, 128, 100_000
+    page = spec.window_bytes_per_block(block, bf16)
+    assert spec.bytes_per_token(bf16, block) == 55_652 and page == 43 * 512 * 2 * block
+    full = spec.bytes_per_token(bf16, block) - page // block
+    assert full == 11_620
+    running = -(-(spec.window - 1) // block) + 2
+    session = (context * full + running * page) / context
+    retained = session + -(-(spec.window - 1) // block) * page / context
+    assert (running, round(session), round(retained)) == (3, 11_789, 11_845)
+    assert round(55_652 / session, 1) == 4.7
+
+
 @pytest.mark.slow
 def test_a_configuration_of_transformers_defaults_runs_with_no_flags(tmp_path) -> None:
     """Prompts under, across and well past a pool of 128 and the window, one at a time (in order, cache on),
@@ -64,49 +95,32 @@ def test_a_configuration_of_transformers_defaults_runs_with_no_flags(tmp_path) -
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 def test_outputs_are_varied(case) -> None:
-    _, _, expected = case
-    assert len({tuple(e) for e in expected}) == len(expected)
-    assert sum(len(set(e)) for e in expected) > 5 * len(expected)
+    _, expected = case
+    assert_varied(expected, 5)
 
 
 @pytest.mark.slow
-@pytest.mark.slow
-def test_greedy_one_at_a_time(case) -> None:
-    llm, prompts, expected = case
-    llm.reset_prefix_cache()
-    greedy = SamplingParams(max_tokens=NEW, temperature=0, ignore_eos=True)
-    assert [llm.generate([p], greedy)[0].token_ids for p in prompts] == expected
+@pytest.mark.parametrize("block_size", [BLOCK, 2 * BLOCK])
+def test_greedy_one_at_a_time_together_and_cache_hot(case, block_size) -> None:
+    """Blocks of the window (16) and of two windows (32); the prompts' hits resume on windows retained at their
+    prompt ends or still cached."""
+    prompts, expected = case
+    llm = poisoned_llm(NAME, block_size, num_kv_blocks=64, max_num_batched_tokens=256)
+    assert_greedy_alone_and_together(llm, prompts, expected)
+    assert_greedy_cache_hot(llm, prompts, expected, block_size)
 
 
-@pytest.mark.slow
-def test_greedy_together_with_the_prefix_cache_hot(case) -> None:
-    llm, prompts, expected = case
-    llm.reset_prefix_cache()
-    params = [SamplingParams(max_tokens=1 + (3 * i) % NEW, temperature=0, ignore_eos=True) for i in range(len(prompts))]
-    outs = llm.generate(prompts, params)  # together, finishing at different steps
-    assert [o.token_ids for o in outs] == [e[: p.max_tokens] for e, p in zip(expected, params)]
-    outs = llm.generate(prompts, SamplingParams(max_tokens=NEW, temperature=0, ignore_eos=True))
-    assert [o.num_cached_tokens for o in outs] == [(len(p) - 1) // BLOCK * BLOCK for p in prompts]
-    assert sum(o.num_cached_tokens for o in outs) > 0
-    assert [o.token_ids for o in outs] == expected
-
-
-@pytest.mark.slow
 @pytest.mark.slow
 def test_chunked_prefill_and_preemption() -> None:
-    """7 tokens a step (chunks end mid-window and mid-block) and 8 blocks for 4 requests needing 12: prefills run in
-    chunks beside decodes, and running requests are preempted and recomputed from their cached blocks."""
+    """7 tokens a step (chunks end mid-window and mid-block), 8 blocks and 10 window pages for 4 requests needing 12
+    and 12: prefills run in chunks beside decodes, and running requests are preempted and recomputed from their
+    cached blocks and windows."""
     prompts = random_prompts(50_000, [40, 29, 51, 18], seed=9)
-    llm = LLM(NAME, block_size=BLOCK, num_kv_blocks=8, max_num_batched_tokens=7)
-    params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
-    outs = llm.generate(prompts, params)
-    assert llm.stats.preemptions > 0
-    assert [o.token_ids for o in outs] == [hf_greedy(NAME, p, params.max_tokens) for p in prompts]
+    llm = poisoned_llm(NAME, BLOCK, num_kv_blocks=8, num_window_blocks=10, max_num_batched_tokens=7)
+    assert_greedy_through_preemption(llm, prompts, [hf_greedy(NAME, p, 10) for p in prompts])
 
 
-@pytest.mark.slow
 @pytest.mark.slow
 def test_top20_logprobs_within_1e_4() -> None:
     prompts = random_prompts(50_000, [6, 37, 66], seed=7)
@@ -135,6 +149,7 @@ def test_agent_turn_reads_the_previous_prompt_and_reply_from_the_cache() -> None
     prompt = renderer.render(first, tools)
     ids = tokenizer(prompt, add_special_tokens=False).input_ids
     llm = LLM(NAME, block_size=BLOCK, num_kv_blocks=64)
+    assert llm.engine.runner.window_group and len(ids) > 4 * BLOCK  # the keys' windows, many windows back
     greedy = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
     reply = llm.generate([ids], greedy)[0]
     text = tokenizer.decode(reply.token_ids)
@@ -147,7 +162,6 @@ def test_agent_turn_reads_the_previous_prompt_and_reply_from_the_cache() -> None
     assert out.token_ids == hf_greedy(NAME, follow, greedy.max_tokens)
 
 
-@pytest.mark.slow
 @pytest.mark.slow
 def test_tensor_parallel_2_equals_one_rank() -> None:
     """Experts and the vocabulary split over two ranks (gloo), attention replicated: the same tokens, logprobs
@@ -169,7 +183,6 @@ def test_tensor_parallel_2_equals_one_rank() -> None:
     assert max(abs(a - b) for a, b in lp) < 1e-4
 
 
-@pytest.mark.slow
 @pytest.mark.slow
 def test_fp4_experts_and_fp8_projections_load_dequantized(tmp_path) -> None:
     """DeepSeek's release format: FP4 routed experts (UE8M0 scales per row and 32 columns) and FP8 block-scaled
@@ -197,7 +210,6 @@ def test_fp4_experts_and_fp8_projections_load_dequantized(tmp_path) -> None:
     assert isinstance(attn.q_a_proj, Fp8Linear) and type(attn.o_a_proj) is GroupedLinear
 
 
-@pytest.mark.slow
 @pytest.mark.slow
 def test_directory_written_by_transformers_save_pretrained(tmp_path) -> None:
     """transformers writes DeepSeek's own tensor names (``attn.wq_a``, ``ffn.experts.0.w1``, ``hc_attn_fn``); the
@@ -243,7 +255,6 @@ def test_checkpoint_with_an_mtp_layer_loads(tmp_path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 def test_triton_backend_matches_torch() -> None:
     """The Triton op set (under the interpreter on CPU: sink attention, MoE, norms, stores) gives the torch
     backend's tokens on a mixed batch with chunked prefills and a prefix hit."""
@@ -272,8 +283,9 @@ def test_fp8_kv_pages() -> None:
 
 def test_host_tier_carries_entries_and_pooling_state() -> None:
     """A prompt evicted to the host pool and hit again: its blocks come back with their keys, compressed entries
-    and pooling state, and it continues exactly as when computed."""
-    llm = LLM(NAME, block_size=BLOCK, num_kv_blocks=6, kv_offload_gb=0.01)
+    and pooling state, and it continues exactly as when computed. (With the window group, the default, the tiers do
+    not carry the keys' window pages: the keys share the blocks here.)"""
+    llm = LLM(NAME, block_size=BLOCK, num_kv_blocks=6, kv_offload_gb=0.01, sliding_window_cache=False)
     a, b = random_prompts(50_000, [70, 70], seed=41)
     greedy = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
     first = llm.generate([a], greedy)[0]

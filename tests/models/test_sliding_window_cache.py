@@ -11,6 +11,7 @@ pools of both kinds; a conversation's next turn reads all but at most one block 
 """
 from __future__ import annotations
 
+from dataclasses import replace
 
 import pytest
 import torch
@@ -34,28 +35,30 @@ def case(tmp_path_factory):
     return path, prompts, [hf_greedy(path, p, NEW_TOKENS) for p in prompts]
 
 
-def poisoned_llm(path: str, **config) -> LLM:
-    """An engine (stepping synchronously) whose window pages nobody holds are NaN during every step, in every window
-    layer's K and V; the cached ones get their K/V back after the step."""
-    llm = LLM(path, block_size=BS, async_scheduling=False, **config)
+def poisoned_llm(path: str, block_size: int = BS, **config) -> LLM:
+    """An engine (stepping synchronously) whose window pages nobody holds are NaN during every step, in every tensor
+    of the window group (a window layer's K and V, DeepSeek V4's keys); the cached ones get theirs back after the
+    step."""
+    llm = LLM(path, block_size=block_size, async_scheduling=False, **config)
     runner, pool = llm.engine.runner, llm.engine.scheduler.kv.window
     assert runner.window_group and pool is not None
-    windowed = [cache for cache, window in zip(runner.kv_caches, runner.kv_spec.layer_windows) if window is not None]
+    windowed = [t for layer in runner.kv_spec.window_layers(runner.kv_caches) for t in layer]
     execute = runner.execute
 
     def execute_poisoned(sched, *args, **kwargs):
+        runner.run_transfers(sched.kv_transfers)  # the step's tier copies first: they read and write held pages
+        sched = replace(sched, kv_transfers=[])
         free = torch.tensor(pool.free_pages, dtype=torch.long)
         cached = torch.tensor(list(pool.cached), dtype=torch.long)
-        kept = [(k_cache[cached].clone(), v_cache[cached].clone()) for k_cache, v_cache in windowed]
-        for k_cache, v_cache in windowed:
+        kept = [cache[cached].clone() for cache in windowed]
+        for cache in windowed:
             for pages in (free, cached):
-                k_cache[pages] = float("nan")
-                v_cache[pages] = float("nan")
+                cache[pages] = float("nan")
         try:
             return execute(sched, *args, **kwargs)
         finally:
-            for (k_cache, v_cache), (k_kept, v_kept) in zip(windowed, kept):
-                k_cache[cached], v_cache[cached] = k_kept, v_kept
+            for cache, contents in zip(windowed, kept):
+                cache[cached] = contents
 
     runner.execute = execute_poisoned
     return llm
