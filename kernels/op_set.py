@@ -17,6 +17,7 @@ class Ops:
     gelu_tanh_and_mul: Callable  # Gemma's gated MLP
     fp8_linear: Callable  # x @ W.T + b for a block-scaled e4m3 weight
     fused_moe: Callable
+    fused_moe_mxfp4: Callable  # the same over experts kept in MXFP4 (gpt-oss' released experts)
     mla_decode: Callable
     index_topk: Callable  # DeepSeek-V3.2's lightning indexer: the slots each query attends to
     sparse_mla: Callable  # absorbed MLA over those slots

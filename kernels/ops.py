@@ -19,6 +19,7 @@ import torch
 from kernels.cpu import attention as cpu_attention
 from kernels import reference
 from kernels.reference import compressed as reference_compressed
+from kernels.reference import mxfp4 as reference_mxfp4
 from kernels.reference import recurrent as reference_recurrent
 from kernels.reference import sparse as reference_sparse
 from kernels.attention_metadata import AttentionMetadata, StateBatch
@@ -35,6 +36,7 @@ TORCH_OPS = Ops(
     gelu_tanh_and_mul=reference.gelu_tanh_and_mul,
     fp8_linear=reference.fp8_block_linear,
     fused_moe=reference.fused_moe,
+    fused_moe_mxfp4=reference_mxfp4.fused_moe_mxfp4,
     mla_decode=reference.mla_decode,
     index_topk=reference_sparse.index_topk,
     sparse_mla=reference_sparse.sparse_mla,
@@ -78,6 +80,7 @@ clamp_swiglu = reference.clamp_swiglu  # DeepSeek-V4's clamped SwiGLU
 gather_context = reference.gather_context  # one sequence's first tokens from its blocks (MLA prefill)
 dequantize_fp8_blocks = reference.dequantize_fp8_blocks  # FP8 block-scaled weights -> dense, at load
 dequantize_fp4_blocks = reference.dequantize_fp4_blocks
+dequantize_mxfp4 = reference_mxfp4.dequantize_mxfp4  # gpt-oss' packed experts -> dense, at load
 E2M1_VALUES = reference.E2M1_VALUES  # the 16 FP4 values by nibble
 scales_as_float = reference.scales_as_float
 positions_to_slots = reference_sparse.positions_to_slots  # token positions -> KV slots through a block table
@@ -85,5 +88,5 @@ query_rows = reference_sparse.query_rows
 pooling_state_size = reference_compressed.pooling_state_size
 
 __all__ = ["AttentionMetadata", "BACKENDS", "CPU_OPS", "E2M1_VALUES", "Ops", "StateBatch", "TORCH_OPS", "clamp_swiglu",
-           "dequantize_fp4_blocks", "dequantize_fp8_blocks", "fp8_gemm_supported", "gather_context", "get_ops",
-           "pooling_state_size", "positions_to_slots", "query_rows", "scales_as_float"]
+           "dequantize_fp4_blocks", "dequantize_fp8_blocks", "dequantize_mxfp4", "fp8_gemm_supported", "gather_context",
+           "get_ops", "pooling_state_size", "positions_to_slots", "query_rows", "scales_as_float"]

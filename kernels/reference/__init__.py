@@ -430,11 +430,28 @@ def fused_moe(
     ``swiglu_limit`` (DeepSeek-V4): `clamp_swiglu` before the activation. gpt-oss: ``gate_up_bias`` ``[E, 2I]`` and
     ``down_bias`` ``[E, H]`` added to each projection, and the activation is `swiglu_oai` with ``swiglu_alpha``.
     """
+    return routed_experts(hidden, lambda expert: (gate_up_proj[expert], down_proj[expert]), gate_up_proj.shape[0],
+                          topk_weights, topk_ids, swiglu_limit, gate_up_bias, down_bias, swiglu_alpha)
+
+
+def routed_experts(
+    hidden: torch.Tensor,
+    expert_weights: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
+    num_experts: int,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    swiglu_limit: float | None,
+    gate_up_bias: torch.Tensor | None,
+    down_bias: torch.Tensor | None,
+    swiglu_alpha: float | None,
+) -> torch.Tensor:
+    """`fused_moe` with each expert's ``(gate_up, down)`` weights in the activation dtype from ``expert_weights``
+    (asked only for the experts some token routes to: packed experts are unpacked one at a time)."""
     num_tokens, top_k = topk_ids.shape
     out = torch.zeros(num_tokens, hidden.shape[1], dtype=torch.float32, device=hidden.device)
     flat_ids = topk_ids.flatten()
     order = flat_ids.argsort(stable=True)  # (token, k) pairs grouped by expert, the skipped (-1) ones first
-    skipped, *counts = torch.bincount(flat_ids + 1, minlength=gate_up_proj.shape[0] + 1).tolist()
+    skipped, *counts = torch.bincount(flat_ids + 1, minlength=num_experts + 1).tolist()
     weights = topk_weights.flatten().float()
     start = skipped
     for expert, count in enumerate(counts):
@@ -443,8 +460,9 @@ def fused_moe(
         pairs = order[start : start + count]
         start += count
         tokens = pairs // top_k
-        gate_up = F.linear(hidden[tokens], gate_up_proj[expert], None if gate_up_bias is None else gate_up_bias[expert])
-        y = F.linear(expert_activation(gate_up, swiglu_limit, swiglu_alpha), down_proj[expert],
+        gate_up_proj, down_proj = expert_weights(expert)
+        gate_up = F.linear(hidden[tokens], gate_up_proj, None if gate_up_bias is None else gate_up_bias[expert])
+        y = F.linear(expert_activation(gate_up, swiglu_limit, swiglu_alpha), down_proj,
                      None if down_bias is None else down_bias[expert])
         out.index_add_(0, tokens, y.float() * weights[pairs, None])
     return out.to(hidden.dtype)

@@ -123,6 +123,7 @@ def compile_all(arch: int) -> list[CompiledKernel]:
                      dtype=torch.bfloat16), torch.zeros(4, dtype=torch.int64))
         _compile_fp8(ops)
         _compile_moe_and_mla(ops)
+        _compile_mxfp4_moe(ops)
     return compiled
 
 
@@ -158,6 +159,20 @@ def _compile_moe_and_mla(ops) -> None:  # noqa: ANN001 - the triton_ops module
     latent = torch.empty(4, 1, 576, dtype=torch.bfloat16)
     ops.store_kv(latent[..., :512], latent[..., 512:], cache[..., :512], cache[..., 512:],
                  torch.zeros(4, dtype=torch.int64))
+
+
+def _compile_mxfp4_moe(ops) -> None:  # noqa: ANN001 - the triton_ops module
+    """gpt-oss-20b's experts kept in MXFP4 (32, top-4, hidden and intermediate 2880: 90 groups of 32, not a multiple
+    of the 64-value K tile), with its biases and clamped SwiGLU."""
+    experts, width, u8 = 32, 2880, torch.uint8
+    packed = (torch.empty(experts, 2 * width, width // 2, dtype=u8),
+              torch.empty(experts, 2 * width, width // 32, dtype=u8),
+              torch.empty(experts, width, width // 2, dtype=u8), torch.empty(experts, width, width // 32, dtype=u8))
+    for dtype, tokens in ((torch.bfloat16, 4), (torch.bfloat16, 512), (torch.float32, 4)):
+        ids = torch.zeros(tokens, 4, dtype=torch.int64)
+        ops.fused_moe_mxfp4(torch.empty(tokens, width, dtype=dtype), *packed, torch.rand(tokens, 4), ids,
+                            swiglu_limit=7.0, gate_up_bias=torch.empty(experts, 2 * width, dtype=dtype),
+                            down_bias=torch.empty(experts, width, dtype=dtype), swiglu_alpha=1.702)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -9,6 +9,7 @@ from kernels.triton.compressed import sink_attention
 from kernels.triton.fp8 import fp8_block_linear
 from kernels.triton.mla import mla_decode
 from kernels.triton.moe import fused_moe
+from kernels.triton.mxfp4 import fused_moe_mxfp4
 from kernels.triton.recurrent import causal_conv1d, gated_delta_rule
 from kernels.triton.rms_norm import rms_norm
 from kernels.triton.rotary import rotary_embedding
@@ -24,6 +25,7 @@ TRITON_OPS = Ops(
     gelu_tanh_and_mul=gelu_tanh_and_mul,
     fp8_linear=fp8_block_linear,
     fused_moe=fused_moe,
+    fused_moe_mxfp4=fused_moe_mxfp4,
     mla_decode=mla_decode,
     index_topk=index_topk,
     sparse_mla=sparse_mla,

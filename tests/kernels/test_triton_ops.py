@@ -406,4 +406,4 @@ def test_every_kernel_compiles_for_sm90() -> None:
     compiled = [line.split()[1] for line in result.stdout.splitlines() if line.startswith("ok ")]
     assert {"_paged_attention_kernel", "_reduce_partitions_kernel", "_rms_norm_kernel", "_gated_act_kernel",
             "_rotary_kernel", "_store_kv_kernel", "_fp8_block_gemm_kernel", "_grouped_gemm_kernel",
-            "_mla_decode_kernel"} <= set(compiled)
+            "_mla_decode_kernel", "_mxfp4_moe_kernel"} <= set(compiled)
