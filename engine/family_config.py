@@ -17,13 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-# Gemma 4 variants kvserve does not run yet, by config key: the small on-device models' per-layer embeddings and
-# shared KV layers, and the bidirectional (embedding) variant
-_GEMMA4_REFUSED = {
-    "hidden_size_per_layer_input": "per-layer input embeddings (Gemma 4 E2B / E4B)",
-    "num_kv_shared_layers": "KV layers shared across layers (Gemma 4 E2B / E4B)",
-    "use_bidirectional_attention": "bidirectional attention",
-}
+# Gemma 4 variants kvserve does not run yet, by config key: the bidirectional (embedding) variant
+_GEMMA4_REFUSED = {"use_bidirectional_attention": "bidirectional attention"}
 _GEMMA4_DEFAULT_ROPE = {
     "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
     "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0},
@@ -40,13 +35,36 @@ class Gemma4Experts:
 
 
 @dataclass(frozen=True)
+class Gemma4PerLayerInputs:
+    """E2B / E4B's per-layer embeddings (`engine.models.layers.per_layer_embeddings`): a ``size``-wide input for
+    every layer from a ``[vocab_size, num_layers * size]`` table and a projection of the embeddings."""
+
+    vocab_size: int
+    size: int
+
+
+@dataclass(frozen=True)
 class Gemma4Attention:
-    """Each layer's attention shape (the global layers' differ from the window layers'), and the MoE block."""
+    """Each layer's attention shape (the global layers' differ from the window layers'), the MoE block, and E2B /
+    E4B's per-layer inputs and shared KV layers."""
 
     head_dims: tuple[int, ...]
     kv_heads: tuple[int, ...]
     k_eq_v: bool  # the global layers' values are k_proj's output (normalized apart from the keys): no v_proj
     experts: Gemma4Experts | None = None
+    per_layer_inputs: Gemma4PerLayerInputs | None = None
+    # per layer, the layer whose K / V it attends over: itself, or (the last ``num_kv_shared_layers``) the last
+    # unshared layer of its kind, whose pages it reads; it keeps none of its own
+    kv_sources: tuple[int, ...] = ()
+    double_wide_mlp: bool = False  # the shared layers' MLPs are twice as wide (E2B)
+
+    def kv_source(self, layer: int) -> int:
+        return self.kv_sources[layer] if self.kv_sources else layer
+
+    @property
+    def num_kv_layers(self) -> int:
+        """The layers that keep K / V (the first ones: the shared layers come last)."""
+        return sum(self.kv_source(i) == i for i in range(len(self.head_dims)))
 
     @property
     def global_head_dim(self) -> int:
@@ -85,7 +103,8 @@ def gemma4_fields(cfg: dict[str, Any]) -> dict[str, Any]:
                            "rope_theta": float(local.get("rope_theta", 10_000.0))},
         "gemma4": Gemma4Attention(head_dims, kv_heads, k_eq_v, Gemma4Experts(
             cfg["num_experts"], cfg["top_k_experts"], cfg["moe_intermediate_size"]) if cfg.get("enable_moe_block")
-            else None),
+            else None, _gemma4_per_layer_inputs(cfg), _gemma4_kv_sources(cfg, types),
+            bool(cfg.get("use_double_wide_mlp"))),
         "qk_norm": True,
         "zero_centered_norms": False,
         "query_pre_attn_scalar": 1.0,  # the softmax scale is 1: q and k are RMS-normalized
@@ -93,6 +112,24 @@ def gemma4_fields(cfg: dict[str, Any]) -> dict[str, Any]:
         "hidden_act": cfg.get("hidden_activation") or "gelu_pytorch_tanh",
         "tie_word_embeddings": cfg.get("tie_word_embeddings", True),
     }
+
+
+def _gemma4_per_layer_inputs(cfg: dict[str, Any]) -> Gemma4PerLayerInputs | None:
+    """transformers' defaults (256 wide, a 262,144-token table) where the config leaves the keys out; 0: none."""
+    size = cfg.get("hidden_size_per_layer_input", 256)
+    return Gemma4PerLayerInputs(cfg.get("vocab_size_per_layer_input", 262_144), size) if size else None
+
+
+def _gemma4_kv_sources(cfg: dict[str, Any], types: list[str]) -> tuple[int, ...]:
+    """Each layer's K / V source, as transformers' ``kv_sharing_modes`` reads ``num_kv_shared_layers``: the last
+    ``num_kv_shared_layers`` layers reuse the last earlier layer of their kind."""
+    first_shared = len(types) - (cfg.get("num_kv_shared_layers") or 0)
+    last_of = {kind: i for i, kind in enumerate(types[:first_shared])}
+    if first_shared < 1 or set(types) - set(last_of):
+        raise ValueError(f"Gemma 4 with {cfg.get('num_kv_shared_layers')} shared KV layers of "
+                         f"{len(types)} leaves a kind of layer ({sorted(set(types) - set(last_of))}) without an "
+                         "unshared layer to read K / V from")
+    return tuple(i if i < first_shared else last_of[kind] for i, kind in enumerate(types))
 
 
 def _gemma4_layer_shapes(cfg: dict[str, Any], types: list[str],

@@ -59,6 +59,8 @@ _FUSED = {
 _SKIPPED_PREFIXES = ("model.visual.", "visual.", "model.vision_tower.", "vision_tower.", "model.multi_modal_projector.",
                      "multi_modal_projector.", "model.embed_vision.", "model.vision_adapter.",
                      "model.vision_projection.")  # (the last three: Gemma 4's and Muse-Glimmer's projections)
+# Gemma 4 E2B / E4B's audio encoder and its projection: never loaded (kvserve takes no audio input)
+_AUDIO_PREFIXES = ("model.audio_tower.", "model.embed_audio.")
 # Multi-token-prediction weights, loaded only into a model that built its MTP layer (engine/models/mtp.py): ``mtp.*``
 # (Qwen3.5 / 3.6, Qwen3-Next, DeepSeek-V4) or the layers after the last decoder layer (DeepSeek-V3 / V3.2)
 MTP_PREFIX = "mtp."
@@ -162,8 +164,14 @@ _MINIMAX_M2_RENAMES = _renames([
 # forget_gate, as transformers does)
 _KIMI_LINEAR_RENAMES = _renames([*_BLOCK_SPARSE_MOE,
                                  (r"\.self_attn\.(f_a_proj|f_b_proj|dt_bias)", r".self_attn.forget_gate.\1")])
+# Gemma 4 E2B / E4B's per-layer embeddings, held by their modules (engine/models/layers/per_layer_embeddings.py)
+_GEMMA4_RENAMES = _renames([
+    (r"^(embed_tokens_per_layer|per_layer_model_projection|per_layer_projection_norm)\.", r"per_layer_embeddings.\1."),
+    (r"^(layers\.\d+)\.(per_layer_input_gate|per_layer_projection|post_per_layer_input_norm)\.",
+     r"\1.per_layer_input.\2.")])
 _CHECKPOINT_RENAMES = {"minimax_m2": _MINIMAX_M2_RENAMES, "kimi_linear": _KIMI_LINEAR_RENAMES,
-                       "deepseek_v4": _DEEPSEEK_V4_RENAMES, "gpt_oss": [(re.compile(r"\.mlp\.router\."), ".mlp.gate.")]}
+                       "deepseek_v4": _DEEPSEEK_V4_RENAMES, "gpt_oss": [(re.compile(r"\.mlp\.router\."), ".mlp.gate.")],
+                       "gemma4": _GEMMA4_RENAMES, "gemma4_text": _GEMMA4_RENAMES}
 
 
 def _model_name(model: nn.Module, name: str) -> str:
@@ -373,7 +381,7 @@ def load_weights(model: nn.Module, model_dir: Path, progress: bool = True) -> No
     filled: set[int] = set()
     # the MTP layer is loaded where the model built one (--speculative mtp), else left on disk
     mtp = getattr(model, "mtp", None) is not None
-    skipped = {prefix: 0 for prefix in _SKIPPED_PREFIXES}
+    skipped = {prefix: 0 for prefix in _SKIPPED_PREFIXES + _AUDIO_PREFIXES}
     skipped_mtp = 0
     _zero_vocab_padding(model)
     for path in tqdm(files, desc="Loading weights", unit="file", disable=not progress or len(files) < 2):
@@ -395,6 +403,9 @@ def load_weights(model: nn.Module, model_dir: Path, progress: bool = True) -> No
         log.info("the vision tower (%d tensors) is not the language model's: it loads apart where kvserve runs it "
                  "(engine/models/vision/; not with --language-model-only)",
                  sum(skipped[p] for p in _SKIPPED_PREFIXES))
+    if any(skipped[p] for p in _AUDIO_PREFIXES) and progress:
+        log.info("the audio tower (%d tensors) stays on disk: kvserve takes no audio input",
+                 sum(skipped[p] for p in _AUDIO_PREFIXES))
     if skipped_mtp and progress:
         log.info("left %d multi-token-prediction tensors in the checkpoint (--speculative mtp loads them)",
                  skipped_mtp)

@@ -73,7 +73,8 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         ``post_feedforward_layernorm``'s in the next layer's ``input_layernorm`` (or the final norm)."""
         ops, tp = self.ops, self.tp
         residual, out = self.embed(input_ids), None
-        for layer, kv_cache in zip(self.layers, kv_caches):
+        layer_inputs = self.layer_inputs(input_ids, residual)
+        for i, (layer, kv_cache) in enumerate(zip(self.layers, self.layer_caches(kv_caches))):
             attention = layer.mixer
             if out is None:
                 h = layer.input_layernorm(ops, residual)
@@ -83,8 +84,16 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
             h = tp.all_reduce(attention(ops, h, positions, cos_sin, kv_cache, meta))
             h, residual = layer.pre_feedforward_layernorm(ops, layer.post_attention_layernorm(ops, h), residual)
             out = self.feed_forward(layer, h, residual)
-            out, residual = self.end_layer(layer, out, residual)
+            out, residual = self.end_layer(layer, out, residual, None if layer_inputs is None else layer_inputs[:, i])
         return self.norm(ops, residual) if out is None else self.norm(ops, out, residual)[0]
+
+    def layer_caches(self, kv_caches: KVCaches) -> KVCaches:
+        """Each layer's pages (Gemma 4's shared KV layers read an earlier layer's)."""
+        return kv_caches
+
+    def layer_inputs(self, input_ids: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor | None:
+        """Each token's input to every layer, ``[T, layers, size]`` (Gemma 4 E2B / E4B's per-layer embeddings)."""
+        return None
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The residual stream's start: the embeddings scaled by sqrt(hidden_size)."""
@@ -95,9 +104,10 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         """The layer's MLP output, normed, on the MLP's input ``h`` (``residual``: the stream it was normed from)."""
         return layer.post_feedforward_layernorm(self.ops, self.tp.all_reduce(layer.mlp(self.ops, h)))
 
-    def end_layer(self, layer: nn.Module, out: torch.Tensor,
-                  residual: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """``(out, residual)`` after a layer, ``out`` still to be added to the stream (None: added already)."""
+    def end_layer(self, layer: nn.Module, out: torch.Tensor, residual: torch.Tensor,
+                  layer_input: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """``(out, residual)`` after a layer, ``out`` still to be added to the stream (None: added already);
+        ``layer_input``: the layer's row of `layer_inputs`."""
         return out, residual
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:

@@ -12,10 +12,11 @@ the logit softcap) with
 - q and k RMS-normalized with plain ``w`` gains, v without a gain, softmax scale 1, and every layer's output scaled
   by its learned ``layer_scalar``;
 - in 26B-A4B, an MoE block beside every dense MLP: a router on the stream before the MLP's norm (normalized, scaled,
-  softmax top-k renormalized, times a learned scale per expert) and GELU experts, each half normed apart and summed.
-
-What the config says kvserve does not run (per-layer embeddings, shared KV layers) is refused in
-`engine.family_config`.
+  softmax top-k renormalized, times a learned scale per expert) and GELU experts, each half normed apart and summed;
+- in E2B / E4B, per-layer embeddings (`engine.models.layers.per_layer_embeddings`) and shared KV layers: the last
+  ``num_kv_shared_layers`` layers project queries only and attend over the pages of the last unshared layer of their
+  kind (window or global), keeping no pages of their own (the cache spec lists the unshared layers alone); E2B's
+  shared layers have MLPs twice as wide.
 """
 from __future__ import annotations
 
@@ -28,8 +29,9 @@ import torch.nn.functional as F
 
 from engine.config import MoEConfig, ModelConfig
 from engine.models.gemma3 import Gemma3DecoderLayer, Gemma3ForCausalLM
-from engine.models.kv_cache_spec import KVCacheSpec
+from engine.models.kv_cache_spec import KVCacheSpec, KVCaches
 from engine.models.layers.moe import Experts
+from engine.models.layers.per_layer_embeddings import PerLayerEmbeddings, PerLayerInput
 from engine.models.llama import Attention, RMSNorm
 from engine.parallel.linear import Part, column_parallel
 from engine.parallel.state import SINGLE, TensorParallel
@@ -43,14 +45,18 @@ def unit_rms_norm(ops: Ops, x: torch.Tensor, eps: float) -> torch.Tensor:
 
 class Gemma4Attention(Attention):
     """One layer's attention: a window layer's, or a global layer's with its own head size and KV heads (and, with
-    ``attention_k_eq_v``, q and k projections only)."""
+    ``attention_k_eq_v``, q and k projections only); a shared KV layer's projects queries only."""
 
     def __init__(self, cfg: ModelConfig, tp: TensorParallel, layer_idx: int) -> None:
         window, shape = cfg.layer_window(layer_idx), cfg.gemma4
         cfg = dataclasses.replace(cfg, head_dim=shape.head_dims[layer_idx], num_kv_heads=shape.kv_heads[layer_idx])
         super().__init__(cfg, tp, window)
         self.k_eq_v = window is None and shape.k_eq_v
-        if self.k_eq_v:
+        self.shares_kv = shape.kv_source(layer_idx) != layer_idx
+        if self.shares_kv:  # (a released checkpoint's k_proj / v_proj / k_norm of these layers stay on disk)
+            self.qkv_proj = self.k_norm = None
+            self.q_proj = column_parallel(cfg.hidden_size, [Part(cfg.num_heads, cfg.head_dim)], tp, cfg.attention_bias)
+        elif self.k_eq_v:
             self.qkv_proj = column_parallel(cfg.hidden_size, [Part(cfg.num_heads, cfg.head_dim),
                                                               Part(cfg.num_kv_heads, cfg.head_dim)], tp,
                                             cfg.attention_bias)
@@ -65,6 +71,10 @@ class Gemma4Attention(Attention):
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
     ) -> torch.Tensor:
+        if self.shares_kv:  # ``kv_cache``: the source layer's pages, this step's K / V already in them
+            q = self.q_norm(ops, self.q_proj(x).view(-1, self.num_heads, self.head_dim))
+            q = self.rotate(ops, positions, q, q[:, :1], cos_sin)[0]  # (rotate turns keys too: one head of q)
+            return self.o_proj(self.attend_stored(ops, q, kv_cache, meta))
         qkv = self.qkv_proj(x)
         if self.k_eq_v:
             q, k = qkv.split([self.q_size, self.kv_size], dim=-1)
@@ -111,12 +121,17 @@ def run_experts(experts: Experts, x: torch.Tensor, weights: torch.Tensor, ids: t
 
 class Gemma4DecoderLayer(Gemma3DecoderLayer):
     """Gemma 3's layer; its output (the residual stream after it) is scaled by ``layer_scalar``. With the MoE block,
-    the router, the experts and the three norms around them."""
+    the router, the experts and the three norms around them; with per-layer embeddings, the layer's gate of them."""
 
     def __init__(self, cfg: ModelConfig, layer_idx: int, mixer: nn.Module, tp: TensorParallel) -> None:
+        shape = cfg.gemma4
+        if shape.double_wide_mlp and shape.kv_source(layer_idx) != layer_idx:
+            cfg = dataclasses.replace(cfg, intermediate_size=2 * cfg.intermediate_size)
         super().__init__(cfg, layer_idx, mixer, tp)
         self.layer_scalar = nn.Parameter(torch.ones(1))
-        block = cfg.gemma4.experts
+        inputs = shape.per_layer_inputs
+        self.per_layer_input = PerLayerInput(cfg.hidden_size, inputs.size, cfg.rms_norm_eps) if inputs else None
+        block = shape.experts
         self.router = Gemma4Router(cfg) if block else None
         self.experts = Experts(cfg.hidden_size, MoEConfig(block.num_experts, block.top_k, block.intermediate_size,
                                                           (layer_idx,), True), tp) if block else None
@@ -132,6 +147,9 @@ class Gemma4ForCausalLM(Gemma3ForCausalLM):
         if cfg.gemma4.experts is not None and tp.size > 1:
             raise ValueError("Gemma 4's MoE block does not run under tensor parallelism yet")
         super().__init__(cfg, ops, tp)
+        inputs = cfg.gemma4.per_layer_inputs
+        self.per_layer_embeddings = (PerLayerEmbeddings(inputs, cfg.hidden_size, cfg.num_layers, cfg.rms_norm_eps, tp)
+                                     if inputs else None)
 
     def make_mixer(self, layer_idx: int) -> nn.Module:
         return Gemma4Attention(self.cfg, self.tp, layer_idx)
@@ -141,9 +159,17 @@ class Gemma4ForCausalLM(Gemma3ForCausalLM):
         return self.cfg.gemma4.global_head_dim
 
     def kv_cache_spec(self) -> KVCacheSpec:
-        """This rank's K and V heads of every layer, in the layer's shape."""
-        return KVCacheSpec.gqa_per_layer([(layer.mixer.num_kv_heads, layer.mixer.head_dim) for layer in self.layers],
-                                         tuple(self.cfg.layer_window(i) for i in range(self.cfg.num_layers)))
+        """This rank's K and V heads of every layer that keeps them (all but the shared KV layers, which come last),
+        in the layer's shape."""
+        kept = self.layers[: self.cfg.gemma4.num_kv_layers]
+        return KVCacheSpec.gqa_per_layer([(layer.mixer.num_kv_heads, layer.mixer.head_dim) for layer in kept],
+                                         tuple(self.cfg.layer_window(i) for i in range(len(kept))))
+
+    def layer_caches(self, kv_caches: KVCaches) -> KVCaches:
+        return [kv_caches[self.cfg.gemma4.kv_source(i)] for i in range(self.cfg.num_layers)]
+
+    def layer_inputs(self, input_ids: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor | None:
+        return None if self.per_layer_embeddings is None else self.per_layer_embeddings(self.ops, input_ids, embeds)
 
     def feed_forward(self, layer: nn.Module, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         if layer.experts is None:
@@ -154,6 +180,9 @@ class Gemma4ForCausalLM(Gemma3ForCausalLM):
         routed = run_experts(layer.experts, layer.pre_feedforward_layernorm_2(ops, residual), weights, ids)
         return layer.post_feedforward_layernorm(ops, dense + layer.post_feedforward_layernorm_2(ops, routed))
 
-    def end_layer(self, layer: nn.Module, out: torch.Tensor,
-                  residual: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
-        return None, (residual + out) * layer.layer_scalar
+    def end_layer(self, layer: nn.Module, out: torch.Tensor, residual: torch.Tensor,
+                  layer_input: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor]:
+        stream = residual + out
+        if layer.per_layer_input is not None:
+            stream = layer.per_layer_input(self.ops, stream, layer_input)
+        return None, stream * layer.layer_scalar

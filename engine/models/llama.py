@@ -89,16 +89,23 @@ class Attention(nn.Module):
     def attend(self, ops: Ops, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
         """Store the new tokens' K / V in their pages and attend: ``[T, heads * head_dim]``, before ``o_proj``."""
-        k_cache, v_cache = kv_cache
-        if self.window is not None and meta.window is not None:  # the window group's pages
-            meta = meta.window
-        ops.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        ops.store_kv(k, v, *kv_cache, self.pages(meta).slot_mapping)
+        return self.attend_stored(ops, q, kv_cache, meta)
+
+    def attend_stored(self, ops: Ops, q: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
+                      meta: AttentionMetadata) -> torch.Tensor:
+        """Attend over K / V already in the pages (Gemma 4's shared KV layers read an earlier layer's)."""
+        meta = self.pages(meta)
         out = ops.paged_attention(
-            q, k_cache, v_cache, meta.block_tables, meta.context_lens, meta.query_start_loc, self.scale,
+            q, *kv_cache, meta.block_tables, meta.context_lens, meta.query_start_loc, self.scale,
             window=self.window, sinks=self.sinks, max_query_len=meta.max_query_len,
             max_context_len=meta.max_context_len,
         )
         return out.reshape(-1, self.q_size)
+
+    def pages(self, meta: AttentionMetadata) -> AttentionMetadata:
+        """The metadata of this layer's pages: the window group's for a window layer, when there is one."""
+        return meta.window if self.window is not None and meta.window is not None else meta
 
 
 class DecoderLayer(nn.Module):

@@ -288,7 +288,8 @@ def _gemma3(rng: random.Random) -> dict[str, Any]:
 def _gemma4_text(rng: random.Random) -> dict[str, Any]:
     """Gemma 4: any mix of window and global layers (the last one global, as transformers forces), global layers
     of a wider head with their own KV heads whose values may come from k_proj, proportional RoPE on them, optional
-    final logit softcapping, and half the time 26B-A4B's MoE block beside the dense MLPs."""
+    final logit softcapping, half the time 26B-A4B's MoE block beside the dense MLPs, and half the time E2B / E4B's
+    per-layer embeddings and shared KV layers (`_gemma4_per_layer`)."""
     layers = rng.randint(2, 6)
     kinds = [rng.choice(GEMMA_KINDS) for _ in range(layers - 1)] + ["full_attention"]
     kinds[rng.randrange(layers - 1)] = "sliding_attention"
@@ -297,7 +298,7 @@ def _gemma4_text(rng: random.Random) -> dict[str, Any]:
     rope = {"full_attention": dict(rope_type="proportional", partial_rotary_factor=_pick(rng, 0.25, 0.5, 1.0),
                                    rope_theta=1e6),
             "sliding_attention": dict(rope_type="default", rope_theta=1e4)}
-    return dict(vocab_size=VOCAB, hidden_size=_pick(rng, 32, 64), intermediate_size=_pick(rng, 64, 128),
+    text = dict(vocab_size=VOCAB, hidden_size=_pick(rng, 32, 64), intermediate_size=_pick(rng, 64, 128),
                 num_hidden_layers=layers, layer_types=kinds, num_attention_heads=heads,
                 num_key_value_heads=_pick(rng, *[d for d in (1, 2) if heads % d == 0]), head_dim=head_dim,
                 global_head_dim=_pick(rng, head_dim, 2 * head_dim), attention_k_eq_v=rng.random() < 0.5,
@@ -307,6 +308,23 @@ def _gemma4_text(rng: random.Random) -> dict[str, Any]:
                 eos_token_id=1, bos_token_id=2,
                 **(dict(enable_moe_block=True, num_experts=_pick(rng, 4, 8), top_k_experts=_pick(rng, 1, 2),
                         moe_intermediate_size=_pick(rng, 16, 32)) if rng.random() < 0.5 else {}))
+    return {**text, **_gemma4_per_layer(rng, kinds)}
+
+
+def _gemma4_per_layer(rng: random.Random, kinds: list[str]) -> dict[str, Any]:
+    """Half the time, E2B / E4B's keys: per-layer inputs of 4-16 dims and, where there are layers after the first of
+    each kind, all of them sharing the K / V of the last earlier layer of their kind (transformers' rule: as many as
+    it allows; E2B's twice-as-wide MLPs are gemma4-e2b-tiny's). From a generator of its own, seeded by ``rng``'s
+    state without advancing it: the other keys and the block size are drawn as before, and a switch of their own
+    would be a kind the kept draws could not all cover."""
+    rng = random.Random(str(rng.getstate()))
+    if rng.random() < 0.5:
+        return {}
+    inputs = dict(hidden_size_per_layer_input=_pick(rng, 4, 8, 16), vocab_size_per_layer_input=VOCAB)
+    shareable = len(kinds) - 1 - max(kinds.index(kind) for kind in set(kinds))  # after every kind has a source
+    if not shareable:
+        return inputs
+    return dict(inputs, num_kv_shared_layers=shareable)
 
 
 def _gemma4(rng: random.Random) -> dict[str, Any]:
