@@ -100,8 +100,8 @@ def test_outputs_are_varied(case) -> None:
     assert_varied(expected, 5)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("block_size", [BLOCK, 2 * BLOCK])
+@pytest.mark.fast_cases("16")  # V4's fast parity case (the sweep's V4 draws are slow)
 def test_greedy_one_at_a_time_together_and_cache_hot(case, block_size) -> None:
     """Blocks of the window (16) and of two windows (32); the prompts' hits resume on windows retained at their
     prompt ends or still cached."""
