@@ -13,6 +13,7 @@ seed) for a configuration and prompt set whose gap is under `MIN_MARGIN`.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import shutil
@@ -394,6 +395,40 @@ def draw(architecture: str, seed: int) -> Drawn:
     else:
         block = _pick(rng, 4, 8, 16)
     return Drawn(architecture, config, block, tuple(sorted({b for b in bounds if b})))
+
+
+def features(drawn: Drawn) -> tuple[set, set]:
+    """What ``drawn`` exercises: its kinds (every non-numeric choice: layer kinds, RoPE types, tying, softcaps on or
+    off, ...) and block size; and beside them every (key, value) it drew, sizes and windows included."""
+    kinds: set = {("block", drawn.block_size)}
+    values: set = set()
+
+    def walk(key: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{key}.{k}", v)
+        elif isinstance(value, list):
+            for v in value:
+                walk(key + "[]", v)
+        else:
+            values.add((key, repr(value)))
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                kinds.add((key, repr(value)))
+
+    walk("", drawn.config)
+    return kinds, values
+
+
+def covering_draws(architecture: str, candidates: int, kept: int) -> tuple[int, ...]:
+    """The first draw and the ``kept - 1`` others of the first ``candidates`` that together exercise the most of what
+    they all do (kinds first, then every drawn value): a draw that only repeats the others' kinds is the one left
+    out. Seeded, so the same indices on every machine."""
+    drawn = [features(draw(architecture, i)) for i in range(candidates)]
+
+    def coverage(indices: tuple[int, ...]) -> tuple[int, int]:
+        return tuple(len(set().union(*(drawn[i][part] for i in indices))) for part in (0, 1))
+
+    return max(((0,) + rest for rest in itertools.combinations(range(1, candidates), kept - 1)), key=coverage)
 
 
 def write_checkpoint(drawn: Drawn, out: Path, seed: int) -> Path:

@@ -15,10 +15,12 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from tests.config.config_sweep import (DRAWS, MIN_MARGIN, VOCAB, Drawn, draw, hf_greedy_with_margin, shared_tokenizer,
-                                       write_checkpoint)
+from tests.config.config_sweep import (DRAWS, MIN_MARGIN, VOCAB, Drawn, covering_draws, draw, features,
+                                       hf_greedy_with_margin, shared_tokenizer, write_checkpoint)
 
-CONFIGS_PER_ARCHITECTURE = 5
+# of the first 5 draws of each architecture, the 3 that cover all 5's layer kinds, RoPE types, switches and block
+# sizes (and the most of their sizes): the other two repeated them (`covering_draws`)
+CANDIDATES, CONFIGS_PER_ARCHITECTURE = 5, 3
 FAST = {"qwen3", "deepseek_v4", "qwen3_5"}  # their first configuration runs in the fast tier; everything else is slow
 NEW = 6  # tokens generated in the cache scenarios
 LONG = 12  # tokens generated in the small pool, so that running sequences outgrow it and are preempted
@@ -128,8 +130,16 @@ def test_every_served_architecture_is_swept() -> None:
     assert set(DRAWS) == set(SUPPORTED_ARCHITECTURES)
 
 
+def test_the_kept_draws_exercise_every_kind_the_candidates_do() -> None:
+    for arch in DRAWS:
+        kept = covering_draws(arch, CANDIDATES, CONFIGS_PER_ARCHITECTURE)
+        assert kept[0] == 0 and len(set(kept)) == CONFIGS_PER_ARCHITECTURE
+        kinds = [features(draw(arch, i))[0] for i in range(CANDIDATES)]
+        assert set().union(*(kinds[i] for i in kept)) == set().union(*kinds), arch
+
+
 CASES = [pytest.param(arch, i, id=f"{arch}-{i}", marks=() if arch in FAST and i == 0 else pytest.mark.slow)
-         for arch in DRAWS for i in range(CONFIGS_PER_ARCHITECTURE)]
+         for arch in DRAWS for i in covering_draws(arch, CANDIDATES, CONFIGS_PER_ARCHITECTURE)]
 
 
 @pytest.mark.parametrize("architecture,index", CASES)
