@@ -124,6 +124,17 @@ def test_preemption_in_a_small_pool(case):
                                      expected)
 
 
+@pytest.mark.slow
+def test_triton_kernels_chunked(case):
+    """The Triton op set (under the interpreter on CPU, so one prompt of 40 tokens in two chunks, past the window,
+    and three tokens): the shared layers rotate their queries alone and attend over their source layer's window and
+    global pages."""
+    name, prompts, expected = case
+    llm = LLM(name, attention_backend="triton", block_size=4, num_kv_blocks=512, max_num_batched_tokens=24)
+    out = llm.generate([prompts[4]], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))[0]
+    assert out.token_ids == expected[4][:3]
+
+
 def test_top20_logprobs_within_1e_4(case):
     name, prompts, _ = case
     llm = LLM(name, block_size=4, num_kv_blocks=512, max_num_batched_tokens=32)
