@@ -145,14 +145,17 @@ class LLM:
         return list(prompt)
 
     def image_prompt(self, prompt: str | list[int], images: Sequence[bytes]) -> ImagePrompt:
-        """A prompt with one image placeholder token per image (``<|image_pad|>`` for Qwen3.5 / 3.6, as the chat
-        template renders it) and the encoded images (PNG, JPEG, ...), preprocessed by the model's own image
-        processor; each placeholder becomes the image's run of tokens. `RequestRejected` for an unreadable image or a
-        model without a vision tower."""
+        """A prompt with one image placeholder per image (``<|image_pad|>`` for Qwen3.5 / 3.6, ``<start_of_image>``
+        for Gemma 3, as the chat templates render them) and the encoded images (PNG, JPEG, ...), preprocessed by the
+        model's own image processor; each placeholder becomes the image's run of tokens. `RequestRejected` for an
+        unreadable image or a model without a vision tower."""
         image_token_id = self.engine.image_token_id
         if image_token_id is None:
             raise RequestRejected("this model reads text only (no vision tower is loaded)")
-        inputs = [self.engine.image_preprocessor.preprocess(data) for data in images]
+        preprocessor = self.engine.image_preprocessor
+        inputs = [preprocessor.preprocess(data) for data in images]
+        if isinstance(prompt, str):  # Gemma 3: <start_of_image> stands for the text the processor puts there
+            prompt = preprocessor.prompt_text(prompt)
         try:
             return expand_placeholders(self.encode(prompt), inputs, image_token_id)
         except ValueError as e:

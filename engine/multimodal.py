@@ -14,6 +14,7 @@ their indices exactly.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -25,13 +26,20 @@ class ImageInput:
     """One preprocessed image of a prompt. ``pixel_values`` ``[patches, channels * temporal * patch * patch]``
     (float32, in the processor's order: merge blocks of ``merge_size``²); ``grid_thw`` the patch grid; ``offset``
     the prompt index of its first placeholder token; ``content_hash`` 16+ bytes naming the pixels and the
-    preprocessing (equal hashes: equal embeddings)."""
+    preprocessing (equal hashes: equal embeddings).
+
+    Gemma 3 reads an image as a fixed square of soft tokens (``grid_thw`` (1, side, side), ``merge_size`` 1, the
+    pixels ``[channels, height, width]``) at plain 1-D positions (``mrope`` False: the text after it resumes where
+    its tokens end), and its tokens attend to each other both ways (``bidirectional``: a prefill chunk that computes
+    any of them reaches the image's end, engine/sched/image_encoding.py)."""
 
     content_hash: bytes
     grid_thw: tuple[int, int, int]
     merge_size: int
     offset: int
     pixel_values: np.ndarray = field(repr=False, compare=False)
+    mrope: bool = True
+    bidirectional: bool = False
 
     @property
     def llm_grid(self) -> tuple[int, int, int]:
@@ -50,13 +58,14 @@ class ImageInput:
 
     @property
     def position_span(self) -> int:
-        """How far the positions after the image are from its first one: ``max(h, w)`` (videos aside: t = 1)."""
+        """How far the positions after the image are from its first one: ``max(h, w)`` under mRoPE (videos aside:
+        t = 1), else its token count."""
         _, h, w = self.llm_grid
-        return max(h, w)
+        return max(h, w) if self.mrope else self.num_tokens
 
     def at_offset(self, offset: int) -> "ImageInput":
         """The same image placed at another prompt index."""
-        return ImageInput(self.content_hash, self.grid_thw, self.merge_size, offset, self.pixel_values)
+        return dataclasses.replace(self, offset=offset)
 
 
 def check_layout(images: Sequence[ImageInput], prompt_token_ids: Sequence[int], image_token_id: int) -> str | None:
@@ -113,6 +122,9 @@ class ImagePrompt:
 
     token_ids: list[int]
     images: tuple[ImageInput, ...] = ()
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
 
 
 def expand_placeholders(token_ids: Sequence[int], images: Sequence[ImageInput], image_token_id: int) -> ImagePrompt:

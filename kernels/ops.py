@@ -19,6 +19,7 @@ import torch
 from kernels.cpu import attention as cpu_attention
 from kernels import reference
 from kernels.reference import compressed as reference_compressed
+from kernels.reference import image_attention
 from kernels.reference import mxfp4 as reference_mxfp4
 from kernels.reference import recurrent as reference_recurrent
 from kernels.reference import sparse as reference_sparse
@@ -78,6 +79,8 @@ def fp8_gemm_supported(backend: str, device: torch.device) -> bool:
 # ---- helpers every op set shares (pure torch; no backend has its own) -------------------------------------------
 clamp_swiglu = reference.clamp_swiglu  # DeepSeek-V4's clamped SwiGLU
 gather_context = reference.gather_context  # one sequence's first tokens from its blocks (MLA prefill)
+ImageSpans = image_attention.ImageSpans
+with_image_spans = image_attention.with_image_spans  # Gemma 3's image tokens see their image, under any op set
 dequantize_fp8_blocks = reference.dequantize_fp8_blocks  # FP8 block-scaled weights -> dense, at load
 dequantize_fp4_blocks = reference.dequantize_fp4_blocks
 dequantize_mxfp4 = reference_mxfp4.dequantize_mxfp4  # gpt-oss' packed experts -> dense, at load

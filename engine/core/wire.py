@@ -62,13 +62,13 @@ def encode_request(request: EngineRequest) -> list:
 
 def encode_images(images: tuple[ImageInput, ...]) -> list:
     return [[i.content_hash, list(i.grid_thw), i.merge_size, i.offset, list(i.pixel_values.shape),
-             i.pixel_values.tobytes()] for i in images]
+             i.pixel_values.tobytes(), i.mrope, i.bidirectional] for i in images]
 
 
 def decode_images(fields: list) -> tuple[ImageInput, ...]:
     return tuple(ImageInput(content_hash, tuple(grid), merge_size, offset,
-                            np.frombuffer(pixels, dtype=np.float32).reshape(shape))
-                 for content_hash, grid, merge_size, offset, shape, pixels in fields)
+                            np.frombuffer(pixels, dtype=np.float32).reshape(shape), mrope, bidirectional)
+                 for content_hash, grid, merge_size, offset, shape, pixels, mrope, bidirectional in fields)
 
 
 def decode_request(fields: list) -> EngineRequest:

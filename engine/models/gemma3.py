@@ -1,5 +1,5 @@
 """Gemma 3 (``gemma3_text``: Gemma3ForCausalLM, the 270M / 1B checkpoints; ``gemma3``: the language model of the
-released Gemma3ForConditionalGeneration checkpoints, its vision tower skipped).
+released Gemma3ForConditionalGeneration checkpoints, whose vision tower runs apart, engine/models/vision/).
 
 The Llama decoder with Gemma's differences:
 - local and global layers (``cfg.sliding``: five sliding-window layers to one full-attention layer in the released
@@ -23,6 +23,7 @@ from engine.config import ModelConfig
 from engine.models.kv_cache_spec import KVCaches
 from engine.models.llama import Attention, DecoderLayer, LlamaForCausalLM, RMSNorm
 from engine.models.layers.rope import build_cos_sin_cache
+from engine.models.vision.mrope import MultimodalStep
 from engine.parallel.state import SINGLE, TensorParallel
 from kernels.ops import AttentionMetadata, Ops
 
@@ -67,12 +68,16 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         positions: torch.Tensor,
         kv_caches: KVCaches,
         meta: AttentionMetadata,
+        mm: MultimodalStep | None = None,
     ) -> torch.Tensor:
         """Hidden states ``[T, hidden]`` after the final norm. Each residual add is fused into the norm after it:
         ``post_attention_layernorm``'s output joins the stream in ``pre_feedforward_layernorm``, and
-        ``post_feedforward_layernorm``'s in the next layer's ``input_layernorm`` (or the final norm)."""
+        ``post_feedforward_layernorm``'s in the next layer's ``input_layernorm`` (or the final norm). ``mm``: the
+        step's image tokens (Gemma 3's soft tokens replace the scaled embeddings, and see their whole image)."""
         ops, tp = self.ops, self.tp
         residual, out = self.embed(input_ids), None
+        if mm is not None:
+            residual, ops = mm.embed(residual), mm.attention_ops(ops)
         layer_inputs = self.layer_inputs(input_ids, residual)
         for i, (layer, kv_cache) in enumerate(zip(self.layers, self.layer_caches(kv_caches))):
             attention = layer.mixer

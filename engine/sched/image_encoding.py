@@ -8,7 +8,8 @@ larger than that alone. A prefill chunk that reaches an image the step has no ro
 (the next steps encode it, then compute it); room left at the end of a step encodes the next images of sequences
 still in their prompt, before their prefill reaches them. The encodings go to the runner as
 ``SchedulerOutput.encode_images`` and land in its encoder cache; a chunk then takes its slice of them, so where
-chunks end never changes what the model reads.
+chunks end never changes what the model reads. Gemma 3's images are stricter: a chunk never ends inside one
+(`whole_images`), since its tokens attend to the tokens after them in the same image.
 
 This is the scheduler's cost model, not the runner's correctness: the runner encodes any image a step needs that
 its cache lacks (its cache evicted it, or a preempted sequence came back after that), and an image the cache holds
@@ -28,6 +29,18 @@ if TYPE_CHECKING:
     from engine.sched.scheduler import Scheduler
 
 
+def whole_images(images: tuple[ImageInput, ...], start: int, n: int) -> int:
+    """A prefill chunk of ``n`` tokens from ``start``, shortened so that it does not end inside an image whose tokens
+    attend to each other both ways (Gemma 3's: each needs all of its image's keys in the step that computes it,
+    kernels/reference/image_attention.py); 0 when it starts inside one it cannot finish (a later step with room
+    will: no image is larger than the token budget, `engine.requests`)."""
+    end = start + n
+    for image in images:
+        if image.bidirectional and image.offset < end < image.end:
+            return max(image.offset - start, 0)
+    return n
+
+
 class ImageEncoding:
     """Mixed into `Scheduler` (its config; ``_image_room``: image tokens the step being scheduled may still encode;
     ``_image_seqs``: the step's sequences with images still to encode, in scheduling order)."""
@@ -45,7 +58,7 @@ class ImageEncoding:
         before the first that has none. Returns the chunk's length (0: none this step) and the budget the encodings
         take."""
         if not self._image_room_total:
-            return n, 0
+            return whole_images(seq.images, start, n), 0
         spent = 0
         for image in seq.images[seq.num_encoded_images:]:
             if image.end <= start:  # computed already (read from the prefix cache): nothing to encode
@@ -62,7 +75,7 @@ class ImageEncoding:
             spent += charge
         if seq.num_encoded_images < len(seq.images):
             self._image_seqs.append(seq)
-        return max(min(n, budget - spent), 0), spent
+        return whole_images(seq.images, start, max(min(n, budget - spent), 0)), spent
 
     def _encode_ahead(self: Scheduler, budget: int, out: SchedulerOutput) -> None:
         """Room left in the step: the next images of the step's sequences still in their prompt, in scheduling

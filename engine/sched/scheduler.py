@@ -23,6 +23,7 @@ from engine.config import EngineConfig, SchedulingPolicy
 from engine.kv.snapshot_policy import DEFAULT_POLICY, SnapshotPolicy
 from engine.kv.layout import KVLayout
 from engine.kv.manager import KVCacheManager
+from engine.errors import RequestRejected
 from engine.multimodal import ImageInput
 from engine.phase_budget import PhaseTracker
 from engine.outputs import (
@@ -110,6 +111,9 @@ class Scheduler(SteadyPath, SpeculationSteps, ResumePoints, ImageEncoding, Finis
         """Queue a request; its n - 1 siblings are queued once its prompt is scheduled (they then hit its blocks).
         ``block_hashes``: the prompt's, made during the request's preparation (else here); ``images``: the
         prompt's (engine/multimodal.py)."""
+        if any(i.bidirectional and i.num_tokens > self.cfg.max_num_batched_tokens for i in images):
+            raise RequestRejected(f"an image of {max(i.num_tokens for i in images)} tokens is computed in one step, "
+                                  f"but a step holds {self.cfg.max_num_batched_tokens} (--max-num-batched-tokens)")
         leader = self._new_sequence(request_id, 0, list(prompt_token_ids), params, cache_salt, retention,
                                     block_hashes, images)
         leader.pending_siblings = params.n - 1

@@ -42,7 +42,7 @@ from engine.spec.verify import verify
 from engine.worker.step_inputs import DeviceInputs, HostInputs, flatten
 from engine.worker.vision_inputs import StepImages, VisionInputs
 from engine.multimodal import ImageInput
-from engine.models.vision.qwen3_vl import load_vision_tower
+from engine.models.vision.towers import load_vision_tower
 from engine.weights import load_weights, use_fp8_layers
 from kernels.cpu.linear import pack_linears
 from kernels.ops import fp8_gemm_supported, get_ops

@@ -19,9 +19,10 @@ import torch
 
 from engine.models.vision.encoder_cache import EncoderCache
 from engine.models.vision.mrope import MultimodalStep, mrope_axes
-from engine.models.vision.qwen3_vl import Qwen3VisionTower
+from engine.models.vision.towers import VisionTower
 from engine.multimodal import ImageInput, image_positions, position_shift
 from engine.worker.input_batch import InputBatch
+from kernels.ops import ImageSpans
 from engine.worker.step_inputs import HostInputs
 
 
@@ -32,16 +33,19 @@ class StepImages:
     rows: list[np.ndarray] = field(default_factory=list)  # token rows, per slice
     positions: list[np.ndarray] = field(default_factory=list)  # [3, n] per slice
     slices: list[tuple[ImageInput, int, int]] = field(default_factory=list)  # image, first and end token in it
+    # images whose tokens attend to each other (Gemma 3): (batch row, first query row, its position, image start, end)
+    spans: list[tuple[int, int, int, int, int]] = field(default_factory=list)
 
 
 class VisionInputs:
     """A vision tower, its encoder cache and the images of the sequences the runner knows."""
 
-    def __init__(self, tower: Qwen3VisionTower, cache_bytes: int, rotary_dim: int, device: torch.device) -> None:
+    def __init__(self, tower: VisionTower, cache_bytes: int, rotary_dim: int, device: torch.device) -> None:
         self.tower = tower
         self.cache = EncoderCache(cache_bytes)
         self.device = device
-        self.axes = mrope_axes(rotary_dim, tower.cfg.mrope_section).to(device)
+        section = tower.cfg.mrope_section
+        self.axes = None if section is None else mrope_axes(rotary_dim, section).to(device)
         self.images: dict[str, tuple[ImageInput, ...]] = {}  # seq id -> its prompt's images (those that have any)
         self.num_encoded = 0  # images the tower encoded (the rest came from the cache)
 
@@ -95,6 +99,9 @@ class VisionInputs:
                 plan.rows.append(rows[done:done + n])
                 plan.positions.append(positions[:, done:done + n])
                 plan.slices.append((image, lo - image.offset, hi - image.offset))
+                if image.bidirectional:
+                    assert hi == image.end, "a prefill chunk ends inside an image whose tokens attend both ways"
+                    plan.spans.append((row, int(plan.rows[-1][0]), lo, image.offset, image.end))
                 done += n
         return plan if any_row and plan.slices else None
 
@@ -115,4 +122,5 @@ class VisionInputs:
                   for image, lo, hi in plan.slices]
         rows = torch.from_numpy(np.concatenate(plan.rows)).to(self.device).long()
         positions = torch.from_numpy(np.concatenate(plan.positions, axis=1)).to(self.device).long()
-        return MultimodalStep(rows, torch.cat(embeds), positions, self.axes)
+        spans = ImageSpans(*(tuple(column) for column in zip(*plan.spans))) if plan.spans else None
+        return MultimodalStep(rows, torch.cat(embeds), positions, self.axes, spans)

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.ops import ImageSpans, Ops, with_image_spans
+
 
 def mrope_axes(rotary_dim: int, section: tuple[int, int, int]) -> torch.Tensor:
     """Which axis (0: t, 1: h, 2: w) each column of a ``[positions, rotary_dim]`` cos/sin table turns by (cos half,
@@ -26,12 +28,18 @@ def mrope_axes(rotary_dim: int, section: tuple[int, int, int]) -> torch.Tensor:
 @dataclass
 class MultimodalStep:
     """One step's image tokens: ``rows`` (token rows of the flattened batch) take ``embeds`` instead of their
-    placeholder's embedding and turn by the (t, h, w) ``positions`` ``[3, rows]``; ``axes`` from `mrope_axes`."""
+    placeholder's embedding and turn by the (t, h, w) ``positions`` ``[3, rows]``; ``axes`` from `mrope_axes`.
+    Gemma 3 takes the embeddings only, and lets an image's tokens attend to each other (``spans``)."""
 
     rows: torch.Tensor
     embeds: torch.Tensor
     positions: torch.Tensor
-    axes: torch.Tensor
+    axes: torch.Tensor | None  # None: the model's positions are 1-D (Gemma 3), `rope` is not called
+    spans: ImageSpans | None = None  # image tokens that attend to each other both ways (Gemma 3)
+
+    def attention_ops(self, ops: Ops) -> Ops:
+        """The op set for this step's attention: ``ops``, or with ``spans`` the one that sees whole images."""
+        return ops if self.spans is None else with_image_spans(ops, self.spans)
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         return x.index_copy(0, self.rows, self.embeds.to(x.dtype))

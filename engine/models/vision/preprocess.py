@@ -34,6 +34,13 @@ class ImageError(RequestRejected):
     code = "invalid_image"
 
 
+# Qwen3.5 / 3.6's template renders an image as its one placeholder token between the vision markers
+QWEN_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
+# Gemma 3's renders <start_of_image>, which its processor replaces by the image's soft tokens between blank lines
+GEMMA3_PLACEHOLDER = "<start_of_image>"
+GEMMA3_EXPANSION = "\n\n<start_of_image><image_soft_token><end_of_image>\n\n"
+
+
 @dataclass
 class ImagePreprocessor:
     """One model's image processor (its directory's preprocessor_config.json) and the limits on what it decodes."""
@@ -42,12 +49,24 @@ class ImagePreprocessor:
     merge_size: int
     max_image_bytes: int = MAX_IMAGE_BYTES
     max_image_pixels: int = MAX_IMAGE_PIXELS
+    # Gemma 3: every image is this square of soft tokens (1, side, side), read by 1-D positions, attended both ways
+    soft_tokens: tuple[int, int, int] | None = None
+    # what the chat template renders for an image, and the text the model's processor puts in its place before
+    # tokenizing (None: the same; each placeholder token then grows to the image's tokens, `expand_placeholders`)
+    placeholder: str = QWEN_PLACEHOLDER
+    expansion: str | None = None
 
     @classmethod
     def from_model_dir(cls, model_dir: str | Path) -> "ImagePreprocessor":
         from transformers import AutoImageProcessor
 
         processor = AutoImageProcessor.from_pretrained(str(model_dir))
+        config_file = Path(model_dir) / "config.json"
+        config = json.loads(config_file.read_text()) if config_file.exists() else {}
+        if config.get("model_type") == "gemma3":
+            side = int(config.get("mm_tokens_per_image", 256) ** 0.5)
+            return cls(processor, 1, soft_tokens=(1, side, side), placeholder=GEMMA3_PLACEHOLDER,
+                       expansion=GEMMA3_EXPANSION)
         return cls(processor, int(getattr(processor, "merge_size", 2)))
 
     def decode(self, data: bytes):
@@ -73,6 +92,10 @@ class ImagePreprocessor:
             raise ImageError("the image is empty")
         return image.convert("RGB")
 
+    def prompt_text(self, rendered: str) -> str:
+        """A rendered prompt as the processor tokenizes it: each image's placeholder text in its expansion."""
+        return rendered if self.expansion is None else rendered.replace(self.placeholder, self.expansion)
+
     @functools.cached_property
     def fingerprint(self) -> bytes:
         """The processor's settings: part of every content hash it makes."""
@@ -81,14 +104,15 @@ class ImagePreprocessor:
     def preprocess(self, data: bytes, offset: int = 0) -> ImageInput:
         """``data`` (an encoded image) as an `ImageInput` at prompt index ``offset``."""
         image = self.decode(data)
-        try:
-            out = self.processor(images=[image], return_tensors="np")
+        gemma = self.soft_tokens is not None
+        try:  # Gemma 3: the whole image resized to the tower's square, no pan-and-scan crops
+            out = self.processor(images=[image], return_tensors="np", **({"do_pan_and_scan": False} if gemma else {}))
         except ValueError as e:  # e.g. an aspect ratio beyond the processor's bounds
             raise ImageError(f"the image cannot be preprocessed: {e}") from None
-        pixels = np.ascontiguousarray(out["pixel_values"], dtype=np.float32)
-        grid = tuple(int(v) for v in out["image_grid_thw"][0])
+        pixels = np.ascontiguousarray(out["pixel_values"][0] if gemma else out["pixel_values"], dtype=np.float32)
+        grid = self.soft_tokens or tuple(int(v) for v in out["image_grid_thw"][0])
         digest = blake2b(digest_size=16)
         digest.update(self.fingerprint)
         digest.update(np.asarray(grid, dtype=np.int64).tobytes())
         digest.update(pixels.tobytes())
-        return ImageInput(digest.digest(), grid, self.merge_size, offset, pixels)
+        return ImageInput(digest.digest(), grid, self.merge_size, offset, pixels, mrope=not gemma, bidirectional=gemma)

@@ -7,21 +7,16 @@ embedding of each patch's (row, column), a GELU(tanh) MLP); then the merger, whi
 ``merge × merge`` block of patches (consecutive rows: the processor emits them block by block) and projects them
 to the language model's width: one embedding per placeholder token.
 
-Parameter names are the checkpoint's, so the weights load by name (`load_vision_tower`).
+Parameter names are the checkpoint's, so the weights load by name (`engine.models.vision.towers`).
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors import safe_open
 from torch import nn
-
-from engine.weights import checkpoint_files
 
 # where the released layouts keep the tower's tensors
 VISION_PREFIXES = ("model.visual.", "visual.")
@@ -52,7 +47,7 @@ class VisionConfig:
     @classmethod
     def from_model_config(cls, cfg: dict[str, Any]) -> "VisionConfig | None":
         """From a whole config.json; None where it has no ``vision_config`` or its tower is not this one (Gemma 3's
-        SigLIP tower stays on disk: engine/weights.py logs it)."""
+        is engine/models/vision/gemma3_vision.py's)."""
         vision = cfg.get("vision_config")
         if not vision or cfg.get("model_type") not in QWEN_VL_MODEL_TYPES:
             return None
@@ -188,23 +183,3 @@ class Qwen3VisionTower(nn.Module):
         for block in self.blocks:
             x = block(x, cos, sin, lengths)
         return self.merger(x)
-
-
-def load_vision_tower(model_dir: Path, device: torch.device, dtype: torch.dtype) -> Qwen3VisionTower | None:
-    """The tower of the checkpoint in ``model_dir`` with its weights, or None where its config.json has none."""
-    cfg = VisionConfig.from_model_config(json.loads((Path(model_dir) / "config.json").read_text()))
-    if cfg is None:
-        return None
-    tower = Qwen3VisionTower(cfg)
-    state: dict[str, torch.Tensor] = {}
-    for path in checkpoint_files(Path(model_dir)):
-        with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():
-                prefix = next((p for p in VISION_PREFIXES if name.startswith(p)), None)
-                if prefix is not None:
-                    state[name[len(prefix):]] = f.get_tensor(name)
-    if not state:
-        raise ValueError(f"config.json in {model_dir} announces a vision tower but its checkpoint holds none "
-                         "(model.visual.*); serve it with --language-model-only")
-    tower.load_state_dict(state, strict=True)
-    return tower.to(device=device, dtype=dtype).eval()

@@ -1,0 +1,163 @@
+"""Gemma 3 with its vision tower (SigLIP + the multimodal projector) on a tiny Gemma3ForConditionalGeneration that
+transformers' save_pretrained wrote in the released layout (tests/models/checkpoints/gemma_vision_models.py): greedy
+tokens equal transformers' ``generate`` (its Gemma3Processor, the official chat template) with one image, two
+images, an image in an earlier turn followed by text turns, and text alone; alone, batched, with the cache hot, and
+with prefill chunks that may not end inside an image (its tokens attend to each other both ways, as transformers'
+token_type_ids mask has them); top-20 logprobs within 1e-4 in fp32. A second turn carrying the same image reads it
+from the cache and gives transformers' tokens; a different image in its place misses from its first block."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.errors import RequestRejected
+from engine.requests import EngineRequest
+from tests.hf_oracle import assert_greedy_alone_and_together, assert_greedy_cache_hot, assert_varied
+from tests.models.checkpoints.gemma_vision_models import (gemma3_generate, gemma3_hf_model, gemma3_inputs,
+                                                          write_gemma3_vlm)
+from tests.models.checkpoints.vision_models import png, user_turn
+
+pytestmark = pytest.mark.slow  # every test needs the checkpoint (a 262k-row vocabulary) and transformers' runs
+
+NEW_TOKENS = 6
+BLOCK = 4
+TOKENS_PER_IMAGE = 16
+GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
+
+
+def _conversation(reply: str) -> list[dict]:
+    """An image in the first user turn, the model's reply, then a text turn: the image sits in the cached prefix."""
+    return [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is on the screen?"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": reply}]},
+            {"role": "user", "content": [{"type": "text", "text": "And in the top left corner?"}]}]
+
+
+# (messages, image sizes): one image, two of different sizes, an image then text turns, text alone
+CASES = [
+    (user_turn("Describe the picture.", 1), [(70, 50)]),
+    (user_turn("Compare these two.", 2), [(40, 90), (100, 36)]),
+    (_conversation("A terminal with a failing test."), [(64, 64)]),
+    (user_turn("No picture this time, just text.", 0), []),
+]
+
+
+@pytest.fixture(scope="module")
+def gemma3_vlm(tmp_path_factory):
+    """(checkpoint, [(prompt text, images, processor inputs, transformers' tokens)] per case)."""
+    path = str(write_gemma3_vlm(tmp_path_factory.mktemp("gemma3-vlm")))
+    cases = []
+    for i, (messages, sizes) in enumerate(CASES):
+        images = [png(w, h, seed=10 * i + j) for j, (w, h) in enumerate(sizes)]
+        prompt, inputs = gemma3_inputs(path, messages, images)
+        cases.append((prompt, images, inputs, gemma3_generate(path, inputs, NEW_TOKENS)))
+    return path, cases
+
+
+@pytest.fixture(scope="module")
+def llm(gemma3_vlm) -> LLM:
+    return LLM(gemma3_vlm[0], block_size=BLOCK, num_kv_blocks=512)
+
+
+def _prompts(llm: LLM, cases) -> list:
+    return [llm.image_prompt(prompt, images) if images else llm.encode(prompt) for prompt, images, _, _ in cases]
+
+
+def _hf_next_logprobs(path: str, inputs: dict) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.log_softmax(gemma3_hf_model(path)(**inputs).logits[0, -1].float(), -1)
+
+
+def test_prompts_are_the_processors_and_outputs_depend_on_the_image(gemma3_vlm, llm):
+    path, cases = gemma3_vlm
+    for prompt, (_, _, inputs, _) in zip(_prompts(llm, cases), cases):
+        ids = prompt.token_ids if hasattr(prompt, "token_ids") else prompt
+        assert ids == inputs["input_ids"][0].tolist()
+    assert [len(p.images) for p in _prompts(llm, cases)[:3]] == [1, 2, 1]
+    assert all(i.num_tokens == TOKENS_PER_IMAGE for p in _prompts(llm, cases)[:3] for i in p.images)
+    assert_varied([want for *_, want in cases], 3)
+    _, other = gemma3_inputs(path, CASES[0][0], [png(70, 50, seed=99)])
+    assert (_hf_next_logprobs(path, cases[0][2]) - _hf_next_logprobs(path, other)).abs().max() > 0.5
+
+
+def test_greedy_alone_batched_and_cache_hot(gemma3_vlm, llm):
+    """Each request alone, then all together with the text-only one among them, then all again with the cache hot:
+    transformers' tokens, the hot run reading every full block (images included) and encoding no image again."""
+    _, cases = gemma3_vlm
+    llm.reset_prefix_cache()
+    prompts, expected = _prompts(llm, cases), [want for *_, want in cases]
+    assert_greedy_alone_and_together(llm, prompts, expected)
+    vision = llm.engine.runner.vision
+    encoded = vision.num_encoded
+    assert_greedy_cache_hot(llm, prompts, expected, BLOCK)
+    assert vision.num_encoded == encoded, "a cached image is not encoded again"
+
+
+def test_top20_logprobs_within_1e_4(gemma3_vlm, llm):
+    """The first token's top-20 alternatives: within 1e-4 of transformers' (causal attention among an image's
+    tokens, instead of both ways, moves them by ~0.3 and changes the argmax)."""
+    path, cases = gemma3_vlm
+    llm.reset_prefix_cache()
+    outs = llm.generate(_prompts(llm, cases), SamplingParams(max_tokens=1, temperature=0, logprobs=20))
+    for (_, _, inputs, _), out in zip(cases, outs):
+        ref = _hf_next_logprobs(path, inputs)
+        top = out.outputs[0].logprobs[0].top
+        ids = torch.tensor([t for t, _ in top])
+        assert ids.tolist() == ref.topk(20).indices.tolist()
+        torch.testing.assert_close(torch.tensor([lp for _, lp in top]), ref[ids], atol=1e-4, rtol=0)
+
+
+def test_chunked_prefill_never_ends_inside_an_image(gemma3_vlm, llm):
+    """A 20-token step budget with 4-token blocks, no encoder cache: chunks end before an image they cannot finish
+    (an image's 16 tokens are computed in one step), share steps with decodes, and give transformers' tokens. An
+    image larger than the whole budget is refused."""
+    path, cases = gemma3_vlm
+    small = LLM(path, block_size=BLOCK, num_kv_blocks=512, max_num_batched_tokens=20, encoder_cache_mb=0,
+                tokenizer=llm.tokenizer)
+    prompts = _prompts(small, cases)
+    images, chunk_ends = {}, []  # seq id -> its images; (seq id, where a chunk ended)
+    schedule = small.engine.scheduler.schedule
+
+    def recording():
+        out = schedule()
+        images.update((new.seq_id, new.images) for new in out.new_sequences)
+        chunk_ends.extend((i, c + n) for i, c, n in zip(out.seq_ids, out.num_computed_tokens, out.num_new_tokens))
+        return out
+
+    small.engine.scheduler.schedule = recording
+    assert [o.token_ids for o in small.generate(prompts, GREEDY)] == [want for *_, want in cases]
+    inside = [end for seq_id, end in chunk_ends for i in images[seq_id] if i.offset < end < i.end]
+    assert sum(map(len, images.values())) == 4 and not inside, "no chunk ends inside an image"
+    assert any(end % 20 for _, end in chunk_ends), "some chunks end early, before an image"
+    tight = LLM(path, block_size=BLOCK, num_kv_blocks=512, max_num_batched_tokens=12, tokenizer=llm.tokenizer)
+    with pytest.raises(RequestRejected, match="one step"):
+        tight.generate(tight.image_prompt(cases[0][0], cases[0][1]), GREEDY)
+
+
+def test_next_turn_reads_the_image_from_the_cache(gemma3_vlm, llm):
+    """Turn 1 sends a screenshot; turn 2 is turn 1, the reply and a new question: it reads all of turn 1 but its
+    last block from the cache (the image's span included), encodes nothing, and equals transformers. The same turn
+    with another picture in that place hashes the same up to the block holding the image's first token and misses
+    from there on."""
+    path, cases = gemma3_vlm
+    llm.reset_prefix_cache()
+    shot = [png(64, 64, seed=20)]
+    first_text, first_inputs = gemma3_inputs(path, user_turn("What is on the screen?", 1), shot)
+    first = llm.image_prompt(first_text, shot)
+    reply = llm.generate(first, GREEDY)[0]
+    assert reply.token_ids == gemma3_generate(path, first_inputs, NEW_TOKENS)
+    text, inputs = gemma3_inputs(path, _conversation(llm.tokenizer.decode(reply.token_ids)), shot)
+    second = llm.image_prompt(text, shot)
+    assert second.token_ids[:len(first)] == first.token_ids
+    encoded = llm.engine.runner.vision.num_encoded
+    out = llm.generate(second, GREEDY)[0]
+    assert out.num_cached_tokens >= (len(first) - 1) // BLOCK * BLOCK > second.images[0].end
+    assert llm.engine.runner.vision.num_encoded == encoded
+    assert out.token_ids == gemma3_generate(path, inputs, NEW_TOKENS)
+
+    other = llm.image_prompt(text, [png(64, 64, seed=21)])
+    cut = other.images[0].offset // BLOCK
+    hashes = [llm.engine.prepare(EngineRequest(f"h{i}", p.token_ids, GREEDY, images=p.images)).block_hashes
+              for i, p in enumerate((second, other))]
+    assert hashes[0][:cut] == hashes[1][:cut] and all(a != b for a, b in zip(hashes[0][cut:], hashes[1][cut:]))
+    assert llm.generate(other, GREEDY)[0].num_cached_tokens <= cut * BLOCK
