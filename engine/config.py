@@ -111,6 +111,12 @@ class EngineConfig:
     load_format: str = field(
         default="auto", metadata=_help("weights: auto (read the checkpoint) or dummy (random weights of the config's "
                                        "shapes, nothing read: benchmarks)", choices=("auto", "dummy")))
+    mxfp4_experts: str = field(
+        default="auto", metadata=_help("MXFP4 checkpoints (gpt-oss): auto keeps the experts packed where the Triton "
+                                       "kernel runs them (the triton backend) and dequantizes them on load elsewhere; "
+                                       "packed keeps them on any backend (the CPU's reference unpacks each expert per "
+                                       "call: less memory, slower); dequantized never keeps them (docs/MODELS.md)",
+                                       choices=("auto", "packed", "dequantized")))
     tensor_parallel_size: int = field(
         default=1, metadata=_help("shard the model over this many ranks (one process each; GPUs cuda:0..N-1 or, "
                                   "on CPU, gloo): attention heads, MLPs and the vocabulary split N ways"))
@@ -239,6 +245,8 @@ class EngineConfig:
             self.attention_backend = "triton" if on_cuda else "cpu"
         if self.kv_cache_dtype not in ("auto", "fp8"):
             raise ValueError(f"kv_cache_dtype must be 'auto' or 'fp8', got {self.kv_cache_dtype!r}")
+        if self.mxfp4_experts not in ("auto", "packed", "dequantized"):
+            raise ValueError(f"mxfp4_experts must be 'auto', 'packed' or 'dequantized', got {self.mxfp4_experts!r}")
         if self.load_format not in ("auto", "dummy"):
             raise ValueError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}")
         if self.attention_backend not in ("torch", "cpu", "triton"):

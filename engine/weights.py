@@ -22,7 +22,8 @@ from safetensors import safe_open
 from torch import nn
 from tqdm import tqdm
 
-from engine.models.gpt_oss import read_experts
+from engine.models.gpt_oss import read_experts, read_packed_experts
+from engine.models.layers.mxfp4_experts import Mxfp4Experts
 from engine.models.layers.quant import SCALE_SUFFIX, Fp8Format, Fp8Linear, swap_in_fp8_linears
 from kernels.ops import dequantize_fp4_blocks
 from engine.parallel.linear import Sharding
@@ -240,14 +241,18 @@ def _stacked_expert_targets(model: nn.Module, parts: list[str]) -> list[_Target]
 
 def _gpt_oss_expert_targets(model: nn.Module, parts: list[str]) -> list[_Target]:
     """gpt-oss' stacked experts (`engine.models.gpt_oss.read_experts`): one target per parameter, the rank's part of
-    it read from disk."""
+    it read from disk. Experts kept in MXFP4 take the blocks and the scales as parameters of their own."""
     path, last = ".".join(parts[:-1]), parts[-1]
     experts = model.get_submodule(path)
+    packed = isinstance(experts, Mxfp4Experts)
+    reader = read_packed_experts if packed else read_experts
 
     def read(ckpt: _Checkpoint, name: str) -> torch.Tensor:
         prefix = name[: len(name) - len(last)]
-        return read_experts(last, lambda tensor, index: ckpt.get(prefix + tensor, index), experts.sharding)
+        return reader(last, lambda tensor, index: ckpt.get(prefix + tensor, index), experts.sharding)
 
+    if packed:
+        return [_Target(path, experts, last, None, read=read)]
     if last.endswith("_scales"):  # read with its blocks
         return []
     return [_Target(path, experts, last.removesuffix("_blocks"), None, read=read)]

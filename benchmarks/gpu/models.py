@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from engine.model_sources.mxfp4 import QUANTIZATION_CONFIG
+
 # Qwen/Qwen3-0.6B's config.json shape: tied embeddings, 28 layers, GQA 16/8, head_dim 128 (about 1.2 GB in bf16).
 QWEN3_0_6B: dict[str, Any] = dict(
     architectures=["Qwen3ForCausalLM"], model_type="qwen3", vocab_size=151936, hidden_size=1024,
@@ -44,7 +46,7 @@ QWEN36_35B_A3B: dict[str, Any] = dict(
     shared_expert_intermediate_size=512, max_position_embeddings=262144,
 )
 # openai/gpt-oss-20b's shape (issue 37): window (128) and full layers alternating, sinks, 32 experts (4 routed) with
-# biases, YaRN; its experts are MXFP4 in the release and bf16 here (the engine dequantizes them at load anyway).
+# biases, YaRN; its experts MXFP4 as released (quantization_config), kept packed by the engine on the Triton backend.
 GPT_OSS_20B: dict[str, Any] = dict(
     architectures=["GptOssForCausalLM"], model_type="gpt_oss", vocab_size=201088, hidden_size=2880,
     intermediate_size=2880, num_hidden_layers=24, num_attention_heads=64, num_key_value_heads=8, head_dim=64,
@@ -53,6 +55,7 @@ GPT_OSS_20B: dict[str, Any] = dict(
     rope_scaling=dict(rope_type="yarn", factor=32.0, beta_fast=32.0, beta_slow=1.0, truncate=False,
                       original_max_position_embeddings=4096),
     max_position_embeddings=131072, attention_bias=True, swiglu_limit=7.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
+    quantization_config=QUANTIZATION_CONFIG,
 )
 # zai-org/GLM-4.7-Flash's shape (issue 38): MLA (q-LoRA 768, latent 512 + 64 rotary, nope 192, values 256) over 20
 # heads, a dense first layer, then a shared expert + 4 of 64 routed ones, 47 layers.
@@ -133,6 +136,21 @@ def meta_param_count(config: dict[str, Any]) -> int:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf_config)
     return sum(p.numel() for p in model.parameters())
+
+
+def engine_weight_bytes(config: dict[str, Any], packed_experts: bool = False,
+                        dtype: torch.dtype = torch.bfloat16) -> int:
+    """Bytes of the engine's weights for ``config`` in ``dtype`` (one rank), built on the meta device: nothing
+    allocated. ``packed_experts``: MXFP4 experts kept packed (engine/models/layers/mxfp4_experts.py)."""
+    from engine.config import ModelConfig
+    from engine.models.architectures import build_model
+    from engine.models.layers.mxfp4_experts import use_mxfp4_experts
+    from engine.parallel.memory import weight_bytes as rank_weight_bytes
+
+    cfg = ModelConfig.from_dict(config)
+    model = build_model(cfg, None, torch.device("meta"), dtype, 1,
+                        on_meta=use_mxfp4_experts if packed_experts else None)
+    return sum(rank_weight_bytes(model))
 
 
 def kv_bytes_per_token(config: dict[str, Any], dtype_bytes: int) -> int:

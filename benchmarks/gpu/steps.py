@@ -29,13 +29,15 @@ from benchmarks.gpu.measure import (
     time_decode_step,
     time_speculative_decode,
 )
-from benchmarks.gpu.models import QWEN3_30B_A3B, kv_bytes_per_token, meta_param_count, param_count, weight_bytes
+from benchmarks.gpu.models import (QWEN3_30B_A3B, engine_weight_bytes, kv_bytes_per_token, meta_param_count,
+                                   param_count, weight_bytes)
 from benchmarks.gpu.wheels import wheel_status
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Triton vs the torch reference for every kernel, natively, and CUDA-graph decode vs eager. Only the GPU-marked
 # test of the padding file: its other cases build CPU engines, which need the interpreter (off with CUDA visible).
 KERNEL_TESTS = ("tests/kernels/test_triton_ops.py", "tests/kernels/test_fp8.py", "tests/kernels/test_recurrent.py",
+                "tests/kernels/test_mxfp4.py",
                 "tests/worker/test_decode_graph_padding.py::test_cuda_graph_decode_matches_eager")
 STEP_BENCH = ("server.cli", "bench", "step", "--device", "cuda")  # `kvserve bench step` (issue 9)
 TURN_BENCH = ("server.cli", "bench", "turns", "--device", "cuda")  # `kvserve bench turns` (issue 42)
@@ -302,10 +304,19 @@ def _family_summary(config: dict[str, Any]) -> dict[str, Any]:
             "params": meta_param_count(config), "kv_bytes_per_token": spec.bytes_per_token(torch.bfloat16)}
 
 
+def _gpt_oss_summary(config: dict[str, Any]) -> dict[str, Any]:
+    """`_family_summary` with the engine's weights in bf16 with the experts dequantized and kept in MXFP4."""
+    dequantized, packed = engine_weight_bytes(config), engine_weight_bytes(config, packed_experts=True)
+    return {**_family_summary(config), "engine_weight_gib": {"dequantized": dequantized / 2**30,
+                                                             "mxfp4_experts": packed / 2**30},
+            "weight_ratio": dequantized / packed}
+
+
 def gpt_oss_throughput(ctx: Context) -> dict[str, Any]:
-    """The nano-vllm workload on a gpt-oss-20b-shaped model (random bf16 weights drawn on the GPU): window and full
-    layers with sinks through the Triton attention, the biased top-4 MoE, decode under CUDA graphs."""
-    return {"model": _family_summary(ctx.models[GPT_OSS]), **_throughput(ctx, "gpt_oss")}
+    """The nano-vllm workload on a gpt-oss-20b-shaped model (random weights drawn on the GPU, the experts packed in
+    MXFP4 as released): window and full layers with sinks through the Triton attention, the biased top-4 MoE through
+    the MXFP4 expert kernel (kernels/triton/mxfp4.py), decode under CUDA graphs."""
+    return {"model": _gpt_oss_summary(ctx.models[GPT_OSS]), **_throughput(ctx, "gpt_oss")}
 
 
 def glm_throughput(ctx: Context) -> dict[str, Any]:
@@ -315,7 +326,7 @@ def glm_throughput(ctx: Context) -> dict[str, Any]:
 
 
 def resolve_gpt_oss_throughput(ctx: Context) -> dict[str, Any]:
-    return {"model": _family_summary(ctx.models[GPT_OSS]), "engine": ctx.engines["gpt_oss"].options, "passed": True}
+    return {"model": _gpt_oss_summary(ctx.models[GPT_OSS]), "engine": ctx.engines["gpt_oss"].options, "passed": True}
 
 
 def resolve_glm_throughput(ctx: Context) -> dict[str, Any]:

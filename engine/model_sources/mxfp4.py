@@ -2,7 +2,7 @@
 (a power of two, stored as its exponent + 127), and each value is an e2m1 number (one of +-{0, 0.5, 1, 1.5, 2, 3, 4,
 6}), two a byte, the first in the low nibble. Written here so that tiny models carry the released layout
 (``<weight>_blocks`` ``[..., rows, cols / 32, 16]`` uint8, ``<weight>_scales`` ``[..., rows, cols / 32]`` uint8); the
-engine reads it back with `engine.models.gpt_oss.dequantize_mxfp4`.
+engine reads it back with `kernels.reference.mxfp4` (dequantized on load, or kept packed for the MXFP4 kernels).
 """
 from __future__ import annotations
 

@@ -83,6 +83,10 @@ def random_weights_(model: nn.Module, seed: int = 0, std: float = 0.02) -> None:
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
                 param.fill_(1.0)
+            elif name.endswith("_scales"):  # MXFP4 experts kept packed: 2^-8 a group, values up to 6 * 2^-8
+                param.fill_(127 - 8)
+            elif param.dtype == torch.uint8:  # their blocks: any two e2m1 codes a byte
+                param.copy_(torch.randint(0, 256, param.shape, generator=gen, device=param.device, dtype=torch.uint8))
             elif not param.is_floating_point():  # DeepSeek-V4's hash routes: experts 0..k-1 for every token
                 param.copy_(torch.arange(param.shape[-1]).expand_as(param))
             else:

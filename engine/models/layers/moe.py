@@ -102,6 +102,10 @@ class Experts(nn.Module):
         self.gate_up_proj_bias = nn.Parameter(torch.empty(experts, 2 * inter)) if moe.expert_bias else None
         self.down_proj_bias = nn.Parameter(torch.empty(experts, hidden_size)) if moe.expert_bias else None
 
+    def forward(self, ops: Ops, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, **extra) -> torch.Tensor:
+        """The routed experts' weighted sum (``ops.fused_moe``; ``extra``: its activation and bias arguments)."""
+        return ops.fused_moe(x, self.gate_up_proj, self.down_proj, weights, ids, **extra)
+
 
 class SharedExpertGate(nn.Module):
     """Qwen3-Next / 3.5: the shared expert's output is scaled per token by ``sigmoid(x @ weight.T)`` (one logit).
@@ -145,7 +149,7 @@ class SparseMoE(nn.Module):
         if self.swiglu_alpha is not None:  # gpt-oss
             extra.update(gate_up_bias=experts.gate_up_proj_bias, down_bias=experts.down_proj_bias,
                          swiglu_alpha=self.swiglu_alpha)
-        out = ops.fused_moe(x, experts.gate_up_proj, experts.down_proj, weights, ids, **extra)
+        out = experts(ops, x, weights, ids, **extra)  # `Experts`, or gpt-oss' kept in MXFP4 (mxfp4_experts.py)
         if self.shared_experts is not None:
             out = out + self.shared_experts(ops, x)
         if self.shared_expert is not None:
