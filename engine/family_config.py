@@ -145,7 +145,8 @@ def _gemma4_layer_shapes(cfg: dict[str, Any], types: list[str],
         if k_eq_v and cfg.get("num_global_key_value_heads"):
             full["num_key_value_heads"] = cfg["num_global_key_value_heads"]
         overrides = {i: full for i, kind in enumerate(types) if kind == "full_attention"}
-    layers = [dict(overrides.get(i) or overrides.get(str(i)) or {}) for i in range(len(types))]
+    overrides = {int(key): value for key, value in overrides.items()}  # (saved as "04", "09", ... past 9 layers)
+    layers = [dict(overrides.get(i) or {}) for i in range(len(types))]
     head_dims = tuple(layer.get("head_dim", head_dim) for layer in layers)
     if len({d for d, kind in zip(head_dims, types) if kind == "full_attention"}) > 1:
         raise ValueError("Gemma 4 global layers of different head sizes are not supported (their RoPE is one)")

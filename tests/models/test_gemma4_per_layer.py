@@ -40,17 +40,25 @@ def case():
     return MODEL, prompts, [hf_greedy(MODEL, p, NEW_TOKENS) for p in prompts]
 
 
-def test_the_config_reads_per_layer_inputs_and_the_layers_kv_sources_as_transformers():
-    """Each shared layer reads the last unshared layer of its kind: transformers' ``kv_sharing_modes`` stores K / V
-    in layers 1 (window) and 2 (global) and reuses them in 3, 4 (window) and 5 (global)."""
-    from transformers import AutoConfig
+@pytest.mark.parametrize("layers, shared, window_every", [(6, 3, 3), (35, 20, 5), (42, 18, 6)], ids=["tiny", "e2b", "e4b"])
+def test_the_config_reads_per_layer_inputs_and_the_layers_kv_sources_as_transformers(layers, shared, window_every):
+    """Each shared layer reads the last layer of its kind before the shared ones, where transformers'
+    ``kv_sharing_modes`` stores K / V ("store") for the layers that "reuse" them: gemma4-e2b-tiny's layout, E2B's and
+    E4B's (a global layer every 3rd, 5th, 6th)."""
+    from transformers import Gemma4TextConfig
 
-    path = resolve_model(MODEL)
-    hf = AutoConfig.from_pretrained(path)
-    cfg = ModelConfig.from_dir(path).gemma4
-    assert hf.kv_sharing_modes == [None, "store", "store", "reuse", "reuse", "reuse"]
-    assert cfg.kv_sources == (0, 1, 2, 1, 1, 2) and cfg.num_kv_layers == 3 and cfg.double_wide_mlp
+    kinds = ["full_attention" if (i + 1) % window_every == 0 else "sliding_attention" for i in range(layers)]
+    hf = Gemma4TextConfig(num_hidden_layers=layers, layer_types=kinds, num_kv_shared_layers=shared,
+                          hidden_size_per_layer_input=16, vocab_size_per_layer_input=VOCAB, use_double_wide_mlp=True)
+    stored = {kinds[i]: i for i, mode in enumerate(hf.kv_sharing_modes) if mode == "store"}
+    expected = tuple(stored[kinds[i]] if mode == "reuse" else i for i, mode in enumerate(hf.kv_sharing_modes))
+    cfg = ModelConfig.from_dict(dict(hf.to_dict(), model_type="gemma4_text")).gemma4
+    assert cfg.kv_sources == expected and cfg.num_kv_layers == layers - shared and cfg.double_wide_mlp
+    # the global layers' head size, from transformers' per_layer_config (keyed "04", "09", ... past 9 layers)
+    assert cfg.head_dims == tuple(512 if kind == "full_attention" else 256 for kind in kinds)
     assert (cfg.per_layer_inputs.size, cfg.per_layer_inputs.vocab_size) == (16, VOCAB)
+    if layers == 6:
+        assert expected == (0, 1, 2, 1, 1, 2)
 
 
 @pytest.mark.slow  # transformers' model twice
@@ -71,6 +79,7 @@ def test_outputs_are_varied_and_depend_on_the_context_and_the_per_layer_inputs(c
     assert shift > 0.5, "the per-layer inputs change the logits"
 
 
+@pytest.mark.slow  # loads a model of its own
 def test_shared_layers_keep_no_pages(case):
     """Three of the six layers keep pages: the two window layers in the window group's pages (one KV head of 32),
     the global layer one of 64, K and V each; the shared layers' attention reads those tensors themselves."""
@@ -85,7 +94,8 @@ def test_shared_layers_keep_no_pages(case):
     assert not any(name.startswith("layers.3.self_attn.k") for name, _ in runner.model.named_parameters())
 
 
-@pytest.mark.parametrize("block_size", [4, pytest.param(16, marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("block_size", [4, 16])
 def test_greedy_one_at_a_time_all_together_and_cache_hot(case, block_size):
     """Cache hot: every prompt's full blocks come from the prefix cache, the window layers' pages included, and the
     shared layers read them as the source layers left them."""
@@ -135,6 +145,7 @@ def test_triton_kernels_chunked(case):
     assert out.token_ids == expected[4][:3]
 
 
+@pytest.mark.slow
 def test_top20_logprobs_within_1e_4(case):
     name, prompts, _ = case
     llm = LLM(name, block_size=4, num_kv_blocks=512, max_num_batched_tokens=32)
