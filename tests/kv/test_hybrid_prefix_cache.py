@@ -9,7 +9,7 @@ import pytest
 from engine import LLM, SamplingParams
 from engine.kv.snapshot_policy import SnapshotPolicy
 from engine.retention import CachePin, Retention
-from tests.hf_oracle import hf_greedy, random_prompts
+from tests.hf_oracle import hf_greedy, new_llm, random_prompts
 from tests.models.checkpoints.hybrid_models import KINDS
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
@@ -18,7 +18,7 @@ SWEEP = [pytest.param(kind, marks=() if kind == "qwen3_5" else pytest.mark.slow)
 
 
 def _llm(path: str, **options) -> LLM:
-    return LLM(path, **{"block_size": 4, "num_kv_blocks": 512, "num_state_snapshots": 64,
+    return new_llm(path, **{"block_size": 4, "num_kv_blocks": 512, "num_state_snapshots": 64,
                         "max_num_batched_tokens": 32, **options})
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
-from tests.hf_oracle import hf_greedy, hf_model, random_prompts
+from engine import SamplingParams
+from tests.hf_oracle import hf_greedy, hf_model, new_llm, random_prompts
 
 LENGTHS = [1, 3, 4, 5, 8, 15, 16, 17, 33, 64]
 NEW_TOKENS = 10
@@ -17,7 +17,7 @@ NEW_TOKENS = 10
                                         pytest.param("deepseek-v3.2-tiny", marks=pytest.mark.slow)])
 def model_case(request):
     name = request.param
-    llm = LLM(name, block_size=4, num_kv_blocks=1024, max_num_batched_tokens=256)
+    llm = new_llm(name, block_size=4, num_kv_blocks=1024, max_num_batched_tokens=256)
     prompts = random_prompts(llm.engine.model_cfg.vocab_size, LENGTHS, seed=len(name))
     expected = [hf_greedy(name, p, NEW_TOKENS) for p in prompts]
     return name, llm, prompts, expected

@@ -11,7 +11,7 @@ import pytest
 from engine import LLM, SamplingParams
 from tests.hf_oracle import (
     assert_greedy_alone_and_together, assert_greedy_cache_hot, assert_greedy_through_preemption,
-    assert_top_logprobs_equal_hf, assert_varied, hf_greedy, logit_shift, random_prompts,
+    assert_top_logprobs_equal_hf, assert_varied, hf_greedy, logit_shift, new_llm, random_prompts,
 )
 from tests.models.checkpoints.kimi_linear_model import VOCAB, write_kimi_linear_checkpoint
 
@@ -28,7 +28,7 @@ def case(tmp_path_factory):
 
 
 def _llm(path: str, **options) -> LLM:
-    return LLM(path, **{"block_size": 4, "num_kv_blocks": 512, "num_state_snapshots": 64, **options})
+    return new_llm(path, **{"block_size": 4, "num_kv_blocks": 512, "num_state_snapshots": 64, **options})
 
 
 def test_released_config_reads_as_transformers_does():

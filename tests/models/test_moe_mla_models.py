@@ -15,7 +15,7 @@ from engine import LLM, SamplingParams
 from engine.model_sources.tiny import InitScales, random_tensor
 from engine.models.layers.moe import Router
 from engine.registry import resolve_model
-from tests.hf_oracle import hf_greedy, hf_model, random_prompts
+from tests.hf_oracle import hf_greedy, hf_model, new_llm, random_prompts
 
 MODELS = ["qwen3-moe-tiny", "deepseek-v3-tiny"]
 GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
@@ -38,7 +38,7 @@ def _routed_experts(llm: LLM, prompts: list[list[int]]) -> torch.Tensor:
 @pytest.mark.parametrize("name", MODELS)
 @pytest.mark.slow
 def test_tokens_are_routed_to_varied_experts(name: str) -> None:
-    llm = LLM(name, block_size=4, num_kv_blocks=256)
+    llm = new_llm(name, block_size=4, num_kv_blocks=256)
     moe = llm.engine.model_cfg.moe
     chosen = _routed_experts(llm, random_prompts(50_000, [7, 12, 20], seed=5))
     load = Counter(chosen.flatten().tolist())
@@ -57,7 +57,7 @@ def test_steps_mixing_chunked_prefills_and_decodes_match_hf(name: str) -> None:
     base = random_prompts(50_000, [9], seed=21)[0]
     prompts = [base + tail for tail in random_prompts(50_000, [3, 14], seed=22)] + random_prompts(50_000, [2, 25],
                                                                                                    seed=23)
-    llm = LLM(name, block_size=4, num_kv_blocks=256, max_num_batched_tokens=12)
+    llm = new_llm(name, block_size=4, num_kv_blocks=256, max_num_batched_tokens=12)
     llm.generate([base], SamplingParams(max_tokens=1))  # caches base's two full blocks
     outs = llm.generate(prompts, GREEDY)
     assert [o.num_cached_tokens for o in outs[:2]] == [8, 8]
@@ -67,12 +67,12 @@ def test_steps_mixing_chunked_prefills_and_decodes_match_hf(name: str) -> None:
 @pytest.mark.slow
 def test_kv_cache_pages_follow_the_model() -> None:
     """MLA pages hold one latent row (kv_lora_rank + qk_rope_head_dim) per token; GQA pages hold K and V."""
-    mla = LLM("deepseek-v3-tiny", block_size=4, kv_cache_memory_gb=0.001)
+    mla = new_llm("deepseek-v3-tiny", block_size=4, kv_cache_memory_gb=0.001)
     runner = mla.engine.runner
     assert [tuple(t.shape) for t in runner.kv_caches[0]] == [(runner.num_blocks, 4, 1, 32 + 16)]
     assert runner.kv_spec.bytes_per_token(torch.float32) == 3 * 48 * 4
     assert runner.num_blocks == 2**30 // 1000 // (4 * 3 * 48 * 4)  # the memory budget counts latent rows
-    gqa = LLM("qwen3-moe-tiny", block_size=4, num_kv_blocks=8).engine.runner
+    gqa = new_llm("qwen3-moe-tiny", block_size=4, num_kv_blocks=8).engine.runner
     assert [tuple(t.shape) for t in gqa.kv_caches[0]] == [(8, 4, 2, 16), (8, 4, 2, 16)]
     assert gqa.kv_spec.bytes_per_token(torch.bfloat16) == 3 * 2 * 2 * 16 * 2
 
@@ -89,7 +89,7 @@ def _save_pretrained_copy(model, tokenizer_dir: Path, out: Path) -> Path:
 def test_directory_written_by_transformers_save_pretrained(name: str, tmp_path: Path) -> None:
     model_dir = _save_pretrained_copy(hf_model(name), resolve_model(name), tmp_path / name)
     prompts = random_prompts(50_000, [5, 18], seed=31)
-    outs = LLM(str(model_dir), block_size=4, num_kv_blocks=128).generate(prompts, GREEDY)
+    outs = new_llm(str(model_dir), block_size=4, num_kv_blocks=128).generate(prompts, GREEDY)
     assert [o.token_ids for o in outs] == [hf_greedy(name, p, GREEDY.max_tokens) for p in prompts]
 
 
@@ -114,7 +114,7 @@ def test_deepseek_v2_lite_shaped_model_from_save_pretrained(tmp_path: Path) -> N
             param.copy_(random_tensor(param_name, tuple(param.shape), 13, InitScales()))
     model_dir = _save_pretrained_copy(model, resolve_model("deepseek-v3-tiny"), tmp_path / "v2")
     prompts = random_prompts(50_000, [6, 21], seed=41)
-    llm = LLM(str(model_dir), block_size=4, num_kv_blocks=128)
+    llm = new_llm(str(model_dir), block_size=4, num_kv_blocks=128)
     assert llm.engine.model_cfg.moe.scoring == "softmax" and llm.engine.model_cfg.mla.q_lora_rank is None
     outs = llm.generate(prompts, GREEDY)
     expected = []

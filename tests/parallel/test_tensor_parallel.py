@@ -9,12 +9,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from engine import LLM, SamplingParams
+from engine import SamplingParams
 from engine.sampling_params import StructuredOutputSpec
 from engine.outputs import SchedulerStats
 from engine.parallel.memory import RankMemory
 from engine.weights import _Checkpoint
-from tests.hf_oracle import random_prompts
+from tests.hf_oracle import new_llm, random_prompts
 
 LENGTHS = [3, 9, 17, 26, 40, 5, 12, 31]
 # 56 blocks of 4 tokens and 16 tokens a step: prefills are chunked, running sequences get preempted, and the second
@@ -52,7 +52,7 @@ class Run:
 def run_workload(name: str, **options) -> Run:
     """Two rounds: the second continues each conversation of the first (prompt + reply + new tokens), so its
     prompts hit the prefix cache, while the pool is small enough to preempt."""
-    with LLM(name, **ENGINE, **options) as llm:
+    with new_llm(name, **ENGINE, **options) as llm:
         first = random_prompts(llm.engine.model_cfg.vocab_size, LENGTHS, seed=41)
         outs = llm.generate(first, _params(0))
         follow = random_prompts(llm.engine.model_cfg.vocab_size, [5] * len(LENGTHS), seed=42)
@@ -160,7 +160,7 @@ def test_rank_zero_reads_only_its_slices(monkeypatch):
         return tensor
 
     monkeypatch.setattr(_Checkpoint, "get", spy)
-    with LLM("qwen3-tiny", tensor_parallel_size=2, num_kv_blocks=16) as llm:
+    with new_llm("qwen3-tiny", tensor_parallel_size=2, num_kv_blocks=16) as llm:
         rank0 = llm.engine.rank_memory[0]
     assert sum(read) == rank0.weight_bytes
     assert rank0.sharded_weight_bytes * 2 == single_rank("qwen3-tiny").memory[0].sharded_weight_bytes
@@ -169,7 +169,7 @@ def test_rank_zero_reads_only_its_slices(monkeypatch):
 def _tiers_and_grammar(size: int) -> tuple:
     """A prompt evicted to the host pool and hit again, then a regex-constrained request, then a prompt asked twice
     in a speculating session (the second drafts the first's reply: suffix decoding, proposed on rank 0)."""
-    with LLM("qwen3-tiny", tensor_parallel_size=size, block_size=4, num_kv_blocks=16, kv_offload_gb=0.01,
+    with new_llm("qwen3-tiny", tensor_parallel_size=size, block_size=4, num_kv_blocks=16, kv_offload_gb=0.01,
              async_scheduling=True) as llm:
         a, b = random_prompts(llm.engine.model_cfg.vocab_size, [44, 44], seed=17)
         greedy = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)

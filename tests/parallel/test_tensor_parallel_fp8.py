@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine import LLM, SamplingParams
+from engine import SamplingParams
 from engine.errors import WorkerDiedError
 from engine.registry import resolve_model
-from tests.hf_oracle import random_prompts
+from tests.hf_oracle import new_llm, random_prompts
 from tests.models.checkpoints.fp8_checkpoint import write_fp8_checkpoint
 
 
@@ -21,7 +21,7 @@ def _fp8_dir(tmp_path_factory, block: tuple[int, int]):
 def _generate(model_dir, **options) -> tuple[list, list[float]]:
     prompts = random_prompts(50_000, [3, 17, 30], seed=2)
     params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True, logprobs=1)
-    with LLM(str(model_dir), block_size=4, num_kv_blocks=64, **options) as llm:
+    with new_llm(str(model_dir), block_size=4, num_kv_blocks=64, **options) as llm:
         outs = llm.generate(prompts, params)
     return [o.token_ids for o in outs], [lp.logprob for o in outs for lp in o.outputs[0].logprobs]
 
@@ -49,4 +49,4 @@ def test_kept_in_fp8_refuses_slices_that_cut_blocks(tmp_path_factory):
     fp8_dir = _fp8_dir(tmp_path_factory, (32, 32))
     with pytest.raises(WorkerDiedError, match=r"rank 1 .* exited with status 1:(.|\n)*k_proj.weight: this rank's "
                                               r"part starts inside a \[32, 32\] FP8 block"):
-        LLM(str(fp8_dir), num_kv_blocks=64, attention_backend="triton", tensor_parallel_size=2)
+        new_llm(str(fp8_dir), num_kv_blocks=64, attention_backend="triton", tensor_parallel_size=2)

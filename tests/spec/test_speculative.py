@@ -18,7 +18,7 @@ from scipy.stats import chi2_contingency
 from engine import LLM, SamplingParams
 from engine.registry import resolve_model
 from engine.sampling_params import StructuredOutputSpec
-from tests.hf_oracle import hf_model, random_prompts
+from tests.hf_oracle import hf_model, new_llm, random_prompts
 
 P_VALUE_THRESHOLD = 1e-3  # the two-sample chi-square test passes above this
 
@@ -54,7 +54,7 @@ def _speculating(llm: LLM, references: list[list[int]], **kwargs) -> OracleDraft
 
 @pytest.fixture(scope="module")
 def dense() -> LLM:
-    return LLM("qwen3-tiny", block_size=4, num_kv_blocks=512, speculative_draft_budget=64)
+    return new_llm("qwen3-tiny", block_size=4, num_kv_blocks=512, speculative_draft_budget=64)
 
 
 def _greedy_equal(llm: LLM, prompts: list[list[int]], max_tokens: int = 16, **params) -> list:
@@ -101,7 +101,8 @@ SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", 
 def test_greedy_tokens_identical_under_a_grammar(dense, model):
     """Each verified position is masked by the grammar's state after the drafts before it: without those masks the
     random model's argmax after a draft is never JSON, and the outputs would differ."""
-    llm = dense if model == "qwen3-tiny" else LLM(model, block_size=4, num_kv_blocks=256, speculative_draft_budget=64)
+    llm = dense if model == "qwen3-tiny" else new_llm(model, block_size=4, num_kv_blocks=256,
+                                                      speculative_draft_budget=64)
     spec = StructuredOutputSpec("json_schema", json.dumps(SCHEMA))
     stats = llm.engine.scheduler.drafter.stats["ngram"]
     accepted = stats.accepted_tokens
@@ -135,7 +136,7 @@ def test_speculation_is_refused_where_it_cannot_be_exact(dense, tmp_path):
 @pytest.mark.parametrize("model", [pytest.param("qwen3-moe-tiny", marks=pytest.mark.slow), "deepseek-v3-tiny"])
 @pytest.mark.slow
 def test_greedy_tokens_identical_moe_and_mla(model):
-    llm = LLM(model, block_size=4, num_kv_blocks=256, speculative_draft_budget=64)
+    llm = new_llm(model, block_size=4, num_kv_blocks=256, speculative_draft_budget=64)
     _greedy_equal(llm, random_prompts(1000, [13, 22], seed=3), max_tokens=16)
 
 
@@ -160,7 +161,7 @@ def test_greedy_tokens_identical_hybrid(model):
     """Hybrids: a rejected draft leaves the recurrent state at the last accepted token (the state after each verified
     position is kept, kernels/reference/recurrent.py), and steps with drafts stop short of the block boundaries where
     snapshots are taken; the prefix cache hot (the second round resumes from snapshots), n = 2."""
-    llm = LLM(model, block_size=4, num_kv_blocks=256, speculative_draft_budget=64)
+    llm = new_llm(model, block_size=4, num_kv_blocks=256, speculative_draft_budget=64)
     prompts = random_prompts(1000, [13, 6], seed=6)
     _greedy_equal(llm, prompts, max_tokens=18)
     _greedy_equal(llm, prompts, max_tokens=18, n=2)  # prompts and replies from the cache now, two siblings each
@@ -202,7 +203,7 @@ MTP_MODELS = [pytest.param(name, marks=pytest.mark.slow)
 
 @pytest.fixture(scope="module", params=MTP_MODELS)
 def mtp(request) -> LLM:
-    return LLM(request.param, block_size=4, num_kv_blocks=256, speculative="mtp", speculative_draft_budget=64)
+    return new_llm(request.param, block_size=4, num_kv_blocks=256, speculative="mtp", speculative_draft_budget=64)
 
 
 @pytest.mark.slow
@@ -211,7 +212,7 @@ def test_mtp_drafts_keep_greedy_tokens_identical(mtp):
     engine's, cache hot, n = 2, and under a grammar. (Random MTP weights seldom guess right: the point is
     exactness, and that drafts are made and verified.)"""
     name = mtp.engine.model_dir.name
-    plain = LLM(name, block_size=4, num_kv_blocks=256)
+    plain = new_llm(name, block_size=4, num_kv_blocks=256)
     assert not any(name.startswith("mtp.") for name, _ in plain.engine.runner.model.named_parameters())
     assert any(name.startswith("mtp.") for name, _ in mtp.engine.runner.model.named_parameters())
     prompts = random_prompts(1000, [13, 6], seed=7)
@@ -254,7 +255,7 @@ def test_mtp_catch_up_drafts_as_one_prefill_would(mtp):
     finally:
         del drafter.offer
     assert drafter.stats["mtp"].accepted_tokens > accepted
-    fresh = LLM(name, block_size=4, num_kv_blocks=256, speculative="mtp", enable_prefix_caching=False)
+    fresh = new_llm(name, block_size=4, num_kv_blocks=256, speculative="mtp", enable_prefix_caching=False)
     for length, drafts in offers[-3:]:
         first: list[tuple[int, list[int]]] = []
         fresh.engine.scheduler.drafter.offer = lambda seq_id, n, d: first.append((n, d))
@@ -264,7 +265,7 @@ def test_mtp_catch_up_drafts_as_one_prefill_would(mtp):
 
 def test_mtp_refused_on_a_model_without_an_mtp_layer():
     with pytest.raises(ValueError, match="no multi-token-prediction layer.*use ngram or suffix"):
-        LLM("qwen3-tiny", speculative="mtp")
+        new_llm("qwen3-tiny", speculative="mtp")
 
 
 @pytest.mark.slow
@@ -278,7 +279,7 @@ def test_mtp_under_tensor_parallelism_drafts_as_one_rank(model):
     params = SamplingParams(max_tokens=10, temperature=0)
     runs = []
     for size in (1, 2):
-        with LLM(model, block_size=4, num_kv_blocks=256, speculative="mtp", speculative_draft_budget=64,
+        with new_llm(model, block_size=4, num_kv_blocks=256, speculative="mtp", speculative_draft_budget=64,
                  tensor_parallel_size=size) as llm:
             drafter = llm.engine.scheduler.drafter
             offers: list[tuple[int, list[int]]] = []
@@ -302,9 +303,9 @@ def test_mtp_refused_when_the_checkpoint_lacks_the_layer(tmp_path):
             (dst / f.name).symlink_to(f)
     tensors = load_file(src / "model.safetensors")
     save_file({k: v for k, v in tensors.items() if not k.startswith("model.layers.3.")}, str(dst / "model.safetensors"))
-    LLM(str(dst), block_size=4, num_kv_blocks=16)
+    new_llm(str(dst), block_size=4, num_kv_blocks=16)
     with pytest.raises(ValueError, match="lacks the multi-token-prediction layer.*use ngram or suffix"):
-        LLM(str(dst), block_size=4, num_kv_blocks=16, speculative="mtp")
+        new_llm(str(dst), block_size=4, num_kv_blocks=16, speculative="mtp")
 
 
 def _one_layer_model(src, tensors: dict, out_dir):
@@ -364,7 +365,7 @@ def test_deepseek_mtp_drafts_equal_transformers_decoder_layer(tmp_path, model):
             x = torch.cat([x, project(torch.tensor([drafts[-1]]), state[0, -1:])])
         return drafts
 
-    llm = LLM(model, block_size=4, num_kv_blocks=256, speculative="mtp", enable_prefix_caching=False)
+    llm = new_llm(model, block_size=4, num_kv_blocks=256, speculative="mtp", enable_prefix_caching=False)
     for context in random_prompts(1000, [9, 18], seed=8):  # V3.2: past its index_topk of 16, attention is sparse
         offers: list[tuple[int, list[int]]] = []
         llm.engine.scheduler.drafter.offer = lambda seq_id, n, drafts: offers.append((n, drafts))

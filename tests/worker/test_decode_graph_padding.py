@@ -7,7 +7,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.worker.cuda_graphs import capture_sizes
-from tests.hf_oracle import random_prompts
+from tests.hf_oracle import new_llm, random_prompts
 
 BLOCK_SIZE = 4
 # max_num_seqs 8 gives the sizes 1, 2, 4, 8: decode batches of 3, 5, 6 and 7 sequences are padded.
@@ -18,7 +18,7 @@ def make_llm(backend: str, padded: bool, max_model_len: int = 64, model: str = "
              **options) -> tuple[LLM, list[int]]:
     """An engine whose decode batches take the padded static-shape path when ``padded``; the returned list records
     the batch size of every call into that path."""
-    llm = LLM(model, attention_backend=backend, max_model_len=max_model_len, **ENGINE, **options)
+    llm = new_llm(model, attention_backend=backend, max_model_len=max_model_len, **ENGINE, **options)
     sizes: list[int] = []
     if padded:
         runner = llm.engine.runner
@@ -131,7 +131,7 @@ def test_padding_rows_write_no_kv_page(backend):
 def test_memory_profile_step_fits_contexts_shorter_than_the_token_budget(monkeypatch):
     # The profiled step splits its token budget into sequences no longer than max_model_len: RoPE covers only
     # max_model_len positions (one 40-token sequence would index past the 16-row table).
-    llm = LLM("qwen3-tiny", block_size=BLOCK_SIZE, num_kv_blocks=8, max_model_len=16, max_num_batched_tokens=40)
+    llm = new_llm("qwen3-tiny", block_size=BLOCK_SIZE, num_kv_blocks=8, max_model_len=16, max_num_batched_tokens=40)
     runner = llm.engine.runner
     forward, seen = runner.model.forward, []
 
@@ -181,7 +181,7 @@ def test_cuda_graph_decode_matches_eager(model, options):
     params = [SamplingParams(max_tokens=m, temperature=0, ignore_eos=True) for m in range(2, 9)]
     tokens = {}
     for eager in (True, False):
-        llm = LLM(model, device="cuda", attention_backend="triton", enforce_eager=eager, max_model_len=2048,
+        llm = new_llm(model, device="cuda", attention_backend="triton", enforce_eager=eager, max_model_len=2048,
                   **ENGINE, **options)
         assert (llm.engine.runner.decode_graphs is None) == eager
         tokens[eager] = [o.token_ids for o in llm.generate(prompts, params)]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine import LLM, SamplingParams
-from tests.hf_oracle import random_prompts
+from engine import SamplingParams
+from tests.hf_oracle import new_llm, random_prompts
 
 
 @pytest.mark.parametrize("name", ["qwen3-tiny", "qwen3-moe-tiny", "deepseek-v3-tiny",
@@ -20,7 +20,7 @@ def test_triton_backend_matches_torch_on_mixed_batch_with_cache_hits(name: str) 
     params = [SamplingParams(max_tokens=m, temperature=0, ignore_eos=True) for m in (6, 3, 4, 2, 5)]
     results = {}
     for backend in ("torch", "triton"):
-        llm = LLM(name, block_size=4, num_kv_blocks=128, max_num_batched_tokens=12, attention_backend=backend)
+        llm = new_llm(name, block_size=4, num_kv_blocks=128, max_num_batched_tokens=12, attention_backend=backend)
         llm.generate([base], SamplingParams(max_tokens=1))  # caches base's 3 full blocks
         outs = llm.generate(prompts, params)
         assert [o.num_cached_tokens for o in outs[:3]] == [12, 12, 12]

@@ -12,7 +12,7 @@ import torch
 from engine import LLM, SamplingParams
 from engine.errors import RequestRejected
 from engine.requests import EngineRequest
-from tests.hf_oracle import assert_greedy_through_preemption
+from tests.hf_oracle import assert_greedy_through_preemption, new_llm
 from tests.models.checkpoints.vision_models import (hf_generate, hf_inputs, hf_next_logprobs, png, user_turn,
                                         vlm_checkpoint)
 
@@ -42,7 +42,7 @@ def vlm(request):
 
 @pytest.fixture(scope="module")
 def llm(vlm) -> LLM:
-    return LLM(vlm[0], block_size=4, num_kv_blocks=512)
+    return new_llm(vlm[0], block_size=4, num_kv_blocks=512)
 
 
 def _prompts(llm: LLM, cases) -> list:
@@ -88,7 +88,7 @@ def test_chunked_prefill_cuts_images(vlm, llm):
     """A 7-token budget with 4-token blocks: prefill chunks end inside images (each chunk takes its slice of the
     image's embeddings) and share steps with decodes."""
     path, cases = vlm
-    llm = LLM(path, block_size=4, num_kv_blocks=512, max_num_batched_tokens=7, encoder_cache_mb=0,
+    llm = new_llm(path, block_size=4, num_kv_blocks=512, max_num_batched_tokens=7, encoder_cache_mb=0,
               tokenizer=llm.tokenizer)
     assert [o.token_ids for o in llm.generate(_prompts(llm, cases), GREEDY)] == [want for *_, want in cases]
 
@@ -98,7 +98,7 @@ def test_images_encoded_within_the_step_budget_through_preemption(vlm, llm):
     """The tower inside a 12-token step budget, at most 6 image tokens encoded a step (larger images alone in
     theirs, most ahead of their tokens), in a pool too small for every prompt at once: transformers' tokens."""
     path, cases = vlm
-    small = LLM(path, block_size=4, num_kv_blocks=16, max_num_batched_tokens=12, max_image_tokens_per_step=6,
+    small = new_llm(path, block_size=4, num_kv_blocks=16, max_num_batched_tokens=12, max_image_tokens_per_step=6,
                 tokenizer=llm.tokenizer)
     assert_greedy_through_preemption(small, _prompts(small, cases), [want for *_, want in cases])
 
@@ -109,7 +109,7 @@ def test_tensor_parallel_2(vlm):
     """Two ranks on CPU, each with the whole tower (the language model split): transformers' tokens, images in
     chunks that share steps with text-only requests."""
     path, cases = vlm
-    with LLM(path, block_size=4, num_kv_blocks=256, max_num_batched_tokens=16, tensor_parallel_size=2) as llm:
+    with new_llm(path, block_size=4, num_kv_blocks=256, max_num_batched_tokens=16, tensor_parallel_size=2) as llm:
         outs = llm.generate(_prompts(llm, cases), GREEDY)
     assert [o.token_ids for o in outs] == [want for *_, want in cases]
 
@@ -170,5 +170,5 @@ def test_registry_tiny_models_read_images(name):
     path = str(resolve_model(name))
     images = [png(80, 48, seed=3), png(36, 100, seed=4)]
     prompt, inputs = hf_inputs(path, user_turn("Which one is taller?", 2), images)
-    llm = LLM(name, block_size=4, num_kv_blocks=256, max_num_batched_tokens=16)
+    llm = new_llm(name, block_size=4, num_kv_blocks=256, max_num_batched_tokens=16)
     assert llm.generate(llm.image_prompt(prompt, images), GREEDY)[0].token_ids == hf_generate(path, inputs, NEW_TOKENS)
