@@ -20,20 +20,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
+from engine import SamplingParams
 from engine.config import ModelConfig
 from engine.model_sources.tiny import GEMMA3_SCALES, random_tensor
 from engine.registry import resolve_model
-from tests.hf_oracle import (
-    CheckpointDirs, assert_greedy_alone_and_together, assert_greedy_cache_hot, assert_greedy_through_preemption, assert_varied,
-    hf_greedy, hf_model, logit_shift, random_prompts, saved_with_tokenizer,
+from tests.hf_oracle import CheckpointDirs, hf_greedy, new_llm, random_prompts, saved_with_tokenizer, tokenizer_of
+from tests.models.window_parity import (
+    GREEDY, NEW_TOKENS, ParityCase, check_chunked_prefill, check_greedy_alone_together_and_hot, check_op_set,
+    check_preemption, check_registry_model, check_tensor_parallel, check_top20_logprobs, check_varied_and_context,
 )
 
 KINDS = ("gemma3", "gemma3_text")
 VOCAB = 151936  # the Qwen3 tokenizer's
-LENGTHS = [1, 4, 9, 17, 40, 70]  # windows of 8 / 12: all but the first two reach past them
-NEW_TOKENS = 8
-GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
 _TEXT = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
              num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24, max_position_embeddings=4096,
              eos_token_id=151645, pad_token_id=0, bos_token_id=151643)
@@ -73,10 +71,8 @@ SWEEP = [pytest.param(kind, marks=() if kind == "gemma3" else pytest.mark.slow) 
 
 
 @pytest.fixture(scope="module", params=SWEEP)
-def case(request, gemma3_dirs):
-    path = gemma3_dirs[request.param]
-    prompts = random_prompts(VOCAB, LENGTHS, seed=len(request.param))
-    return path, prompts, [hf_greedy(path, p, NEW_TOKENS) for p in prompts]
+def case(request, gemma3_dirs) -> ParityCase:
+    return ParityCase.of(gemma3_dirs[request.param], VOCAB, seed=len(request.param))
 
 
 @pytest.mark.slow  # writes the gemma3_text checkpoint too
@@ -107,38 +103,24 @@ def test_the_checkpoints_are_the_released_layouts(gemma3_dirs):
 
 @pytest.mark.fast_cases("gemma3")
 def test_outputs_are_varied_and_depend_on_the_whole_context(case):
-    """Different prompts continue differently, and a token far outside every local window still moves the next
-    token's logits (through the global layer), while the last few tokens move them a lot."""
-    path, prompts, expected = case
-    assert_varied(expected, 5)
-    assert logit_shift(path, prompts[-1], 3) > 0.5, "a token inside the window moves the logits"
-    assert logit_shift(path, prompts[-1], 69) > 0.05, "so does the first one, through the global layer"
+    check_varied_and_context(case, "the global layer")
 
 
 # blocks of 4: windows of 2-3 blocks; of 16: windows under one block
 @pytest.mark.parametrize("block_size", [4, pytest.param(16, marks=pytest.mark.slow)])
 @pytest.mark.fast_cases("gemma3-4")
 def test_greedy_one_at_a_time_all_together_and_cache_hot(case, block_size):
-    path, prompts, expected = case
-    llm = LLM(path, block_size=block_size, num_kv_blocks=512)
-    assert_greedy_alone_and_together(llm, prompts, expected)
-    assert_greedy_cache_hot(llm, prompts, expected, block_size)
+    check_greedy_alone_together_and_hot(case, block_size)
 
 
 @pytest.mark.slow
 def test_chunked_prefill_ending_off_block_boundaries(case):
-    """A 7-token budget with 4-token blocks: chunks end mid-block and mid-window, decodes and prefill chunks share
-    steps, and each chunk's local layers see the window's part of the previous chunks through the pages."""
-    path, prompts, expected = case
-    llm = LLM(path, block_size=4, num_kv_blocks=512, max_num_batched_tokens=7)
-    assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == expected
+    check_chunked_prefill(case)
 
 
 @pytest.mark.slow
 def test_preemption_in_a_small_pool(case):
-    path, prompts, expected = case
-    llm = LLM(path, block_size=4, num_kv_blocks=32, max_num_batched_tokens=32)
-    assert_greedy_through_preemption(llm, prompts, expected)
+    check_preemption(case)
 
 
 @pytest.mark.fast_cases("gemma3")
@@ -148,46 +130,31 @@ def test_speculative_drafts_verified_through_the_windows(case):
     transformers' greedy ones whatever is accepted or rolled back."""
     from tests.spec.test_speculative import OracleDrafts
 
-    path, prompts, expected = case
-    llm = LLM(path, block_size=4, num_kv_blocks=512, speculative_draft_budget=64)
-    oracle = OracleDrafts([p + e for p, e in zip(prompts, expected)])
+    llm = new_llm(case.path, block_size=4, num_kv_blocks=512, speculative_draft_budget=64)
+    oracle = OracleDrafts([p + e for p, e in zip(case.prompts, case.expected)])
     llm.engine.scheduler.drafter.propose = oracle
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True, speculative="ngram")
-    outs = llm.generate(prompts, params)
+    outs = llm.generate(case.prompts, params)
     assert oracle.calls > 0
-    assert [o.token_ids for o in outs] == expected
+    assert [o.token_ids for o in outs] == case.expected
 
 
 @pytest.mark.fast_cases("gemma3")
 def test_top20_logprobs_within_1e_4(case):
-    path, prompts, _ = case
-    llm = LLM(path, block_size=4, num_kv_blocks=512, max_num_batched_tokens=32)
-    outs = llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0, logprobs=20))
-    model = hf_model(path)
-    for prompt, out in zip(prompts, outs):
-        with torch.no_grad():
-            ref = torch.log_softmax(model(torch.tensor([prompt])).logits[0, -1].float(), -1)
-        top = out.outputs[0].logprobs[0].top
-        ids = torch.tensor([t for t, _ in top])
-        assert ids.tolist() == ref.topk(20).indices.tolist()
-        torch.testing.assert_close(torch.tensor([lp for _, lp in top]), ref[ids], atol=1e-4, rtol=0)
+    check_top20_logprobs(case)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("case", ["gemma3"], indirect=True)
-@pytest.mark.slow
 def test_other_op_sets_chunked_and_together(case, backend):
-    """The pure-torch reference and the Triton kernels (under the interpreter on CPU; the GELU MLP and windowed
-    attention among them), in steps that mix chunked prefills with decodes."""
-    path, prompts, expected = case
-    llm = LLM(path, attention_backend=backend, block_size=4, num_kv_blocks=512, max_num_batched_tokens=13)
-    assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == expected
+    """The pure-torch reference and the Triton kernels (the GELU MLP and windowed attention among them)."""
+    check_op_set(case, backend)
 
 
 def test_vision_tower_skipped_with_one_log_line(gemma3_dirs, caplog):
     with caplog.at_level(logging.INFO, logger="engine.weights"):
-        llm = LLM(gemma3_dirs["gemma3"], block_size=4, num_kv_blocks=64)
+        llm = new_llm(gemma3_dirs["gemma3"], block_size=4, num_kv_blocks=64)
     assert sum("vision tower" in r.message for r in caplog.records) == 1
     assert llm.engine.model_cfg.has_vision_tower
     names = [name for name, _ in llm.engine.runner.model.named_parameters()]
@@ -208,7 +175,7 @@ def test_the_in_memory_names_load_too(gemma3_dirs, tmp_path: Path):
     assert any(n.startswith("model.language_model.layers.") for n in renamed)
     save_file(renamed, str(tmp_path / "renamed" / "model.safetensors"), metadata={"format": "pt"})
     prompts = random_prompts(VOCAB, [5, 30], seed=4)
-    outs = LLM(str(tmp_path / "renamed"), block_size=4, num_kv_blocks=64).generate(prompts, GREEDY)
+    outs = new_llm(str(tmp_path / "renamed"), block_size=4, num_kv_blocks=64).generate(prompts, GREEDY)
     assert [o.token_ids for o in outs] == [hf_greedy(str(source), p, NEW_TOKENS) for p in prompts]
 
 
@@ -249,7 +216,7 @@ def test_gemma3_270m_from_its_gguf_equals_transformers(tmp_path: Path):
     prompts, one past the window, equal transformers on the converted directory in one batch with chunked prefills
     ending off block boundaries and again with the prefix cache hot; and transformers reading the GGUF itself gives
     the same tokens, so the conversion (norms minus one, names, layer types, RoPE bases) is its own."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from engine.registry import _gguf_files, _joined_gguf, get_model_spec
 
@@ -259,13 +226,13 @@ def test_gemma3_270m_from_its_gguf_equals_transformers(tmp_path: Path):
                                                                                                  262144)
     assert [cfg.layer_window(i) for i in range(6)] == [512] * 5 + [None] and cfg.query_pre_attn_scalar == 256
     assert json.loads((path / "generation_config.json").read_text())["eos_token_id"] == [1, 106]
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = tokenizer_of("gemma3-270m")
     prompts = [tokenizer(text).input_ids for text in CHAT]
     assert prompts[0][:3] == [2, 105, 2364] and prompts[0][-3:] == [105, 4368, 107]  # <bos><start_of_turn>user ...
     assert len(prompts[-1]) > 512
 
     params = SamplingParams(max_tokens=24, temperature=0)
-    llm = LLM("gemma3-270m", block_size=16, num_kv_blocks=256, max_num_batched_tokens=100)
+    llm = new_llm("gemma3-270m", block_size=16, num_kv_blocks=256, max_num_batched_tokens=100)
     first = [o.token_ids for o in llm.generate(prompts, params)]
     hot = llm.generate(prompts, params)
     assert [o.token_ids for o in hot] == first and hot[-1].num_cached_tokens == (len(prompts[-1]) - 1) // 16 * 16
@@ -288,27 +255,13 @@ def test_registry_gemma3_tiny_matches_transformers():
     """The registry's gemma3-tiny (Gemma3ForCausalLM's layout, random weights with GEMMA3_SCALES, a 16-token window,
     Gemma 3's real tokenizer): greedy tokens of varied continuations equal transformers' in steps that mix chunked
     prefills with decodes."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model("gemma3-tiny"))
-    assert tokenizer.convert_tokens_to_ids(["<start_of_turn>", "<end_of_turn>"]) == [105, 106]
-    prompts = random_prompts(262_144, [3, 17, 45], seed=1)
-    llm = LLM("gemma3-tiny", block_size=4, num_kv_blocks=256, max_num_batched_tokens=16)
-    outs = llm.generate(prompts, GREEDY)
-    want = [hf_greedy("gemma3-tiny", p, NEW_TOKENS) for p in prompts]
-    assert [o.token_ids for o in outs] == want
-    assert len({tuple(w) for w in want}) == len(want) and sum(len(set(w)) for w in want) > 4 * len(want)
+    llm = check_registry_model("gemma3-tiny", 262_144)
+    assert llm.tokenizer.convert_tokens_to_ids(["<start_of_turn>", "<end_of_turn>"]) == [105, 106]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["gemma3"], indirect=True)
-@pytest.mark.slow
 def test_tensor_parallel_2(case):
     """Two gloo ranks on CPU: each holds half the query and KV heads of every layer, local and global, half the MLPs
-    and half the vocabulary (the embedding is scaled after the ranks' shares are summed); the tokens and logprobs
-    are those of transformers."""
-    path, prompts, expected = case
-    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True, logprobs=2)
-    with LLM(path, block_size=4, num_kv_blocks=256, max_num_batched_tokens=16, tensor_parallel_size=2) as llm:
-        outs = llm.generate(prompts, params)
-    assert [o.token_ids for o in outs] == expected
+    and half the vocabulary (the embedding is scaled after the ranks' shares are summed)."""
+    check_tensor_parallel(case)

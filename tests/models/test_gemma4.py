@@ -19,19 +19,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
 from engine.config import ModelConfig
 from engine.model_sources.tiny import family_scales, random_tensor
-from tests.hf_oracle import (
-    CheckpointDirs, assert_greedy_alone_and_together, assert_greedy_cache_hot, assert_greedy_through_preemption,
-    assert_top_logprobs_equal_hf, assert_varied, hf_greedy, logit_shift, random_prompts, saved_with_tokenizer,
+from tests.hf_oracle import CheckpointDirs, new_llm, saved_with_tokenizer
+from tests.models.window_parity import (
+    ParityCase, check_chunked_prefill, check_greedy_alone_together_and_hot, check_preemption, check_registry_model,
+    check_tensor_parallel, check_top20_logprobs, check_varied_and_context,
 )
 
 KINDS = ("gemma4", "gemma4_text", "gemma4_moe")
 VOCAB = 151936  # the Qwen3 tokenizer's
-LENGTHS = [1, 4, 9, 17, 40, 70]
-NEW_TOKENS = 8
-GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
 WINDOW = {"gemma4": 8, "gemma4_text": 12, "gemma4_moe": 8}
 _TEXT = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
              num_key_value_heads=2, head_dim=16, global_head_dim=32, max_position_embeddings=4096,
@@ -79,10 +76,8 @@ SWEEP = [pytest.param(kind, marks=() if kind == "gemma4" else pytest.mark.slow) 
 
 
 @pytest.fixture(scope="module", params=SWEEP)
-def case(request, gemma4_dirs):
-    path = gemma4_dirs[request.param]
-    prompts = random_prompts(VOCAB, LENGTHS, seed=len(request.param))
-    return path, prompts, [hf_greedy(path, p, NEW_TOKENS) for p in prompts]
+def case(request, gemma4_dirs) -> ParityCase:
+    return ParityCase.of(gemma4_dirs[request.param], VOCAB, seed=len(request.param))
 
 
 @pytest.mark.slow  # writes the gemma4_text checkpoint too
@@ -108,45 +103,28 @@ def test_the_checkpoints_are_the_released_layouts(gemma4_dirs):
 
 @pytest.mark.fast_cases("gemma4")
 def test_outputs_are_varied_and_depend_on_the_whole_context(case):
-    """Different prompts continue differently; a token far outside every window still moves the next token's logits
-    (through the global layer), and the last few tokens move them a lot."""
-    path, prompts, expected = case
-    assert_varied(expected, 5)
-    assert logit_shift(path, prompts[-1], 3) > 0.5, "a token inside the window moves the logits"
-    assert logit_shift(path, prompts[-1], 69) > 0.05, "so does the first one, through the global layer"
+    check_varied_and_context(case, "the global layer")
 
 
 @pytest.mark.parametrize("block_size", [4, pytest.param(16, marks=pytest.mark.slow)])
 @pytest.mark.fast_cases("gemma4-4")
 def test_greedy_one_at_a_time_all_together_and_cache_hot(case, block_size):
-    path, prompts, expected = case
-    llm = LLM(path, block_size=block_size, num_kv_blocks=512)
-    assert_greedy_alone_and_together(llm, prompts, expected)
-    assert_greedy_cache_hot(llm, prompts, expected, block_size)
+    check_greedy_alone_together_and_hot(case, block_size)
 
 
 @pytest.mark.slow
 def test_chunked_prefill_ending_off_block_boundaries(case):
-    """A 7-token budget with 4-token blocks: chunks end mid-block and mid-window, decodes and chunks share steps."""
-    path, prompts, expected = case
-    llm = LLM(path, block_size=4, num_kv_blocks=512, max_num_batched_tokens=7)
-    assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == expected
+    check_chunked_prefill(case)
 
 
 @pytest.mark.slow
 def test_preemption_in_a_small_pool(case):
-    path, prompts, expected = case
-    assert_greedy_through_preemption(LLM(path, block_size=4, num_kv_blocks=32, max_num_batched_tokens=32), prompts,
-                                     expected)
+    check_preemption(case)
 
 
 @pytest.mark.fast_cases("gemma4")
 def test_top20_logprobs_within_1e_4(case):
-    path, prompts, _ = case
-    llm = LLM(path, block_size=4, num_kv_blocks=512, max_num_batched_tokens=32)
-    outs = llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0, logprobs=20))
-    for prompt, out in zip(prompts, outs):
-        assert_top_logprobs_equal_hf(path, prompt, out.outputs[0].logprobs[0].top, atol=1e-4)
+    check_top20_logprobs(case)
 
 
 @pytest.mark.slow  # loads a model of its own
@@ -155,7 +133,7 @@ def test_vision_tower_skipped_and_each_layer_keeps_k_and_v_of_its_shape(gemma4_d
     the window group's pages, the global layer 1 head of 32, K and V both (the keys are normed and rotated, the
     values not)."""
     with caplog.at_level(logging.INFO, logger="engine.weights"):
-        llm = LLM(gemma4_dirs["gemma4"], block_size=4, num_kv_blocks=64, num_window_blocks=40)
+        llm = new_llm(gemma4_dirs["gemma4"], block_size=4, num_kv_blocks=64, num_window_blocks=40)
     assert sum("vision tower" in r.message for r in caplog.records) == 1
     assert not any("vision" in name for name, _ in llm.engine.runner.model.named_parameters())
     caches = llm.engine.runner.kv_caches
@@ -180,10 +158,7 @@ def test_what_is_refused(key, value, message):
 def test_tensor_parallel_2(case):
     """Two gloo ranks on CPU: each holds half the query heads of every layer, the window layers' KV heads split, the
     global layer's one KV head on both, half the MLPs and half the vocabulary."""
-    path, prompts, expected = case
-    with LLM(path, block_size=4, num_kv_blocks=256, max_num_batched_tokens=16, tensor_parallel_size=2) as llm:
-        outs = llm.generate(prompts, GREEDY)
-    assert [o.token_ids for o in outs] == expected
+    check_tensor_parallel(case)
 
 
 def test_the_engines_pages_of_gemma_4_31b_are_the_documented_bytes_per_token():
@@ -211,11 +186,5 @@ def test_registry_gemma4_tiny_matches_transformers():
     """The registry's gemma4-tiny (Gemma4ForCausalLM's layout as Gemma-4-31B's shape: K = V projection and one wide
     KV head in the global layer, a 16-token window; random weights, Gemma 3's real tokenizer): greedy tokens of
     varied continuations equal transformers' in steps that mix chunked prefills with decodes."""
-    prompts = random_prompts(262_144, [3, 17, 45], seed=1)
-    llm = LLM("gemma4-tiny", block_size=4, num_kv_blocks=256, max_num_batched_tokens=16)
-    outs = llm.generate(prompts, GREEDY)
-    want = [hf_greedy("gemma4-tiny", p, NEW_TOKENS) for p in prompts]
-    assert [o.token_ids for o in outs] == want
-    assert len({tuple(w) for w in want}) == len(want) and sum(len(set(w)) for w in want) > 4 * len(want)
-    cfg = llm.engine.model_cfg
+    cfg = check_registry_model("gemma4-tiny", 262_144).engine.model_cfg
     assert cfg.gemma4.k_eq_v and cfg.gemma4.head_dims[-1] == 64 and cfg.vocab_size == 262_144

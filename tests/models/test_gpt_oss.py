@@ -17,21 +17,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
 from engine.config import ModelConfig
 from engine.model_sources.mxfp4 import released_expert_layout
 from engine.models.gpt_oss import read_experts
 from engine.parallel.linear import ExpertSharding
 from engine.parallel.state import TensorParallel
-from tests.hf_oracle import (
-    CheckpointDirs, assert_greedy_alone_and_together, assert_greedy_cache_hot, assert_greedy_through_preemption,
-    assert_top_logprobs_equal_hf, assert_varied, hf_greedy, hf_model, logit_shift, random_prompts,
-)
+from tests.hf_oracle import CheckpointDirs, hf_greedy, hf_model, new_llm, tokenizer_of
 from tests.models.checkpoints.gpt_oss_models import LAYOUTS, VOCAB, WINDOW, write_gpt_oss_checkpoint
-
-LENGTHS = [1, 4, 9, 17, 40, 70]
-NEW_TOKENS = 8
-GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
+from tests.models.window_parity import (
+    GREEDY, NEW_TOKENS, ParityCase, check_chunked_prefill, check_greedy_alone_together_and_hot, check_op_set,
+    check_preemption, check_tensor_parallel, check_top20_logprobs, check_varied_and_context,
+)
 
 
 @pytest.fixture(scope="module")
@@ -41,10 +37,8 @@ def gpt_oss_dirs(tmp_path_factory) -> dict[str, str]:
 
 @pytest.fixture(scope="module", params=[pytest.param(layout, marks=() if layout == "bf16" else pytest.mark.slow)
                                         for layout in LAYOUTS])
-def case(request, gpt_oss_dirs):
-    path = gpt_oss_dirs[request.param]
-    prompts = random_prompts(VOCAB, LENGTHS, seed=3)
-    return path, prompts, [hf_greedy(path, p, NEW_TOKENS) for p in prompts]
+def case(request, gpt_oss_dirs) -> ParityCase:
+    return ParityCase.of(gpt_oss_dirs[request.param], VOCAB, seed=3)
 
 
 @pytest.mark.slow  # writes the MXFP4 checkpoint too
@@ -86,11 +80,9 @@ def test_released_configs_default_to_alternating_windows():
 
 
 def test_outputs_are_varied_and_depend_on_the_whole_context(case):
-    path, prompts, expected = case
-    assert_varied(expected, 5)
-    long = prompts[-1]
-    assert logit_shift(path, long, len(long) - 1) > 0.05, "a token 69 back moves the logits (the full layers)"
-    model = hf_model(path)
+    check_varied_and_context(case, "the full layers")
+    long = case.prompts[-1]
+    model = hf_model(case.path)
     with torch.no_grad():
         base = model(torch.tensor([long])).logits[0, -1]
         saved = [layer.self_attn.sinks.clone() for layer in model.model.layers]
@@ -103,43 +95,30 @@ def test_outputs_are_varied_and_depend_on_the_whole_context(case):
 
 @pytest.mark.parametrize("block_size", [4, pytest.param(16, marks=pytest.mark.slow)])
 def test_greedy_one_at_a_time_all_together_and_cache_hot(case, block_size):
-    path, prompts, expected = case
-    llm = LLM(path, block_size=block_size, num_kv_blocks=512)
-    assert_greedy_alone_and_together(llm, prompts, expected)
-    assert_greedy_cache_hot(llm, prompts, expected, block_size)
+    check_greedy_alone_together_and_hot(case, block_size)
 
 
 @pytest.mark.slow
 def test_chunked_prefill_ending_off_block_boundaries(case):
-    path, prompts, expected = case
-    llm = LLM(path, block_size=4, num_kv_blocks=512, max_num_batched_tokens=7)
-    assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == expected
+    check_chunked_prefill(case)
 
 
 @pytest.mark.slow
 def test_preemption_in_a_small_pool(case):
-    path, prompts, expected = case
-    llm = LLM(path, block_size=4, num_kv_blocks=32, max_num_batched_tokens=32)
-    assert_greedy_through_preemption(llm, prompts, expected)
+    check_preemption(case)
 
 
 def test_top20_logprobs_within_1e_4(case):
-    path, prompts, _ = case
-    llm = LLM(path, block_size=4, num_kv_blocks=512, max_num_batched_tokens=32)
-    outs = llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0, logprobs=20))
-    for prompt, out in zip(prompts, outs):
-        assert_top_logprobs_equal_hf(path, prompt, out.outputs[0].logprobs[0].top, atol=1e-4)
+    check_top20_logprobs(case)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("case", ["bf16"], indirect=True)
 def test_other_op_sets_chunked_and_together(case, backend):
-    """The pure-torch reference and the Triton kernels (under the interpreter on CPU: sinks in the attention kernel,
-    expert biases around the grouped GEMMs), in steps that mix chunked prefills with decodes."""
-    path, prompts, expected = case
-    llm = LLM(path, attention_backend=backend, block_size=4, num_kv_blocks=512, max_num_batched_tokens=13)
-    assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == expected
+    """The pure-torch reference and the Triton kernels (sinks in the attention kernel, expert biases around the
+    grouped GEMMs)."""
+    check_op_set(case, backend)
 
 
 def test_each_rank_reads_its_share_of_the_experts():
@@ -177,12 +156,8 @@ def test_tensor_parallel_2_equals_transformers(case, expert_parallel):
     """Two ranks of 2 query heads and their sinks, 1 KV head, o_proj's bias added once, the router replicated; the
     experts either each cut in half along the intermediate dim (the gate/up bias sliced with it, the down bias added
     once), or 4 whole experts a rank, read from the MXFP4 blocks of those experts only."""
-    path, prompts, expected = case
-    chosen = [1, 3, 5]  # 4, 17 and 70 tokens: the two longer ones reach past the window
-    with LLM(path, tensor_parallel_size=2, enable_expert_parallel=expert_parallel, block_size=4, num_kv_blocks=128,
-             max_num_batched_tokens=32) as llm:
-        outs = llm.generate([prompts[i] for i in chosen], GREEDY)
-    assert [o.token_ids for o in outs] == [expected[i] for i in chosen]
+    # 4, 17 and 70 tokens: the two longer ones reach past the window
+    check_tensor_parallel(case, slice(1, 6, 2), enable_expert_parallel=expert_parallel)
 
 
 @pytest.mark.slow  # builds gpt-oss-tiny (~30 s: the o200k_harmony merges, 201,088-row embeddings)
@@ -191,7 +166,6 @@ def test_the_registry_model_is_the_released_layout_and_equals_transformers_on_ha
     harmony format (a system message with tools, a user turn, a tool loop) greedy tokens equal transformers' reading
     the same directory, and differ between prompts."""
     from safetensors import safe_open
-    from transformers import AutoTokenizer
 
     from engine.registry import resolve_model
     from server.rendering import get_renderer
@@ -201,11 +175,11 @@ def test_the_registry_model_is_the_released_layout_and_equals_transformers_on_ha
     assert json.loads((path / "config.json").read_text())["quantization_config"]["quant_method"] == "mxfp4"
     with safe_open(path / "model.safetensors", "pt") as f:
         assert "model.layers.0.mlp.experts.gate_up_proj_blocks" in set(f.keys())
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = tokenizer_of(str(path))
     assert len(tokenizer) == 201_088
     renderer = get_renderer("gpt-oss")
     prompts = [tokenizer.encode(renderer.render(messages, tools), add_special_tokens=False)
                for messages, tools, _ in (CONVERSATIONS[name] for name in ("plain", "tools_high", "loop_open"))]
     expected = [hf_greedy(str(path), p, NEW_TOKENS) for p in prompts]
-    outs = LLM("gpt-oss-tiny", block_size=16, num_kv_blocks=256).generate(prompts, GREEDY)
+    outs = new_llm("gpt-oss-tiny", block_size=16, num_kv_blocks=256).generate(prompts, GREEDY)
     assert [o.token_ids for o in outs] == expected and len({tuple(e) for e in expected}) == len(expected)

@@ -12,26 +12,20 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
 from engine.config import ModelConfig
 from engine.model_sources.tiny import family_scales, random_tensor
-from engine.registry import resolve_model
-from tests.hf_oracle import (
-    assert_greedy_alone_and_together, assert_greedy_cache_hot, assert_greedy_through_preemption,
-    assert_top_logprobs_equal_hf, assert_varied, hf_greedy, logit_shift, random_prompts,
+from tests.hf_oracle import new_llm, saved_with_tokenizer
+from tests.models.window_parity import (
+    ParityCase, check_chunked_prefill, check_greedy_alone_together_and_hot, check_preemption, check_registry_model,
+    check_tensor_parallel, check_top20_logprobs, check_varied_and_context,
 )
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
 VOCAB = 151936  # the Qwen3 tokenizer's
-LENGTHS = [1, 4, 9, 17, 40, 70]
-NEW_TOKENS = 8
-GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
 WINDOW = 8
 _TEXT = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4,
              num_key_value_heads=2, head_dim=16, max_position_embeddings=4096, sliding_window=WINDOW,
@@ -56,16 +50,13 @@ def hf_muse_glimmer_model(seed: int = 31):
 @pytest.fixture(scope="module")
 def muse_dir(tmp_path_factory) -> str:
     out = tmp_path_factory.mktemp("muse_glimmer") / "muse_glimmer"
-    hf_muse_glimmer_model().save_pretrained(out)
-    for name in TOKENIZER_FILES:
-        shutil.copyfile(resolve_model("qwen3-tiny") / name, out / name)
+    saved_with_tokenizer(lambda _: hf_muse_glimmer_model())("muse_glimmer", out)
     return str(out)
 
 
 @pytest.fixture(scope="module")
-def case(muse_dir):
-    prompts = random_prompts(VOCAB, LENGTHS, seed=5)
-    return muse_dir, prompts, [hf_greedy(muse_dir, p, NEW_TOKENS) for p in prompts]
+def case(muse_dir) -> ParityCase:
+    return ParityCase.of(muse_dir, VOCAB, seed=5)
 
 
 @pytest.mark.slow  # the names and config only: the parity tests load the same checkpoint
@@ -85,49 +76,33 @@ def test_the_checkpoint_is_the_released_layout(muse_dir):
 
 @pytest.mark.slow  # the fast tier keeps the greedy check on the same checkpoint
 def test_outputs_are_varied_and_depend_on_the_whole_context(case):
-    """Different prompts continue differently; the first token of a 70-token prompt, far outside the window, still
-    moves the next token's logits (through the NoPE layers), and the last few tokens move them a lot."""
-    path, prompts, expected = case
-    assert_varied(expected, 5)
-    assert logit_shift(path, prompts[-1], 3) > 0.5, "a token inside the window moves the logits"
-    assert logit_shift(path, prompts[-1], 69) > 0.05, "so does the first one, through the full layers"
+    check_varied_and_context(case, "the full NoPE layers")
 
 
 @pytest.mark.parametrize("block_size", [4, pytest.param(16, marks=pytest.mark.slow)])
 def test_greedy_one_at_a_time_all_together_and_cache_hot(case, block_size):
-    path, prompts, expected = case
-    llm = LLM(path, block_size=block_size, num_kv_blocks=512)
-    assert_greedy_alone_and_together(llm, prompts, expected)
-    assert_greedy_cache_hot(llm, prompts, expected, block_size)
+    check_greedy_alone_together_and_hot(case, block_size)
 
 
 @pytest.mark.slow
 def test_chunked_prefill_ending_off_block_boundaries(case):
-    path, prompts, expected = case
-    llm = LLM(path, block_size=4, num_kv_blocks=512, max_num_batched_tokens=7)
-    assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == expected
+    check_chunked_prefill(case)
 
 
 @pytest.mark.slow
 def test_preemption_in_a_small_pool(case):
-    path, prompts, expected = case
-    assert_greedy_through_preemption(LLM(path, block_size=4, num_kv_blocks=32, max_num_batched_tokens=32), prompts,
-                                     expected)
+    check_preemption(case)
 
 
 @pytest.mark.slow  # tests/models/test_gemma4.py keeps a fast top-20 check of the same normalized attention
 def test_top20_logprobs_within_1e_4(case):
-    path, prompts, _ = case
-    llm = LLM(path, block_size=4, num_kv_blocks=512, max_num_batched_tokens=32)
-    outs = llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0, logprobs=20))
-    for prompt, out in zip(prompts, outs):
-        assert_top_logprobs_equal_hf(path, prompt, out.outputs[0].logprobs[0].top, atol=1e-4)
+    check_top20_logprobs(case)
 
 
 @pytest.mark.slow  # loads a model of its own
 def test_vision_tower_skipped_with_one_log_line(muse_dir, caplog):
     with caplog.at_level(logging.INFO, logger="engine.weights"):
-        llm = LLM(muse_dir, block_size=4, num_kv_blocks=64)
+        llm = new_llm(muse_dir, block_size=4, num_kv_blocks=64)
     assert sum("vision tower" in r.message for r in caplog.records) == 1
     assert not any("vision" in name for name, _ in llm.engine.runner.model.named_parameters())
 
@@ -136,10 +111,7 @@ def test_vision_tower_skipped_with_one_log_line(muse_dir, caplog):
 def test_tensor_parallel_2(case):
     """Two gloo ranks: each holds half the query heads and their output gates, one of the two KV heads, half the
     MLPs and half the vocabulary."""
-    path, prompts, expected = case
-    with LLM(path, block_size=4, num_kv_blocks=256, max_num_batched_tokens=16, tensor_parallel_size=2) as llm:
-        outs = llm.generate(prompts, GREEDY)
-    assert [o.token_ids for o in outs] == expected
+    check_tensor_parallel(case)
 
 
 def test_the_engines_pages_of_muse_glimmer_30b_are_the_documented_bytes_per_token():
@@ -166,10 +138,4 @@ def test_registry_muse_glimmer_tiny_matches_transformers():
     """The registry's muse-glimmer-tiny (the released VLM layout with a tiny vision tower, a 16-token window, random
     weights, Qwen3's tokenizer as a stand-in): greedy tokens of varied continuations equal transformers' in steps
     that mix chunked prefills with decodes."""
-    prompts = random_prompts(VOCAB, [3, 17, 45], seed=1)
-    llm = LLM("muse-glimmer-tiny", block_size=4, num_kv_blocks=256, max_num_batched_tokens=16)
-    outs = llm.generate(prompts, GREEDY)
-    want = [hf_greedy("muse-glimmer-tiny", p, NEW_TOKENS) for p in prompts]
-    assert [o.token_ids for o in outs] == want
-    assert len({tuple(w) for w in want}) == len(want) and sum(len(set(w)) for w in want) > 4 * len(want)
-    assert llm.engine.model_cfg.muse_glimmer.nope_layers == (3, 7)
+    assert check_registry_model("muse-glimmer-tiny", VOCAB).engine.model_cfg.muse_glimmer.nope_layers == (3, 7)
