@@ -104,20 +104,22 @@ def test_outputs_are_varied(case) -> None:
 @pytest.mark.fast_cases("16")  # V4's fast parity case (the sweep's V4 draws are slow)
 def test_greedy_one_at_a_time_together_and_cache_hot(case, block_size) -> None:
     """Blocks of the window (16) and of two windows (32); the prompts' hits resume on windows retained at their
-    prompt ends or still cached."""
+    prompt ends or still cached. 12 window pages beside 64 blocks: the window pool reuses its pages while blocks are
+    fresh, so keys read or written through the blocks' table would miss (V4 reading ``meta`` instead of
+    ``meta.window`` fails here)."""
     prompts, expected = case
-    llm = poisoned_llm(NAME, block_size, num_kv_blocks=64, max_num_batched_tokens=256)
+    llm = poisoned_llm(NAME, block_size, num_kv_blocks=64, num_window_blocks=12, max_num_batched_tokens=256)
     assert_greedy_alone_and_together(llm, prompts, expected)
     assert_greedy_cache_hot(llm, prompts, expected, block_size)
 
 
 @pytest.mark.slow
 def test_chunked_prefill_and_preemption() -> None:
-    """7 tokens a step (chunks end mid-window and mid-block), 8 blocks and 10 window pages for 4 requests needing 12
-    and 12: prefills run in chunks beside decodes, and running requests are preempted and recomputed from their
+    """7 tokens a step (chunks end mid-window and mid-block), 8 blocks and 6 window pages for 4 requests needing 13
+    blocks and, running together, 12 window pages: prefills run in chunks beside decodes, and running requests are preempted and recomputed from their
     cached blocks and windows."""
     prompts = random_prompts(50_000, [40, 29, 51, 18], seed=9)
-    llm = poisoned_llm(NAME, BLOCK, num_kv_blocks=8, num_window_blocks=10, max_num_batched_tokens=7)
+    llm = poisoned_llm(NAME, BLOCK, num_kv_blocks=8, num_window_blocks=6, max_num_batched_tokens=7)
     assert_greedy_through_preemption(llm, prompts, [hf_greedy(NAME, p, 10) for p in prompts])
 
 
