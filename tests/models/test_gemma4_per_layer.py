@@ -209,7 +209,9 @@ def test_the_released_layout_skips_its_towers_and_equals_transformers(tmp_path, 
 
 def test_the_engines_pages_of_e2b_and_e4b_are_the_documented_bytes_per_token():
     """E2B and E4B's text configs built on the meta device: the cache spec keeps the unshared layers alone, in bf16
-    18 KiB and 56 KiB a token against 42 KiB and 98 KiB with every layer keeping its own (docs/MODELS.md)."""
+    18 KiB and 56 KiB a token against 42 KiB and 98 KiB with every layer keeping its own (docs/MODELS.md), what
+    docs/SLIDING_WINDOW.md prices (`benchmarks.prefix.policies.sliding_window.SHAPES`)."""
+    from benchmarks.prefix.policies.sliding_window import SHAPES
     from engine.models.architectures import MODEL_CLASSES
 
     pattern = {"e2b": ["sliding_attention"] * 4 + ["full_attention"], "e4b": ["sliding_attention"] * 5 + ["full_attention"]}
@@ -227,3 +229,4 @@ def test_the_engines_pages_of_e2b_and_e4b_are_the_documented_bytes_per_token():
             every = MODEL_CLASSES[cfg.architecture](
                 ModelConfig.from_dict(dict(text, num_kv_shared_layers=0)), ops=None).kv_cache_spec()
         assert (spec.bytes_per_token(torch.bfloat16), every.bytes_per_token(torch.bfloat16)) == (shared, unshared)
+        assert SHAPES[f"Gemma-4-{model.upper()}"].dense_bytes_per_token == shared

@@ -92,6 +92,11 @@ SHAPES = {
     "Gemma-4-31B": WindowShape("Gemma-4-31B", 1024, 50, 10, _kv(16, 256), _kv(4, 512)),
     # 30 layers, 5 window (1024) : 1 global; window layers 8 KV heads of 256, global ones 2 of 512
     "Gemma-4-26B-A4B": WindowShape("Gemma-4-26B-A4B", 1024, 25, 5, _kv(8, 256), _kv(2, 512)),
+    # E2B: 35 layers, 4 window (512) : 1 global, 1 KV head of 256 / 512; the last 20 reuse the K/V of layers 13
+    # (window) and 14 (global) and keep none, so 12 window and 3 global layers keep pages (engine/models/gemma4.py)
+    "Gemma-4-E2B": WindowShape("Gemma-4-E2B", 512, 12, 3, _kv(1, 256), _kv(1, 512)),
+    # E4B: 42 layers, 5 window (512) : 1 global, 2 KV heads of 256 / 512; the last 18 shared: 20 window, 4 global kept
+    "Gemma-4-E4B": WindowShape("Gemma-4-E4B", 512, 20, 4, _kv(2, 256), _kv(2, 512)),
     # 52 layers, 3 window (2048) : 1 full (NoPE), 2 KV heads of 128
     "Muse-Glimmer-30B": WindowShape("Muse-Glimmer-30B", 2048, 39, 13, _kv(2, 128), _kv(2, 128)),
     # 24 layers alternating window (128) / full, 8 KV heads of 64

@@ -19,7 +19,8 @@ def sessions():
 def test_bytes_per_token_of_the_released_shapes():
     """A 100k-token session, every layer full against the window group (its running window included)."""
     want = {"Gemma 3 27B": (496.0, 84.4), "Gemma-4-31B": (880.0, 88.4), "Gemma-4-26B-A4B": (220.0, 22.1),
-            "Muse-Glimmer-30B": (52.0, 13.8), "gpt-oss-20b": (48.0, 24.0)}
+            "Gemma-4-E2B": (18.0, 6.1), "Gemma-4-E4B": (56.0, 16.2), "Muse-Glimmer-30B": (52.0, 13.8),
+            "gpt-oss-20b": (48.0, 24.0)}
     for name, (dense, group) in want.items():
         shape = SHAPES[name]
         assert shape.dense_bytes_per_token / KIB == dense
