@@ -6,7 +6,10 @@ their full layers differ in shape from the window layers:
   alone): the global layers have heads of ``global_head_dim`` (512), ``num_global_key_value_heads`` KV heads whose
   values come from ``k_proj`` (``attention_k_eq_v``: no ``v_proj``), and a "proportional" RoPE that turns only the
   first quarter of the frequencies; values are RMS-normalized without a gain, the softmax scale is 1, norms are
-  plain ``w`` gains, each layer's output is scaled by a learned ``layer_scalar``.
+  plain ``w`` gains, each layer's output is scaled by a learned ``layer_scalar``. E2B / E4B add per-layer inputs
+  (``hidden_size_per_layer_input`` wide, from a ``vocab_size_per_layer_input``-row table; transformers' defaults
+  256 and 262,144 where the keys are left out) and ``num_kv_shared_layers`` last layers that reuse the K / V of an
+  earlier one (``use_double_wide_mlp``: their MLPs twice as wide).
 - Muse-Glimmer (``muse_glimmer``: MuseGlimmerForConditionalGeneration): every fourth layer, counted back from the
   last, attends fully with no RoPE (``layer_rope_theta`` 0); q and k are RMS-normalized without a gain (q times
   ``qk_scale_factor``), the attention output is gated by ``sigmoid(gate_proj(x))``, embeddings are RMS-normalized,
