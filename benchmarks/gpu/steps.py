@@ -312,11 +312,26 @@ def _gpt_oss_summary(config: dict[str, Any]) -> dict[str, Any]:
             "weight_ratio": dequantized / packed}
 
 
+def _expert_layer(ctx: Context) -> list[dict[str, Any]]:
+    """One of the model's MoE layers, its experts packed against dequantized, side by side at 1, 32 and 512 tokens
+    (benchmarks/mxfp4_moe.py; before the engine, which takes the memory)."""
+    from benchmarks.mxfp4_moe import Layer, compare
+
+    config = ctx.models[GPT_OSS]
+    layer = Layer(config["num_local_experts"], config["hidden_size"], config["intermediate_size"],
+                  config["num_experts_per_tok"])
+    ctx.release_engine()
+    backend = "triton" if ctx.device == "cuda" else "cpu"
+    return compare(layer, [1, 32, 512], backend, ctx.device, getattr(torch, ctx.dtype), repeat=5)
+
+
 def gpt_oss_throughput(ctx: Context) -> dict[str, Any]:
     """The nano-vllm workload on a gpt-oss-20b-shaped model (random weights drawn on the GPU, the experts packed in
     MXFP4 as released): window and full layers with sinks through the Triton attention, the biased top-4 MoE through
-    the MXFP4 expert kernel (kernels/triton/mxfp4.py), decode under CUDA graphs."""
-    return {"model": _gpt_oss_summary(ctx.models[GPT_OSS]), **_throughput(ctx, "gpt_oss")}
+    the MXFP4 expert kernel (kernels/triton/mxfp4.py), decode under CUDA graphs. First one MoE layer's experts,
+    packed vs dequantized (the bf16 grouped GEMM of kernels/triton/moe.py), timed side by side."""
+    return {"model": _gpt_oss_summary(ctx.models[GPT_OSS]), "expert_layer": _expert_layer(ctx),
+            **_throughput(ctx, "gpt_oss")}
 
 
 def glm_throughput(ctx: Context) -> dict[str, Any]:

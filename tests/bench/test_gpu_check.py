@@ -167,6 +167,9 @@ def test_engine_steps_run_on_cpu_with_small_shapes(tmp_path):
     for step, kind in ((gpu_steps.gpt_oss_throughput, "gpt_oss"), (gpu_steps.glm_throughput, "glm")):
         family = step(ctx)  # the tiny family's tokenizer, weights drawn by the engine
         assert family["engine"] == kind and family["output_tokens"] > 0 and family["model"]["params"] > 0
+        if kind == "gpt_oss":  # one MoE layer's experts packed vs dequantized: in fp32 the very same values
+            assert [row["tokens"] for row in family["expert_layer"]] == [1, 32, 512]
+            assert all(row["max_abs_difference"] == 0 and row["bytes_ratio"] > 7 for row in family["expert_layer"])
 
 
 def _fake_step(name, result=None, error=None, min_seconds=0.0):
