@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.config import MoEConfig
+from engine.config import EngineConfig, MoEConfig
 from engine.model_sources.mxfp4 import QUANTIZATION_CONFIG, released_expert_layout
 from engine.models.gpt_oss import read_experts, read_packed_experts
 from engine.models.layers.moe import Experts
@@ -47,6 +47,8 @@ def test_auto_keeps_experts_packed_where_the_kernel_runs(tmp_path):
     assert not keep_experts_packed("packed", "triton", plain)
     with pytest.raises(ValueError, match="mxfp4_experts"):
         keep_experts_packed("fp4", "triton", released)
+    with pytest.raises(ValueError, match="mxfp4_experts must be"):
+        EngineConfig(mxfp4_experts="fp4")
 
 
 def _released_experts(experts: int, hidden: int, inter: int) -> dict[str, torch.Tensor]:

@@ -40,7 +40,7 @@ class Fp8Format:
         if not quant:
             return None
         method = quant.get("quant_method")
-        if method == "mxfp4":  # gpt-oss' experts: dequantized on load by engine/models/gpt_oss.py, no FP8 layers
+        if method == "mxfp4":  # gpt-oss' experts (engine/models/layers/mxfp4_experts.py), no FP8 layers
             return None
         if method != "fp8":
             raise ValueError(f"quant_method {method!r} is not supported: kvserve loads unquantized checkpoints, "
