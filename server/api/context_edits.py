@@ -31,7 +31,7 @@ from server.api.messages_compaction import COMPACT, Compact, from_last_compactio
 from server.api.messages_input import to_turn
 from server.api.protocol import APIError
 from server.pipeline.context import ServingContext
-from server.pipeline.images import expand, turn_images
+from server.pipeline.images import expand, prompt_text, turn_images
 from server.pipeline.plan import render_turn, with_cached_content
 from server.pipeline.turn import Turn
 
@@ -259,4 +259,5 @@ def turn_tokens(ctx: ServingContext, turn: Turn) -> int:
     """A turn's prompt tokens as `/v1/messages` renders it, each image counted at its tokens (an image read as
     text would be a 400: Claude Code's Read tool returns screenshots inside tool results)."""
     turn, images = turn_images(ctx.images, turn)
-    return len(expand(ctx.images, ctx.encode(render_turn(ctx, turn)), images).token_ids)
+    text = prompt_text(ctx.images, render_turn(ctx, turn), images)
+    return len(expand(ctx.images, ctx.encode(text), images).token_ids)

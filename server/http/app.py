@@ -33,7 +33,7 @@ from server.pipeline.async_engine import RequestStream
 from server.api.caches_api import add_cache_routes
 from server.api.chat import chat_turn, complete_chat, stream_chat, tokenize_turn
 from server.pipeline.plan import plan_turn, render_turn
-from server.pipeline.images import expand, turn_images
+from server.pipeline.images import expand, prompt_text, turn_images
 from server.api.completions import complete_text, plan_completion, stream_text
 from server.pipeline.context import Served, ServerSettings, ServingContext
 from server.pipeline.generation import Generation, submit
@@ -295,7 +295,7 @@ def _add_routes(app: FastAPI, settings: ServerSettings, ui: bool) -> None:
                 return req.prompt, ImagePrompt(ctx.encode(req.prompt))
             turn, images = turn_images(ctx.images, tokenize_turn(req, ctx.family))  # an image counts its tokens
             text = render_turn(ctx, turn)
-            return text, expand(ctx.images, ctx.encode(text), images)
+            return text, expand(ctx.images, ctx.encode(prompt_text(ctx.images, text, images)), images)
 
         text, prompt = await ctx.prepare(render_and_encode)
         ids = prompt.token_ids

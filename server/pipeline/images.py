@@ -3,7 +3,8 @@
 user messages and in tool results alike); here each image part is taken out of the messages, read (a data URL, or
 an http(s) URL where the operator allowed fetching: `--allow-image-urls`), preprocessed by the model's own image
 processor, and replaced by the text the official template renders for an image
-(``<|vision_start|><|image_pad|><|vision_end|>``, after ``Picture n: `` with ``add_vision_id``). After tokenizing,
+(``<|vision_start|><|image_pad|><|vision_end|>``, after ``Picture n: `` with ``add_vision_id``; Gemma 3's
+``<start_of_image>``, which becomes its processor's text for the image before tokenizing). After tokenizing,
 each placeholder token is expanded to the image's run of tokens (`engine.multimodal.expand_placeholders`), so the
 prompt is byte for byte the template's and token for token the processor's.
 
@@ -20,12 +21,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from engine.errors import RequestRejected
-from engine.models.vision.preprocess import MAX_IMAGE_BYTES, ImagePreprocessor
+from engine.models.vision.preprocess import MAX_IMAGE_BYTES, QWEN_PLACEHOLDER, ImagePreprocessor
 from engine.multimodal import ImageInput, ImagePrompt, expand_placeholders
 from server.api.protocol import APIError
 from server.pipeline.turn import Turn
 
-PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
 # chat's image part, Responses' input_image (as the Responses adapter passes it through)
 IMAGE_PART_TYPES = ("image_url", "input_image")
 
@@ -55,9 +55,13 @@ def image_url(part: Any) -> str | None:
     return url if isinstance(url, str) else ""
 
 
-def split_images(messages: list[dict], add_vision_id: bool = False) -> tuple[list[dict], list[tuple[str, str]]]:
-    """The messages with each image part replaced by the template's text for it, and each image's (URL, where)
-    in prompt order. Messages without images are kept as they are."""
+def split_images(messages: list[dict], add_vision_id: bool = False, placeholder: str = QWEN_PLACEHOLDER,
+                 glued: bool = False) -> tuple[list[dict], list[tuple[str, str]]]:
+    """The messages with each image part replaced by the template's text for it (``placeholder``: Qwen's
+    vision markers, Gemma 3's ``<start_of_image>``), and each image's (URL, where) in prompt order. Messages without
+    images are kept as they are. ``glued`` (Gemma 3): the template writes a list's parts one after another, so the
+    placeholder joins the text parts on either side of it into one (text parts alone are still flattened a line
+    apart, as for every template that takes strings)."""
     out: list[dict] = []
     found: list[tuple[str, str]] = []
     for i, message in enumerate(messages):
@@ -76,9 +80,26 @@ def split_images(messages: list[dict], add_vision_id: bool = False) -> tuple[lis
                 continue
             found.append((url, part.get("where") or f"messages.{i}.content.{j}"))  # an adapter's own field path
             prefix = f"Picture {len(found)}: " if add_vision_id else ""
-            parts.append({"type": "text", "text": prefix + PLACEHOLDER})
-        out.append({**message, "content": parts})
+            parts.append({"type": "text", "text": prefix + placeholder, "image": True})
+        out.append({**message, "content": _glue(parts) if glued else [_text_part(p) for p in parts]})
     return out, found
+
+
+def _text_part(part: Any) -> Any:
+    return {"type": "text", "text": part["text"]} if isinstance(part, dict) and "image" in part else part
+
+
+def _glue(parts: list) -> list:
+    """Each image's text joined to the text parts next to it (`split_images`)."""
+    out: list = []
+    for part in parts:
+        is_text = isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+        joins = out and is_text and (part.get("image") or out[-1].get("image"))
+        if joins:
+            out[-1] = {"type": "text", "text": out[-1]["text"] + part["text"], "image": bool(part.get("image"))}
+        else:
+            out.append(part)
+    return [_text_part(p) for p in out]
 
 
 def _data_url_bytes(url: str, where: str) -> bytes:
@@ -138,7 +159,9 @@ class ImageReader:
 def turn_images(reader: ImageReader | None, turn: Turn) -> tuple[Turn, tuple[ImageInput, ...]]:
     """The turn with its images replaced by the template's text, and the images, read and preprocessed (a turn
     without images comes back as it is)."""
-    messages, found = split_images(turn.messages, bool(turn.template_kwargs.get("add_vision_id")))
+    messages, found = split_images(turn.messages, bool(turn.template_kwargs.get("add_vision_id")),
+                                   reader.preprocessor.placeholder if reader is not None else QWEN_PLACEHOLDER,
+                                   reader is not None and reader.preprocessor.expansion is not None)
     if not found:
         return turn, ()
     if reader is None:
@@ -149,6 +172,12 @@ def turn_images(reader: ImageReader | None, turn: Turn) -> tuple[Turn, tuple[Ima
         raise _bad(f"the request has {len(found)} images; at most {reader.max_images} are accepted (--max-images)",
                    found[reader.max_images][1], code="limit_exceeded")
     return replace(turn, messages=messages), tuple(reader.read(url, where) for url, where in found)
+
+
+def prompt_text(reader: ImageReader | None, text: str, images: tuple[ImageInput, ...]) -> str:
+    """The rendered prompt as the model's processor tokenizes it: Gemma 3's ``<start_of_image>`` becomes the
+    image's soft-token run between blank lines (after the template, which trims the text around it)."""
+    return reader.preprocessor.prompt_text(text) if images and reader is not None else text
 
 
 def expand(reader: ImageReader | None, prompt_ids: list[int], images: tuple[ImageInput, ...]) -> ImagePrompt:

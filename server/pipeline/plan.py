@@ -23,7 +23,7 @@ from server.parsing.constraint import ConstraintError, output_constraint
 from server.pipeline.async_engine import EngineRequest
 from server.pipeline.context import ServingContext, new_request_id
 from server.pipeline.generation import Generation, record
-from server.pipeline.images import expand, turn_images
+from server.pipeline.images import expand, prompt_text, turn_images
 from server.pipeline.turn import Turn
 from server.rendering import serving_template_kwargs
 
@@ -170,7 +170,8 @@ def plan_turn(ctx: ServingContext, turn: Turn, body: dict[str, Any], cache_salt:
         )
     except ConstraintError as exc:
         raise APIError(400, str(exc), param=exc.param) from None
-    tokens = ctx.encode_turn(text, (cache_salt, turn.session) if turn.session else None)
+    session = (cache_salt, turn.session) if turn.session else None
+    tokens = ctx.encode_turn(prompt_text(ctx.images, text, images), session)
     prompt_ids = tokens.token_ids
     prompt = expand(ctx.images, prompt_ids, images)  # each placeholder token -> its image's tokens
     check_scored(ctx.settings.limits, [len(prompt.token_ids)], turn.sampling.n, prompt_logprobs=turn.prompt_logprobs)

@@ -4,19 +4,24 @@ tokens equal transformers' ``generate`` (its Gemma3Processor, the official chat 
 images, an image in an earlier turn followed by text turns, and text alone; alone, batched, with the cache hot, and
 with prefill chunks that may not end inside an image (its tokens attend to each other both ways, as transformers'
 token_type_ids mask has them); top-20 logprobs within 1e-4 in fp32. A second turn carrying the same image reads it
-from the cache and gives transformers' tokens; a different image in its place misses from its first block."""
+from the cache and gives transformers' tokens; a different image in its place misses from its first block. Over HTTP (the openai SDK, a data URL) the same, rendered by Gemma 3's template.""" 
 from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
 
 import pytest
 import torch
 
 from engine import LLM, SamplingParams
+from engine.config import EngineConfig
 from engine.errors import RequestRejected
 from engine.requests import EngineRequest
 from tests.hf_oracle import assert_greedy_alone_and_together, assert_greedy_cache_hot, assert_varied
 from tests.models.checkpoints.gemma_vision_models import (gemma3_generate, gemma3_hf_model, gemma3_inputs,
                                                           write_gemma3_vlm)
 from tests.models.checkpoints.vision_models import png, user_turn
+from tests.server.conftest import LiveServer, _live_server
 
 pytestmark = pytest.mark.slow  # every test needs the checkpoint (a 262k-row vocabulary) and transformers' runs
 
@@ -161,3 +166,39 @@ def test_next_turn_reads_the_image_from_the_cache(gemma3_vlm, llm):
               for i, p in enumerate((second, other))]
     assert hashes[0][:cut] == hashes[1][:cut] and all(a != b for a, b in zip(hashes[0][cut:], hashes[1][cut:]))
     assert llm.generate(other, GREEDY)[0].num_cached_tokens <= cut * BLOCK
+
+
+def _data_url(data: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, gemma3_vlm) -> Iterator[LiveServer]:
+    yield from _live_server(tmp_path_factory, gemma3_vlm[0],
+                            EngineConfig(block_size=BLOCK, num_kv_blocks=512, max_model_len=1024))
+
+
+def test_openai_sdk_image_url_and_the_next_turn_from_the_cache(server, gemma3_vlm):
+    """A PNG as a data URL through the openai SDK: rendered by Gemma 3's template (family gemma3), prefilled as
+    transformers' processor tokenizes it, answered with transformers' greedy tokens; the next turn (the reply and a
+    question after it) reads the first turn, image included, from the cache and equals transformers too."""
+    path, _ = gemma3_vlm
+    assert server.ctx.family == "gemma3"
+    shot = png(96, 64, seed=30)
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": _data_url(shot)}},
+                                             {"type": "text", "text": "What is on the screen?"}]}]
+    reply = server.chat(messages=messages, max_tokens=NEW_TOKENS, temperature=0, extra_body={"ignore_eos": True})
+    _, inputs = gemma3_inputs(path, user_turn("What is on the screen?", 1), [shot])
+    record = server.last_record()
+    assert record["prompt_token_ids"] == inputs["input_ids"][0].tolist()
+    assert record["output_token_ids"] == gemma3_generate(path, inputs, NEW_TOKENS)
+    first_len = reply.usage.prompt_tokens
+
+    answer = reply.choices[0].message.content
+    messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": "And in the top left corner?"}]
+    again = server.chat(messages=messages, max_tokens=NEW_TOKENS, temperature=0, extra_body={"ignore_eos": True})
+    _, inputs = gemma3_inputs(path, _conversation(answer), [shot])
+    record = server.last_record()
+    assert record["prompt_token_ids"] == inputs["input_ids"][0].tolist()
+    assert record["output_token_ids"] == gemma3_generate(path, inputs, NEW_TOKENS)
+    assert again.usage.prompt_tokens_details.cached_tokens >= (first_len - 1) // BLOCK * BLOCK
