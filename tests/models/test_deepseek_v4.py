@@ -116,8 +116,8 @@ def test_greedy_one_at_a_time_together_and_cache_hot(case, block_size) -> None:
 @pytest.mark.slow
 def test_chunked_prefill_and_preemption() -> None:
     """7 tokens a step (chunks end mid-window and mid-block), 8 blocks and 6 window pages for 4 requests needing 13
-    blocks and, running together, 12 window pages: prefills run in chunks beside decodes, and running requests are preempted and recomputed from their
-    cached blocks and windows."""
+    blocks and, running together, 12 window pages: prefills run in chunks beside decodes, and running requests are
+    preempted and recomputed from their cached blocks and windows."""
     prompts = random_prompts(50_000, [40, 29, 51, 18], seed=9)
     llm = poisoned_llm(NAME, BLOCK, num_kv_blocks=8, num_window_blocks=6, max_num_batched_tokens=7)
     assert_greedy_through_preemption(llm, prompts, [hf_greedy(NAME, p, 10) for p in prompts])
