@@ -55,14 +55,15 @@ def _calls(fmt: ToolFormat, tools: list[dict], one: bool) -> Format:
     calls = [_call(fmt, tool) for tool in tools]
     if getattr(fmt, "call_format", None) is not None:  # markup in special tokens: no tags to separate
         either = calls[0] if len(calls) == 1 else {"type": "or", "elements": calls}
-        # harmony: a call ends the turn (<|call|>), so one of them; Mistral's are written back to back
-        return either if one or getattr(fmt, "one_call_per_turn", False) else {"type": "plus", "content": either}
-    inner = calls[0] if one and len(calls) == 1 else {
-        "type": "tags_with_separator", "tags": calls, "separator": fmt.call_separator, "at_least_one": True,
-        "stop_after_first": one,
-    }
+        # harmony: a call ends the turn (<|call|>), so one of them; Mistral's and Kimi's are written back to back
+        inner = either if one or getattr(fmt, "one_call_per_turn", False) else {"type": "plus", "content": either}
+    else:
+        inner = calls[0] if one and len(calls) == 1 else {
+            "type": "tags_with_separator", "tags": calls, "separator": fmt.call_separator, "at_least_one": True,
+            "stop_after_first": one,
+        }
     if fmt.block_open and fmt.block_close:
-        begin, end = fmt.block_tag()
+        begin, end = getattr(fmt, "block_format", fmt.block_tag)()
         return {"type": "tag", "begin": begin, "content": inner, "end": end}
     return inner
 

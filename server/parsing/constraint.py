@@ -143,10 +143,13 @@ def _answer(
 
 def _thinking(thinking: Thinking) -> Format:
     """Free reasoning up to its close (`</think>`; Gemma 4's `<channel|>`): already open when the output starts inside
-    it, else optional."""
+    it, else optional, unless the model always opens it (Kimi)."""
     opening, closing = thinking.tags
     if thinking.starts_inside:
         return {"type": "tag", "begin": "", "content": {"type": "any_text"}, "end": closing}
+    if thinking.model_opens:  # the tags as the one token each is (which the thinking budget counts from)
+        return {"type": "tag", "begin": {"type": "token", "token": opening},
+                "content": {"type": "any_tokens", "exclude_tokens": [closing]}, "end": {"type": "token", "token": closing}}
     block = {"type": "tag", "begin": opening, "content": {"type": "any_text"}, "end": closing}
     return {"type": "optional", "content": block}
 

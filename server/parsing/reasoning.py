@@ -19,17 +19,20 @@ class ThinkReasoningParser:
     `starts_in_reasoning`: the generation prompt already opened the block (R1's `<think>⏎`, V3.1's `<think>`), so
     the output starts inside reasoning and only `</think>` matters. Otherwise reasoning exists only when the output
     opens with `<think>` (Qwen3). A `<think>` before any reasoning text is accepted either way (R1-0528 writes it
-    itself). Reasoning loses its edge newlines and the answer its leading newlines, as the templates re-render them.
-    Output that ends inside reasoning (truncated) stays reasoning.
+    itself). Reasoning loses its edge newlines and the answer its leading newlines, as the templates re-render them
+    (`trims`; Kimi's template writes both verbatim, so nothing is trimmed). Output that ends inside reasoning
+    (truncated) stays reasoning.
     """
 
-    def __init__(self, starts_in_reasoning: bool, tags: tuple[str, str] = (THINK_OPEN, THINK_CLOSE)):
+    def __init__(self, starts_in_reasoning: bool, tags: tuple[str, str] = (THINK_OPEN, THINK_CLOSE),
+                 trims: bool = True):
         self._open, self._close = Tag(tags[0]), Tag(tags[1])  # Gemma 4 thinks in <|channel>thought ... <channel|>
         self._splitter = TagSplitter(tags)
         self._starts_in_reasoning = starts_in_reasoning
         self._state: Literal["undecided", "reasoning", "content"] = "undecided"
         self._pending = ""  # whitespace seen while undecided
-        self._reasoning = TrimmedText(lead="\n", trail="\n")
+        self._edge = "\n" if trims else ""
+        self._reasoning = TrimmedText(lead=self._edge, trail=self._edge)
         self._content = TrimmedText()
 
     def feed(self, text: str) -> list[ChannelText]:
@@ -81,7 +84,7 @@ class ThinkReasoningParser:
     def _end_reasoning(self) -> None:
         self._reasoning.take_held()
         self._state = "content"
-        self._content = TrimmedText(lead="\n")
+        self._content = TrimmedText(lead=self._edge)
 
 
 def _text(piece: str | Tag) -> str:

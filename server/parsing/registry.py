@@ -35,6 +35,12 @@ class Thinking:
     default: bool
     starts_inside: bool
     tags: tuple[str, str] = (THINK_OPEN, THINK_CLOSE)  # what opens and closes the reasoning
+    # The model opens its reasoning itself in every turn, as the template writes it in every assistant turn (Kimi):
+    # a grammar has it write the opening too, so the turn renders back as it was written.
+    model_opens: bool = False
+    # The template writes newlines around the reasoning itself (Qwen's `<think>⏎…⏎</think>⏎⏎`), so the parser drops the
+    # model's; Kimi's writes `<think>REASONING</think>ANSWER` verbatim, so they are kept.
+    trims_newlines: bool = True
 
 
 @dataclass(frozen=True)
@@ -78,7 +84,8 @@ FAMILIES: dict[str, FamilyParsing] = {
     # Kimi-K2 / Kimi Linear: a <|tool_calls_section_begin|> section of calls whose ids are the model's
     # functions.NAME:IDX headers; the model opens its <think> itself, as its template writes one in every assistant
     # turn; it ends its turn with <|im_end|>.
-    "kimi-k2": FamilyParsing(KimiFormat, Thinking(switchable=False, default=True, starts_inside=False)),
+    "kimi-k2": FamilyParsing(KimiFormat, Thinking(switchable=False, default=True, starts_inside=False,
+                                                  model_opens=True, trims_newlines=False)),
     # gpt-oss: harmony messages; reasoning on the analysis channel, calls addressed to functions.NAME.
     "gpt-oss": FamilyParsing(lambda tools: HarmonyFormat(), channel_parser=HarmonyOutputParser),
     # Devstral Small 2 / Devstral 2: [TOOL_CALLS]NAME[ARGS]{...} calls back to back, the turn ending with </s>.
@@ -139,7 +146,7 @@ def get_output_parser(
                                    max_calls=max_calls)
     fmt = spec.tool_format(tools) if choice.parses_calls else None
     thinking = active_thinking(family, reasoning)
-    think = ThinkReasoningParser(thinking.starts_inside, thinking.tags) if thinking else None
+    think = ThinkReasoningParser(thinking.starts_inside, thinking.tags, thinking.trims_newlines) if thinking else None
     return OutputParser(tool_format=fmt, reasoning=think, id_prefix=id_prefix, streaming=streaming,
                         max_calls=max_calls, end_of_turn=spec.end_of_turn)
 

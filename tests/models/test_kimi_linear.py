@@ -117,11 +117,15 @@ def test_tensor_parallel_2(case):
 @pytest.mark.slow  # the registry model's build and transformers' own run of it
 def test_the_registry_model_equals_transformers() -> None:
     """kimi-linear-tiny (models.yaml: this architecture with the released config keys and names, the Kimi stand-in
-    tokenizer) gives transformers' greedy tokens, varied, alone, together and cache hot."""
+    tokenizer) gives transformers' greedy tokens, varied, alone, together and cache hot; its next turn reads all but
+    at most one block of the previous prompt and reply (the KDA state's reply-end snapshot)."""
     llm = LLM("kimi-linear-tiny", block_size=4, num_kv_blocks=256)
     prompts = random_prompts(150_000, [3, 9, 17], seed=38)
     expected = [hf_greedy("kimi-linear-tiny", p, 6) for p in prompts]
     assert_varied(expected, 2)
     assert_greedy_alone_and_together(llm, prompts, expected)
     assert_greedy_cache_hot(llm, prompts, expected, block_size=4)
+    # the next turn (prompt + reply + a new message) reads all of prompt and reply but at most one block
+    outs = llm.generate([p + e + [11, 22, 33] for p, e in zip(prompts, expected)], GREEDY)
+    assert all(len(p) + 6 - 4 <= o.num_cached_tokens for p, o in zip(prompts, outs))
     llm.close()

@@ -14,6 +14,7 @@ from server.parsing import get_output_parser, parse_output
 from server.parsing.constraint import ConstraintError, completion_constraint, output_constraint
 from server.parsing.formats.deepseek import CALL_BEGIN, CALL_END, CALLS_BEGIN, CALLS_END, SEP
 from server.rendering.native.gemma4 import call_text
+from server.rendering.native.kimi import render_calls as kimi_section
 from server.rendering.native.minimax import render_calls
 
 from tests.parsing.fixtures import NO_ARGS, TOOLS, WEATHER
@@ -72,6 +73,10 @@ def glm_call(name: str, **args: str) -> str:
 
 def minimax_calls(*invokes: tuple[str, dict]) -> str:
     return render_calls([{"function": {"name": n, "arguments": a}} for n, a in invokes])
+
+
+def kimi_calls(*calls: tuple[str, str]) -> str:
+    return kimi_section([{"id": i, "function": {"name": "", "arguments": a}} for i, a in calls])
 
 
 def gemma_call(name: str, arguments: str) -> str:
@@ -144,6 +149,38 @@ def test_minimax_calls_come_after_its_thinking(grammars):
     auto = constraint("minimax-m2", "auto")
     assert accepts(grammars, auto, thought + "Just text.") and accepts(grammars, auto, thought + "Let me check." + two)
     assert not accepts(grammars, auto, thought + "Let me check." + one.replace("get_weather", "get_wether"))
+
+
+@pytest.mark.slow  # the Kimi stand-in tokenizer and grammar compiles over its vocabulary
+def test_kimi_calls_follow_its_thinking_in_its_marker_tokens():
+    """Kimi's template writes <think>...</think> in every assistant turn, so the grammar has the model write it before
+    required / named calls in its section; every marker is its one token (spelled in pieces it is refused), and each
+    call's header functions.NAME:IDX takes the index the model writes, which becomes the call's id. Under auto the
+    model writes freely."""
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model("kimi-linear-tiny")))
+    grammars = StructuredOutputs(tokenizer, 163840, [tokenizer.convert_tokens_to_ids("<|im_end|>")], "cpu")
+
+    def accepts_tokens(spec: StructuredOutputSpec, text: str, pieces: bool = False) -> bool:
+        ids = tokenizer.encode(text + "<|im_end|>", add_special_tokens=False, split_special_tokens=pieces)
+        matcher = xgr.GrammarMatcher(grammars.compile(spec))
+        return all(matcher.accept_token(i) for i in ids) and matcher.is_terminated()
+
+    thought = "<think>Need the weather.</think>"
+    one = kimi_calls(("functions.get_weather:0", PARIS))
+    two = kimi_calls(("functions.get_weather:0", PARIS), ("functions.now:1", "{}"))
+    required, named = constraint("kimi-k2", "required"), constraint("kimi-k2", NAMED)
+    assert accepts_tokens(required, thought + one) and accepts_tokens(required, thought + two)
+    assert accepts_tokens(named, thought + one) and not accepts_tokens(named, thought + two)
+    assert not accepts_tokens(constraint("kimi-k2", "required", parallel=False), thought + two)
+    for wrong in ("", one, thought + "Sure.", thought + one.replace("get_weather:0", "get_weather:x"),
+                  thought + one.replace("functions.get_weather", "get_weather")):
+        assert not accepts_tokens(required, wrong), wrong
+    assert "<|tool_call_begin|>" in tokenizer.convert_ids_to_tokens(tokenizer.encode(one))
+    assert not accepts_tokens(required, thought + one, pieces=True)
+    parsed = parse_output("kimi-k2", thought + two, TOOLS, "required", reasoning=True, id_prefix="g")
+    assert [(c["id"], c["function"]["name"], json.loads(c["function"]["arguments"])) for c in parsed.tool_calls] == [
+        ("functions.get_weather:0", "get_weather", {"city": "Paris"}), ("functions.now:1", "now", {})]
+    assert constraint("kimi-k2", "auto") is None
 
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen3-coder", "deepseek-v3.1"])

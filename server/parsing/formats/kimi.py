@@ -4,12 +4,12 @@
 
 The call's header (`functions.NAME:IDX`) is its id: the template writes each call's id there, so the parser returns
 the model's own header as the call's id (as vLLM's kimi_k2 parser does), and the next turn renders the model's bytes
-again. The name is the header without `functions.` and its `:IDX`. Under a grammar the model writes IDX itself (1-3
-digits), so parallel calls keep ids of their own.
+again. The name is the header without `functions.` and its `:IDX`. Under a grammar (tool_choice required or named)
+the model writes IDX itself (1-3 digits), so parallel calls keep ids of their own, and each marker as its one token;
+under auto the model writes freely (its markers are tokens no text trigger sees).
 """
 from __future__ import annotations
 
-from server.parsing.call_grammar import json_format
 from server.parsing.deltas import ParsedCall
 from server.parsing.json_call import JsonCallParser
 from server.parsing.jsonargs import ends_inside_string, is_json_object
@@ -82,13 +82,20 @@ class KimiFormat:
         return _KimiCall()
 
     def call_tag(self, name: str) -> tuple[str, str]:
-        """The text before the call's index, and after its arguments (the index and the argument marker are the
-        grammar's `arguments_format`)."""
+        """The text before the call's index, and after its arguments."""
         return f"{CALL_BEGIN}{ID_PREFIX}{name}:", CALL_END
 
-    def arguments_format(self, schema: dict) -> dict:
-        return {"type": "sequence", "elements": [
-            {"type": "regex", "pattern": "[0-9]{1,3}"},
-            {"type": "const_string", "value": ARGUMENT_BEGIN},
-            json_format(schema),
-        ]}
+    # The grammar writes the markers as the one token each is (a marker spelled in pieces would be tokenized back
+    # whole in the next prompt, and miss the cache from there), and the index as the model picks it.
+    def call_format(self, name: str, arguments: dict) -> dict:
+        return {"type": "tag", "begin": _token(CALL_BEGIN), "end": _token(CALL_END), "content": {
+            "type": "sequence", "elements": [{"type": "const_string", "value": f"{ID_PREFIX}{name}:"},
+                                             {"type": "regex", "pattern": "[0-9]{1,3}"}, _token(ARGUMENT_BEGIN),
+                                             arguments]}}
+
+    def block_format(self) -> tuple[dict, dict]:
+        return _token(SECTION_BEGIN), _token(SECTION_END)
+
+
+def _token(marker: str) -> dict:
+    return {"type": "token", "token": marker}
