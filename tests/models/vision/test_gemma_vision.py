@@ -4,7 +4,8 @@ tokens equal transformers' ``generate`` (its Gemma3Processor, the official chat 
 images, an image in an earlier turn followed by text turns, and text alone; alone, batched, with the cache hot, and
 with prefill chunks that may not end inside an image (its tokens attend to each other both ways, as transformers'
 token_type_ids mask has them); top-20 logprobs within 1e-4 in fp32. A second turn carrying the same image reads it
-from the cache and gives transformers' tokens; a different image in its place misses from its first block. Over HTTP (the openai SDK, a data URL) the same, rendered by Gemma 3's template.""" 
+from the cache and gives transformers' tokens; a different image in its place misses from its first block. Over
+HTTP (the openai SDK, a data URL) the same, rendered by Gemma 3's template."""
 from __future__ import annotations
 
 import base64
