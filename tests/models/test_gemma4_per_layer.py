@@ -79,43 +79,21 @@ def test_outputs_are_varied_and_depend_on_the_context_and_the_per_layer_inputs(c
     assert shift > 0.5, "the per-layer inputs change the logits"
 
 
-@pytest.mark.slow  # loads a model of its own
-def test_shared_layers_keep_no_pages(case):
-    """Three of the six layers keep pages: the two window layers in the window group's pages (one KV head of 32),
-    the global layer one of 64, K and V each; the shared layers' attention reads those tensors themselves."""
-    llm = LLM(MODEL, block_size=4, num_kv_blocks=64, num_window_blocks=40)
-    runner = llm.engine.runner
-    assert [tuple(t.shape) for layer in runner.kv_caches for t in layer] == [(40, 4, 1, 32)] * 4 + [(64, 4, 1, 64)] * 2
-    spec = runner.kv_spec
-    assert spec.num_layers == 3 and spec.layer_windows == (16, 16, None)
-    assert spec.bytes_per_block(4, torch.float32) == 2 * 4 * (2 * 32 + 64) * 4
-    caches = runner.model.layer_caches(runner.kv_caches)
-    assert [caches[i] is runner.kv_caches[j] for i, j in ((3, 1), (4, 1), (5, 2))] == [True] * 3
-    assert not any(name.startswith("layers.3.self_attn.k") for name, _ in runner.model.named_parameters())
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("block_size", [4, 16])
 def test_greedy_one_at_a_time_all_together_and_cache_hot(case, block_size):
     """Cache hot: every prompt's full blocks come from the prefix cache, the window layers' pages included, and the
-    shared layers read them as the source layers left them."""
+    shared layers read them as the source layers left them. Then a conversation's next turn (the longest prompt +
+    its reply + new tokens, past the window) reads all but the last block of the previous turn from the cache and
+    continues as transformers does."""
     name, prompts, expected = case
     llm = LLM(name, block_size=block_size, num_kv_blocks=512)
     assert_greedy_alone_and_together(llm, prompts, expected)
     assert_greedy_cache_hot(llm, prompts, expected, block_size)
-
-
-@pytest.mark.slow
-def test_the_next_turn_resumes_from_the_cache(case):
-    """A conversation's next turn (prompt + reply + new tokens, past the window) reads all but the last block of the
-    previous turn from the cache and continues as transformers does."""
-    name, prompts, expected = case
-    llm = LLM(name, block_size=4, num_kv_blocks=512)
-    first = llm.generate([prompts[-1]], GREEDY)[0]
-    turn = prompts[-1] + first.token_ids + prompts[3]
+    turn = prompts[-1] + expected[-1] + prompts[3]
     out = llm.generate([turn], GREEDY)[0]
     assert out.token_ids == hf_greedy(name, turn, NEW_TOKENS)
-    assert out.num_cached_tokens >= (len(prompts[-1]) + NEW_TOKENS - 1) // 4 * 4 - 4
+    assert out.num_cached_tokens >= (len(prompts[-1]) + NEW_TOKENS - 1) // block_size * block_size - block_size
 
 
 @pytest.mark.slow
@@ -128,10 +106,21 @@ def test_chunked_prefill_ending_off_block_boundaries(case):
 
 
 @pytest.mark.slow
-def test_preemption_in_a_small_pool(case):
+def test_preemption_in_a_small_pool_where_shared_layers_keep_no_pages(case):
+    """Three of the six layers keep pages: the two window layers in the window group's pages (one KV head of 32),
+    the global layer one of 64, K and V each; the shared layers' attention reads those tensors themselves. 32 blocks
+    do not hold every prompt at once: preempted sequences are recomputed and still give transformers' tokens."""
     name, prompts, expected = case
-    assert_greedy_through_preemption(LLM(name, block_size=4, num_kv_blocks=32, max_num_batched_tokens=32), prompts,
-                                     expected)
+    llm = LLM(name, block_size=4, num_kv_blocks=32, num_window_blocks=40, max_num_batched_tokens=32)
+    runner = llm.engine.runner
+    assert [tuple(t.shape) for layer in runner.kv_caches for t in layer] == [(40, 4, 1, 32)] * 4 + [(32, 4, 1, 64)] * 2
+    spec = runner.kv_spec
+    assert spec.num_layers == 3 and spec.layer_windows == (16, 16, None)
+    assert spec.bytes_per_block(4, torch.float32) == 2 * 4 * (2 * 32 + 64) * 4
+    caches = runner.model.layer_caches(runner.kv_caches)
+    assert [caches[i] is runner.kv_caches[j] for i, j in ((3, 1), (4, 1), (5, 2))] == [True] * 3
+    assert not any(name.startswith("layers.3.self_attn.k") for name, _ in runner.model.named_parameters())
+    assert_greedy_through_preemption(llm, prompts, expected)
 
 
 @pytest.mark.slow
