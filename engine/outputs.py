@@ -86,8 +86,8 @@ class TransferKind(enum.Enum):
     DISK_READ = "disk_read"  # the block's file -> device block (a disk hit)
     DISK_DELETE = "disk_delete"  # the disk tier dropped the block
     DISK_CLEAR = "disk_clear"  # every block file (a prefix-cache reset)
-    OFFLOAD_STATE = "offload_state"  # hybrid models: device state row -> host state row (a snapshot leaves)
-    RESTORE_STATE = "restore_state"  # host state row -> device state row (a sequence resumes there)
+    OFFLOAD_STATE = "offload_state"  # device state row (or window pages) -> host state row (a snapshot or window leaves)
+    RESTORE_STATE = "restore_state"  # host state row -> device state row (or window pages): a sequence resumes there
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +106,9 @@ class KVTransfer:
     # -1: pages only) and the host state row (state copies; a disk write's snapshot, -1: the block has none)
     state_row: int = -1
     host_state_row: int = -1
+    # Sliding-window models' retained windows ride the same way, a host state row holding the window's pages: the
+    # device window pages, oldest block first (state copies and disk reads in place of ``state_row``)
+    window_pages: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,8 @@
 every block of the pool is exactly one of free / cached in the tree / private to a live sequence; reference counts
 equal the live holders; held nodes form tree paths; parent links match hashes; the retention count is right and
 within its cap; every lower tier's slots are consistent; a sliding-window model's window pages are held by exactly
-what counts them (`engine.kv.window_cache.check_window_invariants`)."""
+what counts them (`engine.kv.window_cache.check_window_invariants`), and its tiers keep no block without a retained
+window at or below it."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -56,6 +57,8 @@ def check_invariants(kv: KVCacheManager, num_unreferenced: int) -> None:
     assert len(free) + len(tree_blocks) + len(private) == kv.num_blocks, "a block is lost"
     for tier in kv.tiers.tiers():
         tier.check_invariants()
+        if kv.tiers.windows:
+            tier.check_windows()
     if kv.states is not None:
         kv.states.check_invariants([seq.state_row for seq in kv.seqs.values()],
                                    [slot for seq in kv.seqs.values() for _, slot in seq.pending_snapshots])

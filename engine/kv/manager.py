@@ -111,13 +111,14 @@ class KVCacheManager(WindowCache):
         self.stats = CacheStats()
         # a hybrid's BlockStored events say which blocks carry a snapshot; a window model's, a retained window
         self.events = EventRecorder(record_events, snapshots=state_rows > 0 or window_blocks > 0)
-        self.tiers = LowerTiers(host_blocks, disk_blocks, self.events, host_states, disk_states)
+        self.tiers = LowerTiers(host_blocks, disk_blocks, self.events, host_states, disk_states,
+                                windows=window_blocks > 0)
         max_retained = int(max_retained_fraction * num_blocks)
         self.queue = EvictionQueue(self.eviction_policy, self._now, max_retained,
                                    int(max_retained_share_per_tenant * max_retained))
         self.states = StatePool(state_rows, on_evict=self._snapshot_evicted) if state_rows else None
         self.weigh_snapshots = weigh_snapshots
-        self.window = (WindowPool(window_blocks, window, block_size, on_drop=self._window_dropped)
+        self.window = (WindowPool(window_blocks, window, block_size, on_drop=self._anchor_evicted)
                        if window_blocks else None)
         self.window_deltas: dict[Hashable, list[int]] = {}  # window pages appended since the runner last heard
         self.state_restores: list[StateCopy] = []  # for the step being scheduled: before its forward ...
@@ -211,12 +212,10 @@ class KVCacheManager(WindowCache):
         device = self._device_prefix(block_hashes, num_tokens)
         lower = list(itertools.takewhile(lambda h: self.tiers.find(h) is not None,
                                          block_hashes[device : self._shareable_blocks(block_hashes, num_tokens)]))
-        if self.window is not None:
-            return len(self._window_hit([self.by_hash[h] for h in block_hashes[:device]])) * self.block_size
-        if self.states is None:
+        if self.states is None and self.window is None:
             return (device + len(lower)) * self.block_size
         nodes = [self.by_hash[h] for h in block_hashes[:device]]
-        return self._resumable_end(nodes, lower) * self.block_size
+        return self._resumable_end(nodes, lower, self._resumes_on_device(nodes)) * self.block_size
 
     def where_cached(self, block_hashes: Sequence[BlockHash]) -> list[str | None]:
         """Where each block of a chain is cached now: "retained" (on the device, pinned or held), "device", "host",
@@ -271,37 +270,45 @@ class KVCacheManager(WindowCache):
             matched.append(node)
         return matched
 
-    def _resumable_end(self, nodes: Sequence[CachedBlock], lower: Sequence[BlockHash]) -> int:
-        """Blocks up to the deepest one whose state is known: a usable device snapshot, or one a lower tier holds
-        (device blocks ``nodes``, then lower-tier blocks ``lower``)."""
+    def _resumes_on_device(self, nodes: Sequence[CachedBlock]) -> Callable[[int], bool]:
+        """Whether a hit can end after ``nodes[:i]`` with what the device holds: a usable snapshot there (hybrid
+        models), or the pages of its window (sliding-window models: any ``i`` up to the deepest such end)."""
+        if self.window is not None:
+            deepest = len(self._window_hit(list(nodes)))
+            return lambda i: i <= deepest
+        return lambda i: i <= len(nodes) and self.states.usable(nodes[i - 1])
+
+    def _resumable_end(self, nodes: Sequence[CachedBlock], lower: Sequence[BlockHash],
+                       on_device: Callable[[int], bool]) -> int:
+        """Blocks up to the deepest one a hit can resume at: on the device (``on_device``), or with the snapshot or
+        window a lower tier holds (device blocks ``nodes``, then lower-tier blocks ``lower``)."""
         chain = [n.block_hash for n in nodes] + list(lower)
         for i in range(len(chain), 0, -1):
-            if (i <= len(nodes) and self.states.usable(nodes[i - 1])) or self.tiers.find_state(chain[i - 1]):
+            if on_device(i) or self.tiers.find_state(chain[i - 1]):
                 return i
         return 0
 
     def _resumable(self, matched: list[CachedBlock], lower: list[tuple[BlockHash, TierIndex, TierBlock]]
-                   ) -> tuple[list[CachedBlock], list[tuple[BlockHash, TierIndex, TierBlock]], int, TierIndex | None]:
-        """A hybrid model's hit: the device and lower-tier blocks up to the deepest one whose state is known, and
-        where that state is: (matched, lower, device snapshot slot or -1, the tier holding it or None). A disk
-        snapshot whose file fails its check is passed over."""
+                   ) -> tuple[list[CachedBlock], list[tuple[BlockHash, TierIndex, TierBlock]], TierIndex | None]:
+        """A hybrid or sliding-window model's hit: the device and lower-tier blocks up to the deepest one it can
+        resume at, and the tier holding the snapshot or window there (None: the device's). A disk snapshot whose
+        file fails its check is passed over."""
         chain = [n.block_hash for n in matched] + [h for h, _, _ in lower]
+        on_device = self._resumes_on_device(matched)
         for i in range(len(chain), 0, -1):
-            node = matched[i - 1] if i <= len(matched) else None
-            if node is not None and self.states.usable(node):
-                return matched[:i], [], node.snapshot_row, None
+            if on_device(i):
+                return matched[:i], [], None
             tier = self.tiers.find_state(chain[i - 1])
             if tier is not None and self.tiers.usable(tier, chain[i - 1]) and tier.has_state(chain[i - 1]):
-                return matched[:i], lower[: max(0, i - len(matched))], -1, tier
-        return [], [], -1, None
+                return matched[:i], lower[: max(0, i - len(matched))], tier
+        return [], [], None
 
     def _match_lower(self, block_hashes: Sequence[BlockHash], token_ids: Sequence[int],
                      start: int) -> list[tuple[BlockHash, TierIndex, TierBlock]]:
         """Where the device match ends, the blocks that continue it in the host and disk tiers."""
         bs = self.block_size
         found = []
-        lower_tiers = self.tiers.enabled and self.window is None  # (they do not carry window pages)
-        for i in range(start, self._shareable_blocks(block_hashes, len(token_ids)) if lower_tiers else 0):
+        for i in range(start, self._shareable_blocks(block_hashes, len(token_ids)) if self.tiers.enabled else 0):
             block_hash = block_hashes[i]
             hit = self.tiers.find(block_hash)
             if hit is None or block_hash in self.by_hash or hit[1].token_ids != tuple(token_ids[i * bs:(i + 1) * bs]):
@@ -333,10 +340,10 @@ class KVCacheManager(WindowCache):
         matched = self._match(block_hashes, token_ids)
         lower = self._match_lower(block_hashes, token_ids, len(matched))
         source, source_tier = -1, None
-        if self.states is not None:
-            matched, lower, source, source_tier = self._resumable(matched, lower)
-        if self.window is not None:
-            matched = self._window_hit(matched)
+        if self.states is not None or self.window is not None:
+            matched, lower, source_tier = self._resumable(matched, lower)
+            if self.states is not None and matched and source_tier is None:
+                source = matched[-1].snapshot_row
         num_cached = (len(matched) + len(lower)) * self.block_size
         need = self.blocks_needed(num_cached + min(len(token_ids) - num_cached, max_new_tokens) + reserve_tokens)
         # Matched blocks stop being evictable once held: they are not free for the rest.
@@ -346,14 +353,12 @@ class KVCacheManager(WindowCache):
         if self.states is not None and not self.states.num_available(keep=source):
             return None
         if self.window is not None and not self._window_pages_available(
-                need - len(matched), self._hit_pages(matched) if matched else ()):
+                *self._window_pages_needed(need, num_cached // self.block_size, matched, source_tier is not None)):
             return None
         for node in matched:
             self._ref(node)
             self.queue.refresh(node)
         seq = self.seqs[seq_id] = SequenceBlocks([node.block_id for node in matched], matched, retention=retention)
-        if self.window is not None:
-            self._start_window(seq_id, seq)
         keep = {block_hash for block_hash, _, _ in lower}
         if source_tier is not None:
             keep.add(block_hashes[num_cached // self.block_size - 1])
@@ -364,9 +369,12 @@ class KVCacheManager(WindowCache):
                 self.states.touch(source)
                 self.state_restores.append(StateCopy(source, seq.state_row))
         self._restore(seq, lower, keep)
+        if self.window is not None:  # its window: the device's pages, or fresh ones a lower tier's window fills
+            self._start_window(seq_id, seq, source_tier)
         self._admission_reads = set()
-        if source_tier is not None:  # ... which a lower tier holds: copied in before the step's state restores
+        if source_tier is not None and self.states is not None:  # ... copied in before the step's state restores
             self.tiers.restore(source_tier, block_hashes[num_cached // self.block_size - 1], -1, seq.state_row)
+        self.tiers.prune(keep)
         self.allocate(seq_id, num_cached + min(len(token_ids) - num_cached, max_new_tokens))
         self._apply_pins(seq)
         stats = self.stats
@@ -576,7 +584,7 @@ class KVCacheManager(WindowCache):
         the whole cache for the next run)."""
         for node in list(self.by_hash.values()):  # parents before children: insertion order
             self.tiers.offload(node.block_hash, node.block_id, node.token_ids, node.parent_hash,
-                               state_row=self._usable_snapshot(node))
+                               state_row=self._usable_snapshot(node), window_pages=node.window_pages or ())
 
     def load_disk_tier(self, blocks: Iterable[FoundBlock], reader: Callable[[BlockHash], bool]) -> int:
         """Index the block files a previous run left on disk (oldest first); ``reader`` checks a block's file
@@ -648,8 +656,9 @@ class KVCacheManager(WindowCache):
         snapshot = self._usable_snapshot(node)  # (one taken in this step holds nothing yet: it is not kept)
         if node.snapshot_row >= 0:
             self.states.drop(node.snapshot_row)  # its copy to the host, if any, runs before the slot is reused
+        window = node.window_pages or ()
         if node.window_pages is not None:
-            self.window.drop(node)
+            self.window.drop(node)  # (its pages are copied to the host, if at all, before any is reused)
         if node.window_page >= 0:
             self.window.detach(node)
         if reset:
@@ -661,7 +670,8 @@ class KVCacheManager(WindowCache):
         self.stats.evictions += 1
         self.events.removed(node.block_hash, MEDIUM_DEVICE)
         if not reset:
-            self.tiers.offload(node.block_hash, node.block_id, node.token_ids, node.parent_hash, keep, snapshot)
+            self.tiers.offload(node.block_hash, node.block_id, node.token_ids, node.parent_hash, keep, snapshot,
+                               window)
         if parent is not None:
             self.queue.push(parent)  # a leaf now, if nothing else holds it
         return node.block_id

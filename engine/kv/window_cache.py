@@ -4,8 +4,9 @@ A sliding-window model's sequence has two block tables of the same length: its f
 tree's, as for every model) and its window pages (``SequenceBlocks.window_pages``), one per logical block, of which it
 holds only those from ``window_from`` on. The scheduler drives it:
   - admission (`KVCacheManager.admit`) ends a hit at the deepest matched block whose window's pages are all still
-    there (held, cached, or kept by an anchor: a retained window) and starts the window table there: no page before
-    that window, its pages, then new ones;
+    there (held, cached, or kept by an anchor: a retained window), or deeper where a lower tier holds the window
+    (and the blocks up to it), and starts the window table there: no page before that window, its pages (a tier's
+    window is copied into fresh ones), then new ones;
   - a committed block's node names the sequence's page of it (`_attach_window_pages`), which stays cached after the
     sequence lets it go, until the page is reused;
   - `slide` before each step releases the pages no query of the sequence reads any more, keeping those a resume at
@@ -14,7 +15,8 @@ holds only those from ``window_from`` on. The scheduler drives it:
     end replacing the sequence's previous one;
   - the window pages appended to each sequence's table in a step are handed to the runner as deltas
     (`take_window_blocks`), as block ids are.
-Lower tiers do not carry window pages: a sliding-window model's hits are the device's.
+An anchor that leaves the device (its block evicted, or its pages needed) goes to the host tier with its block, as a
+hybrid's snapshot does (`engine.kv.tiers`: a tier's state rows hold retained windows), and on to disk.
 """
 from __future__ import annotations
 
@@ -26,7 +28,9 @@ from engine.kv.events import MEDIUM_DEVICE
 from engine.kv.window_pool import NO_PAGE, WindowPool
 
 if TYPE_CHECKING:
+    from engine.kv.block_hashing import BlockHash
     from engine.kv.events import EventRecorder
+    from engine.kv.tiers import LowerTiers, TierIndex
 
 
 class WindowCache:
@@ -36,6 +40,8 @@ class WindowCache:
     events: EventRecorder
     weigh_snapshots: bool
     window_deltas: dict[Hashable, list[int]]
+    tiers: LowerTiers
+    _admission_reads: set[BlockHash]
 
     # ---- hits ------------------------------------------------------------------------------------------------------
     def _window_hit(self, matched: list[CachedBlock]) -> list[CachedBlock]:
@@ -61,15 +67,34 @@ class WindowCache:
         freeable = sum(1 for page, refs in enumerate(pool.refs) if refs and refs == anchored[page] and page not in kept)
         return available + freeable >= needed
 
-    def _start_window(self, seq_id: Hashable, seq: SequenceBlocks) -> None:
-        """An admitted sequence's window table up to its hit: nothing before the hit's window, then its pages."""
+    def _window_pages_needed(self, need: int, hit: int, matched: list[CachedBlock], from_tier: bool
+                             ) -> tuple[int, list[int]]:
+        """(pages to take, pages to keep) for an admission holding ``need`` blocks with a hit of ``hit`` blocks:
+        a page for each block after the hit, and one for each block of the hit's window when a lower tier holds it
+        (else the device's pages of that window are kept)."""
+        if from_tier:
+            return need - self.window.first_block(hit * self.block_size), []
+        return need - hit, self._hit_pages(matched) if matched else []
+
+    def _start_window(self, seq_id: Hashable, seq: SequenceBlocks, tier: TierIndex | None = None) -> None:
+        """An admitted sequence's window table up to its hit: nothing before the hit's window, then its pages: the
+        device's, or (``tier``: the tier holding the window at the hit's end) fresh ones the tier's window is copied
+        into, which the hit's blocks without a page of their own name from now on."""
         if seq.nodes:
             first = self.window.first_block(len(seq.nodes) * self.block_size)
-            pages = self._hit_pages(seq.nodes)
-            for page in pages:
-                self.window.ref(page)
-            if seq.nodes[-1].window_pages is not None:
-                self.window.touch(seq.nodes[-1])
+            if tier is None:
+                pages = self._hit_pages(seq.nodes)
+                for page in pages:
+                    self.window.ref(page)
+                if seq.nodes[-1].window_pages is not None:
+                    self.window.touch(seq.nodes[-1])
+            else:
+                pages = [self.window.take() for _ in range(first, len(seq.nodes))]
+                assert None not in pages, "window pages ran out after the check"
+                for node, page in zip(seq.nodes[first:], pages):
+                    if node.window_page < 0:
+                        self.window.attach(node, page)
+                self.tiers.restore(tier, seq.nodes[-1].block_hash, -1, window_pages=tuple(pages))
             seq.window_from = first
             seq.window_pages = [NO_PAGE] * first + pages
         self.window_deltas[seq_id] = list(seq.window_pages)
@@ -152,6 +177,13 @@ class WindowCache:
     # ---- anchors ---------------------------------------------------------------------------------------------------
     def _drop_anchor(self, node: CachedBlock) -> None:
         self.window.drop(node)
+        self._window_dropped(node)
+
+    def _anchor_evicted(self, node: CachedBlock) -> None:
+        """The window pool drops the node's anchor to make room while the node stays: the lower tiers keep the
+        window (with its block), as a hybrid's snapshot that leaves its row."""
+        self.tiers.offload(node.block_hash, node.block_id, node.token_ids, node.parent_hash, self._admission_reads,
+                           window_pages=node.window_pages)
         self._window_dropped(node)
 
     def _window_dropped(self, node: CachedBlock) -> None:

@@ -53,6 +53,13 @@ def first_window_block(num_tokens: int, window: int, block_size: int) -> int:
     return max(0, num_tokens - window + 1) // block_size
 
 
+def pages_per_window(window: int, block_size: int) -> int:
+    """The most pages a resume reads in the window layers, ``ceil((window - 1) / block_size)`` (at least one): the
+    blocks from `first_window_block` to the one ending at the resume point, far enough into a sequence. What a
+    lower tier's window row holds (`engine.kv.tiers`)."""
+    return max(1, -(-(window - 1) // block_size))
+
+
 class WindowPool:
     def __init__(self, num_pages: int, window: int, block_size: int,
                  on_drop: Callable[[CachedBlock], None] | None = None) -> None:

@@ -13,11 +13,14 @@ ever fails on it. The payload waits in memory until the step's copy takes it.
 
 Hybrid models: the host pool also has *state rows* (one snapshot each: every recurrent layer's conv window and
 delta-rule state), and a block file may end with its block's snapshot after the pages (the file's header says how
-many bytes; the checksum covers both).
+many bytes; the checksum covers both). Sliding-window models: a state row is a retained window, ``pages_per_row``
+pages of every window layer (the most a resume reads; a window near the start fills fewer, from the row's first),
+copied from and to the device window pages a transfer names; a block file may end with it likewise.
 """
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -54,16 +57,39 @@ def flat_caches(kv_caches: list) -> list[torch.Tensor]:
     return [t for layer in kv_caches for t in (layer if isinstance(layer, (tuple, list)) else (layer,))]
 
 
+def state_row_shape(tensor: torch.Tensor, pages_per_row: int = 0) -> tuple[int, ...]:
+    """The shape of a tier's state row of ``tensor``: one row of it, or ``pages_per_row`` pages (a window's)."""
+    return (pages_per_row, *tensor.shape[1:]) if pages_per_row else tuple(tensor.shape[1:])
+
+
 def row_bytes(tensors: list[torch.Tensor]) -> int:
     """Bytes of one row (a block, or a state row) across ``tensors``."""
     return sum(t[0].numel() * t.element_size() for t in tensors)
 
 
+def _device_rows(t: KVTransfer) -> int | list[int]:
+    """The device side of a state copy: a hybrid's state row, or a window's pages."""
+    return list(t.window_pages) if t.window_pages else t.state_row
+
+
+def _rows_of(row: torch.Tensor, rows: int | list[int]) -> torch.Tensor:
+    """The part of a tier's state row that ``rows`` fill: all of a snapshot's, a window's first ``len(rows)`` pages."""
+    return row if isinstance(rows, int) else row[: len(rows)]
+
+
+def _put(device: torch.Tensor, rows: int | list[int], values: torch.Tensor, non_blocking: bool) -> None:
+    if isinstance(rows, int):
+        device[rows].copy_(values, non_blocking=non_blocking)
+    else:
+        device[rows] = values.to(device.device, non_blocking=non_blocking)
+
+
 class KVOffload:
     def __init__(self, kv_caches: list, host_blocks: int, disk: DiskStore | None = None, state_layers: list = (),
-                 host_state_rows: int = 0) -> None:
+                 host_state_rows: int = 0, pages_per_row: int = 0) -> None:
         """``state_layers``: a hybrid model's recurrent layers' state tensors (indexed by state row), of which
-        the host keeps ``host_state_rows`` snapshots."""
+        the host keeps ``host_state_rows`` snapshots; or (``pages_per_row`` > 0) a sliding-window model's window
+        layers' page tensors, of which a host row keeps that many pages (a retained window)."""
         self.device_tensors = flat_caches(kv_caches)
         self.device_states = flat_caches(state_layers)
         first = self.device_tensors[0]
@@ -71,10 +97,11 @@ class KVOffload:
         pin = self.on_cuda
         self.host_tensors = [torch.zeros((host_blocks, *t.shape[1:]), dtype=t.dtype, pin_memory=pin)
                              for t in self.device_tensors]
-        self.host_states = [torch.zeros((host_state_rows, *t.shape[1:]), dtype=t.dtype, pin_memory=pin)
-                            for t in self.device_states]
+        self.state_shapes = [state_row_shape(t, pages_per_row) for t in self.device_states]
+        self.host_states = [torch.zeros((host_state_rows, *shape), dtype=t.dtype, pin_memory=pin)
+                            for t, shape in zip(self.device_states, self.state_shapes)]
         self.bytes_per_block = row_bytes(self.device_tensors)
-        self.bytes_per_state = row_bytes(self.device_states)
+        self.bytes_per_state = row_bytes(self.device_states) * max(1, pages_per_row)
         self.disk = disk
         self.stats = TransferStats()
         self._stream = torch.cuda.Stream(first.device) if self.on_cuda else None
@@ -121,10 +148,10 @@ class KVOffload:
             self._restore(self.device_tensors, self.host_tensors, t.block_id, t.host_block)
             self.stats.restore_bytes += self.bytes_per_block
         elif kind is TransferKind.OFFLOAD_STATE:
-            self._offload(self._state_reads, self.device_states, self.host_states, t.state_row, t.host_state_row)
+            self._offload(self._state_reads, self.device_states, self.host_states, _device_rows(t), t.host_state_row)
             self.stats.offload_bytes += self.bytes_per_state
         elif kind is TransferKind.RESTORE_STATE:
-            self._restore(self.device_states, self.host_states, t.state_row, t.host_state_row)
+            self._restore(self.device_states, self.host_states, _device_rows(t), t.host_state_row)
             self.stats.restore_bytes += self.bytes_per_state
         elif kind is TransferKind.DISK_WRITE:
             written = self._stream.record_event() if self._stream is not None else None
@@ -144,23 +171,24 @@ class KVOffload:
             if t.block_id >= 0:
                 self._timed(lambda: self._load_payload(pages, self.device_tensors, t.block_id))
                 self.stats.disk_read_bytes += len(pages)
-            if t.state_row >= 0:
-                self._timed(lambda: self._load_payload(state, self.device_states, t.state_row))
+            if t.state_row >= 0 or t.window_pages:
+                self._timed(lambda: self._load_payload(state, self.device_states, _device_rows(t), self.state_shapes))
                 self.stats.disk_read_bytes += len(state)
         elif kind is TransferKind.DISK_DELETE:
             self._writer.submit(self.disk.delete, t.block_hash)
         elif kind is TransferKind.DISK_CLEAR:
             self._writer.submit(self.disk.clear)
 
-    def _offload(self, reads: dict[int, Future], device: list[torch.Tensor], host: list[torch.Tensor], src: int,
-                 dst: int) -> None:
-        """Row ``src`` of the device tensors into host row ``dst``, once no disk write still reads that row."""
+    def _offload(self, reads: dict[int, Future], device: list[torch.Tensor], host: list[torch.Tensor],
+                 src: int | list[int], dst: int) -> None:
+        """Row ``src`` of the device tensors (or rows, a window's pages) into host row ``dst``, once no disk write
+        still reads that row."""
         self._wait(reads.pop(dst, None))
         for dev, hst in zip(device, host):
-            hst[dst].copy_(dev[src], non_blocking=self.on_cuda)
+            _rows_of(hst[dst], src).copy_(dev[src], non_blocking=self.on_cuda)
 
-    def _restore(self, device: list[torch.Tensor], host: list[torch.Tensor], dst: int, src: int) -> None:
-        self._timed(lambda: [dev[dst].copy_(hst[src], non_blocking=self.on_cuda) for dev, hst in zip(device, host)])
+    def _restore(self, device: list[torch.Tensor], host: list[torch.Tensor], dst: int | list[int], src: int) -> None:
+        self._timed(lambda: [_put(dev, dst, _rows_of(hst[src], dst), self.on_cuda) for dev, hst in zip(device, host)])
 
     def read_disk_block(self, block_hash: bytes) -> bool:
         """Read and check a disk block that admission is about to restore; False (logged) when its file fails its
@@ -191,14 +219,17 @@ class KVOffload:
         except OSError:  # a full or broken disk must not stop serving; a later hit on this block fails its step
             log.exception("could not write KV block %s to disk", t.block_hash.hex())
 
-    def _load_payload(self, payload: bytes, tensors: list[torch.Tensor], row: int) -> None:
-        """Row ``row`` of every tensor in ``tensors`` from ``payload`` (their rows one after another)."""
+    def _load_payload(self, payload: bytes, tensors: list[torch.Tensor], row: int | list[int],
+                      shapes: list[tuple[int, ...]] | None = None) -> None:
+        """Row ``row`` (or rows: a window's pages) of every tensor in ``tensors`` from ``payload`` (their rows one
+        after another, each of its ``shapes`` entry: one row by default)."""
         data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
         offset = 0
-        for dev in tensors:
-            size = dev[0].numel() * dev.element_size()
-            block = data[offset : offset + size].view(dev.dtype).view(dev.shape[1:])
-            dev[row].copy_(block.pin_memory() if self.on_cuda else block, non_blocking=self.on_cuda)
+        for i, dev in enumerate(tensors):
+            shape = shapes[i] if shapes is not None else dev.shape[1:]
+            size = math.prod(shape) * dev.element_size()
+            block = _rows_of(data[offset : offset + size].view(dev.dtype).view(shape), row)
+            _put(dev, row, block.pin_memory() if self.on_cuda else block, self.on_cuda)
             offset += size
 
     def _timed(self, copy) -> None:

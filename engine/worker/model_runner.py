@@ -29,7 +29,8 @@ from engine.worker.cuda_graphs import DecodeGraphRunner, KVCaches
 from engine.worker.input_batch import InputBatch, RunnerSequence
 from engine.worker.kv_disk import DiskStore
 from engine.kv.layout import KVLayout
-from engine.worker.kv_offload import KVOffload, flat_caches, row_bytes
+from engine.kv.window_pool import pages_per_window
+from engine.worker.kv_offload import KVOffload, flat_caches, row_bytes, state_row_shape
 from engine.models.architectures import build_model, random_weights_
 from engine.outputs import KVTransfer, ModelRunnerOutput, NewSequence, SchedulerOutput, StateCopy
 from engine.parallel.memory import RankMemory, measure
@@ -226,7 +227,7 @@ class ModelRunner:
         """What this runner allocated, for the KV manager: the device pool and both halves of each lower tier."""
         offload, cfg = self.kv_offload, self.cfg
         host_states = offload.host_states[0].shape[0] if offload and offload.host_states else 0
-        disk_blocks, disk_states = (offload.disk_capacity(cfg.kv_disk_gb, cfg.state_snapshot_fraction)
+        disk_blocks, disk_states = (offload.disk_capacity(cfg.kv_disk_gb, self._tier_row_fraction())
                                     if offload and offload.disk else (0, 0))
         return KVLayout(self.num_blocks, self.num_state_rows, self.num_window_blocks, self.kv_spec.window,
                         offload.host_tensors[0].shape[0] if offload else 0, host_states, disk_blocks, disk_states)
@@ -249,21 +250,33 @@ class ModelRunner:
                                      self.num_window_blocks if num_window_blocks is None else num_window_blocks)
 
     def _new_offload(self, model_dir: Path) -> KVOffload:
-        """The host pool (and disk tier) for blocks evicted from the device pool, and a hybrid model's snapshots
-        (``state_snapshot_fraction`` of the host memory, as on the device)."""
-        pages = self.kv_spec.block_layers(self.kv_caches, self.window_group)
-        states = self.kv_spec.state_layers(self.kv_caches) if self.kv_spec.recurrent is not None else []
+        """The host pool (and disk tier) for blocks evicted from the device pool, and their rows for a hybrid
+        model's snapshots or a sliding-window model's retained windows (`_tier_row_fraction` of the memory)."""
+        spec, cfg = self.kv_spec, self.cfg
+        pages = spec.block_layers(self.kv_caches, self.window_group)
+        per_row = 0  # a window row: the pages a resume reads (docs/SLIDING_WINDOW.md)
+        if self.window_group:
+            states = [layer for layer, window in zip(self.kv_caches, spec.layer_windows) if window is not None]
+            per_row = pages_per_window(spec.window, cfg.block_size)
+        else:
+            states = spec.state_layers(self.kv_caches) if spec.recurrent is not None else []
         tensors, state_tensors = flat_caches(pages), flat_caches(states)
+        state_bytes = row_bytes(state_tensors) * max(1, per_row)
         disk = None
-        if self.cfg.kv_disk_dir:
-            layout = {"model": str(Path(model_dir).resolve()), "block_size": self.cfg.block_size,
+        if cfg.kv_disk_dir:
+            layout = {"model": str(Path(model_dir).resolve()), "block_size": cfg.block_size,
                       "dtype": str(tensors[0].dtype), "shapes": [list(t.shape[1:]) for t in tensors]}
-            if state_tensors:  # a file may end with its block's snapshot
-                layout["state_shapes"] = [[str(t.dtype), *t.shape[1:]] for t in state_tensors]
-            disk = DiskStore(self.cfg.kv_disk_dir, layout, row_bytes(tensors) + row_bytes(state_tensors))
-        blocks, snapshots = KVOffload.tier_capacity(self.cfg.kv_offload_gb, row_bytes(tensors), row_bytes(state_tensors),
-                                                    self.cfg.state_snapshot_fraction)
-        return KVOffload(pages, blocks, disk, states, snapshots)
+            if state_tensors:  # a file may end with its block's snapshot (or window)
+                layout["state_shapes"] = [[str(t.dtype), *state_row_shape(t, per_row)] for t in state_tensors]
+            disk = DiskStore(cfg.kv_disk_dir, layout, row_bytes(tensors) + state_bytes)
+        blocks, rows = KVOffload.tier_capacity(cfg.kv_offload_gb, row_bytes(tensors), state_bytes,
+                                               self._tier_row_fraction())
+        return KVOffload(pages, blocks, disk, states, rows, per_row)
+
+    def _tier_row_fraction(self) -> float:
+        """The share of a tier's memory its rows take, as on the device: a hybrid's snapshots
+        ``state_snapshot_fraction``, a window model's retained windows ``window_retention_fraction``."""
+        return self.cfg.window_retention_fraction if self.window_group else self.cfg.state_snapshot_fraction
 
     def make_decode_graphs(self, kv_caches: KVCaches, use_graphs: bool) -> DecodeGraphRunner:
         """The padded decode path over ``kv_caches``; ``use_graphs=False`` runs it eagerly (CPU tests, profiling)."""

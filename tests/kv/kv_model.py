@@ -14,7 +14,8 @@ from engine.outputs import KVTransfer, StateCopy, TransferKind
 class BlockContents:
     """What each device block, host block and disk file holds (the tokens whose K/V the "model" wrote there); for a
     hybrid model also what each device state row, host state row and disk snapshot holds (the hash of the block
-    at whose end the state is)."""
+    at whose end the state is); for a sliding-window model what each device window page holds (the tokens up to
+    the end of its block) and each host row and disk file's window (its pages' contents)."""
 
     device: dict[int, tuple[int, ...]] = field(default_factory=dict)
     host: dict[int, tuple[int, ...]] = field(default_factory=dict)
@@ -22,6 +23,7 @@ class BlockContents:
     states: dict[int, bytes] = field(default_factory=dict)
     host_states: dict[int, bytes] = field(default_factory=dict)
     disk_states: dict[bytes, bytes] = field(default_factory=dict)
+    window: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
     def apply(self, transfers: list[KVTransfer]) -> None:
         for t in transfers:
@@ -30,9 +32,10 @@ class BlockContents:
             elif t.kind is TransferKind.RESTORE:
                 self.device[t.block_id] = self.host[t.host_block]
             elif t.kind is TransferKind.OFFLOAD_STATE:
-                self.host_states[t.host_state_row] = self.states[t.state_row]
+                self.host_states[t.host_state_row] = (tuple(self.window[p] for p in t.window_pages) if t.window_pages
+                                                      else self.states[t.state_row])
             elif t.kind is TransferKind.RESTORE_STATE:
-                self.states[t.state_row] = self.host_states[t.host_state_row]
+                self._restore_state(t, self.host_states[t.host_state_row])
             elif t.kind is TransferKind.DISK_WRITE:
                 self.disk[t.block_hash] = self.host[t.host_block]
                 self.disk_states.pop(t.block_hash, None)
@@ -41,14 +44,21 @@ class BlockContents:
             elif t.kind is TransferKind.DISK_READ:
                 if t.block_id >= 0:
                     self.device[t.block_id] = self.disk[t.block_hash]
-                if t.state_row >= 0:
-                    self.states[t.state_row] = self.disk_states[t.block_hash]
+                if t.state_row >= 0 or t.window_pages:
+                    self._restore_state(t, self.disk_states[t.block_hash])
             elif t.kind is TransferKind.DISK_DELETE:
                 del self.disk[t.block_hash]
                 self.disk_states.pop(t.block_hash, None)
             else:
                 self.disk.clear()
                 self.disk_states.clear()
+
+    def _restore_state(self, t: KVTransfer, held) -> None:
+        if t.window_pages:
+            assert len(held) == len(t.window_pages), "a window is restored into another number of pages"
+            self.window.update(zip(t.window_pages, held))
+        else:
+            self.states[t.state_row] = held
 
     def copy_states(self, copies: list[StateCopy]) -> None:
         for copy in copies:
@@ -71,6 +81,8 @@ class BlockContents:
         if kv.tiers.disk is not None:
             for block_hash, block in kv.tiers.disk.blocks.items():
                 assert self.disk.get(block_hash) == block.token_ids, "a disk file holds other K/V"
+        if kv.window is not None:
+            self._check_windows(kv)
         if kv.states is None:
             return
         for node in kv.by_hash.values():
@@ -81,6 +93,21 @@ class BlockContents:
             for block_hash, block in (tier.blocks.items() if tier is not None else ()):
                 if block.state_row >= 0:
                     assert held(block_hash, block) == block_hash, f"a {tier.medium} snapshot holds another state"
+
+
+    def _check_windows(self, kv: KVCacheManager) -> None:
+        """Every tier's window is the window of its block: pages of consecutive blocks, the last one ending with the
+        block's tokens, as many as a resume there reads."""
+        for tier, held in ((kv.tiers.host, lambda h, b: self.host_states.get(b.state_row)),
+                           (kv.tiers.disk, lambda h, b: self.disk_states.get(h))):
+            for block_hash, block in (tier.blocks.items() if tier is not None else ()):
+                if block.state_row < 0:
+                    continue
+                pages = held(block_hash, block)
+                end = len(pages[-1])
+                assert pages[-1][-kv.block_size:] == block.token_ids, f"a {tier.medium} window ends elsewhere"
+                assert len(pages) == end // kv.block_size - kv.window.first_block(end), f"a {tier.medium} window's size"
+                assert all(a == b[: len(a)] and len(b) == len(a) + kv.block_size for a, b in zip(pages, pages[1:]))
 
 
 @dataclass
@@ -119,7 +146,8 @@ class EventReplay:
         assert self.tiers.get("GPU", set()) == set(kv.by_hash)
         for tier in kv.tiers.tiers():
             assert self.tiers.get(tier.medium, set()) == set(tier.blocks), tier.medium
-        if kv.states is not None:
-            assert self.snapshots.get("GPU", set()) == {h for h, n in kv.by_hash.items() if n.snapshot_row >= 0}
+        if kv.states is not None or kv.window is not None:
+            assert self.snapshots.get("GPU", set()) == {h for h, n in kv.by_hash.items()
+                                                        if n.snapshot_row >= 0 or n.window_pages is not None}
             for tier in kv.tiers.tiers():
                 assert self.snapshots.get(tier.medium, set()) == set(tier.states), f"{tier.medium} snapshots"

@@ -2,15 +2,20 @@
 random admissions, steps, retained windows, preemptions, frees and evictions keep every invariant (each window page
 free, cached or held, its reference count its holders'; every anchor's pages those its window's blocks name), and, following
 what the "model" writes into the pages, every step's queries read their own sequence's K/V in every window page they
-read, and a hit resumes on exactly the window it needs: the pages of (P - window, P) hold the prompt's K/V there."""
+read, and a hit resumes on exactly the window it needs: the pages of (P - window, P) hold the prompt's K/V there.
+With host and disk tiers, retained windows leaving the device travel with their blocks and come back on a hit
+(following every copy the manager asks for, and the KV events a router would read)."""
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import pytest
+
 from engine.kv.block_hashing import BlockHasher
 from engine.kv.manager import KVCacheManager
 from engine.kv.window_pool import first_window_block
+from tests.kv.kv_model import BlockContents, EventReplay
 
 BS = 4
 PROMPTS = [[1, 2, 3, 4] * k + [9, k] for k in range(1, 7)] + [[5, 6, 7, 8] * 4 + [1, 2], [3] * 30]
@@ -20,14 +25,30 @@ class WindowModel:
     """Drives a window-group KV manager as the scheduler does (slide, allocate, commit, retain) and follows the
     contents of the window pages: the tokens up to the end of the block each page was written for."""
 
-    def __init__(self, num_blocks: int, window_pages: int, window: int) -> None:
-        self.kv = KVCacheManager(num_blocks, BS, window_blocks=window_pages, window=window)
+    def __init__(self, num_blocks: int, window_pages: int, window: int, **tiers) -> None:
+        """``tiers``: the KV manager's host and disk tiers (blocks and window rows), with its events recorded."""
+        self.kv = KVCacheManager(num_blocks, BS, window_blocks=window_pages, window=window, record_events=bool(tiers),
+                                 **tiers)
         self.window = window
         self.hasher = BlockHasher(BS, "m")
         self.live: dict[str, tuple[list[int], list]] = {}  # seq -> (tokens, hashes)
         self.computed: dict[str, int] = {}
-        self.content: dict[int, tuple[int, ...]] = {}
+        self.blocks = BlockContents()  # what the runner's copies make of every tier
+        self.content = self.blocks.window  # the tokens up to the end of the block each window page was written for
+        self.events = EventReplay(BS)
         self.counter = 0
+
+    def copy(self) -> None:
+        """Run the copies between tiers the manager asked for (before the step's forward), and read its events."""
+        self.blocks.apply(self.kv.take_transfers())
+        self.events.apply(self.kv.take_events())
+
+    def check(self) -> None:
+        self.copy()
+        self.kv.check_invariants()
+        self.blocks.check(self.kv)
+        if self.kv.tiers.enabled:
+            self.events.check(self.kv)
 
     def admit(self, tokens: list[int]) -> str | None:
         hashes = self.hasher.hashes(tokens, None)
@@ -36,10 +57,12 @@ class WindowModel:
         cached = self.kv.admit(seq, hashes, tokens, 2 * BS)
         if cached is None:
             return None
+        self.copy()
         table = self.kv.window_table(seq)
         for i in range(first_window_block(cached, self.window, BS), cached // BS):  # the window a hit resumes on
             assert self.content[table[i]] == tuple(tokens[: (i + 1) * BS]), "a hit's window holds other K/V"
-            assert self.kv.by_hash[hashes[i]].window_page == table[i], "a hit reads a page its block does not name"
+            assert self.kv.window.owner[table[i]] in (self.kv.by_hash[hashes[i]], None), \
+                "a hit reads a page another block names"  # (None: a tier's window copied beside a cached page)
         self.live[seq] = (tokens, hashes)
         self.computed[seq] = cached
         self._compute(seq, 0)
@@ -55,6 +78,7 @@ class WindowModel:
         self.kv.slide(seq, start)
         if self.kv.allocate(seq, start + n) is None:
             return False
+        self.copy()
         self._compute(seq, n)
         self.kv.commit(seq, hashes, tokens, start + n)
         return True
@@ -69,6 +93,7 @@ class WindowModel:
         end = start + n
         for i in range(start // BS, -(-end // BS)):
             self.content[table[i]] = tuple(tokens[: min(end, (i + 1) * BS)])
+            self.blocks.device[self.kv.block_table(seq)[i]] = tuple(tokens[i * BS : min(end, (i + 1) * BS)])
         self.computed[seq] = end
 
     def retain(self, seq: str, blocks: int, reply: bool) -> None:
@@ -90,7 +115,21 @@ ops = st.lists(st.tuples(st.sampled_from(["admit", "step", "retain", "free", "pr
 @given(ops, st.sampled_from([(5, 18), (8, 24), (13, 40)]))
 def test_random_operations_keep_the_invariants_and_the_windows_contents(script, sizes):
     window, pages = sizes
-    model = WindowModel(40, pages, window)
+    run(WindowModel(40, pages, window), script)
+
+
+@settings(max_examples=100, deadline=None)
+@given(ops, st.sampled_from([(5, 18, 4, 1, 24, 6), (8, 24, 30, 8, 60, 20), (13, 40, 6, 2, 10, 2)]))
+def test_random_operations_with_host_and_disk_tiers_keep_the_invariants_and_the_windows_contents(script, sizes):
+    """The same, a small device pool over host and disk tiers: each step's queries, each hit's window (restored
+    from a tier or not) and every tier's blocks and windows hold the K/V they are indexed under; the tiers keep no
+    block without a window at or below it; the events tell a router exactly what each tier holds."""
+    window, pages, host, host_windows, disk, disk_windows = sizes
+    run(WindowModel(16, pages, window, host_blocks=host, host_states=host_windows, disk_blocks=disk,
+                    disk_states=disk_windows), script)
+
+
+def run(model: WindowModel, script: list[tuple[str, int, int]]) -> None:
     for op, which, n in script:
         live = sorted(model.live)
         if op == "admit":
@@ -103,7 +142,7 @@ def test_random_operations_keep_the_invariants_and_the_windows_contents(script, 
             model.free(live[which % len(live)], preempt=op == "preempt")
         elif op == "evict":
             model.kv.evict(n)
-        model.kv.check_invariants()
+        model.check()
         model.kv.take_window_blocks()
 
 
@@ -204,3 +243,34 @@ def test_a_pinned_blocks_retained_window_goes_after_ordinary_ones():
     model.kv.check_invariants()
     assert pinned.window_pages is not None
     assert model.kv.by_hash[model.hasher.hashes([7] * 9, None)[1]].window_pages is None
+
+
+@pytest.mark.parametrize("disk", [False, True])
+def test_a_retained_window_evicted_with_its_block_comes_back_from_a_lower_tier(disk):
+    """A 17-token prompt (5-token window, 4-token blocks) retained at 16, then pushed out of an 8-block device pool
+    by another sequence: its blocks and its window go to the host (and disk) tier, and the prompt resumes at 16 again
+    from there (from disk when the host pool is too small to keep them), its window's page holding its K/V. Without
+    tiers it is recomputed."""
+    tiers = dict(host_blocks=2, host_states=1, disk_blocks=8, disk_states=2) if disk else dict(host_blocks=8,
+                                                                                                host_states=2)
+    for model in (WindowModel(8, 8, 5, **tiers), WindowModel(8, 8, 5)):
+        prompt = PROMPTS[3][:17]
+        seq = model.admit(prompt)
+        assert model.step(seq, 17)
+        model.retain(seq, 4, reply=False)
+        model.free(seq, preempt=False)
+        other = model.admit([7] * 30)
+        assert model.step(other, 30)
+        model.free(other, preempt=False)
+        model.check()
+        hashes = model.hasher.hashes(prompt, None)
+        assert hashes[0] not in model.kv.by_hash, "the prompt left the device"
+        again = model.admit(prompt)  # checks the window it resumes on
+        model.check()
+        cached = model.computed[again]
+        if not model.kv.tiers.enabled:
+            assert cached == 0
+            continue
+        assert cached == 16
+        hits = model.kv.stats.disk_hits if disk else model.kv.stats.host_hits
+        assert hits == 16, "every block came from the tier"

@@ -133,3 +133,41 @@ def test_interleaved_sessions_keep_80_percent_of_a_dense_models_cached_tokens_in
     dense_prompts = sum(len(r.prompt) for r in requests)
     assert cached[False] < 0.7 * dense_prompts, ("the dense pool is under pressure", cached, dense_prompts)
     assert cached[True] >= 0.8 * cached[False], cached
+
+
+@pytest.mark.slow
+def test_sessions_pushed_off_the_device_resume_from_the_host_and_disk_tiers(case, tmp_path):
+    """Three 40-token sessions, then each one's next turn, through a device pool of 16 blocks (one session and a
+    bit): the earlier sessions' blocks and retained windows leave the device for the host tier (and disk), and their
+    next turns resume there, all but at most one block of prompt and reply, the tokens from the host exactly those
+    the cache said the host held, transformers' greedy tokens every time. Without tiers (what a sliding-window model
+    got before its windows travelled) they are recomputed. After a restart the disk tier serves a whole turn."""
+    path, _, _ = case
+    settings = dict(num_kv_blocks=16, num_window_blocks=24, max_num_seqs=1, max_num_batched_tokens=32)
+    tiers = dict(kv_offload_gb=0.0005, kv_disk_dir=str(tmp_path))
+    firsts, expected, cached = random_prompts(VOCAB, [40, 40, 40], seed=12), {}, {}
+    for with_tiers in (False, True):
+        llm = poisoned_llm(path, **settings, **(tiers if with_tiers else {}))
+        kv, hasher = llm.engine.scheduler.kv, llm.engine.scheduler.hasher
+        turns = [first + llm.generate([first], GREEDY)[0].token_ids + [11, 12, 13, 14, 15] for first in firsts]
+        cached[with_tiers] = []
+        for turn in turns:
+            where = kv.where_cached(hasher.hashes(turn, None))
+            host_before = llm.stats.prefix_cache_host_hits_tokens
+            out = llm.generate([turn], GREEDY)[0]
+            want = expected.setdefault(tuple(turn), hf_greedy(path, turn, NEW_TOKENS))
+            assert out.token_ids == want
+            cached[with_tiers].append(out.num_cached_tokens)
+            from_host = llm.stats.prefix_cache_host_hits_tokens - host_before
+            assert from_host == BS * where[: out.num_cached_tokens // BS].count("host")
+        kv.check_invariants()
+        llm.close()  # with tiers: writes the device's blocks and windows through to disk
+    assert all(n >= len(first) + NEW_TOKENS - BS for n, first in zip(cached[True], firsts)), cached
+    assert cached[False][0] < cached[True][0] and cached[False][1] < cached[True][1], cached
+    llm = poisoned_llm(path, **settings, **tiers)
+    try:
+        out = llm.generate([turns[0]], GREEDY)[0]
+        assert out.token_ids == expected[tuple(turns[0])]
+        assert out.num_cached_tokens == llm.stats.prefix_cache_disk_hits_tokens >= len(firsts[0]) + NEW_TOKENS - BS
+    finally:
+        llm.close()
