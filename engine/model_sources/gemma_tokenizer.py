@@ -25,3 +25,25 @@ def write_gemma3_tokenizer(out_dir: Path, source: Path) -> TokenizerInfo:
     return TokenizerInfo(num_tokens=config["vocab_size"], bos_token_id=config["bos_token_id"],
                          eos_token_ids=tuple(eos if isinstance(eos, list) else [eos]),
                          pad_token_id=generation.get("pad_token_id"))
+
+
+# The released 4B-27B tokenizers' image tokens (the soft token added after the 262,144 pieces)
+IMAGE_TOKENS = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
+IMAGE_SOFT_TOKEN_ID = 262144
+
+
+def add_image_tokens(out_dir: Path, chat_template: str | None = None) -> None:
+    """Gemma 3's vision-language tokenizer from the text one in ``out_dir``: ``<image_soft_token>`` added at 262144,
+    the config naming the image tokens (as transformers' Gemma3Processor reads them) and holding ``chat_template``."""
+    path = out_dir / "tokenizer.json"
+    tokenizer = json.loads(path.read_text(encoding="utf-8"))
+    tokenizer["added_tokens"].append({"id": IMAGE_SOFT_TOKEN_ID, "content": IMAGE_TOKENS["image_token"],
+                                      "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+                                      "special": True})
+    path.write_text(json.dumps(tokenizer, ensure_ascii=False), encoding="utf-8")
+    config_path = out_dir / "tokenizer_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config.update(IMAGE_TOKENS, extra_special_tokens=IMAGE_TOKENS)
+    if chat_template is not None:
+        config["chat_template"] = chat_template
+    config_path.write_text(json.dumps(config, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")

@@ -216,7 +216,10 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 # A language model's model_type -> (the vision-language checkpoint it sits in: its model_type, its architecture)
 VLM_LAYOUTS = {"qwen3_5_text": ("qwen3_5", "Qwen3_5ForConditionalGeneration"),
                "qwen3_5_moe_text": ("qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration"),
-               "muse_glimmer_text": ("muse_glimmer", "MuseGlimmerForConditionalGeneration")}
+               "muse_glimmer_text": ("muse_glimmer", "MuseGlimmerForConditionalGeneration"),
+               "gemma3_text": ("gemma3", "Gemma3ForConditionalGeneration")}
+# Gemma 3's image tokens (the soft token after the 262,144 pieces), as the released configs name them
+GEMMA3_IMAGE_TOKENS = {"image_token_index": 262144, "boi_token_index": 255999, "eoi_token_index": 256000}
 # Qwen3.5 / 3.6's vision tokens, as the released configs name them
 _QWEN_VISION_TOKENS = {"image_token_id": 248056, "video_token_id": 248057, "vision_start_token_id": 248053,
                        "vision_end_token_id": 248054}
@@ -226,6 +229,13 @@ def vlm_config(text: dict[str, Any], vision: dict[str, Any]) -> dict[str, Any]:
     """A released vision-language config.json (Qwen3.5 / 3.6): the language model's config as ``text_config``,
     the tower's sizes as ``vision_config`` (its output as wide as the language model), the vision tokens' ids."""
     model_type, architecture = VLM_LAYOUTS[text["model_type"]]
+    if model_type == "gemma3":  # a SigLIP tower without its pooling head; the projector pools to mm_tokens_per_image
+        tower = {k: v for k, v in vision.items() if k != "mm_tokens_per_image"}
+        return {"architectures": [architecture], "model_type": model_type, "text_config": text,
+                "vision_config": {"model_type": "siglip_vision_model", "hidden_act": "gelu_pytorch_tanh",
+                                  "layer_norm_eps": 1e-6, "num_channels": 3, "vision_use_head": False, **tower},
+                "mm_tokens_per_image": vision["mm_tokens_per_image"],
+                "tie_word_embeddings": text["tie_word_embeddings"], **GEMMA3_IMAGE_TOKENS}
     if model_type == "muse_glimmer":  # its tower's own keys; patches merged 2 x 2 (4x the tower's width) then projected
         return {"architectures": [architecture], "model_type": model_type, "text_config": text,
                 "vision_config": {"model_type": "muse_glimmer_vision", **vision},
@@ -236,6 +246,15 @@ def vlm_config(text: dict[str, Any], vision: dict[str, Any]) -> dict[str, Any]:
     return {"architectures": [architecture], "model_type": model_type, "text_config": text,
             "vision_config": dict(sorted(vision.items())), "tie_word_embeddings": text["tie_word_embeddings"],
             **_QWEN_VISION_TOKENS}
+
+
+def gemma3_image_processor_config(vision: dict[str, Any]) -> dict[str, Any]:
+    """preprocessor_config.json for Gemma3ImageProcessor: every image resized to the tower's square, no crops."""
+    side = vision["image_size"]
+    return {"image_processor_type": "Gemma3ImageProcessor", "size": {"height": side, "width": side},
+            "do_resize": True, "resample": 2, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
+            "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "do_convert_rgb": True,
+            "do_pan_and_scan": False}
 
 
 def image_processor_config(vision: dict[str, Any], max_pixels: int) -> dict[str, Any]:
@@ -257,7 +276,9 @@ def write_model_configs(
     config = decoder_config(model_type, dims, tokens, extra)
     if vision is not None:
         config = vlm_config(config, vision)
-        if config["model_type"] != "muse_glimmer":  # (Qwen's image processor; kvserve serves Muse-Glimmer text only)
+        if config["model_type"] == "gemma3":
+            write_json(out_dir / "preprocessor_config.json", gemma3_image_processor_config(vision))
+        elif config["model_type"] != "muse_glimmer":  # (Qwen's processor; kvserve serves Muse-Glimmer text only)
             write_json(out_dir / "preprocessor_config.json", image_processor_config(vision, 256 * 256))
     write_json(out_dir / "config.json", config)
     write_json(out_dir / "generation_config.json", generation_config(tokens))

@@ -23,7 +23,7 @@ from engine.config import GEMMA3_ARCHITECTURES, HYBRID_ARCHITECTURES, MTP_AFTER_
 from engine.models.vision.qwen3_vl import VISION_PREFIXES
 
 from .deepseek_tokenizer import write_deepseek_tokenizer
-from .gemma_tokenizer import GEMMA3_MODEL, write_gemma3_tokenizer
+from .gemma_tokenizer import GEMMA3_MODEL, add_image_tokens, write_gemma3_tokenizer
 from .glm_tokenizer import write_glm_tokenizer
 from .harmony_tokenizer import write_harmony_tokenizer
 from .hf_layout import VLM_LAYOUTS, DecoderDims, TokenizerInfo, write_model_configs
@@ -89,6 +89,8 @@ def family_scales(model_type: str) -> tuple[InitScales, bool]:
     if model_type in GEMMA3_ARCHITECTURES:
         return GEMMA3_SCALES, zero_centered
     return (GEMMA4_SCALES if model_type in _GEMMA4_FAMILIES else InitScales()), zero_centered
+# towers whose LayerNorm weights are plain gains, beside zero-centred language models: Qwen's, Gemma 3's SigLIP
+_ORDINARY_NORMS = (*VISION_PREFIXES, "vision_tower.")
 _FINAL_NORMS = ("model.norm.weight", "model.language_model.norm.weight", "language_model.model.norm.weight")
 
 
@@ -259,6 +261,8 @@ def build_tiny_model(recipe: TinyRecipe, template: str, out_dir: Path, scales: I
             raise ValueError(f"a tiny model with the {recipe.tokenizer!r} tokenizer copies it from "
                              f"{COPIED_TOKENIZERS[recipe.tokenizer]!r}: pass that model's directory as tokenizer_source")
         tokens = write_gemma3_tokenizer(out_dir, tokenizer_source)
+        if recipe.vision is not None:  # Gemma 3's vision-language tokenizer: the image soft token added
+            add_image_tokens(out_dir)
     else:
         tokens = TOKENIZER_WRITERS[recipe.tokenizer](out_dir, template)
     write_model_configs(out_dir, recipe.model_type, recipe.dims(tokens), tokens, recipe.config, recipe.vision)
@@ -282,7 +286,7 @@ def write_random_weights(out_dir: Path, seed: int, scales: InitScales = InitScal
     tensors = {
         name: hash_routes(name, shape, seed, num_experts) if name.endswith("tid2eid")
         else random_tensor(_seed_name(copies.get(name, name)), shape, seed, scales,
-                           zero_centered and not name.startswith(VISION_PREFIXES))
+                           zero_centered and not name.startswith(_ORDINARY_NORMS))
         for name, shape in tqdm(sorted(shapes.items()), desc="random weights", disable=None)
     }
     if (config.get("quantization_config") or {}).get("quant_method") == "mxfp4":  # gpt-oss' released experts

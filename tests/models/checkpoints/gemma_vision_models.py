@@ -8,15 +8,16 @@ from __future__ import annotations
 import functools
 import io
 import json
+import shutil
 from pathlib import Path
 
 import torch
 
+from engine.model_sources.gemma_tokenizer import add_image_tokens
 from engine.registry import resolve_model
 from engine.model_sources.tiny import GEMMA3_SCALES, random_tensor
 
 TEMPLATE = Path(__file__).parents[2] / "rendering" / "templates" / "google-gemma-3-it.jinja"
-IMAGE_TOKENS = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
 VOCAB = 262208  # the released 4B-27B text vocabulary: 262,144 pieces, the image soft token and spare rows
 TEXT = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24, max_position_embeddings=4096,
@@ -45,17 +46,12 @@ def hf_gemma3_vlm(seed: int = 29):
 
 
 def write_gemma3_tokenizer(out: Path) -> None:
-    """gemma3-tiny's tokenizer with the image soft token added, its config naming the image tokens and holding the
-    chat template (as the released -it tokenizers do)."""
+    """gemma3-tiny's tokenizer with the image soft token added (as the registry's gemma3-vision-tiny has it) and
+    the chat template in its config (as the released -it tokenizers hold it)."""
     source = resolve_model("gemma3-tiny")
-    tokenizer = json.loads((source / "tokenizer.json").read_text())
-    tokenizer["added_tokens"].append({"id": 262144, "content": IMAGE_TOKENS["image_token"], "single_word": False,
-                                      "lstrip": False, "rstrip": False, "normalized": False, "special": True})
-    (out / "tokenizer.json").write_text(json.dumps(tokenizer))
-    config = json.loads((source / "tokenizer_config.json").read_text())
-    config.update(IMAGE_TOKENS, extra_special_tokens=IMAGE_TOKENS, chat_template=TEMPLATE.read_text())
-    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
-    (out / "generation_config.json").write_text((source / "generation_config.json").read_text())
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copyfile(source / name, out / name)
+    add_image_tokens(out, TEMPLATE.read_text())
 
 
 def write_gemma3_vlm(out: Path) -> Path:

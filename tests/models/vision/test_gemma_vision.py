@@ -203,3 +203,16 @@ def test_openai_sdk_image_url_and_the_next_turn_from_the_cache(server, gemma3_vl
     assert record["prompt_token_ids"] == inputs["input_ids"][0].tolist()
     assert record["output_token_ids"] == gemma3_generate(path, inputs, NEW_TOKENS)
     assert again.usage.prompt_tokens_details.cached_tokens >= (first_len - 1) // BLOCK * BLOCK
+
+
+def test_registry_tiny_model_reads_images():
+    """The registry's gemma3-vision-tiny (Gemma3ForConditionalGeneration's released layout, built by the tiny
+    builder) gives transformers' tokens for two images."""
+    from engine.registry import resolve_model
+
+    path = str(resolve_model("gemma3-vision-tiny"))
+    images = [png(80, 48, seed=3), png(36, 100, seed=4)]
+    prompt, inputs = gemma3_inputs(path, user_turn("Which one is taller?", 2), images)
+    llm = LLM("gemma3-vision-tiny", block_size=BLOCK, num_kv_blocks=256)
+    assert llm.generate(llm.image_prompt(prompt, images), GREEDY)[0].token_ids == gemma3_generate(path, inputs,
+                                                                                                   NEW_TOKENS)
