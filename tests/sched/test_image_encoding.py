@@ -6,9 +6,12 @@ and the bystander decodes in every step. Greedy parity with images under these b
 tests/models/vision/test_vision_models.py."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
+from engine.errors import RequestRejected
 from engine.multimodal import ImageInput
 from engine.outputs import SchedulerOutput
 from engine.sched.scheduler import Scheduler
@@ -96,3 +99,37 @@ def test_a_cached_prefix_is_not_encoded_again():
         if request_id == "first":
             assert encoded == list(images)
     assert encoded == [image for image in images if image.end > (len(prompt) - 1) // 4 * 4]
+
+
+def _both_ways(images: tuple[ImageInput, ...]) -> tuple[ImageInput, ...]:
+    """The images as Gemma 3 reads them: tokens at 1-D positions that attend to each other both ways."""
+    return tuple(dataclasses.replace(image, mrope=False, bidirectional=True) for image in images)
+
+
+@pytest.mark.parametrize("bound", [None, 0])
+def test_a_chunk_never_ends_inside_an_image_read_both_ways(bound):
+    """Gemma 3's images (engine/sched/image_encoding.py::whole_images): beside a decoding bystander, with or without
+    the tower's budget, every chunk that computes an image's tokens reaches its end, some chunk ends early to keep
+    an image whole, and every token is computed; an image larger than the step budget is refused."""
+    s = make(256, max_num_batched_tokens=20, max_image_tokens_per_step=bound)
+    s.add_request("bystander", list(range(10, 15)), params(max_tokens=200))
+    step(s)
+    prompt, images = image_prompt([6, 16, 12, 16])
+    images = _both_ways(images)
+    s.add_request("images", prompt, params(max_tokens=1), images=images)
+    ends, lengths = [], []
+    while "images" in s.requests:
+        out, _ = step(s)
+        assert len(ends) < 100
+        if "images" in out.seq_ids:
+            row = out.seq_ids.index("images")
+            assert not ends or out.num_computed_tokens[row] == ends[-1]  # (the first chunk after a 4-token hit)
+            ends.append(out.num_computed_tokens[row] + out.num_new_tokens[row])
+            lengths.append(out.num_new_tokens[row])
+    assert ends[-1] == len(prompt) and not [e for e in ends for i in images if i.offset < e < i.end]
+    # the room a step leaves the prompt is 19 (the bystander decodes one): a chunk stopped short of an image
+    assert any(n < 19 for n in lengths[:-1]), lengths
+    large, large_images = image_prompt([24])
+    with pytest.raises(RequestRejected, match="one step"):
+        s.add_request("large", large, params(max_tokens=1), images=_both_ways(large_images))
+    s.kv.check_invariants()
