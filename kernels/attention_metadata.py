@@ -35,6 +35,11 @@ class AttentionMetadata:
     # sliding-window models with a window group: what the window layers read instead (the slots and block tables of
     # their own pages, `engine.kv.window_pool`); None: every layer reads the fields above
     window: AttentionMetadata | None = None
+    # the token rows whose hidden state is read after the forward (the sampled ones), set for a model whose last
+    # layers store no K/V (Gemma 4's shared KV layers) when nothing else reads the others: those layers compute these
+    # rows alone, each sampling sequence's last rows as its queries (``read``: their metadata); None: every row
+    read_rows: torch.Tensor | None = None
+    read: AttentionMetadata | None = None
 
 
 @dataclass

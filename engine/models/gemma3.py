@@ -79,7 +79,14 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         if mm is not None:
             residual, ops = mm.embed(residual), mm.attention_ops(ops)
         layer_inputs = self.layer_inputs(input_ids, residual)
+        rows = None
         for i, (layer, kv_cache) in enumerate(zip(self.layers, self.layer_caches(kv_caches))):
+            if i == self.stores_no_kv_from and meta.read_rows is not None:  # only the read rows from here on
+                if not len(meta.read_rows):  # none (a chunk mid-prompt): the layers left would store nothing either
+                    return residual.new_zeros(residual.shape)
+                rows, meta, positions = meta.read_rows, meta.read, positions[meta.read_rows]
+                residual, out = residual[rows], None if out is None else out[rows]
+                layer_inputs = None if layer_inputs is None else layer_inputs[rows]
             attention = layer.mixer
             if out is None:
                 h = layer.input_layernorm(ops, residual)
@@ -90,7 +97,16 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
             h, residual = layer.pre_feedforward_layernorm(ops, layer.post_attention_layernorm(ops, h), residual)
             out = self.feed_forward(layer, h, residual)
             out, residual = self.end_layer(layer, out, residual, None if layer_inputs is None else layer_inputs[:, i])
-        return self.norm(ops, residual) if out is None else self.norm(ops, out, residual)[0]
+        hidden = self.norm(ops, residual) if out is None else self.norm(ops, out, residual)[0]
+        if rows is None:
+            return hidden
+        return hidden.new_zeros(len(input_ids), hidden.shape[-1]).index_copy_(0, rows, hidden)  # (the rows read)
+
+    @property
+    def stores_no_kv_from(self) -> int | None:
+        """The first of the last layers that store no K/V (so, run on the read rows alone, leave every page as it
+        would be); None: every layer stores its own."""
+        return None
 
     def layer_caches(self, kv_caches: KVCaches) -> KVCaches:
         """Each layer's pages (Gemma 4's shared KV layers read an earlier layer's)."""

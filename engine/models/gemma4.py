@@ -168,6 +168,11 @@ class Gemma4ForCausalLM(Gemma3ForCausalLM):
     def layer_caches(self, kv_caches: KVCaches) -> KVCaches:
         return [kv_caches[self.cfg.gemma4.kv_source(i)] for i in range(self.cfg.num_layers)]
 
+    @property
+    def stores_no_kv_from(self) -> int | None:
+        first = self.cfg.gemma4.num_kv_layers  # the shared KV layers (transformers skips them for rows it drops too)
+        return first if first < self.cfg.num_layers else None
+
     def layer_inputs(self, input_ids: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor | None:
         return None if self.per_layer_embeddings is None else self.per_layer_embeddings(self.ops, input_ids, embeds)
 

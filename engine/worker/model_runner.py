@@ -356,6 +356,8 @@ class ModelRunner:
             hidden = self.decode_graphs.run(work.pad_to)
         else:
             meta = self.inputs.metadata(host)
+            if self._reads_sampled_rows_only(work, host):
+                self.inputs.narrow_to_read_rows(meta, host)
             if work.images is None:
                 hidden = self.model(input_ids, positions, self.kv_caches, meta)
             else:  # only the families with a vision tower take image tokens
@@ -373,6 +375,13 @@ class ModelRunner:
         if sampled is not None or scored:
             launched.started = started
         return launched
+
+    def _reads_sampled_rows_only(self, work: _DeviceWork, host: HostInputs) -> bool:
+        """Whether only the sampled rows' hidden states are read after this (eager) step: no prompt logprobs, no MTP
+        drafter, rows that do not sample; worth telling a model whose last layers store no K/V (Gemma 4 E2B / E4B's
+        shared KV layers then skip the other rows, as transformers' prefill does)."""
+        return (getattr(self.model, "stores_no_kv_from", None) is not None and not work.prompt_spans
+                and self.mtp_drafter is None and len(host.sample_index) < host.num_tokens)
 
     def _copy_states(self, copies: list[StateCopy]) -> None:
         """Copy recurrent-state rows in every recurrent layer (a list never reads a slot it writes)."""

@@ -250,6 +250,23 @@ class DeviceInputs:
             states=self._state_batch(host) if self.recurrent else None,
         ))
 
+    def narrow_to_read_rows(self, meta: AttentionMetadata, host: HostInputs) -> None:
+        """``meta.read_rows`` / ``meta.read``: the sampled token rows alone, each sampling sequence's last rows its
+        queries, with its tables and lengths (a model whose last layers store no K/V runs them on these rows only)."""
+        counts = np.ones(len(host.sample_rows), dtype=np.int32) if host.sample_counts is None else host.sample_counts
+        seqs = torch.from_numpy(host.sample_rows.astype(np.int64)).to(self.device)
+        rows = torch.from_numpy(host.sample_index.astype(np.int64)).to(self.device)
+        starts = torch.from_numpy(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)).to(self.device)
+
+        def narrowed(view: AttentionMetadata) -> AttentionMetadata:
+            return replace(view, slot_mapping=view.slot_mapping[rows], block_tables=view.block_tables[seqs],
+                           context_lens=view.context_lens[seqs], query_start_loc=starts,
+                           max_query_len=int(counts.max(initial=0)), states=None, window=None)
+
+        meta.read = narrowed(meta)
+        meta.read.window = None if meta.window is None else narrowed(meta.window)
+        meta.read_rows = rows
+
     def with_window(self, meta: AttentionMetadata) -> AttentionMetadata:
         """Sliding-window models with a window table: ``meta`` (whose block tables are the rows' whole tables)
         split into the full-attention layers' view and the window layers' (``meta.window``). On a CPU each view is

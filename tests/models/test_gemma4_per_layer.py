@@ -99,10 +99,17 @@ def test_greedy_one_at_a_time_all_together_and_cache_hot(case, block_size):
 @pytest.mark.slow
 def test_chunked_prefill_ending_off_block_boundaries(case):
     """A 7-token budget with 4-token blocks: chunks end mid-block and mid-window, decodes and chunks share steps; a
-    shared layer reads the chunk's K / V its source layer has just stored."""
+    shared layer reads the chunk's K / V its source layer has just stored. The shared layers run on the sampled
+    rows alone (none for a chunk mid-prompt), as transformers' prefill does: one row per token generated."""
     name, prompts, expected = case
     llm = LLM(name, block_size=4, num_kv_blocks=512, max_num_batched_tokens=7)
+    rows = {2: [], 3: []}  # the last unshared layer's and the first shared one's rows per step
+    model = llm.engine.runner.model
+    for i, seen in rows.items():
+        model.layers[i].mixer.register_forward_pre_hook(lambda _, args, seen=seen: seen.append(len(args[1])))
     assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == expected
+    assert sum(rows[2]) == sum(LENGTHS) + len(prompts) * (NEW_TOKENS - 1)
+    assert sum(rows[3]) == len(prompts) * NEW_TOKENS
 
 
 @pytest.mark.slow
