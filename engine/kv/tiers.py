@@ -106,10 +106,11 @@ class TierIndex:
     def has_state(self, block_hash: BlockHash) -> bool:
         return block_hash in self.states
 
-    def add_state(self, block_hash: BlockHash, keep: Collection[BlockHash] = ()) -> tuple[int | None, BlockHash | None]:
+    def add_state(self, block_hash: BlockHash, keep: Collection[BlockHash] = (),
+                  dominated: bool = False) -> tuple[int | None, BlockHash | None]:
         """A state row for the snapshot at the end of a block this tier holds, dropping the least recently used
-        snapshot (never one in ``keep``) when every row is taken. Returns (the row or None: no room, the block whose
-        snapshot was dropped or None)."""
+        snapshot (never one in ``keep``) when every row is taken; ``dominated``: the new one is the next to go.
+        Returns (the row or None: no room, the block whose snapshot was dropped or None)."""
         block = self.blocks[block_hash]
         assert block.state_row < 0
         victim = None
@@ -120,6 +121,8 @@ class TierIndex:
             self.remove_state(victim)
         block.state_row = self._free_state_rows.pop()
         self.states[block_hash] = None
+        if dominated:
+            self.states.move_to_end(block_hash, last=False)
         return block.state_row, victim
 
     def remove_state(self, block_hash: BlockHash) -> None:
@@ -280,8 +283,10 @@ class LowerTiers:
                 self._prune(tier, block_hash)
 
     def _add_state(self, tier: TierIndex, block_hash: BlockHash, keep: Collection[BlockHash]) -> bool:
-        """Give the tier's block its snapshot, making room as the tier does (module docstring)."""
-        row, victim = tier.add_state(block_hash, keep)
+        """Give the tier's block its snapshot, making room as the tier does (module docstring). A window model's
+        window with one deeper below it and no branch between (its block has one child here, on the way to it: a
+        prompt end under its reply end) is the next to go, as on the device."""
+        row, victim = tier.add_state(block_hash, keep, dominated=self.windows and tier.children.get(block_hash) == 1)
         if victim is not None:
             if tier is self.disk:  # its file holds the snapshot: the block goes with it
                 self._prune(tier, self._drop(tier, victim), keep)

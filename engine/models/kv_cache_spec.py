@@ -172,7 +172,7 @@ class KVCacheSpec:
 
     def block_layers(self, kv_caches: KVCaches, window_group: bool = False) -> KVCaches:
         """The layers with block tensors (what the KV tiers copy by block; with a ``window_group``, their
-        full-attention tensors alone: the window pages are numbered apart and no tier carries them)."""
+        full-attention tensors alone: the window pages are numbered apart, and tiers carry them as retained windows)."""
         if window_group:
             return self._group_tensors(kv_caches, window=False)
         if not self.layer_is_recurrent:

@@ -1,4 +1,5 @@
-"""The real agent clients against one tiny model of each family issue 38 brought (GLM-4.7-Flash, MiniMax-M2, Devstral):
+"""The real agent clients against one tiny model of each family issue 38 brought (GLM-4.7-Flash, MiniMax-M2, Devstral,
+Kimi on the Kimi Linear hybrid):
 Claude Code (Anthropic Messages), Codex (Responses) and OpenCode (chat completions) each run the two-turn session of
 tests/clients against `kvserve serve --model M`, and turn 2's request with the whole context (the longest of those
 that carry its message) reads at least 95% of its prompt from the prefix cache: each family's template extends turn 1's prompt (GLM keeps past thinking, as
@@ -6,9 +7,10 @@ kvserve asks it to; MiniMax drops turn 1's thinking before a new user query, as 
 re-computes from there; Devstral's tools stay before the first user message).
 
 Slow tier: one server per model and one session per client (7-12k-token prompts, replies capped at 16 tokens of
-noise): the nine cases took 815-1,022 s at a load of 15-20 on two cores. CI runs one client per model (295 s there):
-Codex against GLM, Claude Code against MiniMax and against Devstral (OpenCode's chat completions are the path the
-server tests cover); the whole matrix runs with KVSERVE_HYBRID_CLIENTS=1 (the opt-in of the hybrid test,
+noise): the nine cases took 815-1,022 s at a load of 15-20 on two cores, Kimi's three 354 s at a load of 8. CI runs
+one client per model (295 s there, and Kimi's ~80 s): Codex against GLM and against Kimi, Claude Code against
+MiniMax and against Devstral (OpenCode's chat completions are the path the server tests cover); the whole matrix
+runs with KVSERVE_HYBRID_CLIENTS=1 (the opt-in of the hybrid test,
 which installs OpenCode). The measured share of each case is in docs/AGENTS.md."""
 from __future__ import annotations
 
@@ -24,8 +26,9 @@ from tests.clients.sessions import BLOCK, opencode_bins, rows_of, session
 
 pytestmark = pytest.mark.slow
 
-MODELS = ["glm4.7-flash-tiny", "minimax-m2-tiny", "devstral-small-tiny"]
-IN_CI = {("codex", "glm4.7-flash-tiny"), ("claude", "minimax-m2-tiny"), ("claude", "devstral-small-tiny")}
+MODELS = ["glm4.7-flash-tiny", "minimax-m2-tiny", "devstral-small-tiny", "kimi-linear-tiny"]
+IN_CI = {("codex", "glm4.7-flash-tiny"), ("claude", "minimax-m2-tiny"), ("claude", "devstral-small-tiny"),
+         ("codex", "kimi-linear-tiny")}
 OPT_IN = os.environ.get("KVSERVE_HYBRID_CLIENTS") == "1"
 
 

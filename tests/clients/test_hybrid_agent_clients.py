@@ -16,13 +16,15 @@ all-reasoning reply is). So the uncached tokens of one model's requests say noth
     checks the client's flow (the replay above means something only if the client resends its context). OpenCode's
     first request is a short side request, so for it this bound is loose.
 
-Slow tier: two servers and two agent sessions of 8-12k-token prompts per client: 116-207 s a client on two cores
-at load 16-18, about 60 s of CPU. Claude Code and Codex are CI's pinned clients (tests/clients/harness.py: missing, they skip here and
+Slow tier: two servers for the module, and two agent sessions of 8-12k-token prompts per client (a client alone
+took 116-207 s on two cores at load 16-18, about 60 s of CPU, most of it starting the two servers). Claude Code and Codex are CI's pinned clients (tests/clients/harness.py: missing, they skip here and
 fail in CI). OpenCode is not in that set, so its case is opt-in (KVSERVE_HYBRID_CLIENTS=1 installs it on first use):
 CI would download its ~350 MB of binaries and spend another ~3 minutes on a third wire path the server tests
 already cover (chat completions)."""
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -39,18 +41,40 @@ from tests.clients.sessions import (
 )
 
 pytestmark = pytest.mark.slow
+MODELS = ("qwen3-tiny", "qwen3.6-tiny")
+Served = dict[str, tuple[str, Path]]  # model -> (base URL, its --record file)
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[], Served]]:
+    """One server per model for all the clients, started on the first call (after the client's executables were
+    found: a skipped case starts nothing): starting one costs more than a client's session. A client's rows are those
+    its session added; no session reuses another client's prompts (other system prompts and tools), and the checks
+    below bound from above what each request computes."""
+    tmp = tmp_path_factory.mktemp("serve")
+    started: Served = {}
+    with ExitStack() as stack:
+        def start() -> Served:
+            for model in MODELS if not started else ():
+                record = tmp / f"{model}.jsonl"
+                url = stack.enter_context(serve(model, record.with_suffix(".log"), "--block-size", str(BLOCK),
+                                                "--record", str(record)))
+                started[model] = url, record
+            return started
+
+        yield start
 
 
 @pytest.mark.parametrize("client", ["claude", "codex", "opencode"])
 @pytest.mark.slow
-def test_hybrid_model_reads_the_cache_as_the_dense_one(client: str, tmp_path: Path) -> None:
+def test_hybrid_model_reads_the_cache_as_the_dense_one(client: str, servers: Callable[[], Served],
+                                                       tmp_path: Path) -> None:
     bins = opencode_bins() if client == "opencode" else installed_bins()
     rows = {}
-    for model in ("qwen3-tiny", "qwen3.6-tiny"):
-        record = tmp_path / f"{model}.jsonl"
-        with serve(model, record.with_suffix(".log"), "--block-size", str(BLOCK), "--record", str(record)) as url:
-            session(client, bins, url, model, tmp_path / model)
-        rows[model] = rows_of(record)
+    for model, (url, record) in servers().items():
+        before = len(rows_of(record)) if record.exists() else 0
+        session(client, bins, url, model, tmp_path / model)
+        rows[model] = rows_of(record)[before:]
     hybrid = uncached(rows["qwen3.6-tiny"])
     same_requests_dense = dense_uncached(rows["qwen3.6-tiny"])
     assert all(len(r) >= 2 for r in rows.values()), {model: uncached(r) for model, r in rows.items()}

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from engine.kv.block_hashing import BlockHasher
 from engine.kv.manager import KVCacheManager
 from engine.kv.snapshot_policy import SnapshotPolicy
-from engine.kv.window_pool import DEFAULT_RETENTION_FRACTION, first_window_block
+from engine.kv.window_pool import DEFAULT_RETENTION_FRACTION, first_window_block, pages_per_window
 
 from benchmarks.prefix.traces.trace import TokenRequest
 
@@ -133,14 +133,33 @@ def running_pages(window: int, block_size: int = 16, chunk: int = 2048) -> int:
     return -(-chunk // block_size) + -(-(window - 1) // block_size) + 2
 
 
+@dataclass(frozen=True)
+class Tier:
+    """A window model's host tier: full-attention blocks and window rows (retained windows)."""
+
+    blocks: int = 0
+    windows: int = 0
+
+    @classmethod
+    def split(cls, dense_blocks: int, window: int, full_layers: float, block_size: int = 16,
+              fraction: float = DEFAULT_RETENTION_FRACTION) -> Tier:
+        """A tier of ``dense_blocks`` dense blocks' bytes split as the runner splits it (`ModelRunner._new_offload`):
+        ``fraction`` for window rows of `pages_per_window` pages, full-attention blocks the rest."""
+        row = pages_per_window(window, block_size) * (1 - full_layers)
+        windows = int(fraction * dense_blocks / row)
+        return cls(int((dense_blocks - windows * row) / full_layers), windows)
+
+
 def run_kvserve(requests: Sequence[TokenRequest], window: int, pages: int, block_size: int = 16,
                 chunk: int = 2048, hints: bool = True, include_output: bool = True,
-                full_blocks: int | None = None) -> PolicyRun:
+                full_blocks: int | None = None, host: Tier = Tier()) -> PolicyRun:
     """kvserve's window group (the engine's KV manager) with ``pages`` window pages beyond the running sequence's;
-    ``full_blocks``: the full-attention pool (default: all the requests' blocks)."""
+    ``full_blocks``: the full-attention pool (default: all the requests' blocks); ``host``: a host tier of
+    full-attention blocks and retained windows."""
     bs, policy = block_size, SnapshotPolicy()
     blocks = full_blocks or sum(-(-len(r.committed_ids(include_output)) // bs) for r in requests) + 1
-    kv = KVCacheManager(blocks, bs, window_blocks=running_pages(window, bs, chunk) + pages, window=window)
+    kv = KVCacheManager(blocks, bs, window_blocks=running_pages(window, bs, chunk) + pages, window=window,
+                        host_blocks=host.blocks, host_states=host.windows)
     hasher = BlockHasher(bs, "window-sim")
     run = PolicyRun("kvserve" if hints else "kvserve, no server hints", pages)
     for r in requests:
@@ -161,6 +180,7 @@ def run_kvserve(requests: Sequence[TokenRequest], window: int, pages: int, block
             if end // bs * bs > len(r.prompt):
                 kv.keep_window(r.request_id, end // bs * bs, replaces_reply=True)
         kv.free(r.request_id)
+        kv.take_transfers()  # (no runner copies them)
         kept = {page for node in kv.window.anchors for page in node.window_pages} | set(kv.window.cached)
         run.peak_window_tokens = max(run.peak_window_tokens, len(kept) * bs)
     return run
@@ -267,10 +287,10 @@ def run_llama_cpp(requests: Sequence[TokenRequest], window: int, swa_full: bool,
 
 
 def run_dense(requests: Sequence[TokenRequest], blocks: int, block_size: int = 16, chunk: int = 2048,
-              include_output: bool = True) -> PolicyRun:
+              include_output: bool = True, host_blocks: int = 0) -> PolicyRun:
     """The same requests on a model whose every layer keeps every token, in ``blocks`` blocks (the engine's KV
-    manager, least recently used first)."""
-    kv, hasher = KVCacheManager(blocks, block_size), BlockHasher(block_size, "window-sim")
+    manager, least recently used first), over a host tier of ``host_blocks``."""
+    kv, hasher = KVCacheManager(blocks, block_size, host_blocks=host_blocks), BlockHasher(block_size, "window-sim")
     run = PolicyRun("every layer full", 0)
     for r in requests:
         ids = r.committed_ids(include_output)
@@ -283,24 +303,26 @@ def run_dense(requests: Sequence[TokenRequest], blocks: int, block_size: int = 1
                 break
             kv.commit(r.request_id, hashes, ids, end)
         kv.free(r.request_id)
+        kv.take_transfers()
     return run
 
 
 def under_pressure(requests: Sequence[TokenRequest], dense_blocks: int, window: int, full_layers: float,
-                   block_size: int = 16, chunk: int = 2048, retention_fraction: float = DEFAULT_RETENTION_FRACTION
-                   ) -> tuple[PolicyRun,
-                                                                                                    PolicyRun]:
+                   block_size: int = 16, chunk: int = 2048, retention_fraction: float = DEFAULT_RETENTION_FRACTION,
+                   host_blocks: int = 0) -> tuple[PolicyRun, PolicyRun]:
     """The same requests on a dense model with ``dense_blocks`` blocks and on the window group in the same memory,
     split as the runner splits it: the running sequence's window pages, ``retention_fraction`` of the rest for
     retained windows, full-attention blocks the remainder. ``full_layers``: the share of a block's bytes the
-    full-attention layers take (Gemma 3: 1/6)."""
+    full-attention layers take (Gemma 3: 1/6). ``host_blocks``: a host tier of that many dense blocks' bytes
+    under both, the window model's split likewise (`Tier.split`)."""
     page = 1 - full_layers  # a window page's bytes, a dense block's being 1
     running = running_pages(window, block_size, chunk)
     rest = dense_blocks - running * page
     retained = int(retention_fraction * rest / page)
     full_blocks = int((rest - retained * page) / full_layers)
-    dense = run_dense(requests, dense_blocks, block_size, chunk)
-    windowed = run_kvserve(requests, window, retained, block_size, chunk, full_blocks=full_blocks)
+    host = Tier.split(host_blocks, window, full_layers, block_size, retention_fraction) if host_blocks else Tier()
+    dense = run_dense(requests, dense_blocks, block_size, chunk, host_blocks=host_blocks)
+    windowed = run_kvserve(requests, window, retained, block_size, chunk, full_blocks=full_blocks, host=host)
     return dense, windowed
 
 
@@ -325,6 +347,7 @@ class WindowOptions:
     windows: tuple[int, ...] = (1024, 128)  # windows: ``shape``'s and gpt-oss'
     page_counts: tuple[int, ...] = (64, 256, 1024)
     pressure_blocks: tuple[int, ...] = (400, 800, 1600)  # dense pools the sessions table compares at
+    pressure_host: int = 2  # ... and over a host tier this many times the pool's size
     checkpoints: int = 3
     seed: int = 0
     out_dir: str = "results/prefix"
@@ -352,11 +375,12 @@ def _pressure_rows(opts: WindowOptions, shape: WindowShape) -> list[dict]:
     requests = agent_sessions(SessionsParams(sessions=16, turns=5, seed=opts.seed))
     rows = []
     for blocks in opts.pressure_blocks:
-        for window in opts.windows:
-            dense, windowed = under_pressure(requests, blocks, window, shape.full_share)
-            rows.append({"dense_blocks": blocks, "window": window, "dense_hit_rate": dense.hit_rate,
-                         "window_hit_rate": windowed.hit_rate,
-                         "ratio": windowed.cached_tokens / dense.cached_tokens if dense.cached_tokens else 0.0})
+        for host in (0, opts.pressure_host * blocks):
+            for window in opts.windows:
+                dense, windowed = under_pressure(requests, blocks, window, shape.full_share, host_blocks=host)
+                rows.append({"dense_blocks": blocks, "host_blocks": host, "window": window,
+                             "dense_hit_rate": dense.hit_rate, "window_hit_rate": windowed.hit_rate,
+                             "ratio": windowed.cached_tokens / dense.cached_tokens if dense.cached_tokens else 0.0})
     return rows
 
 
@@ -386,9 +410,10 @@ def run_sliding_window(opts: WindowOptions) -> dict:
                             f"GiB ({opts.shape})"], rows)
     pressure = _pressure_rows(opts, shape)
     figures += [{"workload": "agent_sessions", **row} for row in pressure]
-    sessions = markdown_table(["dense blocks", "window", "dense hit rate", "window group hit rate", "cached tokens, "
-                               "window / dense"], [[r["dense_blocks"], r["window"], pct(r["dense_hit_rate"]),
-                                                    pct(r["window_hit_rate"]), f"{r['ratio']:.2f}"] for r in pressure])
+    sessions = markdown_table(["dense blocks", "host tier (dense blocks)", "window", "dense hit rate",
+                               "window group hit rate", "cached tokens, window / dense"],
+                              [[r["dense_blocks"], r["host_blocks"], r["window"], pct(r["dense_hit_rate"]),
+                                pct(r["window_hit_rate"]), f"{r['ratio']:.2f}"] for r in pressure])
     markdown = f"{memory_markdown()}\n\n{table}\n\n{sessions}\n"
     out = Path(opts.out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -216,3 +216,32 @@ def test_registry_tiny_model_reads_images():
     llm = LLM("gemma3-vision-tiny", block_size=BLOCK, num_kv_blocks=256)
     assert llm.generate(llm.image_prompt(prompt, images), GREEDY)[0].token_ids == gemma3_generate(path, inputs,
                                                                                                    NEW_TOKENS)
+
+
+def test_anthropic_screenshot_in_a_tool_result_is_read_from_the_cache(server):
+    """Claude Code's Read tool returns a PNG inside a tool_result: Gemma 3 reads it (its 16 soft tokens in the
+    prompt, count_tokens counting them), and the next turn reads the whole earlier conversation, image included,
+    from the cache (at most a block short), encoding the image once."""
+    client = server.anthropic()
+    shot = png(120, 80, seed=31)
+    vision = server.in_engine(lambda engine: engine.runner.vision)
+    encoded = vision.num_encoded
+    tools = [{"name": "Read", "description": "Read a file", "input_schema": {
+        "type": "object", "properties": {"file_path": {"type": "string"}}, "required": ["file_path"]}}]
+    messages = [
+        {"role": "user", "content": "Look at shot.png"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Read",
+                                           "input": {"file_path": "shot.png"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": base64.b64encode(shot).decode()}}]}]},
+    ]
+    counted = client.messages.count_tokens(model=server.ctx.model_name, messages=messages, tools=tools)
+    first = client.messages.create(model=server.ctx.model_name, messages=messages, tools=tools, max_tokens=NEW_TOKENS)
+    prompt = server.last_record()["prompt_token_ids"]
+    assert prompt.count(262144) == TOKENS_PER_IMAGE and counted.input_tokens == len(prompt)
+    messages += [{"role": "assistant", "content": "".join(b.text for b in first.content if b.type == "text") or "ok"},
+                 {"role": "user", "content": "And now?"}]
+    again = client.messages.create(model=server.ctx.model_name, messages=messages, tools=tools, max_tokens=NEW_TOKENS)
+    assert again.usage.cache_read_input_tokens >= len(prompt) - BLOCK
+    assert vision.num_encoded - encoded == 1
