@@ -256,7 +256,7 @@ class ModelRunner:
         pages = spec.block_layers(self.kv_caches, self.window_group)
         per_row = 0  # a window row: the pages a resume reads (docs/SLIDING_WINDOW.md)
         if self.window_group:
-            states = [layer for layer, window in zip(self.kv_caches, spec.layer_windows) if window is not None]
+            states = spec.window_layers(self.kv_caches)  # (DeepSeek V4: its keys, not its compressed entries)
             per_row = pages_per_window(spec.window, cfg.block_size)
         else:
             states = spec.state_layers(self.kv_caches) if spec.recurrent is not None else []
