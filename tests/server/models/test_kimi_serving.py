@@ -14,30 +14,19 @@ from collections.abc import Iterator
 
 import pytest
 
-from engine.config import EngineConfig
-from server.pipeline.context import ServerSettings, load_context
-from tests.server.conftest import LiveServer, serve
-from tests.server.models.test_glm_serving import FORECAST, QUESTION, assert_named_call_streams_as_returned_whole
+from tests.server.conftest import LiveServer
+from tests.server.models.test_glm_serving import FORECAST, QUESTION
+from tests.server.models.test_minimax_serving import BLOCK_SIZE, decode, named_call_in_all_three_apis, thinking_server
 
 pytestmark = pytest.mark.slow  # the module's server, and grammars over a 164k vocabulary
-
-BLOCK_SIZE = 4
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    record = tmp_path_factory.mktemp("record") / "requests.jsonl"
-    ctx = load_context("kimi-linear-tiny", EngineConfig(block_size=BLOCK_SIZE, num_kv_blocks=1024, max_model_len=4096),
-                       ServerSettings(reasoning_budget=8), record_path=str(record))
-    with serve(ctx) as url:
-        yield LiveServer(ctx, url, record)
+    yield from thinking_server("kimi-linear-tiny", tmp_path_factory)
 
 
-def _decode(server: LiveServer, ids: list[int]) -> str:
-    return server.ctx.tokenizer.decode(ids, skip_special_tokens=False)
-
-
-def test_a_required_call_round_trip_re_renders_the_reply_and_reads_the_prompt_from_the_cache(server: LiveServer) -> None:
+def test_a_required_call_round_trip_renders_the_reply_back_and_reads_the_prompt_cached(server: LiveServer) -> None:
     client = server.client()
     first = client.chat.completions.create(model=server.ctx.model_name, messages=QUESTION, tools=[FORECAST],
                                            tool_choice="required", parallel_tool_calls=False, max_tokens=120,
@@ -48,11 +37,11 @@ def test_a_required_call_round_trip_re_renders_the_reply_and_reads_the_prompt_fr
     assert call.function.name == "forecast" and set(arguments) == {"city", "days"} and 1 <= arguments["days"] <= 7
     assert re.fullmatch(r"functions\.forecast:[0-9]{1,3}", call.id) and first.choices[0].finish_reason == "tool_calls"
     first_record = server.last_record()
-    prompt = _decode(server, first_record["prompt_token_ids"])
+    prompt = decode(server, first_record["prompt_token_ids"])
     assert prompt.startswith("<|im_system|>tool_declare<|im_middle|>[") and prompt.endswith(
         "<|im_system|>system<|im_middle|>You are a travel agent.<|im_end|><|im_user|>user<|im_middle|>Plan Rome."
         "<|im_end|><|im_assistant|>assistant<|im_middle|>")
-    raw = _decode(server, first_record["output_token_ids"][:-1])  # the reply up to the token that ended it
+    raw = decode(server, first_record["output_token_ids"][:-1])  # the reply up to the token that ended it
     assert re.match(r"<think>.*</think>\n{0,2}<\|tool_calls_section_begin\|><\|tool_call_begin\|>"
                     + re.escape(call.id) + "<\\|tool_call_argument_begin\\|>", raw, re.DOTALL), raw
 
@@ -64,7 +53,7 @@ def test_a_required_call_round_trip_re_renders_the_reply_and_reads_the_prompt_fr
     # The history re-renders the first prompt and the model's whole reply, byte for byte (Kimi keeps a tool loop's
     # thinking, and the call's id is the model's header; the template ends the turn with <|im_end|> whichever stop
     # token the model wrote).
-    assert _decode(server, second_record["prompt_token_ids"]).startswith(prompt + raw)
+    assert decode(server, second_record["prompt_token_ids"]).startswith(prompt + raw)
     # Token for token the random model's reply is not the tokenizer's spelling of it (under the grammar it writes
     # "func" "tion" "s" for "functions"), so the next prompt's tokens leave it there, and the hybrid resumes at the
     # last KDA snapshot before: the first prompt's end. (A reply re-read token for token: test_kimi_linear.py.)
@@ -72,18 +61,5 @@ def test_a_required_call_round_trip_re_renders_the_reply_and_reads_the_prompt_fr
 
 
 def test_a_named_call_in_all_three_apis(server: LiveServer) -> None:
-    assert_named_call_streams_as_returned_whole(server, max_tokens=120)
-    tool = {"name": "forecast", "description": FORECAST["function"]["description"],
-            "input_schema": FORECAST["function"]["parameters"]}
-    reply = server.anthropic().messages.create(model=server.ctx.model_name, max_tokens=120, system="Plan trips.",
-                                               messages=[{"role": "user", "content": "Plan Rome."}], tools=[tool],
-                                               tool_choice={"type": "tool", "name": "forecast"})
-    [use] = [block for block in reply.content if block.type == "tool_use"]
-    assert reply.stop_reason == "tool_use" and use.name == "forecast" and set(use.input) == {"city", "days"}
-    assert use.id.startswith("functions.forecast:") and any(block.type == "thinking" for block in reply.content)
-    response = server.client().responses.create(
-        model=server.ctx.model_name, input="Plan Rome.", max_output_tokens=120,
-        tools=[{"type": "function", **FORECAST["function"]}], tool_choice={"type": "function", "name": "forecast"})
-    [item] = [item for item in response.output if item.type == "function_call"]
-    assert item.name == "forecast" and set(json.loads(item.arguments)) == {"city", "days"}
-    assert item.call_id.startswith("functions.forecast:")
+    use, item = named_call_in_all_three_apis(server)
+    assert use.id.startswith("functions.forecast:") and item.call_id.startswith("functions.forecast:")

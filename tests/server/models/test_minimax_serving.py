@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -24,16 +25,21 @@ BLOCK_SIZE = 4
 NAMED = {"type": "function", "function": {"name": "forecast"}}
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+def thinking_server(model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """`model` served with a thinking budget of 8 tokens (a random model never ends its thinking by itself)."""
     record = tmp_path_factory.mktemp("record") / "requests.jsonl"
-    ctx = load_context("minimax-m2-tiny", EngineConfig(block_size=BLOCK_SIZE, num_kv_blocks=1024, max_model_len=4096),
+    ctx = load_context(model, EngineConfig(block_size=BLOCK_SIZE, num_kv_blocks=1024, max_model_len=4096),
                        ServerSettings(reasoning_budget=8), record_path=str(record))
     with serve(ctx) as url:
         yield LiveServer(ctx, url, record)
 
 
-def _decode(server: LiveServer, ids: list[int]) -> str:
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    yield from thinking_server("minimax-m2-tiny", tmp_path_factory)
+
+
+def decode(server: LiveServer, ids: list[int]) -> str:
     return server.ctx.tokenizer.decode(ids, skip_special_tokens=False)
 
 
@@ -48,10 +54,10 @@ def test_a_required_call_round_trip_reads_the_first_turn_from_the_cache(server: 
     assert call.function.name == "forecast" and set(arguments) == {"city", "days"} and 1 <= arguments["days"] <= 7
     assert first.choices[0].finish_reason == "tool_calls"
     first_record = server.last_record()
-    prompt = _decode(server, first_record["prompt_token_ids"])
+    prompt = decode(server, first_record["prompt_token_ids"])
     assert prompt.startswith("]~!b[]~b]system\nYou are a travel agent.\n\n# Tools\n") and prompt.endswith(
         "[e~[\n]~b]user\nPlan Rome.[e~[\n]~b]ai\n<think>\n")
-    raw = _decode(server, first_record["output_token_ids"])
+    raw = decode(server, first_record["output_token_ids"])
     # MiniMax's own format (xgrammar's minimax_xml lets a whitespace character frame a tag or a value)
     assert re.search(r'</think>\s*<minimax:tool_call>\s*<invoke name="forecast">\s*<parameter name="', raw), raw
     assert message.model_extra["reasoning_content"]  # the thinking comes back for the client to send again
@@ -64,12 +70,14 @@ def test_a_required_call_round_trip_reads_the_first_turn_from_the_cache(server: 
     # The history re-renders the first prompt and the reasoning the model wrote (MiniMax keeps a tool loop's
     # thinking), so the cache serves all of it but the last partial block.
     reasoning = raw.split("</think>")[0].strip("\n")
-    assert _decode(server, second_record["prompt_token_ids"]).startswith(prompt + reasoning)
+    assert decode(server, second_record["prompt_token_ids"]).startswith(prompt + reasoning)
     cached = second.usage.prompt_tokens_details.cached_tokens
     assert cached >= len(first_record["prompt_token_ids"]) - BLOCK_SIZE
 
 
-def test_a_named_call_in_all_three_apis(server: LiveServer) -> None:
+def named_call_in_all_three_apis(server: LiveServer) -> tuple[Any, Any]:
+    """tool_choice naming `forecast` through chat (streamed as returned whole), Anthropic Messages (a tool_use block
+    after the thinking) and Responses (a function_call item); returns the tool_use block and the item."""
     assert_named_call_streams_as_returned_whole(server, max_tokens=120)
     tool = {"name": "forecast", "description": FORECAST["function"]["description"],
             "input_schema": FORECAST["function"]["parameters"]}
@@ -84,3 +92,8 @@ def test_a_named_call_in_all_three_apis(server: LiveServer) -> None:
         tools=[{"type": "function", **FORECAST["function"]}], tool_choice={"type": "function", "name": "forecast"})
     [item] = [item for item in response.output if item.type == "function_call"]
     assert item.name == "forecast" and set(json.loads(item.arguments)) == {"city", "days"}
+    return use, item
+
+
+def test_a_named_call_in_all_three_apis(server: LiveServer) -> None:
+    named_call_in_all_three_apis(server)
