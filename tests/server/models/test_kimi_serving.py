@@ -8,7 +8,6 @@ named tool comes back the same through chat completions (streamed as returned wh
 block) and Responses (a function_call item)."""
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 
@@ -16,7 +15,9 @@ import pytest
 
 from tests.server.conftest import LiveServer
 from tests.server.models.test_glm_serving import FORECAST, QUESTION
-from tests.server.models.test_minimax_serving import BLOCK_SIZE, decode, named_call_in_all_three_apis, thinking_server
+from tests.server.models.test_minimax_serving import (
+    BLOCK_SIZE, decode, named_call_in_all_three_apis, required_forecast, thinking_server,
+)
 
 pytestmark = pytest.mark.slow  # the module's server, and grammars over a 164k vocabulary
 
@@ -28,14 +29,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
 
 def test_a_required_call_round_trip_renders_the_reply_back_and_reads_the_prompt_cached(server: LiveServer) -> None:
     client = server.client()
-    first = client.chat.completions.create(model=server.ctx.model_name, messages=QUESTION, tools=[FORECAST],
-                                           tool_choice="required", parallel_tool_calls=False, max_tokens=120,
-                                           temperature=1.0, seed=3)
-    message = first.choices[0].message
-    [call] = message.tool_calls
-    arguments = json.loads(call.function.arguments)
-    assert call.function.name == "forecast" and set(arguments) == {"city", "days"} and 1 <= arguments["days"] <= 7
-    assert re.fullmatch(r"functions\.forecast:[0-9]{1,3}", call.id) and first.choices[0].finish_reason == "tool_calls"
+    message, call = required_forecast(server)
+    assert re.fullmatch(r"functions\.forecast:[0-9]{1,3}", call.id)  # the model's header
     first_record = server.last_record()
     prompt = decode(server, first_record["prompt_token_ids"])
     assert prompt.startswith("<|im_system|>tool_declare<|im_middle|>[") and prompt.endswith(

@@ -43,16 +43,22 @@ def decode(server: LiveServer, ids: list[int]) -> str:
     return server.ctx.tokenizer.decode(ids, skip_special_tokens=False)
 
 
-def test_a_required_call_round_trip_reads_the_first_turn_from_the_cache(server: LiveServer) -> None:
-    client = server.client()
-    first = client.chat.completions.create(model=server.ctx.model_name, messages=QUESTION, tools=[FORECAST],
-                                           tool_choice="required", parallel_tool_calls=False, max_tokens=120,
-                                           temperature=1.0, seed=3)
+def required_forecast(server: LiveServer) -> tuple[Any, Any]:
+    """tool_choice required on QUESTION: one valid `forecast` call; returns the message and its call."""
+    first = server.client().chat.completions.create(model=server.ctx.model_name, messages=QUESTION, tools=[FORECAST],
+                                                    tool_choice="required", parallel_tool_calls=False, max_tokens=120,
+                                                    temperature=1.0, seed=3)
     message = first.choices[0].message
     [call] = message.tool_calls
     arguments = json.loads(call.function.arguments)
     assert call.function.name == "forecast" and set(arguments) == {"city", "days"} and 1 <= arguments["days"] <= 7
     assert first.choices[0].finish_reason == "tool_calls"
+    return message, call
+
+
+def test_a_required_call_round_trip_reads_the_first_turn_from_the_cache(server: LiveServer) -> None:
+    client = server.client()
+    message, call = required_forecast(server)
     first_record = server.last_record()
     prompt = decode(server, first_record["prompt_token_ids"])
     assert prompt.startswith("]~!b[]~b]system\nYou are a travel agent.\n\n# Tools\n") and prompt.endswith(
