@@ -86,10 +86,10 @@ def test_cli_rejects_invalid_requests_with_a_message() -> None:
 
 
 @pytest.mark.slow
-def test_cli_model_prints_prompt_and_token_ids() -> None:
+def test_cli_model_prints_prompt_and_token_ids(tmp_path: Path) -> None:
     body = {"messages": [{"role": "user", "content": "Hi"}], "tools": CASE.tools}
-    # the shared model cache: qwen3-tiny is built once a session (under a lock), not again for this test
-    result = run_cli("--model", "qwen3-tiny", "--tokens", "--request", "-", stdin=json.dumps(body).encode())
+    result = run_cli("--model", "qwen3-tiny", "--tokens", "--request", "-", stdin=json.dumps(body).encode(),
+                     env={"KVSERVE_CACHE_DIR": str(tmp_path)})
     assert result.returncode == 0, result.stderr.decode()
     out = json.loads(result.stdout)
     assert out["prompt"] == get_renderer("qwen3").render(body["messages"], body["tools"])
