@@ -40,25 +40,50 @@ def opencode_bins() -> Path:
     return prefix / "node_modules" / ".bin"
 
 
-def session(client: str, bins: Path, url: str, model: str, home: Path) -> None:
-    """Two turns of one session, as tests/clients runs them (and OpenCode as the README does)."""
+def session(client: str, bins: Path, url: str, model: str, home: Path) -> tuple[str, str]:
+    """Two turns of one session, as tests/clients runs them (and OpenCode as the README does): each turn's stdout."""
     if client == "claude":
         env = {"ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": "unused"}
         command = [str(bins / "claude"), "--model", model, "--output-format", "json", "-p"]
-        run_client([*command, "What is in this directory?"], home, env)
-        run_client([str(bins / "claude"), "-c", *command[1:], "And now?"], home, env)
-    elif client == "codex":
+        return (run_client([*command, "What is in this directory?"], home, env),
+                run_client([str(bins / "claude"), "-c", *command[1:], "And now?"], home, env))
+    if client == "codex":
         (home / ".codex").mkdir(parents=True, exist_ok=True)
         (home / ".codex" / "config.toml").write_text(CODEX_CONFIG.format(url=url, model=model))
         command = [str(bins / "codex"), "exec", "--json", "--skip-git-repo-check"]
-        run_client([*command, "What is in this directory?"], home, {"KVSERVE_API_KEY": "unused"})
-        run_client([*command, "resume", "--last", "And now?"], home, {"KVSERVE_API_KEY": "unused"})
-    else:
-        config = json.dumps(OPENCODE_CONFIG).replace("{url}", url).replace("{model}", model)
-        (home / "project").mkdir(parents=True, exist_ok=True)
-        (home / "project" / "opencode.json").write_text(config)
-        run_client([str(bins / "opencode"), "run", "What is in this directory?"], home, {})
-        run_client([str(bins / "opencode"), "run", "--continue", "And now?"], home, {})
+        return (run_client([*command, "What is in this directory?"], home, {"KVSERVE_API_KEY": "unused"}),
+                run_client([*command, "resume", "--last", "And now?"], home, {"KVSERVE_API_KEY": "unused"}))
+    config = json.dumps(OPENCODE_CONFIG).replace("{url}", url).replace("{model}", model)
+    (home / "project").mkdir(parents=True, exist_ok=True)
+    (home / "project" / "opencode.json").write_text(config)
+    return (run_client([str(bins / "opencode"), "run", "What is in this directory?"], home, {}),
+            run_client([str(bins / "opencode"), "run", "--continue", "And now?"], home, {}))
+
+
+def codex_usage(stdout: str) -> dict:
+    """The usage of `codex exec --json`'s completed turn (a resumed thread's: its usage so far)."""
+    events = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    assert any(e["type"] == "turn.completed" for e in events), events
+    return next(e["usage"] for e in events if e["type"] == "turn.completed")
+
+
+def assert_turn2_read_the_cache(client: str, turns: tuple[str, str]) -> None:
+    """The client's own usage report of `session`: both turns succeeded, in one session, and the second read at least
+    half its prompt from the prefix cache (Claude Code and Codex; OpenCode's `run` reports no usage)."""
+    if client == "claude":
+        first, second = map(json.loads, turns)
+        for turn in (first, second):
+            assert turn["is_error"] is False and turn["subtype"] == "success", turn
+        assert second["session_id"] == first["session_id"]
+        usage = second["usage"]
+        prompt = usage["input_tokens"] + usage["cache_read_input_tokens"] + usage["cache_creation_input_tokens"]
+        assert usage["cache_read_input_tokens"] >= prompt / 2, usage
+    elif client == "codex":
+        first, total = map(codex_usage, turns)
+        # A resumed thread reports its usage so far: the second turn is the difference.
+        second_input = total["input_tokens"] - first["input_tokens"]
+        second_cached = total["cached_input_tokens"] - first["cached_input_tokens"]
+        assert second_input > 0 and second_cached >= second_input / 2, (first, total)
 
 
 def rows_of(record: Path) -> list[dict]:

@@ -32,6 +32,7 @@ import pytest
 from tests.clients.harness import installed_bins, serve
 from tests.clients.sessions import (
     BLOCK,
+    assert_turn2_read_the_cache,
     dense_uncached,
     last_turn_excess,
     opencode_bins,
@@ -73,8 +74,10 @@ def test_hybrid_model_reads_the_cache_as_the_dense_one(client: str, servers: Cal
     rows = {}
     for model, (url, record) in servers().items():
         before = len(rows_of(record)) if record.exists() else 0
-        session(client, bins, url, model, tmp_path / model)
+        turns = session(client, bins, url, model, tmp_path / model)
         rows[model] = rows_of(record)[before:]
+        if model == "qwen3-tiny":  # the dense model: the client's own report (test_agent_clients' check, merged here)
+            assert_turn2_read_the_cache(client, turns)
     hybrid = uncached(rows["qwen3.6-tiny"])
     same_requests_dense = dense_uncached(rows["qwen3.6-tiny"])
     assert all(len(r) >= 2 for r in rows.values()), {model: uncached(r) for model, r in rows.items()}

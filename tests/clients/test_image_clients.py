@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from tests.clients.harness import CODEX_CONFIG, installed_bins, run_client, serve
+from tests.clients.sessions import codex_usage
 from tests.models.checkpoints.vision_models import png
 
 pytestmark = pytest.mark.slow
@@ -35,12 +36,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield url
 
 
-def _codex_turn(stdout: str) -> dict:
-    events = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
-    assert any(e["type"] == "turn.completed" for e in events), events
-    return next(e["usage"] for e in events if e["type"] == "turn.completed")
-
-
 def test_codex_attaches_an_image(bins: Path, server: str, tmp_path: Path) -> None:
     """The same question with and without ``-i shot.png``: both turns complete, and the one with the picture reads
     the image's tokens more (input_image in /v1/responses, expanded to its 64 placeholder tokens)."""
@@ -51,8 +46,8 @@ def test_codex_attaches_an_image(bins: Path, server: str, tmp_path: Path) -> Non
     (tmp_path / ".codex" / "config.toml").write_text(CODEX_CONFIG.format(url=server, model=MODEL))
     env = {"KVSERVE_API_KEY": "unused"}
     command = [str(bins / "codex"), "exec", "--json", "--skip-git-repo-check"]
-    text = _codex_turn(run_client([*command, "What does the screenshot show?"], tmp_path, env))
-    image = _codex_turn(run_client([*command, "What does the screenshot show?", "-i", "shot.png"], tmp_path, env))
+    text = codex_usage(run_client([*command, "What does the screenshot show?"], tmp_path, env))
+    image = codex_usage(run_client([*command, "What does the screenshot show?", "-i", "shot.png"], tmp_path, env))
     assert image["input_tokens"] - text["input_tokens"] >= IMAGE_TOKENS, (text, image)
 
 
