@@ -37,7 +37,7 @@ from engine.sched.sequence import Sequence, SequenceStatus
 from engine.retention import Retention
 from engine.sched.running_columns import RunningColumns
 from engine.sched.finishing import Finishing
-from engine.sched.image_encoding import ImageEncoding
+from engine.sched.image_encoding import ImageEncoding, whole_images
 from engine.sched.queries import SchedulerQueries
 from engine.sched.resume_points import ResumePoints
 from engine.sched.speculation import SpeculationSteps
@@ -256,9 +256,12 @@ class Scheduler(SteadyPath, SpeculationSteps, ResumePoints, ImageEncoding, Finis
         start = seq.num_computed_tokens
         if seq.prompt_logprobs is None or start >= seq.num_prompt_tokens - 1:  # no position left that scores
             return n
-        n = min(n, self._scoring_budget)
-        self._scoring_budget -= min(start + n, seq.num_prompt_tokens - 1) - start
-        return n
+        budget = self._scoring_budget
+        scored = whole_images(seq.images, start, min(n, budget))  # never ending inside a Gemma 3 image ...
+        if not scored and budget == self.cfg.max_scored_tokens_per_step:  # ... one larger than the budget: alone
+            scored = whole_images(seq.images, start, n)
+        self._scoring_budget = max(budget - (min(start + scored, seq.num_prompt_tokens - 1) - start), 0)
+        return scored
 
     def _make_room(self, seq: Sequence, n: int, out: SchedulerOutput) -> list[int] | None:
         """Blocks for ``n`` more tokens of ``seq``, preempting the newest other unscheduled requests if needed."""

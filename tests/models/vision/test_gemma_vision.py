@@ -245,3 +245,19 @@ def test_anthropic_screenshot_in_a_tool_result_is_read_from_the_cache(server):
     again = client.messages.create(model=server.ctx.model_name, messages=messages, tools=tools, max_tokens=NEW_TOKENS)
     assert again.usage.cache_read_input_tokens >= len(prompt) - BLOCK
     assert vision.num_encoded - encoded == 1
+
+
+def test_prompt_logprobs_score_an_image_whole(gemma3_vlm, llm):
+    """Prompt logprobs with a scoring budget (10 a step) smaller than an image (16 tokens): the image is scored
+    alone in its step rather than cut, and every position's logprob equals the unchunked run's."""
+    path, cases = gemma3_vlm
+    params = SamplingParams(max_tokens=2, temperature=0, prompt_logprobs=1)
+    llm.reset_prefix_cache()
+    want = llm.generate(llm.image_prompt(cases[1][0], cases[1][1]), params)[0]
+    small = LLM(path, block_size=BLOCK, num_kv_blocks=512, max_num_batched_tokens=24, max_scored_tokens_per_step=10,
+                tokenizer=llm.tokenizer)
+    got = small.generate(small.image_prompt(cases[1][0], cases[1][1]), params)[0]
+    assert got.token_ids == want.token_ids
+    pairs = list(zip(want.outputs[0].prompt_logprobs[1:], got.outputs[0].prompt_logprobs[1:]))
+    assert len(pairs) == len(want.prompt_token_ids) - 1
+    assert max(abs(a.logprob - b.logprob) for a, b in pairs) < 1e-4
