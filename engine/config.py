@@ -685,7 +685,7 @@ class ModelConfig:
     partial_rotary_factor: float = 1.0  # RoPE turns the first head_dim * this dims of each head (Qwen3-Next: 0.25)
     attn_output_gate: bool = False  # q_proj also gives a per-head gate: attention output * sigmoid(gate)
     zero_centered_norms: bool = False  # RMSNorm weights w apply as (1 + w) (Qwen3-Next / 3.5)
-    has_vision_tower: bool = False  # a VLM checkpoint (Qwen3.5 / 3.6): kvserve serves its language model, text only
+    has_vision_tower: bool = False  # a VLM checkpoint: its tower runs where kvserve has it (engine/models/vision/)
     num_mtp_layers: int = 0  # multi-token-prediction layers the checkpoint carries (engine/models/mtp.py)
     sliding: SlidingWindowConfig | None = None  # sliding-window layers beside full ones (Gemma 3)
     query_pre_attn_scalar: float | None = None  # the softmax scale is its -1/2 power (Gemma 3); None: head_dim's

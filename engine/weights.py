@@ -55,8 +55,9 @@ _FUSED = {
     "k_conv1d": ("conv1d", 1, 1),
     "v_conv1d": ("conv1d", 2, 1),
 }
-# Checkpoint prefixes that are not the language model's: a VLM's vision tower (Qwen3.5 / 3.6 load theirs apart,
-# engine/models/vision/; Gemma 3 serves text only) and Gemma 3's projection of image features into the language model
+# Checkpoint prefixes that are not the language model's: a VLM's vision tower (Qwen3.5 / 3.6 and Gemma 3 load theirs
+# apart, engine/models/vision/, with Gemma 3's projection of image features into the language model; Gemma 4's and
+# Muse-Glimmer's stay on disk)
 _SKIPPED_PREFIXES = ("model.visual.", "visual.", "model.vision_tower.", "vision_tower.", "model.multi_modal_projector.",
                      "multi_modal_projector.", "model.embed_vision.", "model.vision_adapter.",
                      "model.vision_projection.")  # (the last three: Gemma 4's and Muse-Glimmer's projections)
