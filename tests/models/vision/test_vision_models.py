@@ -88,7 +88,7 @@ def test_chunked_prefill_cuts_images(vlm, llm):
     """A 7-token budget with 4-token blocks: prefill chunks end inside images (each chunk takes its slice of the
     image's embeddings) and share steps with decodes."""
     path, cases = vlm
-    llm = new_llm(path, block_size=4, num_kv_blocks=512, max_num_batched_tokens=7, encoder_cache_mb=0,
+    llm = LLM(path, block_size=4, num_kv_blocks=512, max_num_batched_tokens=7, encoder_cache_mb=0,
               tokenizer=llm.tokenizer)
     assert [o.token_ids for o in llm.generate(_prompts(llm, cases), GREEDY)] == [want for *_, want in cases]
 
@@ -98,7 +98,7 @@ def test_images_encoded_within_the_step_budget_through_preemption(vlm, llm):
     """The tower inside a 12-token step budget, at most 6 image tokens encoded a step (larger images alone in
     theirs, most ahead of their tokens), in a pool too small for every prompt at once: transformers' tokens."""
     path, cases = vlm
-    small = new_llm(path, block_size=4, num_kv_blocks=16, max_num_batched_tokens=12, max_image_tokens_per_step=6,
+    small = LLM(path, block_size=4, num_kv_blocks=16, max_num_batched_tokens=12, max_image_tokens_per_step=6,
                 tokenizer=llm.tokenizer)
     assert_greedy_through_preemption(small, _prompts(small, cases), [want for *_, want in cases])
 
