@@ -145,7 +145,7 @@ def test_vision_tower_skipped_and_each_layer_keeps_k_and_v_of_its_shape(gemma4_d
 
 
 @pytest.mark.parametrize("key, value, message", [
-    ("hidden_size_per_layer_input", 16, "per-layer input embeddings"),
+    ("use_bidirectional_attention", True, "bidirectional"),  # per-layer inputs (E2B / E4B) are served since 7da7aa5
     ("num_kv_shared_layers", 2, "shared"),
 ])
 def test_what_is_refused(key, value, message):
