@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
 
 from engine.config import EngineConfig, ModelConfig
 from engine.worker.cuda_graphs import DecodeGraphRunner, KVCaches
@@ -44,6 +45,7 @@ from engine.worker.step_inputs import DeviceInputs, HostInputs, flatten
 from engine.worker.vision_inputs import StepImages, VisionInputs
 from engine.multimodal import ImageInput
 from engine.models.vision.towers import load_vision_tower
+from engine.models.layers.mxfp4_experts import keep_experts_packed, use_mxfp4_experts
 from engine.weights import load_weights, use_fp8_layers
 from kernels.cpu.linear import pack_linears
 from kernels.ops import fp8_gemm_supported, get_ops
@@ -163,8 +165,16 @@ class ModelRunner:
         self.dtype = cfg.torch_dtype
         torch.manual_seed(cfg.seed)
         fp8_layers = fp8_gemm_supported(cfg.attention_backend, self.device) and cfg.load_format != "dummy"
+        packed_experts = keep_experts_packed(cfg.mxfp4_experts, cfg.attention_backend, model_dir)
+
+        def on_meta(model: nn.Module) -> None:  # quantized layers swapped in before any memory is allocated
+            if fp8_layers:
+                use_fp8_layers(model, model_dir)
+            if packed_experts:
+                use_mxfp4_experts(model)
+
         model = build_model(model_cfg, get_ops(cfg.attention_backend), self.device, self.dtype, max_model_len,
-                            on_meta=(lambda m: use_fp8_layers(m, model_dir)) if fp8_layers else None, tp=tp)
+                            on_meta=on_meta, tp=tp)
         if cfg.load_format == "dummy":
             random_weights_(model, cfg.seed)
         else:
