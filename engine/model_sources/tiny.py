@@ -292,6 +292,8 @@ def write_random_weights(out_dir: Path, seed: int, scales: InitScales = InitScal
     if (config.get("quantization_config") or {}).get("quant_method") == "mxfp4":  # gpt-oss' released experts
         tensors = released_expert_layout(tensors)
     if config.get("model_type") == "kimi_linear":  # transformers names every MLP block_sparse_moe, the release not
-        dense = tuple(f".{i}.block_sparse_moe." for i in range(config["first_k_dense_replace"]))
+        kinds = config.get("mlp_layer_types") or [  # transformers' default: one dense layer first
+            "dense" if i < config.get("first_k_dense_replace", 1) else "sparse" for i in range(config["num_hidden_layers"])]
+        dense = tuple(f".{i}.block_sparse_moe." for i, kind in enumerate(kinds) if kind == "dense")
         tensors = {_kimi_dense_mlp(name, dense): t for name, t in tensors.items()}
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
