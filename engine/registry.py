@@ -37,6 +37,7 @@ TEMPLATE_FAMILIES = (
     "glm-4.7",  # GLM-4.7 / GLM-4.7-Flash (server/rendering/native/glm.py)
     "minimax-m2",  # MiniMax-M2 / M2.5 (server/rendering/native/minimax.py)
     "kimi-k2",  # Kimi-K2 / Kimi Linear's dialect (server/rendering/native/kimi.py)
+    "kimi-k3",  # Kimi-K3's XTML (server/rendering/native/kimi_k3.py), an encoder in its repo, no Jinja template
     "gemma3",  # Gemma 3 instruction-tuned, tools as Google's function-calling guide prompts them (native/gemma3.py)
     "gpt-oss",  # gpt-oss' harmony format (server/rendering/native/harmony.py), no Jinja template
     "devstral",  # Devstral Small 2 / Devstral 2: Mistral's v13 format as mistral-common encodes it, no Jinja template

@@ -17,6 +17,7 @@ from server.rendering.native.gemma4 import Gemma4Renderer
 from server.rendering.native.glm import GlmRenderer
 from server.rendering.native.harmony import HarmonyRenderer
 from server.rendering.native.kimi import KimiRenderer
+from server.rendering.native.kimi_k3 import KimiK3Renderer
 from server.rendering.native.minimax import MinimaxRenderer
 from server.rendering.native.qwen import Qwen3CoderRenderer, Qwen3Renderer, Qwen25Renderer
 from server.rendering.native.qwen35 import Qwen36Renderer
@@ -41,6 +42,7 @@ _RENDERERS: dict[str, type[Renderer]] = {
         DevstralRenderer,
         MinimaxRenderer,
         KimiRenderer,
+        KimiK3Renderer,
         Gemma3Renderer,
         Gemma4Renderer,
     )

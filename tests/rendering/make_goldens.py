@@ -52,6 +52,8 @@ OFFICIAL: dict[str, tuple[str, dict]] = {
                                                 "pad_token": "<|endoftext|>"}),
     "minimax-m2": ("MiniMaxAI-MiniMax-M2.jinja", {"bos_token": "]~!b[", "eos_token": "[e~[", "pad_token": None}),
     "kimi-k2": ("moonshotai-Kimi-K2-Thinking.jinja", {"bos_token": "[BOS]", "eos_token": "[EOS]", "pad_token": "[PAD]"}),
+    # Kimi-K3 ships a Python encoder (encoding_k3.py), not a template: llama.cpp's Jinja port of it (SOURCES).
+    "kimi-k3": ("Kimi-K3.jinja", {"bos_token": "[BOS]", "eos_token": "[EOS]", "pad_token": "[PAD]"}),
     # Gemma 3's template knows no tools: prepare writes them as Google's function-calling guide prompts them.
     "gemma3": ("google-gemma-3-it.jinja", {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>"}),
     "gemma4": ("google-gemma-4-31B-it.jinja", {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>"}),
@@ -107,6 +109,18 @@ SOURCES: dict[str, str] = {
         "message or spaces in the tools' JSON (docs/MODELS.md). Kimi-K2-Instruct copies were not picked: llama.cpp's "
         "moonshotai-Kimi-K2.jinja renders no tool calls in the history, and the llama.cpp forks' Kimi-K2-Instruct.jinja "
         "calls list.append, which transformers' sandbox refuses (every case with a call fails there)."
+    ),
+    "kimi-k3": (
+        "A PORT, not the model's own file: moonshotai/Kimi-K3 ships no chat_template.jinja; its format is the Python "
+        "encoder encoding_k3.py of the model repository (tokenization_kimi.py's apply_chat_template calls it). The "
+        "stored template is models/templates/Kimi-K3.jinja of GitHub ggml-org/llama.cpp (commit "
+        "181a4a8fb1af6142a7bf611dddd36fe34a3de3fe), llama.cpp's Jinja port of that encoder, 14,936 bytes, sha256 "
+        "6b9c0d9aff91cf15db6db37578bff619a81acb32ae4d076ad59bec985a53e999. Read side by side with vLLM's copy of the "
+        "encoder, vllm/tokenizers/encoding_k3.py ('Derived from moonshotai/Kimi-K3 encoding_k3.py at commit "
+        "c5d1dd4'; not run here): the same tags, escaping, sorted compact tool JSON, argument typing and tool-result "
+        "order; the port differs in writing thinking_effort=max when none is given (the encoder writes no effort note "
+        "then), in also accepting 'medium', in naming an assistant message (name=...) and in sorting keys without "
+        "regard to case (Jinja's dictsort; the corpus has no key where that matters) (docs/MODELS.md)."
     ),
     "gemma3": (
         "chat_template of google/gemma-3-*-it (the same for 270M to 27B): `_CHAT_TEMPLATE` of "
