@@ -7,10 +7,12 @@ END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<｜end▁of▁sentence｜
 
 
 class EndOfTurnStripper:
-    """Passes text through until an end-of-turn token; the token and anything after it are not part of the reply."""
+    """Passes text through until an end-of-turn token; the token and anything after it are not part of the reply.
+    `dropped`: markup that is not part of it either but does not end it (Kimi-K3's response channel tags)."""
 
-    def __init__(self, tokens: tuple[str, ...] = END_OF_TURN_TOKENS):
-        self._splitter = TagSplitter(tokens)
+    def __init__(self, tokens: tuple[str, ...] = END_OF_TURN_TOKENS, dropped: tuple[str, ...] = ()):
+        self._splitter = TagSplitter(tokens + dropped)
+        self._dropped = {Tag(tag) for tag in dropped}
         self._ended = False
 
     def feed(self, text: str) -> str:
@@ -24,6 +26,8 @@ class EndOfTurnStripper:
         for piece in pieces:
             if self._ended:
                 break
+            if piece in self._dropped:
+                continue
             if isinstance(piece, Tag):
                 self._ended = True
             else:

@@ -14,6 +14,10 @@ from server.parsing.formats.gemma_json import GemmaJsonFormat
 from server.parsing.formats.glm_xml import GlmFormat
 from server.parsing.formats.harmony import HarmonyFormat, HarmonyOutputParser
 from server.parsing.formats.kimi import KimiFormat
+from server.parsing.formats.kimi_k3 import END_OF_TURN as KIMI_K3_END_OF_TURN
+from server.parsing.formats.kimi_k3 import RESPONSE_TAGS as KIMI_K3_RESPONSE_TAGS
+from server.parsing.formats.kimi_k3 import THINK_TAGS as KIMI_K3_THINK_TAGS
+from server.parsing.formats.kimi_k3 import KimiK3Format
 from server.parsing.formats.minimax_xml import MinimaxFormat
 from server.parsing.formats.mistral import EOS as MISTRAL_EOS
 from server.parsing.formats.mistral import MistralFormat
@@ -50,6 +54,7 @@ class FamilyParsing:
     end_of_turn: tuple[str, ...] = END_OF_TURN_TOKENS  # the tokens after which the output is not the reply
     # A format whose messages carry their own channels (gpt-oss' harmony): one parser reads reasoning, text and calls
     channel_parser: type[HarmonyOutputParser] | None = None
+    dropped: tuple[str, ...] = ()  # markup around the answer that is not content (Kimi-K3's response channel tags)
 
 
 _QWEN_JSON = lambda tools: QwenJsonFormat()  # noqa: E731
@@ -86,6 +91,11 @@ FAMILIES: dict[str, FamilyParsing] = {
     # turn; it ends its turn with <|im_end|>.
     "kimi-k2": FamilyParsing(KimiFormat, Thinking(switchable=False, default=True, starts_inside=False,
                                                   model_opens=True, trims_newlines=False)),
+    # Kimi-K3: XTML channels; the generation prompt opens the think channel (kvserve's K3 always thinks, as Moonshot's
+    # API runs it), the answer is the response channel, calls the tools channel; <|close|>message<|sep|> ends a turn.
+    "kimi-k3": FamilyParsing(KimiK3Format, Thinking(switchable=False, default=True, starts_inside=True,
+                                                    tags=KIMI_K3_THINK_TAGS, trims_newlines=False),
+                             END_OF_TURN_TOKENS + KIMI_K3_END_OF_TURN, dropped=KIMI_K3_RESPONSE_TAGS),
     # gpt-oss: harmony messages; reasoning on the analysis channel, calls addressed to functions.NAME.
     "gpt-oss": FamilyParsing(lambda tools: HarmonyFormat(), channel_parser=HarmonyOutputParser),
     # Devstral Small 2 / Devstral 2: [TOOL_CALLS]NAME[ARGS]{...} calls back to back, the turn ending with </s>.
@@ -148,7 +158,7 @@ def get_output_parser(
     thinking = active_thinking(family, reasoning)
     think = ThinkReasoningParser(thinking.starts_inside, thinking.tags, thinking.trims_newlines) if thinking else None
     return OutputParser(tool_format=fmt, reasoning=think, id_prefix=id_prefix, streaming=streaming,
-                        max_calls=max_calls, end_of_turn=spec.end_of_turn)
+                        max_calls=max_calls, end_of_turn=spec.end_of_turn, dropped=spec.dropped)
 
 
 def new_id_prefix() -> str:

@@ -14,7 +14,8 @@ class OutputParser:
     - `reasoning`: None for no reasoning parser, else a `ThinkReasoningParser`.
     - `streaming`: calls stream as the model writes them; else each is reported once whole (see `ToolCallStream`).
     - `max_calls`: a call beyond it ends the output there (`limited`; parallel tool calls off: 1).
-    - `end_of_turn`: the tokens that end the reply (GLM also ends a turn at `<|user|>` / `<|observation|>`).
+    - `end_of_turn`: the tokens that end the reply (GLM also ends a turn at `<|user|>` / `<|observation|>`);
+      `dropped`: markup around the reply that is not part of it (Kimi-K3's response channel tags).
     The deltas concatenate to `result()`, and both are the same however the text is split.
     """
 
@@ -27,8 +28,9 @@ class OutputParser:
         streaming: bool = True,
         max_calls: int | None = None,
         end_of_turn: tuple[str, ...] = END_OF_TURN_TOKENS,
+        dropped: tuple[str, ...] = (),
     ):
-        self._end_of_turn = EndOfTurnStripper(end_of_turn)
+        self._end_of_turn = EndOfTurnStripper(end_of_turn, dropped)
         self._reasoning = reasoning
         self._tools: ToolCallStream | PlainContent = (
             ToolCallStream(tool_format, streaming) if tool_format else PlainContent()

@@ -66,6 +66,7 @@ class DsmlCallParser:
     parameter_open = PARAMETER_OPEN
     parameter_close = PARAMETER_CLOSE
     parameter_tag = _PARAMETER  # group 1: the key
+    head = _HEAD  # group 1: the function name; Kimi-K3's calls open with their own attributes
 
     def __init__(self, properties: dict[str, dict]):
         self._all_properties = properties
@@ -82,11 +83,11 @@ class DsmlCallParser:
         return self._name
 
     def could_be_call(self, body: str) -> bool:
-        return _HEAD.match(body) is not None or _MAY_BE_HEAD.fullmatch(body) is not None
+        return self.head.match(body) is not None or _MAY_BE_HEAD.fullmatch(body) is not None
 
     def update(self, body: str) -> str:
         if self._name is None:
-            head = _HEAD.match(body)
+            head = self.head.match(body)
             if head is None:
                 return ""
             self._name, self._position = head.group(1), head.end()
@@ -114,18 +115,24 @@ class DsmlCallParser:
                 return None
             tag, start = self._open, self._position
             self._open, self._position = None, end + len(close)
-            return self._member(tag.group(1), self.value(tag, body[start:end]))
+            return self._member(self.key(tag), self.value(tag, body[start:end]))
         tag = self.parameter_tag.match(body, self._position)
         if tag:
             self._open, self._position = tag, tag.end()
             self._searched = tag.end()
             return ""
         rest = body[self._position :].lstrip(_LAYOUT)
-        unfinished_tag = rest.startswith(self.parameter_open) and not any(c in rest for c in ">\n")
-        if self.parameter_open.startswith(rest) or unfinished_tag:
+        if self.parameter_open.startswith(rest) or self.tag_unfinished(rest):
             return None  # a tag may still be arriving
         self._done = True
         return ""
+
+    def tag_unfinished(self, rest: str) -> bool:
+        """`rest` (what follows the last parameter) is a parameter tag still arriving."""
+        return rest.startswith(self.parameter_open) and not any(c in rest for c in ">\n")
+
+    def key(self, tag: re.Match) -> str:
+        return tag.group(1)
 
     def value(self, tag: re.Match, raw: str) -> object:
         """The value of the parameter `tag` opened: raw text with `string="true"`, else JSON."""
