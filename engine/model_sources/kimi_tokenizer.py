@@ -34,3 +34,18 @@ KIMI_STAND_IN = StandIn("kimi-stand-in", KIMI_ADDED_TOKENS, ("<|im_end|>", "[EOS
 def write_kimi_tokenizer(out_dir: Path, template_family: str) -> TokenizerInfo:
     """tokenizer.json and tokenizer_config.json (with the family's stored chat template) of the Kimi stand-in."""
     return write_stand_in_tokenizer(KIMI_STAND_IN, out_dir, template_family)
+
+
+# Kimi-K3's tokenizer (moonshotai/Kimi-K3, the same remote-code tiktoken form): its format is XTML over three
+# tokens, each message ended by <|end_of_msg|> (its stop token). In the release's id order from 163584: [BOS], [EOS],
+# <|end_of_msg|>, <|open|>, <|close|>, <|sep|>, ... [PAD] (163839). The three XTML markers are ordinary added tokens
+# here, so that a grammar's markup (xgrammar's kimi_k3_xml arguments) can be written as them.
+KIMI_K3_MARKERS: tuple[str, ...] = ("<|open|>", "<|close|>", "<|sep|>")
+KIMI_K3_STAND_IN = StandIn("kimi-k3-stand-in", ("[BOS]", "[EOS]", "<|end_of_msg|>", *KIMI_K3_MARKERS, "[PAD]"),
+                           ("<|end_of_msg|>", "[EOS]"), pad_token="[PAD]", model_max_length=1_048_576,
+                           bos_token="[BOS]", text_tokens=KIMI_K3_MARKERS)
+
+
+def write_kimi_k3_tokenizer(out_dir: Path, template_family: str) -> TokenizerInfo:
+    """tokenizer.json and tokenizer_config.json (with the family's stored chat template) of the Kimi-K3 stand-in."""
+    return write_stand_in_tokenizer(KIMI_K3_STAND_IN, out_dir, template_family)

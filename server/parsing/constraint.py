@@ -25,9 +25,6 @@ from server.parsing.call_grammar import Format, auto_calls_format, json_format, 
 from server.parsing.registry import Thinking, active_thinking, family_parsing
 from server.parsing.tool_choice import ToolChoice, parse_tool_choice
 
-# What may sit between `</think>` and the answer: the templates write up to a blank line there.
-_AFTER_THINKING = {"type": "regex", "pattern": r"\n{0,2}"}
-
 
 class ConstraintError(ValueError):
     """A request field that cannot be enforced; `param` names it the way the OpenAI error shape does."""
@@ -65,7 +62,8 @@ def output_constraint(
         return None
     thinking = active_thinking(family, reasoning)
     if thinking is not None:
-        answer = {"type": "sequence", "elements": [_thinking(thinking), _AFTER_THINKING, answer]}
+        gap = [{"type": "regex", "pattern": thinking.gap}] if thinking.gap else []
+        answer = {"type": "sequence", "elements": [_thinking(thinking), *gap, answer]}
     return _spec(answer)
 
 

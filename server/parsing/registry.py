@@ -45,6 +45,9 @@ class Thinking:
     # The template writes newlines around the reasoning itself (Qwen's `<think>⏎…⏎</think>⏎⏎`), so the parser drops the
     # model's; Kimi's writes `<think>REASONING</think>ANSWER` verbatim, so they are kept.
     trims_newlines: bool = True
+    # What a grammar lets the model write between the reasoning's close and the answer: the templates write up to a
+    # blank line there; Kimi-K3's channels are back to back.
+    gap: str = r"\n{0,2}"
 
 
 @dataclass(frozen=True)
@@ -94,7 +97,7 @@ FAMILIES: dict[str, FamilyParsing] = {
     # Kimi-K3: XTML channels; the generation prompt opens the think channel (kvserve's K3 always thinks, as Moonshot's
     # API runs it), the answer is the response channel, calls the tools channel; <|close|>message<|sep|> ends a turn.
     "kimi-k3": FamilyParsing(KimiK3Format, Thinking(switchable=False, default=True, starts_inside=True,
-                                                    tags=KIMI_K3_THINK_TAGS, trims_newlines=False),
+                                                    tags=KIMI_K3_THINK_TAGS, trims_newlines=False, gap=""),
                              END_OF_TURN_TOKENS + KIMI_K3_END_OF_TURN, dropped=KIMI_K3_RESPONSE_TAGS),
     # gpt-oss: harmony messages; reasoning on the analysis channel, calls addressed to functions.NAME.
     "gpt-oss": FamilyParsing(lambda tools: HarmonyFormat(), channel_parser=HarmonyOutputParser),

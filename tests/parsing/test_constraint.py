@@ -8,6 +8,7 @@ import pytest
 import xgrammar as xgr
 from transformers import AutoTokenizer
 
+from engine.model_sources.kimi_tokenizer import write_kimi_k3_tokenizer
 from engine.registry import resolve_model
 from engine.worker.structured_output import StructuredOutputs, StructuredOutputSpec
 from server.parsing import get_output_parser, parse_output
@@ -15,6 +16,7 @@ from server.parsing.constraint import ConstraintError, completion_constraint, ou
 from server.parsing.formats.deepseek import CALL_BEGIN, CALL_END, CALLS_BEGIN, CALLS_END, SEP
 from server.rendering.native.gemma4 import call_text
 from server.rendering.native.kimi import render_calls as kimi_section
+from server.rendering.native.kimi_k3 import render_calls as kimi_k3_calls
 from server.rendering.native.minimax import render_calls
 
 from tests.parsing.fixtures import NO_ARGS, TOOLS, WEATHER
@@ -181,6 +183,51 @@ def test_kimi_calls_follow_its_thinking_in_its_marker_tokens():
     assert [(c["id"], c["function"]["name"], json.loads(c["function"]["arguments"])) for c in parsed.tool_calls] == [
         ("functions.get_weather:0", "get_weather", {"city": "Paris"}), ("functions.now:1", "now", {})]
     assert constraint("kimi-k2", "auto") is None
+
+
+@pytest.mark.slow  # the Kimi-K3 stand-in tokenizer and grammar compiles over its vocabulary
+def test_kimi_k3_calls_follow_its_think_and_response_channels(tmp_path):
+    """Kimi-K3's generation prompt opens the think channel: required / named calls come after its close and an empty
+    response channel, in the tools channel, each argument tagged with its type, then the message's close, all as the
+    template renders them; the index is the model's."""
+    write_kimi_k3_tokenizer(tmp_path, "kimi-k3")
+    tokenizer = AutoTokenizer.from_pretrained(str(tmp_path))
+    end = tokenizer.convert_tokens_to_ids("<|end_of_msg|>")
+    grammars = StructuredOutputs(tokenizer, len(tokenizer), [end], "cpu")
+
+    def accepts_tokens(spec: StructuredOutputSpec, text: str) -> bool:
+        matcher = xgr.GrammarMatcher(grammars.compile(spec))
+        ids = tokenizer.encode(text, add_special_tokens=False) + [end]
+        return all(matcher.accept_token(i) for i in ids) and matcher.is_terminated()
+
+    def turn(*calls: tuple[str, dict], index: int = 1) -> str:
+        rendered = kimi_k3_calls([{"function": {"name": n, "arguments": a}} for n, a in calls])
+        return "<|open|>response<|sep|><|close|>response<|sep|>" + rendered.replace(
+            'index="1"', f'index="{index}"') + "<|close|>message<|sep|>"
+
+    typed = {"type": "function", "function": {"name": "forecast", "parameters": FORECAST["function"]["parameters"]}}
+    tools = [*TOOLS, typed]
+    thought = "Need the weather.<|close|>think<|sep|>"
+    one, two = turn(("get_weather", {"city": "Paris"})), turn(("get_weather", {"city": "Paris"}), ("now", {}))
+    required = constraint("kimi-k3", "required", tools=tools, reasoning=True)
+    named = constraint("kimi-k3", NAMED, tools=tools, reasoning=True)
+    assert accepts_tokens(required, thought + one) and accepts_tokens(required, thought + two)
+    assert accepts_tokens(required, thought + turn(("forecast", {"city": "Oslo", "days": 3}), index=7))
+    assert accepts_tokens(named, thought + one) and not accepts_tokens(named, thought + two)
+    assert not accepts_tokens(constraint("kimi-k3", "required", tools=tools, parallel=False, reasoning=True),
+                              thought + two)
+    for wrong in ("", one, thought + "<|open|>response<|sep|>Sure.<|close|>response<|sep|>", thought + "\n" + one,
+                  thought + one.replace('index="1"', 'index="x"'),
+                  thought + turn(("forecast", {"city": "Oslo", "days": 9})),
+                  thought + turn(("forecast", {"city": "Oslo", "days": "3"}))):
+        assert not accepts_tokens(required, wrong), wrong
+    parsed = parse_output("kimi-k3", thought + two, tools, "required", reasoning=True, id_prefix="g")
+    assert parsed.reasoning_content == "Need the weather." and not parsed.content
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in parsed.tool_calls] == [
+        ("get_weather", {"city": "Paris"}), ("now", {})]
+    auto = constraint("kimi-k3", "auto", tools=tools, reasoning=True)
+    assert accepts_tokens(auto, thought + "<|open|>response<|sep|>Just text.<|close|>response<|sep|>"
+                                          "<|close|>message<|sep|>")
 
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen3-coder", "deepseek-v3.1"])

@@ -6,7 +6,8 @@ qwen3.6 = Qwen/Qwen3.6-27B, deepseek-v3.1 = deepseek-ai/DeepSeek-V3.1,
 glm-4.7 = zai-org/GLM-4.7-Flash (its chat_template.jinja), gemma3 = google/gemma-3-*-it (as transformers'
 convert_gemma3_weights.py writes it into the released tokenizers),
 minimax-m2 = MiniMaxAI/MiniMax-M2 (its chat_template.jinja), kimi-k2 = moonshotai/Kimi-K2-Thinking (llama.cpp's copy
-of its chat_template.jinja, tests/rendering/make_goldens.py).
+of its chat_template.jinja, tests/rendering/make_goldens.py), kimi-k3 = llama.cpp's Jinja port of moonshotai/Kimi-K3's
+encoding_k3.py (the release has no template, tests/rendering/make_goldens.py).
 """
 from __future__ import annotations
 

@@ -57,6 +57,10 @@ class KimiK3Format:
     def block_tag(self) -> tuple[str, str]:
         return TOOLS_OPEN, TOOLS_CLOSE
 
+    def block_format(self) -> tuple[str, str]:
+        """For the grammar: the channel, and the message's close after it (the next prompt's bytes up to its stop)."""
+        return TOOLS_OPEN, TOOLS_CLOSE + END_OF_TURN[0]
+
     def arguments_format(self, schema: dict) -> dict:
         """For the grammar: the index the model picks, the end of the call's head, then its arguments."""
         return {"type": "sequence", "elements": [
