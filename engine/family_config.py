@@ -20,8 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-# Gemma 4 variants kvserve does not run yet, by config key: the bidirectional (embedding) variant
+# Gemma 4 variants kvserve does not run yet, by config key: the bidirectional (embedding) variant ("all"; "vision",
+# an image's tokens seeing each other in the window layers, is the VLMs' and runs: engine/models/vision/)
 _GEMMA4_REFUSED = {"use_bidirectional_attention": "bidirectional attention"}
+_GEMMA4_ALLOWED = {"use_bidirectional_attention": "vision"}
 _GEMMA4_DEFAULT_ROPE = {
     "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
     "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0},
@@ -44,6 +46,7 @@ class Gemma4PerLayerInputs:
 
     vocab_size: int
     size: int
+    pad_token_id: int = 0  # whose table row an image's tokens take
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,7 @@ def gemma4_fields(cfg: dict[str, Any]) -> dict[str, Any]:
     """`ModelConfig` fields of a Gemma 4 text config (a VLM's text_config already merged in), after refusing what
     kvserve does not run."""
     for key, what in _GEMMA4_REFUSED.items():
-        if cfg.get(key):
+        if cfg.get(key) and cfg[key] != _GEMMA4_ALLOWED.get(key):
             raise ValueError(f"Gemma 4 with {what} ({key}) is not supported yet; the 31B layout is")
     rope = cfg.get("rope_parameters") or _GEMMA4_DEFAULT_ROPE
     full, local = dict(rope["full_attention"]), dict(rope["sliding_attention"])
@@ -120,7 +123,8 @@ def gemma4_fields(cfg: dict[str, Any]) -> dict[str, Any]:
 def _gemma4_per_layer_inputs(cfg: dict[str, Any]) -> Gemma4PerLayerInputs | None:
     """transformers' defaults (256 wide, a 262,144-token table) where the config leaves the keys out; 0: none."""
     size = cfg.get("hidden_size_per_layer_input", 256)
-    return Gemma4PerLayerInputs(cfg.get("vocab_size_per_layer_input", 262_144), size) if size else None
+    return (Gemma4PerLayerInputs(cfg.get("vocab_size_per_layer_input", 262_144), size, cfg.get("pad_token_id") or 0)
+            if size else None)
 
 
 def _gemma4_kv_sources(cfg: dict[str, Any], types: list[str]) -> tuple[int, ...]:

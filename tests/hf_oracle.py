@@ -68,6 +68,12 @@ def assert_top_logprobs_equal_hf(name: str, prompt: list[int], top: list[tuple[i
     may come in either order: fp32 rounding decides a near-tie), and its logprobs are the reference's."""
     with torch.no_grad():
         ref = torch.log_softmax(hf_model(name)(torch.tensor([prompt])).logits[0, -1].float(), -1)
+    assert_top_logprobs_equal(ref, top, atol)
+
+
+def assert_top_logprobs_equal(ref: torch.Tensor, top: list[tuple[int, float]], atol: float) -> None:
+    """`assert_top_logprobs_equal_hf` against the reference's next-token logprobs ``ref`` (a multimodal model's, run
+    on its processor's inputs)."""
     ids = torch.tensor([t for t, _ in top])
     assert len(set(ids.tolist())) == len(top)
     torch.testing.assert_close(ref[ids], ref.topk(len(top)).values, atol=atol, rtol=0)

@@ -47,3 +47,32 @@ def add_image_tokens(out_dir: Path, chat_template: str | None = None) -> None:
     if chat_template is not None:
         config["chat_template"] = chat_template
     config_path.write_text(json.dumps(config, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+
+
+# Gemma 4's tokenizer keeps Gemma 3's 262,144 ids and names some of its spare ones: the image, audio and video
+# markers at the ids the released config.json files name (boi 255999, image 258880, eoi 258882, ...)
+GEMMA4_MEDIA_TOKENS = {255999: "<|image>", 256000: "<|audio>", 258880: "<|image|>", 258881: "<|audio|>",
+                       258882: "<image|>", 258883: "<audio|>", 258884: "<|video|>"}
+_GEMMA4_TOKEN_NAMES = {"boi_token": "<|image>", "eoi_token": "<image|>", "image_token": "<|image|>",
+                       "boa_token": "<|audio>", "eoa_token": "<audio|>", "audio_token": "<|audio|>"}
+
+
+def rename_gemma4_media_tokens(out_dir: Path, chat_template: str | None = None) -> None:
+    """Gemma 3's tokenizer in ``out_dir`` with Gemma 4's media tokens at their ids (Gemma 3's ``<start_of_image>``,
+    ``<end_of_image>`` and unused pieces renamed), the config naming them as transformers' Gemma4Processor reads
+    them and holding ``chat_template``."""
+    path = out_dir / "tokenizer.json"
+    tokenizer = json.loads(path.read_text(encoding="utf-8"))
+    vocab = tokenizer["model"]["vocab"]
+    for token in tokenizer["added_tokens"]:
+        new = GEMMA4_MEDIA_TOKENS.get(token["id"])
+        if new is not None:
+            del vocab[token["content"]]
+            vocab[new], token["content"] = token["id"], new
+    path.write_text(json.dumps(tokenizer, ensure_ascii=False), encoding="utf-8")
+    config_path = out_dir / "tokenizer_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config.update(_GEMMA4_TOKEN_NAMES, extra_special_tokens=_GEMMA4_TOKEN_NAMES)
+    if chat_template is not None:
+        config["chat_template"] = chat_template
+    config_path.write_text(json.dumps(config, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")

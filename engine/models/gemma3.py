@@ -78,10 +78,11 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         residual, out = self.embed(input_ids), None
         if mm is not None:
             residual, ops = mm.embed(residual), mm.attention_ops(ops)
-        layer_inputs = self.layer_inputs(input_ids, residual)
+        layer_inputs = self.layer_inputs(input_ids, residual, None if mm is None else mm.rows)
         rows = None
         for i, (layer, kv_cache) in enumerate(zip(self.layers, self.layer_caches(kv_caches))):
-            if i == self.stores_no_kv_from and meta.read_rows is not None:  # only the read rows from here on
+            # only the read rows from here on (not in a step with images: their rows are the whole batch's)
+            if i == self.stores_no_kv_from and meta.read_rows is not None and mm is None:
                 if not len(meta.read_rows):  # none (a chunk mid-prompt): the layers left would store nothing either
                     return residual.new_zeros(residual.shape)
                 rows, meta, positions = meta.read_rows, meta.read, positions[meta.read_rows]
@@ -112,8 +113,10 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         """Each layer's pages (Gemma 4's shared KV layers read an earlier layer's)."""
         return kv_caches
 
-    def layer_inputs(self, input_ids: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor | None:
-        """Each token's input to every layer, ``[T, layers, size]`` (Gemma 4 E2B / E4B's per-layer embeddings)."""
+    def layer_inputs(self, input_ids: torch.Tensor, embeds: torch.Tensor,
+                     image_rows: torch.Tensor | None) -> torch.Tensor | None:
+        """Each token's input to every layer, ``[T, layers, size]`` (Gemma 4 E2B / E4B's per-layer embeddings);
+        ``image_rows``: the rows whose ``embeds`` are an image's."""
         return None
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -173,8 +173,13 @@ class Gemma4ForCausalLM(Gemma3ForCausalLM):
         first = self.cfg.gemma4.num_kv_layers  # the shared KV layers (transformers skips them for rows it drops too)
         return first if first < self.cfg.num_layers else None
 
-    def layer_inputs(self, input_ids: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor | None:
-        return None if self.per_layer_embeddings is None else self.per_layer_embeddings(self.ops, input_ids, embeds)
+    def layer_inputs(self, input_ids: torch.Tensor, embeds: torch.Tensor,
+                     image_rows: torch.Tensor | None) -> torch.Tensor | None:
+        if self.per_layer_embeddings is None:
+            return None
+        if image_rows is not None:  # an image token's table row is the pad token's (as transformers' Gemma4Model)
+            input_ids = input_ids.index_fill(0, image_rows, self.cfg.gemma4.per_layer_inputs.pad_token_id)
+        return self.per_layer_embeddings(self.ops, input_ids, embeds)
 
     def feed_forward(self, layer: nn.Module, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         if layer.experts is None:

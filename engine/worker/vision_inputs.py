@@ -33,7 +33,7 @@ class StepImages:
     rows: list[np.ndarray] = field(default_factory=list)  # token rows, per slice
     positions: list[np.ndarray] = field(default_factory=list)  # [3, n] per slice
     slices: list[tuple[ImageInput, int, int]] = field(default_factory=list)  # image, first and end token in it
-    # images whose tokens attend to each other (Gemma 3): (batch row, first query row, its position, image start, end)
+    # images whose tokens attend to each other (Gemma 3 and 4): (batch row, first query row, its position, image start, end)
     spans: list[tuple[int, int, int, int, int]] = field(default_factory=list)
 
 
@@ -122,5 +122,6 @@ class VisionInputs:
                   for image, lo, hi in plan.slices]
         rows = torch.from_numpy(np.concatenate(plan.rows)).to(self.device).long()
         positions = torch.from_numpy(np.concatenate(plan.positions, axis=1)).to(self.device).long()
-        spans = ImageSpans(*(tuple(column) for column in zip(*plan.spans))) if plan.spans else None
+        spans = (ImageSpans(*(tuple(column) for column in zip(*plan.spans)),
+                            window_layers_only=self.tower.cfg.image_attention_window_only) if plan.spans else None)
         return MultimodalStep(rows, torch.cat(embeds), positions, self.axes, spans)

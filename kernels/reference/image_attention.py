@@ -1,5 +1,6 @@
 """Attention among an image's tokens both ways (Gemma 3: transformers' ``token_type_ids`` mask, causal OR within
-the same image; in sliding-window layers AND the window), as a pure-torch fix-up after the causal paged attention
+the same image; in sliding-window layers AND the window; Gemma 4: the same in its sliding-window layers alone, its
+global layers causal), as a pure-torch fix-up after the causal paged attention
 of any op set (`with_image_spans` wraps its ``paged_attention``): the step's image query rows are attended again,
 each over its sequence's keys up to its image's end, which the step has just stored. Only steps that compute image
 tokens of such a model come here.
@@ -30,6 +31,7 @@ class ImageSpans:
     first_positions: tuple[int, ...]
     starts: tuple[int, ...]
     ends: tuple[int, ...]
+    window_layers_only: bool = False  # Gemma 4: the global layers (no window) attend causally
 
 
 def attend_within_images(out: torch.Tensor, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -60,6 +62,8 @@ def with_image_spans(ops: Ops, spans: ImageSpans) -> Ops:
 
     def paged_attention(query, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale, **kw):
         out = causal(query, k_cache, v_cache, block_tables, context_lens, query_start_loc, scale, **kw)
+        if spans.window_layers_only and kw.get("window") is None:
+            return out
         return attend_within_images(out, query, k_cache, v_cache, block_tables, spans, scale, kw.get("window"))
 
     return dataclasses.replace(ops, paged_attention=paged_attention)

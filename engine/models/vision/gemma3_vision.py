@@ -30,6 +30,7 @@ class Gemma3VisionConfig:
     text_hidden_size: int
     image_token_id: int = 262144
     mrope_section: None = None  # plain 1-D positions: no multimodal RoPE
+    image_attention_window_only: bool = False  # an image's tokens see each other in every layer
 
     @classmethod
     def from_model_config(cls, cfg: dict[str, Any]) -> "Gemma3VisionConfig | None":

@@ -39,6 +39,9 @@ QWEN_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
 # Gemma 3's renders <start_of_image>, which its processor replaces by the image's soft tokens between blank lines
 GEMMA3_PLACEHOLDER = "<start_of_image>"
 GEMMA3_EXPANSION = "\n\n<start_of_image><image_soft_token><end_of_image>\n\n"
+# Gemma 4's renders \n\n<|image|>\n\n; its processor puts the soft tokens between the begin and end markers
+GEMMA4_PLACEHOLDER = "<|image|>"
+GEMMA4_EXPANSION = "<|image><|image|><image|>"
 
 
 @dataclass
@@ -49,8 +52,13 @@ class ImagePreprocessor:
     merge_size: int
     max_image_bytes: int = MAX_IMAGE_BYTES
     max_image_pixels: int = MAX_IMAGE_PIXELS
-    # Gemma 3: every image is this square of soft tokens (1, side, side), read by 1-D positions, attended both ways
+    # Gemma 3: every image is this square of soft tokens (1, side, side), read by 1-D positions
     soft_tokens: tuple[int, int, int] | None = None
+    # Gemma 4: an image's soft tokens are its patch grid pooled this many patches a side (a count per image), read
+    # by 1-D positions
+    pooling: int | None = None
+    # an image's tokens attend to each other both ways (Gemma 3; Gemma 4 with use_bidirectional_attention "vision")
+    bidirectional: bool = False
     # what the chat template renders for an image, and the text the model's processor puts in its place before
     # tokenizing (None: the same; each placeholder token then grows to the image's tokens, `expand_placeholders`)
     placeholder: str = QWEN_PLACEHOLDER
@@ -65,8 +73,12 @@ class ImagePreprocessor:
         config = json.loads(config_file.read_text()) if config_file.exists() else {}
         if config.get("model_type") == "gemma3":
             side = int(config.get("mm_tokens_per_image", 256) ** 0.5)
-            return cls(processor, 1, soft_tokens=(1, side, side), placeholder=GEMMA3_PLACEHOLDER,
+            return cls(processor, 1, soft_tokens=(1, side, side), bidirectional=True, placeholder=GEMMA3_PLACEHOLDER,
                        expansion=GEMMA3_EXPANSION)
+        if config.get("model_type") == "gemma4":
+            both_ways = (config.get("text_config") or {}).get("use_bidirectional_attention") == "vision"
+            return cls(processor, 1, pooling=int(processor.pooling_kernel_size), bidirectional=both_ways,
+                       placeholder=GEMMA4_PLACEHOLDER, expansion=GEMMA4_EXPANSION)
         return cls(processor, int(getattr(processor, "merge_size", 2)))
 
     def decode(self, data: bytes):
@@ -104,15 +116,30 @@ class ImagePreprocessor:
     def preprocess(self, data: bytes, offset: int = 0) -> ImageInput:
         """``data`` (an encoded image) as an `ImageInput` at prompt index ``offset``."""
         image = self.decode(data)
-        gemma = self.soft_tokens is not None
+        gemma3 = self.soft_tokens is not None
         try:  # Gemma 3: the whole image resized to the tower's square, no pan-and-scan crops
-            out = self.processor(images=[image], return_tensors="np", **({"do_pan_and_scan": False} if gemma else {}))
+            out = self.processor(images=[image], return_tensors="np", **({"do_pan_and_scan": False} if gemma3 else {}))
         except ValueError as e:  # e.g. an aspect ratio beyond the processor's bounds
             raise ImageError(f"the image cannot be preprocessed: {e}") from None
-        pixels = np.ascontiguousarray(out["pixel_values"][0] if gemma else out["pixel_values"], dtype=np.float32)
-        grid = self.soft_tokens or tuple(int(v) for v in out["image_grid_thw"][0])
+        if self.pooling is not None:
+            pixels, grid = self._pooled_patches(out)
+        else:
+            pixels = out["pixel_values"][0] if gemma3 else out["pixel_values"]
+            grid = self.soft_tokens or tuple(int(v) for v in out["image_grid_thw"][0])
+        pixels = np.ascontiguousarray(pixels, dtype=np.float32)
         digest = blake2b(digest_size=16)
         digest.update(self.fingerprint)
         digest.update(np.asarray(grid, dtype=np.int64).tobytes())
         digest.update(pixels.tobytes())
-        return ImageInput(digest.digest(), grid, self.merge_size, offset, pixels, mrope=not gemma, bidirectional=gemma)
+        return ImageInput(digest.digest(), grid, self.merge_size, offset, pixels,
+                          mrope=not gemma3 and self.pooling is None, bidirectional=self.bidirectional)
+
+    def _pooled_patches(self, out) -> tuple[np.ndarray, tuple[int, int, int]]:
+        """Gemma 4: the image's patches without the processor's padding (row by row) and its soft-token grid."""
+        positions = out["image_position_ids"][0]  # (column, row) per patch; (-1, -1) pads
+        real = (positions >= 0).all(-1)
+        width, height = (int(v) + 1 for v in positions[real].max(0))
+        k = self.pooling
+        grid = (1, height // k, width // k)
+        assert grid[1] * grid[2] == int(out["num_soft_tokens_per_image"][0]), "the processor's soft-token count"
+        return out["pixel_values"][0][real], grid

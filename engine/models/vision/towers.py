@@ -1,5 +1,6 @@
-"""Which vision tower a checkpoint has, and its weights: Qwen3.5 / 3.6's (`engine.models.vision.qwen3_vl`) or
-Gemma 3's (`engine.models.vision.gemma3_vision`), chosen by config.json, loaded by the checkpoint's own names."""
+"""Which vision tower a checkpoint has, and its weights: Qwen3.5 / 3.6's (`engine.models.vision.qwen3_vl`),
+Gemma 3's (`engine.models.vision.gemma3_vision`) or Gemma 4's (`engine.models.vision.gemma4_vision`), chosen by
+config.json, loaded by the checkpoint's own names."""
 from __future__ import annotations
 
 import json
@@ -10,15 +11,18 @@ import torch
 from safetensors import safe_open
 
 from engine.models.vision.gemma3_vision import Gemma3VisionConfig, Gemma3VisionTower
+from engine.models.vision.gemma4_vision import Gemma4VisionConfig, Gemma4VisionTower
 from engine.models.vision.qwen3_vl import VISION_PREFIXES, Qwen3VisionTower, VisionConfig
 from engine.weights import checkpoint_files
 
-VisionTower = Union[Qwen3VisionTower, Gemma3VisionTower]
+VisionTower = Union[Qwen3VisionTower, Gemma3VisionTower, Gemma4VisionTower]
+TowerConfig = Union[VisionConfig, Gemma3VisionConfig, Gemma4VisionConfig]
 
 
-def tower_config(cfg: dict[str, Any]) -> VisionConfig | Gemma3VisionConfig | None:
+def tower_config(cfg: dict[str, Any]) -> TowerConfig | None:
     """The tower a whole config.json describes (None: none kvserve runs)."""
-    return VisionConfig.from_model_config(cfg) or Gemma3VisionConfig.from_model_config(cfg)
+    return (VisionConfig.from_model_config(cfg) or Gemma3VisionConfig.from_model_config(cfg)
+            or Gemma4VisionConfig.from_model_config(cfg))
 
 
 def _qwen_name(name: str) -> str | None:
@@ -36,13 +40,24 @@ def _gemma3_name(name: str) -> str | None:
     return name
 
 
+def _gemma4_name(name: str) -> str | None:
+    """transformers 5's saved names (``model.vision_tower.*``, ``model.embed_vision.*``) as `Gemma4VisionTower`'s;
+    None for the rest (the language model, the audio tower)."""
+    name = name.removeprefix("model.")
+    return name if name.startswith(("vision_tower.", "embed_vision.")) else None
+
+
+_TOWERS = {VisionConfig: (Qwen3VisionTower, _qwen_name), Gemma3VisionConfig: (Gemma3VisionTower, _gemma3_name),
+           Gemma4VisionConfig: (Gemma4VisionTower, _gemma4_name)}
+
+
 def load_vision_tower(model_dir: Path, device: torch.device, dtype: torch.dtype) -> VisionTower | None:
     """The tower of the checkpoint in ``model_dir`` with its weights, or None where its config.json has none."""
     cfg = tower_config(json.loads((Path(model_dir) / "config.json").read_text()))
     if cfg is None:
         return None
-    tower, rename = ((Qwen3VisionTower(cfg), _qwen_name) if isinstance(cfg, VisionConfig)
-                     else (Gemma3VisionTower(cfg), _gemma3_name))
+    tower_class, rename = _TOWERS[type(cfg)]
+    tower = tower_class(cfg)
     state: dict[str, torch.Tensor] = {}
     for path in checkpoint_files(Path(model_dir)):
         with safe_open(str(path), framework="pt") as f:

@@ -64,24 +64,32 @@ def png(width: int, height: int, seed: int) -> bytes:
     return buf.getvalue()
 
 
-@functools.lru_cache(maxsize=1)
-def hf_processor(path: str):
-    """transformers' Qwen3-VL processor for images alone: its video processor needs torchvision, which is not
-    installed, so the processor is built without one (its class check skipped for that missing part only)."""
+def image_only_processor(processor_class, **parts):
+    """transformers' ``processor_class`` for images and text alone, built with the ``parts`` that are None (a
+    video processor needs torchvision, which is not installed; an audio feature extractor reads no image) left
+    out: the class check is skipped for those missing parts only."""
     import transformers as tf
 
     check = tf.ProcessorMixin.check_argument_for_proper_class
 
     def check_present(self, name, arg):
-        return None if arg is None and name == "video_processor" else check(self, name, arg)
+        return None if arg is None and name in parts else check(self, name, arg)
 
-    tokenizer = tf.AutoTokenizer.from_pretrained(path)
     tf.ProcessorMixin.check_argument_for_proper_class = check_present
     try:
-        return tf.Qwen3VLProcessor(image_processor=tf.AutoImageProcessor.from_pretrained(path), tokenizer=tokenizer,
-                                   video_processor=None, chat_template=tokenizer.chat_template)
+        return processor_class(**parts)
     finally:
         tf.ProcessorMixin.check_argument_for_proper_class = check
+
+
+@functools.lru_cache(maxsize=1)
+def hf_processor(path: str):
+    """transformers' Qwen3-VL processor for images alone (`image_only_processor`)."""
+    import transformers as tf
+
+    tokenizer = tf.AutoTokenizer.from_pretrained(path)
+    return image_only_processor(tf.Qwen3VLProcessor, image_processor=tf.AutoImageProcessor.from_pretrained(path),
+                                tokenizer=tokenizer, video_processor=None, chat_template=tokenizer.chat_template)
 
 
 @functools.lru_cache(maxsize=1)
