@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+import re
 import warnings
 from dataclasses import dataclass
 from hashlib import blake2b
@@ -42,6 +43,7 @@ GEMMA3_EXPANSION = "\n\n<start_of_image><image_soft_token><end_of_image>\n\n"
 # Gemma 4's renders \n\n<|image|>\n\n; its processor puts the soft tokens between the begin and end markers
 GEMMA4_PLACEHOLDER = "<|image|>"
 GEMMA4_EXPANSION = "<|image><|image|><image|>"
+GEMMA4_MARGIN = "\n\n"
 
 
 @dataclass
@@ -63,6 +65,10 @@ class ImagePreprocessor:
     # tokenizing (None: the same; each placeholder token then grows to the image's tokens, `expand_placeholders`)
     placeholder: str = QWEN_PLACEHOLDER
     expansion: str | None = None
+    # what the template writes on both sides of the placeholder (Gemma 4: a blank line), put there once by
+    # `prompt_text` whether the text came from the template or from the server, which glues the bare placeholder to
+    # the text parts beside it (server/pipeline/images.py) before the template trims the message's text
+    margin: str = ""
 
     @classmethod
     def from_model_dir(cls, model_dir: str | Path) -> "ImagePreprocessor":
@@ -78,7 +84,7 @@ class ImagePreprocessor:
         if config.get("model_type") == "gemma4":
             both_ways = (config.get("text_config") or {}).get("use_bidirectional_attention") == "vision"
             return cls(processor, 1, pooling=int(processor.pooling_kernel_size), bidirectional=both_ways,
-                       placeholder=GEMMA4_PLACEHOLDER, expansion=GEMMA4_EXPANSION)
+                       placeholder=GEMMA4_PLACEHOLDER, expansion=GEMMA4_EXPANSION, margin=GEMMA4_MARGIN)
         return cls(processor, int(getattr(processor, "merge_size", 2)))
 
     def decode(self, data: bytes):
@@ -105,8 +111,13 @@ class ImagePreprocessor:
         return image.convert("RGB")
 
     def prompt_text(self, rendered: str) -> str:
-        """A rendered prompt as the processor tokenizes it: each image's placeholder text in its expansion."""
-        return rendered if self.expansion is None else rendered.replace(self.placeholder, self.expansion)
+        """A rendered prompt as the processor tokenizes it: each image's placeholder text in its expansion (with
+        its margin on both sides, once)."""
+        if self.expansion is None:
+            return rendered
+        margin = f"(?:{re.escape(self.margin)})?" if self.margin else ""
+        expanded = self.margin + self.expansion + self.margin
+        return re.sub(margin + re.escape(self.placeholder) + margin, lambda _: expanded, rendered)
 
     @functools.cached_property
     def fingerprint(self) -> bytes:

@@ -5,21 +5,25 @@ two images of different sizes (so of different soft-token counts), an image in a
 turns, and text alone; alone, batched, with the cache hot, and with prefill chunks that may not end inside an image
 (its tokens attend to each other both ways in the sliding-window layers); top-20 logprobs within 1e-4 in fp32. A
 second turn carrying the same image reads it from the cache; a different image in its place misses from its first
-block."""
+block. Over HTTP (the openai SDK, a data URL) the same, rendered by Gemma 4's template."""
 from __future__ import annotations
 
+import base64
 import dataclasses
+from collections.abc import Iterator
 
 import pytest
 import torch
 
 from engine import LLM, SamplingParams
+from engine.config import EngineConfig
 from engine.requests import EngineRequest
 from tests.hf_oracle import (assert_greedy_alone_and_together, assert_greedy_cache_hot, assert_top_logprobs_equal,
                              assert_varied)
 from tests.models.checkpoints.gemma4_vision_models import (gemma4_generate, gemma4_hf_model, gemma4_inputs,
                                                            write_gemma4_vlm)
 from tests.models.checkpoints.vision_models import png, user_turn
+from tests.server.conftest import LiveServer, _live_server
 
 pytestmark = pytest.mark.slow  # every test needs the checkpoint (a 262k-row vocabulary) and transformers' runs
 
@@ -182,3 +186,28 @@ def test_next_turn_reads_the_image_from_the_cache(gemma4_vlm, llm):
               for i, p in enumerate((second, other))]
     assert hashes[0][:cut] == hashes[1][:cut] and all(a != b for a, b in zip(hashes[0][cut:], hashes[1][cut:]))
     assert llm.generate(other, GREEDY)[0].num_cached_tokens <= cut * BLOCK
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, gemma4_vlm) -> Iterator[LiveServer]:
+    yield from _live_server(tmp_path_factory, gemma4_vlm[0],
+                            EngineConfig(block_size=BLOCK, num_kv_blocks=512, max_model_len=1024))
+
+
+@pytest.mark.parametrize("text_first", [False, True])
+def test_openai_sdk_image_url_is_rendered_as_the_template_does(server, gemma4_vlm, text_first):
+    """A PNG as a data URL through the openai SDK, before or after the question: the server's prompt is
+    transformers' processor's (the template's blank lines around the image, the image's soft tokens between its
+    markers) and its greedy tokens are transformers'."""
+    path, _ = gemma4_vlm
+    shot = png(96, 64, seed=30)
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(shot).decode()}}
+    question = {"type": "text", "text": "What is on the screen?"}
+    content = [question, image] if text_first else [image, question]
+    server.chat(messages=[{"role": "user", "content": content}], max_tokens=NEW_TOKENS, temperature=0,
+                extra_body={"ignore_eos": True})
+    _, inputs = gemma4_inputs(path, [{"role": "user", "content": [
+        {"type": "text", "text": question["text"]} if p is question else {"type": "image"} for p in content]}], [shot])
+    record = server.last_record()
+    assert record["prompt_token_ids"] == inputs["input_ids"][0].tolist()
+    assert record["output_token_ids"] == gemma4_generate(path, inputs, NEW_TOKENS)
