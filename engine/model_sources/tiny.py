@@ -27,7 +27,7 @@ from .gemma_tokenizer import GEMMA3_MODEL, add_image_tokens, write_gemma3_tokeni
 from .glm_tokenizer import write_glm_tokenizer
 from .harmony_tokenizer import write_harmony_tokenizer
 from .hf_layout import VLM_LAYOUTS, DecoderDims, TokenizerInfo, write_model_configs
-from .kimi_tokenizer import write_kimi_tokenizer
+from .kimi_tokenizer import write_kimi_k3_tokenizer, write_kimi_tokenizer
 from .minimax_tokenizer import write_minimax_tokenizer
 from .mistral_tokenizer import write_tekken_tokenizer
 from .mxfp4 import released_expert_layout
@@ -42,6 +42,7 @@ TOKENIZER_WRITERS: dict[str, Callable[[Path, str], TokenizerInfo]] = {
     "harmony": write_harmony_tokenizer,  # gpt-oss' o200k_harmony, from bpe-openai's o200k_base
     "minimax": write_minimax_tokenizer,  # a stand-in: Qwen3's BPE with MiniMax's format tokens (none on the index)
     "kimi": write_kimi_tokenizer,  # a stand-in: Qwen3's BPE with Kimi's format tokens (Kimi's is remote code)
+    "kimi-k3": write_kimi_k3_tokenizer,  # the same for Kimi-K3's XTML tokens
     "tekken": write_tekken_tokenizer,  # Devstral's tekken v13, from the vocabulary mistral-common's wheel ships
 }
 # recipe `tokenizer:` -> the registry model whose converted tokenizer a tiny model copies: the registry resolves it

@@ -41,6 +41,8 @@ _EFFORT_KWARG_FAMILIES = ("deepseek-v4",)
 # the lowest ones as low, anything above high as high
 _HARMONY_EFFORTS = {"none": "low", "minimal": "low", "low": "low", "medium": "medium"}
 OFF_EFFORTS = ("none", "minimal")
+# Kimi-K3's thinking_effort (low, medium, high, max; kvserve's K3 always thinks)
+_K3_EFFORTS = {"none": "low", "minimal": "low", "low": "low", "medium": "medium", "high": "high"}
 
 
 @dataclass
@@ -93,6 +95,8 @@ def effort_kwargs(family: str, effort: str | None) -> dict[str, Any]:
         kwargs["reasoning_effort"] = "max" if effort in ("max", "xhigh") else "high"
     if family == "gpt-oss":
         kwargs["reasoning_effort"] = _HARMONY_EFFORTS.get(effort, "high")
+    if family == "kimi-k3":  # always thinks, at the effort its template states (max unless told): the lowest as low
+        kwargs["thinking_effort"] = _K3_EFFORTS.get(effort, "max")
     return kwargs
 
 

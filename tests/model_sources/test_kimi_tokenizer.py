@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from engine.model_sources.kimi_tokenizer import KIMI_ADDED_TOKENS, KIMI_STAND_IN
+from engine.model_sources.kimi_tokenizer import (
+    KIMI_ADDED_TOKENS, KIMI_K3_STAND_IN, KIMI_STAND_IN, write_kimi_k3_tokenizer,
+)
 from engine.registry import resolve_model
 from server.rendering import get_renderer
 
@@ -31,3 +33,25 @@ def test_format_tokens_and_the_template() -> None:
     assert kept.startswith("tool_declare[") and "<|im_" not in kept
     assert ("<think>Use ls.</think><|tool_calls_section_begin|><|tool_call_begin|>functions.ls:0"
             '<|tool_call_argument_begin|>{"depth": 1}<|tool_call_end|><|tool_calls_section_end|>') in kept
+
+
+@pytest.mark.slow  # a 151k-token tokenizer
+def test_kimi_k3_stand_in_tokens_and_its_template(tmp_path) -> None:
+    """Kimi-K3's stand-in: its tokens in the release's order after Qwen3's ranks, one token each, <|end_of_msg|> the
+    stop and the XTML markers kept by decoding; its tokenizer_config's template renders what the native renderer
+    writes."""
+    info = write_kimi_k3_tokenizer(tmp_path, "kimi-k3")
+    tokenizer = AutoTokenizer.from_pretrained(str(tmp_path))
+    vocab = KIMI_K3_STAND_IN.vocab
+    for token in KIMI_K3_STAND_IN.added_tokens:
+        assert tokenizer.encode(token, add_special_tokens=False) == [vocab.token_id(token)]
+    assert tokenizer.eos_token == "<|end_of_msg|>" and info.eos_token_ids[0] == vocab.token_id("<|end_of_msg|>")
+    # The renderer parses a JSON arguments string, as Kimi-K3's encoder does; the Jinja port takes the object
+    messages = [*MESSAGES[:1], {**MESSAGES[1], "tool_calls": [{**CALL, "function": {"name": "ls",
+                                                                                    "arguments": {"depth": 1}}}]},
+                MESSAGES[2]]
+    prompt = tokenizer.apply_chat_template(messages, tools=TOOLS, tokenize=False, add_generation_prompt=True)
+    assert prompt == get_renderer("kimi-k3").render(MESSAGES, TOOLS)
+    kept = tokenizer.decode(tokenizer.encode(prompt, add_special_tokens=False), skip_special_tokens=True)
+    assert ('<|open|>call tool="ls" index="1"<|sep|><|open|>argument key="depth" type="number"<|sep|>1'
+            '<|close|>argument<|sep|><|close|>call<|sep|>') in kept and "<|end_of_msg|>" not in kept

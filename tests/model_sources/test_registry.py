@@ -103,6 +103,14 @@ def test_kimi_models() -> None:
     assert (tiny.source, tiny.template, tiny.build["model_type"], tiny.build["tokenizer"]) == (
         "tiny", "kimi-k2", "kimi_linear", "kimi")
     assert specs["kimi-linear-48b-a3b"].repo_id == "moonshotai/Kimi-Linear-48B-A3B-Instruct"
+    # Kimi-K3's format: on kimi-linear-tiny's recipe with K3's stand-in tokenizer; the release by HF id (2.8T, ~5.6 TB
+    # with its experts in bf16: 40 H200s)
+    k3_tiny = specs["kimi-k3-format-tiny"]
+    assert (k3_tiny.template, k3_tiny.build["tokenizer"]) == ("kimi-k3", "kimi-k3")
+    assert {k: v for k, v in k3_tiny.build.items() if k != "tokenizer"} == {
+        k: v for k, v in tiny.build.items() if k != "tokenizer"}
+    assert (specs["kimi-k3"].repo_id, specs["kimi-k3"].template, specs["kimi-k3"].gpus) == (
+        "moonshotai/Kimi-K3", "kimi-k3", 40)
 
 
 def test_a_registered_model_is_found_by_its_repo_id() -> None:

@@ -65,7 +65,8 @@ class KimiK3Format:
         """For the grammar: the index the model picks, the end of the call's head, then its arguments."""
         return {"type": "sequence", "elements": [
             {"type": "regex", "pattern": "[0-9]{1,3}"}, {"type": "const_string", "value": f'"{SEP}'},
-            {"type": "json_schema", "json_schema": schema, "style": self.argument_style}]}
+            # the template writes nothing between the argument tags; xgrammar's least is one character (read as layout)
+            {"type": "json_schema", "json_schema": schema, "style": self.argument_style, "max_whitespace_cnt": 1}]}
 
 
 class KimiK3CallParser(DsmlCallParser):

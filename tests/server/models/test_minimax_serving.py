@@ -43,10 +43,11 @@ def decode(server: LiveServer, ids: list[int]) -> str:
     return server.ctx.tokenizer.decode(ids, skip_special_tokens=False)
 
 
-def required_forecast(server: LiveServer) -> tuple[Any, Any]:
+def required_forecast(server: LiveServer, max_tokens: int = 120) -> tuple[Any, Any]:
     """tool_choice required on QUESTION: one valid `forecast` call; returns the message and its call."""
     first = server.client().chat.completions.create(model=server.ctx.model_name, messages=QUESTION, tools=[FORECAST],
-                                                    tool_choice="required", parallel_tool_calls=False, max_tokens=120,
+                                                    tool_choice="required", parallel_tool_calls=False,
+                                                    max_tokens=max_tokens,
                                                     temperature=1.0, seed=3)
     message = first.choices[0].message
     [call] = message.tool_calls
@@ -81,20 +82,20 @@ def test_a_required_call_round_trip_reads_the_first_turn_from_the_cache(server: 
     assert cached >= len(first_record["prompt_token_ids"]) - BLOCK_SIZE
 
 
-def named_call_in_all_three_apis(server: LiveServer) -> tuple[Any, Any]:
+def named_call_in_all_three_apis(server: LiveServer, max_tokens: int = 120) -> tuple[Any, Any]:
     """tool_choice naming `forecast` through chat (streamed as returned whole), Anthropic Messages (a tool_use block
     after the thinking) and Responses (a function_call item); returns the tool_use block and the item."""
-    assert_named_call_streams_as_returned_whole(server, max_tokens=120)
+    assert_named_call_streams_as_returned_whole(server, max_tokens=max_tokens)
     tool = {"name": "forecast", "description": FORECAST["function"]["description"],
             "input_schema": FORECAST["function"]["parameters"]}
-    reply = server.anthropic().messages.create(model=server.ctx.model_name, max_tokens=120, system="Plan trips.",
+    reply = server.anthropic().messages.create(model=server.ctx.model_name, max_tokens=max_tokens, system="Plan trips.",
                                                messages=[{"role": "user", "content": "Plan Rome."}], tools=[tool],
                                                tool_choice={"type": "tool", "name": "forecast"})
     [use] = [block for block in reply.content if block.type == "tool_use"]
     assert reply.stop_reason == "tool_use" and use.name == "forecast" and set(use.input) == {"city", "days"}
     assert any(block.type == "thinking" for block in reply.content)
     response = server.client().responses.create(
-        model=server.ctx.model_name, input="Plan Rome.", max_output_tokens=120,
+        model=server.ctx.model_name, input="Plan Rome.", max_output_tokens=max_tokens,
         tools=[{"type": "function", **FORECAST["function"]}], tool_choice={"type": "function", "name": "forecast"})
     [item] = [item for item in response.output if item.type == "function_call"]
     assert item.name == "forecast" and set(json.loads(item.arguments)) == {"city", "days"}

@@ -38,3 +38,15 @@ def test_a_reasoning_effort_switches_gemma4_thinking_as_its_template_reads_it() 
     user = "<|turn>user\nHi<turn|>\n<|turn>model\n"
     assert renderer.render(messages, **on) == "<bos><|turn>system\n<|think|><turn|>\n" + user
     assert renderer.render(messages, **off) == "<bos>" + user + "<|channel>thought\n<channel|>"
+
+
+def test_a_reasoning_effort_is_kimi_k3s_thinking_effort() -> None:
+    """Kimi-K3 always thinks (kvserve does not switch it off), at the effort its template states in a system note:
+    max unless a request's effort says otherwise, none / minimal as low."""
+    renderer, messages = get_renderer("kimi-k3"), [{"role": "user", "content": "Hi"}]
+    assert [effort_kwargs("kimi-k3", e) for e in ("minimal", "medium", "xhigh")] == [
+        {"thinking_effort": "low"}, {"thinking_effort": "medium"}, {"thinking_effort": "max"}]
+    assert request_thinking("kimi-k3", {}) and request_thinking("kimi-k3", effort_kwargs("kimi-k3", "none"))
+    note = "Now the system is invoked with `thinking_effort={}`."
+    assert note.format("max") in renderer.render(messages)
+    assert note.format("low") in renderer.render(messages, **effort_kwargs("kimi-k3", "low"))
