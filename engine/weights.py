@@ -55,9 +55,9 @@ _FUSED = {
     "k_conv1d": ("conv1d", 1, 1),
     "v_conv1d": ("conv1d", 2, 1),
 }
-# Checkpoint prefixes that are not the language model's: a VLM's vision tower (Qwen3.5 / 3.6 and Gemma 3 load theirs
-# apart, engine/models/vision/, with Gemma 3's projection of image features into the language model; Gemma 4's and
-# Muse-Glimmer's stay on disk)
+# Checkpoint prefixes that are not the language model's: a VLM's vision tower (Qwen3.5 / 3.6, Gemma 3 and Gemma 4 load
+# theirs apart, engine/models/vision/, with Gemma 3's projector and Gemma 4's embedder of image features into the
+# language model; Muse-Glimmer's stays on disk)
 _SKIPPED_PREFIXES = ("model.visual.", "visual.", "model.vision_tower.", "vision_tower.", "model.multi_modal_projector.",
                      "multi_modal_projector.", "model.embed_vision.", "model.vision_adapter.",
                      "model.vision_projection.")  # (the last three: Gemma 4's and Muse-Glimmer's projections)
