@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.kv.block_hashing import BlockHash, BlockHasher
+from engine.kv.window_pool import WindowBudget
 from engine.errors import KVCacheTooSmallError, PromptTooLongError, RequestRejected
 from engine.multimodal import ImageInput, check_layout
 from engine.retention import Retention
@@ -48,6 +49,7 @@ class RequestPreparer:
     speculation_refused: str | None = None  # why this engine cannot speculate (None: it can)
     mtp: bool = False  # the model's MTP layer is loaded (--speculative mtp): a request may draft with it
     image_token_id: int | None = None  # the placeholder of an image's tokens; None: the engine reads no images
+    window_budget: WindowBudget | None = None  # a sliding-window model's window pool (None: no window group)
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise `RequestRejected` for a request that could never run, before it takes any state."""
@@ -69,6 +71,10 @@ class RequestPreparer:
                 f"the prompt needs {blocks} KV blocks but the cache has {self.num_blocks}; "
                 "give the engine more KV memory (num_kv_blocks / kv_cache_memory_gb)"
             )
+        if self.window_budget is not None:
+            total = min(len(prompt_token_ids) + max(params.max_tokens, 1), self.max_model_len)
+            if (why := self.window_budget.refusal(total)) is not None:
+                raise KVCacheTooSmallError(why)
         if self.speculation_refused and params.speculative not in (None, "off"):
             raise RequestRejected(f"speculative {params.speculative!r}: {self.speculation_refused}")
         if params.speculative == "mtp" and not self.mtp:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from engine.kv.block_hashing import BlockHash, BlockHasher
 from engine.kv.blocks import CachedPrefix
+from engine.kv.window_pool import WindowBudget
 from engine.outputs import SchedulerStats, StepOutputs
 from engine.multimodal import ImageInput
 from engine.requests import EngineRequest, RequestPreparer
@@ -58,6 +59,7 @@ class EngineFacts:
     kv_events_replay_endpoint: str | None
     kv_events_topic: str
     image_token_id: int | None = None  # the placeholder of image tokens where a vision tower is loaded (else None)
+    window_budget: WindowBudget | None = None  # a sliding-window model's window pool, as one sequence may use it
 
     @classmethod
     def of(cls, engine: LLMEngine) -> EngineFacts:
@@ -73,6 +75,7 @@ class EngineFacts:
             rank_memory=tuple(memory.describe() for memory in engine.rank_memory),
             kv_events_endpoint=cfg.kv_events_endpoint, kv_events_replay_endpoint=cfg.kv_events_replay_endpoint,
             kv_events_topic=cfg.kv_events_topic, image_token_id=engine.image_token_id,
+            window_budget=engine.window_budget,
         )
 
     @property
@@ -83,7 +86,7 @@ class EngineFacts:
         """Validates requests and makes their block hashes as the engine would (any thread)."""
         return RequestPreparer(self.vocab_size, self.max_model_len, self.block_size, self.num_blocks,
                                self.block_hasher if self.prefix_caching else None, self.speculation_refused, self.mtp,
-                               self.image_token_id)
+                               self.image_token_id, self.window_budget)
 
 
 class EngineCoreClient(ABC):

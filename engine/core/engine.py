@@ -26,6 +26,7 @@ from engine.kv.block_hashing import BlockHasher
 from engine.errors import FatalEngineError, RequestRejected, WorkerDiedError
 from engine.kv.blocks import CacheStats
 from engine.kv.events import KVEventPublisher
+from engine.kv.window_pool import WindowBudget
 from engine.models.vision.preprocess import ImagePreprocessor
 from engine.worker.forced_tokens import force_tokens
 from engine.worker.model_runner import ModelRunner, StepHandle, StepPipeline
@@ -99,12 +100,18 @@ class LLMEngine:
                                            cfg.block_size, all_interfaces=cfg.kv_events_all_interfaces,
                                            token_ids=cfg.kv_events_token_ids) if cfg.kv_events_endpoint else None)
         self.hasher = BlockHasher(cfg.block_size, model_id or str(self.model_dir))  # the one the engine hashes with
-        self.scheduler = Scheduler(cfg, self.runner.kv_layout(), self.hasher, self.max_model_len, self.eos_token_ids,
+        layout = self.runner.kv_layout()
+        self.scheduler = Scheduler(cfg, layout, self.hasher, self.max_model_len, self.eos_token_ids,
                                    record_events=self.kv_events is not None, clock=clock)
+        mtp = self.model_cfg.num_mtp_layers > 0
+        # a sliding-window model: what one sequence's step may take of its window pool (MTP's drafts ride past it)
+        step_tokens = cfg.max_num_batched_tokens + (cfg.num_speculative_tokens - 1 if mtp else 0)
+        self.window_budget = (WindowBudget(layout.window, cfg.block_size, layout.window_blocks, step_tokens)
+                              if layout.window_blocks else None)
         self.preparer = RequestPreparer(
             self.model_cfg.vocab_size, self.max_model_len, cfg.block_size, self.runner.num_blocks,
             self.hasher if cfg.enable_prefix_caching else None,
-            self.speculation_refused, mtp=self.model_cfg.num_mtp_layers > 0, image_token_id=self.image_token_id)
+            self.speculation_refused, mtp=mtp, image_token_id=self.image_token_id, window_budget=self.window_budget)
         self.structured_outputs = StructuredOutputs(self.tokenizer, self.model_cfg.vocab_size, self.eos_token_ids,
                                                     self.runner.device, cfg.json_whitespace)
         offload = self.runner.kv_offload

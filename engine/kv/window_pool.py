@@ -24,13 +24,15 @@ the oldest cached one, else one an anchor gives up; and while anchors alone hold
 pages, an anchor gives one up before any cached page is reused (one at a branch point, a block several requests went
 on from, is spared then). The anchor that goes is the first, in least-recently-used order (ordinary blocks' before
 pinned or session-held ones', those superseded by a deeper anchor on the same unbranched path first), whose pages
-only it holds: one whose pages others hold too costs nothing and is kept. Page ids only; the runner owns the
-tensors.
+only it holds: one whose pages others hold too costs nothing and is kept, unless no page is left at all and
+anchors overlapping one another hold every page no sequence holds (then the first holding such a page goes, and so
+on until one frees). Page ids only; the runner owns the tensors.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -58,6 +60,44 @@ def pages_per_window(window: int, block_size: int) -> int:
     blocks from `first_window_block` to the one ending at the resume point, far enough into a sequence. What a
     lower tier's window row holds (`engine.kv.tiers`)."""
     return max(1, -(-(window - 1) // block_size))
+
+
+def step_pages(window: int, block_size: int, num_tokens: int) -> int:
+    """The most window pages one sequence holds in a step computing ``num_tokens`` tokens: the blocks of the window
+    a resume at its last block boundary reads (`pages_per_window`, kept by `slide`) and those the step writes,
+    starting anywhere in a block."""
+    return pages_per_window(window, block_size) + -(-(block_size - 1 + num_tokens) // block_size)
+
+
+@dataclass(frozen=True)
+class WindowBudget:
+    """What one sequence may ever need of a sliding-window model's window pool, so that a request whose step can
+    never fit is refused when it arrives instead of waiting forever for pages no finishing request frees (the
+    full-attention blocks' check is `engine.requests.RequestPreparer.validate`'s)."""
+
+    window: int  # the widest window of the model's window layers, in tokens
+    block_size: int
+    num_pages: int  # the window pool's pages
+    max_step_tokens: int  # one sequence's tokens in a step at most: --max-num-batched-tokens (+ MTP's lookahead)
+
+    def pages_needed(self, num_tokens: int) -> int:
+        """The most pages a sequence of ``num_tokens`` tokens (prompt and output) holds in one step."""
+        whole = -(-num_tokens // self.block_size)  # it never has more blocks than that
+        return min(whole, step_pages(self.window, self.block_size, min(self.max_step_tokens, num_tokens)))
+
+    def refusal(self, num_tokens: int) -> str | None:
+        """Why a sequence of ``num_tokens`` tokens can never run in this pool, with the way out; None if it can."""
+        need = self.pages_needed(num_tokens)
+        if need <= self.num_pages:
+            return None
+        # the longest step that fits: its blocks beyond the window's, starting mid-block
+        fits = (self.num_pages - pages_per_window(self.window, self.block_size)) * self.block_size - self.block_size + 1
+        smaller = (f"or lower --max-num-batched-tokens to {fits} or less" if fits > 0 else
+                   "(no smaller step fits: the pool holds less than a window and a block)")
+        return (f"a step of this request ({num_tokens} tokens with its output, in steps of up to "
+                f"{self.max_step_tokens}) holds up to {need} sliding-window KV pages ({self.window}-token window, "
+                f"blocks of {self.block_size}) but the window pool has {self.num_pages}; give it more pages "
+                f"(--num-window-blocks, or leave that unset to size the pool from the KV memory) {smaller}")
 
 
 class WindowPool:
@@ -186,18 +226,22 @@ class WindowPool:
 
     def _evict_one(self, spare_branches: bool = False) -> bool:
         """Drop the first anchor in eviction order whose pages only it holds (``spare_branches``: not one at a
-        branch point); False if none does."""
-        order = sorted(enumerate(self.anchors), key=lambda item: (item[1].retained, item[0]))
-        for _, node in order:
-            if spare_branches and len(node.children) > 1:
-                continue
-            if any(self.refs[page] == 1 for page in node.window_pages):
-                if self.on_drop is not None:
-                    self.on_drop(node)
-                self.drop(node)
-                self.evictions += 1
-                return True
-        return False
+        branch point); False if none does. Not sparing branches, else the first with a page only anchors hold:
+        anchors overlapping along a path (a prompt end, the reply end a block on, a preemption point) can cover
+        each other's every page, and none would give one up while the pool has no other page to hand out."""
+        order = [node for _, node in sorted(enumerate(self.anchors), key=lambda item: (item[1].retained, item[0]))
+                 if not (spare_branches and len(node.children) > 1)]
+        victim = next((node for node in order if any(self.refs[page] == 1 for page in node.window_pages)), None)
+        if victim is None and not spare_branches:
+            victim = next((node for node in order if any(self._anchored_only(page) for page in node.window_pages)),
+                          None)
+        if victim is None:
+            return False
+        if self.on_drop is not None:
+            self.on_drop(victim)
+        self.drop(victim)
+        self.evictions += 1
+        return True
 
     # ---- invariants ------------------------------------------------------------------------------------------------
     def check_invariants(self, running: list[list[int]]) -> None:

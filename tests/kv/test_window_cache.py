@@ -204,6 +204,25 @@ def test_pages_run_short_an_anchor_that_frees_nothing_is_kept():
     assert anchor_a.window_pages is not None, "a's anchor shares its page with a running a: it was kept"
 
 
+def test_anchors_covering_each_others_pages_give_them_up_when_no_page_is_left():
+    """Anchors at 8, 12 and 20 tokens of one sequence (13-token window, 6 pages) and the sequence itself hold every
+    page, none an anchor's alone: each page has two holders. Dropping the anchors at 8 and 12 frees three, so the
+    next block gets one (before, the check counted them, the pool found none to give up: an engine fault)."""
+    model = WindowModel(40, 6, 13)
+    seq = model.admit(PROMPTS[-1])
+    assert model.step(seq, 12)
+    model.retain(seq, 2, reply=False)
+    model.retain(seq, 3, reply=False)
+    assert model.step(seq, 8)
+    model.retain(seq, 5, reply=False)
+    assert model.step(seq, 4)
+    model.check()
+    assert model.kv.window.num_free == 0 and len(model.kv.window.anchors) == 3
+    assert model.step(seq, 4)  # its window slides past block 2: the pages of blocks 0-2 are the anchors' alone
+    model.check()
+    assert model.kv.window.evictions == 2 and len(model.kv.window.anchors) == 1
+
+
 def test_kv_events_say_which_blocks_have_a_retained_window():
     """A window model's BlockStored events list the blocks a hit can resume at ("state_snapshots", as a hybrid's
     snapshots); dropping a retained window is announced again without it."""

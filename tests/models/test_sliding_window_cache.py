@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
+from engine.errors import KVCacheTooSmallError
 from tests.hf_oracle import (CheckpointDirs, assert_greedy_alone_and_together, assert_greedy_cache_hot, hf_greedy,
                              random_prompts, saved_with_tokenizer)
 from tests.models.test_gemma3 import VOCAB, WINDOW, hf_gemma3_model
@@ -110,6 +111,24 @@ def test_next_turn_reads_all_but_one_block_of_prompt_and_reply(case):
     out = llm.generate([turn], GREEDY)[0]
     assert out.num_cached_tokens >= len(first) + len(reply) - BS
     assert out.token_ids == hf_greedy(path, turn, NEW_TOKENS)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)  # the bug this guards against was a hang
+def test_a_step_the_window_pool_can_never_hold_is_refused_and_one_that_fits_waits_its_turn(case):
+    """A 6-page window pool (12-token window, 4-token blocks: 3 pages of window) and 64-token steps: the 70-token
+    prompt's first step would hold 20 pages, so it is refused when it arrives, naming the numbers and the way out
+    (it used to wait forever for pages no request frees). In the 9-token steps the message offers, it and the
+    40-token prompt run in that pool together, one waiting for the other's pages, with transformers' greedy tokens."""
+    path, prompts, expected = case
+    llm = LLM(path, block_size=BS, num_kv_blocks=64, num_window_blocks=6, max_num_batched_tokens=64)
+    with pytest.raises(KVCacheTooSmallError, match=r"holds up to 20 sliding-window KV pages .* window pool has 6; "
+                                                   r".*--num-window-blocks.* --max-num-batched-tokens to 9 or less"):
+        llm.generate([prompts[-1]], GREEDY)
+    llm.close()
+    llm = poisoned_llm(path, num_kv_blocks=64, num_window_blocks=6, max_num_batched_tokens=9)
+    assert [o.token_ids for o in llm.generate(prompts[-2:], GREEDY)] == expected[-2:]
+    llm.engine.scheduler.kv.check_invariants()
 
 
 @pytest.mark.slow

@@ -11,6 +11,8 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import anthropic
+import openai
 import pytest
 
 from engine.config import EngineConfig
@@ -29,8 +31,9 @@ CHAT = [{"role": "system", "content": "You answer in one short sentence."},
         {"role": "user", "content": "And of Italy?"}]
 
 
-def _gemma3_server(factory: pytest.TempPathFactory, model: str) -> Iterator[LiveServer]:
-    yield from _live_server(factory, model, EngineConfig(block_size=BLOCK_SIZE, num_kv_blocks=512, max_model_len=4096))
+def _gemma3_server(factory: pytest.TempPathFactory, model: str, **engine: int) -> Iterator[LiveServer]:
+    yield from _live_server(factory, model, EngineConfig(block_size=BLOCK_SIZE, num_kv_blocks=512, max_model_len=4096,
+                                                         **engine))
 
 
 @pytest.fixture  # one test: let go of the 270M when it ends
@@ -43,7 +46,7 @@ def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     """gemma3-tiny for the tool calls: the same tokenizer, template and call grammars, decoding in a fraction of the
     270M's time."""
-    yield from _gemma3_server(tmp_path_factory, "gemma3-tiny")
+    yield from _gemma3_server(tmp_path_factory, "gemma3-tiny", num_window_blocks=64)  # a step of 993 tokens at most
 
 
 def test_a_chat_prompt_is_the_official_templates_and_the_reply_equals_transformers(real_server: LiveServer) -> None:
@@ -102,3 +105,19 @@ def test_responses_and_anthropic_messages_call_a_named_tool(server: LiveServer) 
         tool_choice={"type": "tool", "name": "forecast"})
     [use] = [block for block in reply.content if block.type == "tool_use"]
     assert reply.stop_reason == "tool_use" and use.name == "forecast" and set(use.input) >= {"city", "days"}
+
+
+
+def test_a_request_whose_step_the_window_pool_cannot_hold_is_a_400_in_each_apis_shape(server: LiveServer) -> None:
+    """The window pool of 64 pages (16-token window in 16-token blocks) holds a step of at most 993 tokens: a longer
+    prompt is refused as a dense model's too-long prompt is, a 400 naming the numbers and the way out on chat
+    completions and Anthropic Messages (it used to wait forever for pages no request frees)."""
+    long = [{"role": "user", "content": "Tell me about Rome. " * 250}]
+    with pytest.raises(openai.BadRequestError) as chat:
+        server.chat(messages=long, max_tokens=4)
+    error = chat.value.body
+    assert chat.value.status_code == 400 and error["code"] == "kv_cache_too_small"
+    assert "window pool has 64" in error["message"] and "--max-num-batched-tokens to 993 or less" in error["message"]
+    with pytest.raises(anthropic.BadRequestError) as messages:
+        server.anthropic().messages.create(model=server.ctx.model_name, max_tokens=4, messages=long)
+    assert messages.value.status_code == 400 and "window pool has 64" in messages.value.body["error"]["message"]
