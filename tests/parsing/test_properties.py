@@ -23,6 +23,11 @@ FRAGMENTS = [
     "<tool_call>\n<function=typed>\n<parameter=count>\n7\n</parameter>\n</function>\n</tool_call>",
     f"{CALL_BEGIN}function{SEP}now\n```json\n{{}}\n```{CALL_END}",
     f'{CALL_BEGIN}get_weather{SEP}{{"city": "x"}}{CALL_END}',
+    # Kimi-K3's XTML channels and a whole call
+    "<|close|>think<|sep|>", "<|open|>response<|sep|>", "<|close|>response<|sep|>", "<|open|>tools<|sep|>",
+    "<|close|>tools<|sep|>", "<|close|>message<|sep|>", "<|open|>", "<|sep|>",
+    '<|open|>call tool="get_weather" index="1"<|sep|><|open|>argument key="city" type="string"<|sep|>x'
+    "<|close|>argument<|sep|><|close|>call<|sep|>",
 ]
 
 outputs = st.lists(st.sampled_from(FRAGMENTS), max_size=24).map("".join)
