@@ -31,17 +31,20 @@ TEXT = dict(vocab_size=262144, hidden_size=64, intermediate_size=128, num_hidden
 # two layers of 2 heads; the soft tokens standardized (std_bias / std_scale), as the released towers may be
 VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
               head_dim=16, patch_size=4, pooling_kernel_size=3, position_embedding_size=64, standardize=True)
+# E2B / E4B's language model: per-layer inputs, the last two layers attending over earlier layers' K / V
+PER_LAYER = dict(hidden_size_per_layer_input=16, num_kv_shared_layers=2)
 PREPROCESSOR = {"image_processor_type": "Gemma4ImageProcessor", "patch_size": 4, "max_soft_tokens": 70,
                 "pooling_kernel_size": 3, "do_resize": True, "resample": 3, "do_rescale": True,
                 "rescale_factor": 1 / 255, "do_normalize": False, "do_convert_rgb": True}
 
 
-def hf_gemma4_vlm(seed: int = 31):
-    """The transformers model with the tiny Gemma 4 models' weight scales (and drawn standardization buffers)."""
+def hf_gemma4_vlm(seed: int = 31, **text):
+    """The transformers model with the tiny Gemma 4 models' weight scales (and drawn standardization buffers);
+    ``text``: changes to the language model's config."""
     import transformers as tf
 
     model = tf.Gemma4ForConditionalGeneration(tf.Gemma4Config(
-        text_config=tf.Gemma4TextConfig(**TEXT), vision_config=tf.Gemma4VisionConfig(**VISION), audio_config=None))
+        text_config=tf.Gemma4TextConfig(**{**TEXT, **text}), vision_config=tf.Gemma4VisionConfig(**VISION), audio_config=None))
     with torch.no_grad():
         for name, param in model.named_parameters():
             param.copy_(random_tensor(name, tuple(param.shape), seed, GEMMA4_SCALES))
@@ -60,14 +63,14 @@ def write_gemma4_tokenizer(out: Path) -> None:
     rename_gemma4_media_tokens(out, TEMPLATE.read_text())
 
 
-def write_gemma4_vlm(out: Path) -> Path:
-    hf_gemma4_vlm().save_pretrained(out)
+def write_gemma4_vlm(out: Path, **text) -> Path:
+    hf_gemma4_vlm(**text).save_pretrained(out)
     write_gemma4_tokenizer(out)
     (out / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR))
     return out
 
 
-@functools.lru_cache(maxsize=1)
+@functools.lru_cache(maxsize=2)
 def gemma4_processor(path: str):
     """transformers' Gemma4Processor for images and text alone (no audio feature extractor, no video processor)."""
     import transformers as tf
@@ -77,7 +80,7 @@ def gemma4_processor(path: str):
                                 tokenizer=tf.AutoTokenizer.from_pretrained(path), chat_template=TEMPLATE.read_text())
 
 
-@functools.lru_cache(maxsize=1)
+@functools.lru_cache(maxsize=2)
 def gemma4_hf_model(path: str):
     import transformers as tf
 

@@ -20,8 +20,8 @@ from engine.config import EngineConfig
 from engine.requests import EngineRequest
 from tests.hf_oracle import (assert_greedy_alone_and_together, assert_greedy_cache_hot, assert_top_logprobs_equal,
                              assert_varied)
-from tests.models.checkpoints.gemma4_vision_models import (gemma4_generate, gemma4_hf_model, gemma4_inputs,
-                                                           write_gemma4_vlm)
+from tests.models.checkpoints.gemma4_vision_models import (PER_LAYER, gemma4_generate, gemma4_hf_model,
+                                                           gemma4_inputs, write_gemma4_vlm)
 from tests.models.checkpoints.vision_models import png, user_turn
 from tests.server.conftest import LiveServer, _live_server
 
@@ -211,3 +211,18 @@ def test_openai_sdk_image_url_is_rendered_as_the_template_does(server, gemma4_vl
     record = server.last_record()
     assert record["prompt_token_ids"] == inputs["input_ids"][0].tolist()
     assert record["output_token_ids"] == gemma4_generate(path, inputs, NEW_TOKENS)
+
+
+def test_per_layer_inputs_and_shared_kv_layers(tmp_path_factory):
+    """E2B / E4B's language model (per-layer inputs, whose table row for an image token is the pad token's; the last
+    two layers on earlier layers' K / V): two images and text alone, each alone and batched, give transformers'
+    tokens."""
+    path = str(write_gemma4_vlm(tmp_path_factory.mktemp("gemma4-e2b-vlm"), **PER_LAYER))
+    cases = [CASES[1], CASES[3]]
+    images = [[png(w, h, seed=40 + j) for j, (w, h) in enumerate(sizes)] for _, sizes in cases]
+    inputs = [gemma4_inputs(path, messages, pictures) for (messages, _), pictures in zip(cases, images)]
+    expected = [gemma4_generate(path, encoded, NEW_TOKENS) for _, encoded in inputs]
+    llm = LLM(path, block_size=BLOCK, num_kv_blocks=512)
+    prompts = [llm.image_prompt(text, pictures) if pictures else llm.encode(text)
+               for (text, _), pictures in zip(inputs, images)]
+    assert_greedy_alone_and_together(llm, prompts, expected)
