@@ -27,9 +27,12 @@ _JSON_ONLY = ("Your response must be raw JSON data without markdown code blocks 
               "formatting.")
 
 
+def escape_attribute(value: Any) -> str:
+    return str(value).replace("&", "&amp;").replace('"', "&quot;")
+
+
 def open_tag(tag: str, attrs: tuple[tuple[str, Any], ...] = ()) -> str:
-    escaped = "".join(f' {key}="{str(value).replace("&", "&amp;").replace(chr(34), "&quot;")}"' for key, value in attrs)
-    return f"{OPEN}{tag}{escaped}{SEP}"
+    return OPEN + tag + "".join(f' {key}="{escape_attribute(value)}"' for key, value in attrs) + SEP
 
 
 def close_tag(tag: str) -> str:
