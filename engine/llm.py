@@ -93,8 +93,10 @@ class LLM:
     def __init__(self, model: str | None = None, clock: Callable[[], float] | None = None, tokenizer=None,
                  **engine_config) -> None:
         """``tokenizer``: a loaded tokenizer of this model to use instead of loading the directory's again (several
-        engines of one model: a Qwen tokenizer takes seconds to load)."""
+        engines of one model: a Qwen tokenizer takes seconds to load; without one, `load_tokenizer` copies this
+        process's earlier load of the same files, if any)."""
         from engine.registry import default_model_name, get_model_spec, model_identity, resolve_model
+        from engine.text.tokenizer_load import load_tokenizer
 
         known = {f.name for f in fields(EngineConfig)}
         unknown = set(engine_config) - known
@@ -105,7 +107,8 @@ class LLM:
         self.model_name = spec.name
         model_dir = resolve_model(name)
         self.engine = LLMEngine(model_dir, EngineConfig(**engine_config), model_id=model_identity(spec, model_dir),
-                                tokenizer=tokenizer, clock=clock or time.monotonic)
+                                tokenizer=tokenizer if tokenizer is not None else load_tokenizer(model_dir),
+                                clock=clock or time.monotonic)
         self._ids = itertools.count()
 
     @property

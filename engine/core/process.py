@@ -95,11 +95,11 @@ class CoreProcess(EngineCoreClient):
             self._kill()
             self._release()
             raise
-        from transformers import AutoTokenizer
+        from engine.text.tokenizer_load import load_tokenizer
 
         # This side's grammar compiler (its tokenizer is the engine's): what it compiled travels with the requests as
         # JSON, so the core reads it instead of compiling it again.
-        self.grammars = StructuredOutputs(AutoTokenizer.from_pretrained(str(model_dir)), self.facts.vocab_size,
+        self.grammars = StructuredOutputs(load_tokenizer(model_dir), self.facts.vocab_size,
                                           self.facts.eos_token_ids, "cpu", cfg.json_whitespace)
         # An interpreter that exits without a shutdown (a script's error) would otherwise join the child forever.
         atexit.register(self.shutdown)

@@ -342,9 +342,8 @@ def load_context(
     for serving. `progress` receives one line per loading stage. ``engine_process``: the engine core runs in a
     process of its own (engine/core/process.py; `CoreStartError` if it cannot start within
     ``engine_process_timeout_s``), else in a thread of this one."""
-    from transformers import AutoTokenizer
-
     from engine.registry import default_model_name, get_model_spec, model_identity, resolve_model
+    from engine.text.tokenizer_load import load_tokenizer
     from server.rendering import renderer_for_model
 
     spec = get_model_spec(model or default_model_name())
@@ -357,12 +356,13 @@ def load_context(
     facts = core.facts
     # Each thread that touches a tokenizer has its own: each prepare lane renders and encodes with one, the event loop
     # detokenizes with another, and the engine's serves grammar compilation. A Rust tokenizer shared across threads
-    # can fail with "Already borrowed" when one thread encodes while another decodes.
+    # can fail with "Already borrowed" when one thread encodes while another decodes. The files are read once
+    # (load_tokenizer: the others are copies).
     def lane_tools() -> PrepareTools:
-        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        tokenizer = load_tokenizer(model_dir)
         return PrepareTools(tokenizer, renderer_for_model(spec.template, tokenizer))
 
-    output_tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    output_tokenizer = load_tokenizer(model_dir)
     metrics = Metrics(spec.name)
     inspector = None
     if settings.ui:  # its hook runs on the event loop: it decodes with the event loop's tokenizer
