@@ -217,9 +217,16 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 VLM_LAYOUTS = {"qwen3_5_text": ("qwen3_5", "Qwen3_5ForConditionalGeneration"),
                "qwen3_5_moe_text": ("qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration"),
                "muse_glimmer_text": ("muse_glimmer", "MuseGlimmerForConditionalGeneration"),
-               "gemma3_text": ("gemma3", "Gemma3ForConditionalGeneration")}
+               "gemma3_text": ("gemma3", "Gemma3ForConditionalGeneration"),
+               "gemma4_text": ("gemma4", "Gemma4ForConditionalGeneration")}
 # Gemma 3's image tokens (the soft token after the 262,144 pieces), as the released configs name them
 GEMMA3_IMAGE_TOKENS = {"image_token_index": 262144, "boi_token_index": 255999, "eoi_token_index": 256000}
+# Gemma 4's media tokens, as the released configs name them (ids of Gemma 3's vocabulary, renamed)
+GEMMA4_MEDIA_TOKENS = {"image_token_id": 258880, "boi_token_id": 255999, "eoi_token_id": 258882,
+                       "video_token_id": 258884, "audio_token_id": 258881, "boa_token_id": 256000,
+                       "eoa_token_index": 258883}
+# the keys of a Gemma 4 recipe's `vision:` that are its image processor's, not its tower's
+_GEMMA4_PROCESSOR_KEYS = ("max_soft_tokens",)
 # Qwen3.5 / 3.6's vision tokens, as the released configs name them
 _QWEN_VISION_TOKENS = {"image_token_id": 248056, "video_token_id": 248057, "vision_start_token_id": 248053,
                        "vision_end_token_id": 248054}
@@ -236,6 +243,11 @@ def vlm_config(text: dict[str, Any], vision: dict[str, Any]) -> dict[str, Any]:
                                   "layer_norm_eps": 1e-6, "num_channels": 3, "vision_use_head": False, **tower},
                 "mm_tokens_per_image": vision["mm_tokens_per_image"],
                 "tie_word_embeddings": text["tie_word_embeddings"], **GEMMA3_IMAGE_TOKENS}
+    if model_type == "gemma4":  # its tower's own keys (patches pooled to a soft-token count per image)
+        tower = {k: v for k, v in vision.items() if k not in _GEMMA4_PROCESSOR_KEYS}
+        return {"architectures": [architecture], "model_type": model_type, "text_config": text,
+                "vision_config": {"model_type": "gemma4_vision", "hidden_activation": "gelu_pytorch_tanh", **tower},
+                "audio_config": None, "tie_word_embeddings": text["tie_word_embeddings"], **GEMMA4_MEDIA_TOKENS}
     if model_type == "muse_glimmer":  # its tower's own keys; patches merged 2 x 2 (4x the tower's width) then projected
         return {"architectures": [architecture], "model_type": model_type, "text_config": text,
                 "vision_config": {"model_type": "muse_glimmer_vision", **vision},
@@ -255,6 +267,14 @@ def gemma3_image_processor_config(vision: dict[str, Any]) -> dict[str, Any]:
             "do_resize": True, "resample": 2, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
             "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "do_convert_rgb": True,
             "do_pan_and_scan": False}
+
+
+def gemma4_image_processor_config(vision: dict[str, Any]) -> dict[str, Any]:
+    """preprocessor_config.json for Gemma4ImageProcessor: aspect-preserving, at most ``max_soft_tokens`` a picture."""
+    return {"image_processor_type": "Gemma4ImageProcessor", "patch_size": vision.get("patch_size", 16),
+            "max_soft_tokens": vision.get("max_soft_tokens", 280),
+            "pooling_kernel_size": vision.get("pooling_kernel_size", 3), "do_resize": True, "resample": 3,
+            "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": False, "do_convert_rgb": True}
 
 
 def image_processor_config(vision: dict[str, Any], max_pixels: int) -> dict[str, Any]:
@@ -278,6 +298,8 @@ def write_model_configs(
         config = vlm_config(config, vision)
         if config["model_type"] == "gemma3":
             write_json(out_dir / "preprocessor_config.json", gemma3_image_processor_config(vision))
+        elif config["model_type"] == "gemma4":
+            write_json(out_dir / "preprocessor_config.json", gemma4_image_processor_config(vision))
         elif config["model_type"] != "muse_glimmer":  # (Qwen's processor; kvserve serves Muse-Glimmer text only)
             write_json(out_dir / "preprocessor_config.json", image_processor_config(vision, 256 * 256))
     write_json(out_dir / "config.json", config)

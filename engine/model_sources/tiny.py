@@ -23,7 +23,7 @@ from engine.config import GEMMA3_ARCHITECTURES, HYBRID_ARCHITECTURES, MTP_AFTER_
 from engine.models.vision.qwen3_vl import VISION_PREFIXES
 
 from .deepseek_tokenizer import write_deepseek_tokenizer
-from .gemma_tokenizer import GEMMA3_MODEL, add_image_tokens, write_gemma3_tokenizer
+from .gemma_tokenizer import GEMMA3_MODEL, add_image_tokens, rename_gemma4_media_tokens, write_gemma3_tokenizer
 from .glm_tokenizer import write_glm_tokenizer
 from .harmony_tokenizer import write_harmony_tokenizer
 from .hf_layout import VLM_LAYOUTS, DecoderDims, TokenizerInfo, write_model_configs
@@ -32,6 +32,7 @@ from .minimax_tokenizer import write_minimax_tokenizer
 from .mistral_tokenizer import write_tekken_tokenizer
 from .mxfp4 import released_expert_layout
 from .qwen_tokenizer import write_qwen3_tokenizer, write_qwen36_tokenizer
+from .templates import load_template
 
 # recipe `tokenizer:` -> the writer of that real tokenizer (with the entry's chat template) into a model directory
 TOKENIZER_WRITERS: dict[str, Callable[[Path, str], TokenizerInfo]] = {
@@ -262,7 +263,9 @@ def build_tiny_model(recipe: TinyRecipe, template: str, out_dir: Path, scales: I
             raise ValueError(f"a tiny model with the {recipe.tokenizer!r} tokenizer copies it from "
                              f"{COPIED_TOKENIZERS[recipe.tokenizer]!r}: pass that model's directory as tokenizer_source")
         tokens = write_gemma3_tokenizer(out_dir, tokenizer_source)
-        if recipe.vision is not None:  # Gemma 3's vision-language tokenizer: the image soft token added
+        if recipe.vision is not None and recipe.model_type == "gemma4_text":  # Gemma 4's: its media tokens named,
+            rename_gemma4_media_tokens(out_dir, load_template("gemma4"))  # and its template (the processor reads it)
+        elif recipe.vision is not None:  # Gemma 3's vision-language tokenizer: the image soft token added
             add_image_tokens(out_dir)
     else:
         tokens = TOKENIZER_WRITERS[recipe.tokenizer](out_dir, template)

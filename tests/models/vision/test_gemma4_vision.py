@@ -5,7 +5,8 @@ two images of different sizes (so of different soft-token counts), an image in a
 turns, and text alone; alone, batched, with the cache hot, and with prefill chunks that may not end inside an image
 (its tokens attend to each other both ways in the sliding-window layers); top-20 logprobs within 1e-4 in fp32. A
 second turn carrying the same image reads it from the cache; a different image in its place misses from its first
-block. Over HTTP (the openai SDK, a data URL) the same, rendered by Gemma 4's template."""
+block. Over HTTP, on the registry's gemma4-vision-tiny (the openai SDK's data URLs, an Anthropic image block), the
+server's prompts are the processor's and its tokens transformers'."""
 from __future__ import annotations
 
 import base64
@@ -17,6 +18,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
+from engine.registry import resolve_model
 from engine.requests import EngineRequest
 from tests.hf_oracle import (assert_greedy_alone_and_together, assert_greedy_cache_hot, assert_top_logprobs_equal,
                              assert_varied)
@@ -189,17 +191,19 @@ def test_next_turn_reads_the_image_from_the_cache(gemma4_vlm, llm):
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, gemma4_vlm) -> Iterator[LiveServer]:
-    yield from _live_server(tmp_path_factory, gemma4_vlm[0],
+def server(tmp_path_factory) -> Iterator[LiveServer]:
+    """The registry's gemma4-vision-tiny (Gemma4ForConditionalGeneration's released layout, built by the tiny
+    builder, its tokenizer holding Gemma 4's template) served on 127.0.0.1."""
+    yield from _live_server(tmp_path_factory, "gemma4-vision-tiny",
                             EngineConfig(block_size=BLOCK, num_kv_blocks=512, max_model_len=1024))
 
 
 @pytest.mark.parametrize("text_first", [False, True])
-def test_openai_sdk_image_url_is_rendered_as_the_template_does(server, gemma4_vlm, text_first):
+def test_openai_sdk_image_url_is_rendered_as_the_template_does(server, text_first):
     """A PNG as a data URL through the openai SDK, before or after the question: the server's prompt is
     transformers' processor's (the template's blank lines around the image, the image's soft tokens between its
     markers) and its greedy tokens are transformers'."""
-    path, _ = gemma4_vlm
+    path = str(resolve_model("gemma4-vision-tiny"))
     shot = png(96, 64, seed=30)
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(shot).decode()}}
     question = {"type": "text", "text": "What is on the screen?"}
@@ -226,3 +230,19 @@ def test_per_layer_inputs_and_shared_kv_layers(tmp_path_factory):
     prompts = [llm.image_prompt(text, pictures) if pictures else llm.encode(text)
                for (text, _), pictures in zip(inputs, images)]
     assert_greedy_alone_and_together(llm, prompts, expected)
+
+
+def test_anthropic_image_block_through_the_server(server):
+    """An Anthropic image block and a question to the registry's gemma4-vision-tiny: rendered by its template as
+    transformers' processor renders it, and answered with transformers' tokens."""
+    path = str(resolve_model("gemma4-vision-tiny"))
+    shot = png(80, 48, seed=3)
+    server.anthropic().messages.create(model=server.ctx.model_name, max_tokens=NEW_TOKENS, messages=[
+        {"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": base64.b64encode(shot).decode()}},
+            {"type": "text", "text": "Which one is taller?"}]}], extra_body={"temperature": 0, "ignore_eos": True})
+    record = server.last_record()
+    _, inputs = gemma4_inputs(path, user_turn("Which one is taller?", 1), [shot])
+    assert record["prompt_token_ids"] == inputs["input_ids"][0].tolist()
+    assert record["output_token_ids"] == gemma4_generate(path, inputs, NEW_TOKENS)
