@@ -26,7 +26,7 @@ from tests.clients.sessions import BLOCK, opencode_bins, rows_of, session
 
 pytestmark = pytest.mark.slow
 
-MODELS = ["glm4.7-flash-tiny", "minimax-m2-tiny", "devstral-small-tiny", "kimi-linear-tiny"]
+MODELS = ["glm4.7-flash-tiny", "minimax-m2-tiny", "devstral-small-tiny", "kimi-linear-tiny", "kimi-k3-format-tiny"]
 IN_CI = {("codex", "glm4.7-flash-tiny"), ("claude", "minimax-m2-tiny"), ("claude", "devstral-small-tiny"),
          ("codex", "kimi-linear-tiny")}
 OPT_IN = os.environ.get("KVSERVE_HYBRID_CLIENTS") == "1"
