@@ -11,7 +11,6 @@ import threading
 import time
 from dataclasses import fields
 
-from server.api.compaction import KEY_ENV as COMPACTION_KEY_ENV
 from server.http.connections import ConnectionLimits
 from server.cli.engine_args import add_engine_args, engine_config_from_args
 from server.inspector.store import DEFAULT_MAX_REQUESTS
@@ -151,6 +150,7 @@ def _say_gpu_requirement(model: str | None, tensor_parallel_size: int) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    from server.api.compaction import KEY_ENV as COMPACTION_KEY_ENV
     from server.http.app import create_app
     from server.pipeline.context import ServerSettings, load_context
     from server.http.graceful import GracefulServer

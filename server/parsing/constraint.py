@@ -20,7 +20,7 @@ import json
 from typing import Any
 
 from engine.json_schema_support import check_json_schema
-from engine.worker.structured_output import StructuredOutputSpec
+from engine.sampling_params import StructuredOutputSpec
 from server.parsing.call_grammar import Format, auto_calls_format, json_format, required_calls_format, tool_schema
 from server.parsing.registry import Thinking, active_thinking, family_parsing
 from server.parsing.tool_choice import ToolChoice, parse_tool_choice
