@@ -96,7 +96,8 @@ class KimiK3Renderer(Renderer):
 
     family = "kimi-k3"
     # Arguments as objects, as encoding_k3 parses a JSON string; text that is not a JSON object stays a json block.
-    policy = MessagePolicy(arguments="object", lenient_object_arguments=True)
+    # A list of text parts is written part after part, with nothing between them, as the encoder writes it.
+    policy = MessagePolicy(arguments="object", lenient_object_arguments=True, text_part_separator="")
     eos_token = END_OF_MESSAGE
 
     def render_prepared(self, prepared: Prepared, add_generation_prompt: bool, kwargs: dict[str, Any]) -> str:
