@@ -41,9 +41,15 @@ def add_image_tokens(out_dir: Path, chat_template: str | None = None) -> None:
                                       "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
                                       "special": True})
     path.write_text(json.dumps(tokenizer, ensure_ascii=False), encoding="utf-8")
+    _name_tokens(out_dir, IMAGE_TOKENS, chat_template)
+
+
+def _name_tokens(out_dir: Path, names: dict[str, str], chat_template: str | None) -> None:
+    """tokenizer_config.json naming ``names`` (as transformers' processors read them) and holding
+    ``chat_template``."""
     config_path = out_dir / "tokenizer_config.json"
     config = json.loads(config_path.read_text(encoding="utf-8"))
-    config.update(IMAGE_TOKENS, extra_special_tokens=IMAGE_TOKENS)
+    config.update(names, extra_special_tokens=names)
     if chat_template is not None:
         config["chat_template"] = chat_template
     config_path.write_text(json.dumps(config, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
@@ -70,9 +76,4 @@ def rename_gemma4_media_tokens(out_dir: Path, chat_template: str | None = None) 
             del vocab[token["content"]]
             vocab[new], token["content"] = token["id"], new
     path.write_text(json.dumps(tokenizer, ensure_ascii=False), encoding="utf-8")
-    config_path = out_dir / "tokenizer_config.json"
-    config = json.loads(config_path.read_text(encoding="utf-8"))
-    config.update(_GEMMA4_TOKEN_NAMES, extra_special_tokens=_GEMMA4_TOKEN_NAMES)
-    if chat_template is not None:
-        config["chat_template"] = chat_template
-    config_path.write_text(json.dumps(config, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+    _name_tokens(out_dir, _GEMMA4_TOKEN_NAMES, chat_template)

@@ -9,7 +9,6 @@ fed them."""
 from __future__ import annotations
 
 import functools
-import io
 import json
 import shutil
 from pathlib import Path
@@ -19,13 +18,13 @@ import torch
 from engine.model_sources.gemma_tokenizer import rename_gemma4_media_tokens
 from engine.model_sources.tiny import GEMMA4_SCALES, random_tensor
 from engine.registry import resolve_model
-from tests.models.checkpoints.vision_models import image_only_processor
+from tests.models.checkpoints.vision_models import image_only_processor, processor_inputs
 
 TEMPLATE = Path(__file__).parents[2] / "rendering" / "templates" / "google-gemma-4-31B-it.jinja"
 TEXT = dict(vocab_size=262144, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
             num_key_value_heads=2, head_dim=32, global_head_dim=64, num_global_key_value_heads=1,
             attention_k_eq_v=True, max_position_embeddings=4096, sliding_window=12, final_logit_softcapping=30.0,
-            layer_types=["sliding_attention"] * 2 + ["full_attention"] + ["sliding_attention"] * 2 + ["full_attention"],
+            layer_types=(["sliding_attention"] * 2 + ["full_attention"]) * 2,
             use_bidirectional_attention="vision", hidden_size_per_layer_input=0, eos_token_id=1, pad_token_id=0,
             bos_token_id=2)
 # two layers of 2 heads; the soft tokens standardized (std_bias / std_scale), as the released towers may be
@@ -80,24 +79,7 @@ def gemma4_processor(path: str):
                                 tokenizer=tf.AutoTokenizer.from_pretrained(path), chat_template=TEMPLATE.read_text())
 
 
-@functools.lru_cache(maxsize=2)
-def gemma4_hf_model(path: str):
-    import transformers as tf
-
-    return tf.Gemma4ForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
-
-
 def gemma4_inputs(path: str, messages: list[dict], images: list[bytes]) -> tuple[str, dict]:
-    """The template's prompt text (``<|image|>`` per image) and the processor's model inputs."""
-    from PIL import Image
-
-    processor = gemma4_processor(path)
-    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    pictures = [Image.open(io.BytesIO(data)).convert("RGB") for data in images] or None
-    return text, processor(text=[text], images=pictures, return_tensors="pt", add_special_tokens=False)
-
-
-def gemma4_generate(path: str, inputs: dict, max_new_tokens: int) -> list[int]:
-    with torch.no_grad():
-        out = gemma4_hf_model(path).generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
-    return out[0, inputs["input_ids"].shape[1]:].tolist()
+    """The template's prompt text (``<|image|>`` per image) and the processor's model inputs (transformers'
+    Gemma4ForConditionalGeneration reads them through `hf_generate` and `hf_next_logprobs`)."""
+    return processor_inputs(gemma4_processor(path), messages, images, add_special_tokens=False)

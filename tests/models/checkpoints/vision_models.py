@@ -106,12 +106,16 @@ def user_turn(text: str, num_images: int) -> list[dict]:
 
 def hf_inputs(path: str, messages: list[dict], images: list[bytes]) -> tuple[str, dict]:
     """The prompt text (the chat template, one placeholder per image) and the processor's model inputs."""
+    return processor_inputs(hf_processor(path), messages, images)
+
+
+def processor_inputs(processor, messages: list[dict], images: list[bytes], **kwargs) -> tuple[str, dict]:
+    """``processor``'s chat template's prompt text for ``messages`` and its model inputs with ``images``."""
     from PIL import Image
 
-    processor = hf_processor(path)
     text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     pictures = [Image.open(io.BytesIO(data)).convert("RGB") for data in images] or None
-    return text, processor(text=[text], images=pictures, return_tensors="pt")
+    return text, processor(text=[text], images=pictures, return_tensors="pt", **kwargs)
 
 
 def hf_generate(path: str, inputs: dict, max_new_tokens: int) -> list[int]:

@@ -19,12 +19,12 @@ import torch
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
 from engine.registry import resolve_model
-from engine.requests import EngineRequest
 from tests.hf_oracle import (assert_greedy_alone_and_together, assert_greedy_cache_hot, assert_top_logprobs_equal,
                              assert_varied)
-from tests.models.checkpoints.gemma4_vision_models import (PER_LAYER, gemma4_generate, gemma4_hf_model,
-                                                           gemma4_inputs, write_gemma4_vlm)
-from tests.models.checkpoints.vision_models import png, user_turn
+from tests.models.checkpoints.gemma4_vision_models import PER_LAYER, gemma4_inputs, write_gemma4_vlm
+from tests.models.checkpoints.vision_models import hf_generate, hf_next_logprobs, hf_vlm_model, png, user_turn
+from tests.models.vision.image_checks import (assert_other_image_misses, chunk_ends_inside_images, conversation,
+                                              image_prompts)
 from tests.server.conftest import LiveServer, _live_server
 
 pytestmark = pytest.mark.slow  # every test needs the checkpoint (a 262k-row vocabulary) and transformers' runs
@@ -35,18 +35,11 @@ GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
 IMAGE_TOKEN = 258880
 
 
-def _conversation(reply: str) -> list[dict]:
-    """An image in the first user turn, the model's reply, then a text turn: the image sits in the cached prefix."""
-    return [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is on the screen?"}]},
-            {"role": "assistant", "content": [{"type": "text", "text": reply}]},
-            {"role": "user", "content": [{"type": "text", "text": "And in the top left corner?"}]}]
-
-
 # (messages, image sizes): one image, two of different shapes, an image then text turns, text alone
 CASES = [
     (user_turn("Describe the picture.", 1), [(70, 50)]),
     (user_turn("Compare these two.", 2), [(40, 90), (100, 36)]),
-    (_conversation("A terminal with a failing test."), [(64, 64)]),
+    (conversation("A terminal with a failing test."), [(64, 64)]),
     (user_turn("No picture this time, just text.", 0), []),
 ]
 
@@ -59,7 +52,7 @@ def gemma4_vlm(tmp_path_factory):
     for i, (messages, sizes) in enumerate(CASES):
         images = [png(w, h, seed=10 * i + j) for j, (w, h) in enumerate(sizes)]
         prompt, inputs = gemma4_inputs(path, messages, images)
-        cases.append((prompt, images, inputs, gemma4_generate(path, inputs, NEW_TOKENS)))
+        cases.append((prompt, images, inputs, hf_generate(path, inputs, NEW_TOKENS)))
     return path, cases
 
 
@@ -68,20 +61,11 @@ def llm(gemma4_vlm) -> LLM:
     return LLM(gemma4_vlm[0], block_size=BLOCK, num_kv_blocks=512)
 
 
-def _prompts(llm: LLM, cases) -> list:
-    return [llm.image_prompt(prompt, images) if images else llm.encode(prompt) for prompt, images, _, _ in cases]
-
-
-def _hf_next_logprobs(path: str, inputs: dict) -> torch.Tensor:
-    with torch.no_grad():
-        return torch.log_softmax(gemma4_hf_model(path)(**inputs).logits[0, -1].float(), -1)
-
-
 def test_prompts_soft_tokens_and_the_tower_are_transformers(gemma4_vlm, llm):
     """The prompts are the processor's, each image as many soft tokens as it says (images of other shapes, other
     counts), the tower's embeddings are transformers' (within 1e-4), and the outputs depend on the image."""
     path, cases = gemma4_vlm
-    prompts = _prompts(llm, cases)
+    prompts = image_prompts(llm, cases)
     for prompt, (_, _, inputs, _) in zip(prompts, cases):
         ids = prompt.token_ids if hasattr(prompt, "token_ids") else prompt
         assert ids == inputs["input_ids"][0].tolist()
@@ -91,14 +75,14 @@ def test_prompts_soft_tokens_and_the_tower_are_transformers(gemma4_vlm, llm):
     assert len(counts) == 4, "images of other shapes are other numbers of soft tokens"
     inputs = cases[1][2]
     with torch.no_grad():
-        want = torch.cat(gemma4_hf_model(path).model.get_image_features(
+        want = torch.cat(hf_vlm_model(path).model.get_image_features(
             inputs["pixel_values"], inputs["image_position_ids"]).pooler_output)
         vision = llm.engine.runner.vision
         got = torch.cat([vision.tower(torch.from_numpy(i.pixel_values), [i.grid_thw]) for i in prompts[1].images])
     torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
     assert_varied([want for *_, want in cases], 3)
     _, other = gemma4_inputs(path, CASES[0][0], [png(70, 50, seed=99)])
-    assert (_hf_next_logprobs(path, cases[0][2]) - _hf_next_logprobs(path, other)).abs().max() > 0.5
+    assert (hf_next_logprobs(path, cases[0][2]) - hf_next_logprobs(path, other)).abs().max() > 0.5
 
 
 def test_greedy_alone_batched_and_cache_hot(gemma4_vlm, llm):
@@ -106,7 +90,7 @@ def test_greedy_alone_batched_and_cache_hot(gemma4_vlm, llm):
     transformers' tokens, the hot run reading every full block (images included) and encoding no image again."""
     _, cases = gemma4_vlm
     llm.reset_prefix_cache()
-    prompts, expected = _prompts(llm, cases), [want for *_, want in cases]
+    prompts, expected = image_prompts(llm, cases), [want for *_, want in cases]
     assert_greedy_alone_and_together(llm, prompts, expected)
     vision = llm.engine.runner.vision
     encoded = vision.num_encoded
@@ -120,19 +104,19 @@ def test_top20_logprobs_within_1e_4_and_images_seen_both_ways_in_window_layers_o
     path, cases = gemma4_vlm
     params = SamplingParams(max_tokens=1, temperature=0, logprobs=20)
     llm.reset_prefix_cache()
-    outs = llm.generate(_prompts(llm, cases), params)
+    outs = llm.generate(image_prompts(llm, cases), params)
     for (_, _, inputs, _), out in zip(cases, outs):
-        assert_top_logprobs_equal(_hf_next_logprobs(path, inputs), out.outputs[0].logprobs[0].top, 1e-4)
+        assert_top_logprobs_equal(hf_next_logprobs(path, inputs), out.outputs[0].logprobs[0].top, 1e-4)
     tower = llm.engine.runner.vision.tower
     rule = tower.cfg
     tower.cfg = dataclasses.replace(rule, image_attention_window_only=False)
     try:
         llm.reset_prefix_cache()
-        top = llm.generate(_prompts(llm, cases[:1]), params)[0].outputs[0].logprobs[0].top
+        top = llm.generate(image_prompts(llm, cases[:1]), params)[0].outputs[0].logprobs[0].top
     finally:
         tower.cfg = rule
         llm.reset_prefix_cache()
-    ref = _hf_next_logprobs(path, cases[0][2])
+    ref = hf_next_logprobs(path, cases[0][2])
     assert max(abs(lp - float(ref[t])) for t, lp in top) > 1e-3
 
 
@@ -142,21 +126,10 @@ def test_chunked_prefill_never_ends_inside_an_image(gemma4_vlm, llm):
     path, cases = gemma4_vlm
     small = LLM(path, block_size=BLOCK, num_kv_blocks=512, max_num_batched_tokens=72, encoder_cache_mb=0,
                 tokenizer=llm.tokenizer)
-    prompts = _prompts(small, cases)
-    images, chunk_ends = {}, []  # seq id -> its images; (seq id, where a chunk ended)
-    schedule = small.engine.scheduler.schedule
-
-    def recording():
-        out = schedule()
-        images.update((new.seq_id, new.images) for new in out.new_sequences)
-        chunk_ends.extend((i, c + n) for i, c, n in zip(out.seq_ids, out.num_computed_tokens, out.num_new_tokens))
-        return out
-
-    small.engine.scheduler.schedule = recording
-    assert [o.token_ids for o in small.generate(prompts, GREEDY)] == [want for *_, want in cases]
-    inside = [end for seq_id, end in chunk_ends for i in images[seq_id] if i.offset < end < i.end]
-    assert sum(map(len, images.values())) == 4 and not inside, "no chunk ends inside an image"
-    assert any(end % 72 for _, end in chunk_ends), "some chunks end early, before an image"
+    outs, chunk_ends, num_images, inside = chunk_ends_inside_images(small, image_prompts(small, cases), GREEDY)
+    assert [o.token_ids for o in outs] == [want for *_, want in cases]
+    assert num_images == 4 and not inside, "no chunk ends inside an image"
+    assert any(end % 72 for end in chunk_ends), "some chunks end early, before an image"
 
 
 def test_next_turn_reads_the_image_from_the_cache(gemma4_vlm, llm):
@@ -171,23 +144,19 @@ def test_next_turn_reads_the_image_from_the_cache(gemma4_vlm, llm):
     first_text, first_inputs = gemma4_inputs(path, user_turn("What is on the screen?", 1), shot)
     first = llm.image_prompt(first_text, shot)
     reply = llm.generate(first, GREEDY)[0]
-    assert reply.token_ids == gemma4_generate(path, first_inputs, NEW_TOKENS)
-    text, inputs = gemma4_inputs(path, _conversation(llm.tokenizer.decode(reply.token_ids)), shot)
+    assert reply.token_ids == hf_generate(path, first_inputs, NEW_TOKENS)
+    text, inputs = gemma4_inputs(path, conversation(llm.tokenizer.decode(reply.token_ids)), shot)
     second = llm.image_prompt(text, shot)
     shared = next(i for i, (a, b) in enumerate(zip(first.token_ids, second.token_ids)) if a != b)
     encoded = llm.engine.runner.vision.num_encoded
     out = llm.generate(second, GREEDY)[0]
     assert out.num_cached_tokens >= shared // BLOCK * BLOCK > second.images[0].end
     assert llm.engine.runner.vision.num_encoded == encoded
-    assert out.token_ids == gemma4_generate(path, inputs, NEW_TOKENS)
+    assert out.token_ids == hf_generate(path, inputs, NEW_TOKENS)
 
     other = llm.image_prompt(text, [png(64, 64, seed=21)])
     assert other.token_ids == second.token_ids
-    cut = other.images[0].offset // BLOCK
-    hashes = [llm.engine.prepare(EngineRequest(f"h{i}", p.token_ids, GREEDY, images=p.images)).block_hashes
-              for i, p in enumerate((second, other))]
-    assert hashes[0][:cut] == hashes[1][:cut] and all(a != b for a, b in zip(hashes[0][cut:], hashes[1][cut:]))
-    assert llm.generate(other, GREEDY)[0].num_cached_tokens <= cut * BLOCK
+    assert_other_image_misses(llm, second, other, BLOCK, GREEDY)
 
 
 @pytest.fixture(scope="module")
@@ -214,7 +183,7 @@ def test_openai_sdk_image_url_is_rendered_as_the_template_does(server, text_firs
         {"type": "text", "text": question["text"]} if p is question else {"type": "image"} for p in content]}], [shot])
     record = server.last_record()
     assert record["prompt_token_ids"] == inputs["input_ids"][0].tolist()
-    assert record["output_token_ids"] == gemma4_generate(path, inputs, NEW_TOKENS)
+    assert record["output_token_ids"] == hf_generate(path, inputs, NEW_TOKENS)
 
 
 def test_per_layer_inputs_and_shared_kv_layers(tmp_path_factory):
@@ -225,7 +194,7 @@ def test_per_layer_inputs_and_shared_kv_layers(tmp_path_factory):
     cases = [CASES[1], CASES[3]]
     images = [[png(w, h, seed=40 + j) for j, (w, h) in enumerate(sizes)] for _, sizes in cases]
     inputs = [gemma4_inputs(path, messages, pictures) for (messages, _), pictures in zip(cases, images)]
-    expected = [gemma4_generate(path, encoded, NEW_TOKENS) for _, encoded in inputs]
+    expected = [hf_generate(path, encoded, NEW_TOKENS) for _, encoded in inputs]
     llm = LLM(path, block_size=BLOCK, num_kv_blocks=512)
     prompts = [llm.image_prompt(text, pictures) if pictures else llm.encode(text)
                for (text, _), pictures in zip(inputs, images)]
@@ -245,4 +214,4 @@ def test_anthropic_image_block_through_the_server(server):
     record = server.last_record()
     _, inputs = gemma4_inputs(path, user_turn("Which one is taller?", 1), [shot])
     assert record["prompt_token_ids"] == inputs["input_ids"][0].tolist()
-    assert record["output_token_ids"] == gemma4_generate(path, inputs, NEW_TOKENS)
+    assert record["output_token_ids"] == hf_generate(path, inputs, NEW_TOKENS)

@@ -17,11 +17,12 @@ import torch
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
 from engine.errors import RequestRejected
-from engine.requests import EngineRequest
 from tests.hf_oracle import assert_greedy_alone_and_together, assert_greedy_cache_hot, assert_varied
 from tests.models.checkpoints.gemma_vision_models import (gemma3_generate, gemma3_hf_model, gemma3_inputs,
                                                           write_gemma3_vlm)
 from tests.models.checkpoints.vision_models import png, user_turn
+from tests.models.vision.image_checks import (assert_other_image_misses, chunk_ends_inside_images, conversation,
+                                              image_prompts)
 from tests.server.conftest import LiveServer, _live_server
 
 pytestmark = pytest.mark.slow  # every test needs the checkpoint (a 262k-row vocabulary) and transformers' runs
@@ -32,18 +33,11 @@ TOKENS_PER_IMAGE = 16
 GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
 
 
-def _conversation(reply: str) -> list[dict]:
-    """An image in the first user turn, the model's reply, then a text turn: the image sits in the cached prefix."""
-    return [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is on the screen?"}]},
-            {"role": "assistant", "content": [{"type": "text", "text": reply}]},
-            {"role": "user", "content": [{"type": "text", "text": "And in the top left corner?"}]}]
-
-
 # (messages, image sizes): one image, two of different sizes, an image then text turns, text alone
 CASES = [
     (user_turn("Describe the picture.", 1), [(70, 50)]),
     (user_turn("Compare these two.", 2), [(40, 90), (100, 36)]),
-    (_conversation("A terminal with a failing test."), [(64, 64)]),
+    (conversation("A terminal with a failing test."), [(64, 64)]),
     (user_turn("No picture this time, just text.", 0), []),
 ]
 
@@ -65,10 +59,6 @@ def llm(gemma3_vlm) -> LLM:
     return LLM(gemma3_vlm[0], block_size=BLOCK, num_kv_blocks=512)
 
 
-def _prompts(llm: LLM, cases) -> list:
-    return [llm.image_prompt(prompt, images) if images else llm.encode(prompt) for prompt, images, _, _ in cases]
-
-
 def _hf_next_logprobs(path: str, inputs: dict) -> torch.Tensor:
     with torch.no_grad():
         return torch.log_softmax(gemma3_hf_model(path)(**inputs).logits[0, -1].float(), -1)
@@ -76,11 +66,11 @@ def _hf_next_logprobs(path: str, inputs: dict) -> torch.Tensor:
 
 def test_prompts_are_the_processors_and_outputs_depend_on_the_image(gemma3_vlm, llm):
     path, cases = gemma3_vlm
-    for prompt, (_, _, inputs, _) in zip(_prompts(llm, cases), cases):
+    for prompt, (_, _, inputs, _) in zip(image_prompts(llm, cases), cases):
         ids = prompt.token_ids if hasattr(prompt, "token_ids") else prompt
         assert ids == inputs["input_ids"][0].tolist()
-    assert [len(p.images) for p in _prompts(llm, cases)[:3]] == [1, 2, 1]
-    assert all(i.num_tokens == TOKENS_PER_IMAGE for p in _prompts(llm, cases)[:3] for i in p.images)
+    assert [len(p.images) for p in image_prompts(llm, cases)[:3]] == [1, 2, 1]
+    assert all(i.num_tokens == TOKENS_PER_IMAGE for p in image_prompts(llm, cases)[:3] for i in p.images)
     assert_varied([want for *_, want in cases], 3)
     _, other = gemma3_inputs(path, CASES[0][0], [png(70, 50, seed=99)])
     assert (_hf_next_logprobs(path, cases[0][2]) - _hf_next_logprobs(path, other)).abs().max() > 0.5
@@ -91,7 +81,7 @@ def test_greedy_alone_batched_and_cache_hot(gemma3_vlm, llm):
     transformers' tokens, the hot run reading every full block (images included) and encoding no image again."""
     _, cases = gemma3_vlm
     llm.reset_prefix_cache()
-    prompts, expected = _prompts(llm, cases), [want for *_, want in cases]
+    prompts, expected = image_prompts(llm, cases), [want for *_, want in cases]
     assert_greedy_alone_and_together(llm, prompts, expected)
     vision = llm.engine.runner.vision
     encoded = vision.num_encoded
@@ -104,7 +94,7 @@ def test_top20_logprobs_within_1e_4(gemma3_vlm, llm):
     tokens, instead of both ways, moves them by ~0.3 and changes the argmax)."""
     path, cases = gemma3_vlm
     llm.reset_prefix_cache()
-    outs = llm.generate(_prompts(llm, cases), SamplingParams(max_tokens=1, temperature=0, logprobs=20))
+    outs = llm.generate(image_prompts(llm, cases), SamplingParams(max_tokens=1, temperature=0, logprobs=20))
     for (_, _, inputs, _), out in zip(cases, outs):
         ref = _hf_next_logprobs(path, inputs)
         top = out.outputs[0].logprobs[0].top
@@ -120,21 +110,10 @@ def test_chunked_prefill_never_ends_inside_an_image(gemma3_vlm, llm):
     path, cases = gemma3_vlm
     small = LLM(path, block_size=BLOCK, num_kv_blocks=512, max_num_batched_tokens=20, encoder_cache_mb=0,
                 tokenizer=llm.tokenizer)
-    prompts = _prompts(small, cases)
-    images, chunk_ends = {}, []  # seq id -> its images; (seq id, where a chunk ended)
-    schedule = small.engine.scheduler.schedule
-
-    def recording():
-        out = schedule()
-        images.update((new.seq_id, new.images) for new in out.new_sequences)
-        chunk_ends.extend((i, c + n) for i, c, n in zip(out.seq_ids, out.num_computed_tokens, out.num_new_tokens))
-        return out
-
-    small.engine.scheduler.schedule = recording
-    assert [o.token_ids for o in small.generate(prompts, GREEDY)] == [want for *_, want in cases]
-    inside = [end for seq_id, end in chunk_ends for i in images[seq_id] if i.offset < end < i.end]
-    assert sum(map(len, images.values())) == 4 and not inside, "no chunk ends inside an image"
-    assert any(end % 20 for _, end in chunk_ends), "some chunks end early, before an image"
+    outs, chunk_ends, num_images, inside = chunk_ends_inside_images(small, image_prompts(small, cases), GREEDY)
+    assert [o.token_ids for o in outs] == [want for *_, want in cases]
+    assert num_images == 4 and not inside, "no chunk ends inside an image"
+    assert any(end % 20 for end in chunk_ends), "some chunks end early, before an image"
     tight = LLM(path, block_size=BLOCK, num_kv_blocks=512, max_num_batched_tokens=12, tokenizer=llm.tokenizer)
     with pytest.raises(RequestRejected, match="one step"):
         tight.generate(tight.image_prompt(cases[0][0], cases[0][1]), GREEDY)
@@ -152,7 +131,7 @@ def test_next_turn_reads_the_image_from_the_cache(gemma3_vlm, llm):
     first = llm.image_prompt(first_text, shot)
     reply = llm.generate(first, GREEDY)[0]
     assert reply.token_ids == gemma3_generate(path, first_inputs, NEW_TOKENS)
-    text, inputs = gemma3_inputs(path, _conversation(llm.tokenizer.decode(reply.token_ids)), shot)
+    text, inputs = gemma3_inputs(path, conversation(llm.tokenizer.decode(reply.token_ids)), shot)
     second = llm.image_prompt(text, shot)
     assert second.token_ids[:len(first)] == first.token_ids
     encoded = llm.engine.runner.vision.num_encoded
@@ -162,11 +141,7 @@ def test_next_turn_reads_the_image_from_the_cache(gemma3_vlm, llm):
     assert out.token_ids == gemma3_generate(path, inputs, NEW_TOKENS)
 
     other = llm.image_prompt(text, [png(64, 64, seed=21)])
-    cut = other.images[0].offset // BLOCK
-    hashes = [llm.engine.prepare(EngineRequest(f"h{i}", p.token_ids, GREEDY, images=p.images)).block_hashes
-              for i, p in enumerate((second, other))]
-    assert hashes[0][:cut] == hashes[1][:cut] and all(a != b for a, b in zip(hashes[0][cut:], hashes[1][cut:]))
-    assert llm.generate(other, GREEDY)[0].num_cached_tokens <= cut * BLOCK
+    assert_other_image_misses(llm, second, other, BLOCK, GREEDY)
 
 
 def _data_url(data: bytes) -> str:
@@ -198,7 +173,7 @@ def test_openai_sdk_image_url_and_the_next_turn_from_the_cache(server, gemma3_vl
     answer = reply.choices[0].message.content
     messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": "And in the top left corner?"}]
     again = server.chat(messages=messages, max_tokens=NEW_TOKENS, temperature=0, extra_body={"ignore_eos": True})
-    _, inputs = gemma3_inputs(path, _conversation(answer), [shot])
+    _, inputs = gemma3_inputs(path, conversation(answer), [shot])
     record = server.last_record()
     assert record["prompt_token_ids"] == inputs["input_ids"][0].tolist()
     assert record["output_token_ids"] == gemma3_generate(path, inputs, NEW_TOKENS)
