@@ -202,8 +202,11 @@ def _configure_sessions(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tool-call-ttl", type=float, default=30.0, help="session hold after a tool call, seconds")
     p.add_argument("--no-engine", action="store_true", help="simulator only (skip the engine-vs-simulator run)")
+    p.add_argument("--no-scale", action="store_true", help="the engine run only (skip the simulated 8B deployment)")
     p.add_argument("--model", default="qwen3-tiny",
-                   help="model of the engine run (a hybrid one, e.g. qwen3.6-tiny, keeps recurrent-state snapshots)")
+                   help="model of the engine run (a hybrid one, e.g. qwen3.6-tiny, keeps recurrent-state snapshots; "
+                        "a sliding-window one, e.g. gemma3-tiny or gpt-oss-tiny, also runs its window group in the "
+                        "dense run's memory)")
     p.add_argument("--engine-blocks", type=int, default=320, help="device pool of the engine run, in blocks")
     p.add_argument("--engine-host-blocks", type=int, default=1200, help="host tier of the engine run, in blocks")
     p.add_argument("--engine-sessions", type=int, default=16,
@@ -220,7 +223,8 @@ def _run_sessions(args: argparse.Namespace) -> dict:
     from benchmarks.prefix.sessions_bench import ENGINE_PARAMS, SessionsOptions, run_sessions
 
     figures = run_sessions(SessionsOptions(
-        seed=args.seed, tool_call_ttl_s=args.tool_call_ttl, engine=not args.no_engine, model=args.model,
+        seed=args.seed, tool_call_ttl_s=args.tool_call_ttl, engine=not args.no_engine, scale=not args.no_scale,
+        model=args.model,
         engine_params=replace(ENGINE_PARAMS, sessions=args.engine_sessions, turns=args.engine_turns),
         engine_blocks=args.engine_blocks, engine_snapshots=args.engine_snapshots,
         engine_host_blocks=args.engine_host_blocks, scale_pools=tuple(args.scale_pools), out_dir=args.out_dir))

@@ -28,6 +28,8 @@ class EngineSettings:
     max_tokens: int = 4  # generated tokens per request: prefill is what this benchmark measures
     kv_offload_gb: float = 0.0
     num_state_snapshots: int | None = None  # hybrid models: None sizes the snapshot pool by the engine's fraction
+    sliding_window_cache: bool = True  # sliding-window models: False keeps every layer full (a dense model's cache)
+    kv_cache_memory_gb: float | None = None  # the KV memory instead of num_kv_blocks (a window model splits it)
 
 
 class VirtualClock:
@@ -40,14 +42,19 @@ class VirtualClock:
         return self.now
 
 
-def make_llm(settings: EngineSettings, enable_prefix_caching: bool = True, clock: VirtualClock | None = None):
+def make_llm(settings: EngineSettings, enable_prefix_caching: bool = True, clock: VirtualClock | None = None,
+             tokenizer=None):
+    """``tokenizer``: one this model's previous engine loaded (a 262k-token vocabulary takes seconds to load)."""
     from engine import LLM  # imported here: the simulator and the trace tools must not need the model stack
 
+    memory = settings.kv_cache_memory_gb
     return LLM(
-        settings.model, clock=clock, block_size=settings.block_size, num_kv_blocks=settings.num_kv_blocks,
+        settings.model, clock=clock, tokenizer=tokenizer, block_size=settings.block_size,
+        **({"kv_cache_memory_gb": memory} if memory is not None else {"num_kv_blocks": settings.num_kv_blocks}),
         max_num_batched_tokens=settings.max_num_batched_tokens, max_num_seqs=settings.max_num_seqs,
         enable_prefix_caching=enable_prefix_caching, scheduling_policy=settings.scheduling_policy,
         kv_offload_gb=settings.kv_offload_gb, num_state_snapshots=settings.num_state_snapshots,
+        sliding_window_cache=settings.sliding_window_cache,
     )
 
 

@@ -8,18 +8,25 @@
    simulated schedule (same steps, its KV clock at each step's simulated time) and must report the same cached
    tokens for every request; TTFT is measured (engine) and modeled (simulator, with the engine's measured prefill
    rate). A hybrid model (``--model qwen3.6-tiny``) resumes a prefix only where a recurrent-state snapshot exists,
-   so against the simulator's dense cache each request may read up to one block less ("within a block").
+   so against the simulator's dense cache each request may read up to one block less ("within a block"). A
+   sliding-window model (``--model gemma3-tiny``, ``gpt-oss-tiny``) replays as a dense model first (every layer
+   full: the simulator's cache), then with its window group in the same device and host memory
+   (docs/SLIDING_WINDOW.md): cached tokens, hit rate and KV bytes side by side.
 """
 from __future__ import annotations
 
 import statistics
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from benchmarks.prefix import plots
 from benchmarks.prefix.agent_sessions import SessionsParams, agent_sessions
 from benchmarks.prefix.report import markdown_table, pct
 from benchmarks.prefix.simulator import CostModel, SimConfig, SimResult, simulate
+
+if TYPE_CHECKING:
+    from benchmarks.prefix.engine_run import EngineSettings
 
 # An 8B-class model (Qwen3-8B: 36 layers, 8 KV heads of 128, bf16) in 16-token blocks; an H100-class GPU.
 SCALE_COSTS = CostModel(prefill_tokens_per_s=12_000, decode_step_s=0.025, bytes_per_block=2 * 36 * 16 * 8 * 128 * 2)
@@ -46,7 +53,10 @@ class SessionsOptions:
     scale_sim: SimConfig = SimConfig(block_size=16, max_num_seqs=16, host_blocks=60_000, engine_max_tokens=200,
                                      commit_outputs=False, costs=SCALE_COSTS)
     scale_pools: tuple[int, ...] = (6_000, 12_000, 24_000, 36_000)  # device pools, in blocks
+    scale: bool = True
     engine: bool = True
+    variants: tuple[Variant, ...] = VARIANTS  # of the engine run
+    engine_costs: CostModel | None = None  # the simulator's for the engine run (None: measured on its first engine)
     model: str = "qwen3-tiny"
     engine_params: SessionsParams = ENGINE_PARAMS
     engine_blocks: int = 320  # the device pool in the engine run
@@ -116,19 +126,30 @@ def measure_costs(llm, sizes: tuple[int, int] = (128, 1024), decode_tokens: int 
                      host_bytes_per_s=10e9, prefill_overhead_s=max(ttft[small] - small * per_token, 0.0))
 
 
+def kv_bytes(llm) -> int:
+    """The engine's KV memory on the device: every cache tensor (a window model's full-attention blocks and window
+    pages alike)."""
+    from engine.worker.kv_offload import flat_caches
+
+    return sum(t.numel() * t.element_size() for t in flat_caches(llm.engine.runner.kv_caches))
+
+
 def run_engine(opts: SessionsOptions) -> list[dict]:
     from benchmarks.prefix.engine_run import EngineSettings, VirtualClock, make_llm, replay_schedule
 
     requests = agent_sessions(replace(opts.engine_params, seed=opts.seed))
     rows: list[dict] = []
-    costs: CostModel | None = None  # measured once, on the first (device-only) engine
-    for variant in VARIANTS:
+    costs = opts.engine_costs  # else measured once, on the first (device-only) engine
+    tokenizer = None  # loaded once, by the first engine
+    for variant in opts.variants:
         clock = VirtualClock()
         host_gb = (opts.engine_host_blocks + 0.5) * costs.bytes_per_block / 2**30 if variant.host and costs else 0.0
+        # every layer full: a sliding-window model's cache as a dense model keeps it, the simulator's
         settings = EngineSettings(model=opts.model, num_kv_blocks=opts.engine_blocks, max_num_seqs=opts.max_num_seqs,
                                   max_num_batched_tokens=16_384, max_tokens=opts.max_tokens, kv_offload_gb=host_gb,
-                                  num_state_snapshots=opts.engine_snapshots)
-        llm = make_llm(settings, clock=clock)
+                                  num_state_snapshots=opts.engine_snapshots, sliding_window_cache=False)
+        llm = make_llm(settings, clock=clock, tokenizer=tokenizer)
+        tokenizer = llm.tokenizer
         try:
             costs = costs or measure_costs(llm)
             base = SimConfig(block_size=settings.block_size, max_num_seqs=opts.max_num_seqs,
@@ -142,39 +163,79 @@ def run_engine(opts: SessionsOptions) -> list[dict]:
             # a hybrid model resumes only at snapshots (the prompt end's last full block): at most a block less
             within_block = sum(0 <= r.cached_tokens - engine_cached[r.request_id] <= settings.block_size
                                for r in sim.results)
-            stats = llm.stats
+            stats, memory, window = llm.stats, kv_bytes(llm), llm.engine.runner.kv_spec.window > 0
         finally:
             llm.close()
+        if window:  # the window group in the same memory, on the same schedule
+            rows_window = _window_twin(settings, memory, requests, sim, opts, tokenizer)
         rows.append({
             "variant": variant.name, "requests": len(requests), "simulator_hit_rate": sim.hit_rate,
             "engine_hit_rate": run.hit_rate, "requests_matching": matched, "requests_within_block": within_block,
             "simulator_prefill_ttft_p50_s": statistics.median(r.prefill_s for r in sim.results),
             "engine_ttft_p50_s": statistics.median(r.ttft_s for r in run.results),
             "engine_host_hit_tokens": stats.prefix_cache_host_hits_tokens, "engine_preemptions": stats.preemptions,
-            "prefill_tokens_per_s": costs.prefill_tokens_per_s,
+            "engine_evictions": stats.prefix_cache_evictions,
+            "prefill_tokens_per_s": costs.prefill_tokens_per_s, "engine_cached_tokens": run.cached_tokens,
+            "engine_prompt_tokens": run.prompt_tokens, "engine_kv_bytes": memory,
+            **(rows_window if window else {}),
         })
         print(f"engine {variant.name:20s} hit {pct(run.hit_rate):>6s} (simulator {pct(sim.hit_rate)}, "
               f"{matched}/{len(requests)} requests equal, {within_block} within a block)  "
               f"TTFT p50 {rows[-1]['engine_ttft_p50_s']:.3f}s", flush=True)
+        if window:
+            print(f"  window group, same memory: hit {pct(rows[-1]['window_hit_rate']):>6s}, cached tokens "
+                  f"{rows[-1]['window_cached_tokens']:,} against {run.cached_tokens:,} "
+                  f"({rows[-1]['window_cached_tokens'] / max(run.cached_tokens, 1):.2f}x)", flush=True)
     return rows
+
+
+# A window model's engine steps in the window run: the running sequences' windows and a step's chunk come out of the
+# KV memory first (docs/SLIDING_WINDOW.md), and a 16k-token step's window pages would take all of a small pool (1,024
+# tokens' took 380 of a 72-block pool's 432 layer-blocks on gemma3-tiny)
+WINDOW_STEP_TOKENS = 256
+
+
+def _window_twin(dense: EngineSettings, memory: int, requests: list, sim: SimResult, opts: SessionsOptions,
+                 tokenizer) -> dict:
+    """The schedule ``sim`` replayed through the model with its window group in ``memory`` bytes of device KV (and
+    the dense run's host tier): its cached tokens, hit rate and how it split the memory."""
+    from benchmarks.prefix.engine_run import VirtualClock, make_llm, replay_schedule
+
+    clock = VirtualClock()
+    settings = replace(dense, sliding_window_cache=True, kv_cache_memory_gb=memory / 2**30,
+                       max_num_batched_tokens=WINDOW_STEP_TOKENS)
+    llm = make_llm(settings, clock=clock, tokenizer=tokenizer)
+    try:
+        run = replay_schedule(llm, clock, requests, sim, opts.max_tokens)
+        stats, kv = llm.stats, llm.engine.runner
+        return {"window_hit_rate": run.hit_rate, "window_cached_tokens": run.cached_tokens,
+                "window_kv_bytes": kv_bytes(llm), "window_full_blocks": kv.num_blocks,
+                "window_pages": kv.num_window_blocks, "window_host_hit_tokens": stats.prefix_cache_host_hits_tokens,
+                "window_preemptions": stats.preemptions}
+    finally:
+        llm.close()
 
 
 def run_sessions(opts: SessionsOptions) -> dict:
     out = Path(opts.out_dir)
-    scale = run_scale(opts)
-    figures: dict = {"scale": {"params": asdict(opts.scale_params), "sim": asdict(opts.scale_sim), "variants": scale}}
-    md = [_scale_markdown(figures["scale"], opts)]
-    figures["plots"] = {"scale": {
-        what: str(plots.plot_hit_rate_vs_capacity(
-            {v.name: [(r["num_kv_blocks"], r[key]) for r in scale if r["variant"] == v.name] for v in VARIANTS},
-            out / f"sessions_scale_{what}.png", unit="16-token blocks in the device pool", ylabel=label))
-        for what, key, label in (("hit_rate", "hit_rate", "hit rate"), ("ttft", "ttft_p50_s", "TTFT p50 (s)"))}}
+    out.mkdir(parents=True, exist_ok=True)
+    figures: dict = {"plots": {}}
+    md = []
+    if opts.scale:
+        scale = run_scale(opts)
+        figures["scale"] = {"params": asdict(opts.scale_params), "sim": asdict(opts.scale_sim), "variants": scale}
+        md.append(_scale_markdown(figures["scale"], opts))
+        figures["plots"]["scale"] = {
+            what: str(plots.plot_hit_rate_vs_capacity(
+                {v.name: [(r["num_kv_blocks"], r[key]) for r in scale if r["variant"] == v.name] for v in VARIANTS},
+                out / f"sessions_scale_{what}.png", unit="16-token blocks in the device pool", ylabel=label))
+            for what, key, label in (("hit_rate", "hit_rate", "hit rate"), ("ttft", "ttft_p50_s", "TTFT p50 (s)"))}
     if opts.engine:
         engine = run_engine(opts)
         figures["engine"] = {"params": asdict(opts.engine_params), "blocks": opts.engine_blocks,
                              "host_blocks": opts.engine_host_blocks, "variants": engine}
         md.append(_engine_markdown(figures["engine"], opts))
-        names = [v.name for v in VARIANTS]
+        names = [v.name for v in opts.variants]
         figures["plots"]["engine"] = {
             "hit_rate": str(plots.plot_variant_bars(names, {
                 "engine": [v["engine_hit_rate"] for v in engine],
@@ -211,6 +272,16 @@ def _engine_markdown(engine: dict, opts: SessionsOptions) -> str:
              f"{v['requests_matching']}/{v['requests']}", f"{v['requests_within_block']}/{v['requests']}",
              f"{v['engine_ttft_p50_s'] * 1e3:.1f}",
              f"{v['simulator_prefill_ttft_p50_s'] * 1e3:.1f}", v["engine_preemptions"]] for v in engine["variants"]]
-    return head + "\n" + markdown_table(
+    table = head + "\n" + markdown_table(
         ["variant", "engine hit rate", "simulator", "requests equal", "within a block", "engine TTFT p50 (ms)",
          "simulator TTFT p50 (ms)", "preemptions"], rows)
+    if "window_hit_rate" not in engine["variants"][0]:
+        return table
+    rows = [[v["variant"], f"{v['engine_kv_bytes'] / 2**20:.2f}", f"{v['window_kv_bytes'] / 2**20:.2f}",
+             f"{v['window_full_blocks']:,} + {v['window_pages']:,}", f"{v['engine_cached_tokens']:,}",
+             f"{v['window_cached_tokens']:,}", pct(v["engine_hit_rate"]), pct(v["window_hit_rate"]),
+             f"{v['window_cached_tokens'] / max(v['engine_cached_tokens'], 1):.2f}"] for v in engine["variants"]]
+    return table + (f"\n\n### The window group against every layer full in the same memory ({opts.model}; the window "
+                    f"run in {WINDOW_STEP_TOKENS:,}-token steps)\n\n") + markdown_table(
+        ["variant", "dense KV (MiB)", "window KV (MiB)", "window: full blocks + pages", "dense cached tokens",
+         "window cached tokens", "dense hit rate", "window hit rate", "cached tokens, window / dense"], rows)

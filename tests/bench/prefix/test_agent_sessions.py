@@ -95,3 +95,24 @@ def test_hybrid_engine_replay_reads_within_a_block_of_the_dense_simulator():
     cached, _ = _replay(VARIANTS[-1], "qwen3.6-tiny", num_state_snapshots=16)  # + both
     assert all(0 <= sim - engine <= 16 for sim, engine in cached), cached
     assert sum(engine for _, engine in cached) > 0.5 * sum(sim for sim, _ in cached)
+
+
+
+@pytest.mark.slow
+def test_sessions_bench_runs_a_window_model_beside_a_dense_one_in_the_same_memory(tmp_path):
+    """`kvserve bench sessions --no-scale --model gemma3-tiny` (16-token window; here 4 sessions x 3 turns of SMALL in
+    a 72-block pool, device-only LRU): the dense run (every layer full) reads what the simulator predicts request
+    for request, under pressure; the window group, in the same device KV bytes on the same schedule, keeps >= 80%
+    of its cached tokens, and the table says so."""
+    from pathlib import Path
+
+    from benchmarks.prefix.sessions_bench import SessionsOptions, run_sessions
+
+    figures = run_sessions(SessionsOptions(scale=False, model="gemma3-tiny", engine_blocks=72,
+                                           engine_params=replace(SMALL, sessions=4, turns=3),
+                                           variants=VARIANTS[:1], engine_costs=COSTS, out_dir=str(tmp_path)))
+    [row] = figures["engine"]["variants"]
+    assert row["requests_matching"] == row["requests"] and row["engine_evictions"] > 0, row
+    assert 0.95 * row["engine_kv_bytes"] <= row["window_kv_bytes"] <= row["engine_kv_bytes"], row
+    assert row["window_cached_tokens"] >= 0.8 * row["engine_cached_tokens"], row
+    assert "window cached tokens" in Path(figures["markdown"]).read_text()
