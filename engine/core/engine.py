@@ -104,10 +104,10 @@ class LLMEngine:
         self.scheduler = Scheduler(cfg, layout, self.hasher, self.max_model_len, self.eos_token_ids,
                                    record_events=self.kv_events is not None, clock=clock)
         mtp = self.model_cfg.num_mtp_layers > 0
-        # a sliding-window model: what one sequence's step may take of its window pool (MTP's drafts ride past it)
-        step_tokens = cfg.max_num_batched_tokens + (cfg.num_speculative_tokens - 1 if mtp else 0)
-        self.window_budget = (WindowBudget(layout.window, cfg.block_size, layout.window_blocks, step_tokens)
-                              if layout.window_blocks else None)
+        # a sliding-window model: what one sequence's step may take of its window pool (no window model drafts with
+        # MTP: DeepSeek V4 cannot speculate, `speculation_refused`)
+        self.window_budget = (WindowBudget(layout.window, cfg.block_size, layout.window_blocks,
+                                           cfg.max_num_batched_tokens) if layout.window_blocks else None)
         self.preparer = RequestPreparer(
             self.model_cfg.vocab_size, self.max_model_len, cfg.block_size, self.runner.num_blocks,
             self.hasher if cfg.enable_prefix_caching else None,

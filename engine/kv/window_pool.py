@@ -78,7 +78,7 @@ class WindowBudget:
     window: int  # the widest window of the model's window layers, in tokens
     block_size: int
     num_pages: int  # the window pool's pages
-    max_step_tokens: int  # one sequence's tokens in a step at most: --max-num-batched-tokens (+ MTP's lookahead)
+    max_step_tokens: int  # one sequence's tokens in a step at most: --max-num-batched-tokens
 
     def pages_needed(self, num_tokens: int) -> int:
         """The most pages a sequence of ``num_tokens`` tokens (prompt and output) holds in one step."""
