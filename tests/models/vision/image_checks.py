@@ -1,11 +1,16 @@
-"""Checks the Gemma vision tests share (tests/models/vision/test_gemma_vision.py, test_gemma4_vision.py): the
-conversation that carries an image in its prefix, the engine's prompts of a list of cases, where chunked prefill
-ended, and a different image in the same place missing the prefix cache from its first block."""
+"""Checks the Gemma vision tests share (tests/models/vision/test_gemma_vision.py, test_gemma4_vision.py): their
+cases and transformers' answers to them, the engine's prompts of the cases, greedy tokens alone, batched and cache
+hot, where chunked prefill ended, and a different image in the same place missing the prefix cache from its first
+block."""
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from engine import LLM, SamplingParams
 from engine.multimodal import ImagePrompt
 from engine.requests import EngineRequest
+from tests.hf_oracle import assert_greedy_alone_and_together, assert_greedy_cache_hot
+from tests.models.checkpoints.vision_models import png, user_turn
 
 
 def conversation(reply: str) -> list[dict]:
@@ -15,9 +20,41 @@ def conversation(reply: str) -> list[dict]:
             {"role": "user", "content": [{"type": "text", "text": "And in the top left corner?"}]}]
 
 
+# (messages, image sizes): one image, two of different sizes, an image then text turns, text alone
+CASES = [
+    (user_turn("Describe the picture.", 1), [(70, 50)]),
+    (user_turn("Compare these two.", 2), [(40, 90), (100, 36)]),
+    (conversation("A terminal with a failing test."), [(64, 64)]),
+    (user_turn("No picture this time, just text.", 0), []),
+]
+
+
+def transformers_cases(path: str, inputs: Callable, generate: Callable, new_tokens: int) -> list[tuple]:
+    """`CASES` as ``(prompt text, images, processor inputs, transformers' tokens)``: ``inputs(path, messages,
+    images)`` gives the first and third, ``generate(path, inputs, new_tokens)`` the last."""
+    cases = []
+    for i, (messages, sizes) in enumerate(CASES):
+        images = [png(w, h, seed=10 * i + j) for j, (w, h) in enumerate(sizes)]
+        prompt, encoded = inputs(path, messages, images)
+        cases.append((prompt, images, encoded, generate(path, encoded, new_tokens)))
+    return cases
+
+
 def image_prompts(llm: LLM, cases) -> list:
     """The engine's prompt of each ``(prompt text, images, ...)`` case: an `ImagePrompt`, or token ids."""
     return [llm.image_prompt(prompt, images) if images else llm.encode(prompt) for prompt, images, *_ in cases]
+
+
+def assert_greedy_with_images(llm: LLM, cases, block: int) -> None:
+    """Each case alone, then all together with the text-only one among them, then all again with the cache hot:
+    transformers' tokens, the hot run reading every full block (images included) and encoding no image again."""
+    llm.reset_prefix_cache()
+    prompts, expected = image_prompts(llm, cases), [want for *_, want in cases]
+    assert_greedy_alone_and_together(llm, prompts, expected)
+    vision = llm.engine.runner.vision
+    encoded = vision.num_encoded
+    assert_greedy_cache_hot(llm, prompts, expected, block)
+    assert vision.num_encoded == encoded, "a cached image is not encoded again"
 
 
 def chunk_ends_inside_images(llm: LLM, prompts: list,

@@ -19,12 +19,12 @@ import torch
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
 from engine.registry import resolve_model
-from tests.hf_oracle import (assert_greedy_alone_and_together, assert_greedy_cache_hot, assert_top_logprobs_equal,
-                             assert_varied)
+from tests.hf_oracle import assert_greedy_alone_and_together, assert_top_logprobs_equal, assert_varied
 from tests.models.checkpoints.gemma4_vision_models import PER_LAYER, gemma4_inputs, write_gemma4_vlm
 from tests.models.checkpoints.vision_models import hf_generate, hf_next_logprobs, hf_vlm_model, png, user_turn
-from tests.models.vision.image_checks import (assert_other_image_misses, chunk_ends_inside_images, conversation,
-                                              image_prompts)
+from tests.models.vision.image_checks import (CASES, assert_greedy_with_images, assert_other_image_misses,
+                                              chunk_ends_inside_images, conversation, image_prompts,
+                                              transformers_cases)
 from tests.server.conftest import LiveServer, _live_server
 
 pytestmark = pytest.mark.slow  # every test needs the checkpoint (a 262k-row vocabulary) and transformers' runs
@@ -35,25 +35,11 @@ GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
 IMAGE_TOKEN = 258880
 
 
-# (messages, image sizes): one image, two of different shapes, an image then text turns, text alone
-CASES = [
-    (user_turn("Describe the picture.", 1), [(70, 50)]),
-    (user_turn("Compare these two.", 2), [(40, 90), (100, 36)]),
-    (conversation("A terminal with a failing test."), [(64, 64)]),
-    (user_turn("No picture this time, just text.", 0), []),
-]
-
-
 @pytest.fixture(scope="module")
 def gemma4_vlm(tmp_path_factory):
     """(checkpoint, [(prompt text, images, processor inputs, transformers' tokens)] per case)."""
     path = str(write_gemma4_vlm(tmp_path_factory.mktemp("gemma4-vlm")))
-    cases = []
-    for i, (messages, sizes) in enumerate(CASES):
-        images = [png(w, h, seed=10 * i + j) for j, (w, h) in enumerate(sizes)]
-        prompt, inputs = gemma4_inputs(path, messages, images)
-        cases.append((prompt, images, inputs, hf_generate(path, inputs, NEW_TOKENS)))
-    return path, cases
+    return path, transformers_cases(path, gemma4_inputs, hf_generate, NEW_TOKENS)
 
 
 @pytest.fixture(scope="module")
@@ -89,13 +75,7 @@ def test_greedy_alone_batched_and_cache_hot(gemma4_vlm, llm):
     """Each request alone, then all together with the text-only one among them, then all again with the cache hot:
     transformers' tokens, the hot run reading every full block (images included) and encoding no image again."""
     _, cases = gemma4_vlm
-    llm.reset_prefix_cache()
-    prompts, expected = image_prompts(llm, cases), [want for *_, want in cases]
-    assert_greedy_alone_and_together(llm, prompts, expected)
-    vision = llm.engine.runner.vision
-    encoded = vision.num_encoded
-    assert_greedy_cache_hot(llm, prompts, expected, BLOCK)
-    assert vision.num_encoded == encoded, "a cached image is not encoded again"
+    assert_greedy_with_images(llm, cases, BLOCK)
 
 
 def test_top20_logprobs_within_1e_4_and_images_seen_both_ways_in_window_layers_only(gemma4_vlm, llm):

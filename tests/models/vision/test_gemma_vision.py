@@ -17,12 +17,13 @@ import torch
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
 from engine.errors import RequestRejected
-from tests.hf_oracle import assert_greedy_alone_and_together, assert_greedy_cache_hot, assert_varied
+from tests.hf_oracle import assert_varied
 from tests.models.checkpoints.gemma_vision_models import (gemma3_generate, gemma3_hf_model, gemma3_inputs,
                                                           write_gemma3_vlm)
 from tests.models.checkpoints.vision_models import png, user_turn
-from tests.models.vision.image_checks import (assert_other_image_misses, chunk_ends_inside_images, conversation,
-                                              image_prompts)
+from tests.models.vision.image_checks import (CASES, assert_greedy_with_images, assert_other_image_misses,
+                                              chunk_ends_inside_images, conversation, image_prompts,
+                                              transformers_cases)
 from tests.server.conftest import LiveServer, _live_server
 
 pytestmark = pytest.mark.slow  # every test needs the checkpoint (a 262k-row vocabulary) and transformers' runs
@@ -33,25 +34,11 @@ TOKENS_PER_IMAGE = 16
 GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
 
 
-# (messages, image sizes): one image, two of different sizes, an image then text turns, text alone
-CASES = [
-    (user_turn("Describe the picture.", 1), [(70, 50)]),
-    (user_turn("Compare these two.", 2), [(40, 90), (100, 36)]),
-    (conversation("A terminal with a failing test."), [(64, 64)]),
-    (user_turn("No picture this time, just text.", 0), []),
-]
-
-
 @pytest.fixture(scope="module")
 def gemma3_vlm(tmp_path_factory):
     """(checkpoint, [(prompt text, images, processor inputs, transformers' tokens)] per case)."""
     path = str(write_gemma3_vlm(tmp_path_factory.mktemp("gemma3-vlm")))
-    cases = []
-    for i, (messages, sizes) in enumerate(CASES):
-        images = [png(w, h, seed=10 * i + j) for j, (w, h) in enumerate(sizes)]
-        prompt, inputs = gemma3_inputs(path, messages, images)
-        cases.append((prompt, images, inputs, gemma3_generate(path, inputs, NEW_TOKENS)))
-    return path, cases
+    return path, transformers_cases(path, gemma3_inputs, gemma3_generate, NEW_TOKENS)
 
 
 @pytest.fixture(scope="module")
@@ -80,13 +67,7 @@ def test_greedy_alone_batched_and_cache_hot(gemma3_vlm, llm):
     """Each request alone, then all together with the text-only one among them, then all again with the cache hot:
     transformers' tokens, the hot run reading every full block (images included) and encoding no image again."""
     _, cases = gemma3_vlm
-    llm.reset_prefix_cache()
-    prompts, expected = image_prompts(llm, cases), [want for *_, want in cases]
-    assert_greedy_alone_and_together(llm, prompts, expected)
-    vision = llm.engine.runner.vision
-    encoded = vision.num_encoded
-    assert_greedy_cache_hot(llm, prompts, expected, BLOCK)
-    assert vision.num_encoded == encoded, "a cached image is not encoded again"
+    assert_greedy_with_images(llm, cases, BLOCK)
 
 
 def test_top20_logprobs_within_1e_4(gemma3_vlm, llm):
