@@ -195,3 +195,35 @@ def test_anthropic_image_block_through_the_server(server):
     _, inputs = gemma4_inputs(path, user_turn("Which one is taller?", 1), [shot])
     assert record["prompt_token_ids"] == inputs["input_ids"][0].tolist()
     assert record["output_token_ids"] == hf_generate(path, inputs, NEW_TOKENS)
+
+
+def test_anthropic_screenshot_in_a_tool_result_is_read_from_the_cache(server):
+    """Claude Code's Read tool returns a PNG inside a tool_result: gemma4-vision-tiny reads it (its soft tokens in
+    the prompt, count_tokens counting them), and the next turn reads all it shares with the first from the cache
+    but a block (the image included; the first ended in the template's empty thought channel), encoding the image
+    once."""
+    client = server.anthropic()
+    shot = png(120, 80, seed=31)
+    vision = server.in_engine(lambda engine: engine.runner.vision)
+    encoded = vision.num_encoded
+    tools = [{"name": "Read", "description": "Read a file", "input_schema": {
+        "type": "object", "properties": {"file_path": {"type": "string"}}, "required": ["file_path"]}}]
+    messages = [
+        {"role": "user", "content": "Look at shot.png"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Read",
+                                           "input": {"file_path": "shot.png"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": base64.b64encode(shot).decode()}}]}]},
+    ]
+    counted = client.messages.count_tokens(model=server.ctx.model_name, messages=messages, tools=tools)
+    client.messages.create(model=server.ctx.model_name, messages=messages, tools=tools, max_tokens=NEW_TOKENS)
+    first = server.last_record()["prompt_token_ids"]
+    assert first.count(IMAGE_TOKEN) == 60 and counted.input_tokens == len(first)  # 120 x 80: 60 soft tokens
+    messages += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "And now?"}]
+    again = client.messages.create(model=server.ctx.model_name, messages=messages, tools=tools, max_tokens=NEW_TOKENS)
+    second = server.last_record()["prompt_token_ids"]
+    shared = next(i for i, (a, b) in enumerate(zip(first, second)) if a != b)
+    assert again.usage.cache_read_input_tokens >= shared // BLOCK * BLOCK > max(
+        i for i, t in enumerate(first) if t == IMAGE_TOKEN)
+    assert vision.num_encoded - encoded == 1
