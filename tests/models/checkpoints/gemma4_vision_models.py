@@ -30,8 +30,9 @@ TEXT = dict(vocab_size=262144, hidden_size=64, intermediate_size=128, num_hidden
 # two layers of 2 heads; the soft tokens standardized (std_bias / std_scale), as the released towers may be
 VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
               head_dim=16, patch_size=4, pooling_kernel_size=3, position_embedding_size=64, standardize=True)
-# E2B / E4B's language model: per-layer inputs, the last two layers attending over earlier layers' K / V
-PER_LAYER = dict(hidden_size_per_layer_input=16, num_kv_shared_layers=2)
+# E2B / E4B's language model: per-layer inputs, the last two layers attending over earlier layers' K / V; an image's
+# tokens attending causally (use_bidirectional_attention unset), so a prefill chunk may end inside an image
+PER_LAYER = dict(hidden_size_per_layer_input=16, num_kv_shared_layers=2, use_bidirectional_attention=None)
 PREPROCESSOR = {"image_processor_type": "Gemma4ImageProcessor", "patch_size": 4, "max_soft_tokens": 70,
                 "pooling_kernel_size": 3, "do_resize": True, "resample": 3, "do_rescale": True,
                 "rescale_factor": 1 / 255, "do_normalize": False, "do_convert_rgb": True}

@@ -168,8 +168,9 @@ def test_openai_sdk_image_url_is_rendered_as_the_template_does(server, text_firs
 
 def test_per_layer_inputs_and_shared_kv_layers(tmp_path_factory):
     """E2B / E4B's language model (per-layer inputs, whose table row for an image token is the pad token's; the last
-    two layers on earlier layers' K / V): two images and text alone, each alone and batched, give transformers'
-    tokens."""
+    two layers on earlier layers' K / V) with an image's tokens attending causally (no use_bidirectional_attention):
+    two images and text alone, each alone and batched, and in 24-token chunks that end inside images, give
+    transformers' tokens."""
     path = str(write_gemma4_vlm(tmp_path_factory.mktemp("gemma4-e2b-vlm"), **PER_LAYER))
     cases = [CASES[1], CASES[3]]
     images = [[png(w, h, seed=40 + j) for j, (w, h) in enumerate(sizes)] for _, sizes in cases]
@@ -179,6 +180,9 @@ def test_per_layer_inputs_and_shared_kv_layers(tmp_path_factory):
     prompts = [llm.image_prompt(text, pictures) if pictures else llm.encode(text)
                for (text, _), pictures in zip(inputs, images)]
     assert_greedy_alone_and_together(llm, prompts, expected)
+    small = LLM(path, block_size=BLOCK, num_kv_blocks=512, max_num_batched_tokens=24, tokenizer=llm.tokenizer)
+    outs, _, _, inside = chunk_ends_inside_images(small, prompts, GREEDY)
+    assert [o.token_ids for o in outs] == expected and inside, "chunks end inside images, as causal ones allow"
 
 
 def test_anthropic_image_block_through_the_server(server):
