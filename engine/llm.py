@@ -96,7 +96,6 @@ class LLM:
         engines of one model: a Qwen tokenizer takes seconds to load; without one, `load_tokenizer` copies this
         process's earlier load of the same files, if any)."""
         from engine.registry import default_model_name, get_model_spec, model_identity, resolve_model
-        from engine.text.tokenizer_load import load_tokenizer
 
         known = {f.name for f in fields(EngineConfig)}
         unknown = set(engine_config) - known
@@ -107,8 +106,7 @@ class LLM:
         self.model_name = spec.name
         model_dir = resolve_model(name)
         self.engine = LLMEngine(model_dir, EngineConfig(**engine_config), model_id=model_identity(spec, model_dir),
-                                tokenizer=tokenizer if tokenizer is not None else load_tokenizer(model_dir),
-                                clock=clock or time.monotonic)
+                                tokenizer=tokenizer, clock=clock or time.monotonic)
         self._ids = itertools.count()
 
     @property

@@ -31,7 +31,5 @@ def start_core(model_dir: Path, config: EngineConfig, model_id: str, in_process_
         return core
     from engine.core.loop import EngineLoop
     from engine.core.engine import LLMEngine
-    from engine.text.tokenizer_load import load_tokenizer
 
-    return EngineLoop(LLMEngine(model_dir, config, model_id=model_id, tokenizer=load_tokenizer(model_dir)),
-                      owns_engine=True)
+    return EngineLoop(LLMEngine(model_dir, config, model_id=model_id), owns_engine=True)

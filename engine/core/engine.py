@@ -67,7 +67,7 @@ class LLMEngine:
 
     def __init__(self, model_dir: Path, cfg: EngineConfig, model_id: str | None = None, tokenizer=None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        from transformers import AutoTokenizer
+        from engine.text.tokenizer_load import load_tokenizer
 
         self.model_dir = Path(model_dir)
         self.model_cfg = ModelConfig.from_dir(self.model_dir)
@@ -88,7 +88,8 @@ class LLMEngine:
             self.model_cfg = dataclasses.replace(self.model_cfg, num_mtp_layers=0)
         self.max_model_len = min(cfg.max_model_len or self.model_cfg.max_position_embeddings,
                                  self.model_cfg.max_position_embeddings)
-        self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(self.model_dir))
+        # a copy of this process's earlier load of these files, if any (engine/text/tokenizer_load.py)
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(self.model_dir)
         self.eos_token_ids = _eos_ids(self.model_dir, self.model_cfg, self.tokenizer)
         self.workers: TensorParallelRanks | None = None
         if cfg.tensor_parallel_size > 1:
