@@ -25,6 +25,7 @@ import numpy as np
 from engine import errors
 from engine.core.api import EngineFacts
 from engine.kv.blocks import CachedPrefix
+from engine.kv.window_pool import WindowBudget
 from engine.multimodal import ImageInput
 from engine.phase_budget import PhaseBudget
 from engine.outputs import DraftStats, FinishReason, RequestTimings, SchedulerStats, SequenceInfo, StepOutputs, \
@@ -213,7 +214,9 @@ def encode_facts(facts: EngineFacts) -> dict:
 
 
 def decode_facts(fields: dict) -> EngineFacts:
-    return EngineFacts(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+    facts = EngineFacts(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+    budget = fields.get("window_budget")  # asdict flattened the nested dataclass: the preparer calls its methods
+    return dataclasses.replace(facts, window_budget=WindowBudget(**budget)) if budget is not None else facts
 
 
 def encode_result(query: str, value: Any) -> Any:

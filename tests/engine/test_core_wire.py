@@ -2,7 +2,12 @@
 sequence's info travelling with its first and last rows only, and neither side keeps a sequence once it ended."""
 from __future__ import annotations
 
-from engine.core.wire import StepDecoder, StepEncoder, decode_request, encode_request, pack, unpack
+import dataclasses
+
+from engine.core.api import EngineFacts
+from engine.core.wire import StepDecoder, StepEncoder, decode_facts, decode_request, encode_facts, encode_request, pack, \
+    unpack
+from engine.kv.window_pool import WindowBudget
 from engine.outputs import DraftStats, FinishReason, RequestTimings, SequenceInfo, StepOutputs, TokenLogprobs
 from engine.requests import EngineRequest
 from engine.phase_budget import PhaseBudget
@@ -56,3 +61,18 @@ def test_a_prepared_request_crosses_whole() -> None:
         phase_budget=PhaseBudget(64, (11, 12, 9), (9,), (7,), True)), "salt",
         Retention((CachePin(4, 30.0),), 2.0, (8,), "tenant-a"), [b"\x01" * 16])
     assert decode_request(unpack(pack(encode_request(request)))) == request
+
+
+def test_engine_facts_cross_whole_with_a_window_budget() -> None:
+    """The facts the core process sends at start: a sliding-window model's WindowBudget arrives as one (the server's
+    preparer asks it why a request can never fit), not as the dict msgpack carried."""
+    budget = WindowBudget(window=12, block_size=4, num_pages=6, max_step_tokens=64)
+    facts = EngineFacts(model_id="m", vocab_size=10, max_model_len=128, block_size=4, num_blocks=32,
+                        prefix_caching=True, is_hybrid=False, tool_call_ttl=1.0, speculation_refused=None, mtp=False,
+                        eos_token_ids=(2,), kv_cache_kind="paged", kv_bytes_per_token=64, rank_memory=("rank 0",),
+                        kv_events_endpoint=None, kv_events_replay_endpoint=None, kv_events_topic="",
+                        window_budget=budget)
+    for sent in (facts, dataclasses.replace(facts, window_budget=None)):
+        got = decode_facts(unpack(pack(encode_facts(sent))))
+        assert got == sent
+    assert decode_facts(unpack(pack(encode_facts(facts)))).window_budget.refusal(60) is not None
