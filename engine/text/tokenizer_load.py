@@ -72,9 +72,9 @@ def load_tokenizer(model_dir: str | Path) -> Any:
     if loaded is not None:
         return _copy_of(loaded)
     tokenizer = AutoTokenizer.from_pretrained(str(path))
-    if isinstance(getattr(tokenizer, "_tokenizer", None), Tokenizer):
+    if isinstance(getattr(tokenizer, "backend_tokenizer", None), Tokenizer):
         with _lock:
-            _loads[key] = _Loaded(_python_copy(tokenizer, None), tokenizer._tokenizer.to_str())
+            _loads[key] = _Loaded(_python_copy(tokenizer, None), tokenizer.backend_tokenizer.to_str())
             while len(_loads) > _MAX_ENTRIES:
                 _loads.popitem(last=False)
     return tokenizer
