@@ -89,7 +89,8 @@ class Subscriber:
         deadline = time.monotonic() + timeout
         while self.last_seq < until_seq:
             assert time.monotonic() < deadline, f"stuck at batch {self.last_seq} of {until_seq}"
-            if not self.sub.poll(100):
+            if not self.sub.poll(1000):  # nothing new: the batches before it may have gone out before the SUB socket
+                self.catch_up(self.last_seq + 1)  # joined (ZMQ's slow joiner), so ask the replay socket, as a client would
                 continue
             topic, seq_bytes, payload = self.sub.recv_multipart()
             assert topic == b"kv"
