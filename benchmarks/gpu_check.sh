@@ -16,8 +16,9 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout, not an ins
 if [[ " $* " != *" --prepare "* ]] && compgen -G "$wheel_dir/*.whl" >/dev/null; then
   site="$(mktemp -d "${TMPDIR:-/tmp}/kvserve-site.XXXXXX")"
   trap 'rm -rf "$site"' EXIT
+  mapfile -t wheels < <(python3 -m benchmarks.gpu.wheels "$wheel_dir")  # all on the device; cp312 ones not here
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
-    "$wheel_dir"/*.whl || { echo "gpu_check: installing the wheels in $wheel_dir failed" >&2; exit 3; }
+    "${wheels[@]}" || { echo "gpu_check: installing the wheels in $wheel_dir failed" >&2; exit 3; }
   export PYTHONPATH="$PWD:$site${PYTHONPATH#"$PWD"}" KVSERVE_WHEEL_SITE="$site"
 fi
 

@@ -17,6 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from packaging.tags import sys_tags
+from packaging.utils import parse_wheel_filename
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REQUIREMENTS_FILE = Path(__file__).with_name("wheels.txt")
 DEVICE_PYTHON = "3.12"  # the H200 image's python3
@@ -84,6 +87,12 @@ def prepare() -> int:
     return 0
 
 
+def installable_here(wheel: Path) -> bool:
+    """Whether this interpreter can install ``wheel``: the dry run (Python 3.11 here) installs the pure and abi3 wheels
+    as the device will, and leaves the device's cp312 builds to the packages installed here."""
+    return not parse_wheel_filename(wheel.name)[3].isdisjoint(sys_tags())
+
+
 def _installed(req: WheelRequirement, site: str | None) -> dict[str, Any]:
     spec = importlib.util.find_spec(req.module)
     if spec is None or not spec.submodule_search_locations:
@@ -108,13 +117,18 @@ def wheel_status(require_carried: bool = True) -> tuple[dict[str, Any], list[str
     rows = []
     for req in requirements():
         wheel = req.find_wheel(directory)
-        rows.append({"requirement": req.pin, "wheel": wheel.name if wheel else None, **_installed(req, site)})
+        rows.append({"requirement": req.pin, "wheel": wheel.name if wheel else None, **_installed(req, site),
+                     "installable_here": bool(wheel) and installable_here(wheel)})
     problems = [f"{r['requirement']}: not importable" for r in rows if not r["found"] or not r["version"]]
     if require_carried:
         problems += [f"{r['requirement']}: no wheel in {directory}" for r in rows if not r["wheel"]]
         problems += [f"{r['requirement']}: not imported from the carried wheel" for r in rows
-                     if r["wheel"] and not r.get("from_carried_wheel")]
+                     if r["installable_here"] and not r.get("from_carried_wheel")]
     if problems:
         problems.append("run `bash benchmarks/gpu_check.sh --prepare` here (it downloads the wheels), then carry "
                         "the wheel directory to the device")
     return {"wheel_dir": str(directory), "site": site, "wheels": rows}, problems
+
+
+if __name__ == "__main__":  # gpu_check.sh: the wheels of a directory this interpreter can install, one per line
+    print("\n".join(str(w) for w in sorted(Path(sys.argv[1]).glob("*.whl")) if installable_here(w)))
