@@ -18,6 +18,8 @@ ALLOWED_PRIVATE = {
     ("engine/parallel/state.py", "dist.distributed_c10d._abort_process_group"),  # torch has no public abort
     # a tokenizer's copy gets a Rust tokenizer of its own: transformers reads it as `_tokenizer`, with no public setter
     ("engine/text/tokenizer_load.py", "copied._tokenizer"),
+    # expandable segments after CUDA is initialised (the env variable is read once, at the first allocation)
+    ("engine/worker/model_runner.py", "torch.cuda.memory._set_allocator_settings"),
 }
 # The running columns hold a running sequence's counters in place of its fields (engine/sched/step_state.py): the
 # two modules are one object split for speed.
