@@ -12,10 +12,12 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
+from xml.etree import ElementTree
 
 import torch
 
@@ -87,19 +89,39 @@ def resolve_environment(ctx: Context) -> dict[str, Any]:
 def _pytest(*extra: str, timeout: float) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["KVSERVE_KERNEL_TEST_DEVICE"] = "cuda"
+    env["COLUMNS"] = "400"  # the summary's "FAILED id - error" lines keep their message (80 columns cut it off)
     # `-o addopts=`: not the repository's `-n auto` (workers here are this step's choice, and xdist may be missing).
     return subprocess.run([sys.executable, "-m", "pytest", *KERNEL_TESTS, "-q", "-p", "no:cacheprovider",
                            "-o", "addopts=", *extra],
                           cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def _failure_messages(junit: Path, max_lines: int = 8) -> dict[str, str]:
+    """Each failed or erroring test's message (its first lines) from pytest's JUnit XML: the output tail keeps only
+    the last traceback, and the short summary only a message's first line (assert_close's numbers come after it)."""
+    if not junit.exists():  # pytest died before writing it
+        return {}
+    failures = {}
+    for case in ElementTree.parse(junit).iter("testcase"):
+        for outcome in case:
+            if outcome.tag in ("failure", "error"):
+                message = outcome.get("message") or outcome.text or ""
+                test = f"{case.get('classname')}::{case.get('name')}"
+                failures[test] = "\n".join(message.strip().splitlines()[:max_lines])[:1000]
+    return failures
+
+
 def kernels(ctx: Context) -> dict[str, Any]:
     parallel = ("-n", "8") if gpu_env.has_module("xdist") else ()  # compiling the variants is the slow part
     start = time.perf_counter()
-    result = _pytest(*parallel, timeout=max(30.0, min(240.0, ctx.remaining() - 30)))
+    with tempfile.TemporaryDirectory() as tmp:
+        junit = Path(tmp) / "kernels.xml"
+        result = _pytest(*parallel, "--tb=short", f"--junitxml={junit}",
+                         timeout=max(30.0, min(240.0, ctx.remaining() - 30)))
+        failures = _failure_messages(junit)
     lines = result.stdout.strip().splitlines() or [""]
     return {"passed": result.returncode == 0, "summary": lines[-1], "seconds": time.perf_counter() - start,
-            "parallel_workers": parallel[1] if parallel else 1,
+            "parallel_workers": parallel[1] if parallel else 1, "failures": failures,
             "output_tail": None if result.returncode == 0 else (result.stdout[-4000:] + result.stderr[-2000:])}
 
 

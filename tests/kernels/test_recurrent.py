@@ -168,10 +168,10 @@ def test_zero_centred_rms_norm_triton_matches_reference(dtype: torch.dtype) -> N
     weight = (torch.randn(32, generator=gen) * 0.1).to(dtype)
     residual = torch.randn(5, 3, 32, generator=gen).to(dtype)
     want = reference.rms_norm(x, weight, 1e-6, residual, zero_centered=True)
-    got = get_ops("triton").rms_norm(x, weight, 1e-6, residual, zero_centered=True)
+    got = get_ops("triton").rms_norm(x.to(DEVICE), weight.to(DEVICE), 1e-6, residual.to(DEVICE), zero_centered=True)
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     for a, b in zip(got, want):
-        torch.testing.assert_close(a, b, atol=tol, rtol=tol)
+        torch.testing.assert_close(a.cpu(), b, atol=tol, rtol=tol)
     xf = (x + residual).float()  # HF's Gemma / Qwen3-Next norm: x / rms * (1 + w) in fp32, one rounding
     hf = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * (1 + weight.float())).to(dtype)
     torch.testing.assert_close(want[0], hf, atol=0, rtol=0)
