@@ -98,16 +98,21 @@ def _pytest(*extra: str, timeout: float) -> subprocess.CompletedProcess:
 
 def _failure_messages(junit: Path, max_lines: int = 8) -> dict[str, str]:
     """Each failed or erroring test's message (its first lines) from pytest's JUnit XML: the output tail keeps only
-    the last traceback, and the short summary only a message's first line (assert_close's numbers come after it)."""
+    the last traceback, and the short summary only a message's first line (assert_close's numbers come after it).
+    A chained exception's message is the outermost one (a Triton CompilationError: source lines only), so the root
+    cause (the first ``E`` line of the traceback) follows it when the message lacks it."""
     if not junit.exists():  # pytest died before writing it
         return {}
     failures = {}
     for case in ElementTree.parse(junit).iter("testcase"):
         for outcome in case:
-            if outcome.tag in ("failure", "error"):
-                message = outcome.get("message") or outcome.text or ""
-                test = f"{case.get('classname')}::{case.get('name')}"
-                failures[test] = "\n".join(message.strip().splitlines()[:max_lines])[:1000]
+            if outcome.tag not in ("failure", "error"):
+                continue
+            lines = (outcome.get("message") or "").strip().splitlines()[:max_lines]
+            errors = [line[1:].strip() for line in (outcome.text or "").splitlines() if line.startswith("E ")]
+            if errors and errors[0] not in lines:
+                lines.append(f"root cause: {errors[0]}")
+            failures[f"{case.get('classname')}::{case.get('name')}"] = "\n".join(lines)[-1200:]
     return failures
 
 

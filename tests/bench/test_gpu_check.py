@@ -7,6 +7,7 @@ import json
 import math
 import os
 import subprocess
+import sys
 import time
 import zipfile
 from pathlib import Path
@@ -213,6 +214,30 @@ def test_report_records_every_step_as_it_ends_and_survives_failures(tmp_path, mo
     report = json.loads(out.read_text())
     assert report["steps"]["next"] == {"status": "skipped",
                                        "reason": "environment failed: FatalStepError: no CUDA device"}
+
+
+def test_kernel_step_reports_each_failures_message_and_root_cause(tmp_path):
+    """The kernels step names every failing test with its message: assert_close's numbers (after the message's first
+    line) and, for a chained error (Triton's CompilationError shows source lines only), its root cause."""
+    (tmp_path / "test_cases.py").write_text(
+        "import torch\n"
+        "def test_close():\n"
+        "    torch.testing.assert_close(torch.ones(4), torch.ones(4) + 1e-3)\n"
+        "def test_chained():\n"
+        "    try:\n"
+        "        assert False, 'K >= 8'\n"
+        "    except AssertionError as error:\n"
+        "        raise RuntimeError('at 1:0:\\n    tl.dot(p, v)') from error\n"
+        "def test_passes():\n"
+        "    pass\n")
+    junit = tmp_path / "junit.xml"
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "--tb=short",
+                    f"--junitxml={junit}", "test_cases.py"], cwd=tmp_path, capture_output=True, check=False)
+    failures = gpu_steps._failure_messages(junit)
+    assert set(failures) == {"test_cases::test_close", "test_cases::test_chained"}
+    assert "Greatest absolute difference" in failures["test_cases::test_close"]
+    assert failures["test_cases::test_chained"].endswith("root cause: AssertionError: K >= 8")
+    assert gpu_steps._failure_messages(tmp_path / "missing.xml") == {}
 
 
 def test_unknown_step_names_are_refused():
