@@ -27,6 +27,13 @@ def _batch(lengths: list[int], slots: list[int], initial: list[bool], device: st
                       torch.tensor(initial, device=device), starts, np.array(slots, dtype=np.int32), np.array(initial))
 
 
+def _per_value_head(x: torch.Tensor) -> torch.Tensor:
+    """Query / key heads ``[..., HK, DK]`` repeated for the value heads they serve (consecutive groups, as the
+    reference reads them). transformers' torch gated delta rules take them so up to 5.17 at least (the H200 image's:
+    its layer repeats them before the call); later versions repeat them themselves when the counts differ."""
+    return x.repeat_interleave(HV // HK, dim=-2)
+
+
 # (tokens, continues a state) per sequence: fresh prefills across chunk boundaries, continued chunks, decodes
 SEQUENCES = [(1, False), (63, False), (64, True), (65, False), (130, True), (1, True), (1, True), (7, True)]
 
@@ -49,7 +56,7 @@ def test_gated_delta_rule_matches_transformers() -> None:
     for (n, initial), slot in zip(SEQUENCES, slots):
         sl = slice(start, start + n)
         want, final = torch_chunk_gated_delta_rule(
-            q[None, sl], k[None, sl], v[None, sl], g[None, sl], beta[None, sl],
+            _per_value_head(q[None, sl]), _per_value_head(k[None, sl]), v[None, sl], g[None, sl], beta[None, sl],
             initial_state=before[slot][None] if initial else None, output_final_state=True,
             use_qk_l2norm_in_kernel=True)
         torch.testing.assert_close(out[sl], want[0], atol=2e-5, rtol=1e-5)
@@ -69,7 +76,8 @@ def test_decode_rows_follow_the_recurrent_form() -> None:
     states = torch.randn(rows, HV, DK, DV, generator=gen) * 0.1
     before = states.clone()
     out = gated_delta_rule(q, k, v, g, beta, states, _batch([1] * rows, list(range(rows)), [True] * rows))
-    want, final = torch_recurrent_gated_delta_rule(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None],
+    want, final = torch_recurrent_gated_delta_rule(_per_value_head(q[:, None]), _per_value_head(k[:, None]),
+                                                   v[:, None], g[:, None], beta[:, None],
                                                    initial_state=before, output_final_state=True,
                                                    use_qk_l2norm_in_kernel=True)
     torch.testing.assert_close(out, want[:, 0], atol=1e-5, rtol=1e-5)
