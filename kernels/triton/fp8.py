@@ -16,6 +16,10 @@ import triton.language as tl
 from kernels.triton.fp8_cast import software_fp8_rounding, to_e4m3
 from kernels.triton.utils import row_view
 
+# Triton's NVIDIA backend refuses an 8-bit tl.dot with K < 32 ("K >= 32"); the interpreter does not check it.
+# A smaller group is padded with masked (zero) lanes.
+MIN_FP8_DOT_K = 32
+
 
 @triton.jit
 def _fp8_block_gemm_kernel(
@@ -32,7 +36,7 @@ def _fp8_block_gemm_kernel(
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_valid = rows < M
     col_valid = cols < N
-    lanes = tl.arange(0, BLOCK_K)  # BLOCK_K is GROUP_K rounded up to a power of two
+    lanes = tl.arange(0, BLOCK_K)  # BLOCK_K: GROUP_K rounded up to a power of two, at least 32
     x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xm
     w_cols = w_ptr + cols.to(tl.int64)[None, :] * stride_wn
     w_scale_cols = w_scale_ptr + (cols // GROUP_N).to(tl.int64) * stride_wsn
@@ -83,7 +87,7 @@ def fp8_block_linear(
         num_rows, num_out, width,
         rows.stride(0), weight.stride(0), weight_scale_inv.stride(0), out.stride(0),
         GROUP_N=group_n, GROUP_K=group_k,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=max(16, triton.next_power_of_2(group_k)),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=max(MIN_FP8_DOT_K, triton.next_power_of_2(group_k)),
         HAS_BIAS=bias is not None, SOFTWARE_ROUNDING=software_fp8_rounding(),
     )
     return out.view(*x.shape[:-1], num_out)
