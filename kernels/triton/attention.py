@@ -337,8 +337,10 @@ def paged_attention(
 
     if partition_size is None:
         partition_size = choose_partition_size(num_seqs, num_kv_heads, max_context_len, query.device)
-    block_n = min(64, partition_size)
-    assert partition_size % block_n == 0, "partition_size must be a multiple of 64 (or a power of two below it)"
+    assert partition_size & (partition_size - 1) == 0, "partition_size must be a power of two"
+    # A key tile covers a whole partition or divides it. Partitions under 16 keys (tests) take one 16-key tile,
+    # masked to the partition: Triton's GPU backend refuses a tl.dot with K < 16 (< 8 for fp32), as p @ v would be.
+    block_n = max(16, min(64, partition_size))
     num_partitions = max(1, triton.cdiv(max_context_len, partition_size))
     part_acc = torch.empty(num_seqs, num_heads, num_partitions, head_dim, dtype=torch.float32, device=query.device)
     part_max = torch.empty(num_seqs, num_heads, num_partitions, dtype=torch.float32, device=query.device)
