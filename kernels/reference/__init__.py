@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import math
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Generic, TypeVar
 
 import numpy as np
@@ -234,6 +234,17 @@ class _PaddedContexts:
     mask: torch.Tensor | None
     length: int
     num_seqs: int
+    _cast_masks: dict[torch.dtype, torch.Tensor] = field(default_factory=dict, repr=False)
+
+    def mask_as(self, dtype: torch.dtype) -> torch.Tensor | None:
+        """``mask`` in the query's ``dtype`` (0 and -inf are exact in each), cast once per dtype. CUDA's
+        memory-efficient SDPA, the one that takes a mask, refuses one in another dtype ("invalid dtype for bias -
+        should match query's dtype"); CPU's flash kernel takes float32 for any query."""
+        if self.mask is None or self.mask.dtype == dtype:
+            return self.mask
+        if dtype not in self._cast_masks:
+            self._cast_masks[dtype] = self.mask.to(dtype)
+        return self._cast_masks[dtype]
 
     @classmethod
     def build(cls, block_tables: torch.Tensor, lens: list[int], rows: list[int], block_size: int,
@@ -352,9 +363,9 @@ def _batched_decode(
     # so each KV head is read once instead of being repeated per query head.
     q = query.reshape(contexts.num_seqs, num_kv_heads, -1, head_dim)  # [B, Hkv, group, D]
     k, v = contexts.gather(k_cache, query.dtype, 0), contexts.gather(v_cache, query.dtype, 1)
-    mask = contexts.mask
+    mask = contexts.mask_as(q.dtype)
     if sinks is not None:
-        mask = q.new_zeros(1, 1, 1, k.shape[2]) if mask is None else mask.to(q.dtype)
+        mask = q.new_zeros(1, 1, 1, k.shape[2]) if mask is None else mask
         k, v, mask = _with_sink_key(k, v, mask.expand(*q.shape[:3], -1), sinks.view(num_kv_heads, -1))
     o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     return o.reshape(query.shape)
@@ -404,8 +415,8 @@ def mla_decode(
     contexts = _MLA_CONTEXTS.get((block_tables, context_lens), block_size, lambda: _PaddedContexts.build(
         block_tables, context_lens.tolist(), list(range(num_seqs)), block_size))
     keys = contexts.gather(latent_cache, query.dtype)  # [B, 1, L, L + R]: the heads fold into the query length
-    o = F.scaled_dot_product_attention(query[:, None], keys, keys[..., :kv_lora_rank], attn_mask=contexts.mask,
-                                       scale=scale)
+    o = F.scaled_dot_product_attention(query[:, None], keys, keys[..., :kv_lora_rank],
+                                       attn_mask=contexts.mask_as(query.dtype), scale=scale)
     out.copy_(o[:, 0])
     return out
 
