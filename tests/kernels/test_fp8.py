@@ -3,7 +3,10 @@
 On CPU the Triton kernels run under the interpreter (see tests/kernels/test_triton_ops.py for the device choice). Tolerances:
 the GEMM quantizes activations exactly as the reference does (bit for bit), so only fp32 summation order differs:
 fp32 outputs within 1e-5 of the output's largest magnitude; bf16 within 1e-2 and fp16 within 2e-3 of it, about two
-ulps of the output dtype (the interpreter truncates fp32 -> bf16 where the reference rounds).
+ulps of the output dtype (the interpreter truncates fp32 -> bf16 where the reference rounds). On a GPU, tiles of 64
+rows run Hopper's fp8 wgmma, whose accumulation keeps about 14 bits (DeepSeek-V3 report, 3.3.2) until the kernel
+promotes each group's sum: fp32 outputs there within 5e-4 (an emulation of 13-bit truncating accumulation puts these
+cases at 0.9e-4 to 1.0e-4; a fp16 output's own rounding is 4.9e-4).
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from kernels.ops import get_ops
 
 TRITON = get_ops("triton")
 FP8 = torch.float8_e4m3fn
-OUTPUT_TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+OUTPUT_TOL = {torch.float32: 5e-4 if DEVICE == "cuda" else 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
 
 def e4m3_grid() -> torch.Tensor:
