@@ -43,10 +43,6 @@ KERNEL_TESTS = ("tests/kernels/test_triton_ops.py", "tests/kernels/test_fp8.py",
                 "tests/worker/test_decode_graph_padding.py::test_cuda_graph_decode_matches_eager")
 # `python -m benchmarks X` is `kvserve bench X` where kvserve is not installed (the device runs this checkout)
 STEP_BENCH = ("benchmarks", "step", "--device", "cuda")  # `kvserve bench step` (issue 9)
-# CPU tests of the reference against transformers' own functions, which the device's transformers (5.17, not the
-# pinned 5.24) call with other head layouts: "size of tensor a (4) must match ... b (2)" on the H200
-NOT_ON_DEVICE = ("tests/kernels/test_recurrent.py::test_gated_delta_rule_matches_transformers",
-                 "tests/kernels/test_recurrent.py::test_decode_rows_follow_the_recurrent_form")
 TURN_BENCH = ("benchmarks", "turns", "--device", "cuda")  # `kvserve bench turns` (issue 42)
 SPEC_CONTEXT = 1024  # spec_decode_batch1's prompt, as decode_batch1's
 
@@ -96,7 +92,7 @@ def _pytest(*extra: str, timeout: float) -> subprocess.CompletedProcess:
     env["COLUMNS"] = "400"  # the summary's "FAILED id - error" lines keep their message (80 columns cut it off)
     # `-o addopts=`: not the repository's `-n auto` (workers here are this step's choice, and xdist may be missing).
     return subprocess.run([sys.executable, "-m", "pytest", *KERNEL_TESTS, "-q", "-p", "no:cacheprovider",
-                           "-o", "addopts=", *(f"--deselect={test}" for test in NOT_ON_DEVICE), *extra],
+                           "-o", "addopts=", *extra],
                           cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 

@@ -304,7 +304,7 @@ def test_dry_run_resolves_every_step_from_carried_wheels(tmp_path):
     steps = report["steps"]
     carried = steps["environment"]["wheels"]
     assert all(row["from_carried_wheel"] and row["location"].startswith(carried["site"]) for row in carried["wheels"])
-    assert int(steps["kernels"]["collected"].split()[0].split("/")[0]) > 50  # "122/124 tests collected (2 deselected)"
+    assert int(steps["kernels"]["collected"].split()[0]) > 50
     for name in ("qwen3-tiny", "deepseek-tiny"):  # built from scratch with the carried tokenizer packages
         assert Path(steps["tiny_vs_hf"][name]["dir"]).name == name and steps["tiny_vs_hf"][name]["vocab"] > 100_000
     assert steps["throughput"]["sequences"] == 256 and steps["throughput"]["model"]["params"] == 596_049_920
