@@ -11,9 +11,6 @@ from kernels.triton.utils import row_view
 _BLOCK = 1024
 
 
-_GELU_TANH_C = 0.7978845608028654  # sqrt(2 / pi)
-
-
 @triton.jit
 def _gated_act_kernel(x_ptr, out_ptr, stride_x, stride_o, INTER: tl.constexpr, BLOCK: tl.constexpr,
                       GELU: tl.constexpr):
@@ -23,7 +20,9 @@ def _gated_act_kernel(x_ptr, out_ptr, stride_x, stride_o, INTER: tl.constexpr, B
     gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + row * stride_x + INTER + cols, mask=mask, other=0.0).to(tl.float32)
     if GELU:  # 0.5 x (1 + tanh(y)) = x sigmoid(2y), y = sqrt(2 / pi) (x + 0.044715 x^3)
-        act = gate * tl.sigmoid(2.0 * _GELU_TANH_C * (gate + 0.044715 * gate * gate * gate))
+        # 2 sqrt(2 / pi) as a literal: the GPU compiler refuses a plain float global ("Cannot access global
+        # variable"), which the interpreter takes
+        act = gate * tl.sigmoid(1.5957691216057308 * (gate + 0.044715 * gate * gate * gate))
     else:
         act = gate * tl.sigmoid(gate)
     # the activation is rounded to the activation dtype before the product, as the unfused reference does.
