@@ -4,6 +4,7 @@ device's copy bandwidth (the achievable ceiling next to the datasheet's)."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import random
 import time
 from dataclasses import dataclass
@@ -140,12 +141,23 @@ def time_decode_step(
     )
 
 
+# bf16 logits of the bench models (random weights: |logit| < 4) step by 1/64 or less. Where plain greedy's top two
+# are this close, rounding picks the winner, and another path to the same logits (a verification's rows, a prompt
+# block recomputed after a prefix-cache hit) may pick the other: a near tie, not a wrong token.
+NEAR_TIE_NATS = 0.05
+
+
 def time_speculative_decode(llm, prompt_len: int, tokens: int, seed: int) -> dict[str, Any]:
     """Batch-1 decode with and without speculation on one random prompt: plain greedy, then the same request twice
     in a suffix-decoding session (the second drafts the first's reply from the session's tree, so nearly every draft
     is accepted, even on random weights). Decode time is from the first token to the last (the prefill is the
     same); a verification step runs eagerly (its rows do not fit the decode graphs), so its cost against a plain
-    step is what the GPU tells here."""
+    step is what the GPU tells here.
+
+    Where the tokens part: plain's top two at the first token each drafted run differs, from a rerun of plain with
+    logprobs (same cache state, same path); ``tokens_agree`` holds when every such place is a near tie
+    (`NEAR_TIE_NATS`) the drafted run took the other way. A plain rerun with its prompt from the prefix cache shows
+    whether plain alone parts from itself by that path difference."""
     from engine import SamplingParams
 
     rng = random.Random(seed)
@@ -153,12 +165,12 @@ def time_speculative_decode(llm, prompt_len: int, tokens: int, seed: int) -> dic
     drafter = llm.engine.scheduler.drafter
     llm.reset_prefix_cache()
 
-    def decode(**speculation) -> tuple[list[int], float]:
+    def decode(max_tokens: int = tokens, **params) -> tuple[Any, float]:
         sync()
-        out = llm.generate([prompt], SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=0,
-                                                    **speculation))[0]
+        out = llm.generate([prompt], SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0,
+                                                    **params))[0]
         sync()
-        return out.token_ids, out.metrics.finished - out.metrics.first_token
+        return out, out.metrics.finished - out.metrics.first_token
 
     plain, plain_s = decode()
     session = dict(speculative="suffix", speculative_session=f"gpu-check-{seed}")
@@ -171,16 +183,108 @@ def time_speculative_decode(llm, prompt_len: int, tokens: int, seed: int) -> dic
     accepted = stats.accepted_tokens - before.accepted_tokens
     spec_steps = max(stats.steps - before.steps - 1, 1)  # after the prefill's step, which sampled the first token
     steps = tokens - 1  # decode steps after the first token, without speculation
+    plain_ids, runs = plain.token_ids, {"suffix_first": first.token_ids, "suffix_second": drafted.token_ids}
+    evidence: dict[str, Any] = {}
+    if any(ids != plain_ids for ids in runs.values()):
+        llm.reset_prefix_cache()  # plain's cache state: the scored rerun takes plain's path
+        scored = decode(logprobs=2)[0]
+        again = decode()[0].token_ids  # its prompt from the prefix cache, as the drafted runs had theirs
+        evidence = {"parts": {name: divergence(plain_ids, ids, scored.token_ids, scored.outputs[0].logprobs)
+                              for name, ids in runs.items()},
+                    "plain_cached_prompt_diverged_at": first_difference(plain_ids, again),
+                    "plain_near_ties": sum(_top2_gap(t) <= NEAR_TIE_NATS for t in scored.outputs[0].logprobs)}
     return {"batch": 1, "context_len": prompt_len, "tokens": tokens, "k": drafter.num_speculative_tokens,
             "plain_step_ms": plain_s / steps * 1e3, "plain_tokens_per_s": steps / plain_s,
             "spec_step_ms": spec_s / spec_steps * 1e3, "spec_steps": spec_steps,
             "spec_tokens_per_s": steps / spec_s, "speedup": plain_s / spec_s, "verifications": verifications,
             "acceptance_rate": accepted / max(drafts, 1),
             "mean_accepted_length": (accepted + verifications) / max(verifications, 1),
-            "identical_tokens": plain == first == drafted,
-            # bf16: a verification (eager, prefill kernel) need not round as a graph-replayed decode step does,
-            # so a near-tie of a random model may flip; where the drafted run first left the plain one
-            "diverged_at": next((i for i, (a, b) in enumerate(zip(plain, drafted)) if a != b), None)}
+            "identical_tokens": all(ids == plain_ids for ids in runs.values()),
+            "diverged_at": first_difference(plain_ids, drafted.token_ids),
+            "tokens_agree": all(part is None or part["near_tie"] for part in evidence.get("parts", {}).values()),
+            **evidence}
+
+
+def check_speculation_exact(model: str, device: str, prompt_len: int = 200, tokens: int = 64, seed: int = 0
+                            ) -> dict[str, Any]:
+    """In fp32, where rounding does not flip a greedy choice: plain greedy against the same request drafted, on a
+    tiny model and the device's own kernels (Triton on CUDA: plain decode in graphs, verification eager). Drafted
+    by suffix decoding (the request twice in a session: its drafts are all accepted on a random model), and by an
+    oracle proposing plain's continuation with a wrong draft every third step (rejections at every position, so
+    the rejected drafts' KV slots are rolled back and written again). A wrong position, KV slot or roll-back parts
+    the tokens."""
+    from engine import LLM, SamplingParams
+
+    rng = random.Random(seed)
+    prompt = [rng.randrange(5000) for _ in range(prompt_len)]
+    backend = {"attention_backend": "triton"} if device == "cuda" else {}
+
+    def drafted(method: str) -> SamplingParams:
+        return SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=0, speculative=method,
+                              speculative_session="exact")
+
+    # its own few blocks: it runs beside the check's engine, which holds the memory budget
+    with LLM(model, dtype="float32", device=device, num_kv_blocks=256, max_num_seqs=4, **backend) as llm:
+        plain = llm.generate([prompt], greedy(tokens))[0].token_ids
+        runs = {name: llm.generate([prompt], drafted("suffix"))[0].token_ids for name in ("suffix_1", "suffix_2")}
+        drafter = llm.engine.scheduler.drafter
+        drafter.propose = _oracle_drafts(prompt + plain, llm.engine.model_cfg.vocab_size)
+        try:
+            runs["oracle"] = llm.generate([prompt], drafted("ngram"))[0].token_ids
+        finally:
+            del drafter.propose  # the class's own again
+        stats = {name: drafter.stats[method] for name, method in (("suffix", "suffix"), ("oracle", "ngram"))}
+    parted = {name: first_difference(plain, ids) for name, ids in runs.items()}
+    return {"model": model, "prompt_len": prompt_len, "tokens": tokens, "diverged_at": parted,
+            **{f"{name}_drafts": {"verifications": s.verifications, "drafted": s.draft_tokens,
+                                  "accepted": s.accepted_tokens} for name, s in stats.items()},
+            "passed": all(at is None for at in parted.values())}
+
+
+def _oracle_drafts(reference: list[int], vocab_size: int):
+    """A drafter's ``propose``: the next tokens of ``reference`` where the sequence follows it, one of them wrong on
+    every third call (at a position that moves with the calls)."""
+    calls = itertools.count(1)
+
+    def propose(seq_id: str, method: str, tokens: Sequence[int], k: int, session) -> list[int]:
+        n = len(tokens)
+        if method == "off" or k <= 0 or list(tokens) != reference[:n]:
+            return []
+        drafts, call = reference[n : n + k], next(calls)
+        if drafts and call % 3 == 0:
+            wrong = call % len(drafts)
+            drafts[wrong] = (drafts[wrong] + 1) % vocab_size
+        return drafts
+
+    return propose
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+
+
+def _top2_gap(logprobs) -> float:
+    top = logprobs.top
+    return top[0][1] - top[1][1] if len(top) > 1 else float("inf")
+
+
+def divergence(plain: Sequence[int], other: Sequence[int], scored: Sequence[int], logprobs: Sequence[Any]
+               ) -> dict[str, Any] | None:
+    """Where ``other`` first leaves ``plain`` (None: never), with plain's top two there, read from ``scored`` (a
+    rerun of plain with ``logprobs`` >= 2) when that rerun took plain's path up to there. ``near_tie``: the two
+    tokens are plain's top two, closer than `NEAR_TIE_NATS`."""
+    at = first_difference(plain, other)
+    if at is None:
+        return None
+    part: dict[str, Any] = {"at": at, "plain_token": plain[at], "token": other[at], "near_tie": False}
+    if list(scored[: at + 1]) != list(plain[: at + 1]) or at >= len(logprobs):
+        part["scored_rerun_diverged_at"] = first_difference(plain, scored)  # its top two are another context's
+        return part
+    top = logprobs[at].top[:2]
+    gap = _top2_gap(logprobs[at])
+    part.update(top2=top, top2_gap=gap,
+                near_tie=gap <= NEAR_TIE_NATS and {plain[at], other[at]} == {token for token, _ in top})
+    return part
 
 
 def run_throughput(llm, work: ThroughputWorkload, deadline: float) -> dict[str, Any]:

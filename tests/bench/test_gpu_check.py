@@ -19,7 +19,8 @@ from benchmarks.gpu import check as gpu_check, env as gpu_env, steps as gpu_step
 from benchmarks.gpu.context import (DENSE, ENGINES, FULL, GLM, GPT_OSS, MOE, QUICK, Context, EngineKind, Plan,
                                     nano_vllm_workload)
 from benchmarks.gpu.measure import (
-    bandwidth_fraction, check_engine_against_hf, check_tensor_parallel, run_throughput, time_decode_step,
+    bandwidth_fraction, check_engine_against_hf, check_tensor_parallel, divergence, run_throughput, time_decode_step,
+    time_speculative_decode,
 )
 from benchmarks.gpu.models import (
     GLM_47_FLASH, GPT_OSS_20B, QWEN3_0_6B, QWEN3_30B_A3B, build_bench_model, checkpoint_shapes, kv_bytes_per_token,
@@ -141,6 +142,50 @@ def test_timing_functions_drive_the_engine():
     assert not llm.engine.has_unfinished_requests()
 
 
+def test_a_drafted_run_parting_from_plain_is_judged_by_plains_top_two():
+    """bf16 greedy runs part where plain's top two are a near tie that another path rounds the other way; anything
+    else (not plain's runner-up, a clear winner, no evidence from plain's own path) does not pass."""
+    from engine.outputs import TokenLogprobs
+
+    plain = [1, 2, 3, 4]
+    logprobs = [TokenLogprobs(t, -1.0, [(t, -1.0), (9, -3.0)]) for t in plain]
+    logprobs[2] = TokenLogprobs(3, -2.0, [(3, -2.0), (7, -2.02)])
+    assert divergence(plain, plain, plain, logprobs) is None
+    tie = divergence(plain, [1, 2, 7, 5], plain, logprobs)
+    assert tie["at"] == 2 and tie["near_tie"] and tie["top2_gap"] == pytest.approx(0.02)
+    assert tie["plain_token"] == 3 and tie["token"] == 7
+    assert not divergence(plain, [1, 2, 8], plain, logprobs)["near_tie"]  # not plain's runner-up
+    assert not divergence(plain, [1, 9], plain, logprobs)["near_tie"]  # the runner-up, 2 nats behind
+    elsewhere = divergence(plain, [1, 2, 7], [1, 5, 3], logprobs)  # the scored rerun left plain's path first
+    assert not elsewhere["near_tie"] and elsewhere["scored_rerun_diverged_at"] == 1 and "top2" not in elsewhere
+
+
+@pytest.mark.slow
+def test_speculative_timing_judges_where_tokens_part(monkeypatch):
+    from engine import LLM
+
+    llm = LLM("qwen3-tiny", num_kv_blocks=256, block_size=4)
+    result = time_speculative_decode(llm, 24, 16, seed=0)
+    assert result["identical_tokens"] and result["tokens_agree"] and "parts" not in result
+    assert result["verifications"] > 0
+
+    generate = llm.generate
+
+    def parting(prompts, params, **kwargs):  # the drafted runs take another token at position 3
+        outs = generate(prompts, params, **kwargs)
+        if params.speculative is not None:
+            outs[0].outputs[0].token_ids[3] += 1
+        return outs
+
+    monkeypatch.setattr(llm, "generate", parting)
+    parted = time_speculative_decode(llm, 24, 16, seed=0)
+    assert not parted["identical_tokens"] and parted["diverged_at"] == 3
+    second = parted["parts"]["suffix_second"]
+    assert second["at"] == 3 and second["token"] == second["plain_token"] + 1 and len(second["top2"]) == 2
+    assert not second["near_tie"] and not parted["tokens_agree"]  # fp32: plain's choice was no tie
+    assert parted["plain_cached_prompt_diverged_at"] is None
+
+
 @pytest.mark.slow
 def test_engine_steps_run_on_cpu_with_small_shapes(tmp_path):
     """The throughput, decode and TTFT steps as the GPU runs them (engine builds, warm-up, deadlines), on CPU.
@@ -158,7 +203,10 @@ def test_engine_steps_run_on_cpu_with_small_shapes(tmp_path):
     decode = gpu_steps.decode_batch1(ctx)  # on the same engine
     assert decode["batch"] == 1 and decode["step_ms"] > 0 and "bound_ms_at_copy_rate" not in decode
     spec = gpu_steps.spec_decode_batch1(ctx)  # the same engine, 16 tokens
-    assert spec["passed"] and spec["identical_tokens"] and spec["verifications"] > 0
+    assert spec["passed"] and spec["identical_tokens"] and spec["tokens_agree"] and spec["verifications"] > 0
+    exact = spec["fp32_tiny"]  # fp32: suffix drafts, and an oracle's with rejections, give plain's tokens
+    assert exact["passed"] and exact["suffix_drafts"]["verifications"] > 0
+    assert 0 < exact["oracle_drafts"]["accepted"] < exact["oracle_drafts"]["drafted"]
     assert spec["mean_accepted_length"] > 2 and spec["spec_steps"] < spec["tokens"] - 1
     ttft = gpu_steps.ttft_32k(ctx)
     assert ttft["passed"] and ttft["prompt_tokens"] == 64 and len(ttft["runs"]) == 2
