@@ -145,6 +145,7 @@ def time_decode_step(
 # are this close, rounding picks the winner, and another path to the same logits (a verification's rows, a prompt
 # block recomputed after a prefix-cache hit) may pick the other: a near tie, not a wrong token.
 NEAR_TIE_NATS = 0.05
+PROFILED_TOKENS = 64  # of the drafted run under the profiler, and of the eager plain run
 
 
 def time_speculative_decode(llm, prompt_len: int, tokens: int, seed: int) -> dict[str, Any]:
@@ -154,6 +155,11 @@ def time_speculative_decode(llm, prompt_len: int, tokens: int, seed: int) -> dic
     same); a verification step runs eagerly (its rows do not fit the decode graphs), so its cost against a plain
     step is what the GPU tells here.
 
+    Where the time goes: per engine step, the runner's host and device split (`StepProfile`: prepare, launch, wait,
+    and on CUDA the device part's GPU time by events) of the plain and the drafted run; a plain run with the decode
+    graphs off (the verification's eager forward with one row); a third drafted run under torch's profiler (GPU busy
+    time and kernel launches per step, the costliest kernels).
+
     Where the tokens part: plain's top two at the first token each drafted run differs, from a rerun of plain with
     logprobs (same cache state, same path); ``tokens_agree`` holds when every such place is a near tie
     (`NEAR_TIE_NATS`) the drafted run took the other way. A plain rerun with its prompt from the prefix cache shows
@@ -162,7 +168,7 @@ def time_speculative_decode(llm, prompt_len: int, tokens: int, seed: int) -> dic
 
     rng = random.Random(seed)
     prompt = [rng.randrange(10_000) for _ in range(prompt_len)]
-    drafter = llm.engine.scheduler.drafter
+    runner, drafter = llm.engine.runner, llm.engine.scheduler.drafter
     llm.reset_prefix_cache()
 
     def decode(max_tokens: int = tokens, **params) -> tuple[Any, float]:
@@ -172,12 +178,22 @@ def time_speculative_decode(llm, prompt_len: int, tokens: int, seed: int) -> dic
         sync()
         return out, out.metrics.finished - out.metrics.first_token
 
-    plain, plain_s = decode()
-    session = dict(speculative="suffix", speculative_session=f"gpu-check-{seed}")
-    first, _ = decode(**session)  # fills the session's tree (its own drafts: prompt lookup)
-    before = dataclasses.replace(drafter.stats["suffix"])
-    drafted, spec_s = decode(**session)
-    stats = drafter.stats["suffix"]
+    timed = runner.time_device
+    runner.time_device = runner.device.type == "cuda"
+    try:
+        before = dataclasses.replace(runner.profile)
+        plain, plain_s = decode()
+        plain_split = _split_per_step(before, runner.profile, tokens)  # the prefill's step and tokens - 1 decodes
+        session = dict(speculative="suffix", speculative_session=f"gpu-check-{seed}")
+        first, _ = decode(**session)  # fills the session's tree (its own drafts: prompt lookup)
+        before, profile_before = dataclasses.replace(drafter.stats["suffix"]), dataclasses.replace(runner.profile)
+        drafted, spec_s = decode(**session)
+        stats = dataclasses.replace(drafter.stats["suffix"])  # a copy: the profiled run below counts on
+        spec_split = _split_per_step(profile_before, runner.profile, stats.steps - before.steps)  # prefill's too
+        eager_ms = _eager_decode_step_ms(runner, lambda n: decode(max_tokens=n)[1], PROFILED_TOKENS)
+        profiled = _profile_drafted_run(lambda: decode(max_tokens=PROFILED_TOKENS, **session), drafter)
+    finally:
+        runner.time_device = timed
     verifications = stats.verifications - before.verifications
     drafts = stats.draft_tokens - before.draft_tokens
     accepted = stats.accepted_tokens - before.accepted_tokens
@@ -199,6 +215,8 @@ def time_speculative_decode(llm, prompt_len: int, tokens: int, seed: int) -> dic
             "spec_tokens_per_s": steps / spec_s, "speedup": plain_s / spec_s, "verifications": verifications,
             "acceptance_rate": accepted / max(drafts, 1),
             "mean_accepted_length": (accepted + verifications) / max(verifications, 1),
+            "plain_split_ms": plain_split, "spec_split_ms": spec_split, "eager_plain_step_ms": eager_ms,
+            "drafted_profile": profiled,
             "identical_tokens": all(ids == plain_ids for ids in runs.values()),
             "diverged_at": first_difference(plain_ids, drafted.token_ids),
             "tokens_agree": all(part is None or part["near_tie"] for part in evidence.get("parts", {}).values()),
@@ -285,6 +303,65 @@ def divergence(plain: Sequence[int], other: Sequence[int], scored: Sequence[int]
     part.update(top2=top, top2_gap=gap,
                 near_tie=gap <= NEAR_TIE_NATS and {plain[at], other[at]} == {token for token, _ in top})
     return part
+
+
+def _split_per_step(before, after, steps: int) -> dict[str, float]:
+    """ms per engine step between two snapshots of the runner's `StepProfile`: host (prepare, launch: the device
+    part's enqueueing, syncs inside it included; wait: blocked on the results) and device (GPU time, CUDA only)."""
+    return {name: (getattr(after, f"{name}_s") - getattr(before, f"{name}_s")) / max(steps, 1) * 1e3
+            for name in ("prepare", "launch", "wait", "device")}
+
+
+def _eager_decode_step_ms(runner, decode_seconds, steps: int) -> float | None:
+    """Plain decode with the decode graphs set aside: the eager forward a verification runs, with one row. None
+    where every step is eager already (CPU, enforce_eager: ``plain_step_ms`` is that figure)."""
+    graphs = runner.decode_graphs
+    if graphs is None:
+        return None
+    runner.decode_graphs = None
+    try:
+        return decode_seconds(steps + 1) / steps * 1e3
+    finally:
+        runner.decode_graphs = graphs
+
+
+def _profile_drafted_run(run, drafter) -> dict[str, Any]:
+    """A drafted run under torch's profiler: per engine step, GPU busy time and kernels launched (an eager step
+    that launches hundreds of small kernels leaves the GPU idle between them), and the kernels that took longest.
+    The profiler's own overhead inflates the host's time, not these. A profiler that fails (CUPTI) is reported,
+    a failing run raises as it would unprofiled."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    prof = profile(activities=activities)
+    try:
+        prof.start()
+    except Exception as exc:  # noqa: BLE001 - the timings above stand without it
+        return {"unavailable": f"the profiler did not start: {exc!r}"}
+    before = drafter.stats["suffix"].steps
+    try:
+        run()
+    finally:
+        kernels = _device_events(prof)
+    if isinstance(kernels, str):
+        return {"unavailable": kernels}
+    steps = max(drafter.stats["suffix"].steps - before, 1)
+    kernels.sort(key=lambda e: -e.self_device_time_total)
+    return {"steps": steps, "gpu_busy_ms_per_step": sum(e.self_device_time_total for e in kernels) / steps / 1e3,
+            "kernels_per_step": sum(e.count for e in kernels) / steps,
+            "top_kernels": [{"name": e.key[:80], "ms_per_step": e.self_device_time_total / steps / 1e3,
+                             "calls_per_step": e.count / steps} for e in kernels[:6]]}
+
+
+def _device_events(prof) -> list | str:
+    """Stop ``prof``; its device-side events (kernels, copies), averaged by name, or why there are none."""
+    from torch.autograd import DeviceType
+
+    try:
+        prof.stop()
+        return [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA]
+    except Exception as exc:  # noqa: BLE001 - reported in the step's result
+        return f"the profiler failed: {exc!r}"
 
 
 def run_throughput(llm, work: ThroughputWorkload, deadline: float) -> dict[str, Any]:

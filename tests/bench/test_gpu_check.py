@@ -161,13 +161,17 @@ def test_a_drafted_run_parting_from_plain_is_judged_by_plains_top_two():
 
 
 @pytest.mark.slow
-def test_speculative_timing_judges_where_tokens_part(monkeypatch):
+def test_speculative_timing_splits_its_steps_and_judges_where_tokens_part(monkeypatch):
     from engine import LLM
 
     llm = LLM("qwen3-tiny", num_kv_blocks=256, block_size=4)
     result = time_speculative_decode(llm, 24, 16, seed=0)
     assert result["identical_tokens"] and result["tokens_agree"] and "parts" not in result
-    assert result["verifications"] > 0
+    assert result["verifications"] > 0 and result["spec_split_ms"]["launch"] > 0
+    assert set(result["plain_split_ms"]) == {"prepare", "launch", "wait", "device"}
+    assert result["eager_plain_step_ms"] is None  # no decode graphs on a CPU: plain_step_ms is the eager figure
+    profiled = result["drafted_profile"]
+    assert profiled["steps"] > 1 and profiled["kernels_per_step"] == 0 and not llm.engine.runner.time_device
 
     generate = llm.generate
 
