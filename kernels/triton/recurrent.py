@@ -31,6 +31,10 @@ from kernels.reference.recurrent import CHUNK, L2NORM_EPS
 BLOCK_T_CONV = 16
 BLOCK_C_CONV = 128
 BLOCK_V = 32  # value dims per program of the recurrent and scan kernels
+# The chunked kernels hold several [64, 128] fp32 tiles at once; 8 warps halve each thread's share of a tile (sm_90,
+# Qwen3.6 shapes, `python -m kernels.triton.aot`: with TF32 dots 384 / 840 bytes of stack a thread, 2.1 / 3.4 KB
+# over 4 warps).
+CHUNK_WARPS = 8
 
 
 @triton.jit
@@ -369,7 +373,13 @@ def gated_delta_rule(
     )
     if longest < 2 or len(batch.prefill_rows) == 0:
         return out
-    precision = "ieee"  # fp32 state math, as the reference
+    # fp32 inputs (tests, fp32 engines): exact fp32 products, as the reference. Half-precision models: TF32 tensor
+    # cores (state and accumulators stay fp32), as attention and MoE do; the FMA form of these dots (``ieee``) left
+    # ptxas 32 registers and tens of KB of spills a thread, which made a 16k-token prefill step take seconds.
+    precision = "ieee" if v.dtype == torch.float32 else "tf32"
+    # The scan's loads pipelined over 2 stages where that fits A100's 163 KiB of shared memory (Gated DeltaNet in
+    # half precision: 161 KiB at head dims 128); fp32 inputs (185 KiB) and KDA (208 KiB) take 1 stage (104, 72 KiB).
+    scan_stages = 2 if precision == "tf32" and not channel_gate else 1
     w = torch.empty(tokens, num_v_heads, dk, dtype=torch.float32, device=v.device)
     u = torch.empty(tokens, num_v_heads, dv, dtype=torch.float32, device=v.device)
     g_cum = torch.empty(g.shape, dtype=torch.float32, device=v.device)  # per head, or per head and channel
@@ -378,13 +388,13 @@ def gated_delta_rule(
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), g.stride(1), beta.stride(0),
         w.stride(0), w.stride(1), u.stride(0), u.stride(1), g_cum.stride(0), g_cum.stride(1),
         GROUPS=groups, DK=dk, DV=dv, BLOCK_K=block_k, BLOCK_DV=max(16, triton.next_power_of_2(dv)), BT=CHUNK,
-        DOT_PRECISION=precision, PER_TOKEN=per_token, CHANNEL_GATE=channel_gate,
+        DOT_PRECISION=precision, PER_TOKEN=per_token, CHANNEL_GATE=channel_gate, num_warps=CHUNK_WARPS,
     )
     _chunk_scan_kernel[grid](
         q, k, g, w, u, g_cum, ssm_state, out, *row_args, scale, L2NORM_EPS,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0), g.stride(1), w.stride(0), w.stride(1),
         u.stride(0), u.stride(1), g_cum.stride(0), g_cum.stride(1), out.stride(0), out.stride(1), *state_strides,
         GROUPS=groups, DK=dk, DV=dv, BLOCK_K=block_k, BLOCK_V=block_v, BT=CHUNK, DOT_PRECISION=precision,
-        PER_TOKEN=per_token, CHANNEL_GATE=channel_gate,
+        PER_TOKEN=per_token, CHANNEL_GATE=channel_gate, num_warps=CHUNK_WARPS, num_stages=scan_stages,
     )
     return out
