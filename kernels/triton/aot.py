@@ -13,20 +13,28 @@ from __future__ import annotations
 import argparse
 import contextlib
 import inspect
+import re
+import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator
 
+import numpy as np
 import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
+from kernels.attention_metadata import StateBatch
+
 _TRITON_DTYPES = {
     torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
-    torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8", torch.float8_e4m3fn: "fp8e4nv",
+    torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8", torch.float8_e4m3fn: "fp8e4nv", torch.bool: "i1",
 }
+LAUNCH_OPTIONS = ("num_warps", "num_stages")  # keywords of a launch that are compiler options, not kernel arguments
 # Opt-in shared memory per block on sm_80+ (A100: 163 KiB, H100/H200: 227 KiB); the smaller bound is the check.
 SHARED_MEMORY_LIMIT = 163 * 1024
 
@@ -37,6 +45,7 @@ class CompiledKernel:
     constexprs: dict
     shared_bytes: int
     seconds: float
+    stack_bytes: int | None  # local memory a thread: register spills (None: no cuobjdump to read the cubin with)
 
 
 def _arg_type(value: object) -> str:
@@ -53,7 +62,9 @@ def _arg_type(value: object) -> str:
 
 def compile_launch(kernel: JITFunction, args: tuple, kwargs: dict, target: GPUTarget) -> CompiledKernel:
     """Compile one intercepted launch ``kernel[grid](*args, **kwargs)`` for ``target``."""
-    bound = inspect.signature(kernel.fn).bind(*args, **kwargs).arguments
+    options = {name: kwargs[name] for name in LAUNCH_OPTIONS if name in kwargs}
+    arguments = {name: value for name, value in kwargs.items() if name not in LAUNCH_OPTIONS}
+    bound = inspect.signature(kernel.fn).bind(*args, **arguments).arguments
     signature, constexprs = {}, {}
     for index, param in enumerate(kernel.params):
         value = bound[param.name]
@@ -63,12 +74,26 @@ def compile_launch(kernel: JITFunction, args: tuple, kwargs: dict, target: GPUTa
         else:
             signature[param.name] = _arg_type(value)
     start = time.perf_counter()
-    compiled = triton.compile(ASTSource(kernel, signature, constexprs=constexprs), target=target)
+    compiled = triton.compile(ASTSource(kernel, signature, constexprs=constexprs), target=target, options=options)
     shared = compiled.metadata.shared
     if shared > SHARED_MEMORY_LIMIT:
         raise RuntimeError(f"{kernel.__name__} needs {shared} bytes of shared memory (limit {SHARED_MEMORY_LIMIT})")
     named = {kernel.params[i[0]].name: v for i, v in constexprs.items()}
-    return CompiledKernel(kernel.__name__, named, shared, time.perf_counter() - start)
+    return CompiledKernel(kernel.__name__, {**named, **options}, shared, time.perf_counter() - start,
+                          _stack_bytes(compiled.asm["cubin"]))
+
+
+def _stack_bytes(cubin: bytes) -> int | None:
+    """The kernel's stack frame a thread (where ptxas spills registers), read by the cuobjdump Triton bundles."""
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not tool.is_file():
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as file:
+        file.write(cubin)
+        file.flush()
+        usage = subprocess.run([str(tool), "-res-usage", file.name], capture_output=True, text=True).stdout
+    found = re.search(r"STACK:(\d+)", usage)
+    return int(found.group(1)) if found else None
 
 
 @contextlib.contextmanager
@@ -124,6 +149,7 @@ def compile_all(arch: int) -> list[CompiledKernel]:
         _compile_fp8(ops)
         _compile_moe_and_mla(ops)
         _compile_mxfp4_moe(ops)
+        _compile_recurrent(ops)
     return compiled
 
 
@@ -175,13 +201,34 @@ def _compile_mxfp4_moe(ops) -> None:  # noqa: ANN001 - the triton_ops module
                             down_bias=torch.empty(experts, width, dtype=dtype), swiglu_alpha=1.702)
 
 
+def _compile_recurrent(ops) -> None:  # noqa: ANN001 - the triton_ops module
+    """Gated DeltaNet at Qwen3.6-35B-A3B's shapes (16 key / 32 value heads of 128; conv over q, k and v) in bf16 and
+    fp32: two prefill rows (the chunked kernels) and the recurrent one. (Kimi Delta Attention's per-channel decay
+    is left out: its two chunked kernels take 90 s to compile.)"""
+    tokens, dim = 1024, 128
+    starts = np.array([0, 600, tokens], dtype=np.int32)
+    batch = StateBatch(torch.from_numpy(starts), torch.zeros(2, dtype=torch.long), torch.zeros(2, dtype=torch.bool),
+                       starts, np.zeros(2, dtype=np.int32), np.zeros(2, dtype=bool))
+    key_heads, value_heads = 16, 32
+    for dtype in (torch.bfloat16, torch.float32):
+        q, k = (torch.empty(tokens, key_heads, dim, dtype=dtype) for _ in range(2))
+        v = torch.empty(tokens, value_heads, dim, dtype=dtype)
+        ops.gated_delta_rule(q, k, v, torch.empty(tokens, value_heads), torch.empty(tokens, value_heads, dtype=dtype),
+                             torch.empty(4, value_heads, dim, dim), batch)
+    channels = 2 * key_heads * dim + value_heads * dim
+    ops.causal_conv1d(torch.empty(tokens, channels, dtype=torch.bfloat16),
+                      torch.empty(channels, 4, dtype=torch.bfloat16),
+                      torch.empty(4, channels, 3, dtype=torch.bfloat16), batch)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability as an int (90 = H100/H200)")
     args = parser.parse_args(argv)
     for kernel in compile_all(args.arch):
         consts = ", ".join(f"{k}={v}" for k, v in kernel.constexprs.items())
-        print(f"ok  {kernel.name:<28} shared={kernel.shared_bytes:>6}B  {kernel.seconds:5.2f}s  {consts}")
+        print(f"ok  {kernel.name:<28} shared={kernel.shared_bytes:>6}B  stack={kernel.stack_bytes}B  "
+              f"{kernel.seconds:5.2f}s  {consts}")
 
 
 if __name__ == "__main__":
